@@ -1,0 +1,81 @@
+"""Environment switches of tokenspeed-kernel, read in one place.
+
+Every variable the library honours is named here, with what it does:
+
+``TOKENSPEED_KERNEL_PLATFORM``
+    Pretend to run on another platform (``sm_90``, ``sm_100``, ``gfx942``, ``gfx950``,
+    ``cpu``, ...). Selection, ``list`` and ``explain`` then answer for that platform, so
+    selection can be tested on a CPU machine.
+``TOKENSPEED_KERNEL_OVERRIDE``
+    Force kernels per operator: ``"attention.decode=triton_decode,moe.apply=torch_moe"``.
+``TOKENSPEED_KERNEL_DISABLE_BACKENDS``
+    Comma-separated backend (entry-point) names not to load, e.g. ``"triton,nvidia"``.
+``TOKENSPEED_KERNEL_DEBUG``
+    ``1`` turns on checks that need a device sync (page ids, slots, expert ids in range).
+``TOKENSPEED_KERNEL_CAPTURE``
+    A JSONL file; every public call appends its operator, kernel and argument signature
+    once per distinct signature (see :mod:`tokenspeed_kernel.tools.capture`).
+
+Values are read when first needed and cached; :func:`refresh` re-reads them (tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+PLATFORM_ENV = "TOKENSPEED_KERNEL_PLATFORM"
+OVERRIDE_ENV = "TOKENSPEED_KERNEL_OVERRIDE"
+DISABLE_BACKENDS_ENV = "TOKENSPEED_KERNEL_DISABLE_BACKENDS"
+DEBUG_ENV = "TOKENSPEED_KERNEL_DEBUG"
+CAPTURE_ENV = "TOKENSPEED_KERNEL_CAPTURE"
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+@functools.cache
+def platform_override() -> str | None:
+    """The platform named by ``TOKENSPEED_KERNEL_PLATFORM``, or None."""
+    value = os.environ.get(PLATFORM_ENV, "").strip()
+    return value or None
+
+
+@functools.cache
+def kernel_overrides() -> dict[str, str]:
+    """``{operator: kernel name}`` parsed from ``TOKENSPEED_KERNEL_OVERRIDE``."""
+    raw = os.environ.get(OVERRIDE_ENV, "").strip()
+    result: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        op, sep, name = item.partition("=")
+        if not sep or not op.strip() or not name.strip():
+            raise ValueError(
+                f"{OVERRIDE_ENV}: expected 'operator=kernel' items separated by commas, got {item!r}"
+            )
+        result[op.strip()] = name.strip()
+    return result
+
+
+@functools.cache
+def disabled_backends() -> frozenset[str]:
+    """Backend names listed in ``TOKENSPEED_KERNEL_DISABLE_BACKENDS``."""
+    raw = os.environ.get(DISABLE_BACKENDS_ENV, "")
+    return frozenset(name.strip() for name in raw.split(",") if name.strip())
+
+
+@functools.cache
+def debug() -> bool:
+    """True when ``TOKENSPEED_KERNEL_DEBUG`` asks for synchronizing value checks."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in _TRUE
+
+
+@functools.cache
+def capture_path() -> str | None:
+    """The JSONL file named by ``TOKENSPEED_KERNEL_CAPTURE``, or None."""
+    value = os.environ.get(CAPTURE_ENV, "").strip()
+    return value or None
+
+
+def refresh() -> None:
+    """Forget every cached value so the environment is read again."""
+    for fn in (platform_override, kernel_overrides, disabled_backends, debug, capture_path):
+        fn.cache_clear()

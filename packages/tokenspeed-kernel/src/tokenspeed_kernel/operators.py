@@ -1,0 +1,101 @@
+"""The operators kernels can register for, and the vocabulary of their requests.
+
+Each operator names the dtype roles, shape keys and features a request for it can carry.
+``@register_kernel`` checks a kernel's metadata against this table, so a misspelt feature
+(``"sink"`` for ``"sinks"``) fails at registration instead of silently never matching.
+
+Vocabulary:
+    dtype roles   which tensor a dtype constraint applies to.
+    shape keys    integer facts about a request that kernels may restrict to a set of values
+                  (``head_dim``, ``page_size``, ...). Only small, bounded values are shape
+                  keys, so selection results can be cached per request.
+    features      optional behaviours a request may need; a kernel serves a request only if
+                  it supports every feature the request names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["OperatorSchema", "OPERATORS", "operator_schema"]
+
+
+@dataclass(frozen=True)
+class OperatorSchema:
+    """The request vocabulary of one operator (family + mode)."""
+
+    name: str
+    dtype_roles: tuple[str, ...]
+    shape_keys: tuple[str, ...]
+    features: tuple[str, ...]
+    summary: str
+
+
+_ATTENTION_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
+_ATTENTION_SHAPES = ("head_dim", "head_dim_v", "num_q_heads", "num_kv_heads")
+
+OPERATORS: dict[str, OperatorSchema] = {
+    schema.name: schema
+    for schema in (
+        OperatorSchema(
+            "attention.prefill",
+            dtype_roles=("q", "kv"),
+            shape_keys=_ATTENTION_SHAPES,
+            features=_ATTENTION_FEATURES + ("non_causal",),
+            summary="ragged-batch attention over contiguous q/k/v (mha_prefill)",
+        ),
+        OperatorSchema(
+            "attention.extend",
+            dtype_roles=("q", "kv"),
+            shape_keys=_ATTENTION_SHAPES + ("page_size",),
+            features=_ATTENTION_FEATURES + ("non_causal", "fp8_kv"),
+            summary="chunked prefill against a paged KV cache (mha_extend_with_kvcache)",
+        ),
+        OperatorSchema(
+            "attention.decode",
+            dtype_roles=("q", "kv"),
+            shape_keys=_ATTENTION_SHAPES + ("page_size", "q_len"),
+            features=_ATTENTION_FEATURES + ("fp8_kv", "spec_decode"),
+            summary="decode against a paged KV cache (mha_decode_with_kvcache)",
+        ),
+        OperatorSchema(
+            "kvcache.store",
+            dtype_roles=("kv", "cache"),
+            shape_keys=("head_dim", "head_dim_v", "num_kv_heads", "page_size"),
+            features=("fp8_kv",),
+            summary="write new K/V rows into a paged cache (store_kvcache)",
+        ),
+        OperatorSchema(
+            "moe.topk",
+            dtype_roles=("logits",),
+            shape_keys=("num_experts", "top_k"),
+            features=("softmax", "sigmoid", "renormalize"),
+            summary="router scoring and top-k expert choice (moe_topk)",
+        ),
+        OperatorSchema(
+            "moe.apply",
+            dtype_roles=("x", "weight"),
+            shape_keys=("num_experts", "top_k", "hidden", "intermediate", "num_tokens_bucket"),
+            features=(
+                "silu",
+                "gelu",
+                "swiglu_oai",
+                "bias",
+                "expert_map",
+                "mxfp4",
+                "fp8_per_tensor",
+                "fp8_per_channel",
+                "fp8_block",
+            ),
+            summary="mixture-of-experts expert computation and combine (moe_apply)",
+        ),
+    )
+}
+
+
+def operator_schema(op: str) -> OperatorSchema:
+    """The schema of ``op``; ``ValueError`` naming the known operators otherwise."""
+    try:
+        return OPERATORS[op]
+    except KeyError:
+        raise ValueError(f"unknown operator {op!r}; known operators: {', '.join(OPERATORS)}") from None

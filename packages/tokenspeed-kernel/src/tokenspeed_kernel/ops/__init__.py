@@ -1,0 +1,1 @@
+"""Public operators, one sub-package per family: the API and its validation."""

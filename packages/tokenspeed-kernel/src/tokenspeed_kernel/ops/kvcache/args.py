@@ -1,0 +1,33 @@
+"""Typed argument object of ``kvcache.store``: what a KV-store kernel receives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["StoreArgs"]
+
+
+@dataclass(slots=True)
+class StoreArgs:
+    """Write new K/V rows into a paged cache (``kvcache.store``).
+
+    Attributes:
+        k: ``[num_tokens, Hkv, D]``, bf16/fp16/fp32.
+        v: ``[num_tokens, Hkv, Dv]``, k's dtype.
+        k_cache: ``[num_pages, P, Hkv, D]``, k's dtype or float8_e4m3fn; written in place.
+        v_cache: ``[num_pages, P, Hkv, Dv]``, k_cache's dtype; written in place.
+        slot_mapping: int64 ``[num_tokens]``; token ``t`` goes to page ``slot // P``, offset
+            ``slot % P``; a negative slot means padding and is skipped.
+        k_scale / v_scale: float32 ``[1]`` for an fp8 cache (stored = value / scale,
+            saturated to the fp8 range), else None.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    k_scale: torch.Tensor | None
+    v_scale: torch.Tensor | None

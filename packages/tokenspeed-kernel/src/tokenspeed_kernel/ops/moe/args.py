@@ -1,0 +1,79 @@
+"""Typed argument objects: what a MoE kernel receives (``moe.topk``, ``moe.apply``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
+
+__all__ = ["TopKArgs", "MoEApplyArgs", "Weight", "ACTIVATIONS"]
+
+Weight = torch.Tensor | MXFP4Weight | FP8Weight
+
+ACTIVATIONS = ("silu", "gelu", "swiglu_oai")
+
+
+@dataclass(slots=True)
+class TopKArgs:
+    """Router scoring and top-k (``moe.topk``).
+
+    Attributes:
+        router_logits: ``[T, E]``, bf16/fp16/fp32.
+        top_k: experts per token, ``1 <= top_k <= E``.
+        scoring: ``"softmax"`` (softmax over all E, then top-k) or ``"sigmoid"``
+            (sigmoid per expert, then top-k).
+        renormalize: divide the k chosen weights by their sum.
+        topk_weights: float32 ``[T, top_k]`` to be written.
+        topk_ids: int32 ``[T, top_k]`` to be written (descending weight; ties: lower id).
+    """
+
+    router_logits: torch.Tensor
+    top_k: int
+    scoring: str
+    renormalize: bool
+    topk_weights: torch.Tensor
+    topk_ids: torch.Tensor
+
+
+@dataclass(slots=True)
+class MoEApplyArgs:
+    """Expert computation and weighted combine (``moe.apply``).
+
+    For each token ``t`` and choice ``j``: ``e = topk_ids[t, j]`` (a global id; with
+    ``expert_map`` the local id is ``expert_map[e]`` and ``-1`` contributes nothing),
+    ``h = x[t] @ w13[e].T (+ w13_bias[e])``, ``gate, up = h[:I], h[I:]``,
+    ``a = act(gate, up)``, ``y = a @ w2[e].T (+ w2_bias[e])``, and
+    ``out[t] = sum_j topk_weights[t, j] * y``.
+
+    Activations: ``silu``: ``silu(gate) * up``; ``gelu``: ``gelu(gate) * up`` (tanh-free
+    erf GELU); ``swiglu_oai``: ``gate = min(gate, 7)``, ``up = clamp(up, -7, 7)``,
+    ``gate * sigmoid(1.702 * gate) * (up + 1)``.
+
+    Attributes:
+        x: ``[T, H]``, bf16/fp16/fp32.
+        w13: ``[E, 2I, H]`` (rows ``[0, I)`` gate, ``[I, 2I)`` up): a tensor in x's dtype,
+            an :class:`MXFP4Weight` or an :class:`FP8Weight` of that logical shape.
+        w2: ``[E, H, I]``, same kinds as ``w13``.
+        topk_weights: float32 ``[T, k]``. topk_ids: int32 ``[T, k]``.
+        activation: one of :data:`ACTIVATIONS`.
+        w13_bias: ``[E, 2I]`` or None; w2_bias: ``[E, H]`` or None (x's dtype or float32).
+        expert_map: int32 ``[E_global]`` or None.
+        out: ``[T, H]`` in x's dtype, to be written.
+        prepared: what the kernel's ``prepare`` hook made of the weights through
+            ``moe_plan`` (e.g. repacked MXFP4), or None on the functional path.
+    """
+
+    x: torch.Tensor
+    w13: Weight
+    w2: Weight
+    topk_weights: torch.Tensor
+    topk_ids: torch.Tensor
+    activation: str
+    w13_bias: torch.Tensor | None
+    w2_bias: torch.Tensor | None
+    expert_map: torch.Tensor | None
+    out: torch.Tensor
+    prepared: Any = None

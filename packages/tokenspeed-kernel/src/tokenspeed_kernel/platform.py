@@ -1,0 +1,222 @@
+"""What hardware we run on: one immutable :class:`Platform`, detected through torch.
+
+Everything the selector knows about the hardware is here. Capability tags are derived from
+the architecture through the tables below (data, not branches), so a kernel declares
+``capabilities=("wgmma",)`` instead of testing compute capabilities itself.
+
+``TOKENSPEED_KERNEL_PLATFORM=gfx950`` (or ``sm_90``, ``sm_100``, ``cpu``, ...) replaces
+detection with a synthetic platform for that architecture, so selection for any platform
+can be exercised on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+
+from tokenspeed_kernel import config
+
+__all__ = [
+    "Platform",
+    "ArchInfo",
+    "KNOWN_ARCHS",
+    "current_platform",
+    "platform_for",
+    "platform_from_arch",
+    "capabilities_for_arch",
+]
+
+Vendor = str  # "cuda" | "rocm" | "cpu"
+
+
+@dataclass(frozen=True)
+class Platform:
+    """An immutable description of one device.
+
+    Attributes:
+        vendor: ``"cuda"`` (NVIDIA), ``"rocm"`` (AMD) or ``"cpu"``.
+        arch: ``"sm_90"``, ``"sm_100"``, ``"gfx942"``, ``"gfx950"``, ... or ``"cpu"``.
+        name: the device name torch reports (or a synthetic one for an override).
+        num_sms: streaming multiprocessors / compute units (CPU: logical cores).
+        memory_bytes: device memory in bytes (0 when unknown).
+        capabilities: tags such as ``bf16``, ``fp8_e4m3``, ``wgmma``, ``tma``, ``mfma``,
+            ``mxfp4_mma`` that kernels may require.
+        overridden: True when the platform came from ``TOKENSPEED_KERNEL_PLATFORM``.
+    """
+
+    vendor: Vendor
+    arch: str
+    name: str
+    num_sms: int
+    memory_bytes: int
+    capabilities: frozenset[str] = field(default_factory=frozenset)
+    overridden: bool = False
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.vendor != "cpu"
+
+    def describe(self) -> str:
+        caps = ",".join(sorted(self.capabilities))
+        mem = f"{self.memory_bytes / 2**30:.0f} GiB" if self.memory_bytes else "? GiB"
+        origin = " (override)" if self.overridden else ""
+        return f"{self.vendor}/{self.arch} {self.name}{origin}: {self.num_sms} SMs, {mem}, caps={caps}"
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    """Facts about an architecture, used for capability lookup and for overrides."""
+
+    vendor: Vendor
+    example_device: str
+    num_sms: int
+    memory_gib: int
+
+
+# Architectures with a known example device; an override must name one of these.
+KNOWN_ARCHS: dict[str, ArchInfo] = {
+    "cpu": ArchInfo("cpu", "CPU", 0, 0),
+    "sm_80": ArchInfo("cuda", "NVIDIA A100-SXM4-80GB", 108, 80),
+    "sm_86": ArchInfo("cuda", "NVIDIA RTX A6000", 84, 48),
+    "sm_89": ArchInfo("cuda", "NVIDIA L40S", 142, 48),
+    "sm_90": ArchInfo("cuda", "NVIDIA H100 80GB HBM3", 132, 80),
+    "sm_100": ArchInfo("cuda", "NVIDIA B200", 148, 180),
+    "sm_120": ArchInfo("cuda", "NVIDIA RTX PRO 6000", 188, 96),
+    "gfx90a": ArchInfo("rocm", "AMD Instinct MI250X", 110, 64),
+    "gfx942": ArchInfo("rocm", "AMD Instinct MI300X", 304, 192),
+    "gfx950": ArchInfo("rocm", "AMD Instinct MI355X", 256, 288),
+}
+
+# NVIDIA capability tags: (tag, first compute capability, last compute capability or None).
+_CUDA_CAPABILITIES: tuple[tuple[str, int, int | None], ...] = (
+    ("fp16", 70, None),
+    ("bf16", 80, None),
+    ("tf32", 80, None),
+    ("cp_async", 80, None),
+    ("fp8_e4m3", 89, None),
+    ("tma", 90, None),
+    ("wgmma", 90, 90),
+    ("tcgen05", 100, 110),
+    ("mxfp4_mma", 100, None),
+)
+
+# AMD capability tags per architecture.
+_ROCM_CAPABILITIES: dict[str, frozenset[str]] = {
+    "gfx90a": frozenset({"fp16", "bf16", "mfma"}),
+    "gfx942": frozenset({"fp16", "bf16", "mfma", "fp8_e4m3fnuz"}),
+    "gfx950": frozenset({"fp16", "bf16", "mfma", "fp8_e4m3", "mxfp4_mma", "scaled_mfma"}),
+}
+
+_CPU_CAPABILITIES = frozenset({"fp16", "bf16", "fp64"})
+
+
+def capabilities_for_arch(arch: str) -> frozenset[str]:
+    """Capability tags of an architecture name (``sm_90``, ``gfx950``, ``cpu``)."""
+    if arch == "cpu":
+        return _CPU_CAPABILITIES
+    if arch.startswith("sm_"):
+        digits = "".join(ch for ch in arch[3:] if ch.isdigit())
+        cc = int(digits) if digits else 0
+        return frozenset(
+            tag for tag, first, last in _CUDA_CAPABILITIES if cc >= first and (last is None or cc <= last)
+        )
+    if arch.startswith("gfx"):
+        return _ROCM_CAPABILITIES.get(arch, frozenset({"fp16", "mfma"}))
+    raise ValueError(f"unknown architecture {arch!r}; expected 'cpu', 'sm_NN' or 'gfxNNN'")
+
+
+def _vendor_of(arch: str) -> Vendor:
+    if arch == "cpu":
+        return "cpu"
+    if arch.startswith("sm_"):
+        return "cuda"
+    if arch.startswith("gfx"):
+        return "rocm"
+    raise ValueError(f"unknown architecture {arch!r}; expected 'cpu', 'sm_NN' or 'gfxNNN'")
+
+
+def platform_from_arch(arch: str, *, overridden: bool = True) -> Platform:
+    """A synthetic platform for ``arch`` (used by ``TOKENSPEED_KERNEL_PLATFORM``)."""
+    arch = arch.strip().lower()
+    if arch not in KNOWN_ARCHS:
+        raise ValueError(
+            f"{config.PLATFORM_ENV}={arch!r} is not a known architecture; "
+            f"expected one of {', '.join(sorted(KNOWN_ARCHS))}"
+        )
+    info = KNOWN_ARCHS[arch]
+    return Platform(
+        vendor=info.vendor,
+        arch=arch,
+        name=info.example_device,
+        num_sms=info.num_sms,
+        memory_bytes=info.memory_gib * 2**30,
+        capabilities=capabilities_for_arch(arch),
+        overridden=overridden,
+    )
+
+
+def _detect_cpu() -> Platform:
+    import os
+
+    return Platform(
+        vendor="cpu",
+        arch="cpu",
+        name="CPU",
+        num_sms=os.cpu_count() or 1,
+        memory_bytes=0,
+        capabilities=_CPU_CAPABILITIES,
+    )
+
+
+def _detect_gpu() -> Platform | None:
+    if not torch.cuda.is_available():
+        return None
+    index = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    if getattr(torch.version, "hip", None):
+        arch = str(getattr(props, "gcnArchName", "gfx")).split(":")[0]
+        vendor: Vendor = "rocm"
+    else:
+        arch = f"sm_{props.major}{props.minor}"
+        vendor = "cuda"
+    return Platform(
+        vendor=vendor,
+        arch=arch,
+        name=props.name,
+        num_sms=props.multi_processor_count,
+        memory_bytes=props.total_memory,
+        capabilities=capabilities_for_arch(arch),
+    )
+
+
+@functools.cache
+def current_platform() -> Platform:
+    """The platform of the current device (the override when one is set). Cached."""
+    override = config.platform_override()
+    if override is not None:
+        return platform_from_arch(override)
+    return _detect_gpu() or _detect_cpu()
+
+
+@functools.cache
+def _cpu_platform() -> Platform:
+    return _detect_cpu()
+
+
+def platform_for(device: torch.device) -> Platform:
+    """The platform that serves tensors on ``device``.
+
+    CPU tensors are served by the CPU platform even on a GPU machine, unless an override
+    is set (then the override answers for every device, which is what selection tests want).
+    """
+    if device.type == "cpu" and config.platform_override() is None:
+        return _cpu_platform()
+    return current_platform()
+
+
+def refresh() -> None:
+    """Forget the detected platform (after changing ``TOKENSPEED_KERNEL_PLATFORM``)."""
+    current_platform.cache_clear()
+    _cpu_platform.cache_clear()

@@ -1,0 +1,228 @@
+"""Quantized weight containers and their reference (de)quantizers.
+
+Two formats, both quantized along the LAST axis (the reduction axis of ``x @ w.T``: ``H``
+for ``w13 [E, 2I, H]``, ``I`` for ``w2 [E, H, I]``):
+
+:class:`MXFP4Weight` (OCP Microscaling MXFP4)
+    ``packed`` uint8 ``[..., N, K // 2]``: two E2M1 codes per byte, the LOW nibble holds the
+    even element ``2i`` and the high nibble ``2i + 1``. An E2M1 code is sign (bit 3) and a
+    magnitude index (bits 0-2) into ``{0, 0.5, 1, 1.5, 2, 3, 4, 6}``.
+    ``scales`` uint8 ``[..., N, K // 32]``: one E8M0 scale per 32 consecutive values,
+    value ``2 ** (s - 127)`` (255 is NaN). ``K`` must be a multiple of 32.
+
+:class:`FP8Weight` (float8_e4m3fn with float32 scales, real = stored * scale)
+    ``data`` float8_e4m3fn ``[..., N, K]`` and ``scale`` float32 whose shape states the
+    granularity: ``[..., 1, 1]`` per tensor (one per expert matrix), ``[..., N, 1]`` per
+    output channel, ``[..., ceil(N/128), ceil(K/128)]`` per 128x128 block.
+
+Both are frozen dataclasses of tensors; kernels may keep repacked copies through a plan
+(:func:`tokenspeed_kernel.moe_plan`) but the public layout above is the contract.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "MXFP4Weight",
+    "FP8Weight",
+    "QuantizedWeight",
+    "E2M1_VALUES",
+    "FP8_E4M3_MAX",
+    "quantize_mxfp4",
+    "dequantize_mxfp4",
+    "quantize_fp8",
+    "dequantize_fp8",
+    "FP8_GRANULARITIES",
+]
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+MXFP4_BLOCK = 32
+FP8_E4M3_MAX = 448.0
+FP8_BLOCK = 128
+FP8_GRANULARITIES = ("tensor", "channel", "block")
+
+
+@dataclass(frozen=True)
+class MXFP4Weight:
+    """An MXFP4 weight of logical shape ``[..., N, K]`` (see the module docstring)."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.packed.dtype != torch.uint8 or self.scales.dtype != torch.uint8:
+            raise TypeError(
+                f"MXFP4Weight: packed and scales must be uint8, got {self.packed.dtype} and {self.scales.dtype}"
+            )
+        k = self.packed.shape[-1] * 2
+        expected = (*self.packed.shape[:-1], k // MXFP4_BLOCK)
+        if k % MXFP4_BLOCK or tuple(self.scales.shape) != expected:
+            raise ValueError(
+                f"MXFP4Weight: scales must have shape {expected} for packed {tuple(self.packed.shape)} "
+                f"(one scale per {MXFP4_BLOCK} values), got {tuple(self.scales.shape)}"
+            )
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The logical (dequantized) shape."""
+        return (*self.packed.shape[:-1], self.packed.shape[-1] * 2)
+
+    @property
+    def device(self) -> torch.device:
+        return self.packed.device
+
+    @property
+    def format(self) -> str:
+        return "mxfp4"
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        return torch.uint8
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequantize_mxfp4(self, dtype)
+
+
+@dataclass(frozen=True)
+class FP8Weight:
+    """An fp8 e4m3 weight of shape ``[..., N, K]`` with float32 scales (see module docstring)."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.data.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"FP8Weight: data must be float8_e4m3fn, got {self.data.dtype}")
+        if self.scale.dtype != torch.float32:
+            raise TypeError(f"FP8Weight: scale must be float32, got {self.scale.dtype}")
+        if self.data.dim() < 2 or self.scale.dim() != self.data.dim():
+            raise ValueError(
+                f"FP8Weight: scale must have the rank of data ({self.data.dim()}), got shape {tuple(self.scale.shape)}"
+            )
+        self.granularity  # raises for a shape that matches no granularity
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        return torch.float8_e4m3fn
+
+    @property
+    def granularity(self) -> str:
+        """``"tensor"``, ``"channel"`` or ``"block"``, read from the scale's shape."""
+        *lead, n, k = self.data.shape
+        s_lead, s_n, s_k = tuple(self.scale.shape[:-2]), self.scale.shape[-2], self.scale.shape[-1]
+        if s_lead != tuple(lead):
+            raise ValueError(f"FP8Weight: scale leading dims {s_lead} must equal data's {tuple(lead)}")
+        if (s_n, s_k) == (1, 1):
+            return "tensor"
+        if (s_n, s_k) == (n, 1):
+            return "channel"
+        if (s_n, s_k) == (math.ceil(n / FP8_BLOCK), math.ceil(k / FP8_BLOCK)):
+            return "block"
+        raise ValueError(
+            f"FP8Weight: scale shape {tuple(self.scale.shape)} matches no granularity for data "
+            f"{tuple(self.data.shape)}: expected [..., 1, 1], [..., {n}, 1] or "
+            f"[..., {math.ceil(n / FP8_BLOCK)}, {math.ceil(k / FP8_BLOCK)}]"
+        )
+
+    @property
+    def format(self) -> str:
+        return f"fp8_per_{self.granularity}" if self.granularity != "block" else "fp8_block"
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequantize_fp8(self, dtype)
+
+
+QuantizedWeight = MXFP4Weight | FP8Weight
+
+
+def _e2m1_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    mags = torch.tensor(E2M1_VALUES, dtype=dtype, device=device)
+    return torch.cat([mags, -mags])
+
+
+def dequantize_mxfp4(weight: MXFP4Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The real values of an MXFP4 weight, ``[..., N, K]`` in ``dtype`` (computed in float32
+    unless ``dtype`` is float64)."""
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    packed = weight.packed
+    codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(*packed.shape[:-1], -1)
+    values = _e2m1_table(packed.device, compute)[codes.long()]
+    exps = weight.scales.to(torch.int32) - 127
+    scales = torch.pow(torch.tensor(2.0, dtype=compute, device=packed.device), exps.to(compute))
+    scales = torch.where(weight.scales == 255, torch.full_like(scales, float("nan")), scales)
+    values = values.unflatten(-1, (-1, MXFP4_BLOCK)) * scales.unsqueeze(-1)
+    return values.flatten(-2).to(dtype)
+
+
+def quantize_mxfp4(w: torch.Tensor) -> MXFP4Weight:
+    """Quantize ``w [..., N, K]`` (``K % 32 == 0``) to MXFP4, round-to-nearest-even per value.
+
+    The shared exponent of a block is ``floor(log2(amax)) - 2`` (E2M1's largest exponent),
+    as the OCP MX specification describes; values beyond ±6·scale saturate.
+    """
+    if w.shape[-1] % MXFP4_BLOCK:
+        raise ValueError(f"quantize_mxfp4: the last dim ({w.shape[-1]}) must be a multiple of {MXFP4_BLOCK}")
+    blocks = w.detach().float().unflatten(-1, (-1, MXFP4_BLOCK))
+    amax = blocks.abs().amax(dim=-1)
+    exp = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(2.0**-127))) - 2, torch.full_like(amax, -127))
+    exp = exp.clamp(-127, 127)
+    scaled = blocks / torch.pow(2.0, exp).unsqueeze(-1)
+    mags = torch.tensor(E2M1_VALUES, device=w.device)
+    # Nearest representable magnitude; a tie goes to the even code (mantissa bit 0), which
+    # is round-to-nearest-even. Distinct candidates differ by >= 0.25, so the 1e-6 bias
+    # only decides exact ties.
+    dist = (scaled.abs().clamp(max=6.0).unsqueeze(-1) - mags).abs()
+    odd = (torch.arange(len(E2M1_VALUES), device=w.device) % 2).float()
+    idx = (dist + odd * 1e-6).argmin(dim=-1)
+    codes = (idx | ((scaled < 0) & (idx > 0)).to(idx.dtype) << 3).to(torch.uint8).flatten(-2)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return MXFP4Weight(packed.contiguous(), (exp + 127).to(torch.uint8).contiguous())
+
+
+def _expand_scale(scale: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    s_n, s_k = scale.shape[-2], scale.shape[-1]
+    if (s_n, s_k) == (1, 1):
+        return scale
+    if s_k == 1 and s_n == n:
+        return scale
+    return scale.repeat_interleave(FP8_BLOCK, dim=-2)[..., :n, :].repeat_interleave(FP8_BLOCK, dim=-1)[..., :k]
+
+
+def dequantize_fp8(weight: FP8Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The real values ``data * scale`` of an fp8 weight, in ``dtype``."""
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    n, k = weight.data.shape[-2:]
+    return (weight.data.to(compute) * _expand_scale(weight.scale, n, k).to(compute)).to(dtype)
+
+
+def quantize_fp8(w: torch.Tensor, granularity: str = "channel") -> FP8Weight:
+    """Quantize ``w [..., N, K]`` to float8_e4m3fn with amax scaling at ``granularity``
+    (``"tensor"``, ``"channel"`` or ``"block"`` = 128x128)."""
+    if granularity not in FP8_GRANULARITIES:
+        raise ValueError(f"quantize_fp8: granularity must be one of {FP8_GRANULARITIES}, got {granularity!r}")
+    wf = w.detach().float()
+    n, k = wf.shape[-2:]
+    if granularity == "tensor":
+        amax = wf.abs().amax(dim=(-2, -1), keepdim=True)
+    elif granularity == "channel":
+        amax = wf.abs().amax(dim=-1, keepdim=True)
+    else:
+        pn, pk = math.ceil(n / FP8_BLOCK) * FP8_BLOCK, math.ceil(k / FP8_BLOCK) * FP8_BLOCK
+        padded = torch.nn.functional.pad(wf.abs(), (0, pk - k, 0, pn - n))
+        tiles = padded.unflatten(-1, (-1, FP8_BLOCK)).unflatten(-3, (-1, FP8_BLOCK))
+        amax = tiles.amax(dim=(-3, -1))
+    scale = (amax / FP8_E4M3_MAX).clamp_min(1e-12).float()
+    data = (wf / _expand_scale(scale, n, k)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return FP8Weight(data.contiguous(), scale.contiguous())

@@ -1,0 +1,401 @@
+"""The kernel registry: every implementation with its metadata, as data.
+
+A kernel author writes::
+
+    from tokenspeed_kernel.registry import register_kernel, Priority
+
+    @register_kernel(
+        "attention.decode",
+        name="my_decode",
+        solution="triton",
+        vendors=("cuda", "rocm"),
+        capabilities=("bf16",),
+        dtypes={"q": (torch.bfloat16, torch.float16), "kv": (torch.bfloat16, torch.float16)},
+        shapes={"head_dim": (64, 128)},
+        features=("sinks", "sliding_window"),
+        priority=Priority.PORTABLE,
+    )
+    def my_decode(args: DecodeArgs) -> None: ...
+
+The decorated function is returned unchanged. It receives the operator's typed argument
+object (see ``tokenspeed_kernel.ops.<family>``) and writes its outputs into it.
+
+Backends (vendor wheels and out-of-tree plugins) are Python entry points in the group
+``tokenspeed_kernel.backends``. Each names a module (imported) or a function (called) that
+registers kernels. They are loaded lazily on the first selection, once; one that fails to
+load is recorded with its error, its partial registrations are withdrawn, and the others
+carry on. ``TOKENSPEED_KERNEL_DISABLE_BACKENDS`` skips backends by entry-point name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import importlib
+import logging
+import threading
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import torch
+
+from tokenspeed_kernel import config
+from tokenspeed_kernel.operators import operator_schema
+
+__all__ = [
+    "Priority",
+    "Request",
+    "KernelSpec",
+    "BackendStatus",
+    "register_kernel",
+    "unregister_kernel",
+    "kernels",
+    "get_kernel",
+    "backends",
+    "load_backends",
+    "ENTRY_POINT_GROUP",
+]
+
+log = logging.getLogger("tokenspeed_kernel")
+
+ENTRY_POINT_GROUP = "tokenspeed_kernel.backends"
+BUILTIN_BACKEND = "reference"
+_BUILTIN_MODULE = "tokenspeed_kernel.reference"
+
+
+class Priority(enum.IntEnum):
+    """Named priority bands, lowest first. Add an offset to rank within a band
+    (``Priority.PERFORMANT + 10``); the band is the largest one not above the value."""
+
+    REFERENCE = 0
+    PORTABLE = 100
+    PERFORMANT = 200
+    SPECIALIZED = 300
+    PLUGIN = 400
+
+    @classmethod
+    def band(cls, value: int) -> Priority:
+        return max((b for b in cls if b <= value), default=cls.REFERENCE)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a call needs from a kernel; hashable, so selections are cached per request.
+
+    Attributes:
+        op: operator name, e.g. ``"attention.decode"``.
+        dtypes: ``((role, dtype), ...)`` sorted by role, e.g. ``(("kv", bf16), ("q", bf16))``.
+        shapes: ``((key, value), ...)`` sorted by key; small bounded integers only.
+        features: optional behaviours the call needs, e.g. ``{"sinks", "sliding_window"}``.
+    """
+
+    op: str
+    dtypes: tuple[tuple[str, torch.dtype], ...] = ()
+    shapes: tuple[tuple[str, int], ...] = ()
+    features: frozenset[str] = frozenset()
+
+    @classmethod
+    def make(
+        cls,
+        op: str,
+        dtypes: Mapping[str, torch.dtype] | None = None,
+        shapes: Mapping[str, int] | None = None,
+        features: Iterable[str] = (),
+    ) -> Request:
+        return cls(
+            op,
+            tuple(sorted((dtypes or {}).items())),
+            tuple(sorted((shapes or {}).items())),
+            frozenset(features),
+        )
+
+    def dtype(self, role: str) -> torch.dtype | None:
+        return next((d for r, d in self.dtypes if r == role), None)
+
+    def shape(self, key: str) -> int | None:
+        return next((v for k, v in self.shapes if k == key), None)
+
+    def describe(self) -> str:
+        dts = " ".join(f"{r}={str(d).removeprefix('torch.')}" for r, d in self.dtypes)
+        shp = " ".join(f"{k}={v}" for k, v in self.shapes)
+        feats = ",".join(sorted(self.features)) or "-"
+        return f"{self.op} [{dts}] [{shp}] features={feats}"
+
+
+Predicate = Callable[[Request], "str | None"]
+Availability = Callable[[], "str | None"]
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One registered implementation and everything the selector needs to know about it.
+
+    ``vendors``/``archs``/``capabilities`` gate by platform; ``dtypes`` maps a dtype role to
+    the dtypes accepted (a role left out accepts any); ``shapes`` maps a shape key to the
+    accepted values (a key left out accepts any); ``features`` lists the optional behaviours
+    the kernel supports; ``predicate(request)`` returns a reason string to reject what the
+    metadata cannot express; ``available()`` returns a reason when something the kernel
+    needs at run time is missing (a library, a device). ``prepare`` (optional) is the plan
+    hook: ``prepare(plan_inputs) -> prepared`` for kernels that repack weights once.
+    """
+
+    op: str
+    name: str
+    fn: Callable[..., Any]
+    solution: str
+    backend: str
+    vendors: frozenset[str]
+    archs: frozenset[str] | None
+    capabilities: frozenset[str]
+    dtypes: tuple[tuple[str, frozenset[torch.dtype]], ...]
+    shapes: tuple[tuple[str, frozenset[int]], ...]
+    features: frozenset[str]
+    priority: int
+    predicate: Predicate | None = None
+    available: Availability | None = None
+    prepare: Callable[..., Any] | None = None
+    description: str = ""
+
+    @property
+    def band(self) -> Priority:
+        return Priority.band(self.priority)
+
+    def rank_key(self) -> tuple[int, str]:
+        """Sort key: highest priority first, then name (deterministic tie-break)."""
+        return (-self.priority, self.name)
+
+    def summary(self) -> str:
+        vendors = ",".join(sorted(self.vendors))
+        archs = ",".join(sorted(self.archs)) if self.archs else "any"
+        caps = ",".join(sorted(self.capabilities)) or "-"
+        feats = ",".join(sorted(self.features)) or "-"
+        dts = "; ".join(
+            f"{role}: {','.join(sorted(str(d).removeprefix('torch.') for d in ds))}" for role, ds in self.dtypes
+        )
+        shp = "; ".join(f"{k}: {','.join(map(str, sorted(v)))}" for k, v in self.shapes)
+        return (
+            f"{self.name} [{self.solution}, backend={self.backend}, priority={self.band.name.lower()}"
+            f"({self.priority})] vendors={vendors} archs={archs} caps={caps} dtypes=({dts or 'any'}) "
+            f"shapes=({shp or 'any'}) features={feats}"
+        )
+
+
+@dataclass
+class BackendStatus:
+    """How loading one backend went: ``loaded``, ``failed`` or ``disabled``."""
+
+    name: str
+    target: str
+    state: str
+    error: str = ""
+    kernels: list[str] = field(default_factory=list)
+
+
+_kernels: dict[str, KernelSpec] = {}
+_by_op: dict[str, list[KernelSpec]] = {}
+_backends: dict[str, BackendStatus] = {}
+_invalidation_hooks: list[Callable[[], None]] = []
+_lock = threading.RLock()
+_loaded = False
+_current_backend: str | None = None
+
+
+def _frozen_dtypes(dtypes: Mapping[str, Iterable[torch.dtype]] | None, roles: tuple[str, ...], name: str):
+    out = []
+    for role, values in sorted((dtypes or {}).items()):
+        if role not in roles:
+            raise ValueError(f"kernel {name!r}: unknown dtype role {role!r}; expected one of {roles}")
+        values = frozenset(values)
+        if not all(isinstance(v, torch.dtype) for v in values):
+            raise TypeError(f"kernel {name!r}: dtypes[{role!r}] must hold torch.dtype values")
+        out.append((role, values))
+    return tuple(out)
+
+
+def _frozen_shapes(shapes: Mapping[str, Iterable[int]] | None, keys: tuple[str, ...], name: str):
+    out = []
+    for key, values in sorted((shapes or {}).items()):
+        if key not in keys:
+            raise ValueError(f"kernel {name!r}: unknown shape key {key!r}; expected one of {keys}")
+        out.append((key, frozenset(int(v) for v in values)))
+    return tuple(out)
+
+
+def register_kernel(
+    op: str,
+    *,
+    name: str,
+    solution: str,
+    vendors: Iterable[str] = ("cuda", "rocm", "cpu"),
+    archs: Iterable[str] | None = None,
+    capabilities: Iterable[str] = (),
+    dtypes: Mapping[str, Iterable[torch.dtype]] | None = None,
+    shapes: Mapping[str, Iterable[int]] | None = None,
+    features: Iterable[str] = (),
+    priority: int = Priority.PORTABLE,
+    predicate: Predicate | None = None,
+    available: Availability | None = None,
+    prepare: Callable[..., Any] | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the decorated function as a kernel for ``op`` (see the module docstring).
+
+    Raises ``ValueError`` for an unknown operator, dtype role, shape key or feature, and
+    for a name already taken by another kernel.
+    """
+    schema = operator_schema(op)
+    feature_set = frozenset(features)
+    unknown = feature_set - set(schema.features)
+    if unknown:
+        raise ValueError(
+            f"kernel {name!r}: unknown features {sorted(unknown)} for {op}; expected some of {schema.features}"
+        )
+    vendor_set = frozenset(vendors)
+    bad_vendors = vendor_set - {"cuda", "rocm", "cpu"}
+    if bad_vendors or not vendor_set:
+        raise ValueError(f"kernel {name!r}: vendors must be a non-empty subset of cuda, rocm, cpu")
+    frozen_dtypes = _frozen_dtypes(dtypes, schema.dtype_roles, name)
+    frozen_shapes = _frozen_shapes(shapes, schema.shape_keys, name)
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        spec = KernelSpec(
+            op=op,
+            name=name,
+            fn=fn,
+            solution=solution,
+            backend=_current_backend or getattr(fn, "__module__", "user"),
+            vendors=vendor_set,
+            archs=frozenset(archs) if archs is not None else None,
+            capabilities=frozenset(capabilities),
+            dtypes=frozen_dtypes,
+            shapes=frozen_shapes,
+            features=feature_set,
+            priority=int(priority),
+            predicate=predicate,
+            available=available,
+            prepare=prepare,
+            description=((fn.__doc__ or "").strip().splitlines() or [""])[0],
+        )
+        with _lock:
+            existing = _kernels.get(name)
+            if existing is not None:
+                raise ValueError(
+                    f"kernel name {name!r} is already registered for {existing.op} by backend "
+                    f"{existing.backend!r}; kernel names must be unique"
+                )
+            _kernels[name] = spec
+            _by_op.setdefault(op, []).append(spec)
+            _by_op[op].sort(key=KernelSpec.rank_key)
+            _invalidate()
+        return fn
+
+    return decorator
+
+
+def unregister_kernel(name: str) -> None:
+    """Remove a kernel (tests, plugin unloading). ``KeyError`` if it is not registered."""
+    with _lock:
+        spec = _kernels.pop(name)
+        _by_op[spec.op].remove(spec)
+        _invalidate()
+
+
+def kernels(op: str | None = None) -> list[KernelSpec]:
+    """Registered kernels (of ``op``, or all), highest priority first. Loads backends."""
+    load_backends()
+    if op is not None:
+        operator_schema(op)
+        return list(_by_op.get(op, ()))
+    return sorted(_kernels.values(), key=lambda s: (s.op, *s.rank_key()))
+
+
+def get_kernel(name: str) -> KernelSpec:
+    """The kernel called ``name``; ``ValueError`` listing the registered names otherwise."""
+    load_backends()
+    try:
+        return _kernels[name]
+    except KeyError:
+        raise ValueError(f"no kernel named {name!r}; registered: {', '.join(sorted(_kernels))}") from None
+
+
+def backends() -> list[BackendStatus]:
+    """How each backend's loading went (loads them first if needed)."""
+    load_backends()
+    return list(_backends.values())
+
+
+def on_change(hook: Callable[[], None]) -> None:
+    """Call ``hook`` whenever the set of kernels changes (the selector drops its cache)."""
+    _invalidation_hooks.append(hook)
+
+
+def _invalidate() -> None:
+    for hook in _invalidation_hooks:
+        hook()
+
+
+@contextlib.contextmanager
+def _loading(backend: str) -> Iterator[None]:
+    global _current_backend
+    previous, _current_backend = _current_backend, backend
+    try:
+        yield
+    finally:
+        _current_backend = previous
+
+
+def _load_one(name: str, target: str, loader: Callable[[], Any]) -> None:
+    if name in config.disabled_backends():
+        _backends[name] = BackendStatus(name, target, "disabled", f"disabled by {config.DISABLE_BACKENDS_ENV}")
+        return
+    before = set(_kernels)
+    try:
+        with _loading(name):
+            obj = loader()
+            if callable(obj):  # an entry point naming a function: call it to register
+                obj()
+    except Exception as exc:  # a broken backend must never take the library down
+        for added in set(_kernels) - before:
+            unregister_kernel(added)
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        _backends[name] = BackendStatus(name, target, "failed", detail)
+        log.warning("tokenspeed_kernel: backend %r (%s) failed to load and is skipped: %s", name, target, detail)
+        return
+    _backends[name] = BackendStatus(name, target, "loaded", kernels=sorted(set(_kernels) - before))
+
+
+def load_backends(*, force: bool = False) -> None:
+    """Load the built-in reference backend and every entry-point backend, once.
+
+    Never called at ``import tokenspeed_kernel``; the first selection, ``kernels()`` or
+    ``backends()`` triggers it. ``force=True`` loads entry points not seen before (tests).
+    """
+    global _loaded
+    if _loaded and not force:
+        return
+    with _lock:
+        if _loaded and not force:
+            return
+        _loaded = True
+        if BUILTIN_BACKEND not in _backends:
+            _load_one(BUILTIN_BACKEND, _BUILTIN_MODULE, lambda: importlib.import_module(_BUILTIN_MODULE))
+        for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            if ep.name in _backends or ep.name == BUILTIN_BACKEND:
+                continue
+            _load_one(ep.name, ep.value, ep.load)
+
+
+def load_backend(name: str, target: str) -> BackendStatus:
+    """Load one backend by hand from ``"module"`` or ``"module:function"`` (plugins, tests)."""
+    load_backends()
+    module_name, _, attr = target.partition(":")
+
+    def loader() -> Any:
+        module = importlib.import_module(module_name)
+        return getattr(module, attr) if attr else module
+
+    with _lock:
+        _load_one(name, target, loader)
+    return _backends[name]

@@ -1,0 +1,198 @@
+"""The selector: filter registered kernels for a platform and a request, rank, return one.
+
+Every candidate is judged by the same checks, in this order, and each failed check gives a
+reason in words: backend availability, vendor, architecture, capabilities, dtypes, shapes,
+features, then the kernel's own predicate. The accepted candidates are ranked by priority
+(highest first; equal priorities by name, so the choice is deterministic).
+
+Overrides: a per-call ``override="name"`` wins over ``TOKENSPEED_KERNEL_OVERRIDE``, which
+wins over ranking. An override naming a kernel that cannot serve the request raises
+:class:`KernelOverrideError` with that kernel's reasons.
+
+Results are cached per (platform, request, override): a hot call pays one dict lookup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from tokenspeed_kernel import config, registry
+from tokenspeed_kernel.platform import Platform, current_platform
+from tokenspeed_kernel.registry import KernelSpec, Request
+
+__all__ = [
+    "Candidate",
+    "Selection",
+    "NoKernelFoundError",
+    "KernelOverrideError",
+    "select",
+    "evaluate",
+    "explain",
+    "clear_cache",
+]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One kernel judged against one request: accepted, or rejected with reasons."""
+
+    spec: KernelSpec
+    reasons: tuple[str, ...]
+
+    @property
+    def accepted(self) -> bool:
+        return not self.reasons
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The full verdict for one request: every candidate and the winner (or None)."""
+
+    request: Request
+    platform: Platform
+    candidates: tuple[Candidate, ...]
+    winner: KernelSpec | None
+    override: str | None = None
+
+    def table(self) -> str:
+        """A human-readable table: each candidate, ACCEPTED/REJECTED, reasons, the winner."""
+        lines = [f"request:  {self.request.describe()}", f"platform: {self.platform.describe()}"]
+        if self.override:
+            lines.append(f"override: {self.override}")
+        if not self.candidates:
+            lines.append("  (no kernels are registered for this operator)")
+        for cand in self.candidates:
+            spec = cand.spec
+            mark = "WINNER  " if self.winner is spec else ("ACCEPTED" if cand.accepted else "REJECTED")
+            head = f"  {mark} {spec.name:<32} {spec.solution:<10} {spec.band.name.lower()}({spec.priority})"
+            lines.append(head + ("" if cand.accepted else f": {'; '.join(cand.reasons)}"))
+        if self.winner is None:
+            lines.append("  => no kernel can serve this request")
+        else:
+            lines.append(f"  => {self.winner.name}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+class NoKernelFoundError(RuntimeError):
+    """No registered kernel can serve a request; ``.selection`` holds every reason."""
+
+    def __init__(self, selection: Selection):
+        self.selection = selection
+        super().__init__("no kernel can serve this request\n" + selection.table())
+
+
+class KernelOverrideError(ValueError):
+    """An override named an unknown kernel or one that cannot serve the request."""
+
+
+def _reasons(spec: KernelSpec, request: Request, platform: Platform) -> tuple[str, ...]:
+    reasons: list[str] = []
+    if spec.available is not None:
+        missing = spec.available()
+        if missing:
+            return (missing,)
+    if platform.vendor not in spec.vendors:
+        reasons.append(f"vendor {platform.vendor} not in {{{', '.join(sorted(spec.vendors))}}}")
+    if spec.archs is not None and platform.arch not in spec.archs:
+        reasons.append(f"arch {platform.arch} not in {{{', '.join(sorted(spec.archs))}}}")
+    missing_caps = spec.capabilities - platform.capabilities
+    if missing_caps:
+        reasons.append(f"platform lacks capabilities {{{', '.join(sorted(missing_caps))}}}")
+    for role, allowed in spec.dtypes:
+        dtype = request.dtype(role)
+        if dtype is not None and dtype not in allowed:
+            names = ", ".join(sorted(str(d).removeprefix("torch.") for d in allowed))
+            reasons.append(f"{role} dtype {str(dtype).removeprefix('torch.')} not in {{{names}}}")
+    for key, allowed in spec.shapes:
+        value = request.shape(key)
+        if value is not None and value not in allowed:
+            shown = ", ".join(map(str, sorted(allowed)))
+            reasons.append(f"{key}={value} not in {{{shown}}}")
+    unsupported = request.features - spec.features
+    if unsupported:
+        reasons.append(f"does not support {{{', '.join(sorted(unsupported))}}}")
+    if not reasons and spec.predicate is not None:
+        why = spec.predicate(request)
+        if why:
+            reasons.append(why)
+    return tuple(reasons)
+
+
+def evaluate(request: Request, platform: Platform | None = None) -> tuple[Candidate, ...]:
+    """Judge every kernel registered for ``request.op``; ranked, highest priority first."""
+    platform = platform or current_platform()
+    return tuple(Candidate(spec, _reasons(spec, request, platform)) for spec in registry.kernels(request.op))
+
+
+def _override_for(request: Request, override: str | None) -> str | None:
+    return override or config.kernel_overrides().get(request.op)
+
+
+def _decide(request: Request, platform: Platform, override: str | None) -> Selection:
+    candidates = evaluate(request, platform)
+    chosen = _override_for(request, override)
+    if chosen is None:
+        winner = next((c.spec for c in candidates if c.accepted), None)
+        return Selection(request, platform, candidates, winner)
+    match = next((c for c in candidates if c.spec.name == chosen), None)
+    if match is None:
+        names = ", ".join(c.spec.name for c in candidates) or "none"
+        raise KernelOverrideError(f"override {chosen!r} is not a kernel registered for {request.op}; registered: {names}")
+    if not match.accepted:
+        raise KernelOverrideError(
+            f"override {chosen!r} cannot serve {request.describe()} on {platform.arch}: {'; '.join(match.reasons)}"
+        )
+    return Selection(request, platform, candidates, match.spec, override=chosen)
+
+
+_cache: dict[tuple[Platform, Request, str | None], KernelSpec] = {}
+
+
+def clear_cache() -> None:
+    """Drop cached selections (done automatically when kernels are (un)registered)."""
+    _cache.clear()
+
+
+registry.on_change(clear_cache)
+
+
+def select(request: Request, platform: Platform | None = None, override: str | None = None) -> KernelSpec:
+    """The kernel that serves ``request`` on ``platform`` (default: the current one).
+
+    Raises :class:`NoKernelFoundError` (with the full table) or :class:`KernelOverrideError`.
+    """
+    platform = platform or current_platform()
+    key = (platform, request, override)
+    spec = _cache.get(key)
+    if spec is not None:
+        return spec
+    selection = _decide(request, platform, override)
+    if selection.winner is None:
+        raise NoKernelFoundError(selection)
+    _cache[key] = selection.winner
+    return selection.winner
+
+
+def explain(
+    op: str | Request,
+    *,
+    dtypes: Mapping[str, torch.dtype] | None = None,
+    shapes: Mapping[str, int] | None = None,
+    features: Iterable[str] = (),
+    platform: Platform | None = None,
+    override: str | None = None,
+) -> Selection:
+    """The selection verdict for a request, every candidate with its reasons.
+
+    ``op`` is an operator name (then ``dtypes``/``shapes``/``features`` describe the
+    request) or a :class:`Request`. ``print(explain(...))`` shows the table. Never raises
+    for "no kernel": the returned selection's ``winner`` is None instead.
+    """
+    request = op if isinstance(op, Request) else Request.make(op, dtypes, shapes, features)
+    return _decide(request, platform or current_platform(), override)

@@ -1,0 +1,1 @@
+"""Tools for kernel authors: numerics checks, benchmarks, profiling, shape capture/replay."""
