@@ -56,6 +56,9 @@ __all__ = [
     "get_kernel",
     "backends",
     "load_backends",
+    "load_backend",
+    "unload_backend",
+    "isolated",
     "ENTRY_POINT_GROUP",
 ]
 
@@ -399,3 +402,42 @@ def load_backend(name: str, target: str) -> BackendStatus:
     with _lock:
         _load_one(name, target, loader)
     return _backends[name]
+
+
+def unload_backend(name: str) -> None:
+    """Withdraw every kernel a backend registered and forget it (tests, plugin reloads).
+
+    A later ``load_backends(force=True)`` loads it again if its entry point still exists.
+    """
+    with _lock:
+        status = _backends.pop(name, None)
+        for kernel in list(_kernels.values()):
+            if kernel.backend == name:
+                unregister_kernel(kernel.name)
+        if status is None:
+            raise KeyError(f"no backend named {name!r} was loaded")
+
+
+@contextlib.contextmanager
+def isolated(keep_backends: Iterable[str] = (BUILTIN_BACKEND,)) -> Iterator[None]:
+    """Within the block, only kernels of ``keep_backends`` are registered; the full set is
+    restored afterwards. For tests that must not depend on which wheels are installed."""
+    load_backends()
+    keep = frozenset(keep_backends)
+    with _lock:
+        saved = dict(_kernels)
+        for name, spec in saved.items():
+            if spec.backend not in keep:
+                unregister_kernel(name)
+    try:
+        yield
+    finally:
+        with _lock:
+            _kernels.clear()
+            _kernels.update(saved)
+            _by_op.clear()
+            for spec in saved.values():
+                _by_op.setdefault(spec.op, []).append(spec)
+            for specs in _by_op.values():
+                specs.sort(key=KernelSpec.rank_key)
+            _invalidate()

@@ -1,0 +1,72 @@
+"""Platform detection, capability tables and the TOKENSPEED_KERNEL_PLATFORM override."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from tokenspeed_kernel import config, platform
+
+
+@pytest.fixture
+def set_platform(monkeypatch):
+    def _set(value):
+        monkeypatch.setenv(config.PLATFORM_ENV, value)
+        config.refresh()
+        platform.refresh()
+        return platform.current_platform()
+
+    yield _set
+    monkeypatch.delenv(config.PLATFORM_ENV, raising=False)
+    config.refresh()
+    platform.refresh()
+
+
+@pytest.mark.parametrize(
+    ("arch", "vendor", "has", "lacks"),
+    [
+        ("sm_80", "cuda", {"bf16", "cp_async"}, {"fp8_e4m3", "wgmma", "tma"}),
+        ("sm_90", "cuda", {"bf16", "fp8_e4m3", "wgmma", "tma"}, {"tcgen05", "mxfp4_mma", "mfma"}),
+        ("sm_100", "cuda", {"fp8_e4m3", "tma", "tcgen05", "mxfp4_mma"}, {"wgmma"}),
+        ("gfx942", "rocm", {"mfma", "bf16", "fp8_e4m3fnuz"}, {"fp8_e4m3", "mxfp4_mma", "wgmma"}),
+        ("gfx950", "rocm", {"mfma", "fp8_e4m3", "mxfp4_mma", "scaled_mfma"}, {"fp8_e4m3fnuz", "wgmma"}),
+        ("cpu", "cpu", {"bf16", "fp16"}, {"mfma", "wgmma"}),
+    ],
+)
+def test_override_gives_synthetic_platform(set_platform, arch, vendor, has, lacks):
+    plat = set_platform(arch)
+    assert (plat.vendor, plat.arch, plat.overridden) == (vendor, arch, True)
+    assert has <= plat.capabilities
+    assert not (lacks & plat.capabilities)
+    assert plat.num_sms > 0 or arch == "cpu"
+
+
+def test_override_applies_to_cpu_tensors_too(set_platform):
+    plat = set_platform("gfx950")
+    assert platform.platform_for(torch.device("cpu")) is plat
+
+
+def test_unknown_override_is_a_clear_error(set_platform):
+    with pytest.raises(ValueError, match="TOKENSPEED_KERNEL_PLATFORM='gfx1234' is not a known architecture"):
+        set_platform("gfx1234")
+
+
+def test_detection_without_override_on_this_machine():
+    config.refresh()
+    platform.refresh()
+    plat = platform.current_platform()
+    expected = "cpu" if not torch.cuda.is_available() else ("rocm" if torch.version.hip else "cuda")
+    assert plat.vendor == expected and not plat.overridden
+    assert platform.platform_for(torch.device("cpu")).vendor == "cpu"
+
+
+def test_platform_is_immutable():
+    plat = platform.platform_from_arch("sm_90")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plat.arch = "sm_100"  # type: ignore[misc]
+
+
+def test_capabilities_for_unknown_arch_name():
+    assert "wgmma" in platform.capabilities_for_arch("sm_90a")
+    with pytest.raises(ValueError, match="unknown architecture"):
+        platform.capabilities_for_arch("tpu_v5")

@@ -1,0 +1,92 @@
+"""Registration metadata is validated as data; kernels are listed in rank order."""
+
+import pytest
+import torch
+
+from tokenspeed_kernel import registry
+from tokenspeed_kernel.registry import Priority, Request
+
+pytestmark = pytest.mark.usefixtures("only_reference")
+
+
+def test_reference_backend_registers_every_operator():
+    ops = {spec.op for spec in registry.kernels() if spec.backend == "reference"}
+    assert ops == {
+        "attention.prefill",
+        "attention.extend",
+        "attention.decode",
+        "kvcache.store",
+        "moe.topk",
+        "moe.apply",
+    }
+    for spec in registry.kernels():
+        if spec.backend == "reference":
+            assert spec.band is Priority.REFERENCE and spec.solution == "torch"
+
+
+def test_registration_records_metadata_and_returns_function(temp_kernels):
+    fn = temp_kernels(
+        "attention.decode",
+        name="t_meta",
+        vendors=("cuda",),
+        archs=("sm_90",),
+        capabilities=("wgmma",),
+        dtypes={"q": (torch.bfloat16,)},
+        shapes={"head_dim": (64, 128)},
+        features=("sinks",),
+        priority=Priority.PERFORMANT + 5,
+    )
+    spec = registry.get_kernel("t_meta")
+    assert spec.fn is fn
+    assert spec.vendors == frozenset({"cuda"}) and spec.archs == frozenset({"sm_90"})
+    assert spec.band is Priority.PERFORMANT and spec.priority == 205
+    assert dict(spec.shapes) == {"head_dim": frozenset({64, 128})}
+    assert "t_meta" in spec.summary() and "performant(205)" in spec.summary()
+
+
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [
+        ({"features": ("sink",)}, "unknown features \\['sink'\\]"),
+        ({"dtypes": {"query": (torch.bfloat16,)}}, "unknown dtype role 'query'"),
+        ({"shapes": {"headdim": (64,)}}, "unknown shape key 'headdim'"),
+        ({"vendors": ("tpu",)}, "vendors must be a non-empty subset"),
+        ({"dtypes": {"q": ("bf16",)}}, "must hold torch.dtype values"),
+    ],
+)
+def test_bad_metadata_is_rejected_at_registration(meta, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        registry.register_kernel("attention.decode", name="t_bad", solution="test", **meta)
+    assert "t_bad" not in {s.name for s in registry.kernels()}
+
+
+def test_unknown_operator_is_rejected():
+    with pytest.raises(ValueError, match="unknown operator 'attention.decod'"):
+        registry.register_kernel("attention.decod", name="t_bad_op", solution="test")
+
+
+def test_duplicate_name_is_rejected(temp_kernels):
+    temp_kernels("attention.decode", name="t_dup")
+    with pytest.raises(ValueError, match="'t_dup' is already registered"):
+        registry.register_kernel("attention.prefill", name="t_dup", solution="test")(lambda args: None)
+
+
+def test_kernels_are_listed_highest_priority_first(temp_kernels):
+    temp_kernels("attention.decode", name="t_low", priority=Priority.PORTABLE)
+    temp_kernels("attention.decode", name="t_high", priority=Priority.SPECIALIZED)
+    names = [s.name for s in registry.kernels("attention.decode")]
+    assert names.index("t_high") < names.index("t_low") < names.index("torch_decode")
+
+
+def test_priority_bands():
+    assert Priority.band(0) is Priority.REFERENCE
+    assert Priority.band(250) is Priority.PERFORMANT
+    assert Priority.band(10_000) is Priority.PLUGIN
+    assert Priority.REFERENCE < Priority.PORTABLE < Priority.PERFORMANT < Priority.SPECIALIZED < Priority.PLUGIN
+
+
+def test_request_make_is_canonical_and_hashable():
+    a = Request.make("attention.decode", {"q": torch.bfloat16, "kv": torch.bfloat16}, {"head_dim": 64}, ["sinks"])
+    b = Request.make("attention.decode", {"kv": torch.bfloat16, "q": torch.bfloat16}, {"head_dim": 64}, ("sinks",))
+    assert a == b and hash(a) == hash(b)
+    assert a.dtype("q") is torch.bfloat16 and a.shape("head_dim") == 64 and a.shape("page_size") is None

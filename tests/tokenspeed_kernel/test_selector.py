@@ -1,0 +1,152 @@
+"""Selection: filtering with reasons, ranking, overrides, caching, explain tables."""
+
+import pytest
+import torch
+
+from tokenspeed_kernel import config, platform, selector
+from tokenspeed_kernel.registry import Priority, Request
+from tokenspeed_kernel.selector import KernelOverrideError, NoKernelFoundError, explain, select
+
+pytestmark = pytest.mark.usefixtures("only_reference")
+
+H100 = platform.platform_from_arch("sm_90")
+MI355 = platform.platform_from_arch("gfx950")
+MI300 = platform.platform_from_arch("gfx942")
+CPU = platform.platform_from_arch("cpu", overridden=False)
+
+REQ = Request.make(
+    "attention.decode",
+    {"q": torch.bfloat16, "kv": torch.bfloat16},
+    {"head_dim": 64, "head_dim_v": 64, "num_q_heads": 64, "num_kv_heads": 8, "page_size": 16, "q_len": 1},
+    ["sinks", "sliding_window"],
+)
+
+
+def test_reference_wins_when_nothing_else_serves():
+    assert select(REQ, CPU).name == "torch_decode"
+
+
+def test_priority_ranks_accepted_candidates(temp_kernels):
+    temp_kernels("attention.decode", name="t_portable", vendors=("cuda",), features=("sinks", "sliding_window"))
+    temp_kernels(
+        "attention.decode",
+        name="t_special",
+        vendors=("cuda",),
+        priority=Priority.SPECIALIZED,
+        features=("sinks", "sliding_window"),
+    )
+    assert select(REQ, H100).name == "t_special"
+    assert select(REQ, CPU).name == "torch_decode"
+
+
+def test_ties_are_broken_by_name(temp_kernels):
+    temp_kernels("attention.decode", name="t_tie_b", features=("sinks", "sliding_window"))
+    temp_kernels("attention.decode", name="t_tie_a", features=("sinks", "sliding_window"))
+    assert select(REQ, H100).name == "t_tie_a"
+
+
+@pytest.mark.parametrize(
+    ("meta", "plat", "reason"),
+    [
+        ({"vendors": ("rocm",)}, H100, "vendor cuda not in {rocm}"),
+        ({"vendors": ("cuda",), "archs": ("sm_100",)}, H100, "arch sm_90 not in {sm_100}"),
+        ({"vendors": ("rocm",), "capabilities": ("mxfp4_mma",)}, MI300, "platform lacks capabilities {mxfp4_mma}"),
+        ({"dtypes": {"q": (torch.float16,)}}, H100, "q dtype bfloat16 not in {float16}"),
+        ({"shapes": {"head_dim": (128, 256)}}, H100, "head_dim=64 not in {128, 256}"),
+        ({"features": ("sinks",)}, H100, "does not support {sliding_window}"),
+        ({"predicate": lambda req: "needs page_size >= 64" if req.shape("page_size") < 64 else None}, H100, "needs page_size >= 64"),
+        ({"available": lambda: "somelib not installed"}, H100, "somelib not installed"),
+    ],
+)
+def test_each_rejection_states_its_reason(temp_kernels, meta, plat, reason):
+    meta.setdefault("features", ("sinks", "sliding_window"))
+    temp_kernels("attention.decode", name="t_rejected", priority=Priority.PLUGIN, **meta)
+    sel = explain(REQ, platform=plat)
+    cand = next(c for c in sel.candidates if c.spec.name == "t_rejected")
+    assert not cand.accepted
+    assert reason in "; ".join(cand.reasons)
+    assert sel.winner is not None and sel.winner.name == "torch_decode"
+    table = sel.table()
+    assert "REJECTED t_rejected" in table and reason in table and "WINNER   torch_decode" in table
+
+
+def test_all_reasons_are_listed_not_just_the_first(temp_kernels):
+    temp_kernels("attention.decode", name="t_many", vendors=("rocm",), dtypes={"q": (torch.float16,)}, features=())
+    cand = next(c for c in explain(REQ, platform=H100).candidates if c.spec.name == "t_many")
+    assert len(cand.reasons) == 3
+
+
+def test_no_kernel_found_carries_the_table(temp_kernels):
+    req = Request.make("moe.apply", {"x": torch.bfloat16, "weight": torch.bfloat16}, {}, ["silu", "no_such_feature"])
+    with pytest.raises(NoKernelFoundError) as info:
+        select(req, CPU)
+    assert info.value.selection.winner is None
+    assert "REJECTED torch_moe" in str(info.value) and "no_such_feature" in str(info.value)
+
+
+def test_per_call_override_wins_and_explains_refusal(temp_kernels):
+    temp_kernels("attention.decode", name="t_fast", priority=Priority.SPECIALIZED, features=("sinks", "sliding_window"))
+    assert select(REQ, H100).name == "t_fast"
+    assert select(REQ, H100, override="torch_decode").name == "torch_decode"
+    temp_kernels("attention.decode", name="t_nosinks", features=())
+    with pytest.raises(KernelOverrideError, match="'t_nosinks' cannot serve .* does not support"):
+        select(REQ, H100, override="t_nosinks")
+    with pytest.raises(KernelOverrideError, match="'nope' is not a kernel registered for attention.decode"):
+        select(REQ, H100, override="nope")
+
+
+def test_env_override(temp_kernels, env):
+    temp_kernels("attention.decode", name="t_fast2", priority=Priority.SPECIALIZED, features=("sinks", "sliding_window"))
+    env(config.OVERRIDE_ENV, "attention.decode=torch_decode, moe.apply=torch_moe")
+    assert select(REQ, H100).name == "torch_decode"
+    assert select(REQ, H100, override="t_fast2").name == "t_fast2"  # per call beats env
+
+
+def test_malformed_env_override(env):
+    env(config.OVERRIDE_ENV, "attention.decode")
+    with pytest.raises(ValueError, match="expected 'operator=kernel'"):
+        select(REQ, H100)
+
+
+def test_platform_override_env_drives_selection(temp_kernels, env):
+    temp_kernels(
+        "attention.decode",
+        name="t_amd_only",
+        vendors=("rocm",),
+        archs=("gfx950",),
+        priority=Priority.SPECIALIZED,
+        features=("sinks", "sliding_window"),
+    )
+    env(config.PLATFORM_ENV, "gfx950")
+    assert select(REQ).name == "t_amd_only"
+    env(config.PLATFORM_ENV, "gfx942")
+    assert select(REQ).name == "torch_decode"
+
+
+def test_selection_is_cached_and_invalidated_on_registration(temp_kernels):
+    calls = []
+    temp_kernels(
+        "attention.decode",
+        name="t_counted",
+        priority=Priority.SPECIALIZED,
+        features=("sinks", "sliding_window"),
+        predicate=lambda req: calls.append(req),
+    )
+    for _ in range(5):
+        assert select(REQ, H100).name == "t_counted"
+    assert len(calls) == 1
+    temp_kernels("attention.decode", name="t_newer", priority=Priority.PLUGIN, features=("sinks", "sliding_window"))
+    assert select(REQ, H100).name == "t_newer"
+
+
+def test_clear_cache_and_explain_by_keywords():
+    selector.clear_cache()
+    sel = explain(
+        "attention.decode",
+        dtypes={"q": torch.bfloat16, "kv": torch.bfloat16},
+        shapes={"head_dim": 64},
+        features=["sinks"],
+        platform=CPU,
+    )
+    assert sel.winner is not None and sel.winner.name == "torch_decode"
+    assert "request:  attention.decode" in str(sel)
