@@ -1,0 +1,217 @@
+"""Host-side validation shared by ``moe_apply``, ``moe_plan`` and ``MoEPlan.apply``.
+
+Everything here reads only metadata (shapes, dtypes, devices, layouts); the value checks
+that need a device sync (expert ids, expert map entries) run only under ``config.debug()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tokenspeed_kernel.ops._checks import (
+    ACT_DTYPES,
+    check_choice,
+    check_index_tensor,
+    check_optional_tensor,
+    check_same_device,
+    check_tensor,
+    dtype_name,
+)
+from tokenspeed_kernel.ops.moe.args import ACTIVATIONS, Weight
+from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
+
+__all__ = [
+    "WeightInfo",
+    "apply_signature",
+    "check_ids_in_range",
+    "check_out",
+    "check_routing",
+    "check_weights",
+    "tokens_bucket",
+]
+
+
+@dataclass(frozen=True)
+class WeightInfo:
+    """Facts read from validated expert weights.
+
+    Attributes:
+        num_experts: ``E``, the experts held by the weights (local experts with a map).
+        hidden: ``H``. intermediate: ``I`` (``w13`` holds ``2I`` rows).
+        weight_format: ``"plain"``, ``"mxfp4"``, ``"fp8_per_tensor"``, ``"fp8_per_channel"``
+            or ``"fp8_block"``.
+        storage_dtype: the dtype the weight values are stored in (uint8 for mxfp4).
+        num_global_experts: ``len(expert_map)`` with a map, else ``num_experts``.
+    """
+
+    num_experts: int
+    hidden: int
+    intermediate: int
+    weight_format: str
+    storage_dtype: torch.dtype
+    num_global_experts: int
+
+    def features(self, activation: str, has_bias: bool, has_map: bool) -> set[str]:
+        """The request features of a call with these weights."""
+        feats = {activation}
+        if has_bias:
+            feats.add("bias")
+        if has_map:
+            feats.add("expert_map")
+        if self.weight_format != "plain":
+            feats.add(self.weight_format)
+        return feats
+
+
+def _weight_format(name: str, w: object, x_dtype: torch.dtype) -> tuple[str, torch.dtype, torch.device]:
+    if isinstance(w, MXFP4Weight):
+        check_tensor(f"{name}.packed", w.packed, ndim=3)
+        check_tensor(f"{name}.scales", w.scales, ndim=3)
+        if w.scales.device != w.packed.device:
+            raise ValueError(f"{name}.scales is on {w.scales.device} but {name}.packed is on {w.packed.device}")
+        return "mxfp4", torch.uint8, w.packed.device
+    if isinstance(w, FP8Weight):
+        check_tensor(f"{name}.data", w.data, ndim=3)
+        check_tensor(f"{name}.scale", w.scale, ndim=3)
+        if w.scale.device != w.data.device:
+            raise ValueError(f"{name}.scale is on {w.scale.device} but {name}.data is on {w.data.device}")
+        return w.format, torch.float8_e4m3fn, w.data.device
+    if isinstance(w, torch.Tensor):
+        check_tensor(name, w, ndim=3)
+        if w.dtype != x_dtype:
+            raise TypeError(
+                f"{name} must be in x's dtype ({dtype_name(x_dtype)}) or an MXFP4Weight/FP8Weight, "
+                f"got {dtype_name(w.dtype)}"
+            )
+        return "plain", w.dtype, w.device
+    raise TypeError(f"{name} must be a torch.Tensor, MXFP4Weight or FP8Weight, got {type(w).__name__}")
+
+
+def check_weights(
+    w13: Weight,
+    w2: Weight,
+    *,
+    x_dtype: torch.dtype,
+    device: torch.device | None,
+    activation: str,
+    w13_bias: torch.Tensor | None,
+    w2_bias: torch.Tensor | None,
+    expert_map: torch.Tensor | None,
+) -> WeightInfo:
+    """Validate expert weights, biases, map and activation; ``device`` None = w13's device."""
+    if x_dtype not in ACT_DTYPES:
+        raise TypeError(f"x must have dtype in {{bfloat16, float16, float32}}, got {dtype_name(x_dtype)}")
+    check_choice("activation", activation, ACTIVATIONS)
+    fmt13, storage, dev13 = _weight_format("w13", w13, x_dtype)
+    fmt2, _, dev2 = _weight_format("w2", w2, x_dtype)
+    if fmt13 != fmt2:
+        raise TypeError(f"w13 and w2 must have the same weight format, got {fmt13} and {fmt2}")
+    device = dev13 if device is None else device
+    if dev13 != device:
+        raise ValueError(f"w13 is on {dev13} but x is on {device}")
+    if dev2 != device:
+        raise ValueError(f"w2 is on {dev2} but x is on {device}")
+    e, two_i, h = w13.shape
+    if e < 1 or two_i < 2 or two_i % 2 or h < 1:
+        raise ValueError(f"w13 must have shape [E, 2I, H] with E >= 1, I >= 1, H >= 1, got {list(w13.shape)}")
+    i = two_i // 2
+    if tuple(w2.shape) != (e, h, i):
+        raise ValueError(
+            f"w2 must have shape [E, H, I] = [{e}, {h}, {i}] (from w13 {list(w13.shape)}), got {list(w2.shape)}"
+        )
+    bias_dtypes = tuple(dict.fromkeys((x_dtype, torch.float32)))
+    check_optional_tensor("w13_bias", w13_bias, ndim=2, dtypes=bias_dtypes, shape=(e, two_i))
+    check_optional_tensor("w2_bias", w2_bias, ndim=2, dtypes=bias_dtypes, shape=(e, h))
+    num_global = e
+    if expert_map is not None:
+        check_index_tensor("expert_map", expert_map, ndim=1, dtype=torch.int32)
+        if expert_map.numel() < 1:
+            raise ValueError("expert_map must hold at least one expert, got an empty tensor")
+        num_global = expert_map.numel()
+    for name, t in (("w13_bias", w13_bias), ("w2_bias", w2_bias), ("expert_map", expert_map)):
+        if t is not None and t.device != device:
+            raise ValueError(f"{name} is on {t.device} but x is on {device}")
+    return WeightInfo(e, h, i, fmt13, storage, num_global)
+
+
+def check_routing(
+    x: object,
+    topk_weights: object,
+    topk_ids: object,
+    *,
+    hidden: int,
+    num_global_experts: int,
+    top_k: int | None = None,
+) -> tuple[int, int]:
+    """Validate ``x [T, H]`` and the routing tensors; returns ``(T, top_k)``."""
+    x = check_tensor("x", x, ndim=2, dtypes=ACT_DTYPES)
+    if x.shape[1] != hidden:
+        raise ValueError(f"x must have shape [T, H] with H = {hidden} (the weights' hidden size), got {list(x.shape)}")
+    t = x.shape[0]
+    topk_weights = check_tensor("topk_weights", topk_weights, ndim=2, dtypes=(torch.float32,))
+    topk_ids = check_index_tensor("topk_ids", topk_ids, ndim=2, dtype=torch.int32)
+    k = topk_ids.shape[1]
+    if top_k is not None and k != top_k:
+        raise ValueError(
+            f"topk_ids must have shape [T, top_k] = [{t}, {top_k}] (the plan's top_k), got {list(topk_ids.shape)}"
+        )
+    if topk_ids.shape[0] != t or not 1 <= k <= num_global_experts:
+        raise ValueError(
+            f"topk_ids must have shape [T, k] with T = {t} and 1 <= k <= {num_global_experts}, got {list(topk_ids.shape)}"
+        )
+    if tuple(topk_weights.shape) != (t, k):
+        raise ValueError(f"topk_weights must have shape [{t}, {k}] like topk_ids, got {list(topk_weights.shape)}")
+    check_same_device("x", x, topk_weights=topk_weights, topk_ids=topk_ids)
+    return t, k
+
+
+def check_out(out: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """``out`` (or a new tensor) of x's shape, dtype and device, not overlapping ``x``."""
+    if out is None:
+        return torch.empty_like(x)
+    check_tensor("out", out, ndim=2, dtypes=(x.dtype,), shape=tuple(x.shape))
+    check_same_device("x", x, out=out)
+    if out.numel() and out.data_ptr() == x.data_ptr():
+        raise ValueError("out must not alias x")
+    return out
+
+
+def check_ids_in_range(
+    topk_ids: torch.Tensor, expert_map: torch.Tensor | None, num_experts: int, num_global_experts: int
+) -> None:
+    """Debug-mode value checks (device sync): ids in ``[0, E_global)``, map entries in ``[-1, E)``."""
+    if topk_ids.numel():
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        if lo < 0 or hi >= num_global_experts:
+            what = "len(expert_map)" if expert_map is not None else "E"
+            raise ValueError(f"topk_ids must lie in [0, {what} = {num_global_experts}), got values in [{lo}, {hi}]")
+    if expert_map is not None:
+        lo, hi = int(expert_map.min()), int(expert_map.max())
+        if lo < -1 or hi >= num_experts:
+            raise ValueError(f"expert_map values must lie in [-1, E = {num_experts}), got values in [{lo}, {hi}]")
+
+
+def apply_signature(
+    info: WeightInfo, num_tokens: int, top_k: int, x_dtype: torch.dtype, activation: str, has_bias: bool, has_map: bool
+) -> dict[str, object]:
+    """The capture signature of one ``moe.apply`` call (``MoECase`` field names)."""
+    return {
+        "num_tokens": num_tokens,
+        "hidden": info.hidden,
+        "intermediate": info.intermediate,
+        "num_experts": info.num_global_experts,
+        "num_local_experts": info.num_experts,
+        "top_k": top_k,
+        "dtype": dtype_name(x_dtype),
+        "weight_format": info.weight_format,
+        "activation": activation,
+        "bias": has_bias,
+        "expert_map": has_map,
+    }
+
+
+def tokens_bucket(num_tokens: int) -> int:
+    """The next power of two >= ``num_tokens`` (1 for 0 or 1)."""
+    return 1 << max(num_tokens - 1, 0).bit_length()

@@ -1,0 +1,221 @@
+"""Public MoE operators: ``moe_topk`` (router scoring + top-k) and ``moe_apply`` (experts + combine).
+
+Both validate every argument on the host (``TypeError``/``ValueError`` naming it) before any
+launch, build a :class:`~tokenspeed_kernel.registry.Request`, let the selector pick a kernel
+and call it with the typed arguments of :mod:`tokenspeed_kernel.ops.moe.args`. Under
+``torch.compile`` they route to the ``torch.ops.tokenspeed_kernel.moe_*`` custom ops instead.
+
+Capture signatures (``TOKENSPEED_KERNEL_CAPTURE``) use the field names of
+``tokenspeed_kernel.tools.cases.moe.MoECase``: ``num_tokens``, ``num_experts`` (global, i.e.
+the router's expert count), ``top_k``, ``dtype``, and for ``moe.apply`` also ``hidden``,
+``intermediate``, ``num_local_experts``, ``weight_format``, ``activation``, ``bias``,
+``expert_map``; for ``moe.topk`` ``scoring`` and ``renormalize``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tokenspeed_kernel import config
+from tokenspeed_kernel.ops._checks import ACT_DTYPES, check_choice, check_int, check_tensor, dtype_name
+from tokenspeed_kernel.ops._dispatch import dispatch
+from tokenspeed_kernel.ops.moe import _custom_ops
+from tokenspeed_kernel.ops.moe._validate import (
+    apply_signature,
+    check_ids_in_range,
+    check_out,
+    check_routing,
+    check_weights,
+    tokens_bucket,
+)
+from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, TopKArgs, Weight
+from tokenspeed_kernel.registry import Request
+
+__all__ = ["SCORINGS", "moe_apply", "moe_topk"]
+
+SCORINGS = ("softmax", "sigmoid")
+
+
+def _check_override(override: object) -> str | None:
+    if override is not None and not isinstance(override, str):
+        raise TypeError(f"override must be a kernel name (str) or None, got {type(override).__name__}")
+    return override
+
+
+def moe_topk(
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    override: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Score router logits and choose ``top_k`` experts per token.
+
+    Args:
+        router_logits: ``[T, E]`` bf16/fp16/fp32, contiguous.
+        top_k: experts per token, ``1 <= top_k <= E``.
+        scoring: ``"softmax"`` (softmax over all E experts, then top-k) or ``"sigmoid"``
+            (independent sigmoid per expert, then top-k).
+        renormalize: divide the chosen weights by their sum (each row then sums to 1).
+        override: force a kernel by name (e.g. ``"torch_moe_topk"``).
+
+    Returns:
+        ``(topk_weights, topk_ids)``: float32 ``[T, top_k]`` and int32 ``[T, top_k]``, each
+        row in descending weight order, ties broken towards the lower expert id.
+    """
+    check_tensor("router_logits", router_logits, ndim=2, dtypes=ACT_DTYPES)
+    num_experts = router_logits.shape[1]
+    if num_experts < 1:
+        raise ValueError(f"router_logits must have at least one expert column, got shape {list(router_logits.shape)}")
+    check_int("top_k", top_k, min_value=1)
+    if top_k > num_experts:
+        raise ValueError(f"top_k must be <= the number of experts E = {num_experts}, got {top_k}")
+    check_choice("scoring", scoring, SCORINGS)
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
+    _check_override(override)
+
+    if torch.compiler.is_compiling():
+        return torch.ops.tokenspeed_kernel.moe_topk(router_logits, top_k, scoring, renormalize, override)
+
+    num_tokens = router_logits.shape[0]
+    features = (scoring, "renormalize") if renormalize else (scoring,)
+    request = Request.make(
+        "moe.topk",
+        dtypes={"logits": router_logits.dtype},
+        shapes={"num_experts": num_experts, "top_k": top_k},
+        features=features,
+    )
+    spec = dispatch(
+        request,
+        router_logits.device,
+        override,
+        lambda: {
+            "num_tokens": num_tokens,
+            "num_experts": num_experts,
+            "top_k": top_k,
+            "dtype": dtype_name(router_logits.dtype),
+            "scoring": scoring,
+            "renormalize": renormalize,
+        },
+    )
+    device = router_logits.device
+    args = TopKArgs(
+        router_logits=router_logits,
+        top_k=top_k,
+        scoring=scoring,
+        renormalize=renormalize,
+        topk_weights=torch.empty((num_tokens, top_k), dtype=torch.float32, device=device),
+        topk_ids=torch.empty((num_tokens, top_k), dtype=torch.int32, device=device),
+    )
+    if num_tokens:
+        spec.fn(args)
+    return args.topk_weights, args.topk_ids
+
+
+def moe_apply(
+    x: torch.Tensor,
+    w13: Weight,
+    w2: Weight,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    expert_map: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    override: str | None = None,
+) -> torch.Tensor:
+    """Run each token through its chosen experts and sum the weighted outputs.
+
+    For token ``t`` and choice ``j``: ``e = topk_ids[t, j]`` (local id ``expert_map[e]`` with
+    a map; ``-1`` contributes nothing), ``h = x[t] @ w13[e].T (+ w13_bias[e])``,
+    ``gate, up = h[:I], h[I:]``, ``y = act(gate, up) @ w2[e].T (+ w2_bias[e])`` and
+    ``out[t] = sum_j topk_weights[t, j] * y`` (see :class:`MoEApplyArgs` for activations).
+
+    Args:
+        x: ``[T, H]`` bf16/fp16/fp32, contiguous.
+        w13: ``[E, 2I, H]`` (rows ``[0, I)`` gate, ``[I, 2I)`` up): a contiguous tensor in
+            x's dtype, or an :class:`~tokenspeed_kernel.quant.MXFP4Weight` /
+            :class:`~tokenspeed_kernel.quant.FP8Weight` of that logical shape.
+        w2: ``[E, H, I]``, the same kind and format as ``w13``.
+        topk_weights: float32 ``[T, k]``. topk_ids: int32 ``[T, k]`` (global expert ids).
+        activation: ``"silu"``, ``"gelu"`` or ``"swiglu_oai"``.
+        w13_bias: ``[E, 2I]``; w2_bias: ``[E, H]`` (x's dtype or float32), or None.
+        expert_map: int32 ``[E_global]`` global -> local expert id, ``-1`` = not on this rank.
+        out: ``[T, H]`` in x's dtype to write into (must not alias ``x``), or None.
+        override: force a kernel by name (e.g. ``"torch_moe"``).
+
+    Returns:
+        ``[T, H]`` in x's dtype (``out`` when given).
+
+    With ``TOKENSPEED_KERNEL_DEBUG=1`` also checks (with a device sync) that ``topk_ids``
+    lie in ``[0, E_global)`` and ``expert_map`` values in ``[-1, E)``.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    info = check_weights(
+        w13,
+        w2,
+        x_dtype=x.dtype,
+        device=x.device,
+        activation=activation,
+        w13_bias=w13_bias,
+        w2_bias=w2_bias,
+        expert_map=expert_map,
+    )
+    num_tokens, top_k = check_routing(
+        x, topk_weights, topk_ids, hidden=info.hidden, num_global_experts=info.num_global_experts
+    )
+    out = check_out(out, x) if out is not None else None
+    _check_override(override)
+
+    if torch.compiler.is_compiling():
+        a13, b13, fmt = _custom_ops.flatten_weight(w13)
+        a2, b2, _ = _custom_ops.flatten_weight(w2)
+        result = torch.ops.tokenspeed_kernel.moe_apply(
+            x, a13, b13, a2, b2, fmt, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, override
+        )
+        if out is None:
+            return result
+        out.copy_(result)
+        return out
+
+    if config.debug():
+        check_ids_in_range(topk_ids, expert_map, info.num_experts, info.num_global_experts)
+    has_bias = w13_bias is not None or w2_bias is not None
+    request = Request.make(
+        "moe.apply",
+        dtypes={"x": x.dtype, "weight": info.storage_dtype},
+        shapes={
+            "num_experts": info.num_experts,
+            "top_k": top_k,
+            "hidden": info.hidden,
+            "intermediate": info.intermediate,
+            "num_tokens_bucket": tokens_bucket(num_tokens),
+        },
+        features=info.features(activation, has_bias, expert_map is not None),
+    )
+    spec = dispatch(
+        request,
+        x.device,
+        override,
+        lambda: apply_signature(info, num_tokens, top_k, x.dtype, activation, has_bias, expert_map is not None),
+    )
+    args = MoEApplyArgs(
+        x=x,
+        w13=w13,
+        w2=w2,
+        topk_weights=topk_weights,
+        topk_ids=topk_ids,
+        activation=activation,
+        w13_bias=w13_bias,
+        w2_bias=w2_bias,
+        expert_map=expert_map,
+        out=torch.empty_like(x) if out is None else out,
+    )
+    if num_tokens:
+        spec.fn(args)
+    return args.out

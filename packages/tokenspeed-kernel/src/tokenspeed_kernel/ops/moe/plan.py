@@ -1,0 +1,218 @@
+"""``moe_plan``: select a MoE kernel once for fixed weights and let it repack them.
+
+An engine loads its expert weights once and calls ``moe_apply`` with them every step. A
+plan moves everything that depends only on the weights out of the hot path: validation of
+the weights, kernel selection (the request is the one ``moe_apply`` would build, without
+``num_tokens_bucket``), and the kernel's one-time weight preparation.
+
+The ``prepare`` hook (``KernelSpec.prepare``, given to ``@register_kernel(prepare=...)``)::
+
+    def prepare(*, w13, w2, w13_bias, w2_bias, expert_map) -> Any
+
+is called once by :func:`moe_plan` with the validated public weights (tensors or
+:class:`~tokenspeed_kernel.quant.MXFP4Weight`/:class:`~tokenspeed_kernel.quant.FP8Weight`,
+biases and map exactly as given to ``moe_apply``). It returns an opaque object (repacked or
+transposed weights, swizzled scales, ...) that the plan keeps and hands to the kernel as
+``MoEApplyArgs.prepared`` on every :meth:`MoEPlan.apply`. ``args.w13``/``args.w2`` etc. still
+carry the public weights. The kernel must also work with ``prepared=None`` (the functional
+``moe_apply`` path). ``prepare`` must not modify its inputs; it may allocate on their device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tokenspeed_kernel import config
+from tokenspeed_kernel.ops._checks import check_int, dtype_name
+from tokenspeed_kernel.ops._dispatch import capture_signature
+from tokenspeed_kernel.ops.moe import _custom_ops
+from tokenspeed_kernel.ops.moe._validate import (
+    WeightInfo,
+    apply_signature,
+    check_ids_in_range,
+    check_out,
+    check_routing,
+    check_weights,
+)
+from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, Weight
+from tokenspeed_kernel.platform import platform_for
+from tokenspeed_kernel.registry import KernelSpec, Request
+from tokenspeed_kernel.selector import select
+
+__all__ = ["MoEPlan", "moe_plan"]
+
+
+@dataclass(frozen=True, eq=False)
+class MoEPlan:
+    """A kernel chosen for fixed expert weights, with what its ``prepare`` hook made of them.
+
+    Attributes:
+        kernel: the selected kernel's name.
+        spec: the selected :class:`~tokenspeed_kernel.registry.KernelSpec`.
+        request: the selection request (no ``num_tokens_bucket``).
+        x_dtype: the activation dtype every ``apply`` call must use.
+        top_k: experts per token every ``apply`` call must use.
+        activation: ``"silu"``, ``"gelu"`` or ``"swiglu_oai"``.
+        w13: ``[E, 2I, H]`` public weight (tensor or quantized container).
+        w2: ``[E, H, I]`` public weight, same format.
+        w13_bias: ``[E, 2I]`` or None. w2_bias: ``[E, H]`` or None.
+        expert_map: int32 ``[E_global]`` or None.
+        info: sizes and weight format read from the weights.
+        device: the weights' device (``x`` must be there too).
+        prepared: the object returned by ``spec.prepare`` (None if the kernel has no hook).
+        handle: the plan's id for the ``moe_plan_apply`` custom op (torch.compile path).
+    """
+
+    kernel: str
+    spec: KernelSpec
+    request: Request
+    x_dtype: torch.dtype
+    top_k: int
+    activation: str
+    w13: Weight
+    w2: Weight
+    w13_bias: torch.Tensor | None
+    w2_bias: torch.Tensor | None
+    expert_map: torch.Tensor | None
+    info: WeightInfo
+    device: torch.device
+    prepared: Any = None
+    handle: int = field(default=0, compare=False)
+
+    def apply(
+        self,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``moe_apply`` with the plan's weights and kernel; validates only x, routing and out.
+
+        Args:
+            x: ``[T, H]`` in ``x_dtype`` on the plan's device.
+            topk_weights: float32 ``[T, top_k]``. topk_ids: int32 ``[T, top_k]``.
+            out: ``[T, H]`` in x's dtype, or None.
+
+        Returns:
+            ``[T, H]`` in x's dtype (``out`` when given).
+        """
+        num_tokens, _ = check_routing(
+            x,
+            topk_weights,
+            topk_ids,
+            hidden=self.info.hidden,
+            num_global_experts=self.info.num_global_experts,
+            top_k=self.top_k,
+        )
+        if x.dtype != self.x_dtype:
+            raise TypeError(f"x must have the plan's dtype {dtype_name(self.x_dtype)}, got {dtype_name(x.dtype)}")
+        if x.device != self.device:
+            raise ValueError(f"x is on {x.device} but the plan's weights are on {self.device}")
+        out = check_out(out, x) if out is not None else None
+        if torch.compiler.is_compiling():
+            result = torch.ops.tokenspeed_kernel.moe_plan_apply(self.handle, x, topk_weights, topk_ids)
+            if out is None:
+                return result
+            out.copy_(result)
+            return out
+        if config.debug():
+            check_ids_in_range(topk_ids, self.expert_map, self.info.num_experts, self.info.num_global_experts)
+        if config.capture_path() is not None:
+            has_bias = self.w13_bias is not None or self.w2_bias is not None
+            signature = apply_signature(
+                self.info, num_tokens, self.top_k, x.dtype, self.activation, has_bias, self.expert_map is not None
+            )
+            capture_signature("moe.apply", self.kernel, signature)
+        args = MoEApplyArgs(
+            x=x,
+            w13=self.w13,
+            w2=self.w2,
+            topk_weights=topk_weights,
+            topk_ids=topk_ids,
+            activation=self.activation,
+            w13_bias=self.w13_bias,
+            w2_bias=self.w2_bias,
+            expert_map=self.expert_map,
+            out=torch.empty_like(x) if out is None else out,
+            prepared=self.prepared,
+        )
+        if num_tokens:
+            self.spec.fn(args)
+        return args.out
+
+
+def moe_plan(
+    w13: Weight,
+    w2: Weight,
+    *,
+    x_dtype: torch.dtype,
+    top_k: int,
+    activation: str = "silu",
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    expert_map: torch.Tensor | None = None,
+    override: str | None = None,
+) -> MoEPlan:
+    """Validate fixed expert weights, select the kernel once and run its ``prepare`` hook.
+
+    Arguments mean what they mean for :func:`~tokenspeed_kernel.moe_apply`; ``x_dtype`` and
+    ``top_k`` fix the activation dtype and experts per token of every later
+    :meth:`MoEPlan.apply`. Kernel restrictions on ``num_tokens_bucket`` are not consulted.
+    """
+    if not isinstance(x_dtype, torch.dtype):
+        raise TypeError(f"x_dtype must be a torch.dtype, got {type(x_dtype).__name__}")
+    info = check_weights(
+        w13,
+        w2,
+        x_dtype=x_dtype,
+        device=None,
+        activation=activation,
+        w13_bias=w13_bias,
+        w2_bias=w2_bias,
+        expert_map=expert_map,
+    )
+    check_int("top_k", top_k, min_value=1)
+    if top_k > info.num_global_experts:
+        raise ValueError(f"top_k must be <= the number of (global) experts {info.num_global_experts}, got {top_k}")
+    if override is not None and not isinstance(override, str):
+        raise TypeError(f"override must be a kernel name (str) or None, got {type(override).__name__}")
+    if config.debug() and expert_map is not None:
+        check_ids_in_range(expert_map.new_zeros((0,)), expert_map, info.num_experts, info.num_global_experts)
+    device = _custom_ops.flatten_weight(w13)[0].device
+    request = Request.make(
+        "moe.apply",
+        dtypes={"x": x_dtype, "weight": info.storage_dtype},
+        shapes={
+            "num_experts": info.num_experts,
+            "top_k": top_k,
+            "hidden": info.hidden,
+            "intermediate": info.intermediate,
+        },
+        features=info.features(activation, w13_bias is not None or w2_bias is not None, expert_map is not None),
+    )
+    # Selection without capture: each MoEPlan.apply records its own signature (with T).
+    spec = select(request, platform_for(device), override)
+    prepared = None
+    if spec.prepare is not None:
+        prepared = spec.prepare(w13=w13, w2=w2, w13_bias=w13_bias, w2_bias=w2_bias, expert_map=expert_map)
+    plan = MoEPlan(
+        kernel=spec.name,
+        spec=spec,
+        request=request,
+        x_dtype=x_dtype,
+        top_k=top_k,
+        activation=activation,
+        w13=w13,
+        w2=w2,
+        w13_bias=w13_bias,
+        w2_bias=w2_bias,
+        expert_map=expert_map,
+        info=info,
+        device=device,
+        prepared=prepared,
+    )
+    object.__setattr__(plan, "handle", _custom_ops.register_plan(plan))
+    return plan

@@ -1,0 +1,124 @@
+"""Reference MoE kernels in plain PyTorch: ``torch_moe_topk`` (``moe.topk``) and
+``torch_moe`` (``moe.apply``).
+
+Correct for every feature, weight format and dtype on any device; they compute in float64
+when the input is float64 (the check tool's ground truth) and in float32 otherwise, and
+round once when writing the output. ``torch_moe`` groups the (token, choice) pairs by expert
+and loops over the experts that were hit only, dequantizing one expert's weights at a time.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, TopKArgs, Weight
+from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight, dequantize_fp8, dequantize_mxfp4
+from tokenspeed_kernel.registry import Priority, register_kernel
+
+__all__ = ["torch_moe", "torch_moe_topk"]
+
+_ALL_VENDORS = ("cuda", "rocm", "cpu")
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+@register_kernel(
+    "moe.topk",
+    name="torch_moe_topk",
+    solution="torch",
+    vendors=_ALL_VENDORS,
+    features=("softmax", "sigmoid", "renormalize"),
+    priority=Priority.REFERENCE,
+)
+def torch_moe_topk(args: TopKArgs) -> None:
+    """Reference router top-k: softmax/sigmoid scores, stable descending sort, renormalize."""
+    logits = args.router_logits.to(_compute_dtype(args.router_logits))
+    scores = torch.softmax(logits, dim=-1) if args.scoring == "softmax" else torch.sigmoid(logits)
+    # A stable descending sort keeps equal scores in ascending id order (ties -> lower id).
+    values, ids = torch.sort(scores, dim=-1, descending=True, stable=True)
+    values, ids = values[:, : args.top_k], ids[:, : args.top_k]
+    if args.renormalize:
+        values = values / values.sum(dim=-1, keepdim=True)
+    args.topk_weights.copy_(values)
+    args.topk_ids.copy_(ids)
+
+
+def _expert(w: Weight, e: int, dtype: torch.dtype) -> torch.Tensor:
+    """Expert ``e`` of a stacked weight as a dense ``[N, K]`` tensor in ``dtype``."""
+    if isinstance(w, MXFP4Weight):
+        return dequantize_mxfp4(MXFP4Weight(w.packed[e], w.scales[e]), dtype)
+    if isinstance(w, FP8Weight):
+        return dequantize_fp8(FP8Weight(w.data[e], w.scale[e]), dtype)
+    return w[e].to(dtype)
+
+
+def _silu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def _gelu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.gelu(gate) * up
+
+
+def _swiglu_oai(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    gate = gate.clamp(max=7.0)
+    up = up.clamp(min=-7.0, max=7.0)
+    return gate * torch.sigmoid(1.702 * gate) * (up + 1)
+
+
+_ACTIVATIONS = {"silu": _silu, "gelu": _gelu, "swiglu_oai": _swiglu_oai}
+
+
+@register_kernel(
+    "moe.apply",
+    name="torch_moe",
+    solution="torch",
+    vendors=_ALL_VENDORS,
+    features=(
+        "silu",
+        "gelu",
+        "swiglu_oai",
+        "bias",
+        "expert_map",
+        "mxfp4",
+        "fp8_per_tensor",
+        "fp8_per_channel",
+        "fp8_block",
+    ),
+    priority=Priority.REFERENCE,
+)
+def torch_moe(args: MoEApplyArgs) -> None:
+    """Reference MoE: group (token, choice) pairs by expert, one dense GEMM pair per expert."""
+    compute = _compute_dtype(args.x)
+    x = args.x.to(compute)
+    num_tokens, top_k = args.topk_ids.shape
+    experts = args.topk_ids.long()
+    if args.expert_map is not None:
+        experts = args.expert_map.long()[experts]
+    experts = experts.reshape(-1)
+    tokens = torch.arange(num_tokens, device=x.device).repeat_interleave(top_k)
+    weights = args.topk_weights.reshape(-1).to(compute)
+    keep = experts >= 0
+    experts, tokens, weights = experts[keep], tokens[keep], weights[keep]
+    order = torch.sort(experts, stable=True).indices
+    experts, tokens, weights = experts[order], tokens[order], weights[order]
+    hit, counts = torch.unique_consecutive(experts, return_counts=True)
+
+    act = _ACTIVATIONS[args.activation]
+    inter = args.w2.shape[-1]
+    acc = torch.zeros(x.shape, dtype=compute, device=x.device)
+    start = 0
+    for e, n in zip(hit.tolist(), counts.tolist()):
+        tok, wt = tokens[start : start + n], weights[start : start + n]
+        start += n
+        h = x[tok] @ _expert(args.w13, e, compute).T
+        if args.w13_bias is not None:
+            h = h + args.w13_bias[e].to(compute)
+        y = act(h[:, :inter], h[:, inter:]) @ _expert(args.w2, e, compute).T
+        if args.w2_bias is not None:
+            y = y + args.w2_bias[e].to(compute)
+        acc.index_add_(0, tok, y * wt[:, None])
+    args.out.copy_(acc)
