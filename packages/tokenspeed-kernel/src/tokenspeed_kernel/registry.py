@@ -7,7 +7,7 @@ A kernel author writes::
     @register_kernel(
         "attention.decode",
         name="my_decode",
-        solution="triton",
+        solution="my_dsl",
         vendors=("cuda", "rocm"),
         capabilities=("bf16",),
         dtypes={"q": (torch.bfloat16, torch.float16), "kv": (torch.bfloat16, torch.float16)},

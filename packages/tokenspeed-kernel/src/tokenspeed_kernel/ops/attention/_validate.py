@@ -1,0 +1,190 @@
+"""Host-side validation shared by the attention operators.
+
+Each function raises ``TypeError``/``ValueError`` naming the argument; none reads device
+memory except :func:`debug_checks`, which runs only under ``TOKENSPEED_KERNEL_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from tokenspeed_kernel.ops._checks import (
+    ACT_DTYPES,
+    check_float,
+    check_int,
+    check_optional_tensor,
+    check_same_device,
+    check_tensor,
+    dtype_name,
+)
+
+KV_CACHE_DTYPES = (*ACT_DTYPES, torch.float8_e4m3fn)
+
+
+@dataclass(frozen=True, slots=True)
+class Heads:
+    """Head geometry of a call: query/KV head counts and head dims."""
+
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    head_dim_v: int
+
+
+def check_options(
+    *,
+    softmax_scale: object,
+    window_left: object,
+    logit_cap: object,
+    return_lse: object,
+    override: object,
+    head_dim: int,
+) -> float:
+    """Check the scalar options; return the resolved softmax scale."""
+    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else check_float(
+        "softmax_scale", softmax_scale, positive=True
+    )
+    check_int("window_left", window_left, min_value=-1)
+    check_float("logit_cap", logit_cap, min_value=0.0)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if override is not None and not isinstance(override, str):
+        raise TypeError(f"override must be a kernel name (str) or None, got {type(override).__name__}")
+    return scale
+
+
+def check_heads(q_name: str, q: torch.Tensor, k_name: str, k: torch.Tensor, v_name: str, v: torch.Tensor) -> Heads:
+    """Hq % Hkv == 0, k/v agree on Hkv, q/k agree on D. Head axes are the last two."""
+    num_q_heads, head_dim = q.shape[-2], q.shape[-1]
+    num_kv_heads = k.shape[-2]
+    if v.shape[-2] != num_kv_heads:
+        raise ValueError(f"{v_name} has {v.shape[-2]} KV heads but {k_name} has {num_kv_heads}")
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"the query heads of {q_name} ({num_q_heads}) must be a multiple of the KV heads of {k_name} ({num_kv_heads})"
+        )
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"{k_name} head dim {k.shape[-1]} must equal {q_name} head dim {head_dim}")
+    if head_dim == 0 or v.shape[-1] == 0:
+        raise ValueError(f"head dims must be positive, got D={head_dim}, Dv={v.shape[-1]}")
+    return Heads(num_q_heads, num_kv_heads, head_dim, v.shape[-1])
+
+
+def check_sinks(sinks: object, num_q_heads: int, q: torch.Tensor) -> torch.Tensor | None:
+    check_optional_tensor("sinks", sinks, ndim=1, dtypes=(torch.float32,), shape=(num_q_heads,))
+    check_same_device("q", q, sinks=sinks)  # type: ignore[arg-type]
+    return sinks  # type: ignore[return-value]
+
+
+def check_cu_seqlens(name: str, t: object, batch: int | None, q: torch.Tensor) -> torch.Tensor:
+    """int32 ``[batch + 1]`` on q's device (batch inferred when None)."""
+    shape = None if batch is None else (batch + 1,)
+    check_tensor(name, t, ndim=1, dtypes=(torch.int32,), shape=shape)
+    assert isinstance(t, torch.Tensor)
+    if t.shape[0] < 2:
+        raise ValueError(f"{name} must hold at least 2 entries (batch + 1), got {t.shape[0]}")
+    check_same_device("q", q, **{name: t})
+    return t
+
+
+def check_out(out: object, shape: tuple[int, ...], q: torch.Tensor) -> torch.Tensor | None:
+    if out is None:
+        return None
+    check_tensor("out", out, dtypes=(q.dtype,), shape=shape)
+    check_same_device("q", q, out=out)  # type: ignore[arg-type]
+    return out  # type: ignore[return-value]
+
+
+def check_scale(name: str, scale: object, q: torch.Tensor) -> torch.Tensor:
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1 or scale.dtype != torch.float32:
+            raise ValueError(f"{name} must be a float or a one-element float32 tensor, got {scale.dtype} {list(scale.shape)}")
+        check_same_device("q", q, **{name: scale})
+        return scale.reshape(1)
+    value = check_float(name, scale, positive=True)
+    return torch.full((1,), value, dtype=torch.float32, device=q.device)
+
+
+def check_paged_cache(
+    q: torch.Tensor,
+    k_cache: object,
+    v_cache: object,
+    page_table: object,
+    cache_seqlens: object,
+    k_scale: object,
+    v_scale: object,
+    batch: int,
+) -> tuple[Heads, int, torch.Tensor | None, torch.Tensor | None]:
+    """Check a paged cache and its tables; return heads, page size and the fp8 scales."""
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES)
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=KV_CACHE_DTYPES)
+    assert isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor)
+    if v_cache.dtype != k_cache.dtype:
+        raise TypeError(f"v_cache dtype {dtype_name(v_cache.dtype)} must equal k_cache dtype {dtype_name(k_cache.dtype)}")
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if not fp8 and k_cache.dtype != q.dtype:
+        raise TypeError(
+            f"k_cache dtype {dtype_name(k_cache.dtype)} must equal q dtype {dtype_name(q.dtype)} (or be float8_e4m3fn)"
+        )
+    if v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(
+            f"v_cache {list(v_cache.shape)} must match k_cache {list(k_cache.shape)} in [num_pages, page_size, Hkv]"
+        )
+    page_size = k_cache.shape[1]
+    if page_size < 1:
+        raise ValueError(f"k_cache page size (dim 1) must be >= 1, got {page_size}")
+    heads = check_heads("q", q, "k_cache", k_cache, "v_cache", v_cache)
+    check_tensor("page_table", page_table, ndim=2, dtypes=(torch.int32,), shape=(batch, None))
+    check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), shape=(batch,))
+    check_same_device("q", q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, cache_seqlens=cache_seqlens)  # type: ignore[arg-type]
+    if fp8:
+        if k_scale is None or v_scale is None:
+            raise ValueError("k_scale and v_scale are required for a float8_e4m3fn KV cache")
+        return heads, page_size, check_scale("k_scale", k_scale, q), check_scale("v_scale", v_scale, q)
+    if k_scale is not None or v_scale is not None:
+        raise ValueError(f"k_scale/v_scale apply to a float8_e4m3fn cache only; this cache is {dtype_name(k_cache.dtype)}")
+    return heads, page_size, None, None
+
+
+def _fail(message: str) -> None:
+    raise ValueError(f"{message} (TOKENSPEED_KERNEL_DEBUG check)")
+
+
+def debug_check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_len: int, max_name: str) -> list[int]:
+    """Synchronizing: starts at 0, non-decreasing, ends at ``total``, lengths <= max_len."""
+    values = cu.tolist()
+    if values[0] != 0 or values[-1] != total:
+        _fail(f"{name} must start at 0 and end at {total}, got {values[0]} .. {values[-1]}")
+    lengths = [b - a for a, b in zip(values, values[1:])]
+    if min(lengths) < 0:
+        _fail(f"{name} must be non-decreasing, got {values}")
+    if max(lengths) > max_len:
+        _fail(f"{max_name}={max_len} is below the longest sequence in {name} ({max(lengths)})")
+    return lengths
+
+
+def debug_check_pages(
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    q_lens: list[int],
+    page_size: int,
+    num_pages: int,
+    max_seqlen_k: int,
+) -> None:
+    """Synchronizing: each sequence's used pages exist and its length fits its table."""
+    lengths = cache_seqlens.tolist()
+    max_pages = page_table.shape[1]
+    for b, (length, q_len) in enumerate(zip(lengths, q_lens)):
+        if length < q_len:
+            _fail(f"cache_seqlens[{b}]={length} is below the {q_len} new tokens of sequence {b}")
+        if length > max_seqlen_k:
+            _fail(f"cache_seqlens[{b}]={length} exceeds max_seqlen_k={max_seqlen_k}")
+        used = math.ceil(length / page_size)
+        if used > max_pages:
+            _fail(f"cache_seqlens[{b}]={length} needs {used} pages but page_table has {max_pages} columns")
+        pages = page_table[b, :used]
+        if used and (int(pages.min()) < 0 or int(pages.max()) >= num_pages):
+            _fail(f"page_table[{b}] uses page ids outside [0, {num_pages})")

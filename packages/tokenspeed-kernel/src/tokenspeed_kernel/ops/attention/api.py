@@ -1,0 +1,412 @@
+"""Public attention operators: ``mha_prefill``, ``mha_extend_with_kvcache``, ``mha_decode_with_kvcache``.
+
+Each validates its arguments on the host (``TypeError``/``ValueError`` naming the argument),
+allocates the outputs, builds a :class:`~tokenspeed_kernel.registry.Request` and the typed
+arguments of :mod:`tokenspeed_kernel.ops.attention.args`, and calls the selected kernel.
+Under ``torch.compile`` they route through the ``torch.ops.tokenspeed_kernel.*`` custom ops.
+Semantics shared by all three are spelled out in :mod:`tokenspeed_kernel.ops.attention.args`
+and docs/api.md.
+
+Capture signatures (``TOKENSPEED_KERNEL_CAPTURE``) use the field names of
+``tokenspeed_kernel.tools.cases.attention.AttentionCase`` plus ``batch``, ``total_q``,
+``total_k`` (prefill), ``max_seqlen_q`` and ``max_seqlen_k``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tokenspeed_kernel import config
+from tokenspeed_kernel.ops._checks import ACT_DTYPES, check_int, check_same_device, check_tensor, dtype_name
+from tokenspeed_kernel.ops._dispatch import dispatch
+from tokenspeed_kernel.ops.attention import _custom_ops  # noqa: F401  (defines torch.ops.tokenspeed_kernel.mha_*)
+from tokenspeed_kernel.ops.attention._validate import (
+    Heads,
+    check_cu_seqlens,
+    check_heads,
+    check_options,
+    check_out,
+    check_paged_cache,
+    check_sinks,
+    debug_check_cu_seqlens,
+    debug_check_pages,
+)
+from tokenspeed_kernel.ops.attention.args import DecodeArgs, ExtendArgs, PrefillArgs
+from tokenspeed_kernel.registry import Request
+
+__all__ = ["mha_decode_with_kvcache", "mha_extend_with_kvcache", "mha_prefill"]
+
+
+def _features(
+    *, causal: bool, window_left: int, sinks, logit_cap: float, return_lse: bool, fp8: bool = False, spec: bool = False
+) -> frozenset[str]:
+    names = []
+    if not causal:
+        names.append("non_causal")
+    if window_left >= 0:
+        names.append("sliding_window")
+    if sinks is not None:
+        names.append("sinks")
+    if logit_cap > 0:
+        names.append("logit_cap")
+    if return_lse:
+        names.append("return_lse")
+    if fp8:
+        names.append("fp8_kv")
+    if spec:
+        names.append("spec_decode")
+    return frozenset(names)
+
+
+def _request(op: str, q: torch.Tensor, kv_dtype: torch.dtype, heads: Heads, features, **extra: int) -> Request:
+    shapes = {
+        "head_dim": heads.head_dim,
+        "head_dim_v": heads.head_dim_v,
+        "num_q_heads": heads.num_q_heads,
+        "num_kv_heads": heads.num_kv_heads,
+        **extra,
+    }
+    return Request(op, (("kv", kv_dtype), ("q", q.dtype)), tuple(sorted(shapes.items())), features)
+
+
+def _signature(q: torch.Tensor, kv_dtype: torch.dtype, heads: Heads, **options) -> dict:
+    return {
+        "num_q_heads": heads.num_q_heads,
+        "num_kv_heads": heads.num_kv_heads,
+        "head_dim": heads.head_dim,
+        "head_dim_v": heads.head_dim_v,
+        "dtype": dtype_name(q.dtype),
+        "kv_dtype": dtype_name(kv_dtype),
+        **options,
+    }
+
+
+def _result(out: torch.Tensor, lse: torch.Tensor | None, return_lse: bool):
+    return (out, lse) if return_lse else out
+
+
+def mha_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    window_left: int = -1,
+    sinks: torch.Tensor | None = None,
+    logit_cap: float = 0.0,
+    return_lse: bool = False,
+    out: torch.Tensor | None = None,
+    override: str | None = None,
+):
+    """Attention over a ragged batch of contiguous sequences.
+
+    Args:
+        q: ``[total_q, Hq, D]`` bf16/fp16/fp32; sequence ``b`` owns rows
+            ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``.
+        k: ``[total_k, Hkv, D]``, q's dtype. v: ``[total_k, Hkv, Dv]``, q's dtype.
+        cu_seqlens_q, cu_seqlens_k: int32 ``[batch + 1]`` prefix sums starting at 0.
+        max_seqlen_q, max_seqlen_k: host ints bounding the query / key lengths.
+        causal: bottom-right aligned (a sequence's queries are its last positions).
+        softmax_scale: default ``1/sqrt(D)``. window_left: ``-1`` = no window.
+        sinks: float32 ``[Hq]`` or None. logit_cap: ``0`` = none.
+        return_lse: also return float32 ``[total_q, Hq]`` log-sum-exp (sink included).
+        out: optional ``[total_q, Hq, Dv]`` output in q's dtype.
+        override: force a kernel by name.
+
+    Returns:
+        ``out [total_q, Hq, Dv]`` in q's dtype, or ``(out, lse)``.
+    """
+    check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES)
+    check_tensor("k", k, ndim=3, dtypes=(q.dtype,))
+    check_tensor("v", v, ndim=3, dtypes=(q.dtype,))
+    if v.shape[0] != k.shape[0]:
+        raise ValueError(f"v has {v.shape[0]} rows but k has {k.shape[0]}")
+    check_same_device("q", q, k=k, v=v)
+    heads = check_heads("q", q, "k", k, "v", v)
+    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
+    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, cu_seqlens_q.shape[0] - 1, q)
+    check_int("max_seqlen_q", max_seqlen_q, min_value=0)
+    check_int("max_seqlen_k", max_seqlen_k, min_value=0)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    scale = check_options(
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        override=override,
+        head_dim=heads.head_dim,
+    )
+    check_sinks(sinks, heads.num_q_heads, q)
+    total_q = q.shape[0]
+    out = check_out(out, (total_q, heads.num_q_heads, heads.head_dim_v), q)
+
+    if torch.compiler.is_compiling():
+        result, lse = torch.ops.tokenspeed_kernel.mha_prefill(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            causal, scale, window_left, sinks, float(logit_cap), return_lse, override,
+        )  # fmt: skip
+        if out is not None:
+            result = out.copy_(result)
+        return _result(result, lse, return_lse)
+
+    if config.debug():
+        q_lens = debug_check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, "max_seqlen_q")
+        k_lens = debug_check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k")
+        if causal and any(lq > lk for lq, lk in zip(q_lens, k_lens)):
+            raise ValueError("causal prefill needs every query length <= its key length (TOKENSPEED_KERNEL_DEBUG check)")
+    features = _features(
+        causal=causal, window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse
+    )
+    request = _request("attention.prefill", q, k.dtype, heads, features)
+    spec = dispatch(
+        request,
+        q.device,
+        override,
+        lambda: _signature(
+            q,
+            k.dtype,
+            heads,
+            batch=cu_seqlens_q.shape[0] - 1,
+            total_q=total_q,
+            total_k=k.shape[0],
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k,
+            causal=causal,
+            window_left=window_left,
+            sinks=sinks is not None,
+            logit_cap=float(logit_cap),
+            return_lse=return_lse,
+        ),
+    )
+    if out is None:
+        out = q.new_empty((total_q, heads.num_q_heads, heads.head_dim_v))
+    lse = torch.empty((total_q, heads.num_q_heads), dtype=torch.float32, device=q.device) if return_lse else None
+    spec.fn(
+        PrefillArgs(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            causal, scale, window_left, sinks, float(logit_cap), out, lse,
+        )  # fmt: skip
+    )
+    return _result(out, lse, return_lse)
+
+
+def mha_extend_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    window_left: int = -1,
+    sinks: torch.Tensor | None = None,
+    logit_cap: float = 0.0,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+    return_lse: bool = False,
+    out: torch.Tensor | None = None,
+    override: str | None = None,
+):
+    """Chunked prefill / prefix reuse against a paged KV cache.
+
+    Args:
+        q: ``[total_q, Hq, D]`` bf16/fp16/fp32; the chunk of sequence ``b`` is rows
+            ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and sits at the END of the sequence.
+        k_cache: ``[num_pages, page_size, Hkv, D]``, q's dtype or float8_e4m3fn.
+        v_cache: ``[num_pages, page_size, Hkv, Dv]``, k_cache's dtype.
+        page_table: int32 ``[batch, max_pages_per_seq]``: token ``j`` of sequence ``b`` is at
+            ``cache[page_table[b, j // page_size], j % page_size]``.
+        cu_seqlens_q: int32 ``[batch + 1]``.
+        cache_seqlens: int32 ``[batch]``, tokens in the cache INCLUDING this chunk (store the
+            chunk's K/V with ``store_kvcache`` first).
+        max_seqlen_q, max_seqlen_k: host bounds of chunk and cache lengths.
+        k_scale, v_scale: required for an fp8 cache (float or one-element float32 tensor).
+        Other options as in :func:`mha_prefill`.
+
+    Returns:
+        ``out [total_q, Hq, Dv]`` in q's dtype, or ``(out, lse)`` with lse float32 ``[total_q, Hq]``.
+    """
+    check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES)
+    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
+    batch = cu_seqlens_q.shape[0] - 1
+    heads, page_size, ks, vs = check_paged_cache(q, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, batch)
+    check_int("max_seqlen_q", max_seqlen_q, min_value=0)
+    check_int("max_seqlen_k", max_seqlen_k, min_value=0)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    scale = check_options(
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        override=override,
+        head_dim=heads.head_dim,
+    )
+    check_sinks(sinks, heads.num_q_heads, q)
+    total_q = q.shape[0]
+    out = check_out(out, (total_q, heads.num_q_heads, heads.head_dim_v), q)
+
+    if torch.compiler.is_compiling():
+        result, lse = torch.ops.tokenspeed_kernel.mha_extend_with_kvcache(
+            q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, max_seqlen_q, max_seqlen_k,
+            causal, scale, window_left, sinks, float(logit_cap), ks, vs, return_lse, override,
+        )  # fmt: skip
+        if out is not None:
+            result = out.copy_(result)
+        return _result(result, lse, return_lse)
+
+    if config.debug():
+        q_lens = debug_check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, "max_seqlen_q")
+        debug_check_pages(page_table, cache_seqlens, q_lens, page_size, k_cache.shape[0], max_seqlen_k)
+    fp8 = ks is not None
+    features = _features(
+        causal=causal, window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse, fp8=fp8
+    )
+    request = _request("attention.extend", q, k_cache.dtype, heads, features, page_size=page_size)
+    spec = dispatch(
+        request,
+        q.device,
+        override,
+        lambda: _signature(
+            q,
+            k_cache.dtype,
+            heads,
+            batch=batch,
+            total_q=total_q,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k,
+            page_size=page_size,
+            causal=causal,
+            window_left=window_left,
+            sinks=sinks is not None,
+            logit_cap=float(logit_cap),
+            return_lse=return_lse,
+        ),
+    )
+    if out is None:
+        out = q.new_empty((total_q, heads.num_q_heads, heads.head_dim_v))
+    lse = torch.empty((total_q, heads.num_q_heads), dtype=torch.float32, device=q.device) if return_lse else None
+    spec.fn(
+        ExtendArgs(
+            q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, max_seqlen_q, max_seqlen_k,
+            causal, scale, window_left, sinks, float(logit_cap), ks, vs, out, lse,
+        )  # fmt: skip
+    )
+    return _result(out, lse, return_lse)
+
+
+def mha_decode_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    max_seqlen_k: int,
+    *,
+    softmax_scale: float | None = None,
+    window_left: int = -1,
+    sinks: torch.Tensor | None = None,
+    logit_cap: float = 0.0,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+    return_lse: bool = False,
+    out: torch.Tensor | None = None,
+    override: str | None = None,
+):
+    """Decode against a paged KV cache.
+
+    Args:
+        q: ``[batch, Hq, D]`` (one new token per sequence) or ``[batch, q_len, Hq, D]``
+            (speculative tokens: the last ``q_len`` positions, causal among themselves);
+            bf16/fp16/fp32.
+        k_cache, v_cache, page_table, k_scale, v_scale: as in :func:`mha_extend_with_kvcache`.
+        cache_seqlens: int32 ``[batch]``, tokens in the cache INCLUDING the new ones.
+        max_seqlen_k: host bound of ``cache_seqlens``.
+        Other options as in :func:`mha_prefill`.
+
+    Returns:
+        ``out`` shaped like q with ``Dv`` last, in q's dtype; or ``(out, lse)`` with lse
+        float32 ``[batch * q_len, Hq]``.
+    """
+    check_tensor("q", q, ndim=(3, 4), dtypes=ACT_DTYPES)
+    batch = q.shape[0]
+    q4 = q if q.dim() == 4 else q.unsqueeze(1)
+    q_len = q4.shape[1]
+    if q_len < 1:
+        raise ValueError(f"q must hold at least one query per sequence, got shape {list(q.shape)}")
+    heads, page_size, ks, vs = check_paged_cache(q4, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, batch)
+    check_int("max_seqlen_k", max_seqlen_k, min_value=q_len)
+    scale = check_options(
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        override=override,
+        head_dim=heads.head_dim,
+    )
+    check_sinks(sinks, heads.num_q_heads, q)
+    out_shape = (*q.shape[:-1], heads.head_dim_v)
+    out = check_out(out, out_shape, q)
+
+    if torch.compiler.is_compiling():
+        result, lse = torch.ops.tokenspeed_kernel.mha_decode_with_kvcache(
+            q, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k,
+            scale, window_left, sinks, float(logit_cap), ks, vs, return_lse, override,
+        )  # fmt: skip
+        if out is not None:
+            result = out.copy_(result)
+        return _result(result, lse, return_lse)
+
+    if config.debug():
+        debug_check_pages(page_table, cache_seqlens, [q_len] * batch, page_size, k_cache.shape[0], max_seqlen_k)
+    fp8 = ks is not None
+    features = _features(
+        causal=True,
+        window_left=window_left,
+        sinks=sinks,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        fp8=fp8,
+        spec=q_len > 1,
+    )
+    request = _request("attention.decode", q, k_cache.dtype, heads, features, page_size=page_size, q_len=q_len)
+    spec = dispatch(
+        request,
+        q.device,
+        override,
+        lambda: _signature(
+            q,
+            k_cache.dtype,
+            heads,
+            batch=batch,
+            q_len=q_len,
+            max_seqlen_k=max_seqlen_k,
+            page_size=page_size,
+            window_left=window_left,
+            sinks=sinks is not None,
+            logit_cap=float(logit_cap),
+            return_lse=return_lse,
+        ),
+    )
+    if out is None:
+        out = q.new_empty(out_shape)
+    lse = torch.empty((batch * q_len, heads.num_q_heads), dtype=torch.float32, device=q.device) if return_lse else None
+    spec.fn(
+        DecodeArgs(
+            q4, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k,
+            scale, window_left, sinks, float(logit_cap), ks, vs,
+            out.view(batch, q_len, heads.num_q_heads, heads.head_dim_v),
+            None if lse is None else lse.view(batch, q_len, heads.num_q_heads),
+        )  # fmt: skip
+    )
+    return _result(out, lse, return_lse)

@@ -1,0 +1,92 @@
+"""Public KV-store operator: ``store_kvcache``."""
+
+from __future__ import annotations
+
+import torch
+
+from tokenspeed_kernel import config
+from tokenspeed_kernel.ops._checks import ACT_DTYPES, check_same_device, check_tensor, dtype_name
+from tokenspeed_kernel.ops._dispatch import dispatch
+from tokenspeed_kernel.ops.attention._validate import KV_CACHE_DTYPES, check_scale
+from tokenspeed_kernel.ops.kvcache import _custom_ops  # noqa: F401  (defines torch.ops.tokenspeed_kernel.store_kvcache)
+from tokenspeed_kernel.ops.kvcache.args import StoreArgs
+from tokenspeed_kernel.registry import Request
+
+__all__ = ["store_kvcache"]
+
+
+def store_kvcache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+) -> None:
+    """Write new K/V rows into a paged cache, in place.
+
+    Args:
+        k: ``[num_tokens, Hkv, D]`` bf16/fp16/fp32. v: ``[num_tokens, Hkv, Dv]``, k's dtype.
+        k_cache: ``[num_pages, page_size, Hkv, D]``, k's dtype or float8_e4m3fn.
+        v_cache: ``[num_pages, page_size, Hkv, Dv]``, k_cache's dtype.
+        slot_mapping: int64 ``[num_tokens]``; slot = page * page_size + offset; a negative
+            slot is padding and is skipped.
+        k_scale, v_scale: required for an fp8 cache (float or one-element float32 tensor);
+            the cache stores ``value / scale`` saturated to the fp8 range.
+    """
+    check_tensor("k", k, ndim=3, dtypes=ACT_DTYPES)
+    check_tensor("v", v, ndim=3, dtypes=(k.dtype,), shape=(k.shape[0], k.shape[1], None))
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES, shape=(None, None, k.shape[1], k.shape[2]))
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=(k_cache.dtype,), shape=(*k_cache.shape[:3], v.shape[2]))
+    check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int64,), shape=(k.shape[0],))
+    check_same_device("k", k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if not fp8 and k_cache.dtype != k.dtype:
+        raise TypeError(
+            f"k_cache dtype {dtype_name(k_cache.dtype)} must equal k dtype {dtype_name(k.dtype)} (or be float8_e4m3fn)"
+        )
+    if fp8:
+        if k_scale is None or v_scale is None:
+            raise ValueError("k_scale and v_scale are required for a float8_e4m3fn KV cache")
+        ks, vs = check_scale("k_scale", k_scale, k), check_scale("v_scale", v_scale, k)
+    elif k_scale is not None or v_scale is not None:
+        raise ValueError(f"k_scale/v_scale apply to a float8_e4m3fn cache only; this cache is {dtype_name(k_cache.dtype)}")
+    else:
+        ks = vs = None
+
+    if torch.compiler.is_compiling():
+        torch.ops.tokenspeed_kernel.store_kvcache(k, v, k_cache, v_cache, slot_mapping, ks, vs)
+        return
+
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    if config.debug() and slot_mapping.numel() and int(slot_mapping.max()) >= num_slots:
+        raise ValueError(
+            f"slot_mapping holds slot {int(slot_mapping.max())} but the cache has {num_slots} slots "
+            "(TOKENSPEED_KERNEL_DEBUG check)"
+        )
+    page_size = k_cache.shape[1]
+    request = Request(
+        "kvcache.store",
+        (("cache", k_cache.dtype), ("kv", k.dtype)),
+        (("head_dim", k.shape[2]), ("head_dim_v", v.shape[2]), ("num_kv_heads", k.shape[1]), ("page_size", page_size)),
+        frozenset(("fp8_kv",)) if fp8 else frozenset(),
+    )
+    spec = dispatch(
+        request,
+        k.device,
+        None,
+        lambda: {
+            "num_tokens": k.shape[0],
+            "num_kv_heads": k.shape[1],
+            "head_dim": k.shape[2],
+            "head_dim_v": v.shape[2],
+            "page_size": page_size,
+            "num_pages": k_cache.shape[0],
+            "dtype": dtype_name(k.dtype),
+            "kv_dtype": dtype_name(k_cache.dtype),
+        },
+    )
+    if k.shape[0]:
+        spec.fn(StoreArgs(k, v, k_cache, v_cache, slot_mapping, ks, vs))

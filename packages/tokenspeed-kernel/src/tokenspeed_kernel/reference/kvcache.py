@@ -1,0 +1,35 @@
+"""Reference KV-store kernel in plain PyTorch."""
+
+from __future__ import annotations
+
+import torch
+
+from tokenspeed_kernel.ops.kvcache.args import StoreArgs
+from tokenspeed_kernel.registry import Priority, register_kernel
+
+FP8_MAX = 448.0
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+def _encode(rows: torch.Tensor, cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """Rows converted to the cache's dtype (fp8: divided by the scale, saturated)."""
+    if cache.dtype == torch.float8_e4m3fn:
+        return (rows.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(cache.dtype)
+    return rows.to(cache.dtype)
+
+
+@register_kernel(
+    "kvcache.store",
+    name="torch_store_kvcache",
+    solution="torch",
+    dtypes={"kv": _DTYPES, "cache": (*_DTYPES, torch.float8_e4m3fn)},
+    features=("fp8_kv",),
+    priority=Priority.REFERENCE,
+)
+def torch_store_kvcache(args: StoreArgs) -> None:
+    """Scatter K/V rows to their slots (negative slots skipped) with index_put."""
+    valid = args.slot_mapping >= 0
+    slots = args.slot_mapping[valid]
+    for rows, cache, scale in ((args.k, args.k_cache, args.k_scale), (args.v, args.v_cache, args.v_scale)):
+        flat = cache.view(-1, *cache.shape[2:])  # [num_pages * P, Hkv, D]
+        flat.index_put_((slots,), _encode(rows[valid], cache, scale))
