@@ -1,0 +1,1 @@
+"""Triton kernels, one sub-package per operator family."""

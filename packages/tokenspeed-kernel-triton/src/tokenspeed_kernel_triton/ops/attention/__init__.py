@@ -1,0 +1,1 @@
+"""Triton attention kernels (registered on import)."""

@@ -1,0 +1,1 @@
+"""Triton kvcache kernels (registered on import)."""

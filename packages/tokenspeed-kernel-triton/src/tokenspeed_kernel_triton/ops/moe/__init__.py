@@ -1,0 +1,1 @@
+"""Triton moe kernels (registered on import)."""

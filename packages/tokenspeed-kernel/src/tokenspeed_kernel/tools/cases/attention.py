@@ -1,0 +1,351 @@
+"""Attention and KV-store cases: one description (:class:`AttentionCase`), its inputs, the
+call, and the float64 ground truth. Shared by the test suite, ``check`` and ``bench``.
+
+Lengths per sequence: ``seqlens_q`` are the new tokens (queries; for ``kvcache.store`` the
+rows written), ``seqlens_k`` the keys each sequence's queries attend over (for extend and
+decode: the cache length INCLUDING the new tokens). Decode uses the same ``q_len`` for all
+sequences (``seqlens_q[0]``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tokenspeed_kernel.ops.attention.args import DecodeArgs, ExtendArgs, PrefillArgs
+from tokenspeed_kernel.ops.kvcache.args import StoreArgs
+
+__all__ = ["OPS", "AttentionCase", "awkward_cases", "call", "make_inputs", "reference"]
+
+OPS = ("attention.prefill", "attention.extend", "attention.decode", "kvcache.store")
+_PAGED = ("attention.extend", "attention.decode", "kvcache.store")
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float8_e4m3fn: "fp8"}
+_FP8_SCALE = 0.05  # stored = value / scale: unit-variance K/V use a good part of e4m3's range
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    """One attention (or KV-store) problem; see the module docstring for the lengths."""
+
+    op: str
+    seqlens_q: tuple[int, ...]
+    seqlens_k: tuple[int, ...]
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    head_dim_v: int | None = None
+    page_size: int = 16
+    dtype: torch.dtype = torch.bfloat16
+    kv_dtype: torch.dtype | None = None
+    causal: bool = True
+    window_left: int = -1
+    sinks: bool = False
+    logit_cap: float = 0.0
+    return_lse: bool = False
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"AttentionCase.op must be one of {OPS}, got {self.op!r}")
+        if len(self.seqlens_q) != len(self.seqlens_k) or not self.seqlens_q:
+            raise ValueError("AttentionCase: seqlens_q and seqlens_k need one entry per sequence")
+        if self.num_q_heads % self.num_kv_heads:
+            raise ValueError("AttentionCase: num_q_heads must be a multiple of num_kv_heads")
+        if self.op != "attention.prefill" and any(q > k for q, k in zip(self.seqlens_q, self.seqlens_k)):
+            raise ValueError("AttentionCase: the cache must hold the new tokens (seqlens_q <= seqlens_k)")
+        if self.op == "attention.decode" and len(set(self.seqlens_q)) != 1:
+            raise ValueError("AttentionCase: decode needs the same q_len for every sequence")
+
+    @property
+    def batch(self) -> int:
+        return len(self.seqlens_q)
+
+    @property
+    def dv(self) -> int:
+        return self.head_dim_v or self.head_dim
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        return self.kv_dtype or self.dtype
+
+    def describe(self) -> str:
+        b = self.batch
+        lq = f"q={self.seqlens_q[0]}" if len(set(self.seqlens_q)) == 1 else f"q={sum(self.seqlens_q)}total"
+        lk = f"k={self.seqlens_k[0]}" if len(set(self.seqlens_k)) == 1 else f"k={sum(self.seqlens_k)}total"
+        parts = [
+            self.name or self.op,
+            f"B={b} {lq} {lk}",
+            f"H={self.num_q_heads}/{self.num_kv_heads} D={self.head_dim}" + (f"/{self.dv}" if self.head_dim_v else ""),
+            _DTYPE_NAMES.get(self.dtype, str(self.dtype)),
+        ]
+        if self.op in _PAGED:
+            parts.append(f"P={self.page_size}")
+        if self.kv_dtype is not None:
+            parts.append(f"kv={_DTYPE_NAMES.get(self.kv_dtype, str(self.kv_dtype))}")
+        if not self.causal:
+            parts.append("noncausal")
+        if self.window_left >= 0:
+            parts.append(f"win={self.window_left}")
+        if self.sinks:
+            parts.append("sinks")
+        if self.logit_cap:
+            parts.append(f"cap={self.logit_cap:g}")
+        if self.return_lse:
+            parts.append("lse")
+        return " ".join(parts)
+
+    def _visible_pairs(self) -> int:
+        """(query, key) pairs that pass the causal and window masks, summed over sequences."""
+        total = 0
+        for lq, lk in zip(self.seqlens_q, self.seqlens_k):
+            for i in range(lq):
+                pos = lk - lq + i
+                hi = pos if self.causal else lk - 1
+                lo = max(0, pos - self.window_left) if self.window_left >= 0 else 0
+                total += max(0, min(hi, lk - 1) - lo + 1)
+        return total
+
+    def _visible_keys(self) -> int:
+        """Distinct keys any query of a sequence can see (what a kernel must read)."""
+        total = 0
+        for lq, lk in zip(self.seqlens_q, self.seqlens_k):
+            first_pos = lk - lq
+            lo = max(0, first_pos - self.window_left) if self.window_left >= 0 else 0
+            total += lk - lo
+        return total
+
+    def flops(self) -> float:
+        """Useful work: ``2·(D + Dv)`` per visible (query, key) pair per query head."""
+        if self.op == "kvcache.store":
+            return 0.0
+        return 2.0 * (self.head_dim + self.dv) * self.num_q_heads * self._visible_pairs()
+
+    def bytes_moved(self) -> float:
+        """Fewest bytes: q read, visible K/V read once per KV head, out (+ lse) written;
+        for the store, the rows read and written."""
+        act = torch.empty(0, dtype=self.dtype).element_size()
+        kv = torch.empty(0, dtype=self.cache_dtype).element_size()
+        row_kv = self.num_kv_heads * (self.head_dim + self.dv)
+        new = sum(self.seqlens_q)
+        if self.op == "kvcache.store":
+            return float(new * row_kv * (act + kv))
+        q_bytes = new * self.num_q_heads * self.head_dim * act
+        out_bytes = new * self.num_q_heads * self.dv * act + (new * self.num_q_heads * 4 if self.return_lse else 0)
+        kv_bytes = self._visible_keys() * row_kv * (kv if self.op != "attention.prefill" else act)
+        return float(q_bytes + out_bytes + kv_bytes)
+
+
+def _cu(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+
+def _paged(case: AttentionCase, gen: torch.Generator, device: torch.device) -> dict[str, Any]:
+    """A paged cache holding each sequence's ``seqlens_k`` tokens on shuffled pages, with
+    spare pages and random garbage in unused slots (a kernel reading them gets it wrong)."""
+    pages_per_seq = [math.ceil(n / case.page_size) for n in case.seqlens_k]
+    max_pages = max(max(pages_per_seq), 1)
+    num_pages = sum(pages_per_seq) + 3
+    order = torch.randperm(num_pages, generator=gen, device="cpu").to(device)
+    table = torch.full((case.batch, max_pages + 1), -1, dtype=torch.int32, device=device)
+    start = 0
+    for b, n in enumerate(pages_per_seq):
+        table[b, :n] = order[start : start + n].to(torch.int32)
+        start += n
+    table[table < 0] = order[-1].to(torch.int32)  # unused entries point at a valid spare page
+    shape = (num_pages, case.page_size, case.num_kv_heads)
+    k = torch.randn(*shape, case.head_dim, generator=gen, device=device)
+    v = torch.randn(*shape, case.dv, generator=gen, device=device)
+    inputs: dict[str, Any] = {"page_table": table}
+    if case.cache_dtype == torch.float8_e4m3fn:
+        inputs |= {"k_scale": _FP8_SCALE, "v_scale": _FP8_SCALE}
+        k, v = (k / _FP8_SCALE).to(torch.float8_e4m3fn), (v / _FP8_SCALE).to(torch.float8_e4m3fn)
+    else:
+        k, v = k.to(case.cache_dtype), v.to(case.cache_dtype)
+    inputs |= {"k_cache": k, "v_cache": v}
+    return inputs
+
+
+def _options(case: AttentionCase, gen: torch.Generator, device: torch.device) -> dict[str, Any]:
+    sinks = torch.randn(case.num_q_heads, generator=gen, device=device) if case.sinks else None
+    return {"window_left": case.window_left, "sinks": sinks, "logit_cap": case.logit_cap, "return_lse": case.return_lse}
+
+
+def make_inputs(case: AttentionCase, device: torch.device | str = "cpu", seed: int = 0) -> dict[str, Any]:
+    """Keyword arguments for the public function of ``case.op`` (without ``override``/``out``).
+
+    Values are standard normal (never zeros), drawn on ``device`` from a generator seeded
+    with ``seed``; sinks ``N(0, 1)``; fp8 caches store ``N(0, 1) / 0.05`` with scale 0.05;
+    pages are shuffled, the last page of a sequence is partial when the length is not a
+    multiple of the page size, and unused slots hold garbage.
+    """
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    total_q = sum(case.seqlens_q)
+    if case.op == "attention.prefill":
+        total_k = sum(case.seqlens_k)
+        return {
+            "q": torch.randn(total_q, case.num_q_heads, case.head_dim, generator=gen, device=device).to(case.dtype),
+            "k": torch.randn(total_k, case.num_kv_heads, case.head_dim, generator=gen, device=device).to(case.dtype),
+            "v": torch.randn(total_k, case.num_kv_heads, case.dv, generator=gen, device=device).to(case.dtype),
+            "cu_seqlens_q": _cu(case.seqlens_q, device),
+            "cu_seqlens_k": _cu(case.seqlens_k, device),
+            "max_seqlen_q": max(case.seqlens_q),
+            "max_seqlen_k": max(case.seqlens_k),
+            "causal": case.causal,
+            **_options(case, gen, device),
+        }
+    paged = _paged(case, gen, device)
+    cache_seqlens = torch.tensor(case.seqlens_k, dtype=torch.int32, device=device)
+    if case.op == "kvcache.store":
+        size = case.page_size
+        slots = []
+        for b, (new, length) in enumerate(zip(case.seqlens_q, case.seqlens_k)):
+            for pos in range(length - new, length):
+                slots.append(int(paged["page_table"][b, pos // size]) * size + pos % size)
+        slot_mapping = torch.tensor(slots, dtype=torch.int64, device=device)
+        if slots:
+            slot_mapping[:: max(2, len(slots) // 2)] = -1  # some padding rows
+        k = torch.randn(total_q, case.num_kv_heads, case.head_dim, generator=gen, device=device).to(case.dtype)
+        v = torch.randn(total_q, case.num_kv_heads, case.dv, generator=gen, device=device).to(case.dtype)
+        extra = {key: paged[key] for key in ("k_scale", "v_scale") if key in paged}
+        return {"k": k, "v": v, "k_cache": paged["k_cache"], "v_cache": paged["v_cache"], "slot_mapping": slot_mapping, **extra}
+    common = {**paged, "cache_seqlens": cache_seqlens, "max_seqlen_k": max(case.seqlens_k), **_options(case, gen, device)}
+    if case.op == "attention.extend":
+        q = torch.randn(total_q, case.num_q_heads, case.head_dim, generator=gen, device=device).to(case.dtype)
+        return {
+            "q": q,
+            "cu_seqlens_q": _cu(case.seqlens_q, device),
+            "max_seqlen_q": max(case.seqlens_q),
+            "causal": case.causal,
+            **common,
+        }
+    q_len = case.seqlens_q[0]
+    shape = (case.batch, case.num_q_heads, case.head_dim) if q_len == 1 else (case.batch, q_len, case.num_q_heads, case.head_dim)
+    return {"q": torch.randn(*shape, generator=gen, device=device).to(case.dtype), **common}
+
+
+def _public(op: str):
+    from tokenspeed_kernel.ops.attention import mha_decode_with_kvcache, mha_extend_with_kvcache, mha_prefill
+    from tokenspeed_kernel.ops.kvcache import store_kvcache
+
+    return {
+        "attention.prefill": mha_prefill,
+        "attention.extend": mha_extend_with_kvcache,
+        "attention.decode": mha_decode_with_kvcache,
+        "kvcache.store": store_kvcache,
+    }[op]
+
+
+def call(case: AttentionCase, inputs: dict[str, Any], override: str | None = None, out: torch.Tensor | None = None):
+    """Run the public operator. Attention returns ``out`` or ``(out, lse)``; the store
+    writes the caches in ``inputs`` in place and returns ``(k_cache, v_cache)``."""
+    if case.op == "kvcache.store":
+        _public(case.op)(**inputs)  # the store takes no override: selection picks the kernel
+        return inputs["k_cache"], inputs["v_cache"]
+    return _public(case.op)(**inputs, out=out, override=override)
+
+
+def _f64(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.to(torch.float64)
+
+
+def _scale64(value: Any, device: torch.device) -> torch.Tensor | None:
+    if value is None:
+        return None
+    return torch.as_tensor(value, dtype=torch.float64, device=device).reshape(1)
+
+
+def reference(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Float64 ground truth by the reference kernels on float64 copies of the inputs.
+
+    Attention → ``(out float64, lse float64 or None)`` shaped like the public outputs; the
+    store → the expected ``(k_cache, v_cache)`` (cache dtype; inputs are not modified). fp8
+    caches are passed as stored, with their scales, so dequantization is exact.
+    """
+    from tokenspeed_kernel.registry import get_kernel
+
+    if case.op == "kvcache.store":
+        k_cache, v_cache = inputs["k_cache"].clone(), inputs["v_cache"].clone()
+        scales = [_scale64(inputs.get(n), k_cache.device) for n in ("k_scale", "v_scale")]
+        get_kernel("torch_store_kvcache").fn(
+            StoreArgs(inputs["k"], inputs["v"], k_cache, v_cache, inputs["slot_mapping"],
+                      *[None if s is None else s.float() for s in scales])  # fmt: skip
+        )
+        return k_cache, v_cache
+    q = inputs["q"].to(torch.float64)
+    heads = case.num_q_heads
+    scale = 1.0 / math.sqrt(case.head_dim)
+    common = {
+        "softmax_scale": scale,
+        "window_left": case.window_left,
+        "sinks": _f64(inputs["sinks"]),
+        "logit_cap": float(case.logit_cap),
+    }
+    if case.op == "attention.prefill":
+        out = q.new_empty(q.shape[0], heads, case.dv)
+        lse = q.new_empty(q.shape[0], heads)
+        get_kernel("torch_prefill").fn(
+            PrefillArgs(q, _f64(inputs["k"]), _f64(inputs["v"]), inputs["cu_seqlens_q"], inputs["cu_seqlens_k"],
+                        inputs["max_seqlen_q"], inputs["max_seqlen_k"], case.causal, out=out, lse=lse, **common)  # fmt: skip
+        )
+        return out, lse if case.return_lse else None
+    ks, vs = _scale64(inputs.get("k_scale"), q.device), _scale64(inputs.get("v_scale"), q.device)
+    cache = (inputs["k_cache"], inputs["v_cache"], inputs["page_table"])
+    if case.op == "attention.extend":
+        out = q.new_empty(q.shape[0], heads, case.dv)
+        lse = q.new_empty(q.shape[0], heads)
+        get_kernel("torch_extend").fn(
+            ExtendArgs(q, *cache, inputs["cu_seqlens_q"], inputs["cache_seqlens"], inputs["max_seqlen_q"],
+                       inputs["max_seqlen_k"], case.causal, k_scale=ks, v_scale=vs, out=out, lse=lse, **common)  # fmt: skip
+        )
+        return out, lse if case.return_lse else None
+    q4 = q if q.dim() == 4 else q.unsqueeze(1)
+    out = q4.new_empty(*q4.shape[:-1], case.dv)
+    lse = q4.new_empty(*q4.shape[:-1])
+    get_kernel("torch_decode").fn(
+        DecodeArgs(q4, *cache, inputs["cache_seqlens"], inputs["max_seqlen_k"], k_scale=ks, v_scale=vs,
+                   out=out, lse=lse, **common)  # fmt: skip
+    )
+    out = out if q.dim() == 4 else out.squeeze(1)
+    return out, lse.flatten(0, 1) if case.return_lse else None
+
+
+def awkward_cases(op: str, dtype: torch.dtype = torch.bfloat16) -> list[AttentionCase]:
+    """Small awkward shapes (CPU / interpreter sized, <= ~300 tokens) covering every option:
+    ragged lengths including 1, partial pages, page sizes 1/16/64, GQA 1/4/8 and MQA,
+    windows (incl. 0), sinks, logit cap, LSE, Dv != D, non-causal, speculative decode, fp8 KV."""
+    fp8 = torch.float8_e4m3fn
+    if op == "attention.prefill":
+        return [
+            AttentionCase(op, (1, 17, 40), (1, 17, 40), 4, 4, 64, dtype=dtype, name="mha_ragged"),
+            AttentionCase(op, (5, 33), (20, 70), 8, 2, 64, dtype=dtype, sinks=True, return_lse=True, name="gqa4_bottom_right_sinks"),
+            AttentionCase(op, (48,), (48,), 8, 1, 32, dtype=dtype, window_left=7, sinks=True, name="mqa_window_sinks"),
+            AttentionCase(op, (9, 30), (9, 30), 8, 1, 64, dtype=dtype, window_left=0, name="window0"),
+            AttentionCase(op, (12, 3), (12, 25), 4, 2, 64, 32, dtype=dtype, causal=False, logit_cap=5.0, return_lse=True, name="noncausal_cap_dv"),
+            AttentionCase(op, (40,), (40,), 16, 2, 128, dtype=dtype, window_left=15, logit_cap=30.0, name="gqa8_d128_window_cap"),
+        ]  # fmt: skip
+    if op == "attention.extend":
+        return [
+            AttentionCase(op, (7, 1, 20), (30, 9, 20), 8, 2, 64, page_size=16, dtype=dtype, sinks=True, return_lse=True, name="ragged_prefix"),
+            AttentionCase(op, (16, 5), (50, 5), 4, 4, 64, page_size=1, dtype=dtype, window_left=9, name="page1_window"),
+            AttentionCase(op, (24,), (90,), 8, 1, 32, page_size=64, dtype=dtype, kv_dtype=fp8, sinks=True, name="fp8_page64_mqa"),
+            AttentionCase(op, (6, 10), (33, 10), 4, 2, 64, 32, page_size=4, dtype=dtype, causal=False, logit_cap=5.0, name="noncausal_cap_dv"),
+        ]  # fmt: skip
+    if op == "attention.decode":
+        return [
+            AttentionCase(op, (1,) * 4, (1, 17, 40, 33), 8, 2, 64, page_size=16, dtype=dtype, sinks=True, return_lse=True, name="ragged_sinks_lse"),
+            AttentionCase(op, (1,) * 3, (70, 5, 64), 8, 1, 64, page_size=1, dtype=dtype, window_left=12, name="page1_mqa_window"),
+            AttentionCase(op, (4,) * 3, (4, 37, 80), 8, 2, 64, page_size=16, dtype=dtype, sinks=True, window_left=20, name="spec_decode_q4"),
+            AttentionCase(op, (1,) * 2, (100, 31), 4, 4, 128, page_size=64, dtype=dtype, kv_dtype=fp8, logit_cap=20.0, name="fp8_d128_cap"),
+            AttentionCase(op, (1,) * 3, (9, 16, 45), 16, 2, 64, 32, page_size=8, dtype=dtype, return_lse=True, name="gqa8_dv32"),
+        ]  # fmt: skip
+    if op == "kvcache.store":
+        return [
+            AttentionCase(op, (5, 1, 16), (20, 1, 40), 2, 2, 64, page_size=16, dtype=dtype, name="store_ragged"),
+            AttentionCase(op, (7, 3), (7, 9), 1, 1, 32, 16, page_size=1, dtype=dtype, name="store_page1_dv"),
+            AttentionCase(op, (9,), (30,), 2, 2, 64, page_size=4, dtype=dtype, kv_dtype=fp8, name="store_fp8"),
+        ]  # fmt: skip
+    raise ValueError(f"no attention cases for operator {op!r}; expected one of {OPS}")

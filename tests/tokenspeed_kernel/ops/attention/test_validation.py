@@ -1,0 +1,119 @@
+"""Every bad input raises TypeError/ValueError naming the argument, before any launch."""
+
+import pytest
+import torch
+
+from tokenspeed_kernel import config
+from tokenspeed_kernel.tools.cases import attention as cases
+
+PREFILL = cases.AttentionCase("attention.prefill", (5, 9), (5, 12), 4, 2, 16, dtype=torch.float32)
+EXTEND = cases.AttentionCase("attention.extend", (3, 4), (10, 4), 4, 2, 16, page_size=4, dtype=torch.float32)
+DECODE = cases.AttentionCase("attention.decode", (1, 1), (10, 7), 4, 2, 16, page_size=4, dtype=torch.float32)
+FP8 = cases.AttentionCase(
+    "attention.decode", (1, 1), (10, 7), 4, 2, 16, page_size=4, dtype=torch.float32, kv_dtype=torch.float8_e4m3fn
+)
+
+
+def _bad(case, exc, match, **changes):
+    inputs = cases.make_inputs(case)
+    for key, fn in changes.items():
+        inputs[key] = fn(inputs[key]) if callable(fn) else fn
+    with pytest.raises(exc, match=match):
+        cases.call(case, inputs, override=None)
+
+
+PREFILL_BAD = [
+    ("q", TypeError, "q must be a torch.Tensor", [1, 2]),
+    ("q", ValueError, "q must be 3-D", lambda t: t[0]),
+    ("q", TypeError, r"q must have dtype in \{bfloat16, float16, float32\}", lambda t: t.to(torch.int32)),
+    ("k", TypeError, "k must have dtype in", lambda t: t.half()),
+    ("v", ValueError, "v has 10 rows but k has 17", lambda t: t[:10]),
+    ("q", ValueError, r"query heads of q \(3\) must be a multiple", lambda t: t[:, :3].contiguous()),
+    ("k", ValueError, "k head dim 8 must equal q head dim 16", lambda t: t[..., :8].contiguous()),
+    ("q", ValueError, "q must be contiguous", lambda t: t.transpose(0, 1).contiguous().transpose(0, 1)),
+    ("cu_seqlens_q", TypeError, "cu_seqlens_q must have dtype in {int32}", lambda t: t.long()),
+    ("cu_seqlens_k", ValueError, r"cu_seqlens_k must have shape \[3\]", lambda t: t[:2]),
+    ("max_seqlen_q", TypeError, "max_seqlen_q must be an int", 5.0),
+    ("max_seqlen_k", ValueError, "max_seqlen_k must be >= 0", -1),
+    ("window_left", ValueError, "window_left must be >= -1", -2),
+    ("logit_cap", ValueError, "logit_cap must be >= 0", -1.0),
+    ("softmax_scale", ValueError, "softmax_scale must be > 0", 0.0),
+    ("sinks", TypeError, "sinks must have dtype in {float32}", torch.zeros(4, dtype=torch.float16)),
+    ("sinks", ValueError, r"sinks must have shape \[4\]", torch.zeros(3)),
+    ("causal", TypeError, "causal must be a bool", 1),
+    ("return_lse", TypeError, "return_lse must be a bool", "yes"),
+]
+
+
+@pytest.mark.parametrize(("arg", "exc", "match", "change"), PREFILL_BAD, ids=[f"{a}-{m[:20]}" for a, _, m, _ in PREFILL_BAD])
+def test_prefill_rejects(arg, exc, match, change):
+    _bad(PREFILL, exc, match, **{arg: change})
+
+
+def test_prefill_rejects_bad_out_and_override():
+    inputs = cases.make_inputs(PREFILL)
+    with pytest.raises(ValueError, match=r"out must have shape \[14, 4, 16\]"):
+        cases.call(PREFILL, inputs, out=torch.empty(14, 4, 8))
+    with pytest.raises(TypeError, match="out must have dtype in {float32}"):
+        cases.call(PREFILL, inputs, out=torch.empty(14, 4, 16, dtype=torch.float16))
+    with pytest.raises(TypeError, match="override must be a kernel name"):
+        cases.call(PREFILL, inputs, override=3)
+    with pytest.raises(ValueError, match="is not a kernel registered for attention.prefill"):
+        cases.call(PREFILL, inputs, override="no_such_kernel")
+
+
+PAGED_BAD = [
+    ("k_cache", ValueError, "k_cache must be 4-D", lambda t: t[0]),
+    ("v_cache", TypeError, "v_cache dtype float16 must equal k_cache dtype float32", lambda t: t.half()),
+    ("q", TypeError, "k_cache dtype float32 must equal q dtype float16", lambda t: t.half()),
+    ("v_cache", ValueError, "v_cache .* must match k_cache", lambda t: t[:, :2].contiguous()),
+    ("page_table", TypeError, "page_table must have dtype in {int32}", lambda t: t.long()),
+    ("page_table", ValueError, r"page_table must have shape \[2, \*\]", lambda t: t[:1]),
+    ("cache_seqlens", ValueError, r"cache_seqlens must have shape \[2\]", lambda t: t[:1]),
+    ("k_scale", ValueError, "k_scale/v_scale apply to a float8_e4m3fn cache only", 1.0),
+]
+
+
+@pytest.mark.parametrize("case", [EXTEND, DECODE], ids=["extend", "decode"])
+@pytest.mark.parametrize(("arg", "exc", "match", "change"), PAGED_BAD, ids=[a + "-" + m[:18] for a, _, m, _ in PAGED_BAD])
+def test_paged_rejects(case, arg, exc, match, change):
+    _bad(case, exc, match, **{arg: change})
+
+
+def test_decode_specific_rejections():
+    _bad(DECODE, ValueError, "q must be 3-D or 4-D", q=lambda t: t[0])
+    _bad(DECODE, ValueError, "max_seqlen_k must be >= 1", max_seqlen_k=0)
+    _bad(FP8, ValueError, "k_scale and v_scale are required", k_scale=None)
+    _bad(FP8, ValueError, "k_scale must be a float or a one-element float32 tensor", k_scale=torch.ones(2))
+    _bad(FP8, ValueError, "v_scale must be > 0", v_scale=-1.0)
+
+
+@pytest.fixture
+def debug(monkeypatch):
+    monkeypatch.setenv(config.DEBUG_ENV, "1")
+    config.refresh()
+    yield
+    monkeypatch.delenv(config.DEBUG_ENV)
+    config.refresh()
+
+
+def test_debug_mode_checks_values(debug):
+    _bad(PREFILL, ValueError, "cu_seqlens_q must start at 0 and end at 14", cu_seqlens_q=lambda t: t + 1)
+    _bad(PREFILL, ValueError, "max_seqlen_k=3 is below the longest sequence", max_seqlen_k=3)
+    _bad(EXTEND, ValueError, r"page_table\[0\] uses page ids outside", page_table=lambda t: t * 0 + 999)
+    _bad(
+        DECODE,
+        ValueError,
+        r"cache_seqlens\[1\]=40 needs 10 pages but page_table has 4 columns",
+        cache_seqlens=torch.tensor([10, 40], dtype=torch.int32),
+        max_seqlen_k=40,
+    )
+    _bad(DECODE, ValueError, "exceeds max_seqlen_k", max_seqlen_k=8)
+
+
+def test_debug_checks_are_off_by_default():
+    # Garbage page ids pass host validation (reading them would need a sync) ...
+    inputs = cases.make_inputs(DECODE)
+    inputs["page_table"] = inputs["page_table"] * 0 + 999
+    with pytest.raises(IndexError):  # ... and only the reference kernel's own indexing notices.
+        cases.call(DECODE, inputs, override="torch_decode")

@@ -1,0 +1,64 @@
+"""store_kvcache: semantics against the naive float64 store, and every bad input."""
+
+import pytest
+import torch
+from support.naive_attention import naive_store
+
+from tokenspeed_kernel import config
+from tokenspeed_kernel.tools.cases import attention as cases
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case_index", range(3))
+def test_store_matches_naive(dtype, case_index):
+    case = cases.awkward_cases("kvcache.store", dtype)[case_index]
+    inputs = cases.make_inputs(case, seed=case_index)
+    assert (inputs["slot_mapping"] < 0).any(), "the case should include padding slots"
+    expected_k, expected_v = naive_store(**inputs)
+    k_cache, v_cache = cases.call(case, inputs)
+    assert torch.equal(k_cache.view(torch.uint8), expected_k.view(torch.uint8))
+    assert torch.equal(v_cache.view(torch.uint8), expected_v.view(torch.uint8))
+
+
+def test_fp8_store_saturates():
+    case = cases.awkward_cases("kvcache.store", torch.float32)[2]
+    inputs = cases.make_inputs(case)
+    inputs["k"] = inputs["k"] * 1e6
+    k_cache, _ = cases.call(case, inputs)
+    written = inputs["slot_mapping"][inputs["slot_mapping"] >= 0]
+    rows = k_cache.flatten(0, 1)[written].float()
+    assert torch.isfinite(rows).all() and rows.abs().max() == 448.0
+
+
+BAD = [
+    ("k", TypeError, "k must have dtype in", lambda t: t.to(torch.int8)),
+    ("v", ValueError, r"v must have shape \[22, 2, \*\]", lambda t: t[:, :1].contiguous()),
+    ("k_cache", ValueError, r"k_cache must have shape \[\*, \*, 2, 64\]", lambda t: t[..., :32].contiguous()),
+    ("v_cache", TypeError, "v_cache must have dtype in", lambda t: t.half()),
+    ("slot_mapping", TypeError, "slot_mapping must have dtype in {int64}", lambda t: t.int()),
+    ("slot_mapping", ValueError, r"slot_mapping must have shape \[22\]", lambda t: t[:3]),
+    ("k_scale", ValueError, "apply to a float8_e4m3fn cache only", 1.0),
+]
+
+
+@pytest.mark.parametrize(("arg", "exc", "match", "change"), BAD, ids=[b[0] + "-" + b[2][:15] for b in BAD])
+def test_store_rejects(arg, exc, match, change):
+    case = cases.awkward_cases("kvcache.store", torch.float32)[0]
+    inputs = cases.make_inputs(case)
+    inputs[arg] = change(inputs[arg]) if callable(change) else change
+    with pytest.raises(exc, match=match):
+        cases.call(case, inputs)
+
+
+def test_store_debug_mode_checks_slots(monkeypatch):
+    case = cases.awkward_cases("kvcache.store", torch.float32)[0]
+    inputs = cases.make_inputs(case)
+    inputs["slot_mapping"][0] = 10**6
+    monkeypatch.setenv(config.DEBUG_ENV, "1")
+    config.refresh()
+    try:
+        with pytest.raises(ValueError, match="slot_mapping holds slot 1000000"):
+            cases.call(case, inputs)
+    finally:
+        monkeypatch.delenv(config.DEBUG_ENV)
+        config.refresh()
