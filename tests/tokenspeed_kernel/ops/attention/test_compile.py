@@ -1,0 +1,74 @@
+"""The attention and KV-store operators under torch.compile (through the tokenspeed_kernel
+custom ops) equal eager, with the reference backend forced."""
+
+import pytest
+import torch
+
+from tokenspeed_kernel import store_kvcache
+from tokenspeed_kernel.tools.cases import attention as cases
+
+REFERENCE = {"attention.prefill": "torch_prefill", "attention.extend": "torch_extend", "attention.decode": "torch_decode"}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_custom_ops_are_registered():
+    for name in ("mha_prefill", "mha_extend_with_kvcache", "mha_decode_with_kvcache", "store_kvcache"):
+        assert hasattr(torch.ops.tokenspeed_kernel, name), name
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        cases.awkward_cases("attention.prefill", torch.float32)[1],
+        cases.awkward_cases("attention.extend", torch.float32)[0],
+        cases.awkward_cases("attention.decode", torch.float32)[0],
+        cases.awkward_cases("attention.decode", torch.bfloat16)[2],
+        cases.awkward_cases("attention.decode", torch.float32)[3],
+    ],
+    ids=lambda c: f"{c.op}-{c.name}",
+)
+def test_compiled_attention_equals_eager(case):
+    inputs = cases.make_inputs(case, seed=5)
+    tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    options = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor)}
+
+    def fn(**t):
+        result = cases.call(case, {**t, **options}, override=REFERENCE[case.op])
+        out, lse = result if case.return_lse else (result, None)
+        return (out * 2, lse) if lse is not None else out * 2
+
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    got, want = compiled(**tensors), fn(**tensors)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        torch.testing.assert_close(g, w, atol=0, rtol=0)
+
+
+def test_compiled_store_then_decode_equals_eager():
+    store = cases.awkward_cases("kvcache.store", torch.float32)[0]
+    inputs = cases.make_inputs(store, seed=6)
+
+    def fn(k, v, k_cache, v_cache, slot_mapping):
+        store_kvcache(k, v, k_cache, v_cache, slot_mapping)
+        return k_cache.sum() + v_cache.sum()
+
+    eager_k, eager_v = inputs["k_cache"].clone(), inputs["v_cache"].clone()
+    want = fn(inputs["k"], inputs["v"], eager_k, eager_v, inputs["slot_mapping"])
+    got = torch.compile(fn, backend="aot_eager", fullgraph=True)(
+        inputs["k"], inputs["v"], inputs["k_cache"], inputs["v_cache"], inputs["slot_mapping"]
+    )
+    torch.testing.assert_close(got, want)
+    assert torch.equal(inputs["k_cache"], eager_k) and torch.equal(inputs["v_cache"], eager_v)
+
+
+def test_opcheck_decode():
+    case = cases.awkward_cases("attention.decode", torch.float32)[0]
+    d = cases.make_inputs(case, seed=7)
+    args = (d["q"], d["k_cache"], d["v_cache"], d["page_table"], d["cache_seqlens"], d["max_seqlen_k"],
+            0.25, -1, d["sinks"], 0.0, None, None, True, "torch_decode")  # fmt: skip
+    torch.library.opcheck(torch.ops.tokenspeed_kernel.mha_decode_with_kvcache.default, args)
