@@ -69,9 +69,17 @@ def _sequence(q, k, v, q_positions, *, causal, scale, window_left, sinks, cap):
         sink = None if sinks is None else float(sinks[h])
         for i in range(num_q):
             out[i, h], lse[i, h] = _one_row(
-                q[i, h], k[:, kvh], v[:, kvh], positions, q_positions[i],
-                causal=causal, scale=scale, window_left=window_left, sink=sink, cap=cap,
-            )  # fmt: skip
+                q[i, h],
+                k[:, kvh],
+                v[:, kvh],
+                positions,
+                q_positions[i],
+                causal=causal,
+                scale=scale,
+                window_left=window_left,
+                sink=sink,
+                cap=cap,
+            )
     return out, lse
 
 
@@ -79,21 +87,28 @@ def _default_scale(softmax_scale, head_dim):
     return 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
 
 
-def naive_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=True, softmax_scale=None, window_left=-1,
-                  sinks=None, logit_cap=0.0):  # fmt: skip
+def naive_prefill(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=True, softmax_scale=None, window_left=-1, sinks=None, logit_cap=0.0
+):
     q, k, v, sinks = _f64(q), _f64(k), _f64(v), _f64(sinks)
     cq, ck = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
     scale = _default_scale(softmax_scale, q.shape[-1])
     outs, lses = [], []
     for b in range(len(cq) - 1):
         lq, lk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
-        o, l = _sequence(
-            q[cq[b] : cq[b + 1]], k[ck[b] : ck[b + 1]], v[ck[b] : ck[b + 1]],
+        o, lse_b = _sequence(
+            q[cq[b] : cq[b + 1]],
+            k[ck[b] : ck[b + 1]],
+            v[ck[b] : ck[b + 1]],
             [lk - lq + i for i in range(lq)],
-            causal=causal, scale=scale, window_left=window_left, sinks=sinks, cap=logit_cap,
-        )  # fmt: skip
+            causal=causal,
+            scale=scale,
+            window_left=window_left,
+            sinks=sinks,
+            cap=logit_cap,
+        )
         outs.append(o)
-        lses.append(l)
+        lses.append(lse_b)
     return torch.cat(outs), torch.cat(lses)
 
 
@@ -107,8 +122,22 @@ def _read_sequence(cache, page_table_row, length, scale):
     return torch.stack(rows) if rows else torch.zeros(0, *cache.shape[2:], dtype=torch.float64)
 
 
-def naive_extend(q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, *, causal=True, softmax_scale=None,
-                 window_left=-1, sinks=None, logit_cap=0.0, k_scale=None, v_scale=None):  # fmt: skip
+def naive_extend(
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    cu_seqlens_q,
+    cache_seqlens,
+    *,
+    causal=True,
+    softmax_scale=None,
+    window_left=-1,
+    sinks=None,
+    logit_cap=0.0,
+    k_scale=None,
+    v_scale=None,
+):
     q, sinks = _f64(q), _f64(sinks)
     k_cache, v_cache, page_table = k_cache.cpu(), v_cache.cpu(), page_table.cpu()
     cq = [int(x) for x in cu_seqlens_q]
@@ -118,26 +147,55 @@ def naive_extend(q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, *
         lq = cq[b + 1] - cq[b]
         k = _read_sequence(k_cache, page_table[b], length, k_scale)
         v = _read_sequence(v_cache, page_table[b], length, v_scale)
-        o, l = _sequence(
-            q[cq[b] : cq[b + 1]], k, v, [length - lq + i for i in range(lq)],
-            causal=causal, scale=scale, window_left=window_left, sinks=sinks, cap=logit_cap,
-        )  # fmt: skip
+        o, lse_b = _sequence(
+            q[cq[b] : cq[b + 1]],
+            k,
+            v,
+            [length - lq + i for i in range(lq)],
+            causal=causal,
+            scale=scale,
+            window_left=window_left,
+            sinks=sinks,
+            cap=logit_cap,
+        )
         outs.append(o)
-        lses.append(l)
+        lses.append(lse_b)
     return torch.cat(outs), torch.cat(lses)
 
 
-def naive_decode(q, k_cache, v_cache, page_table, cache_seqlens, *, softmax_scale=None, window_left=-1, sinks=None,
-                 logit_cap=0.0, k_scale=None, v_scale=None):  # fmt: skip
+def naive_decode(
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    cache_seqlens,
+    *,
+    softmax_scale=None,
+    window_left=-1,
+    sinks=None,
+    logit_cap=0.0,
+    k_scale=None,
+    v_scale=None,
+):
     three_d = q.dim() == 3
     q4 = _f64(q).unsqueeze(1) if three_d else _f64(q)
     batch, q_len = q4.shape[:2]
     cu = torch.arange(0, (batch + 1) * q_len, q_len)
     out, lse = naive_extend(
-        q4.flatten(0, 1), k_cache, v_cache, page_table, cu, cache_seqlens,
-        causal=True, softmax_scale=softmax_scale, window_left=window_left, sinks=sinks,
-        logit_cap=logit_cap, k_scale=k_scale, v_scale=v_scale,
-    )  # fmt: skip
+        q4.flatten(0, 1),
+        k_cache,
+        v_cache,
+        page_table,
+        cu,
+        cache_seqlens,
+        causal=True,
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        sinks=sinks,
+        logit_cap=logit_cap,
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
     out = out.view(batch, q_len, *out.shape[1:])
     return (out.squeeze(1) if three_d else out), lse
 

@@ -21,6 +21,7 @@ def temp_kernels(only_reference):
     registered function (a stub recording its calls in ``fn.calls``). Only the reference
     backend's kernels stay registered meanwhile, so installed wheels do not change results.
     """
+
     def _register(op, *, name, **meta):
         meta.setdefault("solution", "test")
 

@@ -22,13 +22,15 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE_SRC = REPO / "docs" / "examples" / "plugin" / "src"
 
 
-def _fake_install(tmp_path: pathlib.Path, dist: str, entry_points: dict[str, str], modules: dict[str, str] = {}):
+def _fake_install(
+    tmp_path: pathlib.Path, dist: str, entry_points: dict[str, str], modules: dict[str, str] | None = None
+):
     info = tmp_path / f"{dist}-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
     lines = "\n".join(f"{name} = {target}" for name, target in entry_points.items())
     (info / "entry_points.txt").write_text(f"[{registry.ENTRY_POINT_GROUP}]\n{lines}\n")
-    for module, source in modules.items():
+    for module, source in (modules or {}).items():
         (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
 
 
@@ -65,14 +67,18 @@ def test_backends_load_lazily_not_at_import():
 
 
 def test_example_plugin_is_discovered_and_wins(plugin_path):
-    _fake_install(plugin_path, "tokenspeed_kernel_example_plugin", {"example": "tokenspeed_kernel_example_plugin:register"})
+    _fake_install(
+        plugin_path, "tokenspeed_kernel_example_plugin", {"example": "tokenspeed_kernel_example_plugin:register"}
+    )
     registry.load_backends(force=True)
     status = {b.name: b for b in registry.backends()}["example"]
     assert status.state == "loaded" and status.kernels == ["example_sdpa_decode"]
     cpu = platform_from_arch("cpu", overridden=False)
     assert explain(DECODE, platform=cpu).winner.name == "example_sdpa_decode"
     # A request it cannot serve falls back, with the plugin's reason shown.
-    spec_decode = Request.make("attention.decode", dict(DECODE.dtypes), {**dict(DECODE.shapes), "q_len": 3}, ["spec_decode"])
+    spec_decode = Request.make(
+        "attention.decode", dict(DECODE.dtypes), {**dict(DECODE.shapes), "q_len": 3}, ["spec_decode"]
+    )
     sel = explain(spec_decode, platform=cpu)
     assert sel.winner.name != "example_sdpa_decode"
     assert "does not support {spec_decode}" in sel.table()
@@ -83,7 +89,9 @@ def test_example_plugin_computes_decode(plugin_path):
 
     from tokenspeed_kernel import mha_decode_with_kvcache
 
-    _fake_install(plugin_path, "tokenspeed_kernel_example_plugin", {"example": "tokenspeed_kernel_example_plugin:register"})
+    _fake_install(
+        plugin_path, "tokenspeed_kernel_example_plugin", {"example": "tokenspeed_kernel_example_plugin:register"}
+    )
     registry.load_backends(force=True)
     gen = torch.Generator().manual_seed(0)
     k_cache = torch.randn(9, 4, 2, 16, generator=gen)
@@ -119,7 +127,9 @@ def test_failing_backend_is_skipped_and_rolled_back(plugin_path, caplog):
 
 
 def test_disabled_backend_is_not_imported(plugin_path, env):
-    _fake_install(plugin_path, "tokenspeed_kernel_example_plugin", {"example": "tokenspeed_kernel_example_plugin:register"})
+    _fake_install(
+        plugin_path, "tokenspeed_kernel_example_plugin", {"example": "tokenspeed_kernel_example_plugin:register"}
+    )
     env(config.DISABLE_BACKENDS_ENV, "example, other")
     registry.load_backends(force=True)
     status = {b.name: b for b in registry.backends()}["example"]

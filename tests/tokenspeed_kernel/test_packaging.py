@@ -2,6 +2,7 @@
 
 import pathlib
 import re
+
 import tomllib
 
 import tokenspeed_kernel

@@ -54,7 +54,11 @@ def test_ties_are_broken_by_name(temp_kernels):
         ({"dtypes": {"q": (torch.float16,)}}, H100, "q dtype bfloat16 not in {float16}"),
         ({"shapes": {"head_dim": (128, 256)}}, H100, "head_dim=64 not in {128, 256}"),
         ({"features": ("sinks",)}, H100, "does not support {sliding_window}"),
-        ({"predicate": lambda req: "needs page_size >= 64" if req.shape("page_size") < 64 else None}, H100, "needs page_size >= 64"),
+        (
+            {"predicate": lambda req: "needs page_size >= 64" if req.shape("page_size") < 64 else None},
+            H100,
+            "needs page_size >= 64",
+        ),
         ({"available": lambda: "somelib not installed"}, H100, "somelib not installed"),
     ],
 )
@@ -96,7 +100,9 @@ def test_per_call_override_wins_and_explains_refusal(temp_kernels):
 
 
 def test_env_override(temp_kernels, env):
-    temp_kernels("attention.decode", name="t_fast2", priority=Priority.SPECIALIZED, features=("sinks", "sliding_window"))
+    temp_kernels(
+        "attention.decode", name="t_fast2", priority=Priority.SPECIALIZED, features=("sinks", "sliding_window")
+    )
     env(config.OVERRIDE_ENV, "attention.decode=torch_decode, moe.apply=torch_moe")
     assert select(REQ, H100).name == "torch_decode"
     assert select(REQ, H100, override="t_fast2").name == "t_fast2"  # per call beats env

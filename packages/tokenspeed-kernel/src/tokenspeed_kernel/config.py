@@ -48,9 +48,7 @@ def kernel_overrides() -> dict[str, str]:
     for item in filter(None, (part.strip() for part in raw.split(","))):
         op, sep, name = item.partition("=")
         if not sep or not op.strip() or not name.strip():
-            raise ValueError(
-                f"{OVERRIDE_ENV}: expected 'operator=kernel' items separated by commas, got {item!r}"
-            )
+            raise ValueError(f"{OVERRIDE_ENV}: expected 'operator=kernel' items separated by commas, got {item!r}")
         result[op.strip()] = name.strip()
     return result
 

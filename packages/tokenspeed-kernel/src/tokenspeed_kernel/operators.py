@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["OperatorSchema", "OPERATORS", "operator_schema"]
+__all__ = ["OPERATORS", "OperatorSchema", "operator_schema"]
 
 
 @dataclass(frozen=True)
@@ -41,21 +41,21 @@ OPERATORS: dict[str, OperatorSchema] = {
             "attention.prefill",
             dtype_roles=("q", "kv"),
             shape_keys=_ATTENTION_SHAPES,
-            features=_ATTENTION_FEATURES + ("non_causal",),
+            features=(*_ATTENTION_FEATURES, "non_causal"),
             summary="ragged-batch attention over contiguous q/k/v (mha_prefill)",
         ),
         OperatorSchema(
             "attention.extend",
             dtype_roles=("q", "kv"),
-            shape_keys=_ATTENTION_SHAPES + ("page_size",),
-            features=_ATTENTION_FEATURES + ("non_causal", "fp8_kv"),
+            shape_keys=(*_ATTENTION_SHAPES, "page_size"),
+            features=(*_ATTENTION_FEATURES, "non_causal", "fp8_kv"),
             summary="chunked prefill against a paged KV cache (mha_extend_with_kvcache)",
         ),
         OperatorSchema(
             "attention.decode",
             dtype_roles=("q", "kv"),
-            shape_keys=_ATTENTION_SHAPES + ("page_size", "q_len"),
-            features=_ATTENTION_FEATURES + ("fp8_kv", "spec_decode"),
+            shape_keys=(*_ATTENTION_SHAPES, "page_size", "q_len"),
+            features=(*_ATTENTION_FEATURES, "fp8_kv", "spec_decode"),
             summary="decode against a paged KV cache (mha_decode_with_kvcache)",
         ),
         OperatorSchema(

@@ -19,13 +19,13 @@ import torch
 from tokenspeed_kernel import config
 
 __all__ = [
-    "Platform",
-    "ArchInfo",
     "KNOWN_ARCHS",
+    "ArchInfo",
+    "Platform",
+    "capabilities_for_arch",
     "current_platform",
     "platform_for",
     "platform_from_arch",
-    "capabilities_for_arch",
 ]
 
 Vendor = str  # "cuda" | "rocm" | "cpu"
@@ -119,9 +119,7 @@ def capabilities_for_arch(arch: str) -> frozenset[str]:
     if arch.startswith("sm_"):
         digits = "".join(ch for ch in arch[3:] if ch.isdigit())
         cc = int(digits) if digits else 0
-        return frozenset(
-            tag for tag, first, last in _CUDA_CAPABILITIES if cc >= first and (last is None or cc <= last)
-        )
+        return frozenset(tag for tag, first, last in _CUDA_CAPABILITIES if cc >= first and (last is None or cc <= last))
     if arch.startswith("gfx"):
         return _ROCM_CAPABILITIES.get(arch, frozenset({"fp16", "mfma"}))
     raise ValueError(f"unknown architecture {arch!r}; expected 'cpu', 'sm_NN' or 'gfxNNN'")

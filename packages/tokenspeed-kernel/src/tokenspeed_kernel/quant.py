@@ -27,16 +27,16 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "MXFP4Weight",
-    "FP8Weight",
-    "QuantizedWeight",
     "E2M1_VALUES",
     "FP8_E4M3_MAX",
-    "quantize_mxfp4",
+    "FP8_GRANULARITIES",
+    "FP8Weight",
+    "MXFP4Weight",
+    "QuantizedWeight",
+    "dequantize_fp8",
     "dequantize_mxfp4",
     "quantize_fp8",
-    "dequantize_fp8",
-    "FP8_GRANULARITIES",
+    "quantize_mxfp4",
 ]
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -103,7 +103,7 @@ class FP8Weight:
             raise ValueError(
                 f"FP8Weight: scale must have the rank of data ({self.data.dim()}), got shape {tuple(self.scale.shape)}"
             )
-        self.granularity  # raises for a shape that matches no granularity
+        _ = self.granularity  # raises for a shape that matches no granularity
 
     @property
     def shape(self) -> tuple[int, ...]:

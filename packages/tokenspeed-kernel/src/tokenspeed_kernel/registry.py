@@ -46,20 +46,20 @@ from tokenspeed_kernel import config
 from tokenspeed_kernel.operators import operator_schema
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
+    "BackendStatus",
+    "KernelSpec",
     "Priority",
     "Request",
-    "KernelSpec",
-    "BackendStatus",
-    "register_kernel",
-    "unregister_kernel",
-    "kernels",
-    "get_kernel",
     "backends",
-    "load_backends",
-    "load_backend",
-    "unload_backend",
+    "get_kernel",
     "isolated",
-    "ENTRY_POINT_GROUP",
+    "kernels",
+    "load_backend",
+    "load_backends",
+    "register_kernel",
+    "unload_backend",
+    "unregister_kernel",
 ]
 
 log = logging.getLogger("tokenspeed_kernel")

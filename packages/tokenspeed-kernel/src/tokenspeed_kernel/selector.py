@@ -25,13 +25,13 @@ from tokenspeed_kernel.registry import KernelSpec, Request
 
 __all__ = [
     "Candidate",
-    "Selection",
-    "NoKernelFoundError",
     "KernelOverrideError",
-    "select",
+    "NoKernelFoundError",
+    "Selection",
+    "clear_cache",
     "evaluate",
     "explain",
-    "clear_cache",
+    "select",
 ]
 
 
@@ -143,7 +143,9 @@ def _decide(request: Request, platform: Platform, override: str | None) -> Selec
     match = next((c for c in candidates if c.spec.name == chosen), None)
     if match is None:
         names = ", ".join(c.spec.name for c in candidates) or "none"
-        raise KernelOverrideError(f"override {chosen!r} is not a kernel registered for {request.op}; registered: {names}")
+        raise KernelOverrideError(
+            f"override {chosen!r} is not a kernel registered for {request.op}; registered: {names}"
+        )
     if not match.accepted:
         raise KernelOverrideError(
             f"override {chosen!r} cannot serve {request.describe()} on {platform.arch}: {'; '.join(match.reasons)}"

@@ -7,7 +7,11 @@ import torch
 from tokenspeed_kernel import store_kvcache
 from tokenspeed_kernel.tools.cases import attention as cases
 
-REFERENCE = {"attention.prefill": "torch_prefill", "attention.extend": "torch_extend", "attention.decode": "torch_decode"}
+REFERENCE = {
+    "attention.prefill": "torch_prefill",
+    "attention.extend": "torch_extend",
+    "attention.decode": "torch_decode",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -69,6 +73,20 @@ def test_compiled_store_then_decode_equals_eager():
 def test_opcheck_decode():
     case = cases.awkward_cases("attention.decode", torch.float32)[0]
     d = cases.make_inputs(case, seed=7)
-    args = (d["q"], d["k_cache"], d["v_cache"], d["page_table"], d["cache_seqlens"], d["max_seqlen_k"],
-            0.25, -1, d["sinks"], 0.0, None, None, True, "torch_decode")  # fmt: skip
+    args = (
+        d["q"],
+        d["k_cache"],
+        d["v_cache"],
+        d["page_table"],
+        d["cache_seqlens"],
+        d["max_seqlen_k"],
+        0.25,
+        -1,
+        d["sinks"],
+        0.0,
+        None,
+        None,
+        True,
+        "torch_decode",
+    )
     torch.library.opcheck(torch.ops.tokenspeed_kernel.mha_decode_with_kvcache.default, args)

@@ -13,7 +13,11 @@ from support.naive_attention import naive_decode, naive_extend, naive_prefill
 from tokenspeed_kernel.tools.cases import attention as cases
 
 NAIVE = {"attention.prefill": naive_prefill, "attention.extend": naive_extend, "attention.decode": naive_decode}
-REFERENCE = {"attention.prefill": "torch_prefill", "attention.extend": "torch_extend", "attention.decode": "torch_decode"}
+REFERENCE = {
+    "attention.prefill": "torch_prefill",
+    "attention.extend": "torch_extend",
+    "attention.decode": "torch_decode",
+}
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 _SKIP = ("max_seqlen_q", "max_seqlen_k", "return_lse", "causal")
 
@@ -62,7 +66,9 @@ def test_tools_ground_truth_matches_naive(op):
 
 
 def _decode_inputs(seqlens, q_len=1, heads=(4, 2), dim=16, page=4, dtype=torch.float32):
-    case = cases.AttentionCase("attention.decode", (q_len,) * len(seqlens), tuple(seqlens), *heads, dim, page_size=page, dtype=dtype)
+    case = cases.AttentionCase(
+        "attention.decode", (q_len,) * len(seqlens), tuple(seqlens), *heads, dim, page_size=page, dtype=dtype
+    )
     return case, cases.make_inputs(case, seed=11)
 
 

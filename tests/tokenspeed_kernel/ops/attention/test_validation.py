@@ -45,7 +45,9 @@ PREFILL_BAD = [
 ]
 
 
-@pytest.mark.parametrize(("arg", "exc", "match", "change"), PREFILL_BAD, ids=[f"{a}-{m[:20]}" for a, _, m, _ in PREFILL_BAD])
+@pytest.mark.parametrize(
+    ("arg", "exc", "match", "change"), PREFILL_BAD, ids=[f"{a}-{m[:20]}" for a, _, m, _ in PREFILL_BAD]
+)
 def test_prefill_rejects(arg, exc, match, change):
     _bad(PREFILL, exc, match, **{arg: change})
 
@@ -75,7 +77,9 @@ PAGED_BAD = [
 
 
 @pytest.mark.parametrize("case", [EXTEND, DECODE], ids=["extend", "decode"])
-@pytest.mark.parametrize(("arg", "exc", "match", "change"), PAGED_BAD, ids=[a + "-" + m[:18] for a, _, m, _ in PAGED_BAD])
+@pytest.mark.parametrize(
+    ("arg", "exc", "match", "change"), PAGED_BAD, ids=[a + "-" + m[:18] for a, _, m, _ in PAGED_BAD]
+)
 def test_paged_rejects(case, arg, exc, match, change):
     _bad(case, exc, match, **{arg: change})
 

@@ -28,7 +28,10 @@ def register() -> None:
         name="example_sdpa_decode",
         solution="torch",
         vendors=("cuda", "rocm", "cpu"),
-        dtypes={"q": (torch.bfloat16, torch.float16, torch.float32), "kv": (torch.bfloat16, torch.float16, torch.float32)},
+        dtypes={
+            "q": (torch.bfloat16, torch.float16, torch.float32),
+            "kv": (torch.bfloat16, torch.float16, torch.float32),
+        },
         features=("sliding_window",),
         priority=Priority.PLUGIN,
         predicate=_one_query_per_sequence,
@@ -37,7 +40,7 @@ def register() -> None:
 
 def sdpa_decode(args: DecodeArgs) -> None:
     """Paged decode by gather + SDPA (the example plugin's kernel)."""
-    batch, _, num_q_heads, _ = args.q.shape
+    num_q_heads = args.q.shape[2]
     _, page_size, num_kv_heads, _ = args.k_cache.shape
     group = num_q_heads // num_kv_heads
     lengths = args.cache_seqlens.tolist()  # a host sync: fine for an example, not for a real kernel

@@ -13,14 +13,14 @@ import torch
 
 __all__ = [
     "ACT_DTYPES",
-    "dtype_name",
-    "check_tensor",
+    "check_choice",
+    "check_float",
+    "check_index_tensor",
+    "check_int",
     "check_optional_tensor",
     "check_same_device",
-    "check_int",
-    "check_float",
-    "check_choice",
-    "check_index_tensor",
+    "check_tensor",
+    "dtype_name",
 ]
 
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -19,7 +19,7 @@ from tokenspeed_kernel.platform import platform_for
 from tokenspeed_kernel.registry import KernelSpec, Request
 from tokenspeed_kernel.selector import select
 
-__all__ = ["dispatch", "capture_signature"]
+__all__ = ["capture_signature", "dispatch"]
 
 _captured: set[str] = set()
 _capture_lock = threading.Lock()

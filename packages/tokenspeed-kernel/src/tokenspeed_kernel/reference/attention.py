@@ -81,10 +81,12 @@ def _gather_pages(cache: torch.Tensor, pages: torch.Tensor, length: int, scale, 
     return rows * scale.to(dtype) if scale is not None else rows
 
 
-def _write(out: torch.Tensor, lse: torch.Tensor | None, rows: slice | int, o: torch.Tensor, l: torch.Tensor) -> None:
+def _write(
+    out: torch.Tensor, lse: torch.Tensor | None, rows: slice | int, o: torch.Tensor, o_lse: torch.Tensor
+) -> None:
     out[rows] = o.to(out.dtype)
     if lse is not None:
-        lse[rows] = l.to(lse.dtype)
+        lse[rows] = o_lse.to(lse.dtype)
 
 
 @register_kernel(
@@ -106,7 +108,7 @@ def torch_prefill(args: PrefillArgs) -> None:
         v = args.v[cu_k[b] : cu_k[b + 1]].to(dtype)
         num_q, num_k = q.shape[0], k.shape[0]
         q_pos = torch.arange(num_k - num_q, num_k, device=q.device)
-        o, l = _attend(
+        o, lse_b = _attend(
             q,
             k,
             v,
@@ -117,7 +119,7 @@ def torch_prefill(args: PrefillArgs) -> None:
             sinks=args.sinks,
             logit_cap=args.logit_cap,
         )
-        _write(args.out, args.lse, slice(cu_q[b], cu_q[b + 1]), o, l)
+        _write(args.out, args.lse, slice(cu_q[b], cu_q[b + 1]), o, lse_b)
 
 
 @register_kernel(
@@ -138,7 +140,7 @@ def torch_extend(args: ExtendArgs) -> None:
         k = _gather_pages(args.k_cache, args.page_table[b], length, args.k_scale, dtype)
         v = _gather_pages(args.v_cache, args.page_table[b], length, args.v_scale, dtype)
         q_pos = torch.arange(length - q.shape[0], length, device=q.device)
-        o, l = _attend(
+        o, lse_b = _attend(
             q,
             k,
             v,
@@ -149,7 +151,7 @@ def torch_extend(args: ExtendArgs) -> None:
             sinks=args.sinks,
             logit_cap=args.logit_cap,
         )
-        _write(args.out, args.lse, slice(cu_q[b], cu_q[b + 1]), o, l)
+        _write(args.out, args.lse, slice(cu_q[b], cu_q[b + 1]), o, lse_b)
 
 
 @register_kernel(
@@ -168,7 +170,7 @@ def torch_decode(args: DecodeArgs) -> None:
         k = _gather_pages(args.k_cache, args.page_table[b], length, args.k_scale, dtype)
         v = _gather_pages(args.v_cache, args.page_table[b], length, args.v_scale, dtype)
         q_pos = torch.arange(length - q_len, length, device=args.q.device)
-        o, l = _attend(
+        o, lse_b = _attend(
             args.q[b].to(dtype),
             k,
             v,
@@ -179,4 +181,4 @@ def torch_decode(args: DecodeArgs) -> None:
             sinks=args.sinks,
             logit_cap=args.logit_cap,
         )
-        _write(args.out, args.lse, b, o, l)
+        _write(args.out, args.lse, b, o, lse_b)

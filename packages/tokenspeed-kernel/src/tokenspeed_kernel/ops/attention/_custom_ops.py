@@ -38,17 +38,42 @@ def _mha_prefill(
     from tokenspeed_kernel.ops.attention.api import mha_prefill
 
     result = mha_prefill(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        causal=causal, softmax_scale=softmax_scale, window_left=window_left, sinks=sinks,
-        logit_cap=logit_cap, return_lse=True, override=override,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        sinks=sinks,
+        logit_cap=logit_cap,
+        return_lse=True,
+        override=override,
+    )
     out, lse = result
     return out, lse if return_lse else lse.new_empty((0,))
 
 
 @_mha_prefill.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-      window_left, sinks, logit_cap, return_lse, override):  # fmt: skip
+def _(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    softmax_scale,
+    window_left,
+    sinks,
+    logit_cap,
+    return_lse,
+    override,
+):
     out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
     return out, _lse_like(q, q.shape[0], q.shape[1], return_lse)
 
@@ -76,16 +101,47 @@ def _mha_extend(
     from tokenspeed_kernel.ops.attention.api import mha_extend_with_kvcache
 
     out, lse = mha_extend_with_kvcache(
-        q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, max_seqlen_q, max_seqlen_k,
-        causal=causal, softmax_scale=softmax_scale, window_left=window_left, sinks=sinks,
-        logit_cap=logit_cap, k_scale=k_scale, v_scale=v_scale, return_lse=True, override=override,
-    )  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        cu_seqlens_q,
+        cache_seqlens,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        sinks=sinks,
+        logit_cap=logit_cap,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        return_lse=True,
+        override=override,
+    )
     return out, lse if return_lse else lse.new_empty((0,))
 
 
 @_mha_extend.register_fake
-def _(q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, max_seqlen_q, max_seqlen_k, causal,
-      softmax_scale, window_left, sinks, logit_cap, k_scale, v_scale, return_lse, override):  # fmt: skip
+def _(
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    cu_seqlens_q,
+    cache_seqlens,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    softmax_scale,
+    window_left,
+    sinks,
+    logit_cap,
+    k_scale,
+    v_scale,
+    return_lse,
+    override,
+):
     out = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
     return out, _lse_like(q, q.shape[0], q.shape[1], return_lse)
 
@@ -110,16 +166,41 @@ def _mha_decode(
     from tokenspeed_kernel.ops.attention.api import mha_decode_with_kvcache
 
     out, lse = mha_decode_with_kvcache(
-        q, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k,
-        softmax_scale=softmax_scale, window_left=window_left, sinks=sinks, logit_cap=logit_cap,
-        k_scale=k_scale, v_scale=v_scale, return_lse=True, override=override,
-    )  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        max_seqlen_k,
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        sinks=sinks,
+        logit_cap=logit_cap,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        return_lse=True,
+        override=override,
+    )
     return out, lse if return_lse else lse.new_empty((0,))
 
 
 @_mha_decode.register_fake
-def _(q, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, softmax_scale, window_left, sinks,
-      logit_cap, k_scale, v_scale, return_lse, override):  # fmt: skip
+def _(
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    cache_seqlens,
+    max_seqlen_k,
+    softmax_scale,
+    window_left,
+    sinks,
+    logit_cap,
+    k_scale,
+    v_scale,
+    return_lse,
+    override,
+):
     out = q.new_empty((*q.shape[:-1], v_cache.shape[3]))
     tokens = q.shape[0] * (q.shape[1] if q.dim() == 4 else 1)
     return out, _lse_like(q, tokens, q.shape[-2], return_lse)

@@ -6,6 +6,7 @@ memory except :func:`debug_checks`, which runs only under ``TOKENSPEED_KERNEL_DE
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -44,8 +45,10 @@ def check_options(
     head_dim: int,
 ) -> float:
     """Check the scalar options; return the resolved softmax scale."""
-    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else check_float(
-        "softmax_scale", softmax_scale, positive=True
+    scale = (
+        1.0 / math.sqrt(head_dim)
+        if softmax_scale is None
+        else check_float("softmax_scale", softmax_scale, positive=True)
     )
     check_int("window_left", window_left, min_value=-1)
     check_float("logit_cap", logit_cap, min_value=0.0)
@@ -101,7 +104,9 @@ def check_out(out: object, shape: tuple[int, ...], q: torch.Tensor) -> torch.Ten
 def check_scale(name: str, scale: object, q: torch.Tensor) -> torch.Tensor:
     if isinstance(scale, torch.Tensor):
         if scale.numel() != 1 or scale.dtype != torch.float32:
-            raise ValueError(f"{name} must be a float or a one-element float32 tensor, got {scale.dtype} {list(scale.shape)}")
+            raise ValueError(
+                f"{name} must be a float or a one-element float32 tensor, got {scale.dtype} {list(scale.shape)}"
+            )
         check_same_device("q", q, **{name: scale})
         return scale.reshape(1)
     value = check_float(name, scale, positive=True)
@@ -123,7 +128,9 @@ def check_paged_cache(
     check_tensor("v_cache", v_cache, ndim=4, dtypes=KV_CACHE_DTYPES)
     assert isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor)
     if v_cache.dtype != k_cache.dtype:
-        raise TypeError(f"v_cache dtype {dtype_name(v_cache.dtype)} must equal k_cache dtype {dtype_name(k_cache.dtype)}")
+        raise TypeError(
+            f"v_cache dtype {dtype_name(v_cache.dtype)} must equal k_cache dtype {dtype_name(k_cache.dtype)}"
+        )
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     if not fp8 and k_cache.dtype != q.dtype:
         raise TypeError(
@@ -145,7 +152,9 @@ def check_paged_cache(
             raise ValueError("k_scale and v_scale are required for a float8_e4m3fn KV cache")
         return heads, page_size, check_scale("k_scale", k_scale, q), check_scale("v_scale", v_scale, q)
     if k_scale is not None or v_scale is not None:
-        raise ValueError(f"k_scale/v_scale apply to a float8_e4m3fn cache only; this cache is {dtype_name(k_cache.dtype)}")
+        raise ValueError(
+            f"k_scale/v_scale apply to a float8_e4m3fn cache only; this cache is {dtype_name(k_cache.dtype)}"
+        )
     return heads, page_size, None, None
 
 
@@ -158,7 +167,7 @@ def debug_check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_len: int
     values = cu.tolist()
     if values[0] != 0 or values[-1] != total:
         _fail(f"{name} must start at 0 and end at {total}, got {values[0]} .. {values[-1]}")
-    lengths = [b - a for a, b in zip(values, values[1:])]
+    lengths = [b - a for a, b in itertools.pairwise(values)]
     if min(lengths) < 0:
         _fail(f"{name} must be non-decreasing, got {values}")
     if max(lengths) > max_len:

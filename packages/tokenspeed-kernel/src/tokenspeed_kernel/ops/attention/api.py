@@ -148,9 +148,21 @@ def mha_prefill(
 
     if torch.compiler.is_compiling():
         result, lse = torch.ops.tokenspeed_kernel.mha_prefill(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-            causal, scale, window_left, sinks, float(logit_cap), return_lse, override,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            causal,
+            scale,
+            window_left,
+            sinks,
+            float(logit_cap),
+            return_lse,
+            override,
+        )
         if out is not None:
             result = out.copy_(result)
         return _result(result, lse, return_lse)
@@ -159,7 +171,9 @@ def mha_prefill(
         q_lens = debug_check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, "max_seqlen_q")
         k_lens = debug_check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k")
         if causal and any(lq > lk for lq, lk in zip(q_lens, k_lens)):
-            raise ValueError("causal prefill needs every query length <= its key length (TOKENSPEED_KERNEL_DEBUG check)")
+            raise ValueError(
+                "causal prefill needs every query length <= its key length (TOKENSPEED_KERNEL_DEBUG check)"
+            )
     features = _features(
         causal=causal, window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse
     )
@@ -189,9 +203,21 @@ def mha_prefill(
     lse = torch.empty((total_q, heads.num_q_heads), dtype=torch.float32, device=q.device) if return_lse else None
     spec.fn(
         PrefillArgs(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-            causal, scale, window_left, sinks, float(logit_cap), out, lse,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            causal,
+            scale,
+            window_left,
+            sinks,
+            float(logit_cap),
+            out,
+            lse,
+        )
     )
     return _result(out, lse, return_lse)
 
@@ -239,7 +265,9 @@ def mha_extend_with_kvcache(
     check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES)
     check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
     batch = cu_seqlens_q.shape[0] - 1
-    heads, page_size, ks, vs = check_paged_cache(q, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, batch)
+    heads, page_size, ks, vs = check_paged_cache(
+        q, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, batch
+    )
     check_int("max_seqlen_q", max_seqlen_q, min_value=0)
     check_int("max_seqlen_k", max_seqlen_k, min_value=0)
     if not isinstance(causal, bool):
@@ -258,9 +286,24 @@ def mha_extend_with_kvcache(
 
     if torch.compiler.is_compiling():
         result, lse = torch.ops.tokenspeed_kernel.mha_extend_with_kvcache(
-            q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, max_seqlen_q, max_seqlen_k,
-            causal, scale, window_left, sinks, float(logit_cap), ks, vs, return_lse, override,
-        )  # fmt: skip
+            q,
+            k_cache,
+            v_cache,
+            page_table,
+            cu_seqlens_q,
+            cache_seqlens,
+            max_seqlen_q,
+            max_seqlen_k,
+            causal,
+            scale,
+            window_left,
+            sinks,
+            float(logit_cap),
+            ks,
+            vs,
+            return_lse,
+            override,
+        )
         if out is not None:
             result = out.copy_(result)
         return _result(result, lse, return_lse)
@@ -298,9 +341,24 @@ def mha_extend_with_kvcache(
     lse = torch.empty((total_q, heads.num_q_heads), dtype=torch.float32, device=q.device) if return_lse else None
     spec.fn(
         ExtendArgs(
-            q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, max_seqlen_q, max_seqlen_k,
-            causal, scale, window_left, sinks, float(logit_cap), ks, vs, out, lse,
-        )  # fmt: skip
+            q,
+            k_cache,
+            v_cache,
+            page_table,
+            cu_seqlens_q,
+            cache_seqlens,
+            max_seqlen_q,
+            max_seqlen_k,
+            causal,
+            scale,
+            window_left,
+            sinks,
+            float(logit_cap),
+            ks,
+            vs,
+            out,
+            lse,
+        )
     )
     return _result(out, lse, return_lse)
 
@@ -344,7 +402,9 @@ def mha_decode_with_kvcache(
     q_len = q4.shape[1]
     if q_len < 1:
         raise ValueError(f"q must hold at least one query per sequence, got shape {list(q.shape)}")
-    heads, page_size, ks, vs = check_paged_cache(q4, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, batch)
+    heads, page_size, ks, vs = check_paged_cache(
+        q4, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, batch
+    )
     check_int("max_seqlen_k", max_seqlen_k, min_value=q_len)
     scale = check_options(
         softmax_scale=softmax_scale,
@@ -360,9 +420,21 @@ def mha_decode_with_kvcache(
 
     if torch.compiler.is_compiling():
         result, lse = torch.ops.tokenspeed_kernel.mha_decode_with_kvcache(
-            q, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k,
-            scale, window_left, sinks, float(logit_cap), ks, vs, return_lse, override,
-        )  # fmt: skip
+            q,
+            k_cache,
+            v_cache,
+            page_table,
+            cache_seqlens,
+            max_seqlen_k,
+            scale,
+            window_left,
+            sinks,
+            float(logit_cap),
+            ks,
+            vs,
+            return_lse,
+            override,
+        )
         if out is not None:
             result = out.copy_(result)
         return _result(result, lse, return_lse)
@@ -403,10 +475,20 @@ def mha_decode_with_kvcache(
     lse = torch.empty((batch * q_len, heads.num_q_heads), dtype=torch.float32, device=q.device) if return_lse else None
     spec.fn(
         DecodeArgs(
-            q4, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k,
-            scale, window_left, sinks, float(logit_cap), ks, vs,
+            q4,
+            k_cache,
+            v_cache,
+            page_table,
+            cache_seqlens,
+            max_seqlen_k,
+            scale,
+            window_left,
+            sinks,
+            float(logit_cap),
+            ks,
+            vs,
             out.view(batch, q_len, heads.num_q_heads, heads.head_dim_v),
             None if lse is None else lse.view(batch, q_len, heads.num_q_heads),
-        )  # fmt: skip
+        )
     )
     return _result(out, lse, return_lse)

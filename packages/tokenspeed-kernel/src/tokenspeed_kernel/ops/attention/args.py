@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PrefillArgs", "ExtendArgs", "DecodeArgs"]
+__all__ = ["DecodeArgs", "ExtendArgs", "PrefillArgs"]
 
 
 @dataclass(slots=True)

@@ -52,7 +52,9 @@ def store_kvcache(
             raise ValueError("k_scale and v_scale are required for a float8_e4m3fn KV cache")
         ks, vs = check_scale("k_scale", k_scale, k), check_scale("v_scale", v_scale, k)
     elif k_scale is not None or v_scale is not None:
-        raise ValueError(f"k_scale/v_scale apply to a float8_e4m3fn cache only; this cache is {dtype_name(k_cache.dtype)}")
+        raise ValueError(
+            f"k_scale/v_scale apply to a float8_e4m3fn cache only; this cache is {dtype_name(k_cache.dtype)}"
+        )
     else:
         ks = vs = None
 

@@ -9,7 +9,7 @@ import torch
 
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 
-__all__ = ["TopKArgs", "MoEApplyArgs", "Weight", "ACTIVATIONS"]
+__all__ = ["ACTIVATIONS", "MoEApplyArgs", "TopKArgs", "Weight"]
 
 Weight = torch.Tensor | MXFP4Weight | FP8Weight
 

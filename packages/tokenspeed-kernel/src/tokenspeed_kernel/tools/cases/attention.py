@@ -211,8 +211,20 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu", seed: i
         k = torch.randn(total_q, case.num_kv_heads, case.head_dim, generator=gen, device=device).to(case.dtype)
         v = torch.randn(total_q, case.num_kv_heads, case.dv, generator=gen, device=device).to(case.dtype)
         extra = {key: paged[key] for key in ("k_scale", "v_scale") if key in paged}
-        return {"k": k, "v": v, "k_cache": paged["k_cache"], "v_cache": paged["v_cache"], "slot_mapping": slot_mapping, **extra}
-    common = {**paged, "cache_seqlens": cache_seqlens, "max_seqlen_k": max(case.seqlens_k), **_options(case, gen, device)}
+        return {
+            "k": k,
+            "v": v,
+            "k_cache": paged["k_cache"],
+            "v_cache": paged["v_cache"],
+            "slot_mapping": slot_mapping,
+            **extra,
+        }
+    common = {
+        **paged,
+        "cache_seqlens": cache_seqlens,
+        "max_seqlen_k": max(case.seqlens_k),
+        **_options(case, gen, device),
+    }
     if case.op == "attention.extend":
         q = torch.randn(total_q, case.num_q_heads, case.head_dim, generator=gen, device=device).to(case.dtype)
         return {
@@ -223,7 +235,11 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu", seed: i
             **common,
         }
     q_len = case.seqlens_q[0]
-    shape = (case.batch, case.num_q_heads, case.head_dim) if q_len == 1 else (case.batch, q_len, case.num_q_heads, case.head_dim)
+    shape = (
+        (case.batch, case.num_q_heads, case.head_dim)
+        if q_len == 1
+        else (case.batch, q_len, case.num_q_heads, case.head_dim)
+    )
     return {"q": torch.randn(*shape, generator=gen, device=device).to(case.dtype), **common}
 
 
@@ -271,8 +287,14 @@ def reference(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor
         k_cache, v_cache = inputs["k_cache"].clone(), inputs["v_cache"].clone()
         scales = [_scale64(inputs.get(n), k_cache.device) for n in ("k_scale", "v_scale")]
         get_kernel("torch_store_kvcache").fn(
-            StoreArgs(inputs["k"], inputs["v"], k_cache, v_cache, inputs["slot_mapping"],
-                      *[None if s is None else s.float() for s in scales])  # fmt: skip
+            StoreArgs(
+                inputs["k"],
+                inputs["v"],
+                k_cache,
+                v_cache,
+                inputs["slot_mapping"],
+                *[None if s is None else s.float() for s in scales],
+            )
         )
         return k_cache, v_cache
     q = inputs["q"].to(torch.float64)
@@ -288,8 +310,19 @@ def reference(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor
         out = q.new_empty(q.shape[0], heads, case.dv)
         lse = q.new_empty(q.shape[0], heads)
         get_kernel("torch_prefill").fn(
-            PrefillArgs(q, _f64(inputs["k"]), _f64(inputs["v"]), inputs["cu_seqlens_q"], inputs["cu_seqlens_k"],
-                        inputs["max_seqlen_q"], inputs["max_seqlen_k"], case.causal, out=out, lse=lse, **common)  # fmt: skip
+            PrefillArgs(
+                q,
+                _f64(inputs["k"]),
+                _f64(inputs["v"]),
+                inputs["cu_seqlens_q"],
+                inputs["cu_seqlens_k"],
+                inputs["max_seqlen_q"],
+                inputs["max_seqlen_k"],
+                case.causal,
+                out=out,
+                lse=lse,
+                **common,
+            )
         )
         return out, lse if case.return_lse else None
     ks, vs = _scale64(inputs.get("k_scale"), q.device), _scale64(inputs.get("v_scale"), q.device)
@@ -298,16 +331,37 @@ def reference(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor
         out = q.new_empty(q.shape[0], heads, case.dv)
         lse = q.new_empty(q.shape[0], heads)
         get_kernel("torch_extend").fn(
-            ExtendArgs(q, *cache, inputs["cu_seqlens_q"], inputs["cache_seqlens"], inputs["max_seqlen_q"],
-                       inputs["max_seqlen_k"], case.causal, k_scale=ks, v_scale=vs, out=out, lse=lse, **common)  # fmt: skip
+            ExtendArgs(
+                q,
+                *cache,
+                inputs["cu_seqlens_q"],
+                inputs["cache_seqlens"],
+                inputs["max_seqlen_q"],
+                inputs["max_seqlen_k"],
+                case.causal,
+                k_scale=ks,
+                v_scale=vs,
+                out=out,
+                lse=lse,
+                **common,
+            )
         )
         return out, lse if case.return_lse else None
     q4 = q if q.dim() == 4 else q.unsqueeze(1)
     out = q4.new_empty(*q4.shape[:-1], case.dv)
     lse = q4.new_empty(*q4.shape[:-1])
     get_kernel("torch_decode").fn(
-        DecodeArgs(q4, *cache, inputs["cache_seqlens"], inputs["max_seqlen_k"], k_scale=ks, v_scale=vs,
-                   out=out, lse=lse, **common)  # fmt: skip
+        DecodeArgs(
+            q4,
+            *cache,
+            inputs["cache_seqlens"],
+            inputs["max_seqlen_k"],
+            k_scale=ks,
+            v_scale=vs,
+            out=out,
+            lse=lse,
+            **common,
+        )
     )
     out = out if q.dim() == 4 else out.squeeze(1)
     return out, lse.flatten(0, 1) if case.return_lse else None
@@ -321,31 +375,124 @@ def awkward_cases(op: str, dtype: torch.dtype = torch.bfloat16) -> list[Attentio
     if op == "attention.prefill":
         return [
             AttentionCase(op, (1, 17, 40), (1, 17, 40), 4, 4, 64, dtype=dtype, name="mha_ragged"),
-            AttentionCase(op, (5, 33), (20, 70), 8, 2, 64, dtype=dtype, sinks=True, return_lse=True, name="gqa4_bottom_right_sinks"),
+            AttentionCase(
+                op,
+                (5, 33),
+                (20, 70),
+                8,
+                2,
+                64,
+                dtype=dtype,
+                sinks=True,
+                return_lse=True,
+                name="gqa4_bottom_right_sinks",
+            ),
             AttentionCase(op, (48,), (48,), 8, 1, 32, dtype=dtype, window_left=7, sinks=True, name="mqa_window_sinks"),
             AttentionCase(op, (9, 30), (9, 30), 8, 1, 64, dtype=dtype, window_left=0, name="window0"),
-            AttentionCase(op, (12, 3), (12, 25), 4, 2, 64, 32, dtype=dtype, causal=False, logit_cap=5.0, return_lse=True, name="noncausal_cap_dv"),
-            AttentionCase(op, (40,), (40,), 16, 2, 128, dtype=dtype, window_left=15, logit_cap=30.0, name="gqa8_d128_window_cap"),
-        ]  # fmt: skip
+            AttentionCase(
+                op,
+                (12, 3),
+                (12, 25),
+                4,
+                2,
+                64,
+                32,
+                dtype=dtype,
+                causal=False,
+                logit_cap=5.0,
+                return_lse=True,
+                name="noncausal_cap_dv",
+            ),
+            AttentionCase(
+                op, (40,), (40,), 16, 2, 128, dtype=dtype, window_left=15, logit_cap=30.0, name="gqa8_d128_window_cap"
+            ),
+        ]
     if op == "attention.extend":
         return [
-            AttentionCase(op, (7, 1, 20), (30, 9, 20), 8, 2, 64, page_size=16, dtype=dtype, sinks=True, return_lse=True, name="ragged_prefix"),
+            AttentionCase(
+                op,
+                (7, 1, 20),
+                (30, 9, 20),
+                8,
+                2,
+                64,
+                page_size=16,
+                dtype=dtype,
+                sinks=True,
+                return_lse=True,
+                name="ragged_prefix",
+            ),
             AttentionCase(op, (16, 5), (50, 5), 4, 4, 64, page_size=1, dtype=dtype, window_left=9, name="page1_window"),
-            AttentionCase(op, (24,), (90,), 8, 1, 32, page_size=64, dtype=dtype, kv_dtype=fp8, sinks=True, name="fp8_page64_mqa"),
-            AttentionCase(op, (6, 10), (33, 10), 4, 2, 64, 32, page_size=4, dtype=dtype, causal=False, logit_cap=5.0, name="noncausal_cap_dv"),
-        ]  # fmt: skip
+            AttentionCase(
+                op, (24,), (90,), 8, 1, 32, page_size=64, dtype=dtype, kv_dtype=fp8, sinks=True, name="fp8_page64_mqa"
+            ),
+            AttentionCase(
+                op,
+                (6, 10),
+                (33, 10),
+                4,
+                2,
+                64,
+                32,
+                page_size=4,
+                dtype=dtype,
+                causal=False,
+                logit_cap=5.0,
+                name="noncausal_cap_dv",
+            ),
+        ]
     if op == "attention.decode":
         return [
-            AttentionCase(op, (1,) * 4, (1, 17, 40, 33), 8, 2, 64, page_size=16, dtype=dtype, sinks=True, return_lse=True, name="ragged_sinks_lse"),
-            AttentionCase(op, (1,) * 3, (70, 5, 64), 8, 1, 64, page_size=1, dtype=dtype, window_left=12, name="page1_mqa_window"),
-            AttentionCase(op, (4,) * 3, (4, 37, 80), 8, 2, 64, page_size=16, dtype=dtype, sinks=True, window_left=20, name="spec_decode_q4"),
-            AttentionCase(op, (1,) * 2, (100, 31), 4, 4, 128, page_size=64, dtype=dtype, kv_dtype=fp8, logit_cap=20.0, name="fp8_d128_cap"),
-            AttentionCase(op, (1,) * 3, (9, 16, 45), 16, 2, 64, 32, page_size=8, dtype=dtype, return_lse=True, name="gqa8_dv32"),
-        ]  # fmt: skip
+            AttentionCase(
+                op,
+                (1,) * 4,
+                (1, 17, 40, 33),
+                8,
+                2,
+                64,
+                page_size=16,
+                dtype=dtype,
+                sinks=True,
+                return_lse=True,
+                name="ragged_sinks_lse",
+            ),
+            AttentionCase(
+                op, (1,) * 3, (70, 5, 64), 8, 1, 64, page_size=1, dtype=dtype, window_left=12, name="page1_mqa_window"
+            ),
+            AttentionCase(
+                op,
+                (4,) * 3,
+                (4, 37, 80),
+                8,
+                2,
+                64,
+                page_size=16,
+                dtype=dtype,
+                sinks=True,
+                window_left=20,
+                name="spec_decode_q4",
+            ),
+            AttentionCase(
+                op,
+                (1,) * 2,
+                (100, 31),
+                4,
+                4,
+                128,
+                page_size=64,
+                dtype=dtype,
+                kv_dtype=fp8,
+                logit_cap=20.0,
+                name="fp8_d128_cap",
+            ),
+            AttentionCase(
+                op, (1,) * 3, (9, 16, 45), 16, 2, 64, 32, page_size=8, dtype=dtype, return_lse=True, name="gqa8_dv32"
+            ),
+        ]
     if op == "kvcache.store":
         return [
             AttentionCase(op, (5, 1, 16), (20, 1, 40), 2, 2, 64, page_size=16, dtype=dtype, name="store_ragged"),
             AttentionCase(op, (7, 3), (7, 9), 1, 1, 32, 16, page_size=1, dtype=dtype, name="store_page1_dv"),
             AttentionCase(op, (9,), (30,), 2, 2, 64, page_size=4, dtype=dtype, kv_dtype=fp8, name="store_fp8"),
-        ]  # fmt: skip
+        ]
     raise ValueError(f"no attention cases for operator {op!r}; expected one of {OPS}")
