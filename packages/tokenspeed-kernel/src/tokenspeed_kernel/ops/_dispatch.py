@@ -22,6 +22,19 @@ from tokenspeed_kernel.selector import select
 __all__ = ["capture_signature", "dispatch"]
 
 _captured: set[str] = set()
+_last = threading.local()
+
+
+def last_kernel() -> str | None:
+    """The kernel the last public call on this thread was dispatched to (tools, debugging)."""
+    return getattr(_last, "name", None)
+
+
+def last_request() -> Request | None:
+    """The request of the last public call on this thread (tools, tests)."""
+    return getattr(_last, "request", None)
+
+
 _capture_lock = threading.Lock()
 
 
@@ -48,6 +61,7 @@ def dispatch(
     """The kernel for ``request`` on ``device``'s platform; records the call's signature
     (built lazily by ``signature()``) when capture is on."""
     spec = select(request, platform_for(device), override)
+    _last.name, _last.request = spec.name, request
     if config.capture_path() is not None:
         capture_signature(request.op, spec.name, signature())
     return spec

@@ -16,7 +16,7 @@ from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, TopKArgs, Weight
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight, dequantize_fp8, dequantize_mxfp4
 from tokenspeed_kernel.registry import Priority, register_kernel
 
-__all__ = ["torch_moe", "torch_moe_topk"]
+__all__ = ["ACTIVATION_FUNCTIONS", "torch_moe", "torch_moe_topk"]
 
 _ALL_VENDORS = ("cuda", "rocm", "cpu")
 
@@ -69,7 +69,7 @@ def _swiglu_oai(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return gate * torch.sigmoid(1.702 * gate) * (up + 1)
 
 
-_ACTIVATIONS = {"silu": _silu, "gelu": _gelu, "swiglu_oai": _swiglu_oai}
+ACTIVATION_FUNCTIONS = {"silu": _silu, "gelu": _gelu, "swiglu_oai": _swiglu_oai}
 
 
 @register_kernel(
@@ -107,7 +107,7 @@ def torch_moe(args: MoEApplyArgs) -> None:
     experts, tokens, weights = experts[order], tokens[order], weights[order]
     hit, counts = torch.unique_consecutive(experts, return_counts=True)
 
-    act = _ACTIVATIONS[args.activation]
+    act = ACTIVATION_FUNCTIONS[args.activation]
     inter = args.w2.shape[-1]
     acc = torch.zeros(x.shape, dtype=compute, device=x.device)
     start = 0

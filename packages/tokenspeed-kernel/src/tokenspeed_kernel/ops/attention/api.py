@@ -34,39 +34,51 @@ from tokenspeed_kernel.ops.attention._validate import (
 from tokenspeed_kernel.ops.attention.args import DecodeArgs, ExtendArgs, PrefillArgs
 from tokenspeed_kernel.registry import Request
 
-__all__ = ["mha_decode_with_kvcache", "mha_extend_with_kvcache", "mha_prefill"]
+__all__ = ["attention_request", "mha_decode_with_kvcache", "mha_extend_with_kvcache", "mha_prefill"]
 
 
-def _features(
-    *, causal: bool, window_left: int, sinks, logit_cap: float, return_lse: bool, fp8: bool = False, spec: bool = False
-) -> frozenset[str]:
-    names = []
-    if not causal:
-        names.append("non_causal")
-    if window_left >= 0:
-        names.append("sliding_window")
-    if sinks is not None:
-        names.append("sinks")
-    if logit_cap > 0:
-        names.append("logit_cap")
-    if return_lse:
-        names.append("return_lse")
-    if fp8:
-        names.append("fp8_kv")
-    if spec:
-        names.append("spec_decode")
-    return frozenset(names)
+def attention_request(
+    op: str,
+    *,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    heads: Heads,
+    causal: bool = True,
+    window_left: int = -1,
+    sinks: bool = False,
+    logit_cap: float = 0.0,
+    return_lse: bool = False,
+    page_size: int | None = None,
+    q_len: int | None = None,
+) -> Request:
+    """The selector request of an attention call (also used by the tools to explain a case).
 
-
-def _request(op: str, q: torch.Tensor, kv_dtype: torch.dtype, heads: Heads, features, **extra: int) -> Request:
-    shapes = {
-        "head_dim": heads.head_dim,
-        "head_dim_v": heads.head_dim_v,
-        "num_q_heads": heads.num_q_heads,
-        "num_kv_heads": heads.num_kv_heads,
-        **extra,
-    }
-    return Request(op, (("kv", kv_dtype), ("q", q.dtype)), tuple(sorted(shapes.items())), features)
+    Features: ``non_causal``, ``sliding_window``, ``sinks``, ``logit_cap``, ``return_lse``,
+    ``fp8_kv`` (an fp8 cache), ``spec_decode`` (``q_len > 1``). Shapes: head dims, head
+    counts, and ``page_size`` / ``q_len`` where the operator has them.
+    """
+    flags = (
+        ("non_causal", not causal),
+        ("sliding_window", window_left >= 0),
+        ("sinks", sinks),
+        ("logit_cap", logit_cap > 0),
+        ("return_lse", return_lse),
+        ("fp8_kv", kv_dtype == torch.float8_e4m3fn),
+        ("spec_decode", q_len is not None and q_len > 1),
+    )
+    shapes = [
+        ("head_dim", heads.head_dim),
+        ("head_dim_v", heads.head_dim_v),
+        ("num_kv_heads", heads.num_kv_heads),
+        ("num_q_heads", heads.num_q_heads),
+    ]
+    shapes += [(key, value) for key, value in (("page_size", page_size), ("q_len", q_len)) if value is not None]
+    return Request(
+        op,
+        (("kv", kv_dtype), ("q", q_dtype)),
+        tuple(sorted(shapes)),
+        frozenset(name for name, on in flags if on),
+    )
 
 
 def _signature(q: torch.Tensor, kv_dtype: torch.dtype, heads: Heads, **options) -> dict:
@@ -174,10 +186,17 @@ def mha_prefill(
             raise ValueError(
                 "causal prefill needs every query length <= its key length (TOKENSPEED_KERNEL_DEBUG check)"
             )
-    features = _features(
-        causal=causal, window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse
+    request = attention_request(
+        "attention.prefill",
+        q_dtype=q.dtype,
+        kv_dtype=k.dtype,
+        heads=heads,
+        causal=causal,
+        window_left=window_left,
+        sinks=sinks is not None,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
     )
-    request = _request("attention.prefill", q, k.dtype, heads, features)
     spec = dispatch(
         request,
         q.device,
@@ -311,11 +330,18 @@ def mha_extend_with_kvcache(
     if config.debug():
         q_lens = debug_check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, "max_seqlen_q")
         debug_check_pages(page_table, cache_seqlens, q_lens, page_size, k_cache.shape[0], max_seqlen_k)
-    fp8 = ks is not None
-    features = _features(
-        causal=causal, window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse, fp8=fp8
+    request = attention_request(
+        "attention.extend",
+        q_dtype=q.dtype,
+        kv_dtype=k_cache.dtype,
+        heads=heads,
+        causal=causal,
+        window_left=window_left,
+        sinks=sinks is not None,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        page_size=page_size,
     )
-    request = _request("attention.extend", q, k_cache.dtype, heads, features, page_size=page_size)
     spec = dispatch(
         request,
         q.device,
@@ -441,17 +467,18 @@ def mha_decode_with_kvcache(
 
     if config.debug():
         debug_check_pages(page_table, cache_seqlens, [q_len] * batch, page_size, k_cache.shape[0], max_seqlen_k)
-    fp8 = ks is not None
-    features = _features(
-        causal=True,
+    request = attention_request(
+        "attention.decode",
+        q_dtype=q.dtype,
+        kv_dtype=k_cache.dtype,
+        heads=heads,
         window_left=window_left,
-        sinks=sinks,
+        sinks=sinks is not None,
         logit_cap=logit_cap,
         return_lse=return_lse,
-        fp8=fp8,
-        spec=q_len > 1,
+        page_size=page_size,
+        q_len=q_len,
     )
-    request = _request("attention.decode", q, k_cache.dtype, heads, features, page_size=page_size, q_len=q_len)
     spec = dispatch(
         request,
         q.device,

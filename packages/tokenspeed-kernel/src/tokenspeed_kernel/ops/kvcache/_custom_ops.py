@@ -15,12 +15,13 @@ def _store_kvcache(
     slot_mapping: torch.Tensor,
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
+    override: str | None,
 ) -> None:
     from tokenspeed_kernel.ops.kvcache.api import store_kvcache
 
-    store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale, override=override)
 
 
 @_store_kvcache.register_fake
-def _(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> None:
+def _(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, override) -> None:
     return None

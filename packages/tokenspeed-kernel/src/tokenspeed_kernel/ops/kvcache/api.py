@@ -12,7 +12,25 @@ from tokenspeed_kernel.ops.kvcache import _custom_ops  # noqa: F401  (defines to
 from tokenspeed_kernel.ops.kvcache.args import StoreArgs
 from tokenspeed_kernel.registry import Request
 
-__all__ = ["store_kvcache"]
+__all__ = ["store_kvcache", "store_request"]
+
+
+def store_request(
+    *,
+    kv_dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    num_kv_heads: int,
+    head_dim: int,
+    head_dim_v: int,
+    page_size: int,
+) -> Request:
+    """The selector request of a ``store_kvcache`` call (feature ``fp8_kv`` for an fp8 cache)."""
+    return Request(
+        "kvcache.store",
+        (("cache", cache_dtype), ("kv", kv_dtype)),
+        (("head_dim", head_dim), ("head_dim_v", head_dim_v), ("num_kv_heads", num_kv_heads), ("page_size", page_size)),
+        frozenset(("fp8_kv",)) if cache_dtype == torch.float8_e4m3fn else frozenset(),
+    )
 
 
 def store_kvcache(
@@ -24,6 +42,7 @@ def store_kvcache(
     *,
     k_scale: float | torch.Tensor | None = None,
     v_scale: float | torch.Tensor | None = None,
+    override: str | None = None,
 ) -> None:
     """Write new K/V rows into a paged cache, in place.
 
@@ -35,6 +54,7 @@ def store_kvcache(
             slot is padding and is skipped.
         k_scale, v_scale: required for an fp8 cache (float or one-element float32 tensor);
             the cache stores ``value / scale`` saturated to the fp8 range.
+        override: force a kernel by name (e.g. ``"torch_store_kvcache"``).
     """
     check_tensor("k", k, ndim=3, dtypes=ACT_DTYPES)
     check_tensor("v", v, ndim=3, dtypes=(k.dtype,), shape=(k.shape[0], k.shape[1], None))
@@ -58,8 +78,10 @@ def store_kvcache(
     else:
         ks = vs = None
 
+    if override is not None and not isinstance(override, str):
+        raise TypeError(f"override must be a kernel name (str) or None, got {type(override).__name__}")
     if torch.compiler.is_compiling():
-        torch.ops.tokenspeed_kernel.store_kvcache(k, v, k_cache, v_cache, slot_mapping, ks, vs)
+        torch.ops.tokenspeed_kernel.store_kvcache(k, v, k_cache, v_cache, slot_mapping, ks, vs, override)
         return
 
     num_slots = k_cache.shape[0] * k_cache.shape[1]
@@ -69,16 +91,18 @@ def store_kvcache(
             "(TOKENSPEED_KERNEL_DEBUG check)"
         )
     page_size = k_cache.shape[1]
-    request = Request(
-        "kvcache.store",
-        (("cache", k_cache.dtype), ("kv", k.dtype)),
-        (("head_dim", k.shape[2]), ("head_dim_v", v.shape[2]), ("num_kv_heads", k.shape[1]), ("page_size", page_size)),
-        frozenset(("fp8_kv",)) if fp8 else frozenset(),
+    request = store_request(
+        kv_dtype=k.dtype,
+        cache_dtype=k_cache.dtype,
+        num_kv_heads=k.shape[1],
+        head_dim=k.shape[2],
+        head_dim_v=v.shape[2],
+        page_size=page_size,
     )
     spec = dispatch(
         request,
         k.device,
-        None,
+        override,
         lambda: {
             "num_tokens": k.shape[0],
             "num_kv_heads": k.shape[1],

@@ -21,6 +21,7 @@ from tokenspeed_kernel.ops._checks import (
 )
 from tokenspeed_kernel.ops.moe.args import ACTIVATIONS, Weight
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
+from tokenspeed_kernel.registry import Request
 
 __all__ = [
     "WeightInfo",
@@ -215,3 +216,42 @@ def apply_signature(
 def tokens_bucket(num_tokens: int) -> int:
     """The next power of two >= ``num_tokens`` (1 for 0 or 1)."""
     return 1 << max(num_tokens - 1, 0).bit_length()
+
+
+def apply_request(
+    info: WeightInfo,
+    *,
+    x_dtype: torch.dtype,
+    top_k: int,
+    num_tokens: int | None,
+    activation: str,
+    has_bias: bool,
+    has_map: bool,
+) -> Request:
+    """The selector request of a ``moe.apply`` call (``num_tokens=None``: a plan, no token bucket)."""
+    shapes = {
+        "num_experts": info.num_experts,
+        "top_k": top_k,
+        "hidden": info.hidden,
+        "intermediate": info.intermediate,
+    }
+    if num_tokens is not None:
+        shapes["num_tokens_bucket"] = tokens_bucket(num_tokens)
+    return Request.make(
+        "moe.apply",
+        dtypes={"x": x_dtype, "weight": info.storage_dtype},
+        shapes=shapes,
+        features=info.features(activation, has_bias, has_map),
+    )
+
+
+def topk_request(
+    *, logits_dtype: torch.dtype, num_experts: int, top_k: int, scoring: str, renormalize: bool
+) -> Request:
+    """The selector request of a ``moe.topk`` call."""
+    return Request.make(
+        "moe.topk",
+        dtypes={"logits": logits_dtype},
+        shapes={"num_experts": num_experts, "top_k": top_k},
+        features=(scoring, "renormalize") if renormalize else (scoring,),
+    )

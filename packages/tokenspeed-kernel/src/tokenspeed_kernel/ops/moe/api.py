@@ -21,15 +21,15 @@ from tokenspeed_kernel.ops._checks import ACT_DTYPES, check_choice, check_int, c
 from tokenspeed_kernel.ops._dispatch import dispatch
 from tokenspeed_kernel.ops.moe import _custom_ops
 from tokenspeed_kernel.ops.moe._validate import (
+    apply_request,
     apply_signature,
     check_ids_in_range,
     check_out,
     check_routing,
     check_weights,
-    tokens_bucket,
+    topk_request,
 )
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, TopKArgs, Weight
-from tokenspeed_kernel.registry import Request
 
 __all__ = ["SCORINGS", "moe_apply", "moe_topk"]
 
@@ -80,12 +80,8 @@ def moe_topk(
         return torch.ops.tokenspeed_kernel.moe_topk(router_logits, top_k, scoring, renormalize, override)
 
     num_tokens = router_logits.shape[0]
-    features = (scoring, "renormalize") if renormalize else (scoring,)
-    request = Request.make(
-        "moe.topk",
-        dtypes={"logits": router_logits.dtype},
-        shapes={"num_experts": num_experts, "top_k": top_k},
-        features=features,
+    request = topk_request(
+        logits_dtype=router_logits.dtype, num_experts=num_experts, top_k=top_k, scoring=scoring, renormalize=renormalize
     )
     spec = dispatch(
         request,
@@ -186,17 +182,14 @@ def moe_apply(
     if config.debug():
         check_ids_in_range(topk_ids, expert_map, info.num_experts, info.num_global_experts)
     has_bias = w13_bias is not None or w2_bias is not None
-    request = Request.make(
-        "moe.apply",
-        dtypes={"x": x.dtype, "weight": info.storage_dtype},
-        shapes={
-            "num_experts": info.num_experts,
-            "top_k": top_k,
-            "hidden": info.hidden,
-            "intermediate": info.intermediate,
-            "num_tokens_bucket": tokens_bucket(num_tokens),
-        },
-        features=info.features(activation, has_bias, expert_map is not None),
+    request = apply_request(
+        info,
+        x_dtype=x.dtype,
+        top_k=top_k,
+        num_tokens=num_tokens,
+        activation=activation,
+        has_bias=has_bias,
+        has_map=expert_map is not None,
     )
     spec = dispatch(
         request,

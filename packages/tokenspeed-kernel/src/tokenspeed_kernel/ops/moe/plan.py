@@ -31,6 +31,7 @@ from tokenspeed_kernel.ops._dispatch import capture_signature
 from tokenspeed_kernel.ops.moe import _custom_ops
 from tokenspeed_kernel.ops.moe._validate import (
     WeightInfo,
+    apply_request,
     apply_signature,
     check_ids_in_range,
     check_out,
@@ -182,16 +183,14 @@ def moe_plan(
     if config.debug() and expert_map is not None:
         check_ids_in_range(expert_map.new_zeros((0,)), expert_map, info.num_experts, info.num_global_experts)
     device = _custom_ops.flatten_weight(w13)[0].device
-    request = Request.make(
-        "moe.apply",
-        dtypes={"x": x_dtype, "weight": info.storage_dtype},
-        shapes={
-            "num_experts": info.num_experts,
-            "top_k": top_k,
-            "hidden": info.hidden,
-            "intermediate": info.intermediate,
-        },
-        features=info.features(activation, w13_bias is not None or w2_bias is not None, expert_map is not None),
+    request = apply_request(
+        info,
+        x_dtype=x_dtype,
+        top_k=top_k,
+        num_tokens=None,
+        activation=activation,
+        has_bias=w13_bias is not None or w2_bias is not None,
+        has_map=expert_map is not None,
     )
     # Selection without capture: each MoEPlan.apply records its own signature (with T).
     spec = select(request, platform_for(device), override)

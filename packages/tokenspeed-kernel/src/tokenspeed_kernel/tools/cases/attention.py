@@ -15,10 +15,14 @@ from typing import Any
 
 import torch
 
+from tokenspeed_kernel.ops.attention._validate import Heads
+from tokenspeed_kernel.ops.attention.api import attention_request
 from tokenspeed_kernel.ops.attention.args import DecodeArgs, ExtendArgs, PrefillArgs
+from tokenspeed_kernel.ops.kvcache.api import store_request
 from tokenspeed_kernel.ops.kvcache.args import StoreArgs
+from tokenspeed_kernel.registry import Request
 
-__all__ = ["OPS", "AttentionCase", "awkward_cases", "call", "make_inputs", "reference"]
+__all__ = ["OPS", "AttentionCase", "awkward_cases", "call", "make_inputs", "reference", "request"]
 
 OPS = ("attention.prefill", "attention.extend", "attention.decode", "kvcache.store")
 _PAGED = ("attention.extend", "attention.decode", "kvcache.store")
@@ -136,6 +140,32 @@ class AttentionCase:
         out_bytes = new * self.num_q_heads * self.dv * act + (new * self.num_q_heads * 4 if self.return_lse else 0)
         kv_bytes = self._visible_keys() * row_kv * (kv if self.op != "attention.prefill" else act)
         return float(q_bytes + out_bytes + kv_bytes)
+
+
+def request(case: AttentionCase) -> Request:
+    """The selector request the public operator builds for this case (no tensors needed)."""
+    if case.op == "kvcache.store":
+        return store_request(
+            kv_dtype=case.dtype,
+            cache_dtype=case.cache_dtype,
+            num_kv_heads=case.num_kv_heads,
+            head_dim=case.head_dim,
+            head_dim_v=case.dv,
+            page_size=case.page_size,
+        )
+    return attention_request(
+        case.op,
+        q_dtype=case.dtype,
+        kv_dtype=case.cache_dtype,
+        heads=Heads(case.num_q_heads, case.num_kv_heads, case.head_dim, case.dv),
+        causal=case.causal or case.op == "attention.decode",
+        window_left=case.window_left,
+        sinks=case.sinks,
+        logit_cap=case.logit_cap,
+        return_lse=case.return_lse,
+        page_size=case.page_size if case.op != "attention.prefill" else None,
+        q_len=case.seqlens_q[0] if case.op == "attention.decode" else None,
+    )
 
 
 def _cu(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -259,7 +289,7 @@ def call(case: AttentionCase, inputs: dict[str, Any], override: str | None = Non
     """Run the public operator. Attention returns ``out`` or ``(out, lse)``; the store
     writes the caches in ``inputs`` in place and returns ``(k_cache, v_cache)``."""
     if case.op == "kvcache.store":
-        _public(case.op)(**inputs)  # the store takes no override: selection picks the kernel
+        _public(case.op)(**inputs, override=override)
         return inputs["k_cache"], inputs["v_cache"]
     return _public(case.op)(**inputs, out=out, override=override)
 

@@ -14,8 +14,10 @@ from typing import Any
 
 import torch
 
+from tokenspeed_kernel.ops.moe._validate import WeightInfo, apply_request, topk_request
 from tokenspeed_kernel.ops.moe.args import ACTIVATIONS, MoEApplyArgs, TopKArgs
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight, quantize_fp8, quantize_mxfp4
+from tokenspeed_kernel.registry import Request
 
 __all__ = [
     "OPS",
@@ -26,6 +28,7 @@ __all__ = [
     "gpt_oss_case",
     "make_inputs",
     "reference",
+    "request",
 ]
 
 OPS = ("moe.topk", "moe.apply")
@@ -192,6 +195,43 @@ def _weight(case: MoECase, rows: int, cols: int, gen: torch.Generator, device: t
     return FP8Weight(torch.stack([p.data for p in parts]), torch.stack([p.scale for p in parts]))
 
 
+_STORAGE = {
+    "mxfp4": torch.uint8,
+    "fp8_per_tensor": torch.float8_e4m3fn,
+    "fp8_per_channel": torch.float8_e4m3fn,
+    "fp8_block": torch.float8_e4m3fn,
+}
+
+
+def request(case: MoECase) -> Request:
+    """The selector request the public operator builds for this case (no tensors needed)."""
+    if case.op == "moe.topk":
+        return topk_request(
+            logits_dtype=case.dtype,
+            num_experts=case.num_experts,
+            top_k=case.top_k,
+            scoring=case.scoring,
+            renormalize=case.renormalize,
+        )
+    info = WeightInfo(
+        num_experts=case.num_local_experts,
+        hidden=case.hidden,
+        intermediate=case.intermediate,
+        weight_format=case.weight_format,
+        storage_dtype=_STORAGE.get(case.weight_format, case.dtype),
+        num_global_experts=case.num_experts,
+    )
+    return apply_request(
+        info,
+        x_dtype=case.dtype,
+        top_k=case.top_k,
+        num_tokens=case.num_tokens,
+        activation=case.activation,
+        has_bias=case.bias,
+        has_map=case.expert_map,
+    )
+
+
 def make_inputs(case: MoECase, device: torch.device | str = "cpu", seed: int = 0) -> dict[str, Any]:
     """Keyword arguments for the public function of ``case.op`` (without ``override``).
 
@@ -232,12 +272,14 @@ def make_inputs(case: MoECase, device: torch.device | str = "cpu", seed: int = 0
     return inputs
 
 
-def call(case: MoECase, inputs: dict[str, Any], override: str | None = None) -> Any:
-    """Run the public operator: ``moe_topk`` → ``(weights, ids)``, ``moe_apply`` → ``out``."""
+def call(case: MoECase, inputs: dict[str, Any], override: str | None = None, out: torch.Tensor | None = None) -> Any:
+    """Run the public operator: ``moe_topk`` → ``(weights, ids)``, ``moe_apply`` → ``out``
+    (written into ``out`` when given; ``moe_topk`` takes no ``out``)."""
     from tokenspeed_kernel.ops.moe import moe_apply, moe_topk
 
-    fn = moe_topk if case.op == "moe.topk" else moe_apply
-    return fn(**inputs, override=override)
+    if case.op == "moe.topk":
+        return moe_topk(**inputs, override=override)
+    return moe_apply(**inputs, out=out, override=override)
 
 
 def _dense64(w: Any) -> torch.Tensor:

@@ -1,0 +1,230 @@
+"""Baselines for ``bench``: what a user without this library would run, in plain torch.
+
+Each baseline prepares, outside the timed region, whatever it needs from a case's inputs
+(gathering a paged cache into a contiguous one, dequantizing weights once) and returns the
+function to time, or a reason string when it cannot run this case. Baselines that cannot
+express sinks or a logit cap run the same attention without them (their names say so in
+the bench output as ``-nosinks``): that is the work a user would compare against.
+
+    attention.prefill  sdpa_flash, sdpa_cudnn, sdpa_efficient (torch SDPA backends),
+                       flex_attention (compiled, block-sparse causal/window mask)
+    attention.decode   gather_sdpa (gather the pages, then SDPA),
+                       sdpa_contiguous (SDPA over an unpaged cache of the same length)
+    moe.topk           torch_topk (softmax/sigmoid + torch.topk)
+    moe.apply          torch_grouped_mm (sort by expert + torch._grouped_mm, bf16 weights)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from tokenspeed_kernel.reference.moe import ACTIVATION_FUNCTIONS
+from tokenspeed_kernel.tools.cases import Case
+
+__all__ = ["BASELINES", "Baseline", "baselines_for"]
+
+Runner = Callable[[], object]
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    prepare: Callable[[Case, dict[str, Any], torch.device], Runner | str]
+
+
+def _uniform(case: Case) -> str | None:
+    if len(set(case.seqlens_q)) != 1 or len(set(case.seqlens_k)) != 1:
+        return "needs equal lengths across the batch"
+    return None
+
+
+def _dense_qkv(case: Case, inputs: dict[str, Any]):
+    """q ``[B, Hq, Lq, D]``, k/v ``[B, Hkv, Lk, D]`` views of a uniform ragged batch."""
+    b = case.batch
+    q = inputs["q"].view(b, case.seqlens_q[0], case.num_q_heads, -1).transpose(1, 2)
+    k = inputs["k"].view(b, case.seqlens_k[0], case.num_kv_heads, -1).transpose(1, 2)
+    v = inputs["v"].view(b, case.seqlens_k[0], case.num_kv_heads, -1).transpose(1, 2)
+    return q, k, v
+
+
+def _sdpa(backend_name: str) -> Callable[[Case, dict[str, Any], torch.device], Runner | str]:
+    def prepare(case, inputs, device):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        if device.type != "cuda":
+            return "GPU only"
+        why = _uniform(case) or ("no sliding window in SDPA" if case.window_left >= 0 else None)
+        if why or case.seqlens_q[0] != case.seqlens_k[0]:
+            return why or "needs as many queries as keys"
+        q, k, v = _dense_qkv(case, inputs)
+        backend = getattr(SDPBackend, backend_name)
+
+        def run():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=case.causal, enable_gqa=True)
+
+        try:
+            run()
+        except RuntimeError as exc:
+            return f"{backend_name} cannot run: {str(exc).splitlines()[0][:80]}"
+        return run
+
+    return prepare
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex(case, inputs, device):
+    if device.type != "cuda":
+        return "GPU only"
+    why = _uniform(case)
+    if why or case.seqlens_q[0] != case.seqlens_k[0]:
+        return why or "needs as many queries as keys"
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    window, causal = case.window_left, case.causal
+
+    def mask(b, h, q_idx, kv_idx):
+        keep = (q_idx >= kv_idx) if causal else (q_idx >= 0)
+        return keep & (q_idx - kv_idx <= window) if window >= 0 else keep
+
+    q, k, v = _dense_qkv(case, inputs)
+    length = case.seqlens_q[0]
+    block_mask = create_block_mask(mask, None, None, length, length, device=device)
+    flex = _compiled_flex()
+    return lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=True)
+
+
+def _gather_cache(case: Case, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The paged cache gathered to contiguous ``[B, Hkv, L, D]`` (dequantized if fp8)."""
+    length, page = case.seqlens_k[0], case.page_size
+    table = inputs["page_table"][:, : (length + page - 1) // page].long()
+    out = []
+    for name, scale in (("k_cache", "k_scale"), ("v_cache", "v_scale")):
+        rows = inputs[name][table].flatten(1, 2)[:, :length]
+        if name in inputs and rows.dtype == torch.float8_e4m3fn:
+            rows = rows.to(case.dtype) * inputs[scale]
+        out.append(rows.transpose(1, 2))
+    return out[0], out[1]
+
+
+def _decode_q(case: Case, inputs: dict[str, Any]) -> torch.Tensor:
+    q = inputs["q"]
+    return (q.unsqueeze(1) if q.dim() == 3 else q).transpose(1, 2)  # [B, Hq, q_len, D]
+
+
+def _decode_ok(case: Case, device: torch.device) -> str | None:
+    if case.window_left >= 0:
+        return "no sliding window in this baseline"
+    if case.seqlens_q[0] != 1:
+        return "one query per sequence only"
+    return _uniform(case)
+
+
+def _gather_sdpa(case, inputs, device):
+    why = _decode_ok(case, device)
+    if why:
+        return why
+    q = _decode_q(case, inputs)
+
+    def run():
+        k, v = _gather_cache(case, inputs)
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    return run
+
+
+def _sdpa_contiguous(case, inputs, device):
+    why = _decode_ok(case, device)
+    if why:
+        return why
+    q = _decode_q(case, inputs)
+    k, v = (t.contiguous() for t in _gather_cache(case, inputs))
+    return lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def _torch_topk(case, inputs, device):
+    logits = inputs["router_logits"]
+    k = inputs["top_k"]
+
+    def run():
+        scores = torch.softmax(logits.float(), -1) if case.scoring == "softmax" else torch.sigmoid(logits.float())
+        w, ids = torch.topk(scores, k, dim=-1)
+        return (w / w.sum(-1, keepdim=True) if case.renormalize else w), ids.to(torch.int32)
+
+    return run
+
+
+def _dense_weight(w: Any, dtype: torch.dtype) -> torch.Tensor:
+    return w.dequantize(dtype) if hasattr(w, "dequantize") else w.to(dtype)
+
+
+def _torch_grouped_mm(case, inputs, device):
+    if not hasattr(torch, "_grouped_mm"):
+        return "torch._grouped_mm not available in this torch"
+    if device.type != "cuda":
+        return "GPU only (torch._grouped_mm)"
+    if inputs.get("expert_map") is not None:
+        return "no expert_map in this baseline"
+    dtype = torch.bfloat16
+    x = inputs["x"].to(dtype)
+    w13 = _dense_weight(inputs["w13"], dtype)  # dequantized once, outside the timed region
+    w2 = _dense_weight(inputs["w2"], dtype)
+    b13, b2 = inputs.get("w13_bias"), inputs.get("w2_bias")
+    ids, weights = inputs["topk_ids"], inputs["topk_weights"]
+    num_experts, inter = w13.shape[0], w2.shape[-1]
+    act = ACTIVATION_FUNCTIONS[case.activation]
+    top_k = ids.shape[1]
+
+    def run():
+        flat = ids.reshape(-1).long()
+        order = flat.argsort(stable=True)
+        tokens = order // top_k
+        experts = flat[order]
+        offs = torch.bincount(flat, minlength=num_experts).cumsum(0).to(torch.int32)
+        h = torch._grouped_mm(x[tokens], w13.transpose(1, 2), offs=offs)
+        if b13 is not None:
+            h = h + b13[experts].to(dtype)
+        a = act(h[:, :inter].float(), h[:, inter:].float()).to(dtype)
+        y = torch._grouped_mm(a, w2.transpose(1, 2), offs=offs)
+        if b2 is not None:
+            y = y + b2[experts].to(dtype)
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        out.index_add_(0, tokens, y.float() * weights.reshape(-1)[order, None])
+        return out.to(inputs["x"].dtype)
+
+    try:
+        run()
+    except RuntimeError as exc:
+        return f"torch._grouped_mm cannot run: {str(exc).splitlines()[0][:80]}"
+    return run
+
+
+BASELINES: dict[str, tuple[Baseline, ...]] = {
+    "attention.prefill": (
+        Baseline("sdpa_flash", _sdpa("FLASH_ATTENTION")),
+        Baseline("sdpa_cudnn", _sdpa("CUDNN_ATTENTION")),
+        Baseline("sdpa_efficient", _sdpa("EFFICIENT_ATTENTION")),
+        Baseline("flex_attention", _flex),
+    ),
+    "attention.extend": (),
+    "attention.decode": (Baseline("gather_sdpa", _gather_sdpa), Baseline("sdpa_contiguous", _sdpa_contiguous)),
+    "kvcache.store": (),
+    "moe.topk": (Baseline("torch_topk", _torch_topk),),
+    "moe.apply": (Baseline("torch_grouped_mm", _torch_grouped_mm),),
+}
+
+
+def baselines_for(op: str) -> tuple[Baseline, ...]:
+    return BASELINES.get(op, ())

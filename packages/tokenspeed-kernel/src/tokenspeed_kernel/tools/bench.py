@@ -1,0 +1,187 @@
+"""``bench``: time kernels and same-run baselines; report speed against the device's ceilings.
+
+For each case of a preset (or of a capture file, ``replay=``), every requested kernel is
+called through the public operator with ``override=<kernel>`` and every baseline of
+:mod:`.baselines` is timed on the same inputs in the same process. Each row gives the median
+time, TFLOP/s and TB/s from the case's counted work (``flops()``, ``bytes_moved()``), on a
+GPU the share of the measured copy bandwidth and bf16 matmul rate (:mod:`.ceilings`), and
+``speedup vs <baseline> = baseline time / kernel time``. The kernel the selector picks is
+marked ``*``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform as _host
+import sys
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import TextIO
+
+import torch
+
+from tokenspeed_kernel import registry
+from tokenspeed_kernel.ops._dispatch import last_kernel
+from tokenspeed_kernel.selector import KernelOverrideError
+from tokenspeed_kernel.tools import cases
+from tokenspeed_kernel.tools.baselines import baselines_for
+from tokenspeed_kernel.tools.capture import read_capture
+from tokenspeed_kernel.tools.ceilings import Ceilings, ceilings
+from tokenspeed_kernel.tools.presets import preset_cases
+from tokenspeed_kernel.tools.progress import Progress
+from tokenspeed_kernel.tools.timing import time_fn
+
+__all__ = ["BenchReport", "BenchRow", "bench"]
+
+
+@dataclass
+class BenchRow:
+    """One implementation on one case. ``kind`` is ``kernel`` or ``baseline``."""
+
+    op: str
+    case: str
+    impl: str
+    kind: str
+    ms: float | None = None
+    tflops: float | None = None
+    tbps: float | None = None
+    pct_copy: float | None = None
+    pct_matmul: float | None = None
+    selected: bool = False
+    speedups: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+
+
+@dataclass
+class BenchReport:
+    device: str
+    torch_version: str
+    date: str
+    ceilings: Ceilings | None
+    rows: list[BenchRow] = field(default_factory=list)
+
+    def table(self) -> str:
+        lines = [f"device: {self.device}  torch {self.torch_version}  {self.date}"]
+        if self.ceilings:
+            c = self.ceilings
+            lines.append(
+                f"ceilings: copy {c.copy_tb_s:.2f} TB/s, bf16 matmul {c.matmul_tflop_s:.0f} TFLOP/s (measured)"
+            )
+        head = f"  {'impl':<30} {'ms':>9} {'TFLOP/s':>8} {'TB/s':>7} {'%copy':>6} {'%mma':>5}  speedup vs baselines"
+        current = None
+        for r in self.rows:
+            if r.case != current:
+                current = r.case
+                lines += ["", f"{r.op}: {r.case}", head]
+            mark = "*" if r.selected else " "
+            if r.ms is None:
+                lines.append(f"{mark} {r.impl:<30} {'-':>9}  {r.note}")
+                continue
+            pct_c = f"{r.pct_copy:>5.0f}%" if r.pct_copy is not None else f"{'':>6}"
+            pct_m = f"{r.pct_matmul:>4.0f}%" if r.pct_matmul is not None else f"{'':>5}"
+            ups = ", ".join(f"{k} {v:.2f}x" for k, v in r.speedups.items())
+            lines.append(
+                f"{mark} {r.impl:<30} {r.ms:>9.4f} {r.tflops or 0:>8.1f} {r.tbps or 0:>7.3f} {pct_c} {pct_m}  {ups}"
+            )
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {
+            "device": self.device,
+            "torch": self.torch_version,
+            "date": self.date,
+            "python": _host.python_version(),
+            "ceilings": asdict(self.ceilings) if self.ceilings else None,
+            "rows": [asdict(r) for r in self.rows],
+        }
+
+
+def _kernel_names(op: str, kernel: str | None) -> list[str | None]:
+    """``None`` = the selector's choice; ``"all"`` = every registered kernel; else one name."""
+    if kernel is None:
+        return [None]
+    if kernel == "all":
+        return [spec.name for spec in registry.kernels(op)]
+    return [kernel]
+
+
+def _row(case: cases.Case, impl: str, kind: str, ms: float, ceil: Ceilings | None) -> BenchRow:
+    flops, nbytes = case.flops(), case.bytes_moved()
+    row = BenchRow(case.op, case.describe(), impl, kind, ms, flops / ms / 1e9, nbytes / ms / 1e9)
+    if ceil is not None:
+        row.pct_copy = 100 * row.tbps / ceil.copy_tb_s if nbytes else None
+        row.pct_matmul = 100 * row.tflops / ceil.matmul_tflop_s if flops else None
+    return row
+
+
+def _selected_name(case: cases.Case, inputs: dict) -> str | None:
+    """Which kernel the selector picks for this case (one untimed call, no override)."""
+    cases.call(case, {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
+    return last_kernel()
+
+
+def _label(case: cases.Case, name: str) -> str:
+    lost = [tag for tag, on in (("sinks", getattr(case, "sinks", False)), ("cap", getattr(case, "logit_cap", 0))) if on]
+    return name + "".join(f"-no{t}" for t in lost) if case.op.startswith("attention") else name
+
+
+def bench(
+    ops: str | Iterable[str],
+    *,
+    kernel: str | None = None,
+    preset: str = "gpt-oss-120b",
+    replay: str | None = None,
+    json_path: str | None = None,
+    baselines: bool = True,
+    device: str | torch.device | None = None,
+    stream: TextIO | None = sys.stdout,
+) -> BenchReport:
+    """Benchmark ``ops`` (a name, ``"all"`` or a list) on a preset or a capture file."""
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ceil = ceilings(dev) if dev.type == "cuda" else None
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    report = BenchReport(name, torch.__version__, datetime.date.today().isoformat(), ceil)
+    if replay is not None:
+        wanted = set(cases.OPS) if ops == "all" else {ops} if isinstance(ops, str) else set(ops)
+        work = [(c.op, c) for c in read_capture(replay) if c.op in wanted]
+    else:
+        op_list = list(cases.OPS) if ops == "all" else [ops] if isinstance(ops, str) else list(ops)
+        work = [(op, c) for op in op_list for c in preset_cases(preset, op)]
+    progress = Progress(len(work), stream=sys.stderr)
+    for op, case in work:
+        progress.step(case.describe())
+        inputs = cases.make_inputs(case, dev, seed=0)
+        selected = _selected_name(case, inputs)
+        kernel_rows: list[BenchRow] = []
+        for kname in _kernel_names(op, kernel):
+            impl = kname or selected or "?"
+            try:
+                cases.call(case, inputs, override=kname)
+            except KernelOverrideError as exc:
+                report.rows.append(BenchRow(op, case.describe(), impl, "kernel", note=str(exc).split(": ", 1)[-1]))
+                continue
+            timing = time_fn(
+                lambda kname=kname, case=case, inputs=inputs: cases.call(case, inputs, override=kname), dev
+            )
+            row = _row(case, impl, "kernel", timing.median_ms, ceil)
+            row.selected = impl == selected
+            kernel_rows.append(row)
+        base_rows: list[BenchRow] = []
+        for baseline in baselines_for(op) if baselines else ():
+            runner = baseline.prepare(case, inputs, dev)
+            label = _label(case, baseline.name)
+            if isinstance(runner, str):
+                base_rows.append(BenchRow(op, case.describe(), label, "baseline", note=runner))
+                continue
+            base_rows.append(_row(case, label, "baseline", time_fn(runner, dev).median_ms, ceil))
+        for row in kernel_rows:
+            row.speedups = {b.impl: b.ms / row.ms for b in base_rows if b.ms is not None}
+        report.rows += kernel_rows + base_rows
+    progress.done()
+    if stream is not None:
+        print(report.table(), file=stream)
+    if json_path is not None:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump(report.to_json(), f, indent=2)
+    return report

@@ -1,0 +1,66 @@
+"""One front door over the per-family case modules (inputs, call, float64 ground truth).
+
+A *case* is a frozen description of one problem (:class:`AttentionCase`, :class:`MoECase`);
+its ``op`` field names the operator, and the functions below dispatch on it through a
+table, so the tools never branch on families.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from tokenspeed_kernel.registry import Request
+from tokenspeed_kernel.tools.cases import attention, moe
+from tokenspeed_kernel.tools.cases.attention import AttentionCase
+from tokenspeed_kernel.tools.cases.moe import MoECase
+
+__all__ = [
+    "OPS",
+    "AttentionCase",
+    "Case",
+    "MoECase",
+    "awkward_cases",
+    "call",
+    "make_inputs",
+    "module_for",
+    "reference",
+    "request",
+]
+
+Case = AttentionCase | MoECase
+
+_MODULES: dict[str, ModuleType] = {op: module for module in (attention, moe) for op in module.OPS}
+OPS: tuple[str, ...] = tuple(_MODULES)
+
+
+def module_for(op: str) -> ModuleType:
+    """The case module serving ``op``; ``ValueError`` naming the known operators otherwise."""
+    try:
+        return _MODULES[op]
+    except KeyError:
+        raise ValueError(f"no cases for operator {op!r}; known: {', '.join(OPS)}") from None
+
+
+def make_inputs(case: Case, device: torch.device | str = "cpu", seed: int = 0) -> dict[str, Any]:
+    return module_for(case.op).make_inputs(case, device, seed)
+
+
+def call(case: Case, inputs: dict[str, Any], override: str | None = None, out: torch.Tensor | None = None) -> Any:
+    """Run the public operator of ``case``; ``out`` (a preallocated output) where it takes one."""
+    return module_for(case.op).call(case, inputs, override, out=out)
+
+
+def request(case: Case) -> Request:
+    """The selector request the public operator builds for ``case``."""
+    return module_for(case.op).request(case)
+
+
+def reference(case: Case, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return module_for(case.op).reference(case, inputs)
+
+
+def awkward_cases(op: str, dtype: torch.dtype = torch.bfloat16) -> list[Case]:
+    return module_for(op).awkward_cases(op, dtype)

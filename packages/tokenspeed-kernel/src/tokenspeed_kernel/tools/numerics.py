@@ -1,0 +1,171 @@
+"""``check``: run kernels on fresh random inputs and compare with the float64 reference.
+
+For every case of a preset and every candidate kernel (all registered for the operator, or
+one named), the public operator is called with ``override=<kernel>`` on inputs drawn for
+that case, outputs poisoned with NaN first where the operator takes ``out=``, and the
+result is compared with the reference kernels run in float64 (:mod:`.tolerances`). A
+kernel that cannot serve a case is reported as SKIP with the selector's reason.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import torch
+
+from tokenspeed_kernel import registry
+from tokenspeed_kernel.selector import KernelOverrideError
+from tokenspeed_kernel.tools import cases
+from tokenspeed_kernel.tools.presets import preset_cases
+from tokenspeed_kernel.tools.tolerances import Comparison, compare, tolerance_for
+
+__all__ = ["CheckReport", "CheckRow", "check"]
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    """One kernel on one case: PASS, FAIL or SKIP (with the reason)."""
+
+    op: str
+    case: str
+    kernel: str
+    status: str
+    max_abs: float = float("nan")
+    rel_l2: float = float("nan")
+    tolerance: str = ""
+    reason: str = ""
+
+
+@dataclass
+class CheckReport:
+    device: str
+    rows: list[CheckRow] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[CheckRow]:
+        return [r for r in self.rows if r.status == "FAIL"]
+
+    @property
+    def passed(self) -> list[CheckRow]:
+        return [r for r in self.rows if r.status == "PASS"]
+
+    @property
+    def ok(self) -> bool:
+        """No failure, and at least one kernel actually checked."""
+        return not self.failed and bool(self.passed)
+
+    def table(self) -> str:
+        head = f"{'status':<6} {'op':<18} {'kernel':<28} {'max_abs':>10} {'rel_l2':>10}  case"
+        lines = [f"device: {self.device}", head, "-" * len(head)]
+        for r in self.rows:
+            nums = f"{r.max_abs:>10.3g} {r.rel_l2:>10.3g}" if r.status != "SKIP" else f"{'':>10} {'':>10}"
+            tail = f"  ({r.reason})" if r.reason else ""
+            lines.append(f"{r.status:<6} {r.op:<18} {r.kernel:<28} {nums}  {r.case}{tail}")
+        lines.append(
+            f"{len(self.passed)} passed, {len(self.failed)} failed, {len(self.rows) - len(self.passed) - len(self.failed)} skipped"
+        )
+        return "\n".join(lines)
+
+
+def _poisoned_out(case: cases.Case, ref: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """A NaN-filled output buffer for operators that take ``out=`` (None otherwise)."""
+    if case.op in ("kvcache.store", "moe.topk"):
+        return None
+    return torch.full(ref.shape, float("nan"), dtype=case.dtype, device=device)
+
+
+def _outputs(case: cases.Case, result: Any) -> list[torch.Tensor]:
+    """The tensors a result is judged on, in the order :func:`cases.reference` returns them."""
+    if case.op in ("kvcache.store", "moe.topk"):
+        return list(result)
+    if isinstance(result, tuple):
+        return [result[0], result[1]]
+    return [result]
+
+
+def _judge(case: cases.Case, got: list[torch.Tensor], ref: tuple[torch.Tensor, torch.Tensor | None]) -> Comparison:
+    tol = tolerance_for(case)
+    if case.op == "moe.topk":
+        weights = compare(got[0], ref[0], tol)
+        ids_ok = _ids_agree(got[1], ref[1], ref[0], tol.max_abs)
+        return Comparison(weights.max_abs, weights.rel_l2, weights.has_nan, weights.passed and ids_ok)
+    results = [compare(g, r, tol) for g, r in zip(got, ref) if r is not None]
+    worst = max(results, key=lambda c: c.rel_l2)
+    return Comparison(
+        max(c.max_abs for c in results), worst.rel_l2, any(c.has_nan for c in results), all(c.passed for c in results)
+    )
+
+
+def _ids_agree(ids: torch.Tensor, ref_ids: torch.Tensor, ref_weights: torch.Tensor, tie: float) -> bool:
+    """Expert ids must match, except among reference weights tied within ``tie``."""
+    differ = ids.to(torch.int64) != ref_ids.to(torch.int64)
+    if not differ.any():
+        return True
+    w = ref_weights.to(torch.float64)
+    near_prev = torch.zeros_like(differ)
+    near_prev[:, 1:] = (w[:, 1:] - w[:, :-1]).abs() <= tie
+    near_next = torch.zeros_like(differ)
+    near_next[:, :-1] = near_prev[:, 1:]
+    return bool((~differ | near_prev | near_next).all())
+
+
+def _candidates(op: str, kernel: str | None) -> list[str]:
+    if kernel is not None:
+        spec = registry.get_kernel(kernel)
+        if spec.op != op:
+            raise ValueError(f"kernel {kernel!r} is registered for {spec.op}, not {op}")
+        return [kernel]
+    return [spec.name for spec in registry.kernels(op)]
+
+
+def check(
+    ops: str | Iterable[str],
+    *,
+    kernel: str | None = None,
+    preset: str = "small",
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    stream: TextIO | None = sys.stdout,
+) -> CheckReport:
+    """Check kernels of ``ops`` (a name, ``"all"`` or a list) on ``preset``'s cases.
+
+    Prints the table to ``stream`` (None: silent) and returns the report;
+    ``report.ok`` is False on any failure or when nothing could be checked.
+    """
+    op_list = list(cases.OPS) if ops == "all" else [ops] if isinstance(ops, str) else list(ops)
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    report = CheckReport(str(dev) if dev.type == "cpu" else f"{dev} ({torch.cuda.get_device_name(dev)})")
+    for op in op_list:
+        names = _candidates(op, kernel)
+        for index, case in enumerate(preset_cases(preset, op)):
+            inputs = cases.make_inputs(case, dev, seed + index)
+            ref = cases.reference(case, inputs)
+            tol = tolerance_for(case)
+            for name in names:
+                fresh = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+                out = _poisoned_out(case, ref[0], dev)
+                try:
+                    result = cases.call(case, fresh, override=name, out=out)
+                except KernelOverrideError as exc:
+                    reason = str(exc).split(": ", 1)[-1]
+                    report.rows.append(CheckRow(op, case.describe(), name, "SKIP", reason=reason))
+                    continue
+                verdict = _judge(case, _outputs(case, result), ref)
+                report.rows.append(
+                    CheckRow(
+                        op,
+                        case.describe(),
+                        name,
+                        "PASS" if verdict.passed else "FAIL",
+                        verdict.max_abs,
+                        verdict.rel_l2,
+                        f"rel_l2<={tol.rel_l2:g}",
+                        "NaN in output" if verdict.has_nan else "",
+                    )
+                )
+    if stream is not None:
+        print(report.table(), file=stream)
+    return report

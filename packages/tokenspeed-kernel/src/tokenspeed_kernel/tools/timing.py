@@ -1,0 +1,70 @@
+"""Timing: device events on a GPU, the wall clock on a CPU; medians after warm-up.
+
+On a GPU each repetition is preceded (outside the timed region) by overwriting a buffer
+larger than the L2 cache, so a kernel is not flattered by inputs left in cache from the
+previous repetition; the time is the median of the event-timed repetitions.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Timing", "time_fn"]
+
+_FLUSH_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    min_ms: float
+    reps: int
+
+
+def _reps(budget_ms: float, one_ms: float, lo: int, hi: int) -> int:
+    return int(max(lo, min(hi, budget_ms / max(one_ms, 1e-3))))
+
+
+def time_fn(
+    fn: Callable[[], object], device: torch.device, *, warmup_ms: float = 25.0, rep_ms: float = 100.0
+) -> Timing:
+    """Median time of ``fn()`` on ``device`` (ms)."""
+    if device.type != "cuda":
+        fn()
+        start = time.perf_counter()
+        fn()
+        one = (time.perf_counter() - start) * 1e3
+        samples = []
+        for _ in range(_reps(rep_ms, one, 3, 50)):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e3)
+        return Timing(statistics.median(samples), min(samples), len(samples))
+    flush = torch.empty(_FLUSH_BYTES, dtype=torch.uint8, device=device)
+    fn()
+    torch.cuda.synchronize(device)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    one = begin.elapsed_time(end) / 3
+    for _ in range(_reps(warmup_ms, one, 1, 100)):
+        fn()
+    n = _reps(rep_ms, one, 5, 1000)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for s, e in zip(starts, ends):
+        flush.zero_()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize(device)
+    samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return Timing(statistics.median(samples), min(samples), n)
