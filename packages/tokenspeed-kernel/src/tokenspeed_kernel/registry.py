@@ -268,7 +268,7 @@ def register_kernel(
             name=name,
             fn=fn,
             solution=solution,
-            backend=_current_backend or getattr(fn, "__module__", "user"),
+            backend=_current_backend or _backend_for_module(getattr(fn, "__module__", "") or "user"),
             vendors=vendor_set,
             archs=frozenset(archs) if archs is not None else None,
             capabilities=frozenset(capabilities),
@@ -295,6 +295,18 @@ def register_kernel(
         return fn
 
     return decorator
+
+
+def _backend_for_module(module: str) -> str:
+    """The backend a kernel registered outside a backend load belongs to: the one whose
+    entry-point module contains ``module`` (a test or tool may import a kernel module before
+    the backends load), else the module's top-level package (in-process registration)."""
+    targets = [(BUILTIN_BACKEND, _BUILTIN_MODULE)]
+    targets += [(ep.name, ep.value.partition(":")[0]) for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    for name, prefix in targets:
+        if module == prefix or module.startswith(prefix + "."):
+            return name
+    return module.split(".")[0]
 
 
 def unregister_kernel(name: str) -> None:
@@ -366,7 +378,8 @@ def _load_one(name: str, target: str, loader: Callable[[], Any]) -> None:
         _backends[name] = BackendStatus(name, target, "failed", detail)
         log.warning("tokenspeed_kernel: backend %r (%s) failed to load and is skipped: %s", name, target, detail)
         return
-    _backends[name] = BackendStatus(name, target, "loaded", kernels=sorted(set(_kernels) - before))
+    mine = sorted(kernel for kernel, spec in _kernels.items() if spec.backend == name)
+    _backends[name] = BackendStatus(name, target, "loaded", kernels=mine)
 
 
 def load_backends(*, force: bool = False) -> None:

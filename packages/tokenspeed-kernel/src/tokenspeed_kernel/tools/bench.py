@@ -135,7 +135,8 @@ def bench(
     json_path: str | None = None,
     baselines: bool = True,
     device: str | torch.device | None = None,
-    stream: TextIO | None = sys.stdout,
+    stream: TextIO | None = None,
+    quiet: bool = False,
 ) -> BenchReport:
     """Benchmark ``ops`` (a name, ``"all"`` or a list) on a preset or a capture file."""
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -179,8 +180,8 @@ def bench(
             row.speedups = {b.impl: b.ms / row.ms for b in base_rows if b.ms is not None}
         report.rows += kernel_rows + base_rows
     progress.done()
-    if stream is not None:
-        print(report.table(), file=stream)
+    if not quiet:
+        print(report.table(), file=stream or sys.stdout)
     if json_path is not None:
         with open(json_path, "w", encoding="utf-8") as f:
             json.dump(report.to_json(), f, indent=2)

@@ -128,11 +128,12 @@ def check(
     preset: str = "small",
     device: str | torch.device | None = None,
     seed: int = 0,
-    stream: TextIO | None = sys.stdout,
+    stream: TextIO | None = None,
+    quiet: bool = False,
 ) -> CheckReport:
     """Check kernels of ``ops`` (a name, ``"all"`` or a list) on ``preset``'s cases.
 
-    Prints the table to ``stream`` (None: silent) and returns the report;
+    Prints the table to ``stream`` (default: stdout) unless ``quiet`` and returns the report;
     ``report.ok`` is False on any failure or when nothing could be checked.
     """
     op_list = list(cases.OPS) if ops == "all" else [ops] if isinstance(ops, str) else list(ops)
@@ -166,6 +167,6 @@ def check(
                         "NaN in output" if verdict.has_nan else "",
                     )
                 )
-    if stream is not None:
-        print(report.table(), file=stream)
+    if not quiet:
+        print(report.table(), file=stream or sys.stdout)
     return report
