@@ -1,1 +1,3 @@
-"""Triton attention kernels (registered on import)."""
+"""Triton attention kernels: prefill, extend, paged decode (registered on import)."""
+
+from tokenspeed_kernel_triton.ops.attention import decode, extend, prefill  # noqa: F401

@@ -1,0 +1,152 @@
+"""Host side of the Triton attention kernel: tile choice, grids, split-KV workspace.
+
+Tile parameters come from :data:`TILES` (data, keyed by operator regime), documented here:
+
+- ``rows``: query rows per program (``BLOCK_T`` tokens × ``G_PAD`` heads of a GQA group).
+  128 for prefill/extend (MMA-friendly M, one K/V tile feeds 128 rows); for decode the
+  smallest power of two ≥ 16 that holds ``q_len × G_PAD`` (decode is bandwidth-bound:
+  more rows only waste registers).
+- ``block_n``: keys per iteration (64; 32 when the head dim is 256 to bound registers).
+- ``num_warps`` / ``num_stages``: 4 warps and 2 stages for decode; 8/4 warps and 2 stages
+  for prefill depending on the head dim.
+- Decode splits the key range (flash-decoding) when ``batch × Hkv`` programs cannot fill
+  the device: enough splits for about two programs per SM, each covering at least
+  ``MIN_SPLIT_KEYS`` keys, at most ``MAX_SPLITS``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from tokenspeed_kernel_triton.ops.attention._kernel import attention_kernel, combine_kernel
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+MIN_SPLIT_KEYS = 256
+MAX_SPLITS = 64
+
+
+@dataclass(frozen=True)
+class Tile:
+    rows: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+TILES: dict[str, Tile] = {
+    "prefill": Tile(rows=128, block_n=64, num_warps=8, num_stages=2),
+    "prefill_d256": Tile(rows=64, block_n=32, num_warps=8, num_stages=2),
+    "decode": Tile(rows=16, block_n=64, num_warps=4, num_stages=2),
+    "decode_d256": Tile(rows=16, block_n=32, num_warps=4, num_stages=2),
+}
+
+
+def _tile(regime: str, head_dim: int) -> Tile:
+    return TILES[f"{regime}_d256"] if head_dim > 128 else TILES[regime]
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def num_splits(batch: int, num_kv_heads: int, max_keys: int, device: torch.device) -> int:
+    """Key-range splits for decode: fill ~2 programs per SM, >= MIN_SPLIT_KEYS keys each."""
+    programs = batch * num_kv_heads
+    want = triton.cdiv(2 * _sm_count(device), programs)
+    most = max(1, max_keys // MIN_SPLIT_KEYS)
+    return max(1, min(want, most, MAX_SPLITS))
+
+
+def launch(
+    *,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    page_table: torch.Tensor | None,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    cache_seqlens: torch.Tensor | None,
+    batch: int,
+    max_q: int,
+    max_k: int,
+    q_len_uniform: int,
+    causal: bool,
+    softmax_scale: float,
+    window_left: int,
+    logit_cap: float,
+    splits: int,
+    regime: str,
+) -> None:
+    """Launch the attention kernel (and the combine when ``splits > 1``).
+
+    ``q`` ``[total_q, Hq, D]``; ``out`` ``[total_q, Hq, Dv]``; ``lse`` float32 ``[total_q, Hq]``
+    or None. ``k``/``v`` are ``[total_k, Hkv, D]`` (contiguous batch, ``page_table`` None) or
+    caches ``[pages, P, Hkv, D]``. ``cu_seqlens_q`` None means every sequence has
+    ``q_len_uniform`` queries stored back to back (decode).
+    """
+    total_q, num_q_heads, head_dim = q.shape
+    head_dim_v = v.shape[-1]
+    num_kv_heads = k.shape[-2]
+    group = num_q_heads // num_kv_heads
+    g_pad = triton.next_power_of_2(group)
+    tile = _tile(regime, head_dim)
+    if regime == "decode":
+        rows = max(16, triton.next_power_of_2(max(max_q, 1)) * g_pad)
+    else:
+        rows = max(tile.rows, g_pad)
+    block_t = max(1, rows // g_pad)
+    q_blocks = triton.cdiv(max(max_q, 1), block_t)
+    block_dv = max(16, triton.next_power_of_2(head_dim_v))
+    paged = page_table is not None
+    dummy = q.new_empty(1, dtype=torch.float32)
+    if splits > 1:
+        part_out = torch.empty((total_q * num_q_heads * splits, block_dv), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((total_q * num_q_heads * splits,), dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = dummy
+    page_size = k.shape[1] if paged else 1
+    grid = (batch * q_blocks, num_kv_heads, splits)
+    attention_kernel[grid](
+        q, k, v, out, lse if lse is not None else dummy, part_out, part_lse,
+        sinks if sinks is not None else dummy,
+        k_scale if k_scale is not None else dummy,
+        v_scale if v_scale is not None else dummy,
+        page_table if paged else dummy,
+        cu_seqlens_q if cu_seqlens_q is not None else dummy,
+        cu_seqlens_k if cu_seqlens_k is not None else dummy,
+        cache_seqlens if cache_seqlens is not None else dummy,
+        q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1) if paged else k.stride(0), k.stride(-2),
+        v.stride(0), v.stride(1) if paged else v.stride(0), v.stride(-2),
+        out.stride(0), out.stride(1),
+        page_table.stride(0) if paged else 0,
+        num_q_heads, q_len_uniform, softmax_scale, logit_cap if logit_cap > 0 else 1.0, window_left,
+        G=group, G_PAD=g_pad, BLOCK_T=block_t, BLOCK_N=tile.block_n,
+        HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_DV=block_dv,
+        PAGE_SIZE=page_size, PAGED=paged, UNIFORM_Q=cu_seqlens_q is None, CAUSAL=causal,
+        HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None, HAS_CAP=logit_cap > 0,
+        HAS_SCALES=k_scale is not None, WRITE_LSE=lse is not None, NUM_SPLITS=splits, Q_BLOCKS=q_blocks,
+        INTERPRET=INTERPRET, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )  # fmt: skip
+    if splits > 1:
+        combine_kernel[(total_q, num_q_heads)](
+            part_out, part_lse, out, lse if lse is not None else dummy,
+            sinks if sinks is not None else dummy, v_scale if v_scale is not None else dummy,
+            out.stride(0), out.stride(1), num_q_heads,
+            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv,
+            HAS_SINKS=sinks is not None, HAS_SCALES=v_scale is not None, WRITE_LSE=lse is not None,
+            num_warps=1,
+        )  # fmt: skip

@@ -1,0 +1,80 @@
+"""Triton KV store (``kvcache.store``): one program per token writes its K and V rows."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tokenspeed_kernel.ops.kvcache.args import StoreArgs
+from tokenspeed_kernel.registry import Priority, register_kernel
+
+from tokenspeed_kernel_triton.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS
+from tokenspeed_kernel_triton.ops.attention._launch import INTERPRET
+
+FP8_MAX = 448.0
+
+
+@triton.jit
+def _round_e4m3(x):
+    """Round fp32 to the nearest e4m3 value (ties to even) in fp32 arithmetic. Used under
+    the interpreter only, whose fp32->fp8 cast drops the carry into the exponent."""
+    mag = tl.abs(x)
+    exp = tl.maximum(tl.floor(tl.log2(tl.maximum(mag, 1e-30))), -6.0)
+    step = tl.exp2(exp - 3.0)
+    v = mag / step
+    r = tl.floor(v)
+    frac = v - r
+    odd = (r - 2.0 * tl.floor(r * 0.5)) == 1.0
+    r = r + tl.where((frac > 0.5) | ((frac == 0.5) & odd), 1.0, 0.0)
+    return tl.where(x < 0, -r * step, r * step)
+
+
+@triton.jit
+def _store_rows(
+    Src, Cache, Slots, Scale, stride_st, stride_sh, stride_cp, stride_ct, stride_ch,
+    num_heads, PAGE_SIZE: tl.constexpr, DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    FP8: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    token = tl.program_id(0)
+    slot = tl.load(Slots + token)
+    if slot < 0:
+        return
+    page = slot // PAGE_SIZE
+    offset = slot % PAGE_SIZE
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    mask = (h[:, None] < num_heads) & (d[None, :] < DIM)
+    rows = tl.load(Src + token * stride_st + h[:, None] * stride_sh + d[None, :], mask=mask)
+    if FP8:
+        rows = tl.clamp(rows.to(tl.float32) / tl.load(Scale), -448.0, 448.0)
+        if INTERPRET:
+            rows = _round_e4m3(rows)
+    dst = Cache + page.to(tl.int64) * stride_cp + offset * stride_ct + h[:, None] * stride_ch + d[None, :]
+    tl.store(dst, rows.to(Cache.dtype.element_ty, fp_downcast_rounding="rtne" if FP8 else None), mask=mask)
+
+
+@register_kernel(
+    "kvcache.store",
+    name="triton_store_kvcache",
+    solution="triton",
+    vendors=VENDORS,
+    dtypes={"kv": Q_DTYPES, "cache": (*Q_DTYPES, torch.float8_e4m3fn)},
+    shapes={"page_size": PAGE_SIZES},
+    features=("fp8_kv",),
+    priority=Priority.PORTABLE,
+)
+def triton_store_kvcache(args: StoreArgs) -> None:
+    """Scatter K/V rows to their slots; negative slots are skipped in the kernel (no sync)."""
+    fp8 = args.k_cache.dtype == torch.float8_e4m3fn
+    num_tokens, num_heads = args.k.shape[:2]
+    dummy = args.k.new_empty(1, dtype=torch.float32)
+    for src, cache, scale in ((args.k, args.k_cache, args.k_scale), (args.v, args.v_cache, args.v_scale)):
+        _store_rows[(num_tokens,)](
+            src, cache, args.slot_mapping, scale if scale is not None else dummy,
+            src.stride(0), src.stride(1), cache.stride(0), cache.stride(1), cache.stride(2),
+            num_heads, PAGE_SIZE=cache.shape[1], DIM=src.shape[2],
+            BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_D=triton.next_power_of_2(src.shape[2]), FP8=fp8,
+            INTERPRET=INTERPRET,
+            num_warps=1,
+        )  # fmt: skip

@@ -1,0 +1,64 @@
+"""Triton attention kernels against the independent float64 attention of tests/support.
+
+On a machine without a GPU these run under TRITON_INTERPRET=1 on CPU tensors (set by
+tests/conftest.py), where the Triton kernels serve the CPU platform and win selection: the
+tests call the public API with no override and assert the Triton kernel ran.
+"""
+
+import pytest
+import torch
+from support.naive_attention import naive_decode, naive_extend, naive_prefill
+
+from tokenspeed_kernel.ops._dispatch import last_kernel
+from tokenspeed_kernel.tools import cases
+
+NAIVE = {"attention.prefill": naive_prefill, "attention.extend": naive_extend, "attention.decode": naive_decode}
+KERNEL = {"attention.prefill": "triton_prefill", "attention.extend": "triton_extend", "attention.decode": "triton_decode"}
+TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2}
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+CASES = [
+    pytest.param(case, id=f"{case.op}-{case.name}-{str(dtype)[6:]}")
+    for op in NAIVE
+    for dtype in TOL
+    for case in cases.awkward_cases(op, dtype)
+]
+
+EXTRA = [
+    # head dim 80 (padded to 128 with masking), 96, 256; GQA 3 (padded group); page 256; MQA 16:1
+    cases.AttentionCase("attention.prefill", (33, 7), (33, 20), 6, 2, 80, dtype=torch.bfloat16, sinks=True, name="d80_gqa3"),
+    cases.AttentionCase("attention.extend", (9,), (300,), 4, 4, 96, page_size=256, dtype=torch.float16, window_left=40, name="d96_page256"),
+    cases.AttentionCase("attention.decode", (2, 2), (70, 3), 16, 1, 256, page_size=2, dtype=torch.bfloat16, sinks=True, return_lse=True, name="d256_mqa16_spec2"),
+    cases.AttentionCase("attention.decode", (1,) * 2, (700, 1000), 8, 2, 64, page_size=32, dtype=torch.bfloat16, sinks=True, return_lse=True, logit_cap=30.0, name="long_splitkv"),
+]  # fmt: skip
+
+
+def _naive(case, inputs):
+    kwargs = {k: v for k, v in inputs.items() if k not in ("max_seqlen_q", "max_seqlen_k", "return_lse")}
+    return NAIVE[case.op](**kwargs)
+
+
+@pytest.mark.parametrize("case", CASES + [pytest.param(c, id=f"{c.op}-{c.name}") for c in EXTRA])
+def test_triton_attention_matches_naive(case):
+    inputs = cases.make_inputs(case, DEVICE, seed=len(case.name))
+    expected_out, expected_lse = _naive(case, inputs)
+    poisoned = torch.full(expected_out.shape, float("nan"), dtype=case.dtype, device=DEVICE)
+    result = cases.call(case, inputs, out=poisoned)
+    assert last_kernel() == KERNEL[case.op], f"selector picked {last_kernel()}"
+    out, lse = result if case.return_lse else (result, None)
+    assert not torch.isnan(out).any(), "an output element was never written"
+    tol = TOL[case.dtype]
+    scale = float(expected_out.abs().max()) + 1.0
+    torch.testing.assert_close(out.double().cpu(), expected_out, atol=tol * scale, rtol=tol)
+    if case.return_lse:
+        torch.testing.assert_close(lse.double().cpu(), expected_lse, atol=2e-3, rtol=2e-3)
+
+
+def test_decode_splits_the_key_range_for_a_small_batch():
+    from tokenspeed_kernel_triton.ops.attention._launch import MIN_SPLIT_KEYS, num_splits
+
+    assert num_splits(1, 8, 8192, torch.device("cpu")) == 1  # CPU: one "SM"
+    if torch.cuda.is_available():
+        assert num_splits(1, 8, 8192, torch.device("cuda")) > 1
+        assert num_splits(256, 8, 2048, torch.device("cuda")) == 1
+    assert num_splits(1, 1, MIN_SPLIT_KEYS - 1, torch.device("cpu")) == 1
