@@ -34,7 +34,7 @@ AMD = "packages/tokenspeed-kernel-amd"
 
 def _install(session: nox.Session, *packages: str) -> None:
     session.install(TORCH_SPEC)
-    session.install(TRITON_SPEC, "pytest")
+    session.install(TRITON_SPEC, "numpy<2.4", "pytest")  # numpy 2.4 breaks the Triton 3.6 interpreter
     for package in (CORE, *packages):
         if os.path.isdir(package):
             session.install("--no-deps", "-e", package)

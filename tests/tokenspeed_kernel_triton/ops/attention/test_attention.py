@@ -13,7 +13,11 @@ from tokenspeed_kernel.ops._dispatch import last_kernel
 from tokenspeed_kernel.tools import cases
 
 NAIVE = {"attention.prefill": naive_prefill, "attention.extend": naive_extend, "attention.decode": naive_decode}
-KERNEL = {"attention.prefill": "triton_prefill", "attention.extend": "triton_extend", "attention.decode": "triton_decode"}
+KERNEL = {
+    "attention.prefill": "triton_prefill",
+    "attention.extend": "triton_extend",
+    "attention.decode": "triton_decode",
+}
 TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -204,11 +204,15 @@ def combine_kernel(
     denom = tl.sum(w, 0)
     if HAS_SINKS:
         denom = denom + tl.exp2(sink - m_safe)
-    parts = tl.load(PartOut + (row * NUM_SPLITS + offs_s)[:, None] * BLOCK_DV + offs_dv[None, :], mask=s_ok[:, None], other=0.0)
+    parts = tl.load(
+        PartOut + (row * NUM_SPLITS + offs_s)[:, None] * BLOCK_DV + offs_dv[None, :], mask=s_ok[:, None], other=0.0
+    )
     out = tl.sum(parts * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)
     if HAS_SCALES:
         out = out * tl.load(VScale)
-    tl.store(Out + token * stride_ot + head * stride_oh + offs_dv, out.to(Out.dtype.element_ty), mask=offs_dv < HEAD_DIM_V)
+    tl.store(
+        Out + token * stride_ot + head * stride_oh + offs_dv, out.to(Out.dtype.element_ty), mask=offs_dv < HEAD_DIM_V
+    )
     if WRITE_LSE:
         lse = tl.where(denom > 0, (m_safe + tl.log2(denom)) / 1.4426950408889634, float("-inf"))
         tl.store(Lse + row, lse)

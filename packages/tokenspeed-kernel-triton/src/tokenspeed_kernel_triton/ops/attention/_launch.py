@@ -63,6 +63,73 @@ def num_splits(batch: int, num_kv_heads: int, max_keys: int, device: torch.devic
     return max(1, min(want, most, MAX_SPLITS))
 
 
+@dataclass(frozen=True)
+class KernelConfig:
+    """Everything that specializes one compiled attention kernel: its constexprs, launch
+    options and grid shape per sequence. Built by :func:`kernel_config` from the call's
+    facts; the ahead-of-time compile tests build the same objects without a GPU."""
+
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+    q_blocks: int
+
+
+def kernel_config(
+    *,
+    q_dtype: torch.dtype,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    head_dim_v: int,
+    max_q: int,
+    page_size: int | None,
+    uniform_q: bool,
+    causal: bool,
+    window: bool,
+    sinks: bool,
+    cap: bool,
+    scales: bool,
+    lse: bool,
+    splits: int,
+    regime: str,
+) -> KernelConfig:
+    """The tile choice of :data:`TILES` applied to one call (see the module docstring)."""
+    group = num_q_heads // num_kv_heads
+    g_pad = triton.next_power_of_2(group)
+    tile = _tile(regime, head_dim)
+    if regime == "decode":
+        rows = max(16, triton.next_power_of_2(max(max_q, 1)) * g_pad)
+    else:
+        rows = max(tile.rows, g_pad)
+    block_t = max(1, rows // g_pad)
+    q_blocks = triton.cdiv(max(max_q, 1), block_t)
+    constexprs = {
+        "G": group,
+        "G_PAD": g_pad,
+        "BLOCK_T": block_t,
+        "BLOCK_N": tile.block_n,
+        "HEAD_DIM": head_dim,
+        "HEAD_DIM_V": head_dim_v,
+        "BLOCK_D": max(16, triton.next_power_of_2(head_dim)),
+        "BLOCK_DV": max(16, triton.next_power_of_2(head_dim_v)),
+        "PAGE_SIZE": page_size or 1,
+        "PAGED": page_size is not None,
+        "UNIFORM_Q": uniform_q,
+        "CAUSAL": causal,
+        "HAS_WINDOW": window,
+        "HAS_SINKS": sinks,
+        "HAS_CAP": cap,
+        "HAS_SCALES": scales,
+        "WRITE_LSE": lse,
+        "NUM_SPLITS": splits,
+        "Q_BLOCKS": q_blocks,
+        "INTERPRET": INTERPRET,
+        "DOT_PREC": "ieee" if q_dtype == torch.float32 else None,  # 16-bit operands: the default
+    }
+    return KernelConfig(constexprs, tile.num_warps, tile.num_stages, q_blocks)
+
+
 def launch(
     *,
     q: torch.Tensor,
@@ -96,27 +163,33 @@ def launch(
     ``q_len_uniform`` queries stored back to back (decode).
     """
     total_q, num_q_heads, head_dim = q.shape
-    head_dim_v = v.shape[-1]
-    num_kv_heads = k.shape[-2]
-    group = num_q_heads // num_kv_heads
-    g_pad = triton.next_power_of_2(group)
-    tile = _tile(regime, head_dim)
-    if regime == "decode":
-        rows = max(16, triton.next_power_of_2(max(max_q, 1)) * g_pad)
-    else:
-        rows = max(tile.rows, g_pad)
-    block_t = max(1, rows // g_pad)
-    q_blocks = triton.cdiv(max(max_q, 1), block_t)
-    block_dv = max(16, triton.next_power_of_2(head_dim_v))
     paged = page_table is not None
+    cfg = kernel_config(
+        q_dtype=q.dtype,
+        num_q_heads=num_q_heads,
+        num_kv_heads=k.shape[-2],
+        head_dim=head_dim,
+        head_dim_v=v.shape[-1],
+        max_q=max_q,
+        page_size=k.shape[1] if paged else None,
+        uniform_q=cu_seqlens_q is None,
+        causal=causal,
+        window=window_left >= 0,
+        sinks=sinks is not None,
+        cap=logit_cap > 0,
+        scales=k_scale is not None,
+        lse=lse is not None,
+        splits=splits,
+        regime=regime,
+    )
+    block_dv = cfg.constexprs["BLOCK_DV"]
     dummy = q.new_empty(1, dtype=torch.float32)
     if splits > 1:
         part_out = torch.empty((total_q * num_q_heads * splits, block_dv), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((total_q * num_q_heads * splits,), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = dummy
-    page_size = k.shape[1] if paged else 1
-    grid = (batch * q_blocks, num_kv_heads, splits)
+    grid = (batch * cfg.q_blocks, k.shape[-2], splits)
     attention_kernel[grid](
         q, k, v, out, lse if lse is not None else dummy, part_out, part_lse,
         sinks if sinks is not None else dummy,
@@ -132,21 +205,14 @@ def launch(
         out.stride(0), out.stride(1),
         page_table.stride(0) if paged else 0,
         num_q_heads, q_len_uniform, softmax_scale, logit_cap if logit_cap > 0 else 1.0, window_left,
-        G=group, G_PAD=g_pad, BLOCK_T=block_t, BLOCK_N=tile.block_n,
-        HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_DV=block_dv,
-        PAGE_SIZE=page_size, PAGED=paged, UNIFORM_Q=cu_seqlens_q is None, CAUSAL=causal,
-        HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None, HAS_CAP=logit_cap > 0,
-        HAS_SCALES=k_scale is not None, WRITE_LSE=lse is not None, NUM_SPLITS=splits, Q_BLOCKS=q_blocks,
-        INTERPRET=INTERPRET, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **cfg.constexprs,
     )  # fmt: skip
     if splits > 1:
         combine_kernel[(total_q, num_q_heads)](
             part_out, part_lse, out, lse if lse is not None else dummy,
             sinks if sinks is not None else dummy, v_scale if v_scale is not None else dummy,
             out.stride(0), out.stride(1), num_q_heads,
-            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv,
+            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM_V=v.shape[-1], BLOCK_DV=block_dv,
             HAS_SINKS=sinks is not None, HAS_SCALES=v_scale is not None, WRITE_LSE=lse is not None,
             num_warps=1,
         )  # fmt: skip

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from tokenspeed_kernel.ops.attention.args import ExtendArgs
 from tokenspeed_kernel.registry import Priority, register_kernel
-
 from tokenspeed_kernel_triton.ops.attention._common import (
     COMMON_FEATURES,
     HEAD_DIMS,

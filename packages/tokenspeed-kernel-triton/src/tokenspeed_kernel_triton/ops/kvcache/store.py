@@ -8,7 +8,6 @@ import triton.language as tl
 
 from tokenspeed_kernel.ops.kvcache.args import StoreArgs
 from tokenspeed_kernel.registry import Priority, register_kernel
-
 from tokenspeed_kernel_triton.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS
 from tokenspeed_kernel_triton.ops.attention._launch import INTERPRET
 

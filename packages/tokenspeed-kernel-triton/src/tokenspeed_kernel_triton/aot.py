@@ -1,0 +1,212 @@
+"""Ahead-of-time compilation of the Triton kernels for GPUs this machine does not have.
+
+``python -m tokenspeed_kernel_triton.aot [cuda:90 hip:gfx942 hip:gfx950 ...]`` compiles the
+attention kernel for every configuration the launch heuristics can choose (regimes, head
+dims, dtypes incl. fp8 KV, page sizes, GQA groups, features) plus the split combine and the
+KV store, and prints one JSON line per compile: whether it built, whether the matrix
+instructions are there (``mma``/``wgmma`` in PTX, ``v_mfma`` in AMDGCN), shared memory,
+registers and spills. Must run without ``TRITON_INTERPRET`` (the interpreter replaces the
+kernels); the test suite runs it in a subprocess.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import sys
+from dataclasses import asdict, dataclass
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from tokenspeed_kernel_triton.ops.attention._kernel import attention_kernel, combine_kernel
+from tokenspeed_kernel_triton.ops.attention._launch import kernel_config
+from tokenspeed_kernel_triton.ops.kvcache.store import _store_rows
+
+_TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float8_e4m3fn: "*fp8e4nv"}
+_AMD_FP8 = {"gfx942": "*fp8e4b8"}  # CDNA3 has the fnuz fp8; CDNA4 the OCP e4m3
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    regime: str  # "prefill" | "extend" | "decode"
+    dtype: torch.dtype
+    kv_dtype: torch.dtype
+    head_dim: int
+    group: int
+    page_size: int | None
+    splits: int = 1
+    q_len: int = 1
+    features: tuple[str, ...] = ("sinks", "window", "lse")
+
+    @property
+    def name(self) -> str:
+        kv = "fp8" if self.kv_dtype == torch.float8_e4m3fn else str(self.kv_dtype)[6:]
+        return (
+            f"{self.regime}-{str(self.dtype)[6:]}-kv_{kv}-d{self.head_dim}-g{self.group}-p{self.page_size}"
+            f"-s{self.splits}-q{self.q_len}-{'+'.join(self.features) or 'plain'}"
+        )
+
+
+def attention_configs() -> list[AttentionConfig]:
+    """The configuration grid the launch heuristics can choose, kept to distinct compiles."""
+    configs = []
+    for dtype, head_dim, group in itertools.product((torch.bfloat16, torch.float16), (64, 128, 256, 80), (8, 1)):
+        configs.append(AttentionConfig("prefill", dtype, dtype, head_dim, group, None))
+    for head_dim, page in ((64, 16), (128, 1), (64, 256)):
+        configs.append(AttentionConfig("extend", torch.bfloat16, torch.bfloat16, head_dim, 8, page))
+        configs.append(AttentionConfig("extend", torch.bfloat16, torch.float8_e4m3fn, head_dim, 8, page))
+    for (kv, splits, q_len), head_dim in itertools.product(
+        ((torch.bfloat16, 1, 1), (torch.bfloat16, 8, 1), (torch.float8_e4m3fn, 1, 1), (torch.bfloat16, 1, 4)),
+        (64, 128, 256),
+    ):
+        configs.append(AttentionConfig("decode", torch.bfloat16, kv, head_dim, 8, 16, splits, q_len))
+    configs.append(
+        AttentionConfig("prefill", torch.bfloat16, torch.bfloat16, 64, 8, None, features=("cap", "noncausal"))
+    )
+    return configs
+
+
+def _signature(cfg: AttentionConfig, target: GPUTarget) -> tuple[dict, dict]:
+    num_q_heads = 8 * cfg.group
+    consts = kernel_config(
+        q_dtype=cfg.dtype,
+        num_q_heads=num_q_heads,
+        num_kv_heads=8,
+        head_dim=cfg.head_dim,
+        head_dim_v=cfg.head_dim,
+        max_q=cfg.q_len if cfg.regime == "decode" else 4096,
+        page_size=cfg.page_size,
+        uniform_q=cfg.regime == "decode",
+        causal="noncausal" not in cfg.features,
+        window="window" in cfg.features,
+        sinks="sinks" in cfg.features,
+        cap="cap" in cfg.features,
+        scales=cfg.kv_dtype == torch.float8_e4m3fn,
+        lse="lse" in cfg.features,
+        splits=cfg.splits,
+        regime="decode" if cfg.regime == "decode" else "prefill",
+    )
+    constexprs = {**consts.constexprs, "INTERPRET": False}
+    q_type = _TYPE[cfg.dtype]
+    kv_type = _TYPE[cfg.kv_dtype]
+    if cfg.kv_dtype == torch.float8_e4m3fn and target.backend == "hip":
+        kv_type = _AMD_FP8.get(str(target.arch), kv_type)
+    pointers = {
+        "Q": q_type, "K": kv_type, "V": kv_type, "Out": q_type, "Lse": "*fp32", "PartOut": "*fp32",
+        "PartLse": "*fp32", "Sinks": "*fp32", "KScale": "*fp32", "VScale": "*fp32", "PageTable": "*i32",
+        "CuSeqlensQ": "*i32", "CuSeqlensK": "*i32", "CacheSeqlens": "*i32",
+    }  # fmt: skip
+    scalars = {name: "i32" for name in attention_kernel.arg_names[14:27]}
+    scalars |= {"sm_scale": "fp32", "logit_cap": "fp32", "window_left": "i32"}
+    signature = {name: pointers.get(name) or scalars.get(name) or "constexpr" for name in attention_kernel.arg_names}
+    return signature, constexprs | {"_options": {"num_warps": consts.num_warps, "num_stages": consts.num_stages}}
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    kernel: str
+    target: str
+    ok: bool
+    matrix_instructions: int
+    shared_bytes: int
+    registers: int
+    spills: int
+    error: str = ""
+
+
+def _inspect(compiled, target: GPUTarget) -> tuple[int, int, int]:
+    asm = compiled.asm
+    if target.backend == "cuda":
+        ptx = asm.get("ptx", "")
+        count = len(re.findall(r"\b(?:mma|wgmma)\.", ptx))
+        return count, getattr(compiled.metadata, "shared", 0), getattr(compiled, "n_regs", 0) or 0
+    amdgcn = asm.get("amdgcn", "")
+    count = len(re.findall(r"\bv_mfma", amdgcn))
+    vgprs = re.search(r"\.vgpr_count:\s*(\d+)", amdgcn)
+    return count, getattr(compiled.metadata, "shared", 0), int(vgprs.group(1)) if vgprs else 0
+
+
+def _spills(compiled, target: GPUTarget) -> int:
+    if target.backend == "cuda":
+        return int(getattr(compiled, "n_spills", 0) or 0)
+    amdgcn = compiled.asm.get("amdgcn", "")
+    found = re.findall(r"\.(?:sgpr|vgpr)_spill_count:\s*(\d+)", amdgcn)
+    scratch = re.search(r"\.private_segment_fixed_size:\s*(\d+)", amdgcn)
+    return sum(map(int, found)) + (int(scratch.group(1)) if scratch else 0)
+
+
+def compile_one(fn, signature: dict, constexprs: dict, target: GPUTarget, name: str) -> CompileResult:
+    options = dict(constexprs.pop("_options", {}))
+    label = f"{target.backend}:{target.arch}"
+    try:
+        src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        compiled = triton.compile(src, target=target, options=options)
+        compiled._init_handles = lambda: None  # never load: no device here
+        count, shared, regs = _inspect(compiled, target)
+        return CompileResult(name, label, True, count, shared, regs, _spills(compiled, target))
+    except Exception as exc:  # report, do not stop the sweep
+        return CompileResult(name, label, False, 0, 0, 0, 0, f"{type(exc).__name__}: {str(exc)[:300]}")
+
+
+def _combine_signature() -> tuple[dict, dict]:
+    signature = {
+        "PartOut": "*fp32", "PartLse": "*fp32", "Out": "*bf16", "Lse": "*fp32", "Sinks": "*fp32", "VScale": "*fp32",
+        "stride_ot": "i32", "stride_oh": "i32", "num_q_heads": "i32",
+    }  # fmt: skip
+    consts = {"NUM_SPLITS": 8, "SPLITS_PAD": 8, "HEAD_DIM_V": 64, "BLOCK_DV": 64, "HAS_SINKS": True,
+              "HAS_SCALES": True, "WRITE_LSE": True, "_options": {"num_warps": 1}}  # fmt: skip
+    signature |= {k: "constexpr" for k in consts if k != "_options"}
+    return signature, consts
+
+
+def _store_signature(fp8: bool, target: GPUTarget) -> tuple[dict, dict]:
+    cache = "*fp8e4nv" if fp8 else "*bf16"
+    if fp8 and target.backend == "hip":
+        cache = _AMD_FP8.get(str(target.arch), cache)
+    signature = {
+        "Src": "*bf16", "Cache": cache, "Slots": "*i64", "Scale": "*fp32", "stride_st": "i32", "stride_sh": "i32",
+        "stride_cp": "i32", "stride_ct": "i32", "stride_ch": "i32", "num_heads": "i32",
+    }  # fmt: skip
+    consts = {"PAGE_SIZE": 16, "DIM": 64, "BLOCK_H": 8, "BLOCK_D": 64, "FP8": fp8, "INTERPRET": False,
+              "_options": {"num_warps": 1}}  # fmt: skip
+    signature |= {k: "constexpr" for k in consts if k != "_options"}
+    return signature, consts
+
+
+def parse_target(text: str) -> GPUTarget:
+    backend, _, arch = text.partition(":")
+    if backend == "cuda":
+        return GPUTarget("cuda", int(arch), 32)
+    if backend == "hip":
+        return GPUTarget("hip", arch, 64)
+    raise ValueError(f"target must look like cuda:90 or hip:gfx942, got {text!r}")
+
+
+def sweep(targets: list[GPUTarget]) -> list[CompileResult]:
+    results = []
+    for target in targets:
+        for cfg in attention_configs():
+            signature, consts = _signature(cfg, target)
+            results.append(compile_one(attention_kernel, signature, consts, target, f"attention[{cfg.name}]"))
+        signature, consts = _combine_signature()
+        results.append(compile_one(combine_kernel, signature, consts, target, "combine"))
+        for fp8 in (False, True):
+            signature, consts = _store_signature(fp8, target)
+            results.append(compile_one(_store_rows, signature, consts, target, f"store[{'fp8' if fp8 else 'bf16'}]"))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = (argv if argv is not None else sys.argv[1:]) or ["cuda:90", "hip:gfx942", "hip:gfx950"]
+    results = sweep([parse_target(n) for n in names])
+    for result in results:
+        print(json.dumps(asdict(result)))
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
