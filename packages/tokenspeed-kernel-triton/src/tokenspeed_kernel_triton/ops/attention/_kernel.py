@@ -30,6 +30,67 @@ def _tanh(x):
 
 
 @triton.jit
+def _tile(
+    q, acc, l_i, m_i, start_n, my_hi, b, kvh, k_start, K, V, PageTable, stride_pt,
+    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_d, offs_dv, pos, row_ok,
+    qk_scale, logit_cap, window_left,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    PAGED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
+    INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """One key tile of the online softmax; ``MASKED`` tiles apply bounds, causal and window masks."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < my_hi
+    if PAGED:
+        if MASKED:
+            page = tl.load(PageTable + b * stride_pt + offs_n // PAGE_SIZE, mask=n_ok, other=0)
+        else:
+            page = tl.load(PageTable + b * stride_pt + offs_n // PAGE_SIZE)
+        page = page.to(tl.int64)
+        k_rows = page * stride_kp + (offs_n % PAGE_SIZE) * stride_kt
+        v_rows = page * stride_vp + (offs_n % PAGE_SIZE) * stride_vt
+    else:
+        k_rows = (k_start + offs_n).to(tl.int64) * stride_kt
+        v_rows = (k_start + offs_n).to(tl.int64) * stride_vt
+    k_mask = offs_d[None, :] < HEAD_DIM
+    v_mask = offs_dv[None, :] < HEAD_DIM_V
+    if MASKED:
+        k_mask = k_mask & n_ok[:, None]
+        v_mask = v_mask & n_ok[:, None]
+    k = tl.load(K + k_rows[:, None] + kvh * stride_kh + offs_d[None, :], mask=k_mask, other=0.0)
+    v = tl.load(V + v_rows[:, None] + kvh * stride_vh + offs_dv[None, :], mask=v_mask, other=0.0)
+    if INTERPRET:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    else:
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+    if HAS_CAP:
+        s = logit_cap * _tanh(s * (qk_scale / logit_cap))
+        s = s * 1.4426950408889634
+    else:
+        s = s * (qk_scale * 1.4426950408889634)
+    if MASKED:
+        visible = n_ok[None, :] & row_ok[:, None]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= pos[:, None])
+        if HAS_WINDOW:
+            visible = visible & ((pos[:, None] - offs_n[None, :]) <= window_left)
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if INTERPRET:
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PREC)
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def attention_kernel(
     Q, K, V, Out, Lse, PartOut, PartLse,
     Sinks, KScale, VScale, PageTable, CuSeqlensQ, CuSeqlensK, CacheSeqlens,
@@ -99,54 +160,40 @@ def attention_kernel(
     if INTERPRET:
         q = q.to(tl.float32)
 
-    for start_n in range(my_lo, my_hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < my_hi
-        if PAGED:
-            page = tl.load(PageTable + b * stride_pt + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-            k_rows = page * stride_kp + (offs_n % PAGE_SIZE) * stride_kt
-            v_rows = page * stride_vp + (offs_n % PAGE_SIZE) * stride_vt
-        else:
-            k_rows = (k_start + offs_n).to(tl.int64) * stride_kt
-            v_rows = (k_start + offs_n).to(tl.int64) * stride_vt
-        k = tl.load(
-            K + k_rows[:, None] + kvh * stride_kh + offs_d[None, :],
-            mask=n_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
-            other=0.0,
+    # Three stretches of key tiles: masked at the window's left edge, unmasked in the middle
+    # (every row sees every key: no mask arithmetic, no bounds checks), masked at the causal
+    # diagonal / range end. Boundaries are BLOCK_N-aligned because my_lo is.
+    if HAS_WINDOW:
+        full_lo = tl.cdiv(tl.maximum(pos_hi - window_left, 0), BLOCK_N) * BLOCK_N
+    else:
+        full_lo = my_lo
+    if CAUSAL:
+        full_hi = ((pos_lo + 1) // BLOCK_N) * BLOCK_N
+    else:
+        full_hi = my_lo + ((my_hi - my_lo) // BLOCK_N) * BLOCK_N
+    b_lo = tl.minimum(tl.maximum(full_lo, my_lo), my_hi)
+    b_hi = tl.minimum(tl.maximum(full_hi, b_lo), my_hi)
+    for start_n in range(my_lo, b_lo, BLOCK_N):
+        acc, l_i, m_i = _tile(
+            q, acc, l_i, m_i, start_n, my_hi, b, kvh, k_start, K, V, PageTable, stride_pt,
+            stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_d, offs_dv, pos, row_ok,
+            qk_scale, logit_cap, window_left, HEAD_DIM, HEAD_DIM_V, BLOCK_N, PAGE_SIZE, PAGED, CAUSAL,
+            HAS_WINDOW, HAS_CAP, INTERPRET, DOT_PREC, True,
         )
-        v = tl.load(
-            V + v_rows[:, None] + kvh * stride_vh + offs_dv[None, :],
-            mask=n_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-            other=0.0,
+    for start_n in range(b_lo, b_hi, BLOCK_N):
+        acc, l_i, m_i = _tile(
+            q, acc, l_i, m_i, start_n, my_hi, b, kvh, k_start, K, V, PageTable, stride_pt,
+            stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_d, offs_dv, pos, row_ok,
+            qk_scale, logit_cap, window_left, HEAD_DIM, HEAD_DIM_V, BLOCK_N, PAGE_SIZE, PAGED, CAUSAL,
+            HAS_WINDOW, HAS_CAP, INTERPRET, DOT_PREC, False,
         )
-        if INTERPRET:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        else:
-            k = k.to(q.dtype)
-            v = v.to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-        if HAS_CAP:
-            s = logit_cap * _tanh(s * (qk_scale / logit_cap))
-            s = s * 1.4426950408889634
-        else:
-            s = s * (qk_scale * 1.4426950408889634)
-        visible = n_ok[None, :] & row_ok[:, None]
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= pos[:, None])
-        if HAS_WINDOW:
-            visible = visible & ((pos[:, None] - offs_n[None, :]) <= window_left)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if INTERPRET:
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PREC)
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+    for start_n in range(b_hi, my_hi, BLOCK_N):
+        acc, l_i, m_i = _tile(
+            q, acc, l_i, m_i, start_n, my_hi, b, kvh, k_start, K, V, PageTable, stride_pt,
+            stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_d, offs_dv, pos, row_ok,
+            qk_scale, logit_cap, window_left, HEAD_DIM, HEAD_DIM_V, BLOCK_N, PAGE_SIZE, PAGED, CAUSAL,
+            HAS_WINDOW, HAS_CAP, INTERPRET, DOT_PREC, True,
+        )
 
     if NUM_SPLITS == 1:
         if HAS_SINKS:

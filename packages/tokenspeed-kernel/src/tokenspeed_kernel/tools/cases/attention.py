@@ -178,7 +178,7 @@ def _paged(case: AttentionCase, gen: torch.Generator, device: torch.device) -> d
     pages_per_seq = [math.ceil(n / case.page_size) for n in case.seqlens_k]
     max_pages = max(max(pages_per_seq), 1)
     num_pages = sum(pages_per_seq) + 3
-    order = torch.randperm(num_pages, generator=gen, device="cpu").to(device)
+    order = torch.randperm(num_pages, generator=gen, device=device)
     table = torch.full((case.batch, max_pages + 1), -1, dtype=torch.int32, device=device)
     start = 0
     for b, n in enumerate(pages_per_seq):
