@@ -31,7 +31,9 @@ def _run(case, inputs):
 
 def sweep(regime: str, names: list[str], variants: list[Tile], extra=None) -> None:
     default = _launch.TILES[regime]
-    all_cases = {c.name: c for op in ("attention.prefill", "attention.decode") for c in preset_cases("gpt-oss-120b", op)}
+    all_cases = {
+        c.name: c for op in ("attention.prefill", "attention.decode") for c in preset_cases("gpt-oss-120b", op)
+    }
     for name in names:
         case = all_cases[name]
         inputs = cases.make_inputs(case, DEV)
@@ -75,7 +77,7 @@ def main(which: str) -> None:
     if which in ("decode", "all"):
         variants = [Tile(16, bn, w, st) for bn, w, st in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4))]
         sweep("decode", ["decode_b64_ctx8192", "decode_b256_ctx2048"], variants)
-        sweep("decode", ["decode_b1_ctx8192"], variants[:: 3], extra=[128, 256, 512, 1024])
+        sweep("decode", ["decode_b1_ctx8192"], variants[::3], extra=[128, 256, 512, 1024])
 
 
 if __name__ == "__main__":

@@ -83,6 +83,7 @@ def _signature(cfg: AttentionConfig, target: GPUTarget) -> tuple[dict, dict]:
         uniform_q=cfg.regime == "decode",
         causal="noncausal" not in cfg.features,
         window="window" in cfg.features,
+        narrow_window="window" in cfg.features,
         sinks="sinks" in cfg.features,
         cap="cap" in cfg.features,
         scales=cfg.kv_dtype == torch.float8_e4m3fn,

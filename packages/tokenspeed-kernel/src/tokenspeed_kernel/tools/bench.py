@@ -6,7 +6,8 @@ called through the public operator with ``override=<kernel>`` and every baseline
 time, TFLOP/s and TB/s from the case's counted work (``flops()``, ``bytes_moved()``), on a
 GPU the share of the measured copy bandwidth and bf16 matmul rate (:mod:`.ceilings`), and
 ``speedup vs <baseline> = baseline time / kernel time``. The kernel the selector picks is
-marked ``*``.
+marked ``*``. On a GPU every implementation is timed through a CUDA graph where it can be
+captured (device time, as an engine's decode step runs); the rows say when it could not.
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ class BenchReport:
             pct_c = f"{r.pct_copy:>5.0f}%" if r.pct_copy is not None else f"{'':>6}"
             pct_m = f"{r.pct_matmul:>4.0f}%" if r.pct_matmul is not None else f"{'':>5}"
             ups = ", ".join(f"{k} {v:.2f}x" for k, v in r.speedups.items())
+            note = f"  [{r.note}]" if r.note else ""
             lines.append(
-                f"{mark} {r.impl:<30} {r.ms:>9.4f} {r.tflops or 0:>8.1f} {r.tbps or 0:>7.3f} {pct_c} {pct_m}  {ups}"
+                f"{mark} {r.impl:<30} {r.ms:>9.4f} {r.tflops or 0:>8.1f} {r.tbps or 0:>7.3f} {pct_c} {pct_m}  {ups}{note}"
             )
         return "\n".join(lines)
 
@@ -175,7 +177,10 @@ def bench(
             if isinstance(runner, str):
                 base_rows.append(BenchRow(op, case.describe(), label, "baseline", note=runner))
                 continue
-            base_rows.append(_row(case, label, "baseline", time_fn(runner, dev).median_ms, ceil))
+            timing = time_fn(runner, dev)
+            row = _row(case, label, "baseline", timing.median_ms, ceil)
+            row.note = "" if timing.graph or dev.type != "cuda" else "eager (not graph-capturable)"
+            base_rows.append(row)
         for row in kernel_rows:
             row.speedups = {b.impl: b.ms / row.ms for b in base_rows if b.ms is not None}
         report.rows += kernel_rows + base_rows

@@ -7,8 +7,8 @@ Tile parameters come from :data:`TILES` (data, keyed by operator regime), docume
   smallest power of two ≥ 16 that holds ``q_len × G_PAD`` (decode is bandwidth-bound:
   more rows only waste registers).
 - ``block_n``: keys per iteration (64; 32 when the head dim is 256 to bound registers).
-- ``num_warps`` / ``num_stages``: 4 warps and 2 stages for decode; 8/4 warps and 2 stages
-  for prefill depending on the head dim.
+- ``num_warps`` / ``num_stages``: measured per regime (see the table's comment); a
+  narrow sliding window (``window_left <= NARROW_WINDOW``) uses a shorter prefill tile.
 - Decode splits the key range (flash-decoding) when ``batch × Hkv`` programs cannot fill
   the device: enough splits for about two programs per SM, each covering at least
   ``MIN_SPLIT_KEYS`` keys, at most ``MAX_SPLITS``.
@@ -37,16 +37,27 @@ class Tile:
     num_stages: int
 
 
+# Measured on an H100 (ci/device/attention_tune.py, 2026-11-22, GPT-OSS shapes, D=64):
+# prefill S=8192 causal 386 TFLOP/s with (128, 64, 4, 3) vs 361 with (128, 64, 8, 2);
+# window-128 prefill 126 TFLOP/s with (64, 32, 4, 2) vs 91 with the full-attention tile;
+# decode B=64 ctx 8192 2.76 TB/s with (16, 64, 4, 3). The d256 rows bound registers.
 TILES: dict[str, Tile] = {
-    "prefill": Tile(rows=128, block_n=64, num_warps=8, num_stages=2),
+    "prefill": Tile(rows=128, block_n=64, num_warps=4, num_stages=3),
+    "prefill_window": Tile(rows=64, block_n=32, num_warps=4, num_stages=2),
     "prefill_d256": Tile(rows=64, block_n=32, num_warps=8, num_stages=2),
-    "decode": Tile(rows=16, block_n=64, num_warps=4, num_stages=2),
+    "decode": Tile(rows=16, block_n=64, num_warps=4, num_stages=3),
     "decode_d256": Tile(rows=16, block_n=32, num_warps=4, num_stages=2),
 }
+# A window at most this wide makes prefill tiles short: the narrow tile wins there.
+NARROW_WINDOW = 512
 
 
-def _tile(regime: str, head_dim: int) -> Tile:
-    return TILES[f"{regime}_d256"] if head_dim > 128 else TILES[regime]
+def _tile(regime: str, head_dim: int, window: bool = False) -> Tile:
+    if head_dim > 128:
+        return TILES[f"{regime}_d256"]
+    if regime == "prefill" and window:
+        return TILES["prefill_window"]
+    return TILES[regime]
 
 
 def _sm_count(device: torch.device) -> int:
@@ -88,6 +99,7 @@ def kernel_config(
     causal: bool,
     window: bool,
     sinks: bool,
+    narrow_window: bool = False,
     cap: bool,
     scales: bool,
     lse: bool,
@@ -97,7 +109,7 @@ def kernel_config(
     """The tile choice of :data:`TILES` applied to one call (see the module docstring)."""
     group = num_q_heads // num_kv_heads
     g_pad = triton.next_power_of_2(group)
-    tile = _tile(regime, head_dim)
+    tile = _tile(regime, head_dim, window=narrow_window)
     if regime == "decode":
         rows = max(16, triton.next_power_of_2(max(max_q, 1)) * g_pad)
     else:
@@ -175,6 +187,7 @@ def launch(
         uniform_q=cu_seqlens_q is None,
         causal=causal,
         window=window_left >= 0,
+        narrow_window=0 <= window_left <= NARROW_WINDOW,
         sinks=sinks is not None,
         cap=logit_cap > 0,
         scales=k_scale is not None,
