@@ -48,7 +48,7 @@ def sweep(regime: str, names: list[str], variants: list[Tile], extra=None) -> No
                 try:
                     out = _run(case, inputs).float()
                     err = float((out - ref).norm() / ref.norm())
-                    ms = time_fn(lambda: cases.call(case, inputs), DEV, rep_ms=60).median_ms
+                    ms = time_fn(lambda c=case, i=inputs: cases.call(c, i), DEV, rep_ms=60).median_ms
                 except Exception as exc:  # a variant that does not compile or fit
                     rows.append((tile, knob, float("inf"), f"{type(exc).__name__}"))
                     continue

@@ -35,10 +35,33 @@ def _reps(budget_ms: float, one_ms: float, lo: int, hi: int) -> int:
     return int(max(lo, min(hi, budget_ms / max(one_ms, 1e-3))))
 
 
+def _as_graph(fn: Callable[[], object], device: torch.device) -> Callable[[], object] | None:
+    """``fn`` captured into a CUDA graph (its replay), or None if it cannot be captured."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    try:
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm up outside capture (allocations, compilation)
+                fn()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception:
+        torch.cuda.synchronize(device)
+        return None
+    return graph.replay
+
+
 def time_fn(
-    fn: Callable[[], object], device: torch.device, *, warmup_ms: float = 25.0, rep_ms: float = 100.0
+    fn: Callable[[], object],
+    device: torch.device,
+    *,
+    warmup_ms: float = 25.0,
+    rep_ms: float = 100.0,
+    graph: bool = True,
 ) -> Timing:
-    """Median time of ``fn()`` on ``device`` (ms)."""
+    """Median time of ``fn()`` on ``device`` (ms); on a GPU through a CUDA graph when it can."""
     if device.type != "cuda":
         fn()
         start = time.perf_counter()
