@@ -36,15 +36,19 @@ class Heads:
 
 
 def check_options(
+    q: torch.Tensor,
+    heads: Heads,
     *,
     softmax_scale: object,
     window_left: object,
     logit_cap: object,
     return_lse: object,
     override: object,
-    head_dim: int,
+    sinks: object,
 ) -> float:
-    """Check the scalar options; return the resolved softmax scale."""
+    """Check the options every attention operator shares; return the resolved softmax scale."""
+    check_sinks(sinks, heads.num_q_heads, q)
+    head_dim = heads.head_dim
     scale = (
         1.0 / math.sqrt(head_dim)
         if softmax_scale is None
@@ -57,6 +61,14 @@ def check_options(
     if override is not None and not isinstance(override, str):
         raise TypeError(f"override must be a kernel name (str) or None, got {type(override).__name__}")
     return scale
+
+
+def check_ragged(max_seqlen_q: object, max_seqlen_k: object, causal: object) -> None:
+    """The host bounds and causal flag of the ragged operators (prefill, extend)."""
+    check_int("max_seqlen_q", max_seqlen_q, min_value=0)
+    check_int("max_seqlen_k", max_seqlen_k, min_value=0)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
 
 
 def check_heads(q_name: str, q: torch.Tensor, k_name: str, k: torch.Tensor, v_name: str, v: torch.Tensor) -> Heads:

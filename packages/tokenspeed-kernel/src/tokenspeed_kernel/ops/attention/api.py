@@ -27,7 +27,7 @@ from tokenspeed_kernel.ops.attention._validate import (
     check_options,
     check_out,
     check_paged_cache,
-    check_sinks,
+    check_ragged,
     debug_check_cu_seqlens,
     debug_check_pages,
 )
@@ -142,19 +142,17 @@ def mha_prefill(
     heads = check_heads("q", q, "k", k, "v", v)
     check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
     check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, cu_seqlens_q.shape[0] - 1, q)
-    check_int("max_seqlen_q", max_seqlen_q, min_value=0)
-    check_int("max_seqlen_k", max_seqlen_k, min_value=0)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    check_ragged(max_seqlen_q, max_seqlen_k, causal)
     scale = check_options(
+        q,
+        heads,
         softmax_scale=softmax_scale,
         window_left=window_left,
         logit_cap=logit_cap,
         return_lse=return_lse,
         override=override,
-        head_dim=heads.head_dim,
+        sinks=sinks,
     )
-    check_sinks(sinks, heads.num_q_heads, q)
     total_q = q.shape[0]
     out = check_out(out, (total_q, heads.num_q_heads, heads.head_dim_v), q)
 
@@ -287,19 +285,17 @@ def mha_extend_with_kvcache(
     heads, page_size, ks, vs = check_paged_cache(
         q, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, batch
     )
-    check_int("max_seqlen_q", max_seqlen_q, min_value=0)
-    check_int("max_seqlen_k", max_seqlen_k, min_value=0)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    check_ragged(max_seqlen_q, max_seqlen_k, causal)
     scale = check_options(
+        q,
+        heads,
         softmax_scale=softmax_scale,
         window_left=window_left,
         logit_cap=logit_cap,
         return_lse=return_lse,
         override=override,
-        head_dim=heads.head_dim,
+        sinks=sinks,
     )
-    check_sinks(sinks, heads.num_q_heads, q)
     total_q = q.shape[0]
     out = check_out(out, (total_q, heads.num_q_heads, heads.head_dim_v), q)
 
@@ -433,14 +429,15 @@ def mha_decode_with_kvcache(
     )
     check_int("max_seqlen_k", max_seqlen_k, min_value=q_len)
     scale = check_options(
+        q,
+        heads,
         softmax_scale=softmax_scale,
         window_left=window_left,
         logit_cap=logit_cap,
         return_lse=return_lse,
         override=override,
-        head_dim=heads.head_dim,
+        sinks=sinks,
     )
-    check_sinks(sinks, heads.num_q_heads, q)
     out_shape = (*q.shape[:-1], heads.head_dim_v)
     out = check_out(out, out_shape, q)
 
