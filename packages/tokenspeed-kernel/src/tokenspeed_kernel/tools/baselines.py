@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.reference.moe import ACTIVATION_FUNCTIONS
 from tokenspeed_kernel.tools.cases import Case
 
@@ -167,7 +168,7 @@ def _torch_topk(case, inputs, device):
 
 
 def _dense_weight(w: Any, dtype: torch.dtype) -> torch.Tensor:
-    return w.dequantize(dtype) if hasattr(w, "dequantize") else w.to(dtype)
+    return w.dequantize(dtype) if isinstance(w, (MXFP4Weight, FP8Weight)) else w.to(dtype)
 
 
 def _torch_grouped_mm(case, inputs, device):
