@@ -70,6 +70,34 @@ def test_compiled_store_then_decode_equals_eager():
     assert torch.equal(inputs["k_cache"], eager_k) and torch.equal(inputs["v_cache"], eager_v)
 
 
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_inductor_store_then_decode_equals_eager():
+    """The default (inductor) backend: the mutating store and the decode in one graph."""
+    decode = cases.awkward_cases("attention.decode", torch.float32)[0]
+    d = cases.make_inputs(decode, seed=8)
+    page = decode.page_size
+    # overwrite the last token of every sequence through store_kvcache, then decode over it
+    last = [int(d["page_table"][b, (n - 1) // page]) * page + (n - 1) % page for b, n in enumerate(decode.seqlens_k)]
+    slots = torch.tensor(last, dtype=torch.int64)
+    new_k = torch.randn(decode.batch, decode.num_kv_heads, decode.head_dim)
+    new_v = torch.randn(decode.batch, decode.num_kv_heads, decode.dv)
+    options = {k: v for k, v in d.items() if not isinstance(v, torch.Tensor)}
+
+    def fn(q, k_cache, v_cache, page_table, cache_seqlens, sinks):
+        store_kvcache(new_k, new_v, k_cache, v_cache, slots, override="torch_store_kvcache")
+        inputs = {**options, "q": q, "k_cache": k_cache, "v_cache": v_cache, "page_table": page_table}
+        out, lse = cases.call(decode, {**inputs, "cache_seqlens": cache_seqlens, "sinks": sinks}, "torch_decode")
+        return out * 2 + 1, lse
+
+    tensors = [d[name] for name in ("q", "k_cache", "v_cache", "page_table", "cache_seqlens", "sinks")]
+    eager_tensors = [t.clone() for t in tensors]
+    got = torch.compile(fn, fullgraph=True)(*tensors)
+    want = fn(*eager_tensors)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(tensors[1], eager_tensors[1]) and torch.equal(tensors[2], eager_tensors[2])
+
+
 def test_opcheck_decode():
     case = cases.awkward_cases("attention.decode", torch.float32)[0]
     d = cases.make_inputs(case, seed=7)

@@ -88,15 +88,48 @@ def test_decode_equals_last_row_of_prefill_over_the_same_tokens():
     torch.testing.assert_close(out[0], full[-1], atol=1e-6, rtol=1e-6)
 
 
-def test_sink_only_row_and_empty_window_give_zero_output_and_finite_lse():
-    """window_left=0 sees only the diagonal; with a huge negative sink nothing changes, and
-    a sequence whose only key is masked out would have lse=-inf (covered by the naive)."""
+def test_window_zero_sees_only_its_own_key():
+    """With window_left=0 (causal) each query attends only to its own key: out == v of that row."""
     case = cases.AttentionCase("attention.prefill", (6,), (6,), 2, 1, 8, dtype=torch.float32, window_left=0)
     inputs = cases.make_inputs(case)
     out, lse = cases.call(case, {**inputs, "return_lse": True}, override="torch_prefill")
-    # With window 0 each query attends only to its own key: out == v of the same row.
     torch.testing.assert_close(out, inputs["v"].expand(-1, 2, -1), atol=1e-6, rtol=1e-6)
     assert torch.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("with_sinks", [False, True], ids=["no_sinks", "sinks"])
+def test_rows_that_see_no_key(with_sinks):
+    """Empty sequences and rows without visible keys: out 0; lse -inf, or the sink's logit
+    when there is a sink. Causal queries placed before the first key (Lq > Lk) see nothing."""
+    heads, dim = 4, 8
+    q = torch.randn(9, heads, dim)
+    k, v = torch.randn(2, 2, dim), torch.randn(2, 2, dim)
+    cu_q = torch.tensor([0, 0, 4, 9], dtype=torch.int32)  # sequence 0 empty, 1 has no keys, 2 has Lq=5 > Lk=2
+    cu_k = torch.tensor([0, 0, 0, 2], dtype=torch.int32)
+    sinks = torch.randn(heads) if with_sinks else None
+    out = torch.full((9, heads, dim), float("nan"))
+    from tokenspeed_kernel import mha_prefill
+
+    got, lse = mha_prefill(q, k, v, cu_q, cu_k, 5, 2, sinks=sinks, return_lse=True, out=out, override="torch_prefill")
+    expected_out, expected_lse = naive_prefill(q, k, v, cu_q, cu_k, sinks=sinks)
+    blind = [0, 1, 2, 3, 4, 5, 6]  # sequence 1 (no keys) and the first 3 queries of sequence 2
+    assert torch.equal(got[blind], torch.zeros(len(blind), heads, dim))
+    want_blind = sinks.expand(len(blind), -1) if with_sinks else torch.full((len(blind), heads), float("-inf"))
+    torch.testing.assert_close(lse[blind], want_blind)
+    torch.testing.assert_close(got.double(), expected_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), expected_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_fp8_scale_as_float_or_tensor_agree():
+    case = cases.awkward_cases("attention.decode", torch.float32)[3]
+    assert case.kv_dtype == torch.float8_e4m3fn
+    inputs = cases.make_inputs(case)
+    as_float = cases.call(case, inputs, override="torch_decode")
+    tensors = {"k_scale": torch.tensor([inputs["k_scale"]]), "v_scale": torch.tensor(inputs["v_scale"])}
+    as_tensor = cases.call(case, {**inputs, **tensors}, override="torch_decode")
+    torch.testing.assert_close(as_float, as_tensor, atol=0, rtol=0)
+    doubled = cases.call(case, {**inputs, "v_scale": 2 * inputs["v_scale"]}, override="torch_decode")
+    torch.testing.assert_close(doubled, 2 * as_float)
 
 
 def test_softmax_scale_and_3d_vs_4d_decode_agree():

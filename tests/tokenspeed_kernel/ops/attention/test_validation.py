@@ -92,6 +92,41 @@ def test_decode_specific_rejections():
     _bad(FP8, ValueError, "v_scale must be > 0", v_scale=-1.0)
 
 
+def _meta(t):
+    return torch.empty_like(t, device="meta")
+
+
+@pytest.mark.parametrize("arg", ["k", "v", "cu_seqlens_q", "cu_seqlens_k", "sinks"])
+def test_prefill_rejects_tensors_on_another_device(arg):
+    change = torch.zeros(4, device="meta") if arg == "sinks" else _meta
+    _bad(PREFILL, ValueError, f"{arg} is on meta but q is on cpu", **{arg: change})
+
+
+@pytest.mark.parametrize("case", [EXTEND, DECODE], ids=["extend", "decode"])
+@pytest.mark.parametrize("arg", ["k_cache", "v_cache", "page_table", "cache_seqlens"])
+def test_paged_rejects_tensors_on_another_device(case, arg):
+    _bad(case, ValueError, f"{arg} is on meta but q is on cpu", **{arg: _meta})
+
+
+def test_rejects_out_and_scales_on_another_device():
+    inputs = cases.make_inputs(PREFILL)
+    with pytest.raises(ValueError, match="out is on meta but q is on cpu"):
+        cases.call(PREFILL, inputs, out=torch.empty(14, 4, 16, device="meta"))
+    _bad(FP8, ValueError, "k_scale is on meta but q is on cpu", k_scale=torch.ones(1, device="meta"))
+
+
+def test_extend_rejects_mismatched_batch():
+    _bad(
+        EXTEND,
+        ValueError,
+        r"page_table must have shape \[3, \*\]",
+        cu_seqlens_q=torch.tensor([0, 3, 5, 7], dtype=torch.int32),
+    )
+    _bad(
+        EXTEND, ValueError, "cu_seqlens_q must hold at least 2 entries", cu_seqlens_q=torch.zeros(1, dtype=torch.int32)
+    )
+
+
 @pytest.fixture
 def debug(monkeypatch):
     monkeypatch.setenv(config.DEBUG_ENV, "1")
@@ -113,6 +148,35 @@ def test_debug_mode_checks_values(debug):
         max_seqlen_k=40,
     )
     _bad(DECODE, ValueError, "exceeds max_seqlen_k", max_seqlen_k=8)
+
+
+def test_debug_mode_checks_lengths(debug):
+    bad_cu = torch.tensor([0, 15, 14], dtype=torch.int32)
+    _bad(PREFILL, ValueError, "cu_seqlens_q must be non-decreasing", cu_seqlens_q=bad_cu, max_seqlen_q=15)
+    _bad(PREFILL, ValueError, "cu_seqlens_k must start at 0 and end at 17", cu_seqlens_k=lambda t: t * 2)
+    _bad(
+        PREFILL,
+        ValueError,
+        "causal prefill needs every query length <= its key length",
+        cu_seqlens_k=torch.tensor([0, 4, 17], dtype=torch.int32),
+        max_seqlen_k=13,
+    )
+    _bad(EXTEND, ValueError, "max_seqlen_q=3 is below the longest sequence in cu_seqlens_q", max_seqlen_q=3)
+    _bad(
+        EXTEND,
+        ValueError,
+        r"cache_seqlens\[1\]=3 is below the 4 new tokens of sequence 1",
+        cache_seqlens=torch.tensor([10, 3], dtype=torch.int32),
+    )
+    spec = cases.AttentionCase("attention.decode", (3, 3), (10, 7), 4, 2, 16, page_size=4, dtype=torch.float32)
+    _bad(spec, ValueError, r"cache_seqlens\[0\]=2 is below the 3 new tokens", cache_seqlens=lambda t: t * 0 + 2)
+
+
+def test_debug_mode_accepts_valid_inputs(debug):
+    for case in (PREFILL, EXTEND, DECODE, FP8):
+        inputs = cases.make_inputs(case)
+        out = cases.call(case, inputs, override="torch_" + case.op.split(".")[1])
+        assert torch.isfinite(out).all()
 
 
 def test_debug_checks_are_off_by_default():

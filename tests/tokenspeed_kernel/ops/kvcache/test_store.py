@@ -62,3 +62,37 @@ def test_store_debug_mode_checks_slots(monkeypatch):
     finally:
         monkeypatch.delenv(config.DEBUG_ENV)
         config.refresh()
+
+
+def test_store_without_rows_or_with_only_padding_leaves_the_cache_alone():
+    case = cases.awkward_cases("kvcache.store", torch.float32)[0]
+    inputs = cases.make_inputs(case)
+    before_k, before_v = inputs["k_cache"].clone(), inputs["v_cache"].clone()
+    padding = {**inputs, "slot_mapping": torch.full_like(inputs["slot_mapping"], -1)}
+    cases.call(case, padding, override="torch_store_kvcache")
+    empty = {**inputs, "k": inputs["k"][:0], "v": inputs["v"][:0], "slot_mapping": inputs["slot_mapping"][:0]}
+    cases.call(case, empty, override="torch_store_kvcache")
+    assert torch.equal(inputs["k_cache"], before_k) and torch.equal(inputs["v_cache"], before_v)
+
+
+@pytest.mark.parametrize("arg", ["v", "k_cache", "v_cache", "slot_mapping"])
+def test_store_rejects_tensors_on_another_device(arg):
+    case = cases.awkward_cases("kvcache.store", torch.float32)[0]
+    inputs = cases.make_inputs(case)
+    inputs[arg] = torch.empty_like(inputs[arg], device="meta")
+    with pytest.raises(ValueError, match=f"{arg} is on meta but k is on cpu"):
+        cases.call(case, inputs)
+
+
+def test_store_fp8_needs_valid_scales():
+    case = cases.awkward_cases("kvcache.store", torch.float32)[2]
+    inputs = cases.make_inputs(case)
+    with pytest.raises(ValueError, match="k_scale and v_scale are required"):
+        cases.call(case, {**inputs, "v_scale": None})
+    with pytest.raises(ValueError, match="k_scale must be > 0"):
+        cases.call(case, {**inputs, "k_scale": 0.0})
+    with pytest.raises(ValueError, match="v_scale must be a float or a one-element float32 tensor"):
+        cases.call(case, {**inputs, "v_scale": torch.ones(1, dtype=torch.float64)})
+    with pytest.raises(TypeError, match="k_cache dtype float16 must equal k dtype float32"):
+        fp16 = {**inputs, "k_cache": inputs["k_cache"].half(), "v_cache": inputs["v_cache"].half()}
+        cases.call(case, {**fp16, "k_scale": None, "v_scale": None})

@@ -44,10 +44,10 @@ def _attend(
     ``q_pos`` int64 ``[Lq]`` absolute positions of the queries (keys sit at ``0..Lk-1``).
     Returns ``out [Lq, Hq, Dv]`` and ``lse [Lq, Hq]`` in the compute dtype.
     """
-    num_q, num_q_heads, _ = q.shape
+    num_q, num_q_heads, head_dim = q.shape
     num_k, num_kv_heads, head_dim_v = v.shape
     group = num_q_heads // num_kv_heads
-    qg = q.view(num_q, num_kv_heads, group, -1)
+    qg = q.view(num_q, num_kv_heads, group, head_dim)
     logits = torch.einsum("qhgd,khd->hgqk", qg, k) * scale  # [Hkv, G, Lq, Lk]
     if logit_cap > 0:
         logits = logit_cap * torch.tanh(logits / logit_cap)
@@ -58,7 +58,8 @@ def _attend(
     if window_left >= 0:
         visible &= (q_pos[:, None] - k_pos[None, :]) <= window_left
     logits = logits.masked_fill(~visible, float("-inf"))
-    row_max = logits.amax(dim=-1)  # [Hkv, G, Lq]
+    # [Hkv, G, Lq]; a sequence without keys has an all -inf row maximum (amax rejects empty dims)
+    row_max = logits.amax(dim=-1) if num_k else logits.new_full(logits.shape[:-1], float("-inf"))
     if sinks is not None:
         sink = sinks.to(logits.dtype).view(num_kv_heads, group, 1).expand_as(row_max)
         row_max = torch.maximum(row_max, sink)

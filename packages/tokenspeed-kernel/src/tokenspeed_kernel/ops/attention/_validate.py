@@ -1,7 +1,8 @@
 """Host-side validation shared by the attention operators.
 
 Each function raises ``TypeError``/``ValueError`` naming the argument; none reads device
-memory except :func:`debug_checks`, which runs only under ``TOKENSPEED_KERNEL_DEBUG=1``.
+memory except the ``debug_check_*`` functions, which the operators call only under
+``TOKENSPEED_KERNEL_DEBUG=1``.
 """
 
 from __future__ import annotations
@@ -113,7 +114,28 @@ def check_out(out: object, shape: tuple[int, ...], q: torch.Tensor) -> torch.Ten
     return out  # type: ignore[return-value]
 
 
+_SCALE_CACHE: dict[tuple[float, torch.device], torch.Tensor] = {}
+_SCALE_CACHE_LIMIT = 256
+
+
+def _scale_tensor(value: float, device: torch.device) -> torch.Tensor:
+    """A float32 ``[1]`` tensor holding ``value`` on ``device``, cached per (value, device) so a
+    Python-float scale costs no allocation per call. Not cached while tracing or while a
+    device graph is being captured (the fill would only run at replay)."""
+    key = (value, device)
+    cached = _SCALE_CACHE.get(key)
+    if cached is not None:
+        return cached
+    t = torch.full((1,), value, dtype=torch.float32, device=device)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if not capturing and not torch.compiler.is_compiling() and len(_SCALE_CACHE) < _SCALE_CACHE_LIMIT:
+        _SCALE_CACHE[key] = t
+    return t
+
+
 def check_scale(name: str, scale: object, q: torch.Tensor) -> torch.Tensor:
+    """An fp8 dequantization scale: a positive finite float or a one-element float32 tensor on
+    q's device; returned as a float32 ``[1]`` tensor."""
     if isinstance(scale, torch.Tensor):
         if scale.numel() != 1 or scale.dtype != torch.float32:
             raise ValueError(
@@ -121,8 +143,7 @@ def check_scale(name: str, scale: object, q: torch.Tensor) -> torch.Tensor:
             )
         check_same_device("q", q, **{name: scale})
         return scale.reshape(1)
-    value = check_float(name, scale, positive=True)
-    return torch.full((1,), value, dtype=torch.float32, device=q.device)
+    return _scale_tensor(check_float(name, scale, positive=True), q.device)
 
 
 def check_paged_cache(

@@ -116,6 +116,8 @@ class AttentionCase:
         """Distinct keys any query of a sequence can see (what a kernel must read)."""
         total = 0
         for lq, lk in zip(self.seqlens_q, self.seqlens_k):
+            if lq == 0:
+                continue  # no query reads this sequence's keys
             first_pos = lk - lq
             lo = max(0, first_pos - self.window_left) if self.window_left >= 0 else 0
             total += lk - lo
@@ -400,7 +402,9 @@ def reference(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor
 def awkward_cases(op: str, dtype: torch.dtype = torch.bfloat16) -> list[AttentionCase]:
     """Small awkward shapes (CPU / interpreter sized, <= ~300 tokens) covering every option:
     ragged lengths including 1, partial pages, page sizes 1/16/64, GQA 1/4/8 and MQA,
-    windows (incl. 0), sinks, logit cap, LSE, Dv != D, non-causal, speculative decode, fp8 KV."""
+    windows (incl. 0), sinks, logit cap, LSE, Dv != D, non-causal, speculative decode, fp8 KV,
+    and empty sequences (no queries, or no keys: a row that sees only the sink). New cases are
+    appended, so the index of an existing case stays put."""
     fp8 = torch.float8_e4m3fn
     if op == "attention.prefill":
         return [
@@ -436,6 +440,19 @@ def awkward_cases(op: str, dtype: torch.dtype = torch.bfloat16) -> list[Attentio
             AttentionCase(
                 op, (40,), (40,), 16, 2, 128, dtype=dtype, window_left=15, logit_cap=30.0, name="gqa8_d128_window_cap"
             ),
+            AttentionCase(
+                op,
+                (0, 6, 3),
+                (0, 0, 11),
+                4,
+                2,
+                32,
+                dtype=dtype,
+                causal=False,
+                sinks=True,
+                return_lse=True,
+                name="empty_seqs_sink_only",
+            ),
         ]
     if op == "attention.extend":
         return [
@@ -469,6 +486,9 @@ def awkward_cases(op: str, dtype: torch.dtype = torch.bfloat16) -> list[Attentio
                 causal=False,
                 logit_cap=5.0,
                 name="noncausal_cap_dv",
+            ),
+            AttentionCase(
+                op, (0, 5, 1), (12, 5, 1), 4, 1, 32, page_size=8, dtype=dtype, return_lse=True, name="empty_chunk"
             ),
         ]
     if op == "attention.decode":
