@@ -1,0 +1,1 @@
+"""Gluon kernels, one module per kernel, mirroring ``tokenspeed_kernel.ops``."""

@@ -1,0 +1,124 @@
+"""Host side of the Gluon attention kernels: checks beyond the core's, grids, workspace, launch."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from tokenspeed_kernel_amd._arch import arch_config, device_arch
+from tokenspeed_kernel_amd.ops.attention._config import (
+    HEAD_DIMS,
+    MAX_GROUP,
+    attention_config,
+    combine_constexprs,
+    decode_splits,
+)
+from tokenspeed_kernel_amd.ops.attention._kernel import attention_kernel, combine_kernel
+
+__all__ = ["check_shapes", "launch", "num_m_blocks"]
+
+
+def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: int = 1) -> tuple[int, int]:
+    """What the kernel assumes beyond the public contract (the selector's predicate already
+    keeps other shapes away; this guards direct calls). Returns ``(group, head_dim)``."""
+    num_q_heads, head_dim = q.shape[-2], q.shape[-1]
+    num_kv_heads = k.shape[-2]
+    group = num_q_heads // num_kv_heads
+    if head_dim not in HEAD_DIMS or v.shape[-1] != head_dim:
+        raise ValueError(f"q/v: head dims must both be one of {HEAD_DIMS}, got {head_dim} and {v.shape[-1]}")
+    if group & (group - 1) or group * q_len > MAX_GROUP:
+        raise ValueError(
+            f"q: the GQA group ({group} query heads per KV head) times q_len ({q_len}) must be a power of two "
+            f"<= {MAX_GROUP}"
+        )
+    return group, head_dim
+
+
+def num_m_blocks(max_q: int, group: int, block_m: int) -> int:
+    """Programs along the query axis: ``block_m // group`` query tokens each."""
+    return triton.cdiv(max(max_q, 1), block_m // group)
+
+
+def launch(
+    *,
+    regime: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    page_table: torch.Tensor | None,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    cache_seqlens: torch.Tensor | None,
+    batch: int,
+    max_q: int,
+    max_k: int,
+    q_len: int,
+    causal: bool,
+    softmax_scale: float,
+    window_left: int,
+    logit_cap: float,
+) -> None:
+    """Launch on ``q``'s device. ``q`` ``[tokens, Hq, D]``, ``out`` ``[tokens, Hq, Dv]``, ``lse``
+    float32 ``[tokens, Hq]``; ``k``/``v`` ``[tokens, Hkv, D]`` (prefill) or paged caches
+    ``[pages, P, Hkv, D]``. Decode rows are ``batch * q_len`` tokens, ``q_len`` per sequence."""
+    arch = arch_config(device_arch(q.device.index or 0))
+    group, head_dim = check_shapes(q, k, v, q_len if regime == "decode" else 1)
+    num_tokens, num_q_heads, _ = q.shape
+    num_kv_heads = k.shape[-2]
+    paged = regime != "prefill"
+    splits = 1
+    if regime == "decode":
+        visible = max_k if window_left < 0 else min(max_k, window_left + q_len)
+        splits = decode_splits(arch, batch, num_kv_heads, visible)
+    cfg = attention_config(
+        arch,
+        regime=regime,
+        head_dim=head_dim,
+        head_dim_v=v.shape[-1],
+        group=group,
+        num_kv_heads=num_kv_heads,
+        q_len=q_len,
+        page_size=k.shape[1] if paged else 1,
+        causal=causal,
+        window=window_left >= 0,
+        sinks=sinks is not None,
+        cap=logit_cap > 0,
+        kv_scales=k_scale is not None,
+        lse=lse is not None,
+        splits=splits,
+    )
+    f32 = torch.empty(1, dtype=torch.float32, device=q.device)
+    i32 = torch.zeros(1, dtype=torch.int32, device=q.device)
+    part_out = part_lse = f32
+    if splits > 1:
+        part_out = torch.empty((splits, num_tokens, num_q_heads, v.shape[-1]), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((splits, num_tokens, num_q_heads), dtype=torch.float32, device=q.device)
+    grid = (num_m_blocks(max_q, group, cfg.block_m), batch * num_kv_heads, splits)
+    attention_kernel[grid](
+        q, k, v, out, f32 if lse is None else lse, part_out, part_lse,
+        f32 if sinks is None else sinks, f32 if k_scale is None else k_scale, f32 if v_scale is None else v_scale,
+        i32 if page_table is None else page_table, i32 if cu_seqlens_q is None else cu_seqlens_q,
+        i32 if cu_seqlens_k is None else cu_seqlens_k, i32 if cache_seqlens is None else cache_seqlens,
+        q.stride(0), k.stride(0) if paged else 0, k.stride(-3), v.stride(0) if paged else 0, v.stride(-3),
+        out.stride(0), 0 if page_table is None else page_table.stride(0), num_tokens,
+        float(softmax_scale), float(logit_cap), int(window_left),
+        num_warps=cfg.num_warps, **cfg.constexprs,
+    )  # fmt: skip
+    if splits > 1:
+        consts = combine_constexprs(
+            num_q_heads=num_q_heads,
+            head_dim_v=v.shape[-1],
+            splits=splits,
+            sinks=sinks is not None,
+            kv_scales=v_scale is not None,
+            lse=lse is not None,
+        )
+        combine_kernel[(num_tokens, num_q_heads)](
+            part_out, part_lse, out, f32 if lse is None else lse, f32 if sinks is None else sinks,
+            f32 if v_scale is None else v_scale, out.stride(0), num_tokens, num_warps=1, **consts,
+        )  # fmt: skip
