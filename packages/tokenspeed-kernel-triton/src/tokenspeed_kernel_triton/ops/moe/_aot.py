@@ -1,0 +1,167 @@
+"""Ahead-of-time compile of the MoE kernels for GPUs this machine does not have.
+
+``python -m tokenspeed_kernel_triton.ops.moe._aot [cuda:90 hip:gfx942 hip:gfx950 ...]``
+compiles the grouped GEMM for every weight format and both layers at the decode and the
+largest tile of the target's table (and the layer-1 MXFP4 GEMM at every tile), plus the
+permutation, combine and top-k kernels, and prints one JSON line per compile: whether it
+built, how many matrix instructions the assembly holds (``mma``/``wgmma`` in PTX,
+``v_mfma`` in AMDGCN), shared memory and spills. Must run without ``TRITON_INTERPRET``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import asdict, dataclass
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from tokenspeed_kernel_triton.ops.moe._config import Tile, tiles_for
+from tokenspeed_kernel_triton.ops.moe._gemm import FP8_BLOCK, FP8_ROW, MXFP4, PLAIN, combine_kernel, moe_gemm_kernel
+from tokenspeed_kernel_triton.ops.moe._routing import align_kernel
+from tokenspeed_kernel_triton.ops.moe.topk import topk_kernel
+
+_FORMAT_NAMES = {PLAIN: "bf16", FP8_ROW: "fp8_row", FP8_BLOCK: "fp8_block", MXFP4: "mxfp4"}
+
+
+def _weight_types(fmt: int, target: GPUTarget) -> tuple[str, str]:
+    if fmt == PLAIN:
+        return "*bf16", "*bf16"
+    if fmt == MXFP4:
+        return "*u8", "*u8"
+    # torch.float8_e4m3fn tensors reach the kernel as fp8e4nv on every target (on gfx942 the
+    # conversion to bf16 is done in software: CDNA3's native fp8 is the fnuz variant).
+    return "*fp8e4nv", "*fp32"
+
+
+def gemm_signature(fmt: int, gated: bool, tile: Tile, target: GPUTarget) -> tuple[dict, dict]:
+    w_type, s_type = _weight_types(fmt, target)
+    pointers = {
+        "A": "*bf16", "W": w_type, "S": s_type, "Bias": "*fp32", "Out": "*bf16" if gated else "*fp32",
+        "SortedIds": "*i32", "TileExpert": "*i32", "NumTiles": "*i32", "TopkWeights": "*fp32",
+    }  # fmt: skip
+    consts = {
+        "TOP_K": 4, "FORMAT": fmt, "GATED": gated, "ACTIVATION": 2, "HAS_BIAS": True,
+        "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "BLOCK_K": 64 if fmt == MXFP4 else tile.block_k, "GROUP_M": tile.group_m,
+        "EVEN_K": fmt == MXFP4, "INTERPRET": False, "DOT_PREC": None,
+        "MX_HALVES": fmt == MXFP4, "MX_BF16": fmt == MXFP4, "MX_WORDS": fmt == MXFP4,
+    }  # fmt: skip
+    consts["stride_wk"] = 1  # the launcher specializes a unit stride to a constant, as here
+    signature = {n: pointers.get(n, "constexpr" if n in consts else "i32") for n in moe_gemm_kernel.arg_names}
+    aligned = {*pointers, "N", "K", "stride_am", "stride_we", "stride_wn", "stride_be", "stride_om"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(moe_gemm_kernel.arg_names) if n in aligned}
+    options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
+    return signature, consts | {"_options": options, "_attrs": attrs}
+
+
+def _small_kernels() -> list[tuple[str, object, dict, dict]]:
+    align = {"Ids": "*i32", "ExpertMap": "*i32", "SortedIds": "*i32", "TileExpert": "*i32", "NumTiles": "*i32",
+             "num_pairs": "i32", "HAS_MAP": "constexpr", "BLOCK_M": "constexpr", "BLOCK_E": "constexpr",
+             "BLOCK_P": "constexpr"}  # fmt: skip
+    align_c = {"HAS_MAP": True, "BLOCK_M": 16, "BLOCK_E": 128, "BLOCK_P": 1024, "_options": {"num_warps": 4}}
+    combine = {"Y": "*fp32", "Ids": "*i32", "ExpertMap": "*i32", "Out": "*bf16", "H": "i32", "stride_ot": "i32",
+               "TOP_K": "constexpr", "HAS_MAP": "constexpr", "BLOCK_H": "constexpr"}  # fmt: skip
+    combine_c = {"TOP_K": 4, "HAS_MAP": True, "BLOCK_H": 1024, "_options": {"num_warps": 4}}
+    topk = {"Logits": "*bf16", "Weights": "*fp32", "Ids": "*i32", "num_tokens": "i32", "num_experts": "i32",
+            "stride_lt": "i32", "TOP_K": "constexpr", "SIGMOID": "constexpr", "RENORMALIZE": "constexpr",
+            "BLOCK_T": "constexpr", "BLOCK_E": "constexpr", "BLOCK_K": "constexpr"}  # fmt: skip
+    topk_c = {"TOP_K": 4, "SIGMOID": False, "RENORMALIZE": True, "BLOCK_T": 16, "BLOCK_E": 128, "BLOCK_K": 4,
+              "_options": {"num_warps": 2}}  # fmt: skip
+    return [
+        ("moe_align", align_kernel, align, align_c),
+        ("moe_combine", combine_kernel, combine, combine_c),
+        ("moe_topk", topk_kernel, topk, topk_c),
+    ]
+
+
+def _gemm_config(fmt: int, gated: bool, tile: Tile, target: GPUTarget, *, halves: bool):
+    sig, consts = gemm_signature(fmt, gated, tile, target)
+    consts["MX_HALVES"] = consts["MX_WORDS"] = halves  # the plan's layout, else the standard one
+    if fmt == MXFP4 and halves:
+        sig["S"] = "*i32"
+    layer = "w13" if gated else "w2"
+    order = "" if fmt != MXFP4 else "-halves" if halves else "-standard"
+    return f"moe_gemm[{layer}-{_FORMAT_NAMES[fmt]}{order}-m{tile.block_m}n{tile.block_n}]", moe_gemm_kernel, sig, consts
+
+
+def configs(target: GPUTarget) -> list[tuple[str, object, dict, dict]]:
+    """(name, kernel, signature, constexprs) of every compile for ``target``. ``constexprs``
+    carries ``_options`` (warps, stages) and ``_attrs`` (the 16-divisibility the launcher
+    sees at real shapes: pointers, sizes and strides; without it nothing is pipelined)."""
+    vendor = "rocm" if target.backend == "hip" else "cuda"
+    out = []
+    dense = tiles_for(vendor, "plain")
+    for index, tile in enumerate(dense):
+        ends = index in (0, len(dense) - 1)
+        for fmt in (PLAIN, FP8_ROW, FP8_BLOCK) if ends else (PLAIN,):
+            for gated in (True, False) if ends else (True,):
+                out.append(_gemm_config(fmt, gated, tile, target, halves=False))
+    for index, tile in enumerate(tiles_for(vendor, "mxfp4")):
+        for gated in (True, False):
+            out.append(_gemm_config(MXFP4, gated, tile, target, halves=True))
+            if index == 0:  # the functional path's standard byte order
+                out.append(_gemm_config(MXFP4, gated, tile, target, halves=False))
+    return out + _small_kernels()
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    kernel: str
+    target: str
+    ok: bool
+    matrix_instructions: int
+    wgmma: bool
+    shared_bytes: int
+    spills: int
+    error: str = ""
+
+
+def compile_one(fn, signature: dict, constexprs: dict, target: GPUTarget, name: str) -> CompileResult:
+    """Compile one configuration for ``target`` (never loaded: no device here)."""
+    options = constexprs.get("_options", {})
+    attrs = constexprs.get("_attrs")
+    constexprs = {k: v for k, v in constexprs.items() if not k.startswith("_")}
+    label = f"{target.backend}:{target.arch}"
+    try:
+        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                                  target=target, options=options)  # fmt: skip
+    except Exception as exc:  # report, do not stop the sweep
+        return CompileResult(name, label, False, 0, False, 0, 0, f"{type(exc).__name__}: {str(exc)[:300]}")
+    shared = int(getattr(compiled.metadata, "shared", 0) or 0)
+    if target.backend == "cuda":
+        ptx = compiled.asm.get("ptx", "")
+        count = len(re.findall(r"\b(?:mma|wgmma)\.", ptx))
+        return CompileResult(
+            name, label, True, count, "wgmma." in ptx, shared, int(getattr(compiled, "n_spills", 0) or 0)
+        )
+    amdgcn = compiled.asm.get("amdgcn", "")
+    spills = sum(map(int, re.findall(r"\.(?:sgpr|vgpr)_spill_count:\s*(\d+)", amdgcn)))
+    return CompileResult(name, label, True, len(re.findall(r"\bv_mfma", amdgcn)), False, shared, spills)
+
+
+def parse_target(text: str) -> GPUTarget:
+    backend, _, arch = text.partition(":")
+    if backend == "cuda":
+        return GPUTarget("cuda", int(arch), 32)
+    if backend == "hip":
+        return GPUTarget("hip", arch, 64)
+    raise ValueError(f"target must look like cuda:90 or hip:gfx942, got {text!r}")
+
+
+def sweep(targets: list[GPUTarget]) -> list[CompileResult]:
+    return [compile_one(fn, sig, consts, t, name) for t in targets for name, fn, sig, consts in configs(t)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = (argv if argv is not None else sys.argv[1:]) or ["cuda:90", "hip:gfx942", "hip:gfx950"]
+    results = sweep([parse_target(n) for n in names])
+    for result in results:
+        print(json.dumps(asdict(result)), flush=True)
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

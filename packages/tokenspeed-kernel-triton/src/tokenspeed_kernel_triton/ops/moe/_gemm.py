@@ -1,0 +1,322 @@
+"""The grouped expert GEMM (both layers) and the combine, as Triton kernels.
+
+:func:`moe_gemm_kernel` multiplies the permuted rows of one ``BLOCK_M`` tile, all routed to
+one local expert (see :mod:`._routing`), by that expert's weight, ``BLOCK_N`` output
+columns per program:
+
+- layer 1 (``GATED``): rows gathered from ``x`` (row ``pair // TOP_K``), two accumulators for
+  the gate rows ``[n, n + BLOCK_N)`` and the up rows ``I + [n, n + BLOCK_N)`` of ``w13``; the
+  epilogue adds the bias, applies the activation and stores the tile at its permuted rows of
+  the intermediate ``[tiles * BLOCK_M, I]`` (x's dtype).
+- layer 2: rows read in place from the intermediate; the epilogue adds the bias, multiplies
+  by the routing weight and stores float32 rows ``y[pair]`` of ``[P, H]``.
+
+:func:`combine_kernel` then sums each token's ``top_k`` rows in a fixed order (deterministic;
+no atomics) into ``out``.
+
+Weight formats (``FORMAT``), all dequantized in registers inside the K loop, the MMA run in
+x's dtype with float32 accumulation (weight-only quantization; activations are not quantized):
+
+- ``PLAIN`` (0): x's dtype.
+- ``FP8_ROW`` (1): float8_e4m3fn with one float32 scale per output row (per-channel, or
+  per-tensor with a zero row stride); the scale multiplies the accumulator in the epilogue.
+- ``FP8_BLOCK`` (2): 128x128 scale blocks; each K step (``BLOCK_K`` divides 128) lies in one
+  block column, so the step's partial product is scaled by its row of block scales.
+- ``MXFP4`` (3): K is walked in groups of 64 values (32 bytes per weight row). With bf16
+  activations each nibble and its E8M0 scale are turned into a bf16 bit pattern by integer
+  arithmetic alone (:func:`_mx_decode`); fp16/fp32 decode through float32. The low and high
+  nibbles feed two MMAs of K = 32: with the planned "halves" byte order (``MX_HALVES``) they
+  hold K columns ``[0, 32)`` and ``[32, 64)`` of the group and the activation tiles are
+  contiguous; with the standard order (even/odd values) the activation tiles are read with
+  stride 2. The standard byte scales ``[E, N, K/32]`` are loaded one byte per row and group
+  (too narrow to be pipelined); the planned ``MX_WORDS`` layout packs the 4 scales of a row
+  for one 128-value K step into an int32 word (``[E, K/128, N]``), a pipelined load.
+
+Under the interpreter (``INTERPRET``) both operands of ``tl.dot`` are up-cast to float32:
+the interpreter carries bf16 as raw 16-bit integers and its ``tl.dot`` on them is wrong.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["FP8_BLOCK", "FP8_ROW", "MXFP4", "PLAIN", "combine_kernel", "moe_gemm_kernel"]
+
+PLAIN, FP8_ROW, FP8_BLOCK, MXFP4 = 0, 1, 2, 3
+
+
+@triton.jit
+def _e2m1(code):
+    """int32 E2M1 codes (0..15) → float32 values: sign bit 3, exponent bits 2-1, mantissa bit 0."""
+    mag = code & 7
+    # Normal codes (exponent >= 1): float32 exponent field e + 126, top mantissa bit m.
+    bits = (mag << 22) + (126 << 23)
+    value = tl.where(mag < 2, mag.to(tl.float32) * 0.5, bits.to(tl.float32, bitcast=True))
+    return tl.where((code & 8) != 0, -value, value)
+
+
+@triton.jit
+def _mx_decode(code, s, BF16: tl.constexpr):
+    """E2M1 codes (int32 0..15) times ``2 ** (s - 127)`` (E8M0 ``s``, int32, broadcastable).
+
+    BF16: the bf16 bit pattern is built directly (no float math): a normal code (exponent
+    e >= 1, mantissa m) scaled by 2**(s-127) has bf16 exponent field ``e + s - 1`` and top
+    mantissa bit m, i.e. ``(code & 7) << 6`` plus ``(s - 1) << 7``; code 1 (0.5) is ``(s - 1) << 7``
+    and code 0 is zero. ``s == 0`` (2**-127) flushes to zero, ``s == 255`` gives NaN.
+    Otherwise float32 values (fp16 / fp32 activations)."""
+    if BF16:
+        mag = code & 7
+        base = (s - 1) << 7
+        bits = tl.where(mag >= 2, (mag << 6) + base, tl.where(mag == 1, base, 0)) | ((code & 8) << 12)
+        bits = tl.where(s == 0, 0, tl.where(s == 255, 0x7FC0, bits))
+        return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        scale = tl.where(s == 255, float("nan"), (s << 23).to(tl.float32, bitcast=True))
+        return _e2m1(code) * scale
+
+
+@triton.jit
+def _mx_load_a(A, a_rows, m_ok, kg, K, HALVES: tl.constexpr, EVEN: tl.constexpr, INTERPRET: tl.constexpr):
+    """The two 32-column A tiles matching the low and high nibbles of one 64-value K group:
+    ``[kg, kg + 32)`` and ``[kg + 32, kg + 64)`` (HALVES), else the even and odd columns."""
+    j = tl.arange(0, 32)
+    if HALVES:
+        k_lo = kg + j
+        k_hi = k_lo + 32
+    else:
+        k_lo = kg + 2 * j
+        k_hi = k_lo + 1
+    if EVEN:
+        a_lo = tl.load(A + a_rows[:, None] + k_lo[None, :], mask=m_ok[:, None], other=0.0)
+        a_hi = tl.load(A + a_rows[:, None] + k_hi[None, :], mask=m_ok[:, None], other=0.0)
+    else:
+        a_lo = tl.load(A + a_rows[:, None] + k_lo[None, :], mask=m_ok[:, None] & (k_lo[None, :] < K), other=0.0)
+        a_hi = tl.load(A + a_rows[:, None] + k_hi[None, :], mask=m_ok[:, None] & (k_hi[None, :] < K), other=0.0)
+    if INTERPRET:
+        a_lo = a_lo.to(tl.float32)
+        a_hi = a_hi.to(tl.float32)
+    return a_lo, a_hi
+
+
+@triton.jit
+def _mx_scales(S, expert, rows, row_ok, kg, K, stride_se, stride_sn, stride_sk, EVEN: tl.constexpr):
+    """The two E8M0 scales (int32 ``[BLOCK_N]``) of the 64-value group at ``kg``, from byte
+    scales ``[E, N, K/32]`` (any strides). One byte per row: these loads are not pipelined."""
+    s_ptr = S + expert * stride_se + rows.to(tl.int64) * stride_sn + (kg // 32) * stride_sk
+    if EVEN:
+        s0 = tl.load(s_ptr, mask=row_ok, other=127).to(tl.int32)
+        s1 = tl.load(s_ptr + stride_sk, mask=row_ok, other=127).to(tl.int32)
+    else:
+        s0 = tl.load(s_ptr, mask=row_ok & (kg // 32 < K // 32), other=127).to(tl.int32)
+        s1 = tl.load(s_ptr + stride_sk, mask=row_ok & (kg // 32 + 1 < K // 32), other=127).to(tl.int32)
+    return s0, s1
+
+
+@triton.jit
+def _mx_dot(
+    acc, a_lo, a_hi, W, s0, s1, expert, rows, row_ok, kg, K, stride_we, stride_wn, stride_wk,
+    HALVES: tl.constexpr, EVEN: tl.constexpr, BF16: tl.constexpr, INTERPRET: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """``acc`` plus one 64-value K group of MXFP4 weight rows ``rows``: 32 packed bytes per
+    row decoded in registers with the group's two scales ``s0``/``s1`` (int32 ``[BLOCK_N]``),
+    two MMAs of K = 32."""
+    j = tl.arange(0, 32)
+    byte = kg // 2 + j
+    w_ptr = W + expert * stride_we + rows[:, None].to(tl.int64) * stride_wn + byte[None, :] * stride_wk
+    if EVEN:
+        packed = tl.load(w_ptr, mask=row_ok[:, None], other=0).to(tl.int32)
+    else:
+        packed = tl.load(w_ptr, mask=row_ok[:, None] & (byte[None, :] < K // 2), other=0).to(tl.int32)
+    if HALVES:
+        s_lo = s0[:, None]
+        s_hi = s1[:, None]
+    else:
+        s_lo = tl.where(j[None, :] < 16, s0[:, None], s1[:, None])
+        s_hi = s_lo
+    w_lo = _mx_decode(packed & 15, s_lo, BF16)
+    w_hi = _mx_decode(packed >> 4, s_hi, BF16)
+    if INTERPRET:
+        w_lo = w_lo.to(tl.float32)
+        w_hi = w_hi.to(tl.float32)
+    else:
+        w_lo = w_lo.to(a_lo.dtype)
+        w_hi = w_hi.to(a_lo.dtype)
+    acc = tl.dot(a_lo, tl.trans(w_lo), acc, input_precision=DOT_PREC)
+    return tl.dot(a_hi, tl.trans(w_hi), acc, input_precision=DOT_PREC)
+
+
+@triton.jit
+def _load_weight(
+    W, S, expert, rows, row_ok, k0, K,
+    stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+):  # fmt: skip
+    """A ``[BLOCK_N, BLOCK_K]`` weight tile (x's dtype or fp8, as stored) of rows ``rows`` and
+    columns ``[k0, k0 + BLOCK_K)``."""
+    w_base = W + expert * stride_we + rows[:, None].to(tl.int64) * stride_wn
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    mask = row_ok[:, None]
+    if not EVEN_K:
+        mask = mask & (offs_k[None, :] < K)
+    return tl.load(w_base + offs_k[None, :] * stride_wk, mask=mask, other=0.0)
+
+
+@triton.jit
+def _dot_step(acc, a, w, S, expert, rows, row_ok, k0, stride_se, stride_sn, stride_sk,
+              FORMAT: tl.constexpr, INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+    """``acc + a @ w.T`` (with the K step's block scales for FP8_BLOCK)."""
+    if INTERPRET:
+        w = w.to(tl.float32)
+    else:
+        w = w.to(a.dtype)
+    if FORMAT == 2:
+        s_ptr = S + expert * stride_se + (rows // 128).to(tl.int64) * stride_sn + (k0 // 128) * stride_sk
+        s = tl.load(s_ptr, mask=row_ok, other=0.0)
+        return acc + tl.dot(a, tl.trans(w), input_precision=DOT_PREC) * s[None, :]
+    else:
+        return tl.dot(a, tl.trans(w), acc, input_precision=DOT_PREC)
+
+
+@triton.jit
+def _row_scale(acc, S, expert, rows, row_ok, stride_se, stride_sn, FORMAT: tl.constexpr):
+    if FORMAT == 1:
+        s = tl.load(S + expert * stride_se + rows.to(tl.int64) * stride_sn, mask=row_ok, other=0.0)
+        acc = acc * s[None, :]
+    return acc
+
+
+@triton.jit
+def moe_gemm_kernel(
+    A, W, S, Bias, Out, SortedIds, TileExpert, NumTiles, TopkWeights,
+    num_pairs, N, K, tiles_bound,
+    stride_am, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_be, stride_om,
+    TOP_K: tl.constexpr, FORMAT: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr,
+    MX_HALVES: tl.constexpr, MX_BF16: tl.constexpr, MX_WORDS: tl.constexpr,
+):  # fmt: skip
+    """One ``[BLOCK_M, BLOCK_N]`` output tile of one expert (see the module docstring).
+
+    GATED: A = x ``[T, K]`` gathered by pair, W = w13 ``[E, 2N, K]`` (logical), Out = the
+    intermediate ``[tiles_bound * BLOCK_M, N]`` at permuted rows. Otherwise: A = the
+    intermediate, W = w2 ``[E, N, K]``, Out = float32 ``[P, N]`` at pair rows, times
+    ``TopkWeights[pair]``.
+    """
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    rows_in_group = tl.minimum(tiles_bound - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % rows_in_group
+    pid_n = (pid % group) // rows_in_group
+    if pid_m >= tl.load(NumTiles):
+        return
+    expert = tl.load(TileExpert + pid_m).to(tl.int64)
+    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(SortedIds + slots)
+    m_ok = pairs < num_pairs
+    if GATED:
+        a_rows = (pairs // TOP_K).to(tl.int64) * stride_am
+    else:
+        a_rows = slots.to(tl.int64) * stride_am
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if GATED:
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up_rows = offs_n + N
+    if FORMAT == 3:
+        if MX_WORDS:
+            # Planned layout: K steps of 128 values; the 4 scales of a row for one step are one
+            # int32 word (scales [E, K/128, N] words), a load wide enough to be pipelined.
+            # EVEN_K here means K % 128 == 0; else the masks of the two 64-value halves of a
+            # step cover the end of K.
+            for k0 in range(0, K, 128):
+                w_ptr = S + expert * stride_se + (k0 // 128) * stride_sk
+                words = tl.load(w_ptr + offs_n.to(tl.int64) * stride_sn, mask=n_ok, other=0x7F7F7F7F)
+                if GATED:
+                    words_up = tl.load(w_ptr + up_rows.to(tl.int64) * stride_sn, mask=n_ok, other=0x7F7F7F7F)
+                for g in tl.static_range(2):
+                    kg = k0 + 64 * g
+                    a_lo, a_hi = _mx_load_a(A, a_rows, m_ok, kg, K, MX_HALVES, EVEN_K, INTERPRET)
+                    acc = _mx_dot(acc, a_lo, a_hi, W, (words >> (16 * g)) & 255, (words >> (16 * g + 8)) & 255,
+                                  expert, offs_n, n_ok, kg, K, stride_we, stride_wn, stride_wk, MX_HALVES, EVEN_K,
+                                  MX_BF16, INTERPRET, DOT_PREC)  # fmt: skip
+                    if GATED:
+                        acc_up = _mx_dot(acc_up, a_lo, a_hi, W, (words_up >> (16 * g)) & 255,
+                                         (words_up >> (16 * g + 8)) & 255, expert, up_rows, n_ok, kg, K, stride_we,
+                                         stride_wn, stride_wk, MX_HALVES, EVEN_K, MX_BF16, INTERPRET,
+                                         DOT_PREC)  # fmt: skip
+        else:
+            # Standard layout: one 64-value group per step; EVEN_K here means K % 64 == 0.
+            for kg in range(0, K, 64):
+                a_lo, a_hi = _mx_load_a(A, a_rows, m_ok, kg, K, MX_HALVES, EVEN_K, INTERPRET)
+                s0, s1 = _mx_scales(S, expert, offs_n, n_ok, kg, K, stride_se, stride_sn, stride_sk, EVEN_K)
+                acc = _mx_dot(acc, a_lo, a_hi, W, s0, s1, expert, offs_n, n_ok, kg, K, stride_we, stride_wn,
+                              stride_wk, MX_HALVES, EVEN_K, MX_BF16, INTERPRET, DOT_PREC)  # fmt: skip
+                if GATED:
+                    s0, s1 = _mx_scales(S, expert, up_rows, n_ok, kg, K, stride_se, stride_sn, stride_sk, EVEN_K)
+                    acc_up = _mx_dot(acc_up, a_lo, a_hi, W, s0, s1, expert, up_rows, n_ok, kg, K, stride_we,
+                                     stride_wn, stride_wk, MX_HALVES, EVEN_K, MX_BF16, INTERPRET,
+                                     DOT_PREC)  # fmt: skip
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            a_mask = m_ok[:, None]
+            if not EVEN_K:
+                a_mask = a_mask & (offs_k[None, :] < K)
+            a = tl.load(A + a_rows[:, None] + offs_k[None, :], mask=a_mask, other=0.0)
+            if INTERPRET:
+                a = a.to(tl.float32)
+            w = _load_weight(W, S, expert, offs_n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
+                             stride_se, stride_sn, stride_sk, BLOCK_N, BLOCK_K, EVEN_K)  # fmt: skip
+            acc = _dot_step(acc, a, w, S, expert, offs_n, n_ok, k0, stride_se, stride_sn, stride_sk,
+                            FORMAT, INTERPRET, DOT_PREC)  # fmt: skip
+            if GATED:
+                w_up = _load_weight(W, S, expert, up_rows, n_ok, k0, K, stride_we, stride_wn, stride_wk,
+                                    stride_se, stride_sn, stride_sk, BLOCK_N, BLOCK_K, EVEN_K)  # fmt: skip
+                acc_up = _dot_step(acc_up, a, w_up, S, expert, up_rows, n_ok, k0, stride_se, stride_sn, stride_sk,
+                                   FORMAT, INTERPRET, DOT_PREC)  # fmt: skip
+    acc = _row_scale(acc, S, expert, offs_n, n_ok, stride_se, stride_sn, FORMAT)
+    if HAS_BIAS:
+        acc += tl.load(Bias + expert * stride_be + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if GATED:
+        up = _row_scale(acc_up, S, expert, up_rows, n_ok, stride_se, stride_sn, FORMAT)
+        if HAS_BIAS:
+            up += tl.load(Bias + expert * stride_be + up_rows, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        gate = acc
+        if ACTIVATION == 0:  # silu
+            act = gate / (1.0 + tl.exp(-gate)) * up
+        elif ACTIVATION == 1:  # gelu (erf)
+            act = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up
+        else:  # swiglu_oai
+            gate = tl.minimum(gate, 7.0)
+            up = tl.minimum(tl.maximum(up, -7.0), 7.0)
+            act = gate / (1.0 + tl.exp(-1.702 * gate)) * (up + 1.0)
+        out_ptr = Out + slots[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(out_ptr, act.to(Out.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        weight = tl.load(TopkWeights + pairs, mask=m_ok, other=0.0)
+        out_ptr = Out + pairs[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(out_ptr, acc * weight[:, None], mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def combine_kernel(
+    Y, Ids, ExpertMap, Out, H, stride_ot,
+    TOP_K: tl.constexpr, HAS_MAP: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    """Out ``[T, H]`` row t = sum over j of float32 Y ``[P, H]`` row ``t * TOP_K + j``, in j
+    order, skipping pairs whose expert maps to -1 (their Y rows were never written)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = offs < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        expert = tl.load(Ids + t * TOP_K + j)
+        if HAS_MAP:
+            expert = tl.load(ExpertMap + expert)
+        acc += tl.load(Y + (t * TOP_K + j) * H + offs, mask=h_ok & (expert >= 0), other=0.0)
+    tl.store(Out + t * stride_ot + offs, acc.to(Out.dtype.element_ty), mask=h_ok)

@@ -1,0 +1,211 @@
+"""Triton fused MoE (``moe.apply``): permutation, two grouped GEMMs, combine; four launches.
+
+1. :func:`._routing.sort_by_expert`: pairs grouped by local expert, tile-padded, on the device.
+2. layer-1 grouped GEMM (``w13``) with bias and activation in the epilogue → intermediate.
+3. layer-2 grouped GEMM (``w2``) with bias and routing weight in the epilogue → float32 rows.
+4. :func:`._gemm.combine_kernel`: each token's rows summed in choice order. The combine is
+   deterministic by construction (no atomics): the same inputs give bit-identical outputs.
+
+No step reads a device value on the host, so a call can be captured in a CUDA graph. The
+tile (decode vs prefill regime) is picked on the host from ``T * top_k / E`` (see
+:mod:`._config`). Weights: x's dtype, fp8 e4m3 (per tensor / channel / 128x128 block) or
+MXFP4, all dequantized in registers (weight-only: the MMAs run in x's dtype). The plan hook
+:func:`prepare_moe` reorders MXFP4 bytes so that a 32-byte chunk decodes into two contiguous
+32-value K tiles (no register shuffle; the functional path reads the standard layout with
+even/odd-strided activation tiles instead) and stores the scales N-contiguous.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, Weight
+from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
+from tokenspeed_kernel.registry import Priority, register_kernel
+from tokenspeed_kernel_triton.ops.moe._common import (
+    ACT_DTYPES,
+    ACTIVATION_CODES,
+    INTERPRET,
+    MAX_EXPERTS,
+    VENDORS,
+    WEIGHT_DTYPES,
+    dot_precision,
+    next_pow2,
+)
+from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile
+from tokenspeed_kernel_triton.ops.moe._gemm import FP8_BLOCK, FP8_ROW, MXFP4, PLAIN, combine_kernel, moe_gemm_kernel
+from tokenspeed_kernel_triton.ops.moe._routing import sort_by_expert
+
+__all__ = ["Operand", "PreparedMoE", "fused_moe", "prepare_moe", "triton_fused_moe"]
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A weight as the GEMM kernel reads it.
+
+    Attributes:
+        data: ``[E, N, K]`` values (x's dtype or float8_e4m3fn), or MXFP4 ``packed`` uint8
+            ``[E, N, K/2]``; last-dim contiguous.
+        scale: float32 fp8 scales (``[E, 1, 1]``, ``[E, N, 1]``, ``[E, N/128, K/128]``), uint8
+            E8M0 MXFP4 scales of logical shape ``[E, N, K/32]`` (any strides), or None.
+        fmt: ``PLAIN``, ``FP8_ROW``, ``FP8_BLOCK`` or ``MXFP4`` (see :mod:`._gemm`).
+        scale_strides: element strides of ``scale`` along (E, N, K); zeros when unused.
+        mx_halves: MXFP4 only: ``data`` is in the planned "halves" byte order (within each
+            64-value K group, byte j holds value j in its low nibble and value 32 + j in its
+            high nibble) instead of the standard one (values 2j and 2j + 1).
+        mx_words: MXFP4 only: ``scale`` is the planned int32 ``[E, ceil(K/128), N]``: byte j
+            (little-endian) of word ``[e, b, n]`` is the E8M0 scale of values
+            ``[128 b + 32 j, 128 b + 32 j + 32)`` of row n (127 past the end).
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor | None
+    fmt: int
+    scale_strides: tuple[int, int, int]
+    mx_halves: bool = False
+    mx_words: bool = False
+
+
+@dataclass(frozen=True)
+class PreparedMoE:
+    """What :func:`prepare_moe` makes of the weights for :meth:`MoEPlan.apply`."""
+
+    w13: Operand
+    w2: Operand
+
+
+def _to_halves(packed: torch.Tensor) -> torch.Tensor:
+    """Standard MXFP4 bytes ``[E, N, K/2]`` (``K % 64 == 0``) → the "halves" order, one
+    expert at a time (bounded temporary memory)."""
+    out = torch.empty_like(packed)
+    for e in range(packed.shape[0]):
+        codes = torch.stack([packed[e] & 15, packed[e] >> 4], dim=-1).reshape(packed.shape[1], -1, 64)
+        out[e] = (codes[..., :32] | (codes[..., 32:] << 4)).reshape(packed.shape[1], -1)
+    return out
+
+
+def _scale_words(scales: torch.Tensor) -> torch.Tensor:
+    """E8M0 scales uint8 ``[E, N, G]`` → int32 ``[E, ceil(G/4), N]``, 4 scales per word."""
+    e, n, g = scales.shape
+    padded = torch.full((e, n, -(-g // 4) * 4), 127, dtype=torch.uint8, device=scales.device)
+    padded[..., :g] = scales
+    words = padded.view(e, n, -1, 4).permute(0, 2, 1, 3).contiguous()
+    return words.view(torch.int32).view(e, -1, n)
+
+
+def _operand(w: Weight, *, repack: bool = False) -> Operand:
+    if isinstance(w, MXFP4Weight):
+        if not repack:
+            return Operand(w.packed, w.scales, MXFP4, tuple(w.scales.stride()))
+        if w.shape[-1] % 64:
+            return Operand(w.packed, w.scales, MXFP4, tuple(w.scales.stride()))
+        words = _scale_words(w.scales)
+        return Operand(
+            _to_halves(w.packed), words, MXFP4, (words.stride(0), words.stride(2), words.stride(1)), True, True
+        )
+    if isinstance(w, FP8Weight):
+        granularity = w.granularity
+        if granularity == "block":
+            return Operand(w.data, w.scale, FP8_BLOCK, tuple(w.scale.stride()))
+        stride_sn = 0 if granularity == "tensor" else w.scale.stride(1)
+        return Operand(w.data, w.scale, FP8_ROW, (w.scale.stride(0), stride_sn, 0))
+    return Operand(w, None, PLAIN, (0, 0, 0))
+
+
+def prepare_moe(*, w13: Weight, w2: Weight, w13_bias=None, w2_bias=None, expert_map=None) -> PreparedMoE:
+    """Plan hook: the weights as the kernel loads them fastest. MXFP4 (when ``K % 64 == 0``):
+    bytes in the "halves" order, so each 32-byte row chunk decodes into two contiguous
+    32-value K tiles with no register shuffle, and scales packed 4 to an int32 word per row
+    and 128-value K step, so that the scale loads are wide enough to be pipelined. Other
+    formats are used as given. Allocates the repacked copies; inputs are untouched."""
+    return PreparedMoE(_operand(w13, repack=True), _operand(w2, repack=True))
+
+
+def _vendor(device: torch.device) -> str:
+    if device.type == "cpu":
+        return "cpu"
+    return "rocm" if getattr(torch.version, "hip", None) else "cuda"
+
+
+def _gemm(a, op: Operand, bias, out, routing, topk_weights, n, k, top_k, tile: Tile, *, gated, activation):
+    mx = op.fmt == MXFP4
+    block_k = 64 if mx else tile.block_k  # MXFP4 steps over 64-value groups
+    grid = (routing.tiles_bound * triton.cdiv(n, tile.block_n),)
+    moe_gemm_kernel[grid](
+        a, op.data, op.data if op.scale is None else op.scale, a if bias is None else bias, out,
+        routing.sorted_ids, routing.tile_expert, routing.num_tiles, topk_weights,
+        routing.num_pairs, n, k, routing.tiles_bound,
+        a.stride(0), op.data.stride(0), op.data.stride(1), op.data.stride(2), *op.scale_strides,
+        0 if bias is None else bias.stride(0), out.stride(0),
+        TOP_K=top_k, FORMAT=op.fmt, GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k, GROUP_M=tile.group_m,
+        EVEN_K=k % (128 if op.mx_words else 64 if mx else block_k) == 0, INTERPRET=INTERPRET, DOT_PREC=dot_precision(a.dtype),
+        MX_HALVES=op.mx_halves, MX_BF16=mx and a.dtype == torch.bfloat16, MX_WORDS=op.mx_words,
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )  # fmt: skip
+
+
+def fused_moe(args: MoEApplyArgs, tile: Tile | None = None) -> None:
+    """Run the four launches for ``args`` (writes ``args.out``); ``tile`` overrides the table."""
+    x, ids = args.x, args.topk_ids
+    num_tokens, hidden = x.shape
+    top_k = ids.shape[1]
+    prepared = args.prepared if isinstance(args.prepared, PreparedMoE) else None
+    ops = prepared or PreparedMoE(_operand(args.w13), _operand(args.w2))
+    num_experts = ops.w13.data.shape[0]
+    inter = args.w2.shape[-1]
+    num_pairs = num_tokens * top_k
+    tile = tile or pick_tile(num_pairs, num_experts, _vendor(x.device), "mxfp4" if ops.w13.fmt == MXFP4 else "plain")
+    routing = sort_by_expert(ids, args.expert_map, num_experts, tile.block_m)
+    weights = args.topk_weights
+    h = torch.empty((routing.tiles_bound * tile.block_m, inter), dtype=x.dtype, device=x.device)
+    _gemm(x, ops.w13, args.w13_bias, h, routing, weights, inter, hidden, top_k, tile, gated=True,
+          activation=args.activation)  # fmt: skip
+    y = torch.empty((num_pairs, hidden), dtype=torch.float32, device=x.device)
+    _gemm(h, ops.w2, args.w2_bias, y, routing, weights, hidden, inter, top_k, tile, gated=False,
+          activation=args.activation)  # fmt: skip
+    block_h = min(1024, next_pow2(hidden))
+    combine_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
+        y, ids, ids if args.expert_map is None else args.expert_map, args.out, hidden, args.out.stride(0),
+        TOP_K=top_k, HAS_MAP=args.expert_map is not None, BLOCK_H=block_h, num_warps=4,
+    )  # fmt: skip
+
+
+_FEATURES = (
+    "silu",
+    "gelu",
+    "swiglu_oai",
+    "bias",
+    "expert_map",
+    "mxfp4",
+    "fp8_per_tensor",
+    "fp8_per_channel",
+    "fp8_block",
+)
+
+
+def _predicate(request) -> str | None:
+    experts = request.shape("num_experts")
+    if experts is not None and experts > MAX_EXPERTS:
+        return f"num_experts={experts} exceeds {MAX_EXPERTS} (the permutation keeps one histogram bin per expert)"
+    return None
+
+
+@register_kernel(
+    "moe.apply",
+    name="triton_fused_moe",
+    solution="triton",
+    vendors=VENDORS,
+    dtypes={"x": ACT_DTYPES, "weight": WEIGHT_DTYPES},
+    features=_FEATURES,
+    priority=Priority.PORTABLE,
+    predicate=_predicate,
+    prepare=prepare_moe,
+)
+def triton_fused_moe(args: MoEApplyArgs) -> None:
+    """Grouped-GEMM MoE: device-side permutation, w13 GEMM + bias + activation, w2 GEMM + bias
+    + routing weight, deterministic combine; decode/prefill tiles chosen by rows per expert."""
+    fused_moe(args)

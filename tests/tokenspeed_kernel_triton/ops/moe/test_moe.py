@@ -1,0 +1,174 @@
+"""Triton MoE kernels against the independent float64 MoE of tests/support.
+
+On a machine without a GPU these run under TRITON_INTERPRET=1 on CPU tensors (set by
+tests/conftest.py), where the Triton kernels serve the CPU platform and win selection: the
+tests call the public API with no override and assert the Triton kernel ran. Every weight
+format, activation, bias and expert-map case of ``awkward_cases``, every tile of the launch
+table (NVIDIA and AMD), the plan's repacked weights, the device-side permutation and
+run-to-run determinism.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+from support.naive_moe import naive_moe, naive_topk
+
+from tokenspeed_kernel.ops._dispatch import last_kernel
+from tokenspeed_kernel.ops.moe import moe_plan
+from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
+from tokenspeed_kernel.tools import cases
+from tokenspeed_kernel_triton.ops.moe import fused
+from tokenspeed_kernel_triton.ops.moe._config import pick_tile, tiles_for
+from tokenspeed_kernel_triton.ops.moe._routing import sort_by_expert
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Relative Frobenius error bounds: the intermediate activation is rounded to x's dtype.
+TOL = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-5}
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double().cpu() - ref.cpu()).norm() / ref.cpu().norm().clamp_min(1e-30))
+
+
+def _check(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    assert not torch.isnan(out).any(), "an output element was never written"
+    err = _rel_err(out, ref)
+    assert err < TOL[dtype], f"relative error {err:.2e} >= {TOL[dtype]:.0e}"
+    tol = 4 * TOL[dtype]
+    torch.testing.assert_close(out.double().cpu(), ref.cpu(), atol=tol * (float(ref.abs().max()) + 1), rtol=tol)
+
+
+TOPK = [
+    pytest.param(c, id=f"{c.name}-{str(d)[6:]}")
+    for d in (torch.bfloat16, torch.float32)
+    for c in cases.awkward_cases("moe.topk", d)
+]
+
+
+@pytest.mark.parametrize("case", TOPK)
+def test_topk_matches_naive(case):
+    inputs = cases.make_inputs(case, DEVICE, seed=len(case.name))
+    weights, ids = cases.call(case, inputs)
+    assert last_kernel() == "triton_moe_topk"
+    ref_w, ref_ids = naive_topk(**inputs)
+    assert torch.equal(ids.long().cpu(), ref_ids.cpu())
+    torch.testing.assert_close(weights.double().cpu(), ref_w.cpu(), atol=1e-6, rtol=1e-5)
+
+
+# Every case in bf16; the other activation dtypes on a subset (each weight format once).
+_SUBSET = ("plain_t5", "bias", "expert_map", "fp8_per_channel", "fp8_block", "gpt_oss_like")
+APPLY = [pytest.param(c, id=f"{c.name}-bfloat16") for c in cases.awkward_cases("moe.apply", torch.bfloat16)] + [
+    pytest.param(c, id=f"{c.name}-{str(d)[6:]}")
+    for d in (torch.float16, torch.float32)
+    for c in cases.awkward_cases("moe.apply", d)
+    if c.name in _SUBSET
+]
+
+
+@pytest.mark.parametrize("case", APPLY)
+def test_fused_moe_matches_naive(case):
+    inputs = cases.make_inputs(case, DEVICE, seed=len(case.name))
+    expected = naive_moe(**inputs)
+    poisoned = torch.full((case.num_tokens, case.hidden), float("nan"), dtype=case.dtype, device=DEVICE)
+    out = cases.call(case, inputs, out=poisoned)
+    assert last_kernel() == "triton_fused_moe", f"selector picked {last_kernel()}"
+    assert out.dtype == case.dtype
+    _check(out, expected, case.dtype)
+
+
+def _args(inputs, out=None, prepared=None) -> MoEApplyArgs:
+    x = inputs["x"]
+    out = torch.full_like(x, float("nan")) if out is None else out
+    return MoEApplyArgs(**inputs, out=out, prepared=prepared)
+
+
+TILE_CASES = {"plain": ("fp8_block", "odd_sizes", "plain_t33"), "mxfp4": ("mxfp4_k128",)}
+
+
+@pytest.mark.parametrize("weights", ["plain", "mxfp4"])
+@pytest.mark.parametrize("vendor", ["cuda", "rocm"])
+def test_every_tile_of_the_table(vendor, weights):
+    """Each tile the heuristic can choose (both vendors' tables), on the cases that stress
+    formats and masking; the decode/prefill regimes differ only by tile."""
+    by_name = {c.name: c for c in cases.awkward_cases("moe.apply", torch.bfloat16)}
+    by_name["mxfp4_k128"] = dataclasses.replace(by_name["mxfp4_t33"], hidden=128, intermediate=64, name="mxfp4_k128")
+    for tile in tiles_for(vendor, weights):
+        for name in TILE_CASES[weights]:
+            case = by_name[name]
+            inputs = cases.make_inputs(case, DEVICE, seed=3)
+            expected = naive_moe(**inputs)
+            plans = [None]
+            if weights == "mxfp4":  # the functional path (standard layout) and the planned one
+                plans.append(fused.prepare_moe(w13=inputs["w13"], w2=inputs["w2"]))
+            for prepared in plans:
+                args = _args(inputs, prepared=prepared)
+                fused.fused_moe(args, tile=tile)
+                _check(args.out, expected, case.dtype)
+
+
+def test_tile_regimes():
+    for weights in ("plain", "mxfp4"):
+        decode = pick_tile(1 * 4, 128, "cuda", weights)
+        prefill = pick_tile(4096 * 4, 128, "cuda", weights)
+        assert decode.block_m == 16 and prefill.block_m >= 64
+        assert pick_tile(4096 * 4, 128, "rocm", weights).num_stages <= 2
+
+
+def test_plan_repacks_mxfp4_scales_and_matches_functional_path():
+    case = dataclasses.replace(
+        {c.name: c for c in cases.awkward_cases("moe.apply")}["gpt_oss_like"], num_tokens=9, name="plan"
+    )
+    inputs = cases.make_inputs(case, DEVICE, seed=11)
+    weights = {k: inputs[k] for k in ("w13", "w2", "w13_bias", "w2_bias", "expert_map")}
+    plan = moe_plan(**weights, x_dtype=case.dtype, top_k=case.top_k, activation=case.activation)
+    assert plan.kernel == "triton_fused_moe"
+    assert isinstance(plan.prepared, fused.PreparedMoE)
+    scales = plan.prepared.w13.scale
+    # int32 words [E, K/128, N], 4 E8M0 scales each (little-endian) → back to [E, N, K/32]
+    unpacked = torch.stack([(scales >> (8 * j)) & 255 for j in range(4)], dim=2).flatten(1, 2).transpose(1, 2)
+    assert torch.equal(unpacked[..., : case.hidden // 32].to(torch.uint8), inputs["w13"].scales)
+    # H = 64: w13 bytes reordered to the "halves" layout; I = 32 is no whole 64-value group.
+    assert plan.prepared.w13.mx_halves and not plan.prepared.w2.mx_halves
+    assert not torch.equal(plan.prepared.w13.data, inputs["w13"].packed)
+    planned = plan.apply(inputs["x"], inputs["topk_weights"], inputs["topk_ids"])
+    _check(planned, naive_moe(**inputs), case.dtype)
+    functional = cases.call(case, inputs)
+    assert torch.equal(planned, functional), "plan and functional path must agree bit for bit"
+
+
+@pytest.mark.parametrize("with_map", [False, True])
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_permutation_groups_pairs_by_expert(with_map, block_m):
+    gen = torch.Generator().manual_seed(block_m)
+    num_global, top_k, tokens = 12, 3, 37
+    ids = torch.stack([torch.randperm(num_global, generator=gen)[:top_k] for _ in range(tokens)]).int()
+    mapping = None
+    num_local = num_global
+    if with_map:
+        num_local = 5
+        mapping = torch.full((num_global,), -1, dtype=torch.int32)
+        mapping[torch.randperm(num_global, generator=gen)[:num_local]] = torch.arange(num_local, dtype=torch.int32)
+    r = sort_by_expert(ids.to(DEVICE), None if mapping is None else mapping.to(DEVICE), num_local, block_m)
+    flat = ids.flatten().long()
+    local = flat if mapping is None else mapping.long()[flat]
+    num_tiles = int(r.num_tiles.item())
+    assert num_tiles <= r.tiles_bound
+    sorted_ids = r.sorted_ids[: num_tiles * block_m].cpu().long()
+    tile_expert = r.tile_expert[:num_tiles].cpu().long()
+    owner = tile_expert.repeat_interleave(block_m)
+    real = sorted_ids < r.num_pairs
+    assert sorted(sorted_ids[real].tolist()) == [p for p in range(r.num_pairs) if local[p] >= 0]
+    assert torch.equal(local[sorted_ids[real]], owner[real])
+    counts = torch.bincount(local[local >= 0], minlength=num_local)
+    assert num_tiles == int(((counts + block_m - 1) // block_m).sum())
+    for e in range(num_local):  # stable: ascending pair order within an expert
+        mine = sorted_ids[real & (owner == e)]
+        assert torch.equal(mine, mine.sort().values)
+
+
+def test_combine_is_deterministic():
+    case = {c.name: c for c in cases.awkward_cases("moe.apply")}["plain_t33"]
+    inputs = cases.make_inputs(case, DEVICE, seed=5)
+    first = cases.call(case, inputs)
+    assert torch.equal(first, cases.call(case, inputs))
