@@ -8,7 +8,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-index .whl/tokenspeed_kernel-*.whl .whl/tokenspeed_kernel_triton-*.whl || exit 1
+python3 -m pip install -q --force-reinstall --no-deps --no-index .whl/tokenspeed_kernel-*.whl .whl/tokenspeed_kernel_triton-*.whl || exit 1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 tokenspeed-kernel list attention.decode | head -8

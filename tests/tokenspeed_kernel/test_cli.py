@@ -1,9 +1,11 @@
 """The tokenspeed-kernel command line on CPU."""
 
+import json
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from tokenspeed_kernel import registry
 from tokenspeed_kernel.cli import main
@@ -25,6 +27,39 @@ def test_explain_prints_the_table(capsys):
     assert main(["explain", "attention.decode", "--preset", "gpt-oss-120b", "--case", "0"]) == 0
     out = capsys.readouterr().out
     assert "decode_b64_ctx8192" in out and "WINNER   torch_decode" in out and "features=sinks" in out
+    assert main(["explain", "attention.prefill", "--case-index", "-1", "--platform", "sm_90"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("== ") == 1 and "win=127" in out and "cuda/sm_90" in out
+
+
+def test_explain_a_request_spelled_out(capsys):
+    argv = ["explain", "attention.decode", "--dtype", "bf16", "--head-dim", "64", "--shape", "page_size=16,q_len=4"]
+    assert main([*argv, "--features", "sinks,spec_decode", "--platform", "gfx950"]) == 0
+    out = capsys.readouterr().out
+    assert "request:  attention.decode [kv=bfloat16 q=bfloat16] [head_dim=64 page_size=16 q_len=4]" in out
+    assert "features=sinks,spec_decode" in out and "rocm/gfx950" in out and "WINNER   torch_decode" in out
+    assert main(["explain", "moe.apply", "--dtype", "x=bf16,weight=mxfp4", "--features", "mxfp4"]) == 0
+    assert "[weight=uint8 x=bfloat16]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["explain", "moe.apply", "--features", "sink"], "unknown feature ['sink']"),
+        (["explain", "moe.topk", "--dtype", "logits=bf17"], "unknown dtype 'bf17'"),
+        (["explain", "moe.topk", "--shape", "top_k=four"], "top_k='four' is not an integer"),
+        (["explain", "moe.topk", "--shape", "head_dim=64"], "unknown shape key ['head_dim']"),
+        (["explain", "moe.topk", "--preset", "small", "--head-dim", "64"], "give either --preset"),
+        (["explain", "moe.topk", "--case-index", "99"], "--case-index 99"),
+        (["check", "moe.apply", "--kernel", "torch_decode"], "registered for attention.decode"),
+        (["check", "moe.topk", "--preset", "nope"], "unknown preset 'nope'"),
+        (["bench", "moe.topk", "--replay", "/nonexistent/shapes.jsonl"], "No such file"),
+    ],
+)
+def test_usage_errors_exit_2_with_a_message(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tokenspeed-kernel {argv[0]}: error:") and message in err
 
 
 def test_check_exit_codes(capsys, temp_kernels):
@@ -43,6 +78,33 @@ def test_bench_and_profile(capsys, tmp_path):
     trace = tmp_path / "trace.json"
     assert main(["profile", "moe.apply", "--preset", "small", "--out", str(trace)]) == 0
     assert "moe.apply:torch_moe" in trace.read_text()
+
+
+def test_bench_replays_a_capture_without_baselines(capsys, tmp_path, monkeypatch):
+    from tokenspeed_kernel import config
+    from tokenspeed_kernel.ops import _dispatch
+    from tokenspeed_kernel.tools import cases
+
+    shapes = tmp_path / "shapes.jsonl"
+    monkeypatch.setenv(config.CAPTURE_ENV, str(shapes))
+    config.refresh()
+    monkeypatch.setattr(_dispatch, "_captured", set())
+    try:
+        for op in ("attention.decode", "moe.topk"):
+            case = cases.awkward_cases(op, torch.float32)[0]
+            cases.call(case, cases.make_inputs(case))
+    finally:
+        monkeypatch.delenv(config.CAPTURE_ENV)
+        config.refresh()
+    assert len(shapes.read_text().splitlines()) == 2
+    out_json = tmp_path / "replay.json"
+    assert main(["bench", "all", "--replay", str(shapes), "--no-baselines", "--json", str(out_json)]) == 0
+    rows = json.loads(out_json.read_text())["rows"]
+    assert [(r["op"], r["impl"], r["kind"]) for r in rows] == [
+        ("attention.decode", "torch_decode", "kernel"),
+        ("moe.topk", "torch_moe_topk", "kernel"),
+    ]
+    assert "torch_decode" in capsys.readouterr().out
 
 
 def test_module_entry_point_runs():

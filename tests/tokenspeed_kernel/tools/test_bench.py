@@ -69,3 +69,67 @@ def test_every_preset_case_has_counted_work_and_a_request():
             for case in preset_cases(preset, op):
                 assert case.bytes_moved() > 0
                 assert cases.request(case).op == op
+
+
+def _baseline(op, name):
+    from tokenspeed_kernel.tools.baselines import baselines_for
+
+    (found,) = [b for b in baselines_for(op) if b.name == name]
+    return found
+
+
+@pytest.mark.parametrize("weight_format", ["plain", "mxfp4", "fp8_per_channel"])
+def test_moe_baselines_compute_the_reference(weight_format, monkeypatch):
+    """A speedup means something only if the baseline does the same work: both MoE pipelines
+    (grouped matmul, and the per-expert loop it falls back to) match the float64 reference."""
+    from tokenspeed_kernel.tools import baselines
+    from tokenspeed_kernel.tools.tolerances import Tolerance, compare
+
+    case = MoECase("moe.apply", 9, 64, 32, 8, 2, torch.bfloat16, weight_format, "swiglu_oai", bias=True)
+    inputs = cases.make_inputs(case, "cpu", seed=3)
+    ref, _ = cases.reference(case, inputs)
+    cpu = torch.device("cpu")
+    loop = _baseline("moe.apply", "torch_expert_loop")
+    assert "its fallback" in loop.prepare(case, inputs, cpu)  # grouped_mm runs on this CPU
+    runners = [_baseline("moe.apply", "torch_grouped_mm").prepare(case, inputs, cpu)]
+    monkeypatch.setattr(baselines, "_grouped_mm_missing", lambda *a: "pretend it is missing")
+    runners.append(loop.prepare(case, inputs, cpu))
+    assert "pretend" in _baseline("moe.apply", "torch_grouped_mm").prepare(case, inputs, cpu)
+    for run in runners:
+        assert compare(run(), ref, Tolerance(2e-2, 4e-2)).passed
+    mapped = MoECase("moe.apply", 4, 64, 32, 8, 2, torch.bfloat16, expert_map=True)
+    assert loop.prepare(mapped, cases.make_inputs(mapped), cpu) == "no expert_map in this baseline"
+
+
+def test_decode_baselines_compute_the_reference_and_say_why_not():
+    from tokenspeed_kernel.tools.tolerances import Tolerance, compare
+
+    case = AttentionCase("attention.decode", (1, 1, 1), (37, 37, 37), 8, 2, 16, page_size=8, dtype=torch.float32)
+    inputs = cases.make_inputs(case, "cpu", seed=1)
+    ref, _ = cases.reference(case, inputs)
+    for name in ("gather_sdpa", "sdpa_contiguous"):
+        out = _baseline("attention.decode", name).prepare(case, inputs, torch.device("cpu"))()
+        assert compare(out.transpose(1, 2).reshape(ref.shape), ref, Tolerance(1e-5, 1e-4)).passed, name
+    ragged = AttentionCase("attention.decode", (1, 1), (5, 9), 8, 2, 16, page_size=8, dtype=torch.float32)
+    window = AttentionCase("attention.decode", (1,), (9,), 8, 2, 16, page_size=8, dtype=torch.float32, window_left=3)
+    gather = _baseline("attention.decode", "gather_sdpa")
+    assert (
+        gather.prepare(ragged, cases.make_inputs(ragged), torch.device("cpu")) == "needs equal lengths across the batch"
+    )
+    assert "sliding window" in gather.prepare(window, cases.make_inputs(window), torch.device("cpu"))
+    prefill = AttentionCase("attention.prefill", (4,), (4,), 2, 1, 8, dtype=torch.float32)
+    assert _baseline("attention.prefill", "sdpa_flash").prepare(prefill, {}, torch.device("cpu")) == "GPU only"
+
+
+def test_bench_json_rows_hold_every_field(tmp_path):
+    path = tmp_path / "rows.json"
+    bench("moe.topk", preset="small", json_path=str(path), device="cpu", quiet=True)
+    data = json.loads(path.read_text())
+    assert set(data) >= {"device", "torch", "date", "python", "ceilings", "rows"}
+    fields = {"op", "case", "impl", "kind", "ms", "tflops", "tbps", "pct_copy", "pct_matmul", "selected", "speedups"}
+    for row in data["rows"]:
+        assert fields <= set(row)
+    kernel, base = data["rows"]
+    assert (kernel["kind"], base["kind"], base["impl"]) == ("kernel", "baseline", "torch_topk")
+    assert kernel["speedups"]["torch_topk"] == pytest.approx(base["ms"] / kernel["ms"])
+    assert kernel["pct_copy"] is None  # no ceilings on a CPU

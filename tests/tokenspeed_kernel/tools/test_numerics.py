@@ -60,3 +60,33 @@ def test_compare_rules():
     nan[0] = float("nan")
     verdict = compare(nan, ref, tol)
     assert verdict.has_nan and not verdict.passed
+
+
+def test_default_preset_is_awkward_and_rows_are_typed():
+    from tokenspeed_kernel.tools import cases
+
+    report = check("kvcache.store", device="cpu", quiet=True)
+    awkward = cases.awkward_cases("kvcache.store", torch.bfloat16) + cases.awkward_cases("kvcache.store", torch.float16)
+    assert len(report.rows) == len(awkward) and report.ok
+    row = report.rows[0]
+    assert row.passed and row.kernel == "torch_store_kvcache" and row.max_abs == 0.0 and row.max_rel == 0.0
+    assert row.tolerance.startswith("rel_l2<=0 ")
+
+
+def test_a_crashing_kernel_fails_its_rows_and_the_rest_still_run(temp_kernels):
+    def crash(args):
+        raise RuntimeError("launch failed: out of shared memory")
+
+    registry.register_kernel("moe.topk", name="t_crash", solution="test", features=("softmax", "renormalize"))(crash)
+    report = check("moe.topk", preset="small", device="cpu", quiet=True)
+    status = {r.kernel: r for r in report.rows}
+    assert status["t_crash"].status == "FAIL" and "RuntimeError: launch failed" in status["t_crash"].reason
+    assert status["torch_moe_topk"].passed and not report.ok
+
+
+def test_compare_reports_max_rel():
+    ref = torch.tensor([1.0, 100.0], dtype=torch.float64)
+    got = torch.tensor([1.5, 100.0])
+    verdict = compare(got, ref, Tolerance(1.0, 1.0))
+    assert verdict.max_abs == 0.5 and verdict.max_rel == pytest.approx(0.5 / 2.0)
+    assert verdict.rel_l2 == pytest.approx(0.5 / float(ref.norm()))

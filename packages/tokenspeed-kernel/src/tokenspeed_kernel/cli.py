@@ -2,8 +2,11 @@
 
 tokenspeed-kernel platform                        the detected (or overridden) platform
 tokenspeed-kernel list [OP]                       backends and registered kernels
-tokenspeed-kernel explain OP [--preset P] [--case I]
+tokenspeed-kernel explain OP [--preset P] [--case-index I] [--platform ARCH]
                                                   the selection table for a preset's cases
+tokenspeed-kernel explain OP [--dtype D|ROLE=D,...] [--head-dim N] [--shape KEY=N ...]
+                             [--features F,...] [--platform ARCH]
+                                                  the selection table for a request spelled out
 tokenspeed-kernel check OP|all [--kernel K] [--preset P] [--device D]
                                                   numerics vs the float64 reference (exit 1 on failure)
 tokenspeed-kernel bench OP|all [--kernel K|all] [--preset P | --replay FILE] [--json FILE]
@@ -15,11 +18,16 @@ tokenspeed-kernel profile OP [--preset P] [--kernel K] [--out FILE]
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+import torch
+
 from tokenspeed_kernel import registry, selector
-from tokenspeed_kernel.operators import OPERATORS
-from tokenspeed_kernel.platform import current_platform
+from tokenspeed_kernel.operators import OPERATORS, operator_schema
+from tokenspeed_kernel.platform import KNOWN_ARCHS, current_platform, platform_from_arch
+from tokenspeed_kernel.registry import Request
+from tokenspeed_kernel.selector import NoKernelFoundError
 
 __all__ = ["main"]
 
@@ -47,15 +55,87 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+_DTYPES: dict[str, torch.dtype] = {
+    **{name: dtype for dtype, names in (
+        (torch.bfloat16, ("bf16", "bfloat16")),
+        (torch.float16, ("fp16", "float16", "half")),
+        (torch.float32, ("fp32", "float32", "float")),
+        (torch.float64, ("fp64", "float64", "double")),
+        (torch.float8_e4m3fn, ("fp8", "float8_e4m3fn", "e4m3")),
+        (torch.uint8, ("uint8", "mxfp4")),
+    ) for name in names},
+}  # fmt: skip
+
+
+def _dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name.strip().lower()]
+    except KeyError:
+        raise ValueError(f"--dtype: unknown dtype {name!r}; known: {', '.join(_DTYPES)}") from None
+
+
+def _pairs(flag: str, items: list[str]) -> dict[str, str]:
+    """``["a=1,b=2", "c=3"]`` -> ``{"a": "1", "b": "2", "c": "3"}``."""
+    out = {}
+    for item in (part for chunk in items for part in chunk.split(",") if part.strip()):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"{flag}: expected KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _int(flag: str, key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{flag}: {key}={value!r} is not an integer") from None
+
+
+def _request_from_flags(args: argparse.Namespace) -> Request:
+    """The request spelled out by ``--dtype/--head-dim/--shape/--features`` (checked against
+    the operator's vocabulary). A bare ``--dtype D`` applies to every dtype role."""
+    schema = operator_schema(args.op)
+    dtypes: dict[str, torch.dtype] = {}
+    for spec in args.dtype:
+        if "=" in spec:
+            dtypes.update({role: _dtype(name) for role, name in _pairs("--dtype", [spec]).items()})
+        else:
+            dtypes.update(dict.fromkeys(schema.dtype_roles, _dtype(spec)))
+    shapes = {key: _int("--shape", key, value) for key, value in _pairs("--shape", args.shape).items()}
+    if args.head_dim is not None:
+        shapes["head_dim"] = args.head_dim
+    features = {f.strip() for chunk in args.features for f in chunk.split(",") if f.strip()}
+    checks = (
+        ("dtype role", set(dtypes), schema.dtype_roles),
+        ("shape key", set(shapes), schema.shape_keys),
+        ("feature", features, schema.features),
+    )
+    for what, given, known in checks:
+        unknown = sorted(given - set(known))
+        if unknown:
+            raise ValueError(f"{args.op}: unknown {what} {unknown}; expected some of {', '.join(known)}")
+    return Request.make(args.op, dtypes, shapes, features)
+
+
 def _cmd_explain(args: argparse.Namespace) -> int:
+    platform = platform_from_arch(args.platform) if args.platform else None
+    if args.dtype or args.shape or args.features or args.head_dim is not None:
+        if args.preset is not None or args.case_index is not None:
+            raise ValueError("explain: give either --preset/--case-index or --dtype/--head-dim/--shape/--features")
+        print(selector.explain(_request_from_flags(args), platform=platform).table())
+        return 0
+
     from tokenspeed_kernel.tools import cases
     from tokenspeed_kernel.tools.presets import preset_cases
 
-    found = preset_cases(args.preset, args.op)
-    chosen = found if args.case is None else [found[args.case]]
+    found = preset_cases(args.preset or "gpt-oss-120b", args.op)
+    if args.case_index is not None and not -len(found) <= args.case_index < len(found):
+        raise ValueError(f"--case-index {args.case_index}: the preset has {len(found)} cases for {args.op}")
+    chosen = found if args.case_index is None else [found[args.case_index]]
     for case in chosen:
         print(f"== {case.describe()}")
-        print(selector.explain(cases.request(case)).table())
+        print(selector.explain(cases.request(case), platform=platform).table())
         print()
     return 0
 
@@ -105,16 +185,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("op", nargs="?", choices=ops)
     p.set_defaults(fn=_cmd_list)
 
-    p = sub.add_parser("explain", help="why each kernel is (not) selected for a preset's cases")
+    p = sub.add_parser("explain", help="why each kernel is (not) selected for a preset's cases or a request")
     p.add_argument("op", choices=ops)
-    p.add_argument("--preset", default="gpt-oss-120b")
-    p.add_argument("--case", type=int, default=None, help="index of one case of the preset")
+    p.add_argument("--preset", default=None, help="cases to explain (default: gpt-oss-120b)")
+    p.add_argument("--case-index", "--case", dest="case_index", type=int, default=None, help="one case of the preset")
+    p.add_argument("--dtype", action="append", default=[], help="DTYPE for every role, or ROLE=DTYPE[,...]")
+    p.add_argument("--head-dim", type=int, default=None)
+    p.add_argument("--shape", action="append", default=[], help="KEY=N[,...], e.g. page_size=16,num_q_heads=64")
+    p.add_argument("--features", action="append", default=[], help="comma-separated, e.g. sinks,sliding_window")
+    p.add_argument("--platform", default=None, choices=sorted(KNOWN_ARCHS), help="answer for another platform")
     p.set_defaults(fn=_cmd_explain)
 
     p = sub.add_parser("check", help="numerics against the float64 reference")
     p.add_argument("op", choices=[*ops, "all"])
     p.add_argument("--kernel", default=None, help="one kernel (default: every registered kernel)")
-    p.add_argument("--preset", default="small")
+    p.add_argument("--preset", default="awkward", help="awkward (default), small or gpt-oss-120b")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=_cmd_check)
@@ -140,6 +225,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit code."""
+    """Run the command line; returns the exit code (0 ok, 1 a check failed, 2 a usage error:
+    a bad argument, an unknown kernel or preset, a kernel that cannot serve the request)."""
     args = _parser().parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except BrokenPipeError:  # output piped into `head` and the like: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (ValueError, NoKernelFoundError, OSError) as exc:
+        print(f"tokenspeed-kernel {args.command}: error: {exc}", file=sys.stderr)
+        return 2

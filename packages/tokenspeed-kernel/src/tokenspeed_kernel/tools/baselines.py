@@ -11,7 +11,9 @@ the bench output as ``-nosinks``): that is the work a user would compare against
     attention.decode   gather_sdpa (gather the pages, then SDPA),
                        sdpa_contiguous (SDPA over an unpaged cache of the same length)
     moe.topk           torch_topk (softmax/sigmoid + torch.topk)
-    moe.apply          torch_grouped_mm (sort by expert + torch._grouped_mm, bf16 weights)
+    moe.apply          torch_grouped_mm (sort by expert + torch._grouped_mm, bf16 weights),
+                       torch_expert_loop (the same with one matmul pair per expert, only
+                       where torch._grouped_mm cannot run)
 """
 
 from __future__ import annotations
@@ -171,44 +173,127 @@ def _dense_weight(w: Any, dtype: torch.dtype) -> torch.Tensor:
     return w.dequantize(dtype) if isinstance(w, (MXFP4Weight, FP8Weight)) else w.to(dtype)
 
 
-def _torch_grouped_mm(case, inputs, device):
+@functools.cache
+def _grouped_mm_missing(device_type: str, index: int | None) -> str | None:
+    """Why ``torch._grouped_mm`` (bf16) cannot run on this device, or None when it can."""
     if not hasattr(torch, "_grouped_mm"):
-        return "torch._grouped_mm not available in this torch"
-    if device.type != "cuda":
-        return "GPU only (torch._grouped_mm)"
+        return "torch._grouped_mm is not in this torch"
+    device = torch.device(device_type, index) if index is not None else torch.device(device_type)
+    try:
+        x = torch.ones(16, 32, dtype=torch.bfloat16, device=device)
+        w = torch.ones(2, 32, 16, dtype=torch.bfloat16, device=device)
+        torch._grouped_mm(x, w, offs=torch.tensor([8, 16], dtype=torch.int32, device=device))
+    except (RuntimeError, NotImplementedError) as exc:
+        return f"torch._grouped_mm cannot run here: {str(exc).splitlines()[0][:80]}"
+    return None
+
+
+@dataclass(frozen=True)
+class _MoEInputs:
+    """A moe.apply case's inputs in bf16, dequantized once, outside the timed region."""
+
+    x: torch.Tensor  # [T, H] bf16
+    w13: torch.Tensor  # [E, 2I, H] bf16
+    w2: torch.Tensor  # [E, H, I] bf16
+    b13: torch.Tensor | None  # [E, 2I]
+    b2: torch.Tensor | None  # [E, H]
+    ids: torch.Tensor  # int32 [T, k]
+    weights: torch.Tensor  # float32 [T, k]
+    out_dtype: torch.dtype
+
+    @classmethod
+    def of(cls, inputs: dict[str, Any]) -> _MoEInputs:
+        dtype = torch.bfloat16
+        return cls(
+            inputs["x"].to(dtype),
+            _dense_weight(inputs["w13"], dtype),
+            _dense_weight(inputs["w2"], dtype),
+            inputs.get("w13_bias"),
+            inputs.get("w2_bias"),
+            inputs["topk_ids"],
+            inputs["topk_weights"],
+            inputs["x"].dtype,
+        )
+
+
+def _moe_sorted(m: _MoEInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token of each routed pair, expert of each pair, pair order), sorted by expert."""
+    flat = m.ids.reshape(-1).long()
+    order = flat.argsort(stable=True)
+    return order // m.ids.shape[1], flat[order], order
+
+
+def _moe_combine(m: _MoEInputs, y: torch.Tensor, tokens: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(m.x.shape, dtype=torch.float32, device=m.x.device)
+    out.index_add_(0, tokens, y.float() * m.weights.reshape(-1)[order, None])
+    return out.to(m.out_dtype)
+
+
+def _moe_unsupported(case: Case, inputs: dict[str, Any]) -> str | None:
     if inputs.get("expert_map") is not None:
         return "no expert_map in this baseline"
-    dtype = torch.bfloat16
-    x = inputs["x"].to(dtype)
-    w13 = _dense_weight(inputs["w13"], dtype)  # dequantized once, outside the timed region
-    w2 = _dense_weight(inputs["w2"], dtype)
-    b13, b2 = inputs.get("w13_bias"), inputs.get("w2_bias")
-    ids, weights = inputs["topk_ids"], inputs["topk_weights"]
-    num_experts, inter = w13.shape[0], w2.shape[-1]
+    if case.num_tokens == 0:
+        return "no tokens"
+    return None
+
+
+def _torch_grouped_mm(case, inputs, device):
+    why = _moe_unsupported(case, inputs) or _grouped_mm_missing(device.type, device.index)
+    if why:
+        return why
+    m = _MoEInputs.of(inputs)
+    num_experts, inter = m.w13.shape[0], m.w2.shape[-1]
+    bounds = torch.arange(num_experts, device=m.x.device)
     act = ACTIVATION_FUNCTIONS[case.activation]
-    top_k = ids.shape[1]
 
     def run():
-        flat = ids.reshape(-1).long()
-        order = flat.argsort(stable=True)
-        tokens = order // top_k
-        experts = flat[order]
-        offs = torch.bincount(flat, minlength=num_experts).cumsum(0).to(torch.int32)
-        h = torch._grouped_mm(x[tokens], w13.transpose(1, 2), offs=offs)
-        if b13 is not None:
-            h = h + b13[experts].to(dtype)
-        a = act(h[:, :inter].float(), h[:, inter:].float()).to(dtype)
-        y = torch._grouped_mm(a, w2.transpose(1, 2), offs=offs)
-        if b2 is not None:
-            y = y + b2[experts].to(dtype)
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        out.index_add_(0, tokens, y.float() * weights.reshape(-1)[order, None])
-        return out.to(inputs["x"].dtype)
+        tokens, experts, order = _moe_sorted(m)
+        # end of each expert's group in the sorted pairs; no host sync, so graph-capturable
+        offs = torch.searchsorted(experts, bounds, right=True).to(torch.int32)
+        h = torch._grouped_mm(m.x[tokens], m.w13.transpose(1, 2), offs=offs)
+        if m.b13 is not None:
+            h = h + m.b13[experts].to(h.dtype)
+        a = act(h[:, :inter].float(), h[:, inter:].float()).to(h.dtype)
+        y = torch._grouped_mm(a, m.w2.transpose(1, 2), offs=offs)
+        if m.b2 is not None:
+            y = y + m.b2[experts].to(y.dtype)
+        return _moe_combine(m, y, tokens, order)
 
     try:
         run()
     except RuntimeError as exc:
         return f"torch._grouped_mm cannot run: {str(exc).splitlines()[0][:80]}"
+    return run
+
+
+def _torch_expert_loop(case, inputs, device):
+    """The fallback where ``torch._grouped_mm`` cannot run: one matmul pair per expert hit
+    (reads the per-expert counts on the host, so it is timed eagerly)."""
+    why = _moe_unsupported(case, inputs)
+    if why:
+        return why
+    if _grouped_mm_missing(device.type, device.index) is None:
+        return "torch._grouped_mm runs here (torch_grouped_mm); this loop is its fallback"
+    m = _MoEInputs.of(inputs)
+    num_experts, inter = m.w13.shape[0], m.w2.shape[-1]
+    act = ACTIVATION_FUNCTIONS[case.activation]
+
+    def run():
+        tokens, experts, order = _moe_sorted(m)
+        counts = torch.bincount(experts, minlength=num_experts).tolist()
+        ys, start = [], 0
+        for e, n in enumerate(counts):
+            if n:
+                rows = tokens[start : start + n]
+                h = m.x[rows] @ m.w13[e].T
+                if m.b13 is not None:
+                    h = h + m.b13[e].to(h.dtype)
+                a = act(h[:, :inter].float(), h[:, inter:].float()).to(h.dtype)
+                y = a @ m.w2[e].T
+                ys.append(y + m.b2[e].to(y.dtype) if m.b2 is not None else y)
+                start += n
+        return _moe_combine(m, torch.cat(ys), tokens, order)
+
     return run
 
 
@@ -223,7 +308,7 @@ BASELINES: dict[str, tuple[Baseline, ...]] = {
     "attention.decode": (Baseline("gather_sdpa", _gather_sdpa), Baseline("sdpa_contiguous", _sdpa_contiguous)),
     "kvcache.store": (),
     "moe.topk": (Baseline("torch_topk", _torch_topk),),
-    "moe.apply": (Baseline("torch_grouped_mm", _torch_grouped_mm),),
+    "moe.apply": (Baseline("torch_grouped_mm", _torch_grouped_mm), Baseline("torch_expert_loop", _torch_expert_loop)),
 }
 
 

@@ -31,7 +31,7 @@ from tokenspeed_kernel.tools.capture import read_capture
 from tokenspeed_kernel.tools.ceilings import Ceilings, ceilings
 from tokenspeed_kernel.tools.presets import preset_cases
 from tokenspeed_kernel.tools.progress import Progress
-from tokenspeed_kernel.tools.timing import time_fn
+from tokenspeed_kernel.tools.timing import Timing, time_fn
 
 __all__ = ["BenchReport", "BenchRow", "bench"]
 
@@ -117,6 +117,10 @@ def _row(case: cases.Case, impl: str, kind: str, ms: float, ceil: Ceilings | Non
     return row
 
 
+def _timing_note(timing: Timing, device: torch.device) -> str:
+    return "" if timing.graph or device.type != "cuda" else "eager (not graph-capturable)"
+
+
 def _selected_name(case: cases.Case, inputs: dict) -> str | None:
     """Which kernel the selector picks for this case (one untimed call, no override)."""
     cases.call(case, {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
@@ -169,6 +173,7 @@ def bench(
             )
             row = _row(case, impl, "kernel", timing.median_ms, ceil)
             row.selected = impl == selected
+            row.note = _timing_note(timing, dev)
             kernel_rows.append(row)
         base_rows: list[BenchRow] = []
         for baseline in baselines_for(op) if baselines else ():
@@ -179,7 +184,7 @@ def bench(
                 continue
             timing = time_fn(runner, dev)
             row = _row(case, label, "baseline", timing.median_ms, ceil)
-            row.note = "" if timing.graph or dev.type != "cuda" else "eager (not graph-capturable)"
+            row.note = _timing_note(timing, dev)
             base_rows.append(row)
         for row in kernel_rows:
             row.speedups = {b.impl: b.ms / row.ms for b in base_rows if b.ms is not None}

@@ -4,11 +4,14 @@ For every case of a preset and every candidate kernel (all registered for the op
 one named), the public operator is called with ``override=<kernel>`` on inputs drawn for
 that case, outputs poisoned with NaN first where the operator takes ``out=``, and the
 result is compared with the reference kernels run in float64 (:mod:`.tolerances`). A
-kernel that cannot serve a case is reported as SKIP with the selector's reason.
+kernel that cannot serve a case (the selector rejects the override on this device's
+platform) is reported as SKIP with the selector's reason; one that raises is a FAIL with
+the exception, and the remaining kernels and cases still run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,7 +30,11 @@ __all__ = ["CheckReport", "CheckRow", "check"]
 
 @dataclass(frozen=True)
 class CheckRow:
-    """One kernel on one case: PASS, FAIL or SKIP (with the reason)."""
+    """One kernel on one case: PASS, FAIL or SKIP (with the reason).
+
+    ``max_abs``/``rel_l2``/``max_rel`` are the worst over the case's outputs (``out`` and
+    ``lse``; the top-k weights; the two caches); ``tolerance`` says what they were held to.
+    """
 
     op: str
     case: str
@@ -37,6 +44,11 @@ class CheckRow:
     rel_l2: float = float("nan")
     tolerance: str = ""
     reason: str = ""
+    max_rel: float = float("nan")
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "PASS"
 
 
 @dataclass
@@ -58,10 +70,10 @@ class CheckReport:
         return not self.failed and bool(self.passed)
 
     def table(self) -> str:
-        head = f"{'status':<6} {'op':<18} {'kernel':<28} {'max_abs':>10} {'rel_l2':>10}  case"
+        head = f"{'status':<6} {'op':<18} {'kernel':<28} {'max_abs':>10} {'rel_l2':>10} {'max_rel':>10}  case"
         lines = [f"device: {self.device}", head, "-" * len(head)]
         for r in self.rows:
-            nums = f"{r.max_abs:>10.3g} {r.rel_l2:>10.3g}" if r.status != "SKIP" else f"{'':>10} {'':>10}"
+            nums = f"{r.max_abs:>10.3g} {r.rel_l2:>10.3g} {r.max_rel:>10.3g}" if r.status != "SKIP" else " " * 32
             tail = f"  ({r.reason})" if r.reason else ""
             lines.append(f"{r.status:<6} {r.op:<18} {r.kernel:<28} {nums}  {r.case}{tail}")
         lines.append(
@@ -91,11 +103,14 @@ def _judge(case: cases.Case, got: list[torch.Tensor], ref: tuple[torch.Tensor, t
     if case.op == "moe.topk":
         weights = compare(got[0], ref[0], tol)
         ids_ok = _ids_agree(got[1], ref[1], ref[0], tol.max_abs)
-        return Comparison(weights.max_abs, weights.rel_l2, weights.has_nan, weights.passed and ids_ok)
+        return dataclasses.replace(weights, passed=weights.passed and ids_ok)
     results = [compare(g, r, tol) for g, r in zip(got, ref) if r is not None]
-    worst = max(results, key=lambda c: c.rel_l2)
     return Comparison(
-        max(c.max_abs for c in results), worst.rel_l2, any(c.has_nan for c in results), all(c.passed for c in results)
+        max_abs=max(c.max_abs for c in results),
+        rel_l2=max(c.rel_l2 for c in results),
+        has_nan=any(c.has_nan for c in results),
+        passed=all(c.passed for c in results),
+        max_rel=max(c.max_rel for c in results),
     )
 
 
@@ -125,7 +140,7 @@ def check(
     ops: str | Iterable[str],
     *,
     kernel: str | None = None,
-    preset: str = "small",
+    preset: str = "awkward",
     device: str | torch.device | None = None,
     seed: int = 0,
     stream: TextIO | None = None,
@@ -154,6 +169,10 @@ def check(
                     reason = str(exc).split(": ", 1)[-1]
                     report.rows.append(CheckRow(op, case.describe(), name, "SKIP", reason=reason))
                     continue
+                except Exception as exc:  # a crashing kernel is a failure of that row, not of the tool
+                    reason = f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+                    report.rows.append(CheckRow(op, case.describe(), name, "FAIL", reason=reason))
+                    continue
                 verdict = _judge(case, _outputs(case, result), ref)
                 report.rows.append(
                     CheckRow(
@@ -163,8 +182,9 @@ def check(
                         "PASS" if verdict.passed else "FAIL",
                         verdict.max_abs,
                         verdict.rel_l2,
-                        f"rel_l2<={tol.rel_l2:g}",
+                        tol.describe(),
                         "NaN in output" if verdict.has_nan else "",
+                        verdict.max_rel,
                     )
                 )
     if not quiet:

@@ -1,19 +1,26 @@
 """Named shape presets for check, bench, explain and profile, as data.
 
-``gpt-oss-120b``  the reference workload at serving sizes: attention with 64 query heads,
-                  8 KV heads, head dim 64, bf16, learned sinks, layers alternating full
-                  attention and a 128-token sliding window (``window_left=127``: a query
-                  sees itself and the 127 keys before it), page size 16; the MoE layer with
-                  128 experts top-4, hidden = intermediate = 2880, biases, swiglu_oai, in
-                  MXFP4 (the model's format), bf16 and fp8 (per-channel) weights.
-``small``         one tiny case per operator (CPU-cheap; what ``check all`` runs by default).
-``awkward``       the awkward-shape cases of the case modules (ragged, partial pages, ...).
+``gpt-oss-120b``  the reference workload at serving sizes. Attention: 64 query heads, 8 KV
+                  heads, head dim 64, bf16, learned sinks, page size 16; every shape is
+                  listed once per layer kind of the model, which alternates full-attention
+                  layers and 128-token sliding-window layers (:data:`LAYER_KINDS`). MoE: 128
+                  experts top-4, hidden = intermediate = 2880, biases, swiglu_oai, at
+                  T = 1, 8, 64, 512, 4096 tokens, with MXFP4 weights (the model's format),
+                  bf16 and fp8 (per-channel) weights.
+``small``         one tiny case per operator (CPU-cheap; the first awkward case in bf16).
+``awkward``       the awkward-shape cases of the case modules (ragged lengths, partial
+                  pages, GQA ratios, windows, sinks, ...) in bf16 and fp16.
+
+The window convention: GPT-OSS's ``sliding_window = 128`` means a query sees itself and
+the 127 keys before it (128 keys in all), which in our API is ``window_left = 127``
+(``i - j <= window_left``). ``window_left = 128`` would show 129 keys.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -21,59 +28,102 @@ from tokenspeed_kernel.tools import cases
 from tokenspeed_kernel.tools.cases import AttentionCase, Case
 from tokenspeed_kernel.tools.cases.moe import gpt_oss_case
 
-__all__ = ["PRESETS", "preset_cases"]
+__all__ = ["LAYER_KINDS", "PRESETS", "preset_cases"]
 
-_HQ, _HKV, _D, _WIN, _PAGE = 64, 8, 64, 127, 16
+_HQ, _HKV, _D, _PAGE = 64, 8, 64, 16
+
+# GPT-OSS layer kinds: (case-name suffix, window_left). See the module docstring.
+LAYER_KINDS: tuple[tuple[str, int], ...] = (("", -1), ("_win128", 127))
 
 
-def _att(op: str, batch: int, q: int, k: int, name: str, **kw) -> AttentionCase:
-    kw.setdefault("sinks", True)
-    return AttentionCase(op, (q,) * batch, (k,) * batch, _HQ, _HKV, _D, page_size=_PAGE, name=name, **kw)
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """One attention shape of the preset: ``batch`` sequences of ``q`` new tokens over ``k``
+    keys in all (for the store: ``q`` tokens written per sequence), plus case options."""
+
+    name: str
+    batch: int
+    q: int
+    k: int
+    options: tuple[tuple[str, Any], ...] = ()
+    windowed: bool = True  # also listed for the sliding-window layers
+
+
+_FP8 = torch.float8_e4m3fn
+_ATTENTION_SHAPES: dict[str, tuple[_Shape, ...]] = {
+    "attention.prefill": (
+        _Shape("prefill_b1_s8192", 1, 8192, 8192),
+        _Shape("prefill_b1_s8192_nosinks", 1, 8192, 8192, (("sinks", False),)),
+        _Shape("prefill_b4_s4096", 4, 4096, 4096),
+    ),
+    "attention.extend": (_Shape("extend_2048_on_6144", 1, 2048, 8192),),
+    "attention.decode": (
+        _Shape("decode_b64_ctx8192", 64, 1, 8192),
+        _Shape("decode_b64_ctx8192_nosinks", 64, 1, 8192, (("sinks", False),)),
+        _Shape("decode_b256_ctx2048", 256, 1, 2048),
+        _Shape("decode_b1_ctx8192", 1, 1, 8192),
+        _Shape("decode_b64_ctx8192_spec4", 64, 4, 8192),
+        _Shape("decode_b64_ctx8192_fp8kv", 64, 1, 8192, (("kv_dtype", _FP8),)),
+    ),
+    # The store has no window and its query heads are unused (num_q_heads = Hkv).
+    "kvcache.store": (
+        _Shape("store_decode_b64", 64, 1, 8192, (("num_q_heads", _HKV), ("sinks", False)), windowed=False),
+        _Shape("store_prefill_8192", 1, 8192, 8192, (("num_q_heads", _HKV), ("sinks", False)), windowed=False),
+    ),
+}
+
+
+def _attention_case(op: str, shape: _Shape, suffix: str, window_left: int) -> AttentionCase:
+    fields: dict[str, Any] = {"num_q_heads": _HQ, "sinks": True, **dict(shape.options)}
+    return AttentionCase(
+        op,
+        (shape.q,) * shape.batch,
+        (shape.k,) * shape.batch,
+        num_kv_heads=_HKV,
+        head_dim=_D,
+        page_size=_PAGE,
+        window_left=window_left,
+        name=shape.name + suffix,
+        **fields,
+    )
 
 
 def _gpt_oss_attention(op: str) -> list[Case]:
-    if op == "attention.prefill":
-        return [
-            _att(op, 1, 8192, 8192, "prefill_b1_s8192"),
-            _att(op, 1, 8192, 8192, "prefill_b1_s8192_nosinks", sinks=False),
-            _att(op, 4, 4096, 4096, "prefill_b4_s4096"),
-            _att(op, 1, 8192, 8192, "prefill_b1_s8192_win128", window_left=_WIN),
-        ]
-    if op == "attention.extend":
-        return [
-            _att(op, 1, 2048, 8192, "extend_2048_on_6144"),
-            _att(op, 1, 2048, 8192, "extend_2048_on_6144_win128", window_left=_WIN),
-        ]
-    if op == "attention.decode":
-        return [
-            _att(op, 64, 1, 8192, "decode_b64_ctx8192"),
-            _att(op, 64, 1, 8192, "decode_b64_ctx8192_nosinks", sinks=False),
-            _att(op, 256, 1, 2048, "decode_b256_ctx2048"),
-            _att(op, 1, 1, 8192, "decode_b1_ctx8192"),
-            _att(op, 64, 1, 8192, "decode_b64_ctx8192_win128", window_left=_WIN),
-            _att(op, 64, 4, 8192, "decode_b64_ctx8192_spec4"),
-            _att(op, 64, 1, 8192, "decode_b64_ctx8192_fp8kv", kv_dtype=torch.float8_e4m3fn),
-        ]
     return [
-        AttentionCase(op, (1,) * 64, (8192,) * 64, _HKV, _HKV, _D, page_size=_PAGE, name="store_decode_b64"),
-        AttentionCase(op, (8192,), (8192,), _HKV, _HKV, _D, page_size=_PAGE, name="store_prefill_8192"),
+        _attention_case(op, shape, suffix, window)
+        for suffix, window in LAYER_KINDS
+        for shape in _ATTENTION_SHAPES[op]
+        if shape.windowed or window < 0
     ]
 
 
-def _gpt_oss_moe(op: str) -> list[Case]:
-    if op == "moe.topk":
-        return [gpt_oss_case(t, op) for t in (1, 64, 4096)]
-    mx = [gpt_oss_case(t) for t in (1, 8, 64, 512, 4096)]
-    other = [
-        dataclasses.replace(gpt_oss_case(t), weight_format=fmt, name=f"gpt_oss_120b_t{t}_{fmt}")
-        for fmt in ("plain", "fp8_per_channel")
-        for t in (1, 64, 4096)
+_MOE_TOKENS = (1, 8, 64, 512, 4096)
+# The model's MXFP4 first (names without a suffix), then the same layer with bf16 ("plain")
+# and fp8 per-channel weights.
+_MOE_FORMATS: dict[str, str] = {"mxfp4": "", "plain": "_bf16", "fp8_per_channel": "_fp8"}
+
+
+def _gpt_oss_topk(op: str) -> list[Case]:
+    return [gpt_oss_case(t, op) for t in _MOE_TOKENS]
+
+
+def _gpt_oss_apply(op: str) -> list[Case]:
+    return [
+        dataclasses.replace(gpt_oss_case(t, op), weight_format=fmt, name=f"gpt_oss_120b_t{t}{suffix}")
+        for fmt, suffix in _MOE_FORMATS.items()
+        for t in _MOE_TOKENS
     ]
-    return mx + other
+
+
+_GPT_OSS: dict[str, Callable[[str], list[Case]]] = {
+    **{op: _gpt_oss_attention for op in _ATTENTION_SHAPES},
+    "moe.topk": _gpt_oss_topk,
+    "moe.apply": _gpt_oss_apply,
+}
 
 
 def _gpt_oss(op: str) -> list[Case]:
-    return _gpt_oss_attention(op) if op in cases.attention.OPS else _gpt_oss_moe(op)
+    return _GPT_OSS[op](op)
 
 
 def _small(op: str) -> list[Case]:

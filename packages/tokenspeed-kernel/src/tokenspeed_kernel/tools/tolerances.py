@@ -1,7 +1,9 @@
 """Numerics tolerances per operator family and precision, and the comparison itself.
 
 A result passes when it has no NaN, its relative L2 error ``‖out − ref‖ / ‖ref‖`` is within
-``rel_l2`` and its largest absolute error is within ``max_abs · (1 + max|ref|)``. The
+``rel_l2`` and its largest absolute error is within ``max_abs · (1 + max|ref|)``. The largest
+elementwise relative error ``max |out − ref| / (|ref| + max_abs)`` is reported too (it
+explains a failure; it does not decide one, since it is unbounded near zeros). The
 reference is the float64 ground truth; the tolerance is chosen by the lowest precision the
 kernel may compute in: the activation dtype, or the weight/KV format when that is coarser.
 """
@@ -17,8 +19,14 @@ __all__ = ["TOLERANCES", "Comparison", "Tolerance", "compare", "tolerance_for"]
 
 @dataclass(frozen=True)
 class Tolerance:
+    """``rel_l2``: bound of ``‖out − ref‖ / ‖ref‖``; ``max_abs``: bound of the largest absolute
+    error, in units of ``1 + max|ref|`` (an atol that scales with the output's magnitude)."""
+
     rel_l2: float
     max_abs: float
+
+    def describe(self) -> str:
+        return f"rel_l2<={self.rel_l2:g} max_abs<={self.max_abs:g}*(1+|ref|max)"
 
 
 # (family, precision) -> tolerance. Precision keys: fp32, fp16, bf16, fp8 (KV cache or
@@ -58,10 +66,13 @@ def tolerance_for(case) -> Tolerance:
 
 @dataclass(frozen=True)
 class Comparison:
+    """The errors of one output against its reference, and the verdict (NaN never passes)."""
+
     max_abs: float
     rel_l2: float
     has_nan: bool
     passed: bool
+    max_rel: float = 0.0
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Comparison:
@@ -75,6 +86,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Comparison:
     max_abs = float(diff.abs().max()) if diff.numel() else 0.0
     ref_norm = float(want.norm())
     rel_l2 = float(diff.norm()) / ref_norm if ref_norm > 0 else float(diff.norm())
+    max_rel = float((diff.abs() / (want.abs() + max(tol.max_abs, 1e-12))).max()) if diff.numel() else 0.0
     scale = 1.0 + (float(want.abs().max()) if want.numel() else 0.0)
     passed = not has_nan and rel_l2 <= tol.rel_l2 and max_abs <= tol.max_abs * scale
-    return Comparison(max_abs, rel_l2, has_nan, passed)
+    return Comparison(max_abs, rel_l2, has_nan, passed, max_rel)
