@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of the Triton kernels for GPUs this machine does not have.
 
-``python -m tokenspeed_kernel_triton.aot [cuda:90 hip:gfx942 hip:gfx950 ...]`` compiles the
-attention kernel for every configuration the launch heuristics can choose (regimes, head
+``python -m tokenspeed_kernel_triton.aot [--full] [cuda:90 hip:gfx942 hip:gfx950 ...]`` compiles
+the attention kernel for the configurations the launch heuristics can choose (regimes, head
 dims, dtypes incl. fp8 KV, page sizes, GQA groups, features) plus the split combine and the
 KV store, and prints one JSON line per compile: whether it built, whether the matrix
 instructions are there (``mma``/``wgmma`` in PTX, ``v_mfma`` in AMDGCN), shared memory,
@@ -51,22 +51,41 @@ class AttentionConfig:
         )
 
 
-def attention_configs() -> list[AttentionConfig]:
-    """The configuration grid the launch heuristics can choose, kept to distinct compiles."""
-    configs = []
-    for dtype, head_dim, group in itertools.product((torch.bfloat16, torch.float16), (64, 128, 256, 80), (8, 1)):
+def attention_configs(full: bool = False) -> list[AttentionConfig]:
+    """The configurations the launch heuristics can choose, kept to distinct compiles.
+
+    The default grid covers every tile of ``_launch.TILES`` (prefill, narrow-window prefill,
+    head dim 256, decode, decode d256), every operand dtype class (bf16, fp16, fp8 KV with
+    scales), padded head dims, page sizes 1/16/256, split-KV, speculative q_len and every
+    feature branch (causal/non-causal, window, sinks, cap, lse) at least once per target, in
+    a dozen compiles (what CI runs). ``full=True`` adds the cross product of head dims, GQA
+    groups, dtypes and page sizes (``python -m tokenspeed_kernel_triton.aot --full``).
+    """
+    bf16, fp16, fp8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
+    configs = [
+        AttentionConfig("prefill", bf16, bf16, 64, 8, None),  # narrow-window tile
+        AttentionConfig("prefill", bf16, bf16, 64, 8, None, features=("sinks",)),  # full-attention tile
+        AttentionConfig("prefill", fp16, fp16, 128, 1, None, features=("noncausal", "cap", "lse")),
+        AttentionConfig("prefill", bf16, bf16, 256, 8, None, features=("sinks", "lse")),
+        AttentionConfig("prefill", fp16, fp16, 96, 4, None),  # padded head dim, padded group
+        AttentionConfig("extend", bf16, fp8, 64, 8, 16),
+        AttentionConfig("extend", bf16, bf16, 128, 8, 1, features=("cap",)),
+        AttentionConfig("decode", bf16, bf16, 64, 8, 16, splits=8),
+        AttentionConfig("decode", fp16, fp8, 128, 8, 256, q_len=4, features=("sinks", "lse")),
+        AttentionConfig("decode", bf16, bf16, 256, 8, 16),
+    ]
+    if not full:
+        return configs
+    for dtype, head_dim, group in itertools.product((bf16, fp16), (64, 128, 256, 80), (8, 1)):
         configs.append(AttentionConfig("prefill", dtype, dtype, head_dim, group, None))
     for head_dim, page in ((64, 16), (128, 1), (64, 256)):
-        configs.append(AttentionConfig("extend", torch.bfloat16, torch.bfloat16, head_dim, 8, page))
-        configs.append(AttentionConfig("extend", torch.bfloat16, torch.float8_e4m3fn, head_dim, 8, page))
+        configs.append(AttentionConfig("extend", bf16, bf16, head_dim, 8, page))
+        configs.append(AttentionConfig("extend", bf16, fp8, head_dim, 8, page))
     for (kv, splits, q_len), head_dim in itertools.product(
-        ((torch.bfloat16, 1, 1), (torch.bfloat16, 8, 1), (torch.float8_e4m3fn, 1, 1), (torch.bfloat16, 1, 4)),
+        ((bf16, 1, 1), (bf16, 8, 1), (fp8, 1, 1), (bf16, 1, 4)),
         (64, 128, 256),
     ):
-        configs.append(AttentionConfig("decode", torch.bfloat16, kv, head_dim, 8, 16, splits, q_len))
-    configs.append(
-        AttentionConfig("prefill", torch.bfloat16, torch.bfloat16, 64, 8, None, features=("cap", "noncausal"))
-    )
+        configs.append(AttentionConfig("decode", bf16, kv, head_dim, 8, 16, splits, q_len))
     return configs
 
 
@@ -113,6 +132,7 @@ class CompileResult:
     target: str
     ok: bool
     matrix_instructions: int
+    wgmma: int
     shared_bytes: int
     registers: int
     spills: int
@@ -148,9 +168,10 @@ def compile_one(fn, signature: dict, constexprs: dict, target: GPUTarget, name: 
         compiled = triton.compile(src, target=target, options=options)
         compiled._init_handles = lambda: None  # never load: no device here
         count, shared, regs = _inspect(compiled, target)
-        return CompileResult(name, label, True, count, shared, regs, _spills(compiled, target))
+        wgmma = len(re.findall(r"\bwgmma\.mma_async", compiled.asm.get("ptx", "")))
+        return CompileResult(name, label, True, count, wgmma, shared, regs, _spills(compiled, target))
     except Exception as exc:  # report, do not stop the sweep
-        return CompileResult(name, label, False, 0, 0, 0, 0, f"{type(exc).__name__}: {str(exc)[:300]}")
+        return CompileResult(name, label, False, 0, 0, 0, 0, 0, f"{type(exc).__name__}: {str(exc)[:300]}")
 
 
 def _combine_signature() -> tuple[dict, dict]:
@@ -187,10 +208,10 @@ def parse_target(text: str) -> GPUTarget:
     raise ValueError(f"target must look like cuda:90 or hip:gfx942, got {text!r}")
 
 
-def sweep(targets: list[GPUTarget]) -> list[CompileResult]:
+def sweep(targets: list[GPUTarget], full: bool = False) -> list[CompileResult]:
     results = []
     for target in targets:
-        for cfg in attention_configs():
+        for cfg in attention_configs(full):
             signature, consts = _signature(cfg, target)
             results.append(compile_one(attention_kernel, signature, consts, target, f"attention[{cfg.name}]"))
         signature, consts = _combine_signature()
@@ -202,8 +223,10 @@ def sweep(targets: list[GPUTarget]) -> list[CompileResult]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    names = (argv if argv is not None else sys.argv[1:]) or ["cuda:90", "hip:gfx942", "hip:gfx950"]
-    results = sweep([parse_target(n) for n in names])
+    args = list(argv if argv is not None else sys.argv[1:])
+    full = "--full" in args
+    names = [a for a in args if a != "--full"] or ["cuda:90", "hip:gfx942", "hip:gfx950"]
+    results = sweep([parse_target(n) for n in names], full=full)
     for result in results:
         print(json.dumps(asdict(result)))
     return 0 if all(r.ok for r in results) else 1

@@ -66,3 +66,27 @@ def test_decode_splits_the_key_range_for_a_small_batch():
         assert num_splits(1, 8, 8192, torch.device("cuda")) > 1
         assert num_splits(256, 8, 2048, torch.device("cuda")) == 1
     assert num_splits(1, 1, MIN_SPLIT_KEYS - 1, torch.device("cpu")) == 1
+
+
+@pytest.mark.parametrize("op", ["attention.prefill", "attention.decode"])
+def test_rescale_when_the_max_grows_in_later_tiles(op):
+    """Keys whose logits grow along the sequence (by far more than 2^8) make the running max
+    move in later key tiles and across decode splits: the rescale of acc and l must follow."""
+    if op == "attention.prefill":
+        case = cases.AttentionCase(
+            op, (150,), (150,), 4, 2, 64, dtype=torch.float16, sinks=True, return_lse=True, name="ramp"
+        )
+    else:
+        case = cases.AttentionCase(op, (1, 1), (300, 170), 4, 2, 64, page_size=16, dtype=torch.float16, return_lse=True, name="ramp")  # fmt: skip
+    inputs = cases.make_inputs(case, DEVICE, seed=5)
+    key = "k" if op == "attention.prefill" else "k_cache"
+    k = inputs[key].float()
+    ramp = torch.linspace(0.2, 6.0, k.shape[0]).view(-1, *([1] * (k.dim() - 1)))
+    inputs[key] = (k * ramp).to(case.dtype)
+    expected_out, expected_lse = _naive(case, inputs)
+    out, lse = cases.call(case, inputs)
+    assert last_kernel() == KERNEL[op]
+    torch.testing.assert_close(
+        out.double().cpu(), expected_out, atol=3e-3 * (float(expected_out.abs().max()) + 1), rtol=3e-3
+    )
+    torch.testing.assert_close(lse.double().cpu(), expected_lse, atol=2e-3, rtol=2e-3)

@@ -36,7 +36,7 @@ def _tile(
     qk_scale, logit_cap, window_left,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     PAGED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
-    INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, MASKED: tl.constexpr,
+    INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, MASKED: tl.constexpr, CHECK_N: tl.constexpr,
 ):  # fmt: skip
     """One key tile of the online softmax; ``MASKED`` tiles apply bounds, causal and window masks."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -72,12 +72,24 @@ def _tile(
     else:
         s = s * (qk_scale * 1.4426950408889634)
     if MASKED:
-        visible = n_ok[None, :] & row_ok[:, None]
+        # Rows past the sequence or the group (row_ok false) are never stored and see finite
+        # logits, so they need no mask. Under causal masking without splits, j <= pos already
+        # keeps j inside the key range (CHECK_N false): two fewer operations per logit.
+        delta = pos[:, None] - offs_n[None, :]
         if CAUSAL:
-            visible = visible & (offs_n[None, :] <= pos[:, None])
-        if HAS_WINDOW:
-            visible = visible & ((pos[:, None] - offs_n[None, :]) <= window_left)
+            visible = delta >= 0
+            if HAS_WINDOW:
+                visible = visible & (delta <= window_left)
+            if CHECK_N:
+                visible = visible & n_ok[None, :]
+        elif HAS_WINDOW:
+            visible = (delta <= window_left) & n_ok[None, :]
+        else:
+            visible = n_ok[None, :] & (delta == delta)
         s = tl.where(visible, s, float("-inf"))
+    # Unconditional rescale of acc. A lazy variant (move the max only when it grows by > 2^8,
+    # in a scalar `if`) was measured on an H100: window-128 prefill 2.5% faster but causal
+    # prefill 17-53% slower (a branch on acc between two wgmma's serializes them): not kept.
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(s - m_safe[:, None])
@@ -105,7 +117,7 @@ def attention_kernel(
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, UNIFORM_Q: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SCALES: tl.constexpr,
     WRITE_LSE: tl.constexpr, NUM_SPLITS: tl.constexpr, Q_BLOCKS: tl.constexpr,
-    INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr,
+    INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, CHECK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -212,6 +224,7 @@ def attention_kernel(
             INTERPRET,
             DOT_PREC,
             True,
+            CHECK_N,
         )
     for start_n in range(b_lo, b_hi, BLOCK_N):
         acc, l_i, m_i = _tile(
@@ -252,6 +265,7 @@ def attention_kernel(
             INTERPRET,
             DOT_PREC,
             False,
+            CHECK_N,
         )
     for start_n in range(b_hi, my_hi, BLOCK_N):
         acc, l_i, m_i = _tile(
@@ -292,6 +306,7 @@ def attention_kernel(
             INTERPRET,
             DOT_PREC,
             True,
+            CHECK_N,
         )
 
     if NUM_SPLITS == 1:

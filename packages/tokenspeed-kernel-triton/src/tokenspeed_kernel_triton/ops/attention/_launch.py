@@ -37,10 +37,13 @@ class Tile:
     num_stages: int
 
 
-# Measured on an H100 (ci/device/attention_tune.py, 2026-11-22, GPT-OSS shapes, D=64):
-# prefill S=8192 causal 386 TFLOP/s with (128, 64, 4, 3) vs 361 with (128, 64, 8, 2);
-# window-128 prefill 126 TFLOP/s with (64, 32, 4, 2) vs 91 with the full-attention tile;
-# decode B=64 ctx 8192 2.76 TB/s with (16, 64, 4, 3). The d256 rows bound registers.
+# Measured on an H100 (ci/device/attention_bench.py --sweep, 2026-11-22, GPT-OSS shapes, D=64,
+# three device runs): causal prefill S=8192 with (128, 64, 4, 3): 1441, 1454, 1446 us (~380
+# TFLOP/s, stable); (128, 64, 8, 3) measured 1369 us once, then 1827 us after an unrelated
+# change to the mask code (register pressure at 8 warps makes it fragile): not chosen;
+# (128, 128, 8, 2) 1834 us. Window-128 prefill: (64, 32, 4, 2) 122-136 us vs 145-160 us for
+# (64, 16, 4, 2) / (128, 32, 8, 2) and 188 us for (128, 32, 4, 2). Decode B=64 ctx 8192
+# 2.73 TB/s of KV with (16, 64, 4, 3). The d256 rows bound registers.
 TILES: dict[str, Tile] = {
     "prefill": Tile(rows=128, block_n=64, num_warps=4, num_stages=3),
     "prefill_window": Tile(rows=64, block_n=32, num_warps=4, num_stages=2),
@@ -138,6 +141,7 @@ def kernel_config(
         "Q_BLOCKS": q_blocks,
         "INTERPRET": INTERPRET,
         "DOT_PREC": "ieee" if q_dtype == torch.float32 else None,  # 16-bit operands: the default
+        "CHECK_N": not causal or splits > 1,  # masked tiles test j < range end (see _kernel._tile)
     }
     return KernelConfig(constexprs, tile.num_warps, tile.num_stages, q_blocks)
 

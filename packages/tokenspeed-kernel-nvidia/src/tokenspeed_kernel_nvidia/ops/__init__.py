@@ -1,0 +1,1 @@
+"""NVIDIA kernels, mirroring the core ``ops/<family>`` layout."""

@@ -1,0 +1,31 @@
+"""Registration metadata shared by the NVIDIA attention kernels (data, not branches)."""
+
+from __future__ import annotations
+
+import torch
+
+from tokenspeed_kernel.registry import Priority, Request
+
+VENDORS = ("cuda",)
+Q_DTYPES = (torch.bfloat16, torch.float16)
+KV_DTYPES = (*Q_DTYPES, torch.float8_e4m3fn)
+# FlashInfer's prebuilt/JIT attention templates cover these head dims (q/k and v equal).
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
+PAGE_SIZES = tuple(2**i for i in range(9))  # 1 .. 256
+# FlashInfer's FA2 templates need Ampere-class features (bf16 MMA, cp.async): sm_80 and newer.
+FLASHINFER_CAPABILITIES = ("bf16", "cp_async")
+FLASHINFER_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
+# Opt-in band, just below the portable Triton kernels: a kernel here is selected only where
+# no Triton kernel serves the request, or when named by an override. The FlashInfer kernels
+# have not yet passed numerics on a GPU, and the Gluon decode measured 2.66 TB/s against the
+# Triton decode's 2.76 TB/s at B=64 ctx 8192 (docs/benchmarks.md). A kernel moves up to
+# Priority.PERFORMANT once a device run shows it correct and faster than Triton.
+OPT_IN = Priority.PORTABLE - 10
+
+
+def same_head_dims(request: Request) -> str | None:
+    """Predicate: q/k and v head dims must be equal (the templates we instantiate)."""
+    d, dv = request.shape("head_dim"), request.shape("head_dim_v")
+    if d is not None and dv is not None and d != dv:
+        return f"head_dim_v={dv} differs from head_dim={d}"
+    return None

@@ -1,0 +1,136 @@
+"""FlashInfer paged decode (``attention.decode``), speculative tokens included.
+
+Runs FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` on its tensor-core (FA2) path with
+the NHD cache layout. The wrapper is built in CUDA-graph mode: its CSR index buffers have
+fixed addresses, :func:`plan` rewrites them in place, and ``run`` can be captured. Plan
+outside capture, run inside (docs/nvidia.md has the recipe).
+
+Scale handling: an fp8 cache's ``k_scale`` is folded into ``q`` on the device (no host
+read), ``v_scale`` multiplies the output; FlashInfer's base-2 LSE is converted to natural log.
+"""
+
+from __future__ import annotations
+
+from tokenspeed_kernel.ops.attention.args import DecodeArgs
+from tokenspeed_kernel.registry import register_kernel
+from tokenspeed_kernel_nvidia.ops.attention._common import (
+    FLASHINFER_CAPABILITIES,
+    FLASHINFER_FEATURES,
+    FLASHINFER_HEAD_DIMS,
+    KV_DTYPES,
+    OPT_IN,
+    PAGE_SIZES,
+    Q_DTYPES,
+    VENDORS,
+    same_head_dims,
+)
+from tokenspeed_kernel_nvidia.ops.attention._flashinfer import (
+    LN2,
+    PlanCache,
+    PlanEntry,
+    flashinfer,
+    flashinfer_missing,
+    layout_token,
+    workspace,
+)
+from tokenspeed_kernel_nvidia.ops.attention._paged import allocate_csr, paged_to_csr
+
+__all__ = ["flashinfer_decode", "plan"]
+
+BACKEND = "fa2"
+_cache = PlanCache("flashinfer_decode")
+
+
+def _key(args: DecodeArgs) -> tuple:
+    batch, q_len, num_q_heads, head_dim = args.q.shape
+    _, page_size, num_kv_heads, _ = args.k_cache.shape
+    return (
+        args.q.device, batch, q_len, args.page_table.shape[1], num_q_heads, num_kv_heads, head_dim,
+        args.v_cache.shape[-1], page_size, args.q.dtype, args.k_cache.dtype, args.window_left,
+        float(args.logit_cap), float(args.softmax_scale),
+    )  # fmt: skip
+
+
+def _entry(args: DecodeArgs) -> PlanEntry:
+    batch, q_len, num_q_heads, head_dim = args.q.shape
+    _, page_size, num_kv_heads, _ = args.k_cache.shape
+
+    def make() -> PlanEntry:
+        csr = allocate_csr(batch, args.page_table.shape[1], args.q.device)
+        wrapper = flashinfer().BatchDecodeWithPagedKVCacheWrapper(
+            workspace(args.q.device),
+            "NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=True,
+            paged_kv_indptr_buffer=csr.indptr,
+            paged_kv_indices_buffer=csr.indices,
+            paged_kv_last_page_len_buffer=csr.last_page_len,
+            backend=BACKEND,
+        )
+        return PlanEntry(wrapper, csr)
+
+    def do_plan(entry: PlanEntry) -> None:
+        csr = paged_to_csr(args.page_table, args.cache_seqlens, page_size, out=entry.buffers)
+        entry.wrapper.plan(
+            csr.indptr,
+            csr.indices,
+            csr.last_page_len,
+            num_q_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+            window_left=args.window_left,
+            logits_soft_cap=args.logit_cap if args.logit_cap > 0 else None,
+            q_data_type=args.q.dtype,
+            kv_data_type=args.k_cache.dtype,
+            o_data_type=args.out.dtype,
+            sm_scale=args.softmax_scale,
+            q_len_per_req=q_len,
+        )
+
+    return _cache.get(_key(args), make, layout_token(args.page_table, args.cache_seqlens), do_plan)
+
+
+def plan(args: DecodeArgs) -> None:
+    """Plan (outside CUDA-graph capture) for ``args``'s batch layout without running.
+
+    Call it after updating ``page_table``/``cache_seqlens`` in place and before replaying a
+    graph that captured :func:`flashinfer_decode` on those same tensors."""
+    _entry(args)
+
+
+@register_kernel(
+    "attention.decode",
+    name="flashinfer_decode",
+    solution="flashinfer",
+    vendors=VENDORS,
+    capabilities=FLASHINFER_CAPABILITIES,
+    dtypes={"q": Q_DTYPES, "kv": KV_DTYPES},
+    shapes={"head_dim": FLASHINFER_HEAD_DIMS, "page_size": PAGE_SIZES},
+    features=(*FLASHINFER_FEATURES, "fp8_kv", "spec_decode"),
+    priority=OPT_IN,
+    predicate=same_head_dims,
+    available=flashinfer_missing,
+)
+def flashinfer_decode(args: DecodeArgs) -> None:
+    """FlashInfer batch decode over the paged NHD cache (FA2 tensor-core path), one plan
+    per batch layout, CUDA-graph capturable after planning."""
+    batch, q_len, num_q_heads, head_dim = args.q.shape
+    entry = _entry(args)
+    q = args.q.reshape(batch * q_len, num_q_heads, head_dim)
+    if args.k_scale is not None:
+        q = (q.float() * args.k_scale).to(q.dtype)
+    out = args.out.view(batch * q_len, num_q_heads, -1)
+    lse = None if args.lse is None else args.lse.view(batch * q_len, num_q_heads)
+    entry.wrapper.run(
+        q,
+        (args.k_cache, args.v_cache),
+        out=out,
+        lse=lse,
+        return_lse=lse is not None,
+        sinks=args.sinks,
+    )
+    if lse is not None:
+        lse.mul_(LN2)
+    if args.v_scale is not None:
+        out.mul_(args.v_scale)

@@ -1,0 +1,137 @@
+"""Gluon paged split-KV decode for Hopper (``attention.decode``, sm_90 only).
+
+See :mod:`._gluon_decode_kernel` for the kernel. This module chooses the layouts and the
+split count, owns the float32 split workspace, and registers the kernel. The kernel uses
+``cp.async`` + ``mma.sync`` (which also run on Ampere), but its tile/stage choices were
+made for Hopper's shared memory and bandwidth and it is only verified there, so it is
+registered for ``sm_90`` alone.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from tokenspeed_kernel.ops.attention.args import DecodeArgs
+from tokenspeed_kernel.registry import Request, register_kernel
+from tokenspeed_kernel_nvidia.ops.attention._common import OPT_IN, PAGE_SIZES, Q_DTYPES, VENDORS
+
+__all__ = ["GluonDecodeConfig", "decode_config", "gluon_decode"]
+
+HEAD_DIMS = (64, 128)
+BLOCK_M = 16  # MMA rows: the GQA group is padded to 16
+NO_WINDOW = 2**30
+
+
+@dataclass(frozen=True, eq=True)
+class GluonDecodeConfig:
+    """Compile-time choices of one launch (also the AOT test's grid)."""
+
+    head_dim: int
+    page_size: int
+    block_n: int = 64
+    stages: int = 3
+    num_warps: int = 4
+
+    @functools.cached_property
+    def layouts(self):
+        """(LOAD, SMEM, MMA) layouts: 16-byte vectors along D for the gathers, a swizzled
+        shared layout for conflict-free ldmatrix, mma v2 with the 4 warps along N."""
+        from triton.experimental.gluon import language as gl
+
+        tpw_d = min(self.head_dim // 8, 32)
+        load = gl.BlockedLayout([1, 8], [32 // tpw_d, tpw_d], [self.num_warps, 1], [1, 0])
+        smem = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, self.num_warps], instr_shape=[16, 8])
+        return load, smem, mma
+
+
+@functools.cache
+def decode_config(head_dim: int, page_size: int) -> GluonDecodeConfig:
+    return GluonDecodeConfig(head_dim=head_dim, page_size=page_size, block_n=64 if head_dim <= 64 else 32)
+
+
+def num_splits(batch: int, num_kv_heads: int, visible: int, num_sms: int, block_n: int) -> int:
+    """Enough programs to cover the SMs about twice, never splits shorter than 4 tiles."""
+    programs = batch * num_kv_heads
+    want = triton.cdiv(2 * num_sms, max(programs, 1))
+    most = max(1, triton.cdiv(visible, 4 * block_n))
+    return int(max(1, min(want, most, 64)))
+
+
+def _group_fits(request: Request) -> str | None:
+    d, dv = request.shape("head_dim"), request.shape("head_dim_v")
+    if d is not None and dv is not None and d != dv:
+        return f"head_dim_v={dv} differs from head_dim={d}"
+    hq, hkv = request.shape("num_q_heads"), request.shape("num_kv_heads")
+    if hq and hkv and hq // hkv > BLOCK_M:
+        return f"GQA group of {hq // hkv} query heads exceeds the {BLOCK_M} MMA rows"
+    q_len = request.shape("q_len")
+    if q_len is not None and q_len != 1:
+        return "q_len > 1 (speculative decode) not supported"
+    return None
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_workspace: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _partials(device: torch.device, batch: int, heads: int, splits: int, head_dim: int):
+    key = (device, batch, heads, splits, head_dim)
+    bufs = _workspace.get(key)
+    if bufs is None:
+        bufs = (
+            torch.empty(batch, heads, splits, head_dim, dtype=torch.float32, device=device),
+            torch.empty(batch, heads, splits, dtype=torch.float32, device=device),
+        )
+        _workspace[key] = bufs
+    return bufs
+
+
+@register_kernel(
+    "attention.decode",
+    name="gluon_decode_sm90",
+    solution="gluon",
+    vendors=VENDORS,
+    archs=("sm_90",),
+    capabilities=("cp_async",),
+    dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
+    shapes={"head_dim": HEAD_DIMS, "page_size": PAGE_SIZES},
+    features=("sinks", "sliding_window", "logit_cap", "return_lse"),
+    priority=OPT_IN,
+    predicate=_group_fits,
+)
+def gluon_decode(args: DecodeArgs) -> None:
+    """Gluon Hopper decode: cp.async multi-stage gather of paged K/V, GQA group on
+    mma.sync, split-KV with a combine that adds the sink."""
+    from tokenspeed_kernel_nvidia.ops.attention._gluon_decode_kernel import combine_kernel, decode_kernel
+
+    batch, _, num_q_heads, head_dim = args.q.shape
+    _, page_size, num_kv_heads, _ = args.k_cache.shape
+    cfg = decode_config(head_dim, page_size)
+    window = args.window_left if args.window_left >= 0 else NO_WINDOW
+    visible = args.max_seqlen_k if args.window_left < 0 else min(args.max_seqlen_k, args.window_left + 1)
+    num_sms = _num_sms(args.q.device)
+    splits = num_splits(batch, num_kv_heads, visible, num_sms, cfg.block_n)
+    part_out, part_lse = _partials(args.q.device, batch, num_q_heads, splits, head_dim)
+    load, smem, mma = cfg.layouts
+    decode_kernel[(batch, num_kv_heads, splits)](
+        args.q, args.k_cache, args.v_cache, args.page_table, args.cache_seqlens, part_out, part_lse,
+        args.page_table.stride(0), float(args.softmax_scale), float(args.logit_cap) or 1.0, window,
+        HQ=num_q_heads, HKV=num_kv_heads, G=num_q_heads // num_kv_heads, D=head_dim, PAGE=page_size,
+        SPLITS=splits, BLOCK_N=cfg.block_n, STAGES=cfg.stages, HAS_CAP=args.logit_cap > 0,
+        LOAD=load, SMEM=smem, MMA=mma, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    combine_kernel[(batch, num_q_heads)](
+        part_out, part_lse, args.sinks if args.sinks is not None else part_lse, args.out,
+        args.lse if args.lse is not None else part_lse,
+        HQ=num_q_heads, D=head_dim, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
+        HAS_SINKS=args.sinks is not None, HAS_LSE=args.lse is not None, num_warps=2,
+    )  # fmt: skip

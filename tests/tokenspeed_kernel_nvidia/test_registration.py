@@ -1,0 +1,107 @@
+"""The NVIDIA backend loads, registers honest metadata, and gates by platform (no GPU needed)."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from tokenspeed_kernel import registry, selector
+from tokenspeed_kernel.platform import platform_from_arch
+from tokenspeed_kernel.registry import Priority, Request
+
+NVIDIA_KERNELS = {
+    "flashinfer_decode": "attention.decode",
+    "flashinfer_extend": "attention.extend",
+    "flashinfer_prefill": "attention.prefill",
+    "gluon_decode_sm90": "attention.decode",
+}
+HAS_FLASHINFER = importlib.util.find_spec("flashinfer") is not None
+
+
+def _decode_request(features=("sinks", "sliding_window"), q_len=1, head_dim=64, kv=torch.bfloat16):
+    shapes = {"head_dim": head_dim, "head_dim_v": head_dim, "num_q_heads": 64, "num_kv_heads": 8}
+    return Request.make(
+        "attention.decode", {"q": torch.bfloat16, "kv": kv}, {**shapes, "page_size": 16, "q_len": q_len}, features
+    )
+
+
+def _verdict(request, arch):
+    selection = selector.explain(request, platform=platform_from_arch(arch))
+    return {c.spec.name: c.reasons for c in selection.candidates}, selection
+
+
+def test_backend_loads_and_registers_every_kernel():
+    status = {b.name: b for b in registry.backends()}
+    assert status["nvidia"].state == "loaded", status["nvidia"].error
+    assert set(NVIDIA_KERNELS) <= set(status["nvidia"].kernels)
+    for name, op in NVIDIA_KERNELS.items():
+        spec = registry.get_kernel(name)
+        assert spec.op == op and spec.backend == "nvidia"
+        assert spec.vendors == frozenset({"cuda"})
+
+
+def test_priorities_and_gates_are_honest():
+    # Unverified (FlashInfer) or measured slower (Gluon decode) kernels rank below the
+    # portable Triton kernels until a device run shows them correct and faster.
+    for name in NVIDIA_KERNELS:
+        spec = registry.get_kernel(name)
+        assert spec.priority < Priority.PORTABLE, (name, spec.priority)
+    gluon = registry.get_kernel("gluon_decode_sm90")
+    assert gluon.archs == frozenset({"sm_90"})
+    assert "fp8_kv" not in gluon.features and "spec_decode" not in gluon.features
+
+
+def test_importing_the_backend_does_not_import_flashinfer():
+    import sys
+
+    import tokenspeed_kernel_nvidia
+
+    tokenspeed_kernel_nvidia.register()
+    if not HAS_FLASHINFER:
+        assert "flashinfer" not in sys.modules
+
+
+@pytest.mark.skipif(HAS_FLASHINFER, reason="flashinfer-python is installed here; the absence path is not testable")
+@pytest.mark.parametrize("op", ["attention.decode", "attention.extend", "attention.prefill"])
+def test_flashinfer_absent_reason(op):
+    request = Request.make(op, {"q": torch.bfloat16, "kv": torch.bfloat16}, {"head_dim": 64})
+    reasons, _ = _verdict(request, "sm_90")
+    name = "flashinfer_" + op.split(".")[1]
+    assert reasons[name] == ("flashinfer-python not installed",)
+
+
+def test_gluon_decode_serves_sm90_only_and_ranks_below_triton():
+    request = _decode_request()
+    reasons, selection = _verdict(request, "sm_90")
+    assert reasons["gluon_decode_sm90"] == ()
+    assert selection.winner.name == "triton_decode"
+    ranked = [c.spec.name for c in selection.candidates if not c.reasons]
+    assert ranked.index("triton_decode") < ranked.index("gluon_decode_sm90")
+    for arch in ("sm_100", "sm_80"):
+        reasons, selection = _verdict(request, arch)
+        assert any("arch" in r and "sm_90" in r for r in reasons["gluon_decode_sm90"])
+        assert selection.winner is None or selection.winner.name != "gluon_decode_sm90"
+
+
+def test_gluon_decode_rejects_what_it_does_not_do():
+    reasons, _ = _verdict(_decode_request(q_len=2, features=("spec_decode",)), "sm_90")
+    assert reasons["gluon_decode_sm90"]
+    reasons, _ = _verdict(_decode_request(kv=torch.float8_e4m3fn, features=("fp8_kv",)), "sm_90")
+    assert reasons["gluon_decode_sm90"]
+    reasons, _ = _verdict(_decode_request(head_dim=256), "sm_90")
+    assert any("head_dim=256" in r for r in reasons["gluon_decode_sm90"])
+
+
+def test_not_offered_on_rocm_or_cpu():
+    for arch in ("gfx942", "cpu"):
+        reasons, _ = _verdict(_decode_request(), arch)
+        for name in ("flashinfer_decode", "gluon_decode_sm90"):
+            assert reasons[name], (name, arch)
+
+
+@pytest.mark.skipif(not HAS_FLASHINFER, reason="flashinfer-python not installed: its gates are masked by absence")
+def test_flashinfer_gates_with_flashinfer():
+    reasons, _ = _verdict(_decode_request(features=("sinks", "fp8_kv")), "sm_90")
+    assert reasons["flashinfer_decode"] == ()
+    reasons, _ = _verdict(_decode_request(), "sm_80")
+    assert reasons["flashinfer_decode"] == ()

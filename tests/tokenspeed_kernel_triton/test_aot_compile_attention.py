@@ -1,0 +1,63 @@
+"""Every Triton attention/KV-store kernel compiles ahead of time for sm_90, gfx942 and gfx950
+(no GPU needed), over the configurations the launch heuristics can choose (regimes, head
+dims 64/80/96/128/256, bf16/fp16, fp8 KV, page sizes, GQA groups, splits, features), and the
+assembly holds the matrix instructions it should (``mma``/``wgmma`` in PTX, ``v_mfma`` in
+AMDGCN). Runs ``python -m tokenspeed_kernel_triton.aot <target>`` once per target, in
+parallel subprocesses without TRITON_INTERPRET (the interpreter replaces the kernels here).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+TARGETS = ("cuda:90", "hip:gfx942", "hip:gfx950")
+SHARED_LIMIT = {"cuda:90": 227 * 1024, "hip:gfx942": 64 * 1024, "hip:gfx950": 160 * 1024}
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, list[dict]]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    procs = {
+        target: subprocess.Popen(
+            [sys.executable, "-m", "tokenspeed_kernel_triton.aot", target],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for target in TARGETS
+    }
+    rows = {}
+    for target, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        rows[target] = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+        assert rows[target], f"the compile sweep for {target} printed nothing: {stderr[-2000:]}"
+    return rows
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_kernel_builds(results, target):
+    mine = results[target]
+    failed = [f"{r['kernel']}: {r['error']}" for r in mine if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    assert len(mine) >= 13, f"only {len(mine)} configurations compiled"
+    assert {r["kernel"].split("[")[0] for r in mine} == {"attention", "combine", "store"}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_attention_uses_matrix_instructions_and_fits_shared_memory(results, target):
+    for r in results[target]:
+        assert r["shared_bytes"] <= SHARED_LIMIT[target], r
+        if r["kernel"].startswith("attention["):
+            assert r["matrix_instructions"] > 0, f"{r['kernel']} on {target}: no mma/mfma instruction"
+
+
+def test_hopper_prefill_uses_wgmma(results):
+    prefill = [r for r in results["cuda:90"] if r["kernel"].startswith("attention[prefill-bfloat16")]
+    assert prefill, "no prefill configuration in the sweep"
+    assert all(r["wgmma"] > 0 for r in prefill if "-d64-g8-" in r["kernel"]), prefill[0]
+    # Under the interpreter no fp8 conversion is compiled; here it must be: fp8 KV configs built.
+    assert any("kv_fp8" in r["kernel"] for r in results["cuda:90"])
