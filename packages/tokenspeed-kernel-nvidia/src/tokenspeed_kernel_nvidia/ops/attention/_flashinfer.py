@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from tokenspeed_kernel_nvidia.ops.attention._common import FLASHINFER_CAPABILITIES, OPT_IN, VENDORS, same_head_dims
+
 __all__ = [
     "LN2",
     "PlanCache",
@@ -50,6 +52,19 @@ def flashinfer_missing() -> str | None:
     except (ImportError, ValueError):
         found = False
     return None if found else "flashinfer-python not installed"
+
+
+def flashinfer_registration() -> dict[str, Any]:
+    """The ``register_kernel`` metadata every FlashInfer kernel shares (data, not branches):
+    solution, CUDA gates, opt-in priority, the head-dim predicate and the absence hook."""
+    return {
+        "solution": "flashinfer",
+        "vendors": VENDORS,
+        "capabilities": FLASHINFER_CAPABILITIES,
+        "priority": OPT_IN,
+        "predicate": same_head_dims,
+        "available": flashinfer_missing,
+    }
 
 
 def flashinfer() -> Any:

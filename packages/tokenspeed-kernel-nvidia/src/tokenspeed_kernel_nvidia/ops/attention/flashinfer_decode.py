@@ -14,22 +14,18 @@ from __future__ import annotations
 from tokenspeed_kernel.ops.attention.args import DecodeArgs
 from tokenspeed_kernel.registry import register_kernel
 from tokenspeed_kernel_nvidia.ops.attention._common import (
-    FLASHINFER_CAPABILITIES,
     FLASHINFER_FEATURES,
     FLASHINFER_HEAD_DIMS,
     KV_DTYPES,
-    OPT_IN,
     PAGE_SIZES,
     Q_DTYPES,
-    VENDORS,
-    same_head_dims,
 )
 from tokenspeed_kernel_nvidia.ops.attention._flashinfer import (
     LN2,
     PlanCache,
     PlanEntry,
     flashinfer,
-    flashinfer_missing,
+    flashinfer_registration,
     layout_token,
     workspace,
 )
@@ -102,15 +98,10 @@ def plan(args: DecodeArgs) -> None:
 @register_kernel(
     "attention.decode",
     name="flashinfer_decode",
-    solution="flashinfer",
-    vendors=VENDORS,
-    capabilities=FLASHINFER_CAPABILITIES,
     dtypes={"q": Q_DTYPES, "kv": KV_DTYPES},
     shapes={"head_dim": FLASHINFER_HEAD_DIMS, "page_size": PAGE_SIZES},
     features=(*FLASHINFER_FEATURES, "fp8_kv", "spec_decode"),
-    priority=OPT_IN,
-    predicate=same_head_dims,
-    available=flashinfer_missing,
+    **flashinfer_registration(),
 )
 def flashinfer_decode(args: DecodeArgs) -> None:
     """FlashInfer batch decode over the paged NHD cache (FA2 tensor-core path), one plan
