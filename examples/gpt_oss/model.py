@@ -1,0 +1,142 @@
+"""The decoder through the public tokenspeed-kernel APIs only.
+
+Attention: ``store_kvcache`` then ``mha_prefill`` / ``mha_extend_with_kvcache`` /
+``mha_decode_with_kvcache`` (window and sinks per layer); MoE: ``moe_topk`` and a
+``moe_plan`` per layer made once at load (the selected kernel may repack the MXFP4
+weights there), applied every step. Embedding, RMSNorm, RoPE, projections and the LM head
+are plain torch. Nothing here names a vendor: kernels are chosen by the selector unless
+the caller passes :class:`Overrides` (kernel names per operator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from examples.gpt_oss.config import GptOssConfig
+from examples.gpt_oss.kvcache import ForwardBatch, PagedKVCache
+from examples.gpt_oss.weights import LayerWeights, ModelWeights
+from tokenspeed_kernel import (
+    MoEPlan,
+    mha_decode_with_kvcache,
+    mha_extend_with_kvcache,
+    mha_prefill,
+    moe_plan,
+    moe_topk,
+    store_kvcache,
+)
+
+__all__ = ["GptOssModel", "Overrides", "apply_rope", "rms_norm"]
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Kernel names forced per operator (None: the selector's choice), passed to each call
+    as ``override=``."""
+
+    prefill: str | None = None
+    extend: str | None = None
+    decode: str | None = None
+    store: str | None = None
+    topk: str | None = None
+    moe: str | None = None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of ``x [T, H]`` computed in float32, returned in x's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.float()).to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (rotate-half / NeoX layout) of ``x [T, heads, D]`` at int64
+    ``positions [T]``; computed in float32, returned in x's dtype."""
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+class GptOssModel:
+    """A GPT-OSS-shaped decoder served through the public APIs.
+
+    Args:
+        cfg: dimensions and activation dtype.
+        weights: from :func:`examples.gpt_oss.weights.random_weights` (same device).
+        overrides: kernels to force per operator (default: the selector decides).
+    """
+
+    def __init__(self, cfg: GptOssConfig, weights: ModelWeights, overrides: Overrides | None = None) -> None:
+        self.cfg = cfg
+        self.w = weights
+        self.overrides = overrides or Overrides()
+        self.plans: list[MoEPlan] = [
+            moe_plan(
+                layer.w13,
+                layer.w2,
+                x_dtype=cfg.dtype,
+                top_k=cfg.top_k,
+                activation="swiglu_oai",
+                w13_bias=layer.b13,
+                w2_bias=layer.b2,
+                override=self.overrides.moe,
+            )
+            for layer in weights.layers
+        ]
+
+    @property
+    def device(self) -> torch.device:
+        return self.w.embed.device
+
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, kv: PagedKVCache) -> torch.Tensor:
+        """Hidden states ``[T, H]`` (before the final norm) of the ``T`` new tokens
+        ``input_ids`` (int64 ``[T]``, ordered as ``batch``); writes their K/V to ``kv``."""
+        h = F.embedding(input_ids, self.w.embed)
+        for i, layer in enumerate(self.w.layers):
+            h = h + self._attention(i, layer, rms_norm(h, layer.attn_norm, self.cfg.rms_eps), batch, kv)
+            h = h + self._moe(i, layer, rms_norm(h, layer.mlp_norm, self.cfg.rms_eps))
+        return h
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``[N, V]`` of hidden states ``[N, H]``."""
+        return (rms_norm(hidden, self.w.final_norm, self.cfg.rms_eps) @ self.w.lm_head.T).float()
+
+    def _attention(
+        self, i: int, layer: LayerWeights, x: torch.Tensor, batch: ForwardBatch, kv: PagedKVCache
+    ) -> torch.Tensor:
+        cfg, ov = self.cfg, self.overrides
+        t, d, hq, hkv = x.shape[0], cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads
+        qkv = F.linear(x, layer.wqkv, layer.bqkv)
+        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+        q = apply_rope(q.view(t, hq, d), batch.positions, cfg.rope_theta)
+        k = apply_rope(k.view(t, hkv, d), batch.positions, cfg.rope_theta)
+        v = v.contiguous().view(t, hkv, d)
+        k_cache, v_cache = kv.k[i], kv.v[i]
+        store_kvcache(k, v, k_cache, v_cache, batch.slot_mapping, override=ov.store)
+        common = dict(window_left=cfg.window_left(i), sinks=layer.sinks)
+        if batch.mode == "prefill":
+            out = mha_prefill(
+                q, k, v, batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k,
+                override=ov.prefill, **common,
+            )  # fmt: skip
+        elif batch.mode == "extend":
+            out = mha_extend_with_kvcache(
+                q, k_cache, v_cache, batch.page_table, batch.cu_seqlens_q, batch.cache_seqlens,
+                batch.max_seqlen_q, batch.max_seqlen_k, override=ov.extend, **common,
+            )  # fmt: skip
+        else:
+            out = mha_decode_with_kvcache(
+                q, k_cache, v_cache, batch.page_table, batch.cache_seqlens, batch.max_seqlen_k,
+                override=ov.decode, **common,
+            )  # fmt: skip
+        return F.linear(out.view(t, hq * d), layer.wo, layer.bo)
+
+    def _moe(self, i: int, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+        router_logits = F.linear(x, layer.router_w, layer.router_b)
+        topk_weights, topk_ids = moe_topk(router_logits, self.cfg.top_k, override=self.overrides.topk)
+        return self.plans[i].apply(x, topk_weights, topk_ids)
