@@ -11,10 +11,18 @@ Signatures (all results float64 on the inputs' device):
     descending weight, ties → lower id.
 
 ``naive_moe(x, w13, w2, topk_weights, topk_ids, *, activation="silu", w13_bias=None,
-w2_bias=None, expert_map=None)``
+w2_bias=None, expert_map=None, activation_quant=None)``
     Same arguments as ``tokenspeed_kernel.moe_apply`` (weights may be tensors or
     MXFP4Weight/FP8Weight containers, read only through their public fields) →
-    ``out float64 [T, H]``.
+    ``out float64 [T, H]``. ``activation_quant="mxfp8"`` passes x and each intermediate
+    row through :func:`naive_fake_mxfp8` first.
+
+``naive_fake_mxfp8(v)``
+    ``v [..., K]`` (K % 32 == 0) → float64: each block of 32 values scaled by
+    ``2**e`` with ``e = floor(log2(amax)) - 8`` (clamped to [-127, 127]; ``-127`` for a zero
+    block), every scaled value replaced by the NEAREST finite float8_e4m3fn value (enumerated
+    from the bit layout; ties → even mantissa code, so beyond ±448 the nearest is ±448),
+    times ``2**e``. A block with a non-finite value becomes NaN.
 
 ``dense_weight(w)``
     Any weight (tensor, MXFP4Weight, FP8Weight) → float64 dense tensor ``[E, N, K]``.
@@ -26,7 +34,16 @@ import math
 
 import torch
 
-__all__ = ["decode_e2m1", "decode_fp8", "decode_mxfp4", "dense_weight", "naive_moe", "naive_topk"]
+__all__ = [
+    "decode_e2m1",
+    "decode_fp8",
+    "decode_mxfp4",
+    "dense_weight",
+    "e4m3_values",
+    "naive_fake_mxfp8",
+    "naive_moe",
+    "naive_topk",
+]
 
 
 def naive_topk(router_logits, top_k, *, scoring="softmax", renormalize=True):
@@ -107,6 +124,41 @@ def dense_weight(w) -> torch.Tensor:
     return w.detach().to("cpu", torch.float64)
 
 
+def e4m3_values() -> tuple[torch.Tensor, torch.Tensor]:
+    """Every finite float8_e4m3fn value (float64) and its code, from the bit layout: sign bit 7,
+    exponent bits 6-3 (bias 7; 0 = subnormal, 2**-6 * m/8), mantissa bits 2-0; 0x7F/0xFF NaN."""
+    values, codes = [], []
+    for code in range(256):
+        exp, man = (code >> 3) & 0xF, code & 0x7
+        if exp == 0xF and man == 0x7:
+            continue
+        mag = 2.0**-6 * man / 8 if exp == 0 else 2.0 ** (exp - 7) * (1 + man / 8)
+        values.append(-mag if code & 0x80 else mag)
+        codes.append(code)
+    return torch.tensor(values, dtype=torch.float64), torch.tensor(codes)
+
+
+_E4M3, _E4M3_CODES = e4m3_values()
+
+
+def naive_fake_mxfp8(v: torch.Tensor) -> torch.Tensor:
+    blocks = v.detach().to("cpu", torch.float64).reshape(-1, 32)
+    amax = [float(a) for a in blocks.abs().amax(dim=1)]
+    exps = [
+        0 if not math.isfinite(a) else -127 if a == 0 else min(max(math.frexp(a)[1] - 1 - 8, -127), 127) for a in amax
+    ]
+    factor = torch.tensor([2.0**e for e in exps], dtype=torch.float64)[:, None]
+    scaled = blocks / factor
+    dist = (scaled[..., None] - _E4M3).abs()  # [blocks, 32, every finite e4m3 value]
+    nearest = dist == dist.min(dim=-1, keepdim=True).values
+    odd = (_E4M3_CODES & 1).to(torch.float64)
+    pick = torch.where(nearest, odd, torch.full_like(dist, 2.0)).argmin(dim=-1)
+    out = _E4M3[pick] * factor
+    bad = torch.tensor([not math.isfinite(a) for a in amax])
+    out[bad] = float("nan")
+    return out.reshape(v.shape)
+
+
 def _activation(name: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if name == "silu":
         return gate / (1.0 + torch.exp(-gate)) * up
@@ -130,9 +182,12 @@ def naive_moe(
     w13_bias=None,
     w2_bias=None,
     expert_map=None,
+    activation_quant=None,
 ):
     device = x.device
     xd = x.detach().to("cpu", torch.float64)
+    if activation_quant == "mxfp8":
+        xd = naive_fake_mxfp8(xd)
     a = dense_weight(w13)
     b = dense_weight(w2)
     inter = b.shape[-1]
@@ -150,7 +205,10 @@ def naive_moe(
             h = a[local] @ xd[t]
             if bias1 is not None:
                 h = h + bias1[local]
-            y = b[local] @ _activation(activation, h[:inter], h[inter:])
+            act = _activation(activation, h[:inter], h[inter:])
+            if activation_quant == "mxfp8":
+                act = naive_fake_mxfp8(act)
+            y = b[local] @ act
             if bias2 is not None:
                 y = y + bias2[local]
             out[t] += wts[t, j] * y

@@ -186,3 +186,94 @@ def test_containers_are_frozen():
     with pytest.raises(AttributeError):
         w.packed = w.packed
     assert math.prod(w.shape) == 64
+
+
+# ---------------------------------------------------------------- MXFP8 activations (rule)
+
+
+def _mx8(values, dtype=torch.float64):
+    from tokenspeed_kernel.quant import quantize_mxfp8
+
+    return quantize_mxfp8(torch.tensor(values, dtype=dtype).reshape(1, -1))
+
+
+def _block(*head, fill=0.0):
+    """A 32-value block starting with ``head``, padded with ``fill``."""
+    return list(head) + [fill] * (32 - len(head))
+
+
+def test_mxfp8_matches_independent_nearest_value_search():
+    from support.naive_moe import naive_fake_mxfp8
+
+    from tokenspeed_kernel.quant import dequantize_mxfp8, fake_quantize_mxfp8, quantize_mxfp8
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 128, generator=gen, dtype=torch.float64) * torch.logspace(-30, 30, 6, base=2.0)[:, None]
+    x[2, 40] = 1e4  # one outlier: its block's other values lose precision
+    data, scales = quantize_mxfp8(x)
+    assert data.dtype == torch.float8_e4m3fn and scales.dtype == torch.uint8 and scales.shape == (6, 4)
+    expected = naive_fake_mxfp8(x)
+    torch.testing.assert_close(dequantize_mxfp8(data, scales, torch.float64), expected, rtol=0, atol=0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        xd = x.clamp(-6e4, 6e4).to(dtype)
+        got = fake_quantize_mxfp8(xd, torch.float64)
+        torch.testing.assert_close(got, naive_fake_mxfp8(xd.double()), rtol=0, atol=0)
+    # relative error per value of a normal e4m3 element: at most half a quantum, 2**-4
+    big = x.abs() >= x.abs().unflatten(-1, (-1, 32)).amax(-1).repeat_interleave(32, -1) * 2**-6
+    rel = ((expected - x).abs() / x.abs())[
+        big & (x.abs() < 448 * 2.0 ** (scales.double() - 127).repeat_interleave(32, -1))
+    ]
+    assert rel.max() <= 2**-4
+
+
+def test_mxfp8_zero_block_gets_the_smallest_scale():
+    data, scales = _mx8(_block() + _block(-0.0))
+    assert scales.tolist() == [[0, 0]]
+    assert torch.equal(data.double(), torch.zeros(1, 64, dtype=torch.float64))
+    assert torch.signbit(data[0, 32].double())  # -0.0 keeps its sign
+
+
+@pytest.mark.parametrize("k", [-20, 0, 3, 8, 100])
+def test_mxfp8_amax_at_a_power_of_two(k):
+    data, scales = _mx8(_block(2.0**k, -(2.0**k) * 0.75, 2.0**k / 256))
+    assert int(scales[0, 0]) == k - 8 + 127  # floor(log2(2^k)) - emax(8)
+    assert data[0, :3].double().tolist() == [256.0, -192.0, 1.0]
+
+
+def test_mxfp8_just_below_a_power_of_two_saturates():
+    # amax = 2^4 (1 - 2^-10): floor(log2) = 3, scaled amax 511.5 -> saturates at 448
+    data, scales = _mx8(_block(16.0 * (1 - 2**-10), -15.0, 14.5))
+    assert int(scales[0, 0]) == 3 - 8 + 127
+    assert data[0, :3].double().tolist() == [448.0, -448.0, 448.0]  # 480, 464 -> 448 as well
+
+
+def test_mxfp8_rounds_to_nearest_even_and_keeps_signs():
+    # amax 256 -> e = 0: values are rounded as they are
+    head = (256.0, 1.0625, -1.1875, 1.0624, -(2.0**-10), 3 * 2.0**-10, -5 * 2.0**-10, 17.0, -19.0)
+    data, scales = _mx8(_block(*head))
+    assert int(scales[0, 0]) == 127
+    # 1.0625 tie -> 1.0 (even); -1.1875 tie -> -1.25; 2^-10 tie -> -0.0; 3*2^-10 -> 2^-8 (even
+    # subnormal code 2); -5*2^-10 -> -3*2^-9... tie between 2*2^-9 and 3*2^-9 -> even code 2;
+    # 17 tie between 16 and 18 -> 16; -19 tie between 18 and 20 -> -20
+    want = [256.0, 1.0, -1.25, 1.0, -0.0, 2.0**-8, -(2.0**-8), 16.0, -20.0]
+    assert data[0, : len(head)].double().tolist() == want
+
+
+def test_mxfp8_scale_clamps_and_nan_blocks():
+    from tokenspeed_kernel.quant import dequantize_mxfp8
+
+    tiny = _block(2.0**-130, -(2.0**-131), 2.0**-140)
+    data, scales = _mx8(tiny + _block(float("nan"), 1.0) + _block(float("inf")))
+    assert scales.tolist() == [[0, 255, 255]]  # e = -138 clamps to -127 (scale byte 0)
+    # 2^-130 / 2^-127 = 0.125; 2^-140 / 2^-127 = 2^-13 is below e4m3's smallest subnormal
+    assert data[0, :3].double().tolist() == [0.125, -0.0625, 0.0]
+    assert torch.isnan(data[0, 32:].double()).all()
+    out = dequantize_mxfp8(data, scales, torch.float64)
+    assert out[0, :2].tolist() == [2.0**-130, -(2.0**-131)] and torch.isnan(out[0, 32:]).all()
+
+
+def test_mxfp8_rejects_a_ragged_last_dim():
+    from tokenspeed_kernel.quant import quantize_mxfp8
+
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_mxfp8(torch.zeros(2, 48))

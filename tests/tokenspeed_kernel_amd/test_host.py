@@ -198,3 +198,64 @@ def test_unsupported_requests_fall_through_on_cdna(arch, request_):
     amd = [c for c in selection.candidates if c.spec.name.startswith("amd_")]
     assert amd and all(not c.accepted for c in amd), selection.table()
     assert selection.winner is None or not selection.winner.name.startswith("amd_")
+
+
+# ------------------------------------------------ activation_quant="mxfp8" (feature mxfp8_act)
+
+_MOE_MXFP8 = Request.make(
+    "moe.apply",
+    {"x": _BF16, "weight": torch.uint8},
+    {**_GPT_OSS_MOE, "num_tokens_bucket": 64},
+    {"swiglu_oai", "bias", "mxfp4", "mxfp8_act"},
+)
+
+
+def _reasons(request: Request, arch: str) -> dict[str, tuple[str, ...]]:
+    selection = explain(request, platform=platform_from_arch(arch))
+    return {c.spec.name: c.reasons for c in selection.candidates}
+
+
+@pytest.mark.parametrize(
+    "arch, winner",
+    [("gfx950", "amd_gluon_moe_mxfp4_scaled"), ("gfx942", "amd_gluon_moe_mxfp4")],
+)
+def test_mxfp8_activations_select_the_scaled_mfma_kernel_on_gfx950(arch, winner):
+    """gfx950: the scaled-MFMA kernel; gfx942 (no scaled MFMA): quantize-dequantize on the
+    16-bit kernel. Kernels that do not declare mxfp8_act are rejected with that reason."""
+    assert _winner(_MOE_MXFP8, arch) == winner
+    reasons = _reasons(_MOE_MXFP8, arch)
+    triton = [name for name in reasons if name.startswith("triton_")]
+    assert triton, sorted(reasons)
+    for name in triton:
+        assert any("does not support {mxfp8_act}" in r for r in reasons[name]), (name, reasons[name])
+    if arch == "gfx942":
+        assert any("gfx942" in r for r in reasons["amd_gluon_moe_mxfp4_scaled"]), reasons["amd_gluon_moe_mxfp4_scaled"]
+    assert reasons["torch_moe"] == ()  # the reference serves it everywhere
+
+
+def test_scaled_kernel_declines_requests_without_mxfp8():
+    for request in (REQUESTS["moe"], REQUESTS["moe_decode_bucket"]):
+        assert _winner(request, "gfx950") == "amd_gluon_moe_mxfp4"
+        why = _reasons(request, "gfx950")["amd_gluon_moe_mxfp4_scaled"]
+        assert why == ("serves only activation_quant='mxfp8' (the scaled MFMA needs MX activations)",)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx90a", "cpu"])
+def test_mxfp8_activations_elsewhere_fall_to_the_reference(arch):
+    assert _winner(_MOE_MXFP8, arch) == "torch_moe"
+
+
+def test_scaled_kernel_argument_checks():
+    from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
+    from tokenspeed_kernel_amd.ops.moe.fused_scaled import moe_mxfp4_scaled
+
+    w13, w2 = _mxfp4(2, 128, 64, 1), _mxfp4(2, 64, 64, 2)
+    x = torch.zeros(16, 64, dtype=_BF16)
+    args = MoEApplyArgs(x, w13, w2, torch.ones(16, 1), torch.zeros(16, 1, dtype=torch.int32), "silu", None, None,
+                        None, torch.empty_like(x))  # fmt: skip
+    with pytest.raises(ValueError, match="activation_quant"):
+        moe_mxfp4_scaled(args)
+    args.activation_quant = "mxfp8"
+    args.w13 = torch.zeros(2, 128, 64, dtype=_BF16)
+    with pytest.raises(TypeError, match="w13/w2"):
+        moe_mxfp4_scaled(args)

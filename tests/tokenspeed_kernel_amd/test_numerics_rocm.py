@@ -101,3 +101,58 @@ def test_moe_mxfp4_matches_float64(num_tokens, planned):
                            **args)  # fmt: skip
     ref = naive_moe(x, w13, w2, weights, ids, activation="swiglu_oai", w13_bias=b13, w2_bias=b2)
     torch.testing.assert_close(got.cpu().double(), ref.double(), atol=3e-2, rtol=3e-2)
+
+
+def _gfx950() -> bool:
+    return ROCM and str(torch.cuda.get_device_properties(0).gcnArchName).startswith("gfx950")
+
+
+@pytest.mark.parametrize("fake", [False, True])
+def test_mxfp8_quantizer_is_bit_exact(fake):
+    """The in-kernel MXFP8 rule equals tokenspeed_kernel.quant.quantize_mxfp8 bit for bit
+    (normal-range data: blocks with amax < 2**-118 may flush on the device)."""
+    from tokenspeed_kernel.quant import fake_quantize_mxfp8, quantize_mxfp8
+    from tokenspeed_kernel_amd.ops.moe.fused import quantize_x
+
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(67, 256, generator=gen) * torch.logspace(-20, 20, 67, base=2.0)[:, None]).to(torch.bfloat16)
+    x[5, :32] = 0.0
+    x[6, 3] = 448.0 * 2**10  # saturation in its block
+    q, scales = quantize_x(x.to("cuda"), fake=fake)
+    if fake:
+        assert torch.equal(q.cpu(), fake_quantize_mxfp8(x))
+    else:
+        data, ref_scales = quantize_mxfp8(x)
+        assert torch.equal(scales.cpu(), ref_scales)
+        assert torch.equal(q.cpu(), data.view(torch.uint8))
+
+
+@pytest.mark.parametrize("num_tokens", [5, 64])
+@pytest.mark.parametrize("planned", [False, True])
+@pytest.mark.parametrize("kernel", ["amd_gluon_moe_mxfp4", "amd_gluon_moe_mxfp4_scaled"])
+def test_moe_mxfp8_activations_match_float64(num_tokens, planned, kernel):
+    if kernel.endswith("_scaled") and not _gfx950():
+        pytest.skip("the scaled-MFMA kernel needs gfx950")
+    gen = torch.Generator().manual_seed(4)
+    experts, hidden, inter, top_k = 8, 256, 192, 2  # I = 192: a masked K tail on the scaled GEMM
+    w13 = quantize_mxfp4(torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.1)
+    w2 = quantize_mxfp4(torch.randn(experts, hidden, inter, generator=gen) * 0.1)
+    b13 = torch.randn(experts, 2 * inter, generator=gen) * 0.1
+    b2 = torch.randn(experts, hidden, generator=gen) * 0.1
+    x = torch.randn(num_tokens, hidden, generator=gen).to(torch.bfloat16)
+    weights, ids = tk.moe_topk(torch.randn(num_tokens, experts, generator=gen), top_k)
+    dev = "cuda"
+
+    def to(w):
+        return type(w)(w.packed.to(dev), w.scales.to(dev))
+
+    args = dict(activation="swiglu_oai", w13_bias=b13.to(dev), w2_bias=b2.to(dev), activation_quant="mxfp8")
+    if planned:
+        plan = tk.moe_plan(to(w13), to(w2), x_dtype=torch.bfloat16, top_k=top_k, override=kernel, **args)
+        got = plan.apply(x.to(dev), weights.to(dev), ids.to(dev))
+    else:
+        got = tk.moe_apply(x.to(dev), to(w13), to(w2), weights.to(dev), ids.to(dev), override=kernel, **args)
+    ref = naive_moe(x, w13, w2, weights, ids, activation="swiglu_oai", w13_bias=b13, w2_bias=b2,
+                    activation_quant="mxfp8")  # fmt: skip
+    # a value within fp32 accumulation error of an e4m3 rounding boundary may round the other way
+    torch.testing.assert_close(got.cpu().double(), ref.double(), atol=5e-2, rtol=5e-2)

@@ -32,6 +32,7 @@ from tokenspeed_kernel_amd._arch import ARCHS, arch_config
 __all__ = [
     "FAMILIES",
     "MFMA_16BIT",
+    "SCALED_MFMA",
     "CompileReport",
     "compile_kernel",
     "kernel_signature",
@@ -53,6 +54,9 @@ _POINTER = {
     torch.int32: "*i32",
     torch.int64: "*i64",
 }
+# The scaled MFMA the gfx950 MXFP4 x MXFP8 GEMM is built on (e4m3 A, e2m1 B, E8M0 scales).
+SCALED_MFMA = "v_mfma_scale_f32_16x16x128_f8f6f4"
+
 # torch.float8_e4m3fn is OCP e4m3 on both archs (gfx942's native fp8 is the fnuz flavour;
 # the kernels upcast the OCP bytes in registers there).
 _FP8 = "*fp8e4nv"
@@ -115,6 +119,13 @@ class CompileReport:
         prefix = MFMA_16BIT[self.arch]
         wrong = sorted(name for name in self.mfma if not name.startswith(prefix))
         return [f"{self.kernel} on {self.arch}: unexpected {wrong} (expected {prefix}*)"] if wrong else []
+
+    def scaled_mfma_problems(self) -> list[str]:
+        """What is wrong with the matrix instructions of a kernel built on the scaled MFMA."""
+        if self.arch != "gfx950" or not self.mfma:
+            return [f"{self.kernel} on {self.arch}: no scaled MFMA (gfx950 only) in the AMDGCN"]
+        wrong = sorted(name for name in self.mfma if name != SCALED_MFMA)
+        return [f"{self.kernel} on {self.arch}: unexpected {wrong} (expected only {SCALED_MFMA})"] if wrong else []
 
     def problems(self) -> list[str]:
         """Budget violations: spills, scratch, LDS beyond the arch, > 512 VGPRs+AGPRs."""

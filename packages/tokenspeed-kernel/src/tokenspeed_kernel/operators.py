@@ -86,6 +86,7 @@ OPERATORS: dict[str, OperatorSchema] = {
                 "fp8_per_tensor",
                 "fp8_per_channel",
                 "fp8_block",
+                "mxfp8_act",
             ),
             summary="mixture-of-experts expert computation and combine (moe_apply)",
         ),

@@ -17,6 +17,11 @@ for ``w13 [E, 2I, H]``, ``I`` for ``w2 [E, H, I]``):
 
 Both are frozen dataclasses of tensors; kernels may keep repacked copies through a plan
 (:func:`tokenspeed_kernel.moe_plan`) but the public layout above is the contract.
+
+MXFP8 activations (``moe_apply(..., activation_quant="mxfp8")``) are not stored by callers:
+:func:`quantize_mxfp8` is the one reference definition of how a GEMM operand is quantized
+on the fly (float8_e4m3fn values, one E8M0 scale per 32 values along the last axis; the
+rule is in its docstring), :func:`fake_quantize_mxfp8` the value a kernel then multiplies.
 """
 
 from __future__ import annotations
@@ -30,13 +35,17 @@ __all__ = [
     "E2M1_VALUES",
     "FP8_E4M3_MAX",
     "FP8_GRANULARITIES",
+    "MXFP8_BLOCK",
     "FP8Weight",
     "MXFP4Weight",
     "QuantizedWeight",
     "dequantize_fp8",
     "dequantize_mxfp4",
+    "dequantize_mxfp8",
+    "fake_quantize_mxfp8",
     "quantize_fp8",
     "quantize_mxfp4",
+    "quantize_mxfp8",
 ]
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -44,6 +53,10 @@ MXFP4_BLOCK = 32
 FP8_E4M3_MAX = 448.0
 FP8_BLOCK = 128
 FP8_GRANULARITIES = ("tensor", "channel", "block")
+MXFP8_BLOCK = 32
+E4M3_EMAX = 8  # floor(log2(448)): the largest exponent of a finite float8_e4m3fn
+E4M3_MIN_EXP = -6  # the smallest normal exponent; below it the quantum is 2**-9
+E8M0_MIN_EXP, E8M0_MAX_EXP, E8M0_NAN = -127, 127, 255
 
 
 @dataclass(frozen=True)
@@ -226,3 +239,62 @@ def quantize_fp8(w: torch.Tensor, granularity: str = "channel") -> FP8Weight:
     scale = (amax / FP8_E4M3_MAX).clamp_min(1e-12).float()
     data = (wf / _expand_scale(scale, n, k)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
     return FP8Weight(data.contiguous(), scale.contiguous())
+
+
+def quantize_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x [..., K]`` (``K % 32 == 0``, any float dtype) to MXFP8 along its last axis.
+
+    Returns ``(data, scales)``: ``data`` float8_e4m3fn ``[..., K]`` (OCP e4m3fn: bias 7, max
+    ±448, no infinities) and ``scales`` uint8 ``[..., K/32]``, E8M0 (``2 ** (s - 127)``).
+    The real value of element ``k`` is ``data[k] * 2 ** (scales[k // 32] - 127)``.
+
+    The rule (OCP MX v1.0 conversion, with ``emax_elem = 8`` for e4m3), per block of 32
+    consecutive values ``v``:
+
+    1. ``amax = max |v|``. The shared exponent is ``e = floor(log2(amax)) - 8``, clamped to
+       ``[-127, 127]``; a block of zeros gets ``e = -127`` (scale byte 0).
+    2. Each ``v / 2**e`` (exact: a power-of-two scaling) is rounded to the nearest e4m3 value,
+       ties to even mantissa (round-to-nearest-even; below ``2**-6`` the e4m3 subnormal
+       quantum ``2**-9`` applies), and saturated to ±448. Because ``amax / 2**e`` lies in
+       ``[256, 512)``, the block maximum may saturate (values in ``[464, 512) * 2**e`` lose
+       up to 12.5 %), exactly as the specification's conversion does.
+    3. Signs are kept (``-0.0`` stays ``-0.0``).
+
+    A block holding a NaN or ±inf gets the NaN scale (byte 255) and NaN data. Computed in
+    float64, so the result does not depend on the input dtype's arithmetic.
+    """
+    if x.shape[-1] % MXFP8_BLOCK:
+        raise ValueError(f"quantize_mxfp8: the last dim ({x.shape[-1]}) must be a multiple of {MXFP8_BLOCK}")
+    v = x.detach().to(torch.float64).unflatten(-1, (-1, MXFP8_BLOCK))
+    amax = v.abs().amax(dim=-1)
+    finite = torch.isfinite(amax)
+    # frexp: amax = m * 2**p with m in [0.5, 1), so floor(log2(amax)) = p - 1 exactly.
+    _, p = torch.frexp(torch.where(finite & (amax > 0), amax, torch.ones_like(amax)))
+    exp = torch.where(finite & (amax > 0), p.to(torch.int64) - 1 - E4M3_EMAX, torch.full_like(amax, -127).long())
+    exp = exp.clamp(E8M0_MIN_EXP, E8M0_MAX_EXP)
+    scaled = torch.ldexp(v, (-exp).unsqueeze(-1).to(torch.float64))
+    mag = scaled.abs().clamp(max=FP8_E4M3_MAX)
+    _, pe = torch.frexp(mag)  # mag = m * 2**pe; its e4m3 exponent is pe - 1 (>= -6)
+    quantum = torch.ldexp(torch.ones_like(mag), ((pe.to(torch.int64) - 1).clamp(min=E4M3_MIN_EXP) - 3).to(mag.dtype))
+    rounded = torch.round(mag / quantum) * quantum  # torch.round: half to even
+    data = torch.copysign(rounded.clamp(max=FP8_E4M3_MAX), scaled)
+    data = torch.where(finite.unsqueeze(-1), data, torch.full_like(data, float("nan")))
+    scales = torch.where(finite, exp + 127, torch.full_like(exp, E8M0_NAN)).to(torch.uint8)
+    return data.flatten(-2).to(torch.float8_e4m3fn).contiguous(), scales.contiguous()
+
+
+def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The real values of MXFP8 ``data [..., K]`` with E8M0 ``scales [..., K/32]``, in ``dtype``
+    (computed in float64; scale byte 255 is NaN)."""
+    values = data.to(torch.float64).unflatten(-1, (-1, MXFP8_BLOCK))
+    factor = torch.ldexp(torch.ones(scales.shape, dtype=torch.float64, device=scales.device), scales.double() - 127)
+    factor = torch.where(scales == E8M0_NAN, torch.full_like(factor, float("nan")), factor)
+    return (values * factor.unsqueeze(-1)).flatten(-2).to(dtype)
+
+
+def fake_quantize_mxfp8(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``dequantize_mxfp8(*quantize_mxfp8(x))`` in ``dtype`` (default x's dtype): the values a
+    kernel multiplies when ``activation_quant="mxfp8"``. Exact in float32/float64 (every MXFP8
+    value derived from a float32 input is a float32)."""
+    data, scales = quantize_mxfp8(x)
+    return dequantize_mxfp8(data, scales, x.dtype if dtype is None else dtype)

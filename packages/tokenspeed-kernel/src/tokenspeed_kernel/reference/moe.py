@@ -5,6 +5,9 @@ Correct for every feature, weight format and dtype on any device; they compute i
 when the input is float64 (the check tool's ground truth) and in float32 otherwise, and
 round once when writing the output. ``torch_moe`` groups the (token, choice) pairs by expert
 and loops over the experts that were hit only, dequantizing one expert's weights at a time.
+With ``activation_quant="mxfp8"`` it replaces each GEMM's A operand (x, then the activated
+intermediate) by :func:`~tokenspeed_kernel.quant.fake_quantize_mxfp8` of it, computed in the
+compute dtype (float32, or float64 for float64 inputs).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, TopKArgs, Weight
-from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight, dequantize_fp8, dequantize_mxfp4
+from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight, dequantize_fp8, dequantize_mxfp4, fake_quantize_mxfp8
 from tokenspeed_kernel.registry import Priority, register_kernel
 
 __all__ = ["ACTIVATION_FUNCTIONS", "torch_moe", "torch_moe_topk"]
@@ -87,6 +90,7 @@ ACTIVATION_FUNCTIONS = {"silu": _silu, "gelu": _gelu, "swiglu_oai": _swiglu_oai}
         "fp8_per_tensor",
         "fp8_per_channel",
         "fp8_block",
+        "mxfp8_act",
     ),
     priority=Priority.REFERENCE,
 )
@@ -94,6 +98,9 @@ def torch_moe(args: MoEApplyArgs) -> None:
     """Reference MoE: group (token, choice) pairs by expert, one dense GEMM pair per expert."""
     compute = _compute_dtype(args.x)
     x = args.x.to(compute)
+    quantize = args.activation_quant == "mxfp8"
+    if quantize:
+        x = fake_quantize_mxfp8(x)
     num_tokens, top_k = args.topk_ids.shape
     experts = args.topk_ids.long()
     if args.expert_map is not None:
@@ -117,7 +124,10 @@ def torch_moe(args: MoEApplyArgs) -> None:
         h = x[tok] @ _expert(args.w13, e, compute).T
         if args.w13_bias is not None:
             h = h + args.w13_bias[e].to(compute)
-        y = act(h[:, :inter], h[:, inter:]) @ _expert(args.w2, e, compute).T
+        a = act(h[:, :inter], h[:, inter:])
+        if quantize:
+            a = fake_quantize_mxfp8(a)
+        y = a @ _expert(args.w2, e, compute).T
         if args.w2_bias is not None:
             y = y + args.w2_bias[e].to(compute)
         acc.index_add_(0, tok, y * wt[:, None])

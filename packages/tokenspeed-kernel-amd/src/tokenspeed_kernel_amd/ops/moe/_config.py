@@ -16,6 +16,8 @@ __all__ = [
     "gemm_config",
     "gemv2_config",
     "gemv13_config",
+    "quant_config",
+    "scaled_gemm_config",
     "use_gemv",
 ]
 
@@ -51,7 +53,7 @@ def _gemv_layout(num_warps: int) -> gl.BlockedLayout:
 
 
 def gemv13_config(*, hidden: int, inter: int, top_k: int, activation: int, bias: bool, expert_map: bool,
-                  halves: bool) -> GemvConfig:  # fmt: skip
+                  halves: bool, quant_out: bool = False) -> GemvConfig:  # fmt: skip
     num_warps = 4
     block = 32
     return GemvConfig(
@@ -66,6 +68,7 @@ def gemv13_config(*, hidden: int, inter: int, top_k: int, activation: int, bias:
             "BLOCK_I": block,
             "BLOCK_G": 8,
             "L3": _gemv_layout(num_warps),
+            "QUANT_OUT": quant_out,
         },
         num_warps,
         block,
@@ -93,7 +96,7 @@ def gemv2_config(*, hidden: int, inter: int, top_k: int, bias: bool, expert_map:
 
 
 def gemm_config(arch: ArchConfig, *, n: int, k: int, top_k: int, gated: bool, activation: int, bias: bool,
-                halves: bool, rows_sorted: bool, block_m: int = 32) -> GemmConfig:  # fmt: skip
+                halves: bool, rows_sorted: bool, block_m: int = 32, quant_out: bool = False) -> GemmConfig:  # fmt: skip
     num_warps = 4
     block_n = 64
     mma = gl.amd.AMDMFMALayout(
@@ -120,8 +123,45 @@ def gemm_config(arch: ArchConfig, *, n: int, k: int, top_k: int, gated: bool, ac
             "LOAD_A": gl.BlockedLayout([1, 8], [8, 8], [num_warps, 1], [1, 0]),
             "LOAD_B": gl.BlockedLayout([1, 8], [16, 4], [num_warps, 1], [1, 0]),
             "B_SMEM": smem,
+            "QUANT_OUT": quant_out,
         },
         num_warps,
         block_m,
         block_n,
+    )
+
+
+def quant_config(*, fake: bool) -> GemvConfig:
+    """The MXFP8 quantization of x: 64 rows x one 32-value block per program (8 values/lane)."""
+    num_warps = 4
+    layout = gl.BlockedLayout([1, 8], [16, 4], [num_warps, 1], [1, 0])
+    return GemvConfig({"BLOCK_R": 64, "FAKE": fake, "LAYOUT": layout}, num_warps, 64)
+
+
+def scaled_gemm_config(*, n: int, k: int, top_k: int, gated: bool, activation: int, bias: bool, rows_sorted: bool,
+                       block_m: int = 32) -> GemmConfig:  # fmt: skip
+    """gfx950 scaled-MFMA grouped GEMM: ``block_m`` x 64 x 128 tiles, 4 warps ``[2, 2]`` on
+    ``v_mfma_scale_f32_16x16x128_f8f6f4``. A rows load as 16 contiguous bytes per lane; the
+    weight tile loads K-contiguous (16 bytes per lane) as ``[64 K-bytes, 64 N]``."""
+    num_warps = 4
+    mma = gl.amd.AMDMFMALayout(version=4, instr_shape=[16, 16, 128], transposed=True, warps_per_cta=[2, 2])
+    return GemmConfig(
+        {
+            "N": n,
+            "K": k,
+            "TOP_K": top_k,
+            "GATED": gated,
+            "ACTIVATION": activation,
+            "HAS_BIAS": bias,
+            "ROWS_SORTED": rows_sorted,
+            "BLOCK_M": block_m,
+            "BLOCK_N": 64,
+            "BLOCK_K": 128,
+            "MMA": mma,
+            "LOAD_A": gl.BlockedLayout([1, 16], [8, 8], [num_warps, 1], [1, 0]),
+            "LOAD_B": gl.BlockedLayout([16, 1], [4, 16], [1, num_warps], [0, 1]),
+        },
+        num_warps,
+        block_m,
+        64,
     )

@@ -13,12 +13,19 @@ and scaled by ``2 ** (s - 127)`` built from the scale's bits; the products run i
 (GEMV) or on bf16/fp16 MFMA after staging the dequantized tile in LDS (GEMM).
 
 Activation codes: 0 silu, 1 gelu (erf), 2 swiglu_oai.
+
+``QUANT_OUT`` (``activation_quant="mxfp8"`` on the 16-bit path): layer 1 fake-quantizes its
+activated output to MXFP8 (:func:`._mxfp8.fake_quantize`, blocks of 32 columns, which never
+straddle a program's columns) before storing it, so layer 2 multiplies the quantized
+intermediate; x is fake-quantized beforehand by :func:`._mxfp8.mxfp8_quant_kernel`.
 """
 
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+
+from tokenspeed_kernel_amd.ops.moe._mxfp8 import fake_quantize
 
 
 @gluon.jit
@@ -120,7 +127,7 @@ def moe_gemv13_kernel(
     stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_at,
     HIDDEN: gl.constexpr, INTER: gl.constexpr, TOP_K: gl.constexpr, ACTIVATION: gl.constexpr,
     HAS_BIAS: gl.constexpr, HAS_MAP: gl.constexpr, HALVES: gl.constexpr, BLOCK_I: gl.constexpr,
-    BLOCK_G: gl.constexpr, L3: gl.constexpr,
+    BLOCK_G: gl.constexpr, L3: gl.constexpr, QUANT_OUT: gl.constexpr,
 ):  # fmt: skip
     """Warp-decode layer 1 for one (token, choice) pair and ``BLOCK_I`` intermediate columns:
     routing read in-kernel (``Ids`` int32 ``[T*k]``, optional ``ExpertMap``), gate and up GEMVs
@@ -159,6 +166,8 @@ def moe_gemv13_kernel(
         gate += gl.load(Bias + e.to(gl.int64) * stride_be + cols, mask=ok, other=0.0).to(gl.float32)
         up += gl.load(Bias + e.to(gl.int64) * stride_be + INTER + cols, mask=ok, other=0.0).to(gl.float32)
     act = gl.where(ok, _activate(gate, up, ACTIVATION), 0.0)
+    if QUANT_OUT:  # BLOCK_I == 32: the program's columns are exactly one MX block
+        act = fake_quantize(act, gl.max(gl.abs(act), axis=0))
     gl.store(A + pair.to(gl.int64) * stride_at + cols, act, mask=cols < INTER)
 
 
@@ -207,6 +216,18 @@ def moe_gemv2_kernel(
 
 
 @gluon.jit
+def block_amax(v, cols, BLOCK_N: gl.constexpr):
+    """``max |v|`` over each row's 32-column block (``cols`` = column in the tile, in
+    ``SliceLayout(0, v's layout)``), broadcast back to ``v``'s shape."""
+    amax = gl.zeros_like(v)
+    for b in gl.static_range(BLOCK_N // 32):
+        inb = (cols >= b * 32) & (cols < b * 32 + 32)
+        m = gl.max(gl.where(inb[None, :], gl.abs(v), 0.0), axis=1)
+        amax = gl.where(inb[None, :], m[:, None], amax)
+    return amax
+
+
+@gluon.jit
 def _dequant_group(W, S, w_rows, s_rows, n_ok, gidx, jb, HALVES: gl.constexpr):
     """One 64-value K group of MXFP4 rows → (first 32 columns, last 32 columns) fp32, in the
     kernel's K order (halves: values j / 32+j; standard: even / odd values)."""
@@ -232,7 +253,7 @@ def moe_gemm_kernel(
     N: gl.constexpr, K: gl.constexpr, TOP_K: gl.constexpr, GATED: gl.constexpr, ACTIVATION: gl.constexpr,
     HAS_BIAS: gl.constexpr, HALVES: gl.constexpr, ROWS_SORTED: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MMA: gl.constexpr, K_WIDTH: gl.constexpr,
-    LOAD_A: gl.constexpr, LOAD_B: gl.constexpr, B_SMEM: gl.constexpr,
+    LOAD_A: gl.constexpr, LOAD_B: gl.constexpr, B_SMEM: gl.constexpr, QUANT_OUT: gl.constexpr,
 ):  # fmt: skip
     """Grouped GEMM over expert-sorted rows. Program ``(tile, n)``: expert ``TileExpert[tile]``
     (``>= E`` or a padded tile: nothing to do), ``TileRows[tile]`` rows starting at sorted
@@ -312,6 +333,8 @@ def moe_gemm_kernel(
     opos = row0 + ro
     if GATED:
         res = _activate(acc, acc_up, ACTIVATION)
+        if QUANT_OUT:
+            res = fake_quantize(res, block_amax(res, co - pid_n * BLOCK_N, BLOCK_N))
         gl.store(Out + opos.to(gl.int64)[:, None] * stride_ot + co[None, :], res.to(Out.dtype.element_ty), mask=o_ok)
     else:
         opair = gl.load(SortedPairs + opos, mask=ro < nrows, other=0)

@@ -10,9 +10,15 @@ Regimes (chosen per call on the host from the token count, see :mod:`._config`):
   bias + activation epilogue, layer-2 GEMM with bias + routing-weight epilogue, then the
   per-token sum of the ``top_k`` rows.
 
-MXFP4 is dequantized in registers to x's dtype on both gfx942 and gfx950 (bf16/fp16 MFMA);
-the gfx950 scaled MFMA is not used (see docs/amd.md). Weights planned through ``moe_plan``
-are in the halves byte order (:mod:`._prepare`); the functional path reads the public order.
+MXFP4 is dequantized in registers to x's dtype on both gfx942 and gfx950 (bf16/fp16 MFMA).
+Weights planned through ``moe_plan`` are in the halves byte order (:mod:`._prepare`); the
+functional path reads the public order.
+
+``activation_quant="mxfp8"`` (feature ``mxfp8_act``) is served here by quantize-dequantize on
+the 16-bit path, on both archs: x is fake-quantized once by :func:`._mxfp8.mxfp8_quant_kernel`
+(values exact in bf16/fp16) and layer 1 fake-quantizes its activated output in registers
+(``QUANT_OUT``), so both GEMMs multiply exactly the MXFP8 values of the contract. On gfx950
+the scaled-MFMA kernel (:mod:`.fused_scaled`) outranks this one for that feature.
 """
 
 from __future__ import annotations
@@ -24,12 +30,13 @@ from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_amd._arch import arch_config, device_arch
-from tokenspeed_kernel_amd.ops.moe._config import gemm_config, gemv2_config, gemv13_config, use_gemv
+from tokenspeed_kernel_amd.ops.moe._config import gemm_config, gemv2_config, gemv13_config, quant_config, use_gemv
 from tokenspeed_kernel_amd.ops.moe._kernels import moe_gemm_kernel, moe_gemv2_kernel, moe_gemv13_kernel
+from tokenspeed_kernel_amd.ops.moe._mxfp8 import mxfp8_quant_kernel
 from tokenspeed_kernel_amd.ops.moe._prepare import PreparedMoE, prepare_moe
 from tokenspeed_kernel_amd.ops.moe._routing import sort_pairs
 
-__all__ = ["amd_gluon_moe_mxfp4", "check_args", "moe_mxfp4"]
+__all__ = ["amd_gluon_moe_mxfp4", "check_args", "moe_mxfp4", "quantize_x"]
 
 ACTIVATION_CODES = {"silu": 0, "gelu": 1, "swiglu_oai": 2}
 MAX_EXPERTS = 1024
@@ -62,14 +69,27 @@ def check_args(args: MoEApplyArgs) -> tuple[int, int, int]:
     return num_experts, hidden, inter
 
 
-def _bias(bias: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    return like if bias is None else bias
+def quantize_x(x: torch.Tensor, *, fake: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """MXFP8 of ``x [T, K]`` (``K % 32 == 0``) by :func:`._mxfp8.mxfp8_quant_kernel`:
+    ``fake=True`` → (dequantized values in x's dtype ``[T, K]``, None); ``fake=False`` →
+    (uint8 e4m3 codes ``[T, K]``, uint8 E8M0 scales ``[T, K/32]``)."""
+    num_rows, k = x.shape
+    cfg = quant_config(fake=fake)
+    q = torch.empty_like(x) if fake else torch.empty((num_rows, k), dtype=torch.uint8, device=x.device)
+    scales = None if fake else torch.empty((num_rows, k // 32), dtype=torch.uint8, device=x.device)
+    dummy = q if scales is None else scales
+    mxfp8_quant_kernel[(triton.cdiv(num_rows, cfg.block), k // 32)](
+        x, q, dummy, num_rows, x.stride(0), q.stride(0), dummy.stride(0), num_warps=cfg.num_warps, **cfg.constexprs
+    )
+    return q, scales
 
 
 def moe_mxfp4(args: MoEApplyArgs, *, force_gemm: bool = False) -> None:
     """Run the MoE for ``args`` (writes ``args.out``)."""
     num_experts, hidden, inter = check_args(args)
-    x, ids = args.x, args.topk_ids.to(torch.int32).contiguous()
+    quant = args.activation_quant == "mxfp8"
+    x = quantize_x(args.x, fake=True)[0] if quant else args.x
+    ids = args.topk_ids.to(torch.int32).contiguous()
     num_tokens, top_k = ids.shape
     prepared = args.prepared if isinstance(args.prepared, PreparedMoE) else None
     if prepared is not None:
@@ -93,7 +113,7 @@ def moe_mxfp4(args: MoEApplyArgs, *, force_gemm: bool = False) -> None:
     if use_gemv(num_tokens) and not force_gemm:
         a = torch.empty((num_tokens * top_k, inter), dtype=torch.float32, device=x.device)
         c1 = gemv13_config(hidden=hidden, inter=inter, top_k=top_k, activation=act, bias=has_bias,
-                           expert_map=args.expert_map is not None, halves=halves)  # fmt: skip
+                           expert_map=args.expert_map is not None, halves=halves, quant_out=quant)  # fmt: skip
         moe_gemv13_kernel[(num_tokens * top_k, triton.cdiv(inter, c1.block))](
             x, w13, s13, b13, ids, emap, a, x.stride(0), *strides13, a.stride(0), num_warps=c1.num_warps,
             **c1.constexprs,
@@ -113,7 +133,7 @@ def moe_mxfp4(args: MoEApplyArgs, *, force_gemm: bool = False) -> None:
     y = torch.zeros((num_pairs, hidden), dtype=torch.float32, device=x.device)
     tiles = (routing.sorted_pairs, routing.tile_expert, routing.tile_row, routing.tile_rows, weights, emap)
     c1 = gemm_config(arch, n=inter, k=hidden, top_k=top_k, gated=True, activation=act, bias=has_bias, halves=halves,
-                     rows_sorted=False, block_m=block_m)  # fmt: skip
+                     rows_sorted=False, block_m=block_m, quant_out=quant)  # fmt: skip
     moe_gemm_kernel[(routing.num_tiles, triton.cdiv(inter, c1.block_n))](
         x, w13, s13, b13, *tiles, h, x.stride(0), *strides13, h.stride(0), num_warps=c1.num_warps, **c1.constexprs,
     )  # fmt: skip
@@ -133,12 +153,13 @@ def moe_mxfp4(args: MoEApplyArgs, *, force_gemm: bool = False) -> None:
     archs=("gfx942", "gfx950"),
     capabilities=("mfma",),
     dtypes={"x": (torch.bfloat16, torch.float16), "weight": (torch.uint8,)},
-    features=("silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4"),
+    features=("silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4", "mxfp8_act"),
     priority=Priority.PERFORMANT,
     predicate=_supported,
     prepare=prepare_moe,
 )
 def amd_gluon_moe_mxfp4(args: MoEApplyArgs) -> None:
     """MXFP4 MoE on CDNA: fused-routing warp-decode GEMVs for T <= 8, expert-sorted grouped
-    GEMM (dequantize to bf16/fp16 in registers, MFMA) above."""
+    GEMM (dequantize to bf16/fp16 in registers, MFMA) above; ``activation_quant="mxfp8"`` by
+    quantize-dequantize in registers on the same path."""
     moe_mxfp4(args)

@@ -76,6 +76,7 @@ def _moe_apply_op(
     w2_bias: torch.Tensor | None,
     expert_map: torch.Tensor | None,
     override: str | None,
+    activation_quant: str | None = None,
 ) -> torch.Tensor:
     from tokenspeed_kernel.ops.moe.api import moe_apply
 
@@ -90,6 +91,7 @@ def _moe_apply_op(
         w2_bias=w2_bias,
         expert_map=expert_map,
         override=override,
+        activation_quant=activation_quant,
     )
 
 

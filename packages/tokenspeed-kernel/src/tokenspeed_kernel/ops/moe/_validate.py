@@ -19,13 +19,14 @@ from tokenspeed_kernel.ops._checks import (
     check_tensor,
     dtype_name,
 )
-from tokenspeed_kernel.ops.moe.args import ACTIVATIONS, Weight
+from tokenspeed_kernel.ops.moe.args import ACTIVATION_QUANTS, ACTIVATIONS, Weight
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.registry import Request
 
 __all__ = [
     "WeightInfo",
     "apply_signature",
+    "check_activation_quant",
     "check_ids_in_range",
     "check_out",
     "check_routing",
@@ -54,9 +55,11 @@ class WeightInfo:
     storage_dtype: torch.dtype
     num_global_experts: int
 
-    def features(self, activation: str, has_bias: bool, has_map: bool) -> set[str]:
+    def features(self, activation: str, has_bias: bool, has_map: bool, activation_quant: str | None = None) -> set[str]:
         """The request features of a call with these weights."""
         feats = {activation}
+        if activation_quant is not None:
+            feats.add(ACTIVATION_QUANTS[activation_quant])
         if has_bias:
             feats.add("bias")
         if has_map:
@@ -137,6 +140,22 @@ def check_weights(
     return WeightInfo(e, h, i, fmt13, storage, num_global)
 
 
+def check_activation_quant(activation_quant: object, info: WeightInfo) -> str | None:
+    """``activation_quant`` is None or one of :data:`ACTIVATION_QUANTS`, the latter only with
+    MXFP4 weights (whose K dims are multiples of 32, the MX block)."""
+    if activation_quant is None:
+        return None
+    if not isinstance(activation_quant, str):
+        raise TypeError(f"activation_quant must be a str or None, got {type(activation_quant).__name__}")
+    check_choice("activation_quant", activation_quant, tuple(ACTIVATION_QUANTS))
+    if info.weight_format != "mxfp4":
+        raise ValueError(
+            f"activation_quant={activation_quant!r} needs MXFP4 weights (MXFP4Weight w13/w2), "
+            f"got {info.weight_format} weights"
+        )
+    return activation_quant
+
+
 def check_routing(
     x: object,
     topk_weights: object,
@@ -195,10 +214,18 @@ def check_ids_in_range(
 
 
 def apply_signature(
-    info: WeightInfo, num_tokens: int, top_k: int, x_dtype: torch.dtype, activation: str, has_bias: bool, has_map: bool
+    info: WeightInfo,
+    num_tokens: int,
+    top_k: int,
+    x_dtype: torch.dtype,
+    activation: str,
+    has_bias: bool,
+    has_map: bool,
+    activation_quant: str | None = None,
 ) -> dict[str, object]:
-    """The capture signature of one ``moe.apply`` call (``MoECase`` field names)."""
-    return {
+    """The capture signature of one ``moe.apply`` call (``MoECase`` field names;
+    ``activation_quant`` only when set)."""
+    signature: dict[str, object] = {
         "num_tokens": num_tokens,
         "hidden": info.hidden,
         "intermediate": info.intermediate,
@@ -211,6 +238,9 @@ def apply_signature(
         "bias": has_bias,
         "expert_map": has_map,
     }
+    if activation_quant is not None:
+        signature["activation_quant"] = activation_quant
+    return signature
 
 
 def tokens_bucket(num_tokens: int) -> int:
@@ -227,6 +257,7 @@ def apply_request(
     activation: str,
     has_bias: bool,
     has_map: bool,
+    activation_quant: str | None = None,
 ) -> Request:
     """The selector request of a ``moe.apply`` call (``num_tokens=None``: a plan, no token bucket)."""
     shapes = {
@@ -241,7 +272,7 @@ def apply_request(
         "moe.apply",
         dtypes={"x": x_dtype, "weight": info.storage_dtype},
         shapes=shapes,
-        features=info.features(activation, has_bias, has_map),
+        features=info.features(activation, has_bias, has_map, activation_quant),
     )
 
 

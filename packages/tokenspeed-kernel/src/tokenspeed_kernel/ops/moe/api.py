@@ -9,7 +9,7 @@ Capture signatures (``TOKENSPEED_KERNEL_CAPTURE``) use the field names of
 ``tokenspeed_kernel.tools.cases.moe.MoECase``: ``num_tokens``, ``num_experts`` (global, i.e.
 the router's expert count), ``top_k``, ``dtype``, and for ``moe.apply`` also ``hidden``,
 ``intermediate``, ``num_local_experts``, ``weight_format``, ``activation``, ``bias``,
-``expert_map``; for ``moe.topk`` ``scoring`` and ``renormalize``.
+``expert_map`` (and ``activation_quant`` when set); for ``moe.topk`` ``scoring`` and ``renormalize``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tokenspeed_kernel.ops.moe import _custom_ops
 from tokenspeed_kernel.ops.moe._validate import (
     apply_request,
     apply_signature,
+    check_activation_quant,
     check_ids_in_range,
     check_out,
     check_routing,
@@ -123,6 +124,7 @@ def moe_apply(
     expert_map: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     override: str | None = None,
+    activation_quant: str | None = None,
 ) -> torch.Tensor:
     """Run each token through its chosen experts and sum the weighted outputs.
 
@@ -143,6 +145,15 @@ def moe_apply(
         expert_map: int32 ``[E_global]`` global -> local expert id, ``-1`` = not on this rank.
         out: ``[T, H]`` in x's dtype to write into (must not alias ``x``), or None.
         override: force a kernel by name (e.g. ``"torch_moe"``).
+        activation_quant: None, or ``"mxfp8"`` (opt-in, MXFP4 weights only): each expert
+            GEMM's A operand (``x`` for ``w13``; ``act(gate, up)`` ``[*, I]`` for ``w2``) is
+            quantized on the fly to MXFP8, float8_e4m3fn with one E8M0 scale per 32
+            consecutive values along K, by the rule of
+            :func:`tokenspeed_kernel.quant.quantize_mxfp8` (shared exponent
+            ``floor(log2(amax)) - 8``, round-to-nearest-even, saturate to ±448), and the GEMM
+            multiplies those values (W4A8: what lets gfx950 run MXFP4 x MXFP8 on its scaled
+            MFMA). Changes the numerics: relative error per value up to 2^-4 (6.25 %).
+            Kernels serve it only if they declare the feature ``"mxfp8_act"``.
 
     Returns:
         ``[T, H]`` in x's dtype (``out`` when given).
@@ -165,6 +176,7 @@ def moe_apply(
     num_tokens, top_k = check_routing(
         x, topk_weights, topk_ids, hidden=info.hidden, num_global_experts=info.num_global_experts
     )
+    activation_quant = check_activation_quant(activation_quant, info)
     out = check_out(out, x) if out is not None else None
     _check_override(override)
 
@@ -172,8 +184,9 @@ def moe_apply(
         a13, b13, fmt = _custom_ops.flatten_weight(w13)
         a2, b2, _ = _custom_ops.flatten_weight(w2)
         result = torch.ops.tokenspeed_kernel.moe_apply(
-            x, a13, b13, a2, b2, fmt, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, override
-        )
+            x, a13, b13, a2, b2, fmt, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, override,
+            activation_quant,
+        )  # fmt: skip
         if out is None:
             return result
         out.copy_(result)
@@ -190,12 +203,15 @@ def moe_apply(
         activation=activation,
         has_bias=has_bias,
         has_map=expert_map is not None,
+        activation_quant=activation_quant,
     )
     spec = dispatch(
         request,
         x.device,
         override,
-        lambda: apply_signature(info, num_tokens, top_k, x.dtype, activation, has_bias, expert_map is not None),
+        lambda: apply_signature(
+            info, num_tokens, top_k, x.dtype, activation, has_bias, expert_map is not None, activation_quant
+        ),
     )
     args = MoEApplyArgs(
         x=x,
@@ -208,6 +224,7 @@ def moe_apply(
         w2_bias=w2_bias,
         expert_map=expert_map,
         out=torch.empty_like(x) if out is None else out,
+        activation_quant=activation_quant,
     )
     if num_tokens:
         spec.fn(args)

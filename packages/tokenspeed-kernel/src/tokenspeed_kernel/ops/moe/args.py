@@ -9,11 +9,17 @@ import torch
 
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 
-__all__ = ["ACTIVATIONS", "MoEApplyArgs", "TopKArgs", "Weight"]
+__all__ = ["ACTIVATIONS", "ACTIVATION_QUANTS", "MoEApplyArgs", "TopKArgs", "Weight"]
 
 Weight = torch.Tensor | MXFP4Weight | FP8Weight
 
 ACTIVATIONS = ("silu", "gelu", "swiglu_oai")
+
+# ``activation_quant`` values and the request feature each one adds. "mxfp8": every expert
+# GEMM's A operand (x for w13, the activated intermediate for w2) is quantized on the fly
+# by :func:`tokenspeed_kernel.quant.quantize_mxfp8` (e4m3 + E8M0 per 32 values along K)
+# and the GEMM multiplies the dequantized values. Only with MXFP4 weights.
+ACTIVATION_QUANTS = {"mxfp8": "mxfp8_act"}
 
 
 @dataclass(slots=True)
@@ -64,6 +70,13 @@ class MoEApplyArgs:
         out: ``[T, H]`` in x's dtype, to be written.
         prepared: what the kernel's ``prepare`` hook made of the weights through
             ``moe_plan`` (e.g. repacked MXFP4), or None on the functional path.
+        activation_quant: None (the GEMMs read x and the intermediate as they are) or
+            ``"mxfp8"``: before each expert GEMM its A operand, ``x [T, H]`` for ``w13`` and
+            the activated intermediate ``a [*, I]`` for ``w2``, is replaced by
+            ``fake_quantize_mxfp8(A)`` (:mod:`tokenspeed_kernel.quant`: float8_e4m3fn values,
+            one E8M0 scale per 32 consecutive values along K = H or I). Only with MXFP4
+            weights (then ``H % 32 == I % 32 == 0``). Kernels see it as the request feature
+            ``"mxfp8_act"``.
     """
 
     x: torch.Tensor
@@ -77,3 +90,4 @@ class MoEApplyArgs:
     expert_map: torch.Tensor | None
     out: torch.Tensor
     prepared: Any = None
+    activation_quant: str | None = None

@@ -33,6 +33,7 @@ from tokenspeed_kernel.ops.moe._validate import (
     WeightInfo,
     apply_request,
     apply_signature,
+    check_activation_quant,
     check_ids_in_range,
     check_out,
     check_routing,
@@ -64,6 +65,7 @@ class MoEPlan:
         info: sizes and weight format read from the weights.
         device: the weights' device (``x`` must be there too).
         prepared: the object returned by ``spec.prepare`` (None if the kernel has no hook).
+        activation_quant: None or ``"mxfp8"`` (see :func:`~tokenspeed_kernel.moe_apply`).
         handle: the plan's id for the ``moe_plan_apply`` custom op (torch.compile path).
     """
 
@@ -81,6 +83,7 @@ class MoEPlan:
     info: WeightInfo
     device: torch.device
     prepared: Any = None
+    activation_quant: str | None = None
     handle: int = field(default=0, compare=False)
 
     def apply(
@@ -124,7 +127,14 @@ class MoEPlan:
         if config.capture_path() is not None:
             has_bias = self.w13_bias is not None or self.w2_bias is not None
             signature = apply_signature(
-                self.info, num_tokens, self.top_k, x.dtype, self.activation, has_bias, self.expert_map is not None
+                self.info,
+                num_tokens,
+                self.top_k,
+                x.dtype,
+                self.activation,
+                has_bias,
+                self.expert_map is not None,
+                self.activation_quant,
             )
             capture_signature("moe.apply", self.kernel, signature)
         args = MoEApplyArgs(
@@ -139,6 +149,7 @@ class MoEPlan:
             expert_map=self.expert_map,
             out=torch.empty_like(x) if out is None else out,
             prepared=self.prepared,
+            activation_quant=self.activation_quant,
         )
         if num_tokens:
             self.spec.fn(args)
@@ -156,12 +167,14 @@ def moe_plan(
     w2_bias: torch.Tensor | None = None,
     expert_map: torch.Tensor | None = None,
     override: str | None = None,
+    activation_quant: str | None = None,
 ) -> MoEPlan:
     """Validate fixed expert weights, select the kernel once and run its ``prepare`` hook.
 
     Arguments mean what they mean for :func:`~tokenspeed_kernel.moe_apply`; ``x_dtype`` and
     ``top_k`` fix the activation dtype and experts per token of every later
-    :meth:`MoEPlan.apply`. Kernel restrictions on ``num_tokens_bucket`` are not consulted.
+    :meth:`MoEPlan.apply`, ``activation_quant`` its activation quantization (``"mxfp8"``
+    needs MXFP4 weights). Kernel restrictions on ``num_tokens_bucket`` are not consulted.
     """
     if not isinstance(x_dtype, torch.dtype):
         raise TypeError(f"x_dtype must be a torch.dtype, got {type(x_dtype).__name__}")
@@ -175,6 +188,7 @@ def moe_plan(
         w2_bias=w2_bias,
         expert_map=expert_map,
     )
+    activation_quant = check_activation_quant(activation_quant, info)
     check_int("top_k", top_k, min_value=1)
     if top_k > info.num_global_experts:
         raise ValueError(f"top_k must be <= the number of (global) experts {info.num_global_experts}, got {top_k}")
@@ -191,6 +205,7 @@ def moe_plan(
         activation=activation,
         has_bias=w13_bias is not None or w2_bias is not None,
         has_map=expert_map is not None,
+        activation_quant=activation_quant,
     )
     # Selection without capture: each MoEPlan.apply records its own signature (with T).
     spec = select(request, platform_for(device), override)
@@ -212,6 +227,7 @@ def moe_plan(
         info=info,
         device=device,
         prepared=prepared,
+        activation_quant=activation_quant,
     )
     object.__setattr__(plan, "handle", _custom_ops.register_plan(plan))
     return plan

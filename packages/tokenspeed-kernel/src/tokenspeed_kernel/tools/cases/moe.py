@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from tokenspeed_kernel.ops.moe._validate import WeightInfo, apply_request, topk_request
-from tokenspeed_kernel.ops.moe.args import ACTIVATIONS, MoEApplyArgs, TopKArgs
+from tokenspeed_kernel.ops.moe.args import ACTIVATION_QUANTS, ACTIVATIONS, MoEApplyArgs, TopKArgs
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight, quantize_fp8, quantize_mxfp4
 from tokenspeed_kernel.registry import Request
 
@@ -40,7 +40,8 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f
 @dataclass(frozen=True)
 class MoECase:
     """One MoE problem. ``hidden``/``intermediate`` are unused (0 is fine) for ``moe.topk``;
-    ``weight_format``/``activation``/``bias``/``expert_map`` apply to ``moe.apply`` and
+    ``weight_format``/``activation``/``bias``/``expert_map``/``activation_quant`` (None or
+    ``"mxfp8"``, MXFP4 weights only) apply to ``moe.apply`` and
     ``scoring``/``renormalize`` to ``moe.topk`` (and to how ``moe.apply`` routing is drawn)."""
 
     op: str
@@ -57,6 +58,7 @@ class MoECase:
     scoring: str = "softmax"
     renormalize: bool = True
     name: str = ""
+    activation_quant: str | None = None
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -74,6 +76,10 @@ class MoECase:
                 raise ValueError("MoECase: expert_map needs num_experts >= 2")
             if self.weight_format == "mxfp4" and (self.hidden % 32 or self.intermediate % 32):
                 raise ValueError("MoECase: mxfp4 needs hidden and intermediate multiples of 32")
+            if self.activation_quant is not None and (
+                self.activation_quant not in ACTIVATION_QUANTS or self.weight_format != "mxfp4"
+            ):
+                raise ValueError(f"MoECase: activation_quant must be None or 'mxfp8' with mxfp4 weights: {self}")
             if self.weight_format == "fp8_block" and self.hidden <= 128:
                 # With every dim <= 128 a block scale is [.., 1, 1]: indistinguishable from per-tensor.
                 raise ValueError("MoECase: fp8_block needs hidden > 128 (else it reads as per-tensor)")
@@ -92,7 +98,13 @@ class MoECase:
                 f"{prefix}moe.topk T={self.num_tokens} E={self.num_experts} k={self.top_k} {dt} {self.scoring}{renorm}"
             )
         experts = f"E={self.num_experts}" + (f"(local {self.num_local_experts})" if self.expert_map else "")
-        extras = "".join((" +bias" if self.bias else "", " +map" if self.expert_map else ""))
+        extras = "".join(
+            (
+                " +bias" if self.bias else "",
+                " +map" if self.expert_map else "",
+                f" +{self.activation_quant}_act" if self.activation_quant else "",
+            )
+        )
         return (
             f"{prefix}moe.apply T={self.num_tokens} H={self.hidden} I={self.intermediate} {experts} "
             f"k={self.top_k} {dt} {self.weight_format} {self.activation}{extras}"
@@ -229,6 +241,7 @@ def request(case: MoECase) -> Request:
         activation=case.activation,
         has_bias=case.bias,
         has_map=case.expert_map,
+        activation_quant=case.activation_quant,
     )
 
 
@@ -269,6 +282,8 @@ def make_inputs(case: MoECase, device: torch.device | str = "cpu", seed: int = 0
         inputs["w2_bias"] = (0.5 * torch.randn(n, h, generator=gen, device=device)).to(case.dtype)
     if case.expert_map:
         inputs["expert_map"] = _expert_map(case, topk_ids, gen, device)
+    if case.activation_quant is not None:
+        inputs["activation_quant"] = case.activation_quant
     return inputs
 
 
@@ -322,6 +337,7 @@ def reference(case: MoECase, inputs: dict[str, Any]) -> tuple[torch.Tensor, torc
         w2_bias=None if bias2 is None else bias2.to(torch.float64),
         expert_map=inputs.get("expert_map"),
         out=torch.empty_like(x),
+        activation_quant=inputs.get("activation_quant"),
     )
     get_kernel("torch_moe").fn(args)
     return args.out, None
@@ -371,6 +387,8 @@ def awkward_cases(op: str, dtype: torch.dtype = torch.bfloat16) -> list[MoECase]
         c("fp8_per_channel", weight_format="fp8_per_channel"),
         c("fp8_block", hidden=256, weight_format="fp8_block"),
         c("gpt_oss_like", 33, weight_format="mxfp4", activation="swiglu_oai", bias=True, expert_map=True),
+        c("mxfp8_act_t1", 1, weight_format="mxfp4", activation="swiglu_oai", bias=True, activation_quant="mxfp8"),
+        c("mxfp8_act_t33", 33, weight_format="mxfp4", activation="swiglu_oai", bias=True, activation_quant="mxfp8"),
         c("fp8_gelu_bias_t1", 1, weight_format="fp8_per_channel", activation="gelu", bias=True),
         c("top1", top_k=1),
         c("topk_eq_e", 3, num_experts=4, top_k=4, activation="swiglu_oai"),
