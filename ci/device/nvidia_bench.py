@@ -142,22 +142,23 @@ def check_prefill(kernel, lens_q, lens_k, hq, hkv, d, *, sinks=False, window=-1,
     sk = torch.randn(hq, device=DEV) * 2 if sinks else None
     scale = 1 / math.sqrt(d)
     t = time.time()
+    poisoned = torch.full_like(q, float("nan"))  # an unwritten row fails the check
     if extend:
         _, kc, vc, pt, sl = paged_inputs(lens_k, hq, hkv, d, page, torch.bfloat16, torch.bfloat16, seed=3)
         out, lse = mha_extend_with_kvcache(
             q, kc, vc, pt, cu_q, sl, max(lens_q), max(lens_k), window_left=window, sinks=sk, logit_cap=cap,
-            return_lse=True, override=kernel,
+            return_lse=True, out=poisoned, override=kernel,
         )  # fmt: skip
     else:
         k = torch.randn(int(cu_k[-1]), hkv, d, device=DEV, generator=g).bfloat16()
         v = torch.randn(int(cu_k[-1]), hkv, d, device=DEV, generator=g).bfloat16()
         out, lse = mha_prefill(
             q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), window_left=window, sinks=sk, logit_cap=cap,
-            return_lse=True, override=kernel,
+            return_lse=True, out=poisoned, override=kernel,
         )  # fmt: skip
     torch.cuda.synchronize()
     first = time.time() - t
-    errs = []
+    errs = [math.inf] if torch.isnan(out).any() or torch.isnan(lse).any() else []
     for bi, (lq, lk) in enumerate(zip(lens_q, lens_k)):
         if extend:
             kk, vv = gather(kc, pt[bi], lk, None), gather(vc, pt[bi], lk, None)
@@ -288,6 +289,69 @@ def bench_prefill(seq, window, sinks, kernels):
     log(json.dumps(row))
 
 
+GLUON_PREFILL_VARIANTS = {  # (num_warps, stages) of the D=64 G=8 tile, timed side by side
+    "w4_st3": (4, 3),
+    "w8_st3": (8, 3),
+    "w4_st2": (4, 2),
+    "w8_st2": (8, 2),
+}
+
+
+def bench_gluon_prefill_variants(seq, window, sinks):
+    """Time launch configurations of gluon_prefill_window_sm90 directly (same inputs as
+    bench_prefill), each checked against the default configuration's output first."""
+    from tokenspeed_kernel.ops.attention.args import PrefillArgs
+    from tokenspeed_kernel_nvidia.ops.attention import gluon_prefill as gp
+
+    hq, hkv, d = 64, 8, 64
+    q = torch.randn(seq, hq, d, device=DEV).bfloat16()
+    k = torch.randn(seq, hkv, d, device=DEV).bfloat16()
+    v = torch.randn(seq, hkv, d, device=DEV).bfloat16()
+    cu = torch.tensor([0, seq], dtype=torch.int32, device=DEV)
+    sk = torch.randn(hq, device=DEV) if sinks else None
+    row = {"case": f"gluon prefill variants S={seq} window={window}{' sinks' if sinks else ''}"}
+    ref = None
+    for name, (warps, stages) in GLUON_PREFILL_VARIANTS.items():
+        cfg = gp.GluonPrefillConfig(d, 8, block_n=64, stages=stages, num_warps=warps)
+        out = torch.full_like(q, float("nan"))
+        args = PrefillArgs(
+            q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=seq, max_seqlen_k=seq, causal=True,
+            softmax_scale=1 / math.sqrt(d), window_left=window, sinks=sk, logit_cap=0.0, out=out, lse=None,
+        )  # fmt: skip
+        try:
+            gp.launch(args, cfg)
+            torch.cuda.synchronize()
+            ref = out.clone() if ref is None else ref
+            row[name + "_maxdiff_vs_first"] = float((out.float() - ref.float()).abs().max())
+            row[name] = bench_ms(lambda args=args, cfg=cfg: gp.launch(args, cfg))
+        except Exception as exc:
+            row[name] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+    RESULTS["bench"].append(row)
+    log(json.dumps(row))
+
+
+def prefill_goal(row):
+    """The issue-5 goal for the window row: >= 2x flex_attention and >= 3x FlashInfer."""
+    ours, flex, fi = (
+        row.get("gluon_prefill_window_sm90"),
+        row.get("torch_flex_attention"),
+        row.get("flashinfer_prefill"),
+    )
+    if not isinstance(ours, float):
+        return {"goal": "gluon prefill did not run", "gluon": ours}
+    goal = {"gluon_ms": ours}
+    for key, other, want in (
+        ("vs_flex", flex, 2.0),
+        ("vs_flashinfer", fi, 3.0),
+        ("vs_triton", row.get("triton_prefill"), None),
+    ):
+        if isinstance(other, float):
+            goal[key] = other / ours
+            if want:
+                goal[key + "_met"] = other / ours >= want
+    return goal
+
+
 def main():
     import triton
 
@@ -329,13 +393,32 @@ def main():
                  sinks=True, extend=True)  # fmt: skip
     record_check("decode fp8 kv sinks", "flashinfer_decode", check_decode, ragged, 16, 2, 64, 16, sinks=True,
                  fp8=True)  # fmt: skip
+    gp_lens = [1, 37, 129, 300, 1025]
+    for label, hkv, window, sinks, cap in (
+        ("G8 window127 sinks", 2, 127, True, 0.0),
+        ("G8 window127", 2, 127, False, 0.0),
+        ("G8 window64 sinks", 2, 64, True, 0.0),
+        ("G8 window1 sinks", 2, 1, True, 0.0),
+        ("G4 window127 sinks", 4, 127, True, 0.0),
+        ("G4 window64 cap30", 4, 64, False, 30.0),
+    ):
+        record_check(f"prefill {label}", "gluon_prefill_window_sm90", check_prefill, gp_lens, gp_lens, 16, hkv,
+                     64, sinks=sinks, window=window, cap=cap)  # fmt: skip
+    gpw = "gluon_prefill_window_sm90"
+    record_check("prefill d128 G8 window127 sinks", gpw, check_prefill, [300, 37, 1], [300, 37, 1], 16, 2, 128,
+                 sinks=True, window=127)  # fmt: skip
+    record_check("prefill Lq<Lk G8 window127 sinks", gpw, check_prefill, [5, 37], [40, 300], 16, 2, 64, sinks=True,
+                 window=127)  # fmt: skip
 
     dec = ["gluon_decode_sm90", "triton_decode", "flashinfer_decode"]
     for batch, ctx, sinks in ((64, 8192, True), (64, 8192, False), (256, 2048, True), (1, 8192, True)):
         bench_decode(batch, ctx, sinks, dec)
     pre = ["triton_prefill", "flashinfer_prefill"]
+    bench_prefill(8192, 127, True, ["gluon_prefill_window_sm90", *pre])
+    RESULTS["gluon_prefill_goal"] = prefill_goal(RESULTS["bench"][-1])
+    log(json.dumps(RESULTS["gluon_prefill_goal"]))
+    bench_gluon_prefill_variants(8192, 127, True)
     bench_prefill(8192, -1, True, pre)
-    bench_prefill(8192, 127, True, pre)
 
     out_dir = os.environ.get("OUT", "/tmp")
     with open(os.path.join(out_dir, "nvidia_bench.json"), "w") as f:

@@ -14,6 +14,7 @@ NVIDIA_KERNELS = {
     "flashinfer_extend": "attention.extend",
     "flashinfer_prefill": "attention.prefill",
     "gluon_decode_sm90": "attention.decode",
+    "gluon_prefill_window_sm90": "attention.prefill",
 }
 HAS_FLASHINFER = importlib.util.find_spec("flashinfer") is not None
 
@@ -105,3 +106,38 @@ def test_flashinfer_gates_with_flashinfer():
     assert reasons["flashinfer_decode"] == ()
     reasons, _ = _verdict(_decode_request(), "sm_80")
     assert reasons["flashinfer_decode"] == ()
+
+
+def _prefill_request(features=("sinks", "sliding_window"), head_dim=64, hq=64, hkv=8, dtype=torch.bfloat16):
+    shapes = {"head_dim": head_dim, "head_dim_v": head_dim, "num_q_heads": hq, "num_kv_heads": hkv}
+    return Request.make("attention.prefill", {"q": dtype, "kv": dtype}, shapes, features)
+
+
+def test_gluon_prefill_window_serves_sm90_windows_and_ranks_below_triton():
+    spec = registry.get_kernel("gluon_prefill_window_sm90")
+    assert spec.archs == frozenset({"sm_90"}) and spec.capabilities == frozenset({"tma", "wgmma"})
+    assert spec.features == frozenset({"sinks", "sliding_window", "logit_cap", "return_lse"})
+    for features in (("sinks", "sliding_window"), ("sliding_window", "logit_cap", "return_lse")):
+        reasons, selection = _verdict(_prefill_request(features), "sm_90")
+        assert reasons["gluon_prefill_window_sm90"] == ()
+        assert selection.winner.name == "triton_prefill"
+    reasons, _ = _verdict(_prefill_request(head_dim=128, dtype=torch.float16), "sm_90")
+    assert reasons["gluon_prefill_window_sm90"] == ()
+    for arch in ("sm_100", "sm_80", "gfx942", "cpu"):
+        reasons, _ = _verdict(_prefill_request(), arch)
+        assert reasons["gluon_prefill_window_sm90"], arch
+
+
+@pytest.mark.parametrize(
+    "request_kw,needle",
+    [
+        ({"features": ("sinks",)}, "dense prefill"),
+        ({"features": ("sliding_window", "non_causal")}, "non_causal"),
+        ({"head_dim": 256}, "head_dim=256"),
+        ({"hq": 64, "hkv": 2}, "GQA group of 32"),
+        ({"dtype": torch.float32}, "float32"),
+    ],
+)
+def test_gluon_prefill_window_rejects_with_reasons(request_kw, needle):
+    reasons, _ = _verdict(_prefill_request(**request_kw), "sm_90")
+    assert any(needle in r for r in reasons["gluon_prefill_window_sm90"]), reasons["gluon_prefill_window_sm90"]

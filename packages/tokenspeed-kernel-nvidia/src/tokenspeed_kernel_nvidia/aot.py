@@ -1,18 +1,24 @@
 """Ahead-of-time compilation of the Gluon kernels for sm_90 on a machine without a GPU.
 
-``python -m tokenspeed_kernel_nvidia.aot`` compiles every configuration the Gluon decode
-launcher can choose for ``GPUTarget("cuda", 90, 32)`` and prints one JSON line each: whether
-it built, the counts of the instructions the design relies on in the PTX (``cp.async``
-gathers, ``mma.sync`` tensor-core products, ``wgmma``), shared memory and registers. Must
-run without ``TRITON_INTERPRET`` (the test suite runs it in a subprocess).
+``python -m tokenspeed_kernel_nvidia.aot [decode] [prefill]`` compiles the configurations the
+Gluon launchers can choose (decode and the window prefill; both when no kind is named) for
+``GPUTarget("cuda", 90, 32)`` and prints one JSON line each: whether it built, the counts of
+the instructions the design relies on in the PTX (``cp.async`` gathers, ``mma.sync`` and
+``wgmma`` tensor-core products, ``cp.async.bulk.tensor`` TMA copies, ``.local`` accesses),
+shared memory, and the registers and spill bytes that Triton's bundled ``ptxas -v`` reports
+for ``sm_90a`` (the compiled object carries no register count without a device). Must run
+without ``TRITON_INTERPRET`` (the test suite runs it in a subprocess).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
+import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 
 import torch
@@ -21,7 +27,9 @@ from triton.compiler import compile as triton_compile
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from tokenspeed_kernel_nvidia.ops.attention._gluon_decode_kernel import decode_kernel
+from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import prefill_window_kernel
 from tokenspeed_kernel_nvidia.ops.attention.gluon_decode import decode_config
+from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill import GluonPrefillConfig, prefill_config
 
 _TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 SM90 = GPUTarget("cuda", 90, 32)
@@ -38,11 +46,33 @@ class CompileResult:
     shared_bytes: int
     registers: int
     spills: int
+    local: int = 0
     error: str = ""
 
 
 def _count(pattern: str, text: str) -> int:
     return len(re.findall(pattern, text))
+
+
+def _ptxas_stats(ptx: str) -> tuple[int, int]:
+    """(registers, spill bytes) from Triton's bundled ``ptxas -v`` for sm_90a."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        cmd = [get_ptxas(90).path, "-v", "--gpu-name=sm_90a", src, "-o", os.path.join(tmp, "k.cubin")]
+        log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    regs = max((int(x) for x in re.findall(r"Used (\d+) registers", log)), default=0)
+    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
+    return regs, spills
+
+
+def _attrs(signature: dict[str, str]) -> dict:
+    """What the JIT specializes at run time: 16-byte aligned pointers (torch allocations)."""
+    names = list(signature)
+    return {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
 
 
 def compile_decode(dtype: torch.dtype, head_dim: int, page_size: int, group: int, splits: int, cap: bool):
@@ -62,10 +92,40 @@ def compile_decode(dtype: torch.dtype, head_dim: int, page_size: int, group: int
     for name in constexprs:
         signature[name] = "constexpr"
     name = f"gluon_decode-{str(dtype)[6:]}-d{head_dim}-p{page_size}-g{group}-s{splits}{'-cap' if cap else ''}"
-    # What the JIT specializes at run time: 16-byte aligned pointers (torch allocations).
-    names = list(signature)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
-    src = GluonASTSource(decode_kernel, signature, constexprs, attrs)
+    src = GluonASTSource(decode_kernel, signature, constexprs, _attrs(signature))
+    return name, triton_compile(src, target=SM90, options={"num_warps": cfg.num_warps})
+
+
+def compile_prefill(
+    dtype: torch.dtype,
+    head_dim: int,
+    group: int,
+    sinks: bool,
+    cap: bool,
+    lse: bool,
+    cfg: GluonPrefillConfig | None = None,
+):
+    """Compile one window-prefill configuration for sm_90 (``cfg`` defaults to the launcher's
+    choice); returns (name, compiled). K/V arrive as TMA descriptors, typed as the JIT types
+    the launcher's ``TensorDescriptor`` (block ``[block_n, D]``, the NVMMA layout)."""
+    cfg = cfg or prefill_config(head_dim, group)
+    io, q_smem, kv_smem, s_mma, o_mma = cfg.layouts
+    t = _TYPE[dtype]
+    desc = f"tensordesc<{t[1:]}[{cfg.block_n}, {head_dim}],{kv_smem!r}>"
+    signature = {
+        "q_ptr": t, "o_ptr": t, "lse_ptr": "*fp32", "sinks_ptr": "*fp32", "k_desc": desc, "v_desc": desc,
+        "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "sm_scale": "fp32", "logit_cap": "fp32", "window_left": "i32",
+    }  # fmt: skip
+    constexprs = {
+        "HQ": 8 * group, "HKV": 8, "G": group, "G_PAD": cfg.group_pad, "D": head_dim, "BLOCK_T": cfg.block_t,
+        "BLOCK_N": cfg.block_n, "STAGES": cfg.stages, "HAS_SINKS": sinks, "HAS_CAP": cap, "HAS_LSE": lse,
+        "IO": io, "Q_SMEM": q_smem, "S_MMA": s_mma, "O_MMA": o_mma,
+    }  # fmt: skip
+    for name in constexprs:
+        signature[name] = "constexpr"
+    flags = "".join(f"-{f}" for f, on in (("sinks", sinks), ("cap", cap), ("lse", lse)) if on)
+    name = f"gluon_prefill-{str(dtype)[6:]}-d{head_dim}-g{group}-n{cfg.block_n}-st{cfg.stages}-w{cfg.num_warps}{flags}"
+    src = GluonASTSource(prefill_window_kernel, signature, constexprs, _attrs(signature))
     return name, triton_compile(src, target=SM90, options={"num_warps": cfg.num_warps})
 
 
@@ -85,35 +145,63 @@ def decode_grid():
     ] + [(torch.bfloat16, 64, 16, 8, 8, True)]
 
 
-def run() -> list[CompileResult]:
+def prefill_grid():
+    """Every launcher configuration (D 64/128, G 8/4/16/1 and a padded 6, fp16) and each
+    feature branch (sinks, cap, lse), plus the 8-warp D=64 alternative the device script times."""
+    return [
+        (torch.bfloat16, 64, 8, True, False, False, None),
+        (torch.bfloat16, 64, 8, False, False, False, None),
+        (torch.bfloat16, 64, 4, True, True, True, None),
+        (torch.float16, 64, 16, False, False, True, None),
+        (torch.bfloat16, 64, 6, True, False, False, None),
+        (torch.bfloat16, 64, 1, False, False, False, None),
+        (torch.bfloat16, 128, 8, True, False, True, None),
+        (torch.bfloat16, 128, 4, True, True, True, None),
+        (torch.bfloat16, 64, 8, True, False, False, GluonPrefillConfig(64, 8, block_n=64, stages=3, num_warps=8)),
+    ]
+
+
+_BUILDERS = {"decode": (compile_decode, decode_grid), "prefill": (compile_prefill, prefill_grid)}
+
+
+def run(kinds: tuple[str, ...] = ("decode", "prefill")) -> list[CompileResult]:
     results = []
-    for params in decode_grid():
-        name = "?"
-        try:
-            name, compiled = compile_decode(*params)
-            ptx = compiled.asm.get("ptx", "")
-            results.append(
-                CompileResult(
-                    kernel=name,
-                    ok=True,
-                    cp_async=_count(r"\bcp\.async\.(?:ca|cg)\.shared", ptx),
-                    mma=_count(r"\bmma\.sync\.aligned", ptx),
-                    wgmma=_count(r"\bwgmma\.", ptx),
-                    tma=_count(r"\bcp\.async\.bulk\.tensor", ptx),
-                    shared_bytes=int(getattr(compiled.metadata, "shared", 0)),
-                    registers=int(getattr(compiled, "n_regs", 0) or 0),
-                    spills=int(getattr(compiled, "n_spills", 0) or 0),
+    for kind in kinds:
+        build, configs = _BUILDERS[kind]
+        for params in configs():
+            name = "?"
+            try:
+                name, compiled = build(*params)
+                ptx = compiled.asm.get("ptx", "")
+                registers, spills = _ptxas_stats(ptx)
+                results.append(
+                    CompileResult(
+                        kernel=name,
+                        ok=True,
+                        cp_async=_count(r"\bcp\.async\.(?:ca|cg)\.shared", ptx),
+                        mma=_count(r"\bmma\.sync\.aligned", ptx),
+                        wgmma=_count(r"\bwgmma\.mma_async", ptx),
+                        tma=_count(r"\bcp\.async\.bulk\.tensor", ptx),
+                        shared_bytes=int(getattr(compiled.metadata, "shared", 0)),
+                        registers=registers,
+                        spills=spills,
+                        local=_count(r"\.local\b", ptx),
+                    )
                 )
-            )
-        except Exception as exc:  # report every configuration, not only the first failure
-            results.append(
-                CompileResult(f"{name}:{params}", False, 0, 0, 0, 0, 0, 0, 0, f"{type(exc).__name__}: {exc}")
-            )
+            except Exception as exc:  # report every configuration, not only the first failure
+                results.append(
+                    CompileResult(f"{name}:{params}", False, 0, 0, 0, 0, 0, 0, 0, 0, f"{type(exc).__name__}: {exc}")
+                )
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
-    results = run()
+    kinds = tuple(argv or ()) or tuple(_BUILDERS)
+    unknown = set(kinds) - set(_BUILDERS)
+    if unknown:
+        print(f"unknown kind(s) {sorted(unknown)}; expected {sorted(_BUILDERS)}", file=sys.stderr)
+        return 2
+    results = run(kinds)
     for r in results:
         print(json.dumps(asdict(r)))
     return 0 if all(r.ok for r in results) else 1

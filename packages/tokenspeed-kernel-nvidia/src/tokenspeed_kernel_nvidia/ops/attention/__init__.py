@@ -5,4 +5,5 @@ from tokenspeed_kernel_nvidia.ops.attention import (  # noqa: F401
     flashinfer_extend,
     flashinfer_prefill,
     gluon_decode,
+    gluon_prefill,
 )

@@ -1,0 +1,198 @@
+"""Gluon (Triton's explicit-layout dialect) sliding-window causal prefill for Hopper: the kernel.
+
+Grid ``(q_tiles, Hkv, batch)``. A program owns ``BLOCK_T`` consecutive query tokens of one
+sequence and the whole GQA group of one KV head: ``BLOCK_M = BLOCK_T * G_PAD = 128`` MMA rows,
+row ``r`` = token ``r // G_PAD``, query head ``kv_head * G + r % G_PAD`` (heads past ``G`` are
+zero padding, never stored). So each K/V tile it loads serves every query head of the group.
+
+Band visiting: the tile's queries sit at positions ``p0 .. p1`` (bottom-right aligned), so the
+only keys any row can see are ``[lo, hi) = [max(p0 - W, 0), min(p1 + 1, Lk))`` (``W`` =
+``window_left``). The kernel walks exactly ``cdiv(hi - lo, BLOCK_N)`` key tiles starting at
+``lo`` — cost follows the window, never the context. A tile is masked only when some row
+could see less than all of it (``start < p1 - W`` at the window's left edge, or
+``start + BLOCK_N - 1 > p0`` across the diagonal); the middle tiles skip the mask arithmetic.
+
+Data movement: K/V tiles ``[BLOCK_N, D]`` arrive by TMA (``cp.async.bulk.tensor``) from a
+2-D view ``[total_k, Hkv * D]`` of the ragged K/V (row = key token, columns ``kv_head * D ..``)
+into a ``STAGES``-deep ring of NVMMA-swizzled shared buffers, one ``mbarrier`` per buffer and
+operand (K and V separately, so ``q·kᵀ`` starts while V is still in flight). Tiles running
+past the key tensor are zero-filled by the TMA unit; keys of a neighbouring sequence are
+excluded by the mask. Q is loaded once with 16-byte vector loads, staged in NVMMA shared
+memory, and both products run on ``wgmma``: ``S = Q·Kᵀ`` (A and B from shared memory,
+``[128, D] x [D, BLOCK_N]``) and ``O += P·V`` (P from registers in the wgmma A-operand
+layout, V from shared memory). Online softmax in base 2 with fp32 statistics; the sink joins
+the denominator once in the epilogue.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+LOG2E = gl.constexpr(1.4426950408889634)
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bar, v_bar, row, col):
+    """Start the TMA copies of one K and one V tile (``[BLOCK_N, D]`` at ``[row, col]``)."""
+    mbarrier.expect(k_bar, k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [row, col], k_bar, k_smem)
+    mbarrier.expect(v_bar, v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, [row, col], v_bar, v_smem)
+
+
+# window_left is never specialized: the JIT would turn window_left=1 into a constexpr (and
+# compile one kernel per such value); the mask needs it as a runtime i32.
+@gluon.jit(do_not_specialize=["window_left"])
+def prefill_window_kernel(
+    q_ptr, o_ptr, lse_ptr, sinks_ptr, k_desc, v_desc, cu_q_ptr, cu_k_ptr,
+    sm_scale, logit_cap, window_left,
+    HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, G_PAD: gl.constexpr, D: gl.constexpr,
+    BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    HAS_SINKS: gl.constexpr, HAS_CAP: gl.constexpr, HAS_LSE: gl.constexpr,
+    IO: gl.constexpr, Q_SMEM: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,
+):  # fmt: skip
+    """Sliding-window causal attention of ``BLOCK_T`` tokens x one GQA group.
+
+    q / o: ``[total_q, HQ, D]`` bf16/fp16, contiguous; lse float32 ``[total_q, HQ]``
+    (natural log, sink included; written when ``HAS_LSE``); sinks float32 ``[HQ]``;
+    k_desc / v_desc: TMA descriptors over ``[total_k, HKV * D]`` views of k / v with block
+    ``[BLOCK_N, D]``; cu_q / cu_k int32 ``[batch + 1]``. ``window_left >= 0``.
+    """
+    BLOCK_M: gl.constexpr = BLOCK_T * G_PAD
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    tile = gl.program_id(0)
+    kv_head = gl.program_id(1)
+    b = gl.program_id(2)
+
+    q_begin = gl.load(cu_q_ptr + b)
+    len_q = gl.load(cu_q_ptr + b + 1) - q_begin
+    t0 = tile * BLOCK_T
+    if t0 >= len_q:
+        return
+    k_begin = gl.load(cu_k_ptr + b)
+    len_k = gl.load(cu_k_ptr + b + 1) - k_begin
+
+    # Positions of the tile's first and last real query, and the band of keys they see.
+    p0 = len_k - len_q + t0
+    p1 = p0 + gl.minimum(BLOCK_T, len_q - t0) - 1
+    lo = gl.maximum(p0 - window_left, 0)
+    hi = gl.minimum(p1 + 1, len_k)
+    num_tiles = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
+
+    # ---- K/V ring and its barriers; the prologue starts up to STAGES tile copies first.
+    kv_layout: gl.constexpr = k_desc.layout
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_layout)
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for st in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(st), count=1)
+        mbarrier.init(v_bars.index(st), count=1)
+    fence_async_shared()  # barrier inits visible to the TMA unit
+    col = kv_head * D
+    for st in gl.static_range(STAGES):
+        if st < num_tiles:
+            _issue_kv(k_desc, v_desc, k_smem.index(st), v_smem.index(st), k_bars.index(st), v_bars.index(st),
+                      k_begin + lo + st * BLOCK_N, col)  # fmt: skip
+
+    # ---- Q: [BLOCK_M, D] rows (token, head) -> NVMMA shared, once, while the first K/V
+    # tiles are in flight.
+    io_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, IO))
+    io_cols = gl.arange(0, D, layout=gl.SliceLayout(0, IO))
+    io_tok = t0 + io_rows // G_PAD
+    io_g = io_rows % G_PAD
+    io_ok = (io_tok < len_q) & (io_g < G)
+    io_off = ((q_begin + io_tok).to(gl.int64) * HQ + kv_head * G + io_g) * D
+    io_offs = gl.expand_dims(io_off, 1) + gl.expand_dims(io_cols, 0)
+    io_mask = gl.expand_dims(io_ok, 1) & gl.expand_dims(io_cols < D, 0)
+    q = gl.load(q_ptr + io_offs, mask=io_mask, other=0.0)
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], Q_SMEM, q)
+    fence_async_shared()  # the Q tile visible to wgmma (async proxy)
+
+    # ---- Main loop over the band.
+    s_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_MMA))
+    s_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_MMA))
+    row_pos = p0 + s_rows // G_PAD  # absolute position of each row's query
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_MMA))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, S_MMA))
+    acc = gl.zeros([BLOCK_M, D], gl.float32, layout=O_MMA)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_MMA)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
+    qk_scale = sm_scale * LOG2E
+
+    for i in range(num_tiles):
+        slot = i % STAGES
+        phase = (i // STAGES) & 1
+        start = lo + i * BLOCK_N
+
+        mbarrier.wait(k_bars.index(slot), phase)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s, _, _ = warpgroup_mma_wait(0, deps=[s_tok, q_smem, k_smem.index(slot)])
+
+        if HAS_CAP:
+            x = s * (sm_scale / logit_cap)
+            e2 = gl.exp2(x * (2.0 * LOG2E))
+            s = logit_cap * (1.0 - 2.0 / (e2 + 1.0)) * LOG2E  # cap * tanh(x), in log2 units
+        else:
+            s = s * qk_scale
+        # Boundary tiles only: keep key j for row position p iff 0 <= p - j <= window_left
+        # (one unsigned compare covers the causal and the window bound).
+        if (start < p1 - window_left) | (start + BLOCK_N - 1 > p0):
+            dist = gl.expand_dims(row_pos - start, 1) - gl.expand_dims(s_cols, 0)
+            s = gl.where(dist.to(gl.uint32, bitcast=True) <= window_left.to(gl.uint32), s, float("-inf"))
+
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row may see nothing in a tile
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - gl.expand_dims(m_use, 1))
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O_MMA)), 1)
+
+        mbarrier.wait(v_bars.index(slot), phase)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
+        acc, _ = warpgroup_mma_wait(0, deps=[acc_tok, v_smem.index(slot)])
+
+        # Every warp is done with this slot: refill it with the tile STAGES ahead.
+        gl.thread_barrier()
+        nxt = i + STAGES
+        if nxt < num_tiles:
+            _issue_kv(k_desc, v_desc, k_smem.index(slot), v_smem.index(slot), k_bars.index(slot),
+                      v_bars.index(slot), k_begin + lo + nxt * BLOCK_N, col)  # fmt: skip
+
+    for st in gl.static_range(STAGES):
+        mbarrier.invalidate(k_bars.index(st))
+        mbarrier.invalidate(v_bars.index(st))
+
+    # ---- Epilogue: the sink joins the denominator; natural-log LSE; store the group's rows.
+    m_fin = m_i
+    if HAS_SINKS:
+        head = kv_head * G + gl.minimum(s_rows % G_PAD, G - 1)
+        sink = gl.load(sinks_ptr + head) * LOG2E
+        m_fin = gl.maximum(m_i, sink)
+        m_use = gl.where(m_fin == float("-inf"), 0.0, m_fin)
+        scale_old = gl.exp2(m_i - m_use)
+        l_fin = l_i * scale_old + gl.exp2(sink - m_use)
+    else:
+        m_use = gl.where(m_fin == float("-inf"), 0.0, m_fin)
+        scale_old = gl.full([BLOCK_M], 1.0, gl.float32, layout=gl.SliceLayout(1, S_MMA))
+        l_fin = l_i
+    has = l_fin > 0.0
+    inv = gl.where(has, scale_old / gl.where(has, l_fin, 1.0), 0.0)
+    out = acc * gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, O_MMA)), 1)
+    out = gl.convert_layout(out.to(dtype), IO)
+    gl.store(o_ptr + io_offs, out, mask=io_mask)
+    if HAS_LSE:
+        lse = gl.where(has, (m_use + gl.log2(gl.where(has, l_fin, 1.0))) * LN2, float("-inf"))
+        lse = gl.convert_layout(lse, gl.SliceLayout(1, IO))
+        gl.store(lse_ptr + io_off // D, lse, mask=io_ok)

@@ -1,0 +1,197 @@
+"""Gluon sliding-window causal prefill for Hopper (``attention.prefill``, sm_90 only).
+
+See :mod:`._gluon_prefill_kernel` for the kernel (TMA + mbarrier ring, ``wgmma`` for both
+products, only the diagonal band of key tiles visited). This module holds the launch
+configuration (data), the tile-range arithmetic the kernel performs (mirrored in plain
+Python for the CPU tests), the grid, and the registration.
+
+Registered at the wheel's opt-in priority: the kernel compiles for sm_90 and its PTX has
+been inspected, but it has not yet run on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from tokenspeed_kernel.ops.attention.args import PrefillArgs
+from tokenspeed_kernel.registry import Request, register_kernel
+from tokenspeed_kernel_nvidia.ops.attention._common import OPT_IN, Q_DTYPES, VENDORS
+
+__all__ = [
+    "MAX_WINDOW",
+    "GluonPrefillConfig",
+    "band_tiles",
+    "gluon_prefill_window",
+    "grid",
+    "launch",
+    "prefill_config",
+]
+
+HEAD_DIMS = (64, 128)
+BLOCK_M = 128  # wgmma rows per program: BLOCK_T tokens x G_PAD query heads
+MAX_GROUP = 16  # keeps BLOCK_T >= 8 tokens per program
+# Beyond this the band is long enough that the dense prefill's tiles are the better fit. The
+# request carries no window size (only the ``sliding_window`` feature), so this is checked
+# at call time and documented; the kernel itself is correct for any window.
+MAX_WINDOW = 1024
+
+
+@dataclass(frozen=True, eq=True)
+class GluonPrefillConfig:
+    """Compile-time choices of one launch (also the AOT test's grid).
+
+    ``group_pad`` query heads x ``block_t`` tokens = 128 rows; ``block_n`` keys per tile;
+    ``stages`` K/V buffers in the TMA ring; one warpgroup (4 warps) per 64-row D or two for
+    D = 128 (so the fp32 output accumulator stays at 64 registers per thread).
+    """
+
+    head_dim: int
+    group_pad: int
+    block_n: int = 64
+    stages: int = 3
+    num_warps: int = 4
+
+    @property
+    def block_t(self) -> int:
+        return BLOCK_M // self.group_pad
+
+    def shared_bytes(self, elem_bytes: int = 2) -> int:
+        """Explicit shared memory: Q tile + K/V ring (+ barriers); scratch comes on top."""
+        return elem_bytes * (BLOCK_M * self.head_dim + 2 * self.stages * self.block_n * self.head_dim)
+
+    @functools.cached_property
+    def layouts(self):
+        """(IO, Q_SMEM, KV_SMEM, S_MMA, O_MMA): 16-byte vectors along D for the Q load and
+        the output store; 128-byte-swizzled NVMMA shared layouts for the wgmma operands (and
+        the TMA boxes); wgmma (v3) accumulators for ``S [128, block_n]`` and ``O [128, D]``."""
+        from triton.experimental.gluon import language as gl
+
+        tpw_d = min(self.head_dim // 8, 32)
+        io = gl.BlockedLayout([1, 8], [32 // tpw_d, tpw_d], [self.num_warps, 1], [1, 0])
+        q_smem = gl.NVMMASharedLayout.get_default_for([BLOCK_M, self.head_dim], gl.bfloat16)
+        kv_smem = gl.NVMMASharedLayout.get_default_for([self.block_n, self.head_dim], gl.bfloat16)
+        warps = [self.num_warps, 1]
+        s_mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=warps, instr_shape=[16, self.block_n, 16])
+        o_mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=warps, instr_shape=[16, self.head_dim, 16])
+        return io, q_smem, kv_smem, s_mma, o_mma
+
+
+@functools.cache
+def prefill_config(head_dim: int, group: int) -> GluonPrefillConfig:
+    """The launch configuration for a head dim and GQA group size (metadata as data)."""
+    group_pad = triton.next_power_of_2(group)
+    if head_dim <= 64:
+        return GluonPrefillConfig(head_dim=head_dim, group_pad=group_pad, block_n=64, stages=3, num_warps=4)
+    return GluonPrefillConfig(head_dim=head_dim, group_pad=group_pad, block_n=64, stages=2, num_warps=8)
+
+
+def grid(max_seqlen_q: int, num_kv_heads: int, batch: int, block_t: int) -> tuple[int, int, int]:
+    """``(q_tiles, Hkv, batch)``: programs past a sequence's length exit at once."""
+    return (max(triton.cdiv(max_seqlen_q, block_t), 1), num_kv_heads, batch)
+
+
+def band_tiles(len_q: int, len_k: int, tile: int, block_t: int, block_n: int, window_left: int):
+    """The key tiles program ``tile`` of a sequence visits (what the kernel computes).
+
+    Returns ``[(start, masked), ...]``: key tile ``[start, start + block_n)`` (positions in
+    the sequence) and whether it needs the mask; ``[]`` for a program past ``len_q``.
+    """
+    t0 = tile * block_t
+    if t0 >= len_q:
+        return []
+    p0 = len_k - len_q + t0
+    p1 = p0 + min(block_t, len_q - t0) - 1
+    lo = max(p0 - window_left, 0)
+    hi = min(p1 + 1, len_k)
+    count = -(-max(hi - lo, 0) // block_n)
+    tiles = []
+    for i in range(count):
+        start = lo + i * block_n
+        tiles.append((start, start < p1 - window_left or start + block_n - 1 > p0))
+    return tiles
+
+
+def _supported(request: Request) -> str | None:
+    if "sliding_window" not in request.features:
+        return "no sliding window (window_left < 0): use the dense prefill"
+    d, dv = request.shape("head_dim"), request.shape("head_dim_v")
+    if d is not None and dv is not None and d != dv:
+        return f"head_dim_v={dv} differs from head_dim={d}"
+    hq, hkv = request.shape("num_q_heads"), request.shape("num_kv_heads")
+    if hq and hkv and hq // hkv > MAX_GROUP:
+        return f"GQA group of {hq // hkv} query heads exceeds {MAX_GROUP} (fewer than 8 tokens per 128-row tile)"
+    return None
+
+
+def _check_call(args: PrefillArgs) -> None:
+    if not args.causal:
+        raise ValueError("gluon_prefill_window_sm90 serves causal prefill only")
+    if not 0 <= args.window_left <= MAX_WINDOW:
+        raise ValueError(
+            f"gluon_prefill_window_sm90 serves 0 <= window_left <= {MAX_WINDOW} (got {args.window_left}); "
+            "use the dense prefill"
+        )
+
+
+def _kv_descriptor(x: torch.Tensor, cfg: GluonPrefillConfig, layout):
+    """A TMA descriptor over ``x [total_k, Hkv, D]`` viewed as ``[total_k, Hkv * D]``, box
+    ``[block_n, D]``: a key tile of one KV head is one copy at ``[row, kv_head * D]``."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rows, heads, dim = x.shape
+    flat = x.view(rows, heads * dim) if rows > 0 else x.new_zeros(1, heads * dim)
+    return TensorDescriptor(flat, list(flat.shape), [heads * dim, 1], [cfg.block_n, dim], layout)
+
+
+@register_kernel(
+    "attention.prefill",
+    name="gluon_prefill_window_sm90",
+    solution="gluon",
+    vendors=VENDORS,
+    archs=("sm_90",),
+    capabilities=("tma", "wgmma"),
+    dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
+    shapes={"head_dim": HEAD_DIMS},
+    features=("sinks", "sliding_window", "logit_cap", "return_lse"),
+    priority=OPT_IN,
+    predicate=_supported,
+)
+def gluon_prefill_window(args: PrefillArgs) -> None:
+    """Gluon Hopper sliding-window causal prefill: TMA K/V ring, wgmma, band-only tiles.
+
+    q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]`` (bf16/fp16, contiguous), D 64 or 128,
+    ``0 <= window_left <= MAX_WINDOW``; writes ``args.out`` and ``args.lse`` when given.
+    """
+    launch(args)
+
+
+def launch(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> None:
+    """Launch the kernel with ``cfg`` (default :func:`prefill_config`); the device script
+    passes alternatives (e.g. 8 warps for D=64) to time them in the same run."""
+    from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import prefill_window_kernel
+
+    _check_call(args)
+    total_q, num_q_heads, head_dim = args.q.shape
+    num_kv_heads = args.k.shape[1]
+    batch = args.cu_seqlens_q.shape[0] - 1
+    if total_q == 0 or batch == 0:
+        return
+    group = num_q_heads // num_kv_heads
+    cfg = cfg or prefill_config(head_dim, group)
+    io, q_smem, kv_smem, s_mma, o_mma = cfg.layouts
+    dummy = args.cu_seqlens_q  # never read when the flag is off
+    prefill_window_kernel[grid(args.max_seqlen_q, num_kv_heads, batch, cfg.block_t)](
+        args.q, args.out, args.lse if args.lse is not None else dummy,
+        args.sinks if args.sinks is not None else dummy,
+        _kv_descriptor(args.k, cfg, kv_smem), _kv_descriptor(args.v, cfg, kv_smem),
+        args.cu_seqlens_q, args.cu_seqlens_k,
+        float(args.softmax_scale), float(args.logit_cap) or 1.0, int(args.window_left),
+        HQ=num_q_heads, HKV=num_kv_heads, G=group, G_PAD=cfg.group_pad, D=head_dim, BLOCK_T=cfg.block_t,
+        BLOCK_N=cfg.block_n, STAGES=cfg.stages, HAS_SINKS=args.sinks is not None,
+        HAS_CAP=args.logit_cap > 0, HAS_LSE=args.lse is not None,
+        IO=io, Q_SMEM=q_smem, S_MMA=s_mma, O_MMA=o_mma, num_warps=cfg.num_warps,
+    )  # fmt: skip

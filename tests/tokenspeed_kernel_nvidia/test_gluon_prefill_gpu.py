@@ -1,0 +1,113 @@
+"""GPU numerics of ``gluon_prefill_window_sm90`` against an independent float64 attention.
+
+Runs only on an sm_90 GPU (skips with the reason otherwise): ragged batches with lengths
+1, 37, 129, 300, 1025, windows 127/64/1, GQA groups 8 and 4, sinks on and off, D 64 and 128,
+fp16, logit cap and LSE; outputs poisoned with NaN so an unwritten row fails. The float64
+reference is a dense masked softmax written here (no code shared with the kernel); it is
+itself checked against ``support.naive_attention`` on small shapes, on any machine.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+from support.naive_attention import naive_prefill
+
+KERNEL = "gluon_prefill_window_sm90"
+
+
+def _gpu_skip_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA device: Gluon kernels run only on a GPU (compile-checked by test_aot_compile.py)"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "TRITON_INTERPRET=1: Gluon does not run under the Triton interpreter"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return f"sm_{major}{minor} device: the kernel is built for sm_90 only"
+    return None
+
+
+def dense_reference(q, k, v, cu_q, cu_k, *, scale, window, sinks=None, cap=0.0):
+    """float64 ``(out [Tq, Hq, D], lse [Tq, Hq])``: per sequence, a dense masked softmax with
+    the sink as an extra logit column (bottom-right causal, ``0 <= i - j <= window``)."""
+    q, k, v = q.double(), k.double(), v.double()
+    hq, hkv = q.shape[1], k.shape[1]
+    outs, lses = [], []
+    for b in range(len(cu_q) - 1):
+        qb = q[int(cu_q[b]) : int(cu_q[b + 1])]
+        kb = k[int(cu_k[b]) : int(cu_k[b + 1])].repeat_interleave(hq // hkv, 1)
+        vb = v[int(cu_k[b]) : int(cu_k[b + 1])].repeat_interleave(hq // hkv, 1)
+        lq, lk = qb.shape[0], kb.shape[0]
+        s = torch.einsum("ihd,jhd->hij", qb, kb) * scale
+        if cap > 0:
+            s = cap * torch.tanh(s / cap)
+        i = torch.arange(lk - lq, lk, device=q.device)[:, None]
+        j = torch.arange(lk, device=q.device)[None, :]
+        s = s.masked_fill(~((j <= i) & (i - j <= window))[None], float("-inf"))
+        if sinks is not None:
+            s = torch.cat([s, sinks.double()[:, None, None].expand(hq, lq, 1)], -1)
+        lse = torch.logsumexp(s, -1)
+        p = torch.nan_to_num(torch.exp(s - lse[..., None]))
+        if sinks is not None:
+            p = p[..., :-1]
+        outs.append(torch.einsum("hij,jhd->ihd", p, vb))
+        lses.append(lse.transpose(0, 1))
+    return torch.cat(outs), torch.cat(lses)
+
+
+def _inputs(lens, hq, hkv, d, dtype, device, seed):
+    g = torch.Generator(device=device).manual_seed(seed)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    total = int(cu[-1])
+    q, k, v = (torch.randn(total, h, d, device=device, generator=g).to(dtype) for h in (hq, hkv, hkv))
+    return q, k, v, cu
+
+
+def test_dense_reference_matches_naive_attention():
+    lens = [1, 9, 23]
+    q, k, v, cu = _inputs(lens, 8, 2, 8, torch.float64, "cpu", 0)
+    sinks = torch.randn(8, dtype=torch.float64)
+    for window, cap, sk in ((4, 0.0, sinks), (0, 3.0, None), (30, 0.0, None)):
+        out, lse = dense_reference(q, k, v, cu, cu, scale=0.3, window=window, sinks=sk, cap=cap)
+        ro, rl = naive_prefill(q, k, v, cu, cu, softmax_scale=0.3, window_left=window, sinks=sk, logit_cap=cap)
+        torch.testing.assert_close(out, ro)
+        torch.testing.assert_close(lse, rl)
+
+
+RAGGED = [1, 37, 129, 300, 1025]
+CASES = [
+    # (lens, hq, hkv, d, window, sinks, cap, dtype)
+    (RAGGED, 16, 2, 64, 127, True, 0.0, torch.bfloat16),
+    (RAGGED, 16, 2, 64, 127, False, 0.0, torch.bfloat16),
+    (RAGGED, 16, 2, 64, 64, True, 0.0, torch.bfloat16),
+    (RAGGED, 16, 2, 64, 1, True, 0.0, torch.bfloat16),
+    (RAGGED, 16, 4, 64, 127, True, 0.0, torch.bfloat16),
+    (RAGGED, 16, 4, 64, 64, False, 0.0, torch.float16),
+    (RAGGED, 16, 2, 128, 127, True, 0.0, torch.bfloat16),
+    ([300, 1, 77], 24, 4, 64, 100, True, 0.0, torch.bfloat16),  # G = 6, padded to 8
+    ([129, 37], 16, 4, 64, 127, True, 30.0, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("lens,hq,hkv,d,window,sinks,cap,dtype", CASES)
+def test_gluon_prefill_window_numerics(lens, hq, hkv, d, window, sinks, cap, dtype):
+    reason = _gpu_skip_reason()
+    if reason:
+        print(f"SKIP {KERNEL}: {reason}")
+        pytest.skip(reason)
+    from tokenspeed_kernel import mha_prefill
+
+    q, k, v, cu = _inputs(lens, hq, hkv, d, dtype, "cuda", seed=sum(lens) + window + d)
+    sk = torch.randn(hq, device="cuda") * 2 if sinks else None
+    out = torch.full_like(q, float("nan"))
+    res, lse = mha_prefill(
+        q, k, v, cu, cu, max(lens), max(lens), window_left=window, sinks=sk, logit_cap=cap, return_lse=True,
+        out=out, override=KERNEL,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    ro, rl = dense_reference(q, k, v, cu, cu, scale=1 / math.sqrt(d), window=window, sinks=sk, cap=cap)
+    assert not torch.isnan(res).any() and not torch.isnan(lse).any()
+    err = float((res.double() - ro).norm() / ro.norm())
+    assert err < 2e-2, err
+    torch.testing.assert_close(lse.double(), rl, atol=2e-2, rtol=2e-2)

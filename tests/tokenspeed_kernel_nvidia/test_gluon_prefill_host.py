@@ -1,0 +1,180 @@
+"""Host logic of the Gluon window prefill, on CPU: the band of key tiles each program visits
+(vs brute force over every (query, key) pair), the mask flag, the grid, the configuration
+table, call-time checks, and a float64 emulation of the kernel's algorithm (same tiles, same
+online softmax, sink folded in the epilogue) against the independent naive attention."""
+
+import math
+
+import pytest
+import torch
+from support.naive_attention import naive_prefill
+
+from tokenspeed_kernel.ops.attention.args import PrefillArgs
+from tokenspeed_kernel_nvidia.ops.attention import gluon_prefill as gp
+
+LENGTHS = [(1, 1), (37, 37), (129, 129), (300, 300), (1025, 1025), (5, 40), (16, 17), (3, 200)]
+
+
+def _visible(p: int, j: int, len_k: int, window: int) -> bool:
+    return 0 <= j < len_k and j <= p and p - j <= window
+
+
+def _kernel_mask(p: int, start: int, n: int, window: int) -> bool:
+    """The kernel's one-compare mask: uint32(p - start - n) <= uint32(window)."""
+    return ((p - start - n) & 0xFFFFFFFF) <= window
+
+
+@pytest.mark.parametrize("len_q,len_k", LENGTHS)
+@pytest.mark.parametrize("window", [0, 1, 64, 127, 1000])
+@pytest.mark.parametrize("block_t,block_n", [(16, 64), (32, 64), (8, 64), (128, 64)])
+def test_band_tiles_cover_exactly_what_rows_see(len_q, len_k, window, block_t, block_n):
+    programs = gp.grid(len_q, 1, 1, block_t)[0]
+    assert programs == max(math.ceil(len_q / block_t), 1)
+    for tile in range(programs + 1):  # one past the end: no tiles
+        tiles = gp.band_tiles(len_q, len_k, tile, block_t, block_n, window)
+        rows = [len_k - len_q + t for t in range(tile * block_t, min((tile + 1) * block_t, len_q))]
+        if not rows:
+            assert tiles == []
+            continue
+        need = {j for p in rows for j in range(len_k) if _visible(p, j, len_k, window)}
+        covered = {s + n for s, _ in tiles for n in range(block_n)}
+        assert need <= covered
+        # Band only: every visited tile holds a key some row sees, and there are no more
+        # tiles than the band needs.
+        for start, _ in tiles:
+            assert any(start <= j < start + block_n for j in need)
+        if need:
+            assert len(tiles) == math.ceil((max(need) - min(need) + 1) / block_n)
+        for start, masked in tiles:
+            pairs = [(p, start + n) for p in rows for n in range(block_n)]
+            all_visible = all(_visible(p, j, len_k, window) for p, j in pairs)
+            # Unmasked tiles really are fully visible; masked ones really have a hidden pair.
+            assert masked == (not all_visible)
+            if masked:  # the kernel's mask reproduces visibility on the rows it stores
+                for p, j in pairs:
+                    assert _kernel_mask(p, start, j - start, window) == _visible(p, j, len_k, window)
+
+
+def test_window_128_tile_counts_at_gpt_oss_shapes():
+    # 16 tokens x 8 heads per program, 64-key tiles: 143 keys in the band -> 3 tiles, and a
+    # program in the steady state masks only the window-edge and the diagonal tile.
+    cfg = gp.prefill_config(64, 8)
+    assert (cfg.block_t, cfg.block_n, cfg.group_pad, cfg.num_warps) == (16, 64, 8, 4)
+    tiles = gp.band_tiles(8192, 8192, 100, cfg.block_t, cfg.block_n, 127)
+    assert [m for _, m in tiles] == [True, False, True]
+    assert gp.grid(8192, 8, 1, cfg.block_t) == (512, 8, 1)
+
+
+def test_config_table():
+    for d, g, t, warps in ((64, 8, 16, 4), (64, 4, 32, 4), (64, 6, 16, 4), (64, 1, 128, 4), (128, 8, 16, 8)):
+        cfg = gp.prefill_config(d, g)
+        assert cfg.block_t * cfg.group_pad == gp.BLOCK_M
+        assert (cfg.block_t, cfg.num_warps) == (t, warps)
+        assert cfg.shared_bytes() <= 227 * 1024
+    assert gp.prefill_config(64, 8).shared_bytes() == 2 * (128 * 64 + 2 * 3 * 64 * 64)
+
+
+def _args(window=127, causal=True):
+    q = torch.zeros(4, 8, 64, dtype=torch.bfloat16)
+    k = torch.zeros(4, 1, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    return PrefillArgs(
+        q=q, k=k, v=k, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=4, max_seqlen_k=4, causal=causal,
+        softmax_scale=0.125, window_left=window, sinks=None, logit_cap=0.0, out=torch.empty_like(q), lse=None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "window,causal,match", [(-1, True, "dense prefill"), (4096, True, "dense prefill"), (127, False, "causal")]
+)
+def test_call_time_checks_reject_what_the_request_cannot_say(window, causal, match):
+    # The selector's request carries only the sliding_window feature, not its size.
+    with pytest.raises(ValueError, match=match):
+        gp.gluon_prefill_window(_args(window, causal))
+
+
+# ---------------------------------------------------------------- algorithm emulation
+def _emulate(q, k, v, cu_q, cu_k, *, window, sinks, cap, scale, block_t, block_n, group):
+    """float64 model of the kernel: per program, visit ``band_tiles``, mask only flagged
+    tiles, online softmax in base 2 with the -inf guard, sink and LSE in the epilogue."""
+    log2e = 1 / math.log(2)
+    hq, d = q.shape[1], q.shape[2]
+    out = torch.full((q.shape[0], hq, d), float("nan"), dtype=torch.float64)
+    lse = torch.full((q.shape[0], hq), float("nan"), dtype=torch.float64)
+    for b in range(len(cu_q) - 1):
+        qb, kb, vb = q[cu_q[b] : cu_q[b + 1]], k[cu_k[b] : cu_k[b + 1]], v[cu_k[b] : cu_k[b + 1]]
+        len_q, len_k = qb.shape[0], kb.shape[0]
+        for kvh in range(k.shape[1]):
+            heads = list(range(kvh * group, (kvh + 1) * group))
+            for tile in range(gp.grid(len_q, 1, 1, block_t)[0]):
+                tokens = list(range(tile * block_t, min((tile + 1) * block_t, len_q)))
+                if not tokens:
+                    continue
+                rows = torch.stack([qb[t, h] for t in tokens for h in heads])  # [M, D]
+                pos = torch.tensor([len_k - len_q + t for t in tokens for _ in heads])
+                m = torch.full((len(rows),), float("-inf"), dtype=torch.float64)
+                ell = torch.zeros(len(rows), dtype=torch.float64)
+                acc = torch.zeros(len(rows), d, dtype=torch.float64)
+                for start, masked in gp.band_tiles(len_q, len_k, tile, block_t, block_n, window):
+                    idx = torch.arange(start, start + block_n)
+                    inb = idx < len_k  # rows past the key tensor are TMA zero fill
+                    kt = torch.zeros(block_n, d, dtype=torch.float64)
+                    vt = torch.zeros(block_n, d, dtype=torch.float64)
+                    kt[inb], vt[inb] = kb[idx[inb], kvh], vb[idx[inb], kvh]
+                    s = rows @ kt.T
+                    s = cap * torch.tanh(s * scale / cap) * log2e if cap > 0 else s * scale * log2e
+                    if masked:
+                        dist = pos[:, None] - idx[None, :]
+                        s = s.masked_fill(~((dist >= 0) & (dist <= window)), float("-inf"))
+                    m_new = torch.maximum(m, s.max(1).values)
+                    m_use = torch.where(m_new == float("-inf"), 0.0, m_new)
+                    alpha = torch.exp2(m - m_use)
+                    p = torch.exp2(s - m_use[:, None])
+                    ell = ell * alpha + p.sum(1)
+                    acc = acc * alpha[:, None] + p @ vt
+                    m = m_new
+                if sinks is not None:
+                    sink = torch.tensor([float(sinks[h]) * log2e for _ in tokens for h in heads], dtype=torch.float64)
+                    m_fin = torch.maximum(m, sink)
+                    m_use = torch.where(m_fin == float("-inf"), 0.0, m_fin)
+                    old = torch.exp2(m - m_use)
+                    ell = ell * old + torch.exp2(sink - m_use)
+                else:
+                    m_use = torch.where(m == float("-inf"), 0.0, m)
+                    old = torch.ones_like(ell)
+                has = ell > 0
+                inv = torch.where(has, old / torch.where(has, ell, 1.0), 0.0)
+                o = acc * inv[:, None]
+                ls = torch.where(has, (m_use + torch.log2(torch.where(has, ell, 1.0))) * math.log(2), float("-inf"))
+                for r, (t, h) in enumerate((t, h) for t in tokens for h in heads):
+                    out[cu_q[b] + t, h], lse[cu_q[b] + t, h] = o[r], ls[r]
+    return out, lse
+
+
+@pytest.mark.parametrize(
+    "lens,window,group,sinks,cap",
+    [
+        ([1, 37, 129, 20], 127, 8, True, 0.0),
+        ([37, 70], 64, 4, False, 0.0),
+        ([16, 33], 1, 8, True, 0.0),
+        ([50], 0, 4, True, 5.0),
+    ],
+)
+def test_emulated_algorithm_matches_naive_attention(lens, window, group, sinks, cap):
+    torch.manual_seed(len(lens) + window)
+    hkv, d = 2, 16
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    q = torch.randn(cu[-1], hkv * group, d, dtype=torch.float64)
+    k = torch.randn(cu[-1], hkv, d, dtype=torch.float64)
+    v = torch.randn(cu[-1], hkv, d, dtype=torch.float64)
+    sk = torch.randn(hkv * group, dtype=torch.float64) * 2 if sinks else None
+    cfg = gp.prefill_config(64, group)
+    scale = 1 / math.sqrt(d)
+    out, lse = _emulate(q, k, v, cu, cu, window=window, sinks=sk, cap=cap, scale=scale, block_t=cfg.block_t,
+                        block_n=cfg.block_n, group=group)  # fmt: skip
+    cu_t = torch.tensor(cu, dtype=torch.int32)
+    ro, rl = naive_prefill(q, k, v, cu_t, cu_t, softmax_scale=scale, window_left=window, sinks=sk, logit_cap=cap)
+    torch.testing.assert_close(out, ro, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(lse, rl, rtol=1e-9, atol=1e-9)
