@@ -12,6 +12,17 @@ package index, so an editable install cannot fetch its build backend) carried as
 
 ``--dry`` runs the same code paths on tiny shapes (CPU, under TRITON_INTERPRET=1).
 
+``--mx`` (about 3 minutes on an H100) is the promotion check of the opt-in
+``triton_fused_moe_mx`` (``tl.dot_scaled`` MXFP4 main loop): its numerics against float64
+(awkward T, biases, expert map, forced K splits; outputs poisoned with NaN), then GPT-OSS-120B
+timings at T = 1, 8, 64, 512, 4096 next to ``triton_fused_moe`` (MXFP4) and the torch
+baseline, a sweep of its tiles and K splits, planned vs public scales, and a table last::
+
+    python3 ci/device/moe_bench.py --mx --json $OUT/moe_mx_bench.json
+
+With ``--dry --mx`` the dot_scaled kernel runs under the interpreter with the float64
+emulation of ``tests/support/interpret_dot_scaled.py`` (a smoke test of this script only).
+
 Timing: every measured step is captured in a CUDA graph (eager timing if capture fails) and
 replayed with ``triton.testing.do_bench`` (median). At small T each replay runs ``ROT``
 different routings/inputs back to back, so the weights of different experts are read and
@@ -162,6 +173,16 @@ def time_fn(fn, rot: int, device) -> tuple[float, str]:
         return do_bench(fn, warmup=20, rep=80, return_mode="median") / rot, "eager"
 
 
+def bench_inputs(t: int, h: int, e: int, k: int, gen, device) -> tuple[int, list, list, float]:
+    """``rot`` different inputs and router logits for one timed replay at ``t`` tokens, and
+    the mean number of experts their top-``k`` hits."""
+    rot = 8 if t <= 64 else 2 if t <= 512 else 1
+    xs = [torch.randn(t, h, generator=gen, device=device).bfloat16() for _ in range(rot)]
+    ls = [(2 * torch.randn(t, e, generator=gen, device=device)).bfloat16() for _ in range(rot)]
+    hit = sum(int(torch.unique(torch.topk(l_.float(), k).indices).numel()) for l_ in ls) / rot
+    return rot, xs, ls, hit
+
+
 def copy_bandwidth(device) -> float:
     """Bytes per second of a large device copy, counting bytes read plus written."""
     if device.type != "cuda":
@@ -223,7 +244,12 @@ def main() -> int:
     p.add_argument("--json", default="")
     p.add_argument("--dry", action="store_true", help="tiny shapes on the CPU (interpreter)")
     p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--mx", action="store_true", help="promotion check of triton_fused_moe_mx (see the docstring)")
     a = p.parse_args()
+    if a.mx:
+        from moe_mx_bench import run_mx  # ci/device/moe_mx_bench.py, next to this file
+
+        return run_mx(a)
     clock = Clock(a.budget)
     device = torch.device("cpu" if a.dry else "cuda")
     e, k, h, i = (8, 2, 64, 32) if a.dry else (128, 4, 2880, 2880)
@@ -282,10 +308,7 @@ def main() -> int:
         if clock.left() < 45:
             log("bench: out of time budget, skipping the rest")
             break
-        rot = 8 if t <= 64 else 2 if t <= 512 else 1
-        xs = [torch.randn(t, h, generator=gen, device=device).bfloat16() for _ in range(rot)]
-        ls = [(2 * torch.randn(t, e, generator=gen, device=device)).bfloat16() for _ in range(rot)]
-        hit = sum(int(torch.unique(torch.topk(l_.float(), k).indices).numel()) for l_ in ls) / rot
+        rot, xs, ls, hit = bench_inputs(t, h, e, k, gen, device)
         flops = 2.0 * t * k * 3 * h * i
         row = {"T": t, "experts_hit": hit}
         if has_grouped_mm:

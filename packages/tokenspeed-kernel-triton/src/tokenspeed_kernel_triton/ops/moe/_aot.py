@@ -2,8 +2,9 @@
 
 ``python -m tokenspeed_kernel_triton.ops.moe._aot [cuda:90 hip:gfx942 hip:gfx950 ...]``
 compiles the grouped GEMM for every weight format and both layers at the decode and the
-largest tile of the target's table (and the layer-1 MXFP4 GEMM at every tile), plus the
-permutation, combine and top-k kernels, and prints one JSON line per compile: whether it
+largest tile of the target's table (and the layer-1 MXFP4 GEMM at every tile), the
+``tl.dot_scaled`` GEMM at every tile of its table (split-K and public scales at the decode
+tile) and its split-K finish, plus the permutation, combine and top-k kernels, and prints one JSON line per compile: whether it
 built, how many matrix instructions the assembly holds (``mma``/``wgmma`` in PTX,
 ``v_mfma`` in AMDGCN), shared memory and spills. Must run without ``TRITON_INTERPRET``.
 """
@@ -21,6 +22,7 @@ from triton.compiler import ASTSource
 
 from tokenspeed_kernel_triton.ops.moe._config import Tile, tiles_for
 from tokenspeed_kernel_triton.ops.moe._gemm import FP8_BLOCK, FP8_ROW, MXFP4, PLAIN, combine_kernel, moe_gemm_kernel
+from tokenspeed_kernel_triton.ops.moe._mx_gemm import moe_mx_gemm_kernel, split_finish_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import align_kernel
 from tokenspeed_kernel_triton.ops.moe.topk import topk_kernel
 
@@ -57,14 +59,62 @@ def gemm_signature(fmt: int, gated: bool, tile: Tile, target: GPUTarget) -> tupl
     return signature, consts | {"_options": options, "_attrs": attrs}
 
 
+def _hinted(fn, pointers: dict, consts: dict, aligned: set, options: dict) -> tuple[dict, dict]:
+    """Signature and constexprs (with ``_options`` and the 16-divisibility ``_attrs`` of the
+    ``aligned`` arguments) of ``fn``; arguments not named are int32 scalars."""
+    signature = {n: pointers.get(n, "constexpr" if n in consts else "i32") for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned | set(pointers)}
+    return signature, consts | {"_options": options, "_attrs": attrs}
+
+
+def mx_gemm_signature(gated: bool, tile: Tile, *, split: bool, planned: bool) -> tuple[dict, dict]:
+    """The dot_scaled GEMM as the launcher specializes it at GPT-OSS shapes (K = 2880: not a
+    multiple of 128, so ``EVEN_K`` is off; unit strides constant; 16-divisible sizes)."""
+    pointers = {
+        "A": "*bf16", "W": "*u8", "S": "*u8", "Bias": "*fp32", "Out": "*bf16" if gated and not split else "*fp32",
+        "SortedIds": "*i32", "TileExpert": "*i32", "NumTiles": "*i32", "TopkWeights": "*fp32",
+    }  # fmt: skip
+    consts = {
+        "TOP_K": 4, "GATED": gated, "ACTIVATION": 2, "HAS_BIAS": True, "BLOCK_M": tile.block_m,
+        "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "GROUP_M": tile.group_m, "EVEN_K": False,
+        "SPLIT": split, "A_FMT": "bf16", "stride_wk": 1,
+    }  # fmt: skip
+    consts["stride_sn" if planned else "stride_sk"] = 1  # planned scales are N-contiguous
+    aligned = {"N", "K", "k_split", "stride_am", "stride_we", "stride_wn", "stride_be", "stride_om", "stride_os"}
+    aligned |= {"stride_se", "stride_sk"} if planned else set()
+    options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
+    return _hinted(moe_mx_gemm_kernel, pointers, consts, aligned, options)
+
+
+def _mx_configs(vendor: str) -> list[tuple[str, object, dict, dict]]:
+    """Every ``mxfp4_dot`` tile, both layers, planned scales; at the decode tile also split-K
+    and the functional path's public scales; the split-K finish kernel."""
+    out = []
+    for index, tile in enumerate(tiles_for(vendor, "mxfp4_dot")):
+        variants = [(False, True)] + ([(True, True), (False, False)] if index == 0 else [])
+        for split, planned in variants:
+            for gated in (True, False):
+                layer = "w13" if gated else "w2"
+                name = f"moe_mx_gemm[{layer}-{'planned' if planned else 'public'}-m{tile.block_m}n{tile.block_n}"
+                name += "-split]" if split else "]"
+                out.append((name, moe_mx_gemm_kernel, *mx_gemm_signature(gated, tile, split=split, planned=planned)))
+    pointers = {"Partial": "*fp32", "Bias": "*fp32", "Out": "*bf16", "SortedIds": "*i32", "TileExpert": "*i32",
+                "NumTiles": "*i32"}  # fmt: skip
+    consts = {"SPLITS": 4, "ACTIVATION": 2, "HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 128}
+    aligned = {"N", "stride_ps", "stride_pm", "stride_be", "stride_om"}
+    sig, consts = _hinted(split_finish_kernel, pointers, consts, aligned, {"num_warps": 4})
+    return [*out, ("moe_mx_split_finish", split_finish_kernel, sig, consts)]
+
+
 def _small_kernels() -> list[tuple[str, object, dict, dict]]:
     align = {"Ids": "*i32", "ExpertMap": "*i32", "SortedIds": "*i32", "TileExpert": "*i32", "NumTiles": "*i32",
              "num_pairs": "i32", "HAS_MAP": "constexpr", "BLOCK_M": "constexpr", "BLOCK_E": "constexpr",
              "BLOCK_P": "constexpr"}  # fmt: skip
     align_c = {"HAS_MAP": True, "BLOCK_M": 16, "BLOCK_E": 128, "BLOCK_P": 1024, "_options": {"num_warps": 4}}
     combine = {"Y": "*fp32", "Ids": "*i32", "ExpertMap": "*i32", "Out": "*bf16", "H": "i32", "stride_ot": "i32",
-               "TOP_K": "constexpr", "HAS_MAP": "constexpr", "BLOCK_H": "constexpr"}  # fmt: skip
-    combine_c = {"TOP_K": 4, "HAS_MAP": True, "BLOCK_H": 1024, "_options": {"num_warps": 4}}
+               "stride_ys": "i32", "TOP_K": "constexpr", "HAS_MAP": "constexpr", "BLOCK_H": "constexpr",
+               "SPLITS": "constexpr"}  # fmt: skip
+    combine_c = {"TOP_K": 4, "HAS_MAP": True, "BLOCK_H": 1024, "SPLITS": 1, "_options": {"num_warps": 4}}
     topk = {"Logits": "*bf16", "Weights": "*fp32", "Ids": "*i32", "num_tokens": "i32", "num_experts": "i32",
             "stride_lt": "i32", "TOP_K": "constexpr", "SIGMOID": "constexpr", "RENORMALIZE": "constexpr",
             "BLOCK_T": "constexpr", "BLOCK_E": "constexpr", "BLOCK_K": "constexpr"}  # fmt: skip
@@ -104,7 +154,7 @@ def configs(target: GPUTarget) -> list[tuple[str, object, dict, dict]]:
             out.append(_gemm_config(MXFP4, gated, tile, target, halves=True))
             if index == 0:  # the functional path's standard byte order
                 out.append(_gemm_config(MXFP4, gated, tile, target, halves=False))
-    return out + _small_kernels()
+    return out + _mx_configs(vendor) + _small_kernels()
 
 
 @dataclass(frozen=True)

@@ -24,3 +24,10 @@ def dot_precision(dtype: torch.dtype) -> str | None:
     """``input_precision`` for ``tl.dot``: exact fp32 products for fp32 operands, the
     default for 16-bit operands."""
     return "ieee" if dtype == torch.float32 else None
+
+
+def vendor_of(device: torch.device) -> str:
+    """``"cuda"``, ``"rocm"`` or ``"cpu"`` (the interpreter) for a tensor's device."""
+    if device.type == "cpu":
+        return "cpu"
+    return "rocm" if getattr(torch.version, "hip", None) else "cuda"

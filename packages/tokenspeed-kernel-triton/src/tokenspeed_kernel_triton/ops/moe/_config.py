@@ -11,13 +11,18 @@ expert multiplies (the host knows it without a sync):
 
 AMD (``rocm``) gets smaller N/K tiles and two stages: the layer-1 program holds two weight
 tiles (gate and up) and gfx942 has 64 KiB of shared memory (LDS) per workgroup.
+
+The ``tl.dot_scaled`` MXFP4 kernel (:mod:`.fused_mx`, weights ``"mxfp4_dot"``) has its own
+rows: its K step is ``block_k`` values (128: 64 bytes per weight row, 4 E8M0 scales), and
+in the decode regime its K loop may be split (:func:`split_k`) so that a few experts'
+weights are streamed by enough programs to fill the GPU.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Tile", "pick_tile"]
+__all__ = ["MAX_SPLITS", "MIN_SPLIT_STEPS", "SPLIT_PROGRAMS_PER_SM", "Tile", "pick_tile", "split_k", "tiles_for"]
 
 
 @dataclass(frozen=True)
@@ -50,17 +55,36 @@ _TABLE: tuple[tuple[str, str, float, Tile], ...] = (
     ("rocm", "dense", float("inf"), Tile(64, 64, 64, 8, 4, 2)),
     ("rocm", "mx", 4, Tile(16, 32, 64, 1, 4, 2)),
     ("rocm", "mx", float("inf"), Tile(64, 64, 64, 8, 4, 2)),
+    # tl.dot_scaled (bf16 x e2m1): the best tiles of the H100 probe (docs/benchmarks.md) for
+    # one expert at M = 1, 16 (16 x 32), 128 (64 x 64) and 1024-4096 (128 x 128, 8 warps).
+    # Not yet swept inside the MoE: ci/device/moe_bench.py --mx sweeps them.
+    ("cuda", "mx_dot", 4, Tile(16, 32, 128, 1, 4, 3)),
+    ("cuda", "mx_dot", 16, Tile(16, 64, 128, 1, 4, 3)),
+    ("cuda", "mx_dot", 48, Tile(64, 64, 128, 8, 4, 3)),
+    ("cuda", "mx_dot", float("inf"), Tile(128, 128, 128, 8, 8, 3)),
+    ("rocm", "mx_dot", 4, Tile(16, 32, 128, 1, 4, 2)),
+    ("rocm", "mx_dot", float("inf"), Tile(64, 64, 128, 8, 4, 2)),
 )
+
+# Split-K (the dot_scaled kernel only): split while the grid has fewer than
+# SPLIT_PROGRAMS_PER_SM programs per SM, each split keeping >= MIN_SPLIT_STEPS K steps.
+SPLIT_PROGRAMS_PER_SM = 8
+MIN_SPLIT_STEPS = 4
+MAX_SPLITS = 8
+
+
+_KINDS = {"mxfp4": "mx", "mxfp4_dot": "mx_dot"}
 
 
 def _keys(vendor: str, weight_format: str) -> tuple[str, str]:
-    return ("rocm" if vendor == "rocm" else "cuda", "mx" if weight_format == "mxfp4" else "dense")
+    return ("rocm" if vendor == "rocm" else "cuda", _KINDS.get(weight_format, "dense"))
 
 
 def pick_tile(num_pairs: int, num_experts: int, vendor: str, weight_format: str = "plain") -> Tile:
     """The tile for ``num_pairs = T * top_k`` rows over ``num_experts`` local experts on
     ``vendor`` (``"cpu"``, i.e. the interpreter, uses the NVIDIA table) for weights of
-    ``weight_format`` (``"mxfp4"`` or anything else)."""
+    ``weight_format`` (``"mxfp4"``, ``"mxfp4_dot"`` for the dot_scaled kernel, or anything
+    else)."""
     table, kind = _keys(vendor, weight_format)
     rows = num_pairs / max(num_experts, 1)
     return next(tile for v, w, bound, tile in _TABLE if (v, w) == (table, kind) and rows <= bound)
@@ -70,3 +94,19 @@ def tiles_for(vendor: str, weight_format: str = "plain") -> tuple[Tile, ...]:
     """Every tile ``vendor`` can choose for ``weight_format`` (the ahead-of-time compile sweep)."""
     table, kind = _keys(vendor, weight_format)
     return tuple(tile for v, w, _, tile in _TABLE if (v, w) == (table, kind))
+
+
+def split_k(programs: int, k_steps: int, num_sms: int) -> int:
+    """K splits (a power of two, 1 = none) for a grid of ``programs`` tiles x column blocks
+    whose K loop has ``k_steps`` steps, on ``num_sms`` SMs: double while the grid has fewer
+    than ``SPLIT_PROGRAMS_PER_SM * num_sms`` programs, every split keeps at least
+    ``MIN_SPLIT_STEPS`` steps and there are at most ``MAX_SPLITS``. A pure function of
+    shapes, decided on the host: no device value is read (CUDA-graph capturable)."""
+    splits = 1
+    while (
+        splits < MAX_SPLITS
+        and programs * splits < SPLIT_PROGRAMS_PER_SM * num_sms
+        and -(-k_steps // (2 * splits)) >= MIN_SPLIT_STEPS
+    ):
+        splits *= 2
+    return splits

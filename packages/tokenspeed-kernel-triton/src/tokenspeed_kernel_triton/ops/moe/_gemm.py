@@ -41,7 +41,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["FP8_BLOCK", "FP8_ROW", "MXFP4", "PLAIN", "combine_kernel", "moe_gemm_kernel"]
+__all__ = [
+    "FP8_BLOCK",
+    "FP8_ROW",
+    "MXFP4",
+    "PLAIN",
+    "activate",
+    "combine_kernel",
+    "epilogue",
+    "moe_gemm_kernel",
+    "tile_coords",
+    "tile_rows",
+]
 
 PLAIN, FP8_ROW, FP8_BLOCK, MXFP4 = 0, 1, 2, 3
 
@@ -188,6 +199,79 @@ def _row_scale(acc, S, expert, rows, row_ok, stride_se, stride_sn, FORMAT: tl.co
 
 
 @triton.jit
+def tile_coords(pid, N, tiles_bound, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(tile, column block) of program ``pid``: ``GROUP_M`` consecutive tiles walk the column
+    blocks together, so a weight tile is reused from L2 by the tiles of one expert."""
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    rows_in_group = tl.minimum(tiles_bound - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % rows_in_group
+    pid_n = (pid % group) // rows_in_group
+    return pid_m, pid_n
+
+
+@triton.jit
+def tile_rows(SortedIds, TileExpert, pid_m, num_pairs, stride_am, TOP_K: tl.constexpr, GATED: tl.constexpr,
+              BLOCK_M: tl.constexpr):  # fmt: skip
+    """The rows of tile ``pid_m`` (a used tile): its expert (int64), its slots (positions in
+    the sorted order, int32 ``[BLOCK_M]``), their pair ids (``num_pairs`` on padding slots),
+    the row mask, and the A row offsets (int64, elements): x's row ``pair // TOP_K`` for
+    layer 1 (GATED), the intermediate's row ``slot`` for layer 2."""
+    expert = tl.load(TileExpert + pid_m).to(tl.int64)
+    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(SortedIds + slots)
+    m_ok = pairs < num_pairs
+    if GATED:
+        a_rows = (pairs // TOP_K).to(tl.int64) * stride_am
+    else:
+        a_rows = slots.to(tl.int64) * stride_am
+    return expert, slots, pairs, m_ok, a_rows
+
+
+@triton.jit
+def activate(gate, up, ACTIVATION: tl.constexpr):
+    """``act(gate) * up`` in float32: silu (0), erf-gelu (1), or swiglu_oai (2: gate clamped
+    to <= 7, up to [-7, 7], ``gate * sigmoid(1.702 gate) * (up + 1)``)."""
+    if ACTIVATION == 0:  # silu
+        act = gate / (1.0 + tl.exp(-gate)) * up
+    elif ACTIVATION == 1:  # gelu (erf)
+        act = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up
+    else:  # swiglu_oai
+        gate = tl.minimum(gate, 7.0)
+        up = tl.minimum(tl.maximum(up, -7.0), 7.0)
+        act = gate / (1.0 + tl.exp(-1.702 * gate)) * (up + 1.0)
+    return act
+
+
+@triton.jit
+def epilogue(
+    acc, acc_up, Bias, Out, TopkWeights, expert, offs_n, n_ok, bias_mask, slots, pairs, m_ok, N,
+    stride_be, stride_om, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    """Finish a float32 ``[BLOCK_M, BLOCK_N]`` tile of columns ``offs_n`` and store it.
+
+    GATED: ``acc``/``acc_up`` are the gate and up products; the bias (``Bias[expert, n]`` and
+    ``Bias[expert, N + n]`` where ``bias_mask``) is added, the activation applied, and the tile
+    stored in Out's dtype at rows ``slots`` (the intermediate). Otherwise ``acc`` (``acc_up``
+    unused) gets the bias, is multiplied by ``TopkWeights[pair]`` and stored (float32) at rows
+    ``pairs``. Rows outside ``m_ok`` and columns outside ``n_ok`` are not stored."""
+    if HAS_BIAS:
+        acc += tl.load(Bias + expert * stride_be + offs_n, mask=bias_mask, other=0.0).to(tl.float32)[None, :]
+    if GATED:
+        up = acc_up
+        if HAS_BIAS:
+            up += tl.load(Bias + expert * stride_be + (offs_n + N), mask=bias_mask, other=0.0).to(tl.float32)[None, :]
+        act = activate(acc, up, ACTIVATION)
+        out_ptr = Out + slots[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(out_ptr, act.to(Out.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        weight = tl.load(TopkWeights + pairs, mask=m_ok, other=0.0)
+        out_ptr = Out + pairs[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(out_ptr, acc * weight[:, None], mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
 def moe_gemm_kernel(
     A, W, S, Bias, Out, SortedIds, TileExpert, NumTiles, TopkWeights,
     num_pairs, N, K, tiles_bound,
@@ -204,23 +288,11 @@ def moe_gemm_kernel(
     intermediate, W = w2 ``[E, N, K]``, Out = float32 ``[P, N]`` at pair rows, times
     ``TopkWeights[pair]``.
     """
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    rows_in_group = tl.minimum(tiles_bound - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % rows_in_group
-    pid_n = (pid % group) // rows_in_group
+    pid_m, pid_n = tile_coords(tl.program_id(0), N, tiles_bound, BLOCK_N, GROUP_M)
     if pid_m >= tl.load(NumTiles):
         return
-    expert = tl.load(TileExpert + pid_m).to(tl.int64)
-    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pairs = tl.load(SortedIds + slots)
-    m_ok = pairs < num_pairs
-    if GATED:
-        a_rows = (pairs // TOP_K).to(tl.int64) * stride_am
-    else:
-        a_rows = slots.to(tl.int64) * stride_am
+    expert, slots, pairs, m_ok, a_rows = tile_rows(SortedIds, TileExpert, pid_m, num_pairs, stride_am, TOP_K,
+                                                   GATED, BLOCK_M)  # fmt: skip
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -280,36 +352,23 @@ def moe_gemm_kernel(
                 acc_up = _dot_step(acc_up, a, w_up, S, expert, up_rows, n_ok, k0, stride_se, stride_sn, stride_sk,
                                    FORMAT, INTERPRET, DOT_PREC)  # fmt: skip
     acc = _row_scale(acc, S, expert, offs_n, n_ok, stride_se, stride_sn, FORMAT)
-    if HAS_BIAS:
-        acc += tl.load(Bias + expert * stride_be + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if GATED:
-        up = _row_scale(acc_up, S, expert, up_rows, n_ok, stride_se, stride_sn, FORMAT)
-        if HAS_BIAS:
-            up += tl.load(Bias + expert * stride_be + up_rows, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        gate = acc
-        if ACTIVATION == 0:  # silu
-            act = gate / (1.0 + tl.exp(-gate)) * up
-        elif ACTIVATION == 1:  # gelu (erf)
-            act = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up
-        else:  # swiglu_oai
-            gate = tl.minimum(gate, 7.0)
-            up = tl.minimum(tl.maximum(up, -7.0), 7.0)
-            act = gate / (1.0 + tl.exp(-1.702 * gate)) * (up + 1.0)
-        out_ptr = Out + slots[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-        tl.store(out_ptr, act.to(Out.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        acc_up = _row_scale(acc_up, S, expert, up_rows, n_ok, stride_se, stride_sn, FORMAT)
     else:
-        weight = tl.load(TopkWeights + pairs, mask=m_ok, other=0.0)
-        out_ptr = Out + pairs[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-        tl.store(out_ptr, acc * weight[:, None], mask=m_ok[:, None] & n_ok[None, :])
+        acc_up = acc
+    epilogue(acc, acc_up, Bias, Out, TopkWeights, expert, offs_n, n_ok, n_ok, slots, pairs, m_ok, N, stride_be,
+             stride_om, GATED, ACTIVATION, HAS_BIAS)  # fmt: skip
 
 
 @triton.jit
 def combine_kernel(
-    Y, Ids, ExpertMap, Out, H, stride_ot,
-    TOP_K: tl.constexpr, HAS_MAP: tl.constexpr, BLOCK_H: tl.constexpr,
+    Y, Ids, ExpertMap, Out, H, stride_ot, stride_ys,
+    TOP_K: tl.constexpr, HAS_MAP: tl.constexpr, BLOCK_H: tl.constexpr, SPLITS: tl.constexpr,
 ):  # fmt: skip
-    """Out ``[T, H]`` row t = sum over j of float32 Y ``[P, H]`` row ``t * TOP_K + j``, in j
-    order, skipping pairs whose expert maps to -1 (their Y rows were never written)."""
+    """Out ``[T, H]`` row t = sum over split s and choice j of float32 Y ``[SPLITS, P, H]``
+    (split stride ``stride_ys``) row ``t * TOP_K + j``, in (j, s) order, skipping pairs whose
+    expert maps to -1 (their Y rows were never written). ``SPLITS > 1``: the layer-2 GEMM
+    ran split-K and each split wrote its partial rows (bias in split 0 only)."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = offs < H
@@ -318,5 +377,6 @@ def combine_kernel(
         expert = tl.load(Ids + t * TOP_K + j)
         if HAS_MAP:
             expert = tl.load(ExpertMap + expert)
-        acc += tl.load(Y + (t * TOP_K + j) * H + offs, mask=h_ok & (expert >= 0), other=0.0)
+        for s in tl.static_range(SPLITS):
+            acc += tl.load(Y + s * stride_ys + (t * TOP_K + j) * H + offs, mask=h_ok & (expert >= 0), other=0.0)
     tl.store(Out + t * stride_ot + offs, acc.to(Out.dtype.element_ty), mask=h_ok)

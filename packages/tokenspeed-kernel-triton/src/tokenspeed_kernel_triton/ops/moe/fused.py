@@ -24,7 +24,7 @@ import triton
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, Weight
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
-from tokenspeed_kernel.registry import Priority, register_kernel
+from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_triton.ops.moe._common import (
     ACT_DTYPES,
     ACTIVATION_CODES,
@@ -33,13 +33,14 @@ from tokenspeed_kernel_triton.ops.moe._common import (
     VENDORS,
     WEIGHT_DTYPES,
     dot_precision,
-    next_pow2,
+    vendor_of,
 )
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile
-from tokenspeed_kernel_triton.ops.moe._gemm import FP8_BLOCK, FP8_ROW, MXFP4, PLAIN, combine_kernel, moe_gemm_kernel
-from tokenspeed_kernel_triton.ops.moe._routing import sort_by_expert
+from tokenspeed_kernel_triton.ops.moe._driver import layer_output, run_moe
+from tokenspeed_kernel_triton.ops.moe._gemm import FP8_BLOCK, FP8_ROW, MXFP4, PLAIN, moe_gemm_kernel
+from tokenspeed_kernel_triton.ops.moe._routing import Routing
 
-__all__ = ["Operand", "PreparedMoE", "fused_moe", "prepare_moe", "triton_fused_moe"]
+__all__ = ["FEATURES", "Operand", "PreparedMoE", "experts_predicate", "fused_moe", "prepare_moe", "triton_fused_moe"]
 
 
 @dataclass(frozen=True)
@@ -124,57 +125,38 @@ def prepare_moe(*, w13: Weight, w2: Weight, w13_bias=None, w2_bias=None, expert_
     return PreparedMoE(_operand(w13, repack=True), _operand(w2, repack=True))
 
 
-def _vendor(device: torch.device) -> str:
-    if device.type == "cpu":
-        return "cpu"
-    return "rocm" if getattr(torch.version, "hip", None) else "cuda"
-
-
-def _gemm(a, op: Operand, bias, out, routing, topk_weights, n, k, top_k, tile: Tile, *, gated, activation):
+def _gemm(a, op: Operand, bias, routing: Routing, weights, *, n, k, top_k, tile: Tile, gated, activation):
+    """One grouped GEMM layer (a :data:`Layer`): the intermediate ``[tiles * BLOCK_M, n]`` in
+    a's dtype (``gated``) or float32 rows ``[1, P, n]`` (one split)."""
+    out = layer_output(a, routing, n, tile, gated=gated)
     mx = op.fmt == MXFP4
     block_k = 64 if mx else tile.block_k  # MXFP4 steps over 64-value groups
     grid = (routing.tiles_bound * triton.cdiv(n, tile.block_n),)
     moe_gemm_kernel[grid](
         a, op.data, op.data if op.scale is None else op.scale, a if bias is None else bias, out,
-        routing.sorted_ids, routing.tile_expert, routing.num_tiles, topk_weights,
+        routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights,
         routing.num_pairs, n, k, routing.tiles_bound,
         a.stride(0), op.data.stride(0), op.data.stride(1), op.data.stride(2), *op.scale_strides,
-        0 if bias is None else bias.stride(0), out.stride(0),
+        0 if bias is None else bias.stride(0), out.stride(-2),
         TOP_K=top_k, FORMAT=op.fmt, GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k, GROUP_M=tile.group_m,
         EVEN_K=k % (128 if op.mx_words else 64 if mx else block_k) == 0, INTERPRET=INTERPRET, DOT_PREC=dot_precision(a.dtype),
         MX_HALVES=op.mx_halves, MX_BF16=mx and a.dtype == torch.bfloat16, MX_WORDS=op.mx_words,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
+    return out
 
 
 def fused_moe(args: MoEApplyArgs, tile: Tile | None = None) -> None:
     """Run the four launches for ``args`` (writes ``args.out``); ``tile`` overrides the table."""
-    x, ids = args.x, args.topk_ids
-    num_tokens, hidden = x.shape
-    top_k = ids.shape[1]
     prepared = args.prepared if isinstance(args.prepared, PreparedMoE) else None
     ops = prepared or PreparedMoE(_operand(args.w13), _operand(args.w2))
-    num_experts = ops.w13.data.shape[0]
-    inter = args.w2.shape[-1]
-    num_pairs = num_tokens * top_k
-    tile = tile or pick_tile(num_pairs, num_experts, _vendor(x.device), "mxfp4" if ops.w13.fmt == MXFP4 else "plain")
-    routing = sort_by_expert(ids, args.expert_map, num_experts, tile.block_m)
-    weights = args.topk_weights
-    h = torch.empty((routing.tiles_bound * tile.block_m, inter), dtype=x.dtype, device=x.device)
-    _gemm(x, ops.w13, args.w13_bias, h, routing, weights, inter, hidden, top_k, tile, gated=True,
-          activation=args.activation)  # fmt: skip
-    y = torch.empty((num_pairs, hidden), dtype=torch.float32, device=x.device)
-    _gemm(h, ops.w2, args.w2_bias, y, routing, weights, hidden, inter, top_k, tile, gated=False,
-          activation=args.activation)  # fmt: skip
-    block_h = min(1024, next_pow2(hidden))
-    combine_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
-        y, ids, ids if args.expert_map is None else args.expert_map, args.out, hidden, args.out.stride(0),
-        TOP_K=top_k, HAS_MAP=args.expert_map is not None, BLOCK_H=block_h, num_warps=4,
-    )  # fmt: skip
+    weights = "mxfp4" if ops.w13.fmt == MXFP4 else "plain"
+    tile = tile or pick_tile(args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), weights)
+    run_moe(args, ops.w13, ops.w2, tile, _gemm)
 
 
-_FEATURES = (
+FEATURES = (
     "silu",
     "gelu",
     "swiglu_oai",
@@ -187,7 +169,8 @@ _FEATURES = (
 )
 
 
-def _predicate(request) -> str | None:
+def experts_predicate(request: Request) -> str | None:
+    """Reject more local experts than the permutation's histogram holds."""
     experts = request.shape("num_experts")
     if experts is not None and experts > MAX_EXPERTS:
         return f"num_experts={experts} exceeds {MAX_EXPERTS} (the permutation keeps one histogram bin per expert)"
@@ -200,9 +183,9 @@ def _predicate(request) -> str | None:
     solution="triton",
     vendors=VENDORS,
     dtypes={"x": ACT_DTYPES, "weight": WEIGHT_DTYPES},
-    features=_FEATURES,
+    features=FEATURES,
     priority=Priority.PORTABLE,
-    predicate=_predicate,
+    predicate=experts_predicate,
     prepare=prepare_moe,
 )
 def triton_fused_moe(args: MoEApplyArgs) -> None:

@@ -1,0 +1,87 @@
+"""The host side shared by the Triton MoE kernels: permutation, two layers, combine.
+
+:func:`run_moe` is the whole ``moe.apply`` for any grouped-GEMM implementation: it sorts the
+pairs by expert (:mod:`._routing`), calls a :data:`Layer` twice (w13 with the activation, then
+w2 with the routing weight) and sums each token's rows with :func:`._gemm.combine_kernel`.
+The layers differ by kernel (in-register decode in :mod:`.fused`, ``tl.dot_scaled`` in
+:mod:`.fused_mx`); everything else, including the CUDA-graph capturability (no step reads a
+device value on the host), is here once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+import triton
+
+from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
+from tokenspeed_kernel_triton.ops.moe._common import next_pow2
+from tokenspeed_kernel_triton.ops.moe._config import Tile
+from tokenspeed_kernel_triton.ops.moe._gemm import combine_kernel
+from tokenspeed_kernel_triton.ops.moe._routing import Routing, sort_by_expert
+
+__all__ = ["Layer", "combine", "layer_output", "run_moe"]
+
+
+class Layer(Protocol):
+    """One grouped GEMM layer over the sorted pairs.
+
+    ``gated`` (w13): ``a`` is x ``[T, k]``; returns the activated intermediate
+    ``[tiles_bound * BLOCK_M, n]`` in a's dtype, rows at sorted positions. Otherwise (w2):
+    ``a`` is that intermediate; returns float32 ``[S, P, n]``: ``S`` split-K partial rows per
+    pair (``S = 1`` without split-K), routing weight applied, bias in split 0.
+    """
+
+    def __call__(
+        self,
+        a: torch.Tensor,
+        op: Any,
+        bias: torch.Tensor | None,
+        routing: Routing,
+        weights: torch.Tensor,
+        *,
+        n: int,
+        k: int,
+        top_k: int,
+        tile: Tile,
+        gated: bool,
+        activation: str,
+    ) -> torch.Tensor: ...
+
+
+def layer_output(
+    a: torch.Tensor, routing: Routing, n: int, tile: Tile, *, gated: bool, splits: int = 1
+) -> torch.Tensor:
+    """An uninitialized layer output: the intermediate ``[tiles_bound * BLOCK_M, n]`` (a's
+    dtype) when ``gated``, else float32 ``[splits, P, n]``."""
+    if gated:
+        return torch.empty((routing.tiles_bound * tile.block_m, n), dtype=a.dtype, device=a.device)
+    return torch.empty((splits, routing.num_pairs, n), dtype=torch.float32, device=a.device)
+
+
+def combine(y: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor | None, out: torch.Tensor) -> None:
+    """``out[t] = sum over j, s of y[s, t * k + j]`` (float32 ``y`` ``[S, P, H]``), skipping
+    pairs mapped to -1; a fixed order, so bit-reproducible."""
+    num_tokens, top_k = topk_ids.shape
+    hidden = y.shape[-1]
+    block_h = min(1024, next_pow2(hidden))
+    combine_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
+        y, topk_ids, topk_ids if expert_map is None else expert_map, out, hidden, out.stride(0), y.stride(0),
+        TOP_K=top_k, HAS_MAP=expert_map is not None, BLOCK_H=block_h, SPLITS=y.shape[0], num_warps=4,
+    )  # fmt: skip
+
+
+def run_moe(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: Layer) -> None:
+    """The whole ``moe.apply`` (writes ``args.out``): permutation for ``tile.block_m``-row
+    tiles, ``layer`` on ``w13`` then ``w2`` (operands as ``layer`` reads them), combine."""
+    x, ids = args.x, args.topk_ids
+    hidden = x.shape[1]
+    top_k = ids.shape[1]
+    inter = args.w2.shape[-1]
+    routing = sort_by_expert(ids, args.expert_map, args.w13.shape[0], tile.block_m)
+    h = layer(x, w13, args.w13_bias, routing, args.topk_weights, n=inter, k=hidden, top_k=top_k, tile=tile,
+              gated=True, activation=args.activation)  # fmt: skip
+    y = layer(h, w2, args.w2_bias, routing, args.topk_weights, n=hidden, k=inter, top_k=top_k, tile=tile,
+              gated=False, activation=args.activation)  # fmt: skip
+    combine(y, ids, args.expert_map, args.out)

@@ -1,0 +1,216 @@
+"""Triton fused MoE with a ``tl.dot_scaled`` MXFP4 main loop: ``triton_fused_moe_mx`` (opt-in).
+
+Same five launches as :mod:`.fused` (permutation, w13 GEMM + bias + activation, w2 GEMM +
+bias + routing weight, combine; host driver :func:`._driver.run_moe`), but the grouped GEMMs
+are :func:`._mx_gemm.moe_mx_gemm_kernel`, which gives the MXFP4 weight to ``tl.dot_scaled``
+instead of decoding E2M1 with integer arithmetic. MXFP4 weights and bf16 activations only.
+
+- **Layout.** The packed bytes are used in the public order (``[E, N, K/2]``, low nibble =
+  even k): it is ``dot_scaled``'s k-packing, and a ``[BLOCK_K/2, BLOCK_N]`` tile is
+  ``BLOCK_N`` runs of ``BLOCK_K/2`` contiguous, 16-byte aligned bytes (also a valid TMA box),
+  so the plan does not copy them. The plan hook (:func:`prepare_moe_mx`) only lays the E8M0
+  scales out N-contiguous (``[E, K/32, N]``, N padded to 16), so that a step's
+  ``[BLOCK_N, BLOCK_K/32]`` scale tile is ``BLOCK_K/32`` aligned vector loads (pipelined)
+  rather than byte loads of ``K/32``-byte rows. The functional path reads the public scales.
+- **Split-K** in the decode regime: :func:`._config.split_k` (host, from shapes only) splits
+  K when the grid is small; layer 1 then goes through a float32 partial buffer and
+  :func:`._mx_gemm.split_finish_kernel`, layer 2 writes per-split rows the combine sums.
+  Every launch size is a function of shapes: CUDA-graph capturable.
+- **Gating.** Registered below ``triton_fused_moe`` (opt-in: ``override=`` or
+  ``TOKENSPEED_KERNEL_OVERRIDE``) until its GPU numerics pass and it is measured faster
+  (``ci/device/moe_bench.py --mx``); unavailable under the Triton interpreter, which cannot
+  run ``tl.dot_scaled``. ROCm is allowed: the kernel compiles for gfx942 (Triton emulates
+  ``dot_scaled`` with bf16 MFMA) and gfx950 (``test_aot_compile_moe.py``), never run there.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
+from tokenspeed_kernel.quant import MXFP4Weight
+from tokenspeed_kernel.registry import Priority, Request, register_kernel
+from tokenspeed_kernel_triton.ops.moe._common import ACTIVATION_CODES, INTERPRET, VENDORS, vendor_of
+from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile, split_k
+from tokenspeed_kernel_triton.ops.moe._driver import layer_output, run_moe
+from tokenspeed_kernel_triton.ops.moe._mx_gemm import moe_mx_gemm_kernel, split_finish_kernel
+from tokenspeed_kernel_triton.ops.moe._routing import Routing
+from tokenspeed_kernel_triton.ops.moe.fused import experts_predicate
+
+__all__ = [
+    "MX_REGISTRATION",
+    "MxOperand",
+    "PreparedMx",
+    "dot_scaled_missing",
+    "fused_moe_mx",
+    "mx_operand",
+    "mx_predicate",
+    "n_contiguous_scales",
+    "plan_splits",
+    "prepare_moe_mx",
+    "sm_count",
+    "split_size",
+    "triton_fused_moe_mx",
+]
+
+A_FORMATS = {torch.bfloat16: "bf16"}  # dot_scaled's lhs format per activation dtype
+SCALE_ROW_ALIGN = 16  # bytes: the plan pads N of the N-contiguous scales to this
+FINISH_BLOCK_N = 128  # columns per program of split_finish_kernel
+DEFAULT_SMS = 132  # SM count assumed off-GPU (an H100), only for the split rule
+
+
+@dataclass(frozen=True)
+class MxOperand:
+    """An MXFP4 weight as :func:`._mx_gemm.moe_mx_gemm_kernel` reads it.
+
+    Attributes:
+        packed: uint8 ``[E, N, K/2]``, the public byte order (the weight's own tensor).
+        scales: uint8 E8M0 scales of logical shape ``[E, N, K/32]``, any strides: the public
+            tensor, or the plan's N-contiguous one (:func:`n_contiguous_scales`).
+    """
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+
+
+@dataclass(frozen=True)
+class PreparedMx:
+    """What :func:`prepare_moe_mx` makes of the weights for :meth:`MoEPlan.apply`."""
+
+    w13: MxOperand
+    w2: MxOperand
+
+
+def n_contiguous_scales(scales: torch.Tensor) -> torch.Tensor:
+    """E8M0 scales uint8 ``[E, N, G]`` → the same values as an ``[E, N, G]`` view of storage
+    ``[E, G, N_pad]`` (N-contiguous, ``N_pad`` = N rounded up to 16, padding 127 = 1.0), so
+    each K group's scales of consecutive rows are one aligned vector."""
+    e, n, g = scales.shape
+    n_pad = -(-n // SCALE_ROW_ALIGN) * SCALE_ROW_ALIGN
+    storage = torch.full((e, g, n_pad), 127, dtype=torch.uint8, device=scales.device)
+    storage[..., :n] = scales.transpose(1, 2)
+    return storage[..., :n].transpose(1, 2)
+
+
+def mx_operand(w: MXFP4Weight, *, plan: bool = False) -> MxOperand:
+    """The kernel's view of ``w``: public bytes; scales public, or N-contiguous (``plan``)."""
+    if not isinstance(w, MXFP4Weight):
+        raise TypeError(f"triton_fused_moe_mx takes MXFP4 weights only, got {type(w).__name__}")
+    return MxOperand(w.packed, n_contiguous_scales(w.scales) if plan else w.scales)
+
+
+def prepare_moe_mx(*, w13: MXFP4Weight, w2: MXFP4Weight, w13_bias=None, w2_bias=None, expert_map=None) -> PreparedMx:
+    """Plan hook: N-contiguous copies of the scales (1/16 of the packed bytes); the packed
+    bytes are used as given. Inputs are untouched."""
+    return PreparedMx(mx_operand(w13, plan=True), mx_operand(w2, plan=True))
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors (compute units on ROCm) of ``device`` (a host query, cached)."""
+    return _sm_count(device) if device.type == "cuda" else DEFAULT_SMS
+
+
+def plan_splits(routing: Routing, n: int, k: int, tile: Tile, num_sms: int) -> int:
+    """K splits of one layer: :func:`._config.split_k` over the layer's grid."""
+    programs = routing.tiles_bound * triton.cdiv(n, tile.block_n)
+    return split_k(programs, triton.cdiv(k, tile.block_k), num_sms)
+
+
+def split_size(k: int, block_k: int, splits: int) -> int:
+    """K values per split (a multiple of ``block_k``): split s walks ``[s * size, (s + 1) * size)``
+    clipped to K; trailing splits may be empty (they store zeros)."""
+    return triton.cdiv(triton.cdiv(k, block_k), splits) * block_k
+
+
+def _mx_gemm(
+    a: torch.Tensor, op: MxOperand, bias: torch.Tensor | None, routing: Routing, weights: torch.Tensor, *,
+    n: int, k: int, top_k: int, tile: Tile, gated: bool, activation: str, splits: int | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """One layer (a :class:`._driver.Layer`) with ``splits`` K splits (None: the rule)."""
+    if splits is None:
+        splits = plan_splits(routing, n, k, tile, sm_count(a.device))
+    k_split = split_size(k, tile.block_k, splits)
+    partial = gated and splits > 1
+    if partial:  # raw gate | up sums per split
+        out = torch.empty((splits, routing.tiles_bound * tile.block_m, 2 * n), dtype=torch.float32, device=a.device)
+    else:
+        out = layer_output(a, routing, n, tile, gated=gated, splits=splits)
+    act = ACTIVATION_CODES[activation]
+    moe_mx_gemm_kernel[(routing.tiles_bound * triton.cdiv(n, tile.block_n), splits)](
+        a, op.packed, op.scales, a if bias is None else bias, out,
+        routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights,
+        routing.num_pairs, n, k, routing.tiles_bound, k_split,
+        a.stride(0), *op.packed.stride(), *op.scales.stride(), 0 if bias is None else bias.stride(0),
+        out.stride(-2), out.stride(0) if out.dim() == 3 else 0,
+        TOP_K=top_k, GATED=gated, ACTIVATION=act, HAS_BIAS=bias is not None,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
+        EVEN_K=k % tile.block_k == 0, SPLIT=splits > 1, A_FMT=A_FORMATS[a.dtype],
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )  # fmt: skip
+    if not partial:
+        return out
+    h = layer_output(a, routing, n, tile, gated=True)
+    split_finish_kernel[(routing.tiles_bound, triton.cdiv(n, FINISH_BLOCK_N))](
+        out, out if bias is None else bias, h, routing.sorted_ids, routing.tile_expert, routing.num_tiles,
+        routing.num_pairs, n, out.stride(0), out.stride(1), 0 if bias is None else bias.stride(0), h.stride(0),
+        SPLITS=splits, ACTIVATION=act, HAS_BIAS=bias is not None, BLOCK_M=tile.block_m, BLOCK_N=FINISH_BLOCK_N,
+        num_warps=4,
+    )  # fmt: skip
+    return h
+
+
+def fused_moe_mx(args: MoEApplyArgs, tile: Tile | None = None, splits: int | None = None) -> None:
+    """Run the MoE for ``args`` (writes ``args.out``); ``tile`` overrides the ``mxfp4_dot``
+    table, ``splits`` the split-K rule (both layers)."""
+    prepared = args.prepared if isinstance(args.prepared, PreparedMx) else None
+    ops = prepared or PreparedMx(mx_operand(args.w13), mx_operand(args.w2))
+    tile = tile or pick_tile(args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), "mxfp4_dot")
+    layer = _mx_gemm if splits is None else functools.partial(_mx_gemm, splits=splits)
+    run_moe(args, ops.w13, ops.w2, tile, layer)
+
+
+def dot_scaled_missing() -> str | None:
+    """``available`` hook: why ``tl.dot_scaled`` cannot run here, else None."""
+    if INTERPRET:
+        return "tl.dot_scaled is not supported by the Triton interpreter"
+    if not hasattr(tl, "dot_scaled"):
+        return f"triton {triton.__version__} has no tl.dot_scaled"
+    return None
+
+
+def mx_predicate(request: Request) -> str | None:
+    """MXFP4 weights only; the expert bound of the permutation."""
+    if "mxfp4" not in request.features:
+        return "MXFP4 weights only (tl.dot_scaled e2m1 main loop)"
+    return experts_predicate(request)
+
+
+# Registration metadata (data). Opt-in: below triton_fused_moe until measured on a GPU.
+MX_REGISTRATION = {
+    "solution": "triton",
+    "vendors": VENDORS,
+    "capabilities": ("bf16",),
+    "dtypes": {"x": tuple(A_FORMATS), "weight": (torch.uint8,)},
+    "features": ("silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4"),
+    "priority": Priority.PORTABLE - 10,
+    "predicate": mx_predicate,
+    "available": dot_scaled_missing,
+    "prepare": prepare_moe_mx,
+}
+
+
+@register_kernel("moe.apply", name="triton_fused_moe_mx", **MX_REGISTRATION)
+def triton_fused_moe_mx(args: MoEApplyArgs) -> None:
+    """Grouped-GEMM MoE with a tl.dot_scaled MXFP4 main loop and split-K decode (opt-in;
+    GPU only)."""
+    fused_moe_mx(args)
