@@ -11,8 +11,8 @@ timing does not depend on them), page size 16.
 Rows: ``torch`` (examples/gpt_oss/torch_path.py: SDPA over the gathered cache, grouped GEMMs
 over bf16 weights dequantized once), ``selector`` (no overrides), ``triton`` / ``reference``
 / ``nvidia`` (kernels forced per operator; nvidia has attention kernels only, MoE stays with
-the selector; the reference kernels synchronize, so they run eagerly and only at small
-sizes). For each context (1k, 8k) and batch (1, 16, 64, 256):
+the selector; the reference kernels are not graph-safe, so they run eagerly and only at
+small sizes). For each context (1k, 8k) and batch (1, 16, 64, 256):
 
 - decode: one step for the whole batch (every sequence at ``ctx`` tokens), captured in a
   CUDA graph and replayed (``tools.timing.time_fn``: CUDA events, median, L2 flushed
@@ -130,11 +130,11 @@ def cleanup(device) -> None:
 # ----------------------------------------------------------------------------- kernels per row
 
 
-def requests_of(cfg, page_size: int) -> dict[str, list]:
-    """The selector requests the model issues, per operator (both layer kinds)."""
-    from tokenspeed_kernel.ops.attention._validate import Heads
-    from tokenspeed_kernel.ops.attention.api import attention_request
-    from tokenspeed_kernel.ops.kvcache.api import store_request
+def requests_of(cfg, page_size: int, *, capturable: bool = False) -> dict[str, list]:
+    """The selector requests the model issues, per operator (both layer kinds), built from
+    plain shapes with the public request builders. ``capturable``: the decode step (decode
+    attention and the K/V store) is captured in a CUDA graph."""
+    from tokenspeed_kernel import Heads, attention_request, store_request
 
     heads = Heads(cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim)
     out: dict[str, list] = {}
@@ -149,6 +149,7 @@ def requests_of(cfg, page_size: int) -> dict[str, list]:
                 sinks=True,
                 page_size=page_size if paged else None,
                 q_len=q_len,
+                capturable=capturable and op == "decode",
             )
             for w in (cfg.sliding_window - 1, -1)
         ]
@@ -160,6 +161,7 @@ def requests_of(cfg, page_size: int) -> dict[str, list]:
             head_dim=cfg.head_dim,
             head_dim_v=cfg.head_dim,
             page_size=page_size,
+            capturable=capturable,
         )
     ]
     return out
@@ -167,8 +169,7 @@ def requests_of(cfg, page_size: int) -> dict[str, list]:
 
 def serves(name: str, requests: list, device) -> str | None:
     """None if kernel ``name`` accepts every request on ``device``'s platform, else why not."""
-    from tokenspeed_kernel.platform import platform_for
-    from tokenspeed_kernel.selector import select
+    from tokenspeed_kernel import platform_for, select
 
     try:
         for r in requests:
@@ -179,17 +180,17 @@ def serves(name: str, requests: list, device) -> str | None:
 
 
 def nvidia_overrides(cfg, page_size: int, device):
-    """Overrides forcing the nvidia wheel's attention kernels where one serves (decode:
-    the Gluon kernel first, it needs no re-plan around a CUDA graph), or (None, reason)."""
+    """Overrides forcing, per attention operator, the nvidia wheel's best-ranked kernel that
+    serves the model's requests (decode: capturable ones, since the step is graphed; a
+    kernel that plans per batch layout is re-planned through ``DecodePlan.update`` before
+    every replay), or (None, reason)."""
     from examples.gpt_oss.model import Overrides
     from tokenspeed_kernel import kernels
 
-    reqs = requests_of(cfg, page_size)
+    reqs = requests_of(cfg, page_size, capturable=device.type == "cuda")
     chosen, why = {}, []
     for op in ("prefill", "extend", "decode"):
-        names = [s.name for s in kernels(f"attention.{op}") if s.backend == "nvidia"]
-        names.sort(key=lambda n: (not n.startswith("gluon"), n))
-        for name in names:
+        for name in [s.name for s in kernels(f"attention.{op}") if s.backend == "nvidia"]:  # ranked
             reason = serves(name, reqs[op], device)
             if reason is None:
                 chosen[op] = name
@@ -202,13 +203,12 @@ def nvidia_overrides(cfg, page_size: int, device):
     return Overrides(**chosen), None
 
 
-def selected_kernels(cfg, page_size: int, device, overrides, model) -> dict[str, str]:
+def selected_kernels(cfg, page_size: int, device, overrides, model, *, capturable: bool) -> dict[str, str]:
     """The kernel each operator runs with ``overrides`` (window layer / full layer)."""
-    from tokenspeed_kernel.platform import platform_for
-    from tokenspeed_kernel.selector import select
+    from tokenspeed_kernel import platform_for, select
 
     out = {}
-    for op, reqs in requests_of(cfg, page_size).items():
+    for op, reqs in requests_of(cfg, page_size, capturable=capturable).items():
         try:
             names = {select(r, platform_for(device), override=getattr(overrides, op)).name for r in reqs}
             out[op] = "/".join(sorted(names))
@@ -282,9 +282,9 @@ def bench_decode(model, cfg, device, batch: int, ctx: int, a, *, graph: bool, ea
     runner.tokens.copy_(torch.randint(0, cfg.vocab_size, (batch,), generator=gen, device=device))
     tokens0 = runner.tokens.clone()
 
-    def replay() -> None:
+    def replay() -> None:  # plan update (a no-op unless the kernel plans per layout) + replay
         runner.tokens.copy_(tokens0)
-        runner.graph.replay()
+        runner.step()
 
     def step() -> None:
         runner.tokens.copy_(tokens0)
@@ -384,7 +384,9 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     overrides = OVERRIDE_PRESETS[row]
                 models[row] = GptOssModel(cfg, weights, overrides)
-                record["rows"][row] = {"kernels": selected_kernels(cfg, a.page_size, device, overrides, models[row])}
+                graphed = device.type == "cuda" and row != "reference"
+                kernels_used = selected_kernels(cfg, a.page_size, device, overrides, models[row], capturable=graphed)
+                record["rows"][row] = {"kernels": kernels_used}
             log(f"row {row}: ready in {time.time() - t0:.1f}s: {record['rows'][row]['kernels']}")
         except Exception as exc:
             record["rows"][row] = {"error": short_error(exc)}

@@ -9,7 +9,9 @@ paged layout). Every request owns one row of the batch tables and a list of page
 
 Both tables are allocated once, so their addresses are fixed and a captured decode step
 can read them; the host keeps mirrors (the manager never reads the device tables back)
-and copies a row to the device whenever it changes, outside any captured region.
+and copies a row to the device whenever it changes, outside any captured region. Decode
+attention plans (``tokenspeed_kernel.mha_decode_plan``) keep views of these tables and are
+updated after every in-place change, before the step that reads them.
 
 Pages are reserved up front for the tokens a request may reach (prompt + new tokens):
 decode then never allocates, which is what lets a step run inside a CUDA graph.
@@ -18,8 +20,12 @@ decode then never allocates, which is what lets a step run inside a CUDA graph.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from tokenspeed_kernel import DecodePlan
 
 __all__ = ["ForwardBatch", "PagedKVCache", "SeqState"]
 
@@ -41,6 +47,9 @@ class ForwardBatch:
         max_seqlen_q / max_seqlen_k: host bounds of the new-token / key counts.
         q_lens / k_lens: host tuples of per-sequence new-token / key counts (prefill, extend;
             empty for decode): the plain PyTorch path loops over sequences with them.
+        decode_plans: one ``tokenspeed_kernel.DecodePlan`` per layer over this batch's
+            tables (decode; set by ``GptOssModel.plan_decode``), else None (the model then
+            calls ``mha_decode_with_kvcache``).
     """
 
     mode: str
@@ -54,6 +63,7 @@ class ForwardBatch:
     cache_seqlens: torch.Tensor | None = None
     q_lens: tuple[int, ...] = ()
     k_lens: tuple[int, ...] = ()
+    decode_plans: list[DecodePlan] | None = None
 
     @property
     def batch_size(self) -> int:

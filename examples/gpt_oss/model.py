@@ -1,9 +1,11 @@
 """The decoder through the public tokenspeed-kernel APIs only.
 
 Attention: ``store_kvcache`` then ``mha_prefill`` / ``mha_extend_with_kvcache`` /
-``mha_decode_with_kvcache`` (window and sinks per layer); MoE: ``moe_topk`` and a
-``moe_plan`` per layer made once at load (the selected kernel may repack the MXFP4
-weights there), applied every step. Embedding, RMSNorm, RoPE, projections and the LM head
+``mha_decode_with_kvcache`` (window and sinks per layer), or for a serving decode batch
+one ``mha_decode_plan`` per layer (:meth:`GptOssModel.plan_decode`: selected once, planned
+for the batch tables, ``plan.run(q)`` per step); MoE: ``moe_topk`` and a ``moe_plan`` per
+layer made once at load (the selected kernel may repack the MXFP4 weights there), applied
+every step. Embedding, RMSNorm, RoPE, projections and the LM head
 are plain torch. Nothing here names a vendor: kernels are chosen by the selector unless
 the caller passes :class:`Overrides` (kernel names per operator).
 """
@@ -19,7 +21,9 @@ from examples.gpt_oss.config import GptOssConfig
 from examples.gpt_oss.kvcache import ForwardBatch, PagedKVCache
 from examples.gpt_oss.weights import LayerWeights, ModelWeights
 from tokenspeed_kernel import (
+    DecodePlan,
     MoEPlan,
+    mha_decode_plan,
     mha_decode_with_kvcache,
     mha_extend_with_kvcache,
     mha_prefill,
@@ -102,6 +106,25 @@ class GptOssModel:
             h = h + self._moe(i, layer, rms_norm(h, layer.mlp_norm, self.cfg.rms_eps))
         return h
 
+    def plan_decode(self, batch: ForwardBatch, kv: PagedKVCache, *, capturable: bool = False) -> list[DecodePlan]:
+        """One decode plan per layer over ``batch``'s tables (a :meth:`PagedKVCache.decode_batch`),
+        stored in ``batch.decode_plans`` so :meth:`forward` runs them. ``capturable``: the
+        step will be captured in a CUDA graph (only graph-safe kernels are selected).
+
+        The caller updates the plans (``plan.update()``) after rewriting the tables in place
+        and before the step that reads them, outside capture; see ``DecodeRunner``."""
+        cfg, ov = self.cfg, self.overrides
+        plans = []
+        for i, layer in enumerate(self.w.layers):
+            plan = mha_decode_plan(
+                kv.k[i], kv.v[i], batch.page_table, batch.cache_seqlens, batch.max_seqlen_k,
+                num_q_heads=cfg.num_q_heads, q_dtype=cfg.dtype, window_left=cfg.window_left(i),
+                sinks=layer.sinks, override=ov.decode, capturable=capturable,
+            )  # fmt: skip
+            plans.append(plan)
+        batch.decode_plans = plans
+        return plans
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[N, V]`` of hidden states ``[N, H]``."""
         return (rms_norm(hidden, self.w.final_norm, self.cfg.rms_eps) @ self.w.lm_head.T).float()
@@ -129,6 +152,8 @@ class GptOssModel:
                 q, k_cache, v_cache, batch.page_table, batch.cu_seqlens_q, batch.cache_seqlens,
                 batch.max_seqlen_q, batch.max_seqlen_k, override=ov.extend, **common,
             )  # fmt: skip
+        elif batch.decode_plans is not None:
+            out = batch.decode_plans[i].run(q)
         else:
             out = mha_decode_with_kvcache(
                 q, k_cache, v_cache, batch.page_table, batch.cache_seqlens, batch.max_seqlen_k,

@@ -4,9 +4,11 @@
 :class:`~examples.gpt_oss.torch_path.TorchGptOss`: both have ``forward(input_ids, batch,
 kv)`` and ``logits(hidden)``) over one :class:`~examples.gpt_oss.kvcache.PagedKVCache`.
 :class:`DecodeRunner` is one decode step for the whole batch over static buffers: on a GPU
-it is captured once in a CUDA graph and replayed (the step advances lengths, positions and
-slots on the device, feeds back the argmax token, and never synchronizes with the host);
-on a CPU it runs eagerly.
+it is captured once in a CUDA graph and replayed (the step derives positions and slots on
+the device, feeds back the argmax token, and never synchronizes with the host); on a CPU it
+runs eagerly. Before each step, outside the graph, it grows the lengths on the device and
+updates the model's decode plans (``tokenspeed_kernel.DecodePlan.update``) for the tables'
+new contents, so kernels that plan per batch layout stay correct on replay.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ OVERRIDE_PRESETS: dict[str, Overrides] = {
 
 
 class Model(Protocol):
-    """What the engine needs of a model."""
+    """What the engine needs of a model. A model may also have ``plan_decode(batch, kv, *,
+    capturable)`` (decode plans kept in ``batch.decode_plans``, see ``GptOssModel``)."""
 
     @property
     def device(self) -> torch.device: ...
@@ -65,6 +68,11 @@ class DecodeRunner:
     every sequence by one token (a real decode step); without, it recomputes the current
     last position (benchmarks replay one step at a fixed context).
 
+    Each step is two parts: outside the graph, :meth:`_prepare` adds one to ``cache_seqlens``
+    on the device (``advance``) and updates the decode plans for the tables' new contents
+    (host work for kernels that plan per layout; a no-op loop otherwise); then the captured
+    (or eager) :meth:`_step` reads the tables, writes K/V and runs the layers.
+
     Args:
         model, kv, rids: what to run and on which requests.
         graph: capture the step in a CUDA graph (``None``: when the device is CUDA).
@@ -88,11 +96,27 @@ class DecodeRunner:
         self.graph: torch.cuda.CUDAGraph | None = None
         if graph is None:
             graph = device.type == "cuda"
+        plan_decode = getattr(model, "plan_decode", None)
+        if plan_decode is not None:  # select the decode kernels once, capturable when graphed
+            plan_decode(self.batch, kv, capturable=graph)
         if graph:
             self._capture()
 
+    def _update_plans(self) -> None:
+        for plan in self.batch.decode_plans or ():
+            plan.update()
+
+    def _prepare(self) -> None:
+        """Outside the graph: grow every sequence by one token (``advance``), then plan the
+        attention for the tables as the step will read them."""
+        if self.advance:
+            self.kv.check_decode_room(self.rids)
+            self.batch.cache_seqlens.add_(1)
+        self._update_plans()
+
     def _step(self) -> None:
-        self.kv.fill_decode(self.batch, advance=self.advance)
+        """The captured part: positions/slots from the tables, the model, greedy feedback."""
+        self.kv.fill_decode(self.batch, advance=False)
         hidden = self.model.forward(self.tokens, self.batch, self.kv)
         logits = self.model.logits(hidden)
         if self.logits is None:
@@ -102,20 +126,21 @@ class DecodeRunner:
 
     def _capture(self) -> None:
         """Warm up on a side stream (allocations, JIT compiles, plans), restoring the state
-        each time, then capture one step (capture records, it does not run)."""
-        if self.advance:
-            self.kv.check_decode_room(self.rids)
+        each time, re-plan for the restored tables, then capture one step (capture records,
+        it does not run)."""
         device = self.kv.device
         saved = (self.batch.cache_seqlens.clone(), self.tokens.clone())
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for _ in range(2):
+                self._prepare()
                 self._step()
                 self.batch.cache_seqlens.copy_(saved[0])
                 self.tokens.copy_(saved[1])
         torch.cuda.current_stream(device).wait_stream(stream)
         torch.cuda.synchronize(device)
+        self._update_plans()  # the restore rewrote cache_seqlens: plan for it outside capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self._step()
@@ -123,8 +148,7 @@ class DecodeRunner:
 
     def step(self) -> torch.Tensor:
         """Run one step (replay when captured); returns the static ``logits`` buffer."""
-        if self.advance:
-            self.kv.check_decode_room(self.rids)
+        self._prepare()
         if self.graph is not None:
             self.graph.replay()
         else:
@@ -135,8 +159,7 @@ class DecodeRunner:
 
     def step_eager(self) -> torch.Tensor:
         """One step without the graph (for graph-vs-eager timing)."""
-        if self.advance:
-            self.kv.check_decode_room(self.rids)
+        self._prepare()
         self._step()
         if self.advance:
             self.kv.advance_host(self.rids)

@@ -321,3 +321,47 @@ def test_cuda_graph_decode_matches_eager(seqs):
     eager = Engine(model, make_kv(cfg, **kw)).generate(prompts, 6, graph=False)
     graph = Engine(model, make_kv(cfg, **kw)).generate(prompts, 6, graph=True)
     assert torch.equal(eager.tokens, graph.tokens)
+
+
+def test_decode_runner_plans_once_and_updates_before_every_step(seqs, monkeypatch):
+    """The decode step goes through one ``mha_decode_plan`` per layer (selected once) and
+    updates every plan before each step, after the lengths advanced; the model names no
+    kernel: the plans' kernels are the selector's."""
+    from tokenspeed_kernel import DecodePlan, last_kernel
+
+    cfg, w = setup(torch.float32)
+    model = make_model("reference", cfg, w)
+    engine = Engine(model, make_kv(cfg))
+    rids = engine.add_requests([4, 6, 3], 3)
+    engine.prefill(rids, [s[:n] for s, n in zip(seqs, (4, 6, 3))])
+    seen: list[list[int]] = []
+    real_update = DecodePlan.update
+
+    def update(plan: DecodePlan) -> None:
+        seen.append(plan.cache_seqlens.tolist())
+        real_update(plan)
+
+    monkeypatch.setattr(DecodePlan, "update", update)
+    runner = DecodeRunner(model, engine.kv, rids, graph=False)
+    plans = runner.batch.decode_plans
+    assert [p.kernel for p in plans] == ["torch_decode"] * cfg.num_layers and not plans[0].capturable
+    assert [p.window_left for p in plans] == [cfg.window_left(i) for i in range(cfg.num_layers)]
+    layers = cfg.num_layers
+    assert seen == [[4, 6, 3]] * layers  # planned at creation for the current lengths
+    runner.step()
+    runner.step()
+    assert seen == [[4, 6, 3]] * layers + [[5, 7, 4]] * layers + [[6, 8, 5]] * layers
+    assert last_kernel() in ("torch_moe", "torch_moe_topk", "torch_decode")
+
+
+def test_example_and_benchmark_use_only_public_pieces():
+    """No private modules of the library and no vendor modules in the example or the e2e bench."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    files = [*sorted((root / "examples" / "gpt_oss").glob("*.py")), root / "ci" / "device" / "e2e_bench.py"]
+    private = re.compile(r"tokenspeed_kernel(\.\w+)*\._[a-z]\w*|tokenspeed_kernel_(nvidia|triton|amd)\b")
+    for path in files:
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            assert not private.search(line), f"{path.relative_to(root)}:{lineno}: {line.strip()}"

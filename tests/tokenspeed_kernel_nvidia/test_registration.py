@@ -141,3 +141,50 @@ def test_gluon_prefill_window_serves_sm90_windows_and_ranks_below_triton():
 def test_gluon_prefill_window_rejects_with_reasons(request_kw, needle):
     reasons, _ = _verdict(_prefill_request(**request_kw), "sm_90")
     assert any(needle in r for r in reasons["gluon_prefill_window_sm90"]), reasons["gluon_prefill_window_sm90"]
+
+
+def test_graph_safety_and_layout_hook_are_declared():
+    from tokenspeed_kernel_nvidia.ops.attention import flashinfer_decode
+
+    decode = registry.get_kernel("flashinfer_decode")
+    assert decode.prepare_layout is flashinfer_decode.plan and decode.graph_safe
+    assert "hooks=prepare_layout" in decode.summary() and "graph_safe=yes" in decode.summary()
+    for name in ("flashinfer_extend", "flashinfer_prefill"):  # plan per layout on the host, not in graph mode
+        assert registry.get_kernel(name).graph_safe is False, name
+        assert registry.get_kernel(name).prepare_layout is None
+    gluon = registry.get_kernel("gluon_decode_sm90")
+    assert gluon.graph_safe and gluon.prepare_layout is None
+
+
+def test_public_plan_step_reaches_the_flashinfer_plan_with_the_runs_key(monkeypatch):
+    """``mha_decode_plan``/``DecodePlan.update`` call ``flashinfer_decode.plan`` with
+    placeholder q/out; the wrapper key and layout token it plans for must be the ones the
+    captured run later looks up (else a replay would need a plan inside capture)."""
+    from tokenspeed_kernel import mha_decode_plan
+    from tokenspeed_kernel.tools.cases import attention as cases
+    from tokenspeed_kernel_nvidia.ops.attention import _flashinfer, flashinfer_decode
+
+    planned, ran = [], []
+    monkeypatch.setattr(flashinfer_decode, "_entry", planned.append)
+    case = cases.AttentionCase("attention.decode", (1, 1), (9, 5), 8, 2, 64, page_size=4, dtype=torch.bfloat16,
+                               window_left=3, sinks=True, logit_cap=5.0)  # fmt: skip
+    inputs = cases.make_inputs(case)
+    with registry.isolated():
+        registry.register_kernel(
+            "attention.decode", name="test_flashinfer_hooked", solution="test", vendors=("cpu",),
+            features=("sinks", "sliding_window", "logit_cap"), priority=Priority.PLUGIN,
+            prepare_layout=flashinfer_decode.plan,
+        )(ran.append)  # fmt: skip
+        plan = mha_decode_plan(
+            inputs["k_cache"], inputs["v_cache"], inputs["page_table"], inputs["cache_seqlens"], 9,
+            num_q_heads=8, window_left=3, sinks=inputs["sinks"], logit_cap=5.0, capturable=True,
+        )  # fmt: skip
+        assert plan.kernel == "test_flashinfer_hooked" and len(planned) == 1
+        inputs["cache_seqlens"].add_(1)
+        plan.update()
+        plan.run(inputs["q"])
+    assert len(planned) == 2 and len(ran) == 1
+    hook_args, run_args = planned[1], ran[0]
+    assert flashinfer_decode._key(hook_args) == flashinfer_decode._key(run_args)
+    token = _flashinfer.layout_token(hook_args.page_table, hook_args.cache_seqlens)
+    assert _flashinfer._same_layout(token, _flashinfer.layout_token(run_args.page_table, run_args.cache_seqlens))

@@ -2,17 +2,30 @@
 
 Engines call the public operators below and never name hardware. Behind each call the
 selector picks the best registered kernel for the platform and the request (see
-:mod:`tokenspeed_kernel.selector`); ``explain`` shows why.
+:mod:`tokenspeed_kernel.selector`); ``explain`` shows why. Plans (``mha_decode_plan``,
+``moe_plan``) select once and let the kernel prepare (batch layout, weights) outside the
+hot path. ``attention_request``/``store_request`` build a call's request from plain
+shapes, so ``select``/``explain`` answer "which kernel would serve this call" before it is
+made; ``last_kernel()`` names the kernel that served the last call.
 
 Import order of the core, top-down: ``config`` → ``platform`` → ``operators`` →
 ``registry`` → ``selector`` → ``ops.<family>`` (public API + validation) → ``reference``
 (pure-PyTorch kernels, loaded lazily as the built-in backend) → ``tools`` / ``cli``.
 """
 
-from tokenspeed_kernel.ops.attention import mha_decode_with_kvcache, mha_extend_with_kvcache, mha_prefill
-from tokenspeed_kernel.ops.kvcache import store_kvcache
+from tokenspeed_kernel.ops._dispatch import last_kernel
+from tokenspeed_kernel.ops.attention import (
+    DecodePlan,
+    Heads,
+    attention_request,
+    mha_decode_plan,
+    mha_decode_with_kvcache,
+    mha_extend_with_kvcache,
+    mha_prefill,
+)
+from tokenspeed_kernel.ops.kvcache import store_kvcache, store_request
 from tokenspeed_kernel.ops.moe import MoEPlan, moe_apply, moe_plan, moe_topk
-from tokenspeed_kernel.platform import Platform, current_platform
+from tokenspeed_kernel.platform import Platform, current_platform, platform_for
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, backends, kernels, register_kernel
 from tokenspeed_kernel.selector import KernelOverrideError, NoKernelFoundError, explain, select
@@ -20,7 +33,9 @@ from tokenspeed_kernel.selector import KernelOverrideError, NoKernelFoundError, 
 __version__ = "2026.11.0"
 
 __all__ = [
+    "DecodePlan",
     "FP8Weight",
+    "Heads",
     "KernelOverrideError",
     "MXFP4Weight",
     "MoEPlan",
@@ -28,17 +43,22 @@ __all__ = [
     "Platform",
     "Priority",
     "Request",
+    "attention_request",
     "backends",
     "current_platform",
     "explain",
     "kernels",
+    "last_kernel",
+    "mha_decode_plan",
     "mha_decode_with_kvcache",
     "mha_extend_with_kvcache",
     "mha_prefill",
     "moe_apply",
     "moe_plan",
     "moe_topk",
+    "platform_for",
     "register_kernel",
     "select",
     "store_kvcache",
+    "store_request",
 ]

@@ -2,11 +2,12 @@
 
 tokenspeed-kernel platform                        the detected (or overridden) platform
 tokenspeed-kernel list [OP]                       backends and registered kernels
-tokenspeed-kernel explain OP [--preset P] [--case-index I] [--platform ARCH]
+tokenspeed-kernel explain OP [--preset P] [--case-index I] [--platform ARCH] [--capturable]
                                                   the selection table for a preset's cases
 tokenspeed-kernel explain OP [--dtype D|ROLE=D,...] [--head-dim N] [--shape KEY=N ...]
-                             [--features F,...] [--platform ARCH]
+                             [--features F,...] [--platform ARCH] [--capturable]
                                                   the selection table for a request spelled out
+                                                  (--capturable: for CUDA-graph capture)
 tokenspeed-kernel check OP|all [--kernel K] [--preset P] [--device D]
                                                   numerics vs the float64 reference (exit 1 on failure)
 tokenspeed-kernel bench OP|all [--kernel K|all] [--preset P | --replay FILE] [--json FILE]
@@ -18,6 +19,7 @@ tokenspeed-kernel profile OP [--preset P] [--kernel K] [--out FILE]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -115,7 +117,7 @@ def _request_from_flags(args: argparse.Namespace) -> Request:
         unknown = sorted(given - set(known))
         if unknown:
             raise ValueError(f"{args.op}: unknown {what} {unknown}; expected some of {', '.join(known)}")
-    return Request.make(args.op, dtypes, shapes, features)
+    return Request.make(args.op, dtypes, shapes, features, args.capturable)
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
@@ -135,7 +137,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     chosen = found if args.case_index is None else [found[args.case_index]]
     for case in chosen:
         print(f"== {case.describe()}")
-        print(selector.explain(cases.request(case), platform=platform).table())
+        request = dataclasses.replace(cases.request(case), capturable=args.capturable)
+        print(selector.explain(request, platform=platform).table())
         print()
     return 0
 
@@ -194,6 +197,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", action="append", default=[], help="KEY=N[,...], e.g. page_size=16,num_q_heads=64")
     p.add_argument("--features", action="append", default=[], help="comma-separated, e.g. sinks,sliding_window")
     p.add_argument("--platform", default=None, choices=sorted(KNOWN_ARCHS), help="answer for another platform")
+    p.add_argument(
+        "--capturable", action="store_true", help="the call is captured in a CUDA graph: graph-safe kernels only"
+    )
     p.set_defaults(fn=_cmd_explain)
 
     p = sub.add_parser("check", help="numerics against the float64 reference")

@@ -11,6 +11,8 @@ Vocabulary:
                   keys, so selection results can be cached per request.
     features      optional behaviours a request may need; a kernel serves a request only if
                   it supports every feature the request names.
+    layout_hook   the operator has a layout plan step (``mha_decode_plan``), so its kernels
+                  may register a ``prepare_layout`` hook.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class OperatorSchema:
     shape_keys: tuple[str, ...]
     features: tuple[str, ...]
     summary: str
+    layout_hook: bool = False
 
 
 _ATTENTION_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
@@ -56,7 +59,8 @@ OPERATORS: dict[str, OperatorSchema] = {
             dtype_roles=("q", "kv"),
             shape_keys=(*_ATTENTION_SHAPES, "page_size", "q_len"),
             features=(*_ATTENTION_FEATURES, "fp8_kv", "spec_decode"),
-            summary="decode against a paged KV cache (mha_decode_with_kvcache)",
+            summary="decode against a paged KV cache (mha_decode_with_kvcache, mha_decode_plan)",
+            layout_hook=True,
         ),
         OperatorSchema(
             "kvcache.store",

@@ -17,6 +17,13 @@ A kernel author writes::
     )
     def my_decode(args: DecodeArgs) -> None: ...
 
+Two optional hooks ride along with the metadata: ``prepare`` (weights, called once by
+``moe_plan``) and ``prepare_layout`` (batch layout, called by ``mha_decode_plan`` and
+``DecodePlan.update`` outside CUDA-graph capture). ``graph_safe=False`` declares that the
+kernel cannot be captured in a CUDA graph (it reads device values on the host, or plans
+per call): the selector then refuses it for a ``capturable`` request, and a call made while
+the stream is capturing raises ``RuntimeError`` before launching it.
+
 The decorated function is returned unchanged. It receives the operator's typed argument
 object (see ``tokenspeed_kernel.ops.<family>``) and writes its outputs into it.
 
@@ -43,7 +50,7 @@ from typing import Any
 import torch
 
 from tokenspeed_kernel import config
-from tokenspeed_kernel.operators import operator_schema
+from tokenspeed_kernel.operators import OPERATORS, operator_schema
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -93,12 +100,15 @@ class Request:
         dtypes: ``((role, dtype), ...)`` sorted by role, e.g. ``(("kv", bf16), ("q", bf16))``.
         shapes: ``((key, value), ...)`` sorted by key; small bounded integers only.
         features: optional behaviours the call needs, e.g. ``{"sinks", "sliding_window"}``.
+        capturable: the call will be captured in a CUDA graph, so only ``graph_safe``
+            kernels may serve it.
     """
 
     op: str
     dtypes: tuple[tuple[str, torch.dtype], ...] = ()
     shapes: tuple[tuple[str, int], ...] = ()
     features: frozenset[str] = frozenset()
+    capturable: bool = False
 
     @classmethod
     def make(
@@ -107,12 +117,14 @@ class Request:
         dtypes: Mapping[str, torch.dtype] | None = None,
         shapes: Mapping[str, int] | None = None,
         features: Iterable[str] = (),
+        capturable: bool = False,
     ) -> Request:
         return cls(
             op,
             tuple(sorted((dtypes or {}).items())),
             tuple(sorted((shapes or {}).items())),
             frozenset(features),
+            capturable,
         )
 
     def dtype(self, role: str) -> torch.dtype | None:
@@ -125,7 +137,7 @@ class Request:
         dts = " ".join(f"{r}={str(d).removeprefix('torch.')}" for r, d in self.dtypes)
         shp = " ".join(f"{k}={v}" for k, v in self.shapes)
         feats = ",".join(sorted(self.features)) or "-"
-        return f"{self.op} [{dts}] [{shp}] features={feats}"
+        return f"{self.op} [{dts}] [{shp}] features={feats}" + (" capturable" if self.capturable else "")
 
 
 Predicate = Callable[[Request], "str | None"]
@@ -141,8 +153,14 @@ class KernelSpec:
     accepted values (a key left out accepts any); ``features`` lists the optional behaviours
     the kernel supports; ``predicate(request)`` returns a reason string to reject what the
     metadata cannot express; ``available()`` returns a reason when something the kernel
-    needs at run time is missing (a library, a device). ``prepare`` (optional) is the plan
-    hook: ``prepare(plan_inputs) -> prepared`` for kernels that repack weights once.
+    needs at run time is missing (a library, a device). ``prepare`` (optional) is the weight
+    plan hook: ``prepare(plan_inputs) -> prepared`` for kernels that repack weights once
+    (``moe_plan``). ``prepare_layout`` (optional, operators whose schema has
+    ``layout_hook``) is the batch-layout plan hook: ``prepare_layout(args) -> None``, called
+    with the operator's typed arguments outside CUDA-graph capture whenever the layout
+    tensors changed (``mha_decode_plan``, ``DecodePlan.update``). ``graph_safe`` says
+    whether a call can be captured in a CUDA graph: False for kernels that read device
+    values on the host or plan per call.
     """
 
     op: str
@@ -160,6 +178,8 @@ class KernelSpec:
     predicate: Predicate | None = None
     available: Availability | None = None
     prepare: Callable[..., Any] | None = None
+    prepare_layout: Callable[[Any], None] | None = None
+    graph_safe: bool = True
     description: str = ""
 
     @property
@@ -179,10 +199,12 @@ class KernelSpec:
             f"{role}: {','.join(sorted(str(d).removeprefix('torch.') for d in ds))}" for role, ds in self.dtypes
         )
         shp = "; ".join(f"{k}: {','.join(map(str, sorted(v)))}" for k, v in self.shapes)
+        hooks = ",".join(name for name in ("prepare", "prepare_layout") if getattr(self, name) is not None)
         return (
             f"{self.name} [{self.solution}, backend={self.backend}, priority={self.band.name.lower()}"
             f"({self.priority})] vendors={vendors} archs={archs} caps={caps} dtypes=({dts or 'any'}) "
-            f"shapes=({shp or 'any'}) features={feats}"
+            f"shapes=({shp or 'any'}) features={feats} graph_safe={'yes' if self.graph_safe else 'no'}"
+            + (f" hooks={hooks}" if hooks else "")
         )
 
 
@@ -242,11 +264,19 @@ def register_kernel(
     predicate: Predicate | None = None,
     available: Availability | None = None,
     prepare: Callable[..., Any] | None = None,
+    prepare_layout: Callable[[Any], None] | None = None,
+    graph_safe: bool = True,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as a kernel for ``op`` (see the module docstring).
 
-    Raises ``ValueError`` for an unknown operator, dtype role, shape key or feature, and
-    for a name already taken by another kernel.
+    ``graph_safe`` defaults to True because the kernel contract already forbids host
+    synchronization on the hot path (docs/adding-a-kernel.md); a kernel that breaks it
+    (reads lengths with ``.tolist()``, masks with data-dependent shapes, plans per call)
+    must say ``graph_safe=False``.
+
+    Raises ``ValueError`` for an unknown operator, dtype role, shape key or feature, for a
+    ``prepare_layout`` hook on an operator without a layout plan step, and for a name
+    already taken by another kernel; ``TypeError`` for a non-bool ``graph_safe``.
     """
     schema = operator_schema(op)
     feature_set = frozenset(features)
@@ -261,6 +291,14 @@ def register_kernel(
         raise ValueError(f"kernel {name!r}: vendors must be a non-empty subset of cuda, rocm, cpu")
     frozen_dtypes = _frozen_dtypes(dtypes, schema.dtype_roles, name)
     frozen_shapes = _frozen_shapes(shapes, schema.shape_keys, name)
+    if not isinstance(graph_safe, bool):
+        raise TypeError(f"kernel {name!r}: graph_safe must be a bool, got {type(graph_safe).__name__}")
+    if prepare_layout is not None and not schema.layout_hook:
+        with_hook = ", ".join(s.name for s in OPERATORS.values() if s.layout_hook)
+        raise ValueError(
+            f"kernel {name!r}: {op} has no layout plan step, so prepare_layout would never be called "
+            f"(operators with one: {with_hook})"
+        )
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
         spec = KernelSpec(
@@ -279,6 +317,8 @@ def register_kernel(
             predicate=predicate,
             available=available,
             prepare=prepare,
+            prepare_layout=prepare_layout,
+            graph_safe=graph_safe,
             description=((fn.__doc__ or "").strip().splitlines() or [""])[0],
         )
         with _lock:

@@ -2,8 +2,9 @@
 
 Every candidate is judged by the same checks, in this order, and each failed check gives a
 reason in words: backend availability, vendor, architecture, capabilities, dtypes, shapes,
-features, then the kernel's own predicate. The accepted candidates are ranked by priority
-(highest first; equal priorities by name, so the choice is deterministic).
+features, graph safety (for a ``capturable`` request), then the kernel's own predicate.
+The accepted candidates are ranked by priority (highest first; equal priorities by name,
+so the choice is deterministic).
 
 Overrides: a per-call ``override="name"`` wins over ``TOKENSPEED_KERNEL_OVERRIDE``, which
 wins over ranking. An override naming a kernel that cannot serve the request raises
@@ -24,6 +25,7 @@ from tokenspeed_kernel.platform import Platform, current_platform
 from tokenspeed_kernel.registry import KernelSpec, Request
 
 __all__ = [
+    "NOT_GRAPH_SAFE",
     "Candidate",
     "KernelOverrideError",
     "NoKernelFoundError",
@@ -33,6 +35,9 @@ __all__ = [
     "explain",
     "select",
 ]
+
+
+NOT_GRAPH_SAFE = "synchronizes with the host; cannot be captured in a CUDA graph"
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,8 @@ class Selection:
             spec = cand.spec
             mark = "WINNER  " if self.winner is spec else ("ACCEPTED" if cand.accepted else "REJECTED")
             head = f"  {mark} {spec.name:<32} {spec.solution:<10} {spec.band.name.lower()}({spec.priority})"
+            if cand.accepted and not spec.graph_safe:
+                head += " [not graph-safe]"
             lines.append(head + ("" if cand.accepted else f": {'; '.join(cand.reasons)}"))
         if self.winner is None:
             lines.append("  => no kernel can serve this request")
@@ -117,6 +124,8 @@ def _reasons(spec: KernelSpec, request: Request, platform: Platform) -> tuple[st
     unsupported = request.features - spec.features
     if unsupported:
         reasons.append(f"does not support {{{', '.join(sorted(unsupported))}}}")
+    if request.capturable and not spec.graph_safe:
+        reasons.append(NOT_GRAPH_SAFE)
     if not reasons and spec.predicate is not None:
         why = spec.predicate(request)
         if why:
@@ -187,14 +196,16 @@ def explain(
     dtypes: Mapping[str, torch.dtype] | None = None,
     shapes: Mapping[str, int] | None = None,
     features: Iterable[str] = (),
+    capturable: bool = False,
     platform: Platform | None = None,
     override: str | None = None,
 ) -> Selection:
     """The selection verdict for a request, every candidate with its reasons.
 
-    ``op`` is an operator name (then ``dtypes``/``shapes``/``features`` describe the
-    request) or a :class:`Request`. ``print(explain(...))`` shows the table. Never raises
-    for "no kernel": the returned selection's ``winner`` is None instead.
+    ``op`` is an operator name (then ``dtypes``/``shapes``/``features``/``capturable``
+    describe the request) or a :class:`Request` (e.g. from ``attention_request``).
+    ``print(explain(...))`` shows the table. Never raises for "no kernel": the returned
+    selection's ``winner`` is None instead.
     """
-    request = op if isinstance(op, Request) else Request.make(op, dtypes, shapes, features)
+    request = op if isinstance(op, Request) else Request.make(op, dtypes, shapes, features, capturable)
     return _decide(request, platform or current_platform(), override)

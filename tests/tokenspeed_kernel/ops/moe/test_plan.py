@@ -185,3 +185,18 @@ def test_capture_records_functional_and_plan_calls(env, tmp_path):
         sizes = {"hidden": 0, "intermediate": 0} if r["op"] == "moe.topk" else {}
         assert cases.MoECase(op=r["op"], **sizes, **sig).num_experts == 8
     assert lines[0]["signature"]["num_local_experts"] == 4 and lines[0]["signature"]["expert_map"] is True
+
+
+def test_plan_apply_records_its_kernel_and_refuses_capture_when_not_graph_safe(monkeypatch):
+    from tokenspeed_kernel import last_kernel
+
+    case = cases.MoECase("moe.apply", 4, 64, 32, 8, 2, torch.float32)
+    d, weights = _inputs(case, 7)
+    plan = moe_plan(**weights, x_dtype=case.dtype, top_k=case.top_k, activation=case.activation, override=APPLY)
+    plan.apply(d["x"], d["topk_weights"], d["topk_ids"])
+    assert last_kernel() == APPLY
+    # The reference MoE reads expert counts on the host: under capture it must refuse, not launch.
+    assert registry.get_kernel(APPLY).graph_safe is False
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="not graph-safe"):
+        plan.apply(d["x"], d["topk_weights"], d["topk_ids"])

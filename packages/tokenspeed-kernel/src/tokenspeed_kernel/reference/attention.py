@@ -5,7 +5,7 @@ positions of its queries; the three kernels only gather that sequence's q/k/v (f
 ragged batch or from the pages) and write the result. Arithmetic is float32 for
 16-bit and 32-bit inputs and float64 for float64 inputs (the check tool's ground truth).
 These kernels read sequence lengths on the host, so they synchronize; they are for
-correctness, not speed, and are not CUDA-graph capturable.
+correctness, not speed, and are registered ``graph_safe=False`` (not CUDA-graph capturable).
 """
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ def _write(
     dtypes={"q": _DTYPES, "kv": _DTYPES},
     features=(*_COMMON, "non_causal"),
     priority=Priority.REFERENCE,
+    graph_safe=False,  # reads the lengths on the host (.tolist())
 )
 def torch_prefill(args: PrefillArgs) -> None:
     """Ragged-batch attention, one sequence at a time, in plain PyTorch."""
@@ -130,6 +131,7 @@ def torch_prefill(args: PrefillArgs) -> None:
     dtypes={"q": _DTYPES, "kv": _KV_DTYPES},
     features=(*_COMMON, "non_causal", "fp8_kv"),
     priority=Priority.REFERENCE,
+    graph_safe=False,  # reads the lengths on the host (.tolist())
 )
 def torch_extend(args: ExtendArgs) -> None:
     """Chunked prefill against the paged cache, one sequence at a time, in plain PyTorch."""
@@ -162,6 +164,7 @@ def torch_extend(args: ExtendArgs) -> None:
     dtypes={"q": _DTYPES, "kv": _KV_DTYPES},
     features=(*_COMMON, "fp8_kv", "spec_decode"),
     priority=Priority.REFERENCE,
+    graph_safe=False,  # reads the lengths on the host (.tolist())
 )
 def torch_decode(args: DecodeArgs) -> None:
     """Paged decode (speculative tokens included), one sequence at a time, in plain PyTorch."""

@@ -25,6 +25,7 @@ def _encode(rows: torch.Tensor, cache: torch.Tensor, scale: torch.Tensor | None)
     dtypes={"kv": _DTYPES, "cache": (*_DTYPES, torch.float8_e4m3fn)},
     features=("fp8_kv",),
     priority=Priority.REFERENCE,
+    graph_safe=False,  # boolean-mask indexing has a data-dependent shape (a host sync)
 )
 def torch_store_kvcache(args: StoreArgs) -> None:
     """Scatter K/V rows to their slots (negative slots skipped) with index_put."""

@@ -93,6 +93,7 @@ ACTIVATION_FUNCTIONS = {"silu": _silu, "gelu": _gelu, "swiglu_oai": _swiglu_oai}
         "mxfp8_act",
     ),
     priority=Priority.REFERENCE,
+    graph_safe=False,  # groups pairs by expert with counts read on the host (.tolist())
 )
 def torch_moe(args: MoEApplyArgs) -> None:
     """Reference MoE: group (token, choice) pairs by expert, one dense GEMM pair per expert."""

@@ -54,9 +54,11 @@ def flashinfer_missing() -> str | None:
     return None if found else "flashinfer-python not installed"
 
 
-def flashinfer_registration() -> dict[str, Any]:
+def flashinfer_registration(*, graph_safe: bool) -> dict[str, Any]:
     """The ``register_kernel`` metadata every FlashInfer kernel shares (data, not branches):
-    solution, CUDA gates, opt-in priority, the head-dim predicate and the absence hook."""
+    solution, CUDA gates, opt-in priority, the head-dim predicate and the absence hook, plus
+    ``graph_safe``, which each kernel states: True only for a wrapper built in CUDA-graph
+    mode whose plan is made outside capture (the decode, through its ``prepare_layout``)."""
     return {
         "solution": "flashinfer",
         "vendors": VENDORS,
@@ -64,6 +66,7 @@ def flashinfer_registration() -> dict[str, Any]:
         "priority": OPT_IN,
         "predicate": same_head_dims,
         "available": flashinfer_missing,
+        "graph_safe": graph_safe,
     }
 
 

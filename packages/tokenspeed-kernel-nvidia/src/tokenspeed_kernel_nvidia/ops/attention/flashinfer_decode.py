@@ -3,7 +3,9 @@
 Runs FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` on its tensor-core (FA2) path with
 the NHD cache layout. The wrapper is built in CUDA-graph mode: its CSR index buffers have
 fixed addresses, :func:`plan` rewrites them in place, and ``run`` can be captured. Plan
-outside capture, run inside (docs/nvidia.md has the recipe).
+outside capture, run inside (docs/nvidia.md has the recipe). :func:`plan` is registered as
+the kernel's ``prepare_layout`` hook, so engines reach it through the public plan step
+(``tokenspeed_kernel.mha_decode_plan`` / ``DecodePlan.update``), never by this module's name.
 
 Scale handling: an fp8 cache's ``k_scale`` is folded into ``q`` on the device (no host
 read), ``v_scale`` multiplies the output; FlashInfer's base-2 LSE is converted to natural log.
@@ -88,10 +90,13 @@ def _entry(args: DecodeArgs) -> PlanEntry:
 
 
 def plan(args: DecodeArgs) -> None:
-    """Plan (outside CUDA-graph capture) for ``args``'s batch layout without running.
+    """The ``prepare_layout`` hook: plan (outside CUDA-graph capture) for ``args``'s batch
+    layout without running.
 
-    Call it after updating ``page_table``/``cache_seqlens`` in place and before replaying a
-    graph that captured :func:`flashinfer_decode` on those same tensors."""
+    Reads ``q``/``out`` for shape, dtype and device only (the plan step passes placeholders)
+    and ``page_table``/``cache_seqlens`` for the layout. ``DecodePlan.update()`` calls it after
+    the engine updated those tensors in place and before it replays a graph that captured
+    :func:`flashinfer_decode` on the same tensors; a layout already planned costs nothing."""
     _entry(args)
 
 
@@ -101,7 +106,8 @@ def plan(args: DecodeArgs) -> None:
     dtypes={"q": Q_DTYPES, "kv": KV_DTYPES},
     shapes={"head_dim": FLASHINFER_HEAD_DIMS, "page_size": PAGE_SIZES},
     features=(*FLASHINFER_FEATURES, "fp8_kv", "spec_decode"),
-    **flashinfer_registration(),
+    prepare_layout=plan,
+    **flashinfer_registration(graph_safe=True),  # run is capturable once planned outside capture
 )
 def flashinfer_decode(args: DecodeArgs) -> None:
     """FlashInfer batch decode over the paged NHD cache (FA2 tensor-core path), one plan

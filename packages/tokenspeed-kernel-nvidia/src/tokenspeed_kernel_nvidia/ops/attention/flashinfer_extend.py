@@ -21,7 +21,8 @@ from tokenspeed_kernel_nvidia.ops.attention._flashinfer_prefill import extend_ca
     dtypes={"q": Q_DTYPES, "kv": KV_DTYPES},
     shapes={"head_dim": FLASHINFER_HEAD_DIMS, "page_size": PAGE_SIZES},
     features=(*FLASHINFER_FEATURES, "non_causal", "fp8_kv"),
-    **flashinfer_registration(),
+    # not graph-safe: plans per cu_seqlens/lengths layout on the host; wrapper not in graph mode
+    **flashinfer_registration(graph_safe=False),
 )
 def flashinfer_extend(args: ExtendArgs) -> None:
     """FlashInfer paged prefill (bottom-right causal) over the NHD cache, one plan per

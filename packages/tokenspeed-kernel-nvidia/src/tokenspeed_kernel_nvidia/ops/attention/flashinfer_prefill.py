@@ -19,7 +19,8 @@ from tokenspeed_kernel_nvidia.ops.attention._flashinfer_prefill import prefill_c
     dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
     shapes={"head_dim": FLASHINFER_HEAD_DIMS},
     features=(*FLASHINFER_FEATURES, "non_causal"),
-    **flashinfer_registration(),
+    # not graph-safe: plans per cu_seqlens layout on the host; wrapper not in graph mode
+    **flashinfer_registration(graph_safe=False),
 )
 def flashinfer_prefill(args: PrefillArgs) -> None:
     """FlashInfer prefill: contiguous K/V served as a page-size-1 paged cache (so sinks

@@ -1,8 +1,26 @@
-"""Attention operators: ``mha_prefill``, ``mha_extend_with_kvcache``, ``mha_decode_with_kvcache``.
+"""Attention operators: ``mha_prefill``, ``mha_extend_with_kvcache``, ``mha_decode_with_kvcache``,
+and the decode plan step ``mha_decode_plan`` (select once, plan per batch layout, run).
 
-Public API and validation in :mod:`.api`; the kernel-facing contract in :mod:`.args`.
+Public API and validation in :mod:`.api` and :mod:`.plan`; the kernel-facing contract in
+:mod:`.args`. ``attention_request`` (with :class:`Heads`) builds the selector request of a
+call from plain shapes.
 """
 
-from tokenspeed_kernel.ops.attention.api import mha_decode_with_kvcache, mha_extend_with_kvcache, mha_prefill
+from tokenspeed_kernel.ops.attention.api import (
+    attention_request,
+    mha_decode_with_kvcache,
+    mha_extend_with_kvcache,
+    mha_prefill,
+)
+from tokenspeed_kernel.ops.attention.args import Heads
+from tokenspeed_kernel.ops.attention.plan import DecodePlan, mha_decode_plan
 
-__all__ = ["mha_decode_with_kvcache", "mha_extend_with_kvcache", "mha_prefill"]
+__all__ = [
+    "DecodePlan",
+    "Heads",
+    "attention_request",
+    "mha_decode_plan",
+    "mha_decode_with_kvcache",
+    "mha_extend_with_kvcache",
+    "mha_prefill",
+]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
 
 import torch
 
@@ -22,18 +21,9 @@ from tokenspeed_kernel.ops._checks import (
     check_tensor,
     dtype_name,
 )
+from tokenspeed_kernel.ops.attention.args import Heads
 
 KV_CACHE_DTYPES = (*ACT_DTYPES, torch.float8_e4m3fn)
-
-
-@dataclass(frozen=True, slots=True)
-class Heads:
-    """Head geometry of a call: query/KV head counts and head dims."""
-
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    head_dim_v: int
 
 
 def check_options(

@@ -21,7 +21,6 @@ from tokenspeed_kernel.ops._checks import ACT_DTYPES, check_int, check_same_devi
 from tokenspeed_kernel.ops._dispatch import dispatch
 from tokenspeed_kernel.ops.attention import _custom_ops  # noqa: F401  (defines torch.ops.tokenspeed_kernel.mha_*)
 from tokenspeed_kernel.ops.attention._validate import (
-    Heads,
     check_cu_seqlens,
     check_heads,
     check_options,
@@ -31,7 +30,7 @@ from tokenspeed_kernel.ops.attention._validate import (
     debug_check_cu_seqlens,
     debug_check_pages,
 )
-from tokenspeed_kernel.ops.attention.args import DecodeArgs, ExtendArgs, PrefillArgs
+from tokenspeed_kernel.ops.attention.args import DecodeArgs, ExtendArgs, Heads, PrefillArgs
 from tokenspeed_kernel.registry import Request
 
 __all__ = ["attention_request", "mha_decode_with_kvcache", "mha_extend_with_kvcache", "mha_prefill"]
@@ -50,12 +49,25 @@ def attention_request(
     return_lse: bool = False,
     page_size: int | None = None,
     q_len: int | None = None,
+    capturable: bool = False,
 ) -> Request:
-    """The selector request of an attention call (also used by the tools to explain a case).
+    """The selector request of an attention call, built from plain shapes (public: ask
+    ``select``/``explain`` which kernel would serve a model's calls before making them).
+
+    Args:
+        op: ``"attention.prefill"``, ``"attention.extend"`` or ``"attention.decode"``.
+        q_dtype: the activation dtype. kv_dtype: k/v (prefill) or cache dtype.
+        heads: head counts and dims (:class:`~tokenspeed_kernel.ops.attention.args.Heads`).
+        causal, window_left, sinks (whether a sinks tensor is passed), logit_cap,
+            return_lse: as in the public call (decode is always causal).
+        page_size: the cache's page size (extend, decode). q_len: queries per sequence
+            (decode; 1 unless speculative).
+        capturable: only kernels that can be captured in a CUDA graph may serve it.
 
     Features: ``non_causal``, ``sliding_window``, ``sinks``, ``logit_cap``, ``return_lse``,
     ``fp8_kv`` (an fp8 cache), ``spec_decode`` (``q_len > 1``). Shapes: head dims, head
-    counts, and ``page_size`` / ``q_len`` where the operator has them.
+    counts, and ``page_size`` / ``q_len`` where the operator has them. It is exactly the
+    request the public call builds for the same arguments.
     """
     flags = (
         ("non_causal", not causal),
@@ -78,6 +90,7 @@ def attention_request(
         (("kv", kv_dtype), ("q", q_dtype)),
         tuple(sorted(shapes)),
         frozenset(name for name, on in flags if on),
+        capturable,
     )
 
 

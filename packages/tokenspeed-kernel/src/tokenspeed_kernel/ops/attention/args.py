@@ -23,7 +23,22 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DecodeArgs", "ExtendArgs", "PrefillArgs"]
+__all__ = ["DecodeArgs", "ExtendArgs", "Heads", "PrefillArgs"]
+
+
+@dataclass(frozen=True, slots=True)
+class Heads:
+    """Head geometry of an attention call (public: request builders take it).
+
+    Attributes:
+        num_q_heads: ``Hq``. num_kv_heads: ``Hkv`` (``Hq % Hkv == 0``).
+        head_dim: ``D`` of q and k. head_dim_v: ``Dv`` of v (usually ``D``).
+    """
+
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    head_dim_v: int
 
 
 @dataclass(slots=True)

@@ -1,5 +1,8 @@
-"""KV-cache operators: ``store_kvcache``. Public API in :mod:`.api`, kernel contract in :mod:`.args`."""
+"""KV-cache operators: ``store_kvcache``. Public API in :mod:`.api`, kernel contract in :mod:`.args`.
 
-from tokenspeed_kernel.ops.kvcache.api import store_kvcache
+``store_request`` builds the selector request of a call from plain shapes.
+"""
 
-__all__ = ["store_kvcache"]
+from tokenspeed_kernel.ops.kvcache.api import store_kvcache, store_request
+
+__all__ = ["store_kvcache", "store_request"]

@@ -23,13 +23,18 @@ def store_request(
     head_dim: int,
     head_dim_v: int,
     page_size: int,
+    capturable: bool = False,
 ) -> Request:
-    """The selector request of a ``store_kvcache`` call (feature ``fp8_kv`` for an fp8 cache)."""
+    """The selector request of a ``store_kvcache`` call, built from plain shapes (public):
+    ``kv_dtype`` of the new k/v rows, ``cache_dtype`` of the paged cache (feature ``fp8_kv``
+    for float8_e4m3fn), ``Hkv``, ``D``, ``Dv``, ``P``; ``capturable`` admits only kernels
+    that can be captured in a CUDA graph."""
     return Request(
         "kvcache.store",
         (("cache", cache_dtype), ("kv", kv_dtype)),
         (("head_dim", head_dim), ("head_dim_v", head_dim_v), ("num_kv_heads", num_kv_heads), ("page_size", page_size)),
         frozenset(("fp8_kv",)) if cache_dtype == torch.float8_e4m3fn else frozenset(),
+        capturable,
     )
 
 

@@ -27,7 +27,7 @@ import torch
 
 from tokenspeed_kernel import config
 from tokenspeed_kernel.ops._checks import check_int, dtype_name
-from tokenspeed_kernel.ops._dispatch import capture_signature
+from tokenspeed_kernel.ops._dispatch import capture_signature, check_capturable, record
 from tokenspeed_kernel.ops.moe import _custom_ops
 from tokenspeed_kernel.ops.moe._validate import (
     WeightInfo,
@@ -151,6 +151,8 @@ class MoEPlan:
             prepared=self.prepared,
             activation_quant=self.activation_quant,
         )
+        check_capturable(self.spec)
+        record(self.spec, self.request)
         if num_tokens:
             self.spec.fn(args)
         return args.out

@@ -15,9 +15,8 @@ from typing import Any
 
 import torch
 
-from tokenspeed_kernel.ops.attention._validate import Heads
 from tokenspeed_kernel.ops.attention.api import attention_request
-from tokenspeed_kernel.ops.attention.args import DecodeArgs, ExtendArgs, PrefillArgs
+from tokenspeed_kernel.ops.attention.args import DecodeArgs, ExtendArgs, Heads, PrefillArgs
 from tokenspeed_kernel.ops.kvcache.api import store_request
 from tokenspeed_kernel.ops.kvcache.args import StoreArgs
 from tokenspeed_kernel.registry import Request

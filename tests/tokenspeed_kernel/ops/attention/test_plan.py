@@ -1,0 +1,319 @@
+"""The decode plan step (``mha_decode_plan``), ``graph_safe`` metadata and capture guards,
+public request builders and ``last_kernel``: select once, call the layout hook with the
+plan's tensors, reject or refuse non-capturable kernels with a reason in words."""
+
+import pytest
+import torch
+
+import tokenspeed_kernel
+from tokenspeed_kernel import (
+    DecodePlan,
+    Heads,
+    KernelOverrideError,
+    NoKernelFoundError,
+    Priority,
+    attention_request,
+    explain,
+    last_kernel,
+    mha_decode_plan,
+    mha_decode_with_kvcache,
+    registry,
+    select,
+    store_kvcache,
+    store_request,
+)
+from tokenspeed_kernel.cli import main
+from tokenspeed_kernel.ops import _dispatch
+from tokenspeed_kernel.ops.attention import api
+from tokenspeed_kernel.ops.attention import plan as plan_module
+from tokenspeed_kernel.ops.attention.args import DecodeArgs
+from tokenspeed_kernel.selector import NOT_GRAPH_SAFE
+from tokenspeed_kernel.tools.cases import attention as cases
+
+pytestmark = pytest.mark.usefixtures("only_reference")
+
+# 3 sequences of 10/7/3 tokens, page size 4, 4 q / 2 KV heads of dim 16, window 4, sinks
+CASE = cases.AttentionCase(
+    "attention.decode", (1, 1, 1), (10, 7, 3), 4, 2, 16, page_size=4, dtype=torch.float32, window_left=4, sinks=True
+)
+FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse", "fp8_kv", "spec_decode")
+
+
+@pytest.fixture
+def inputs():
+    return cases.make_inputs(CASE)
+
+
+def _plan(inputs, **kw) -> DecodePlan:
+    kw = {"num_q_heads": CASE.num_q_heads, "window_left": inputs["window_left"], "sinks": inputs["sinks"], **kw}
+    return mha_decode_plan(
+        inputs["k_cache"],
+        inputs["v_cache"],
+        inputs["page_table"],
+        inputs["cache_seqlens"],
+        inputs["max_seqlen_k"],
+        **kw,
+    )
+
+
+def _capturing(monkeypatch, on: bool = True) -> None:
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: on)
+
+
+def _recording_hook():
+    calls: list[DecodeArgs] = []
+
+    def prepare_layout(args: DecodeArgs) -> None:
+        calls.append(args)
+
+    return prepare_layout, calls
+
+
+# ----------------------------------------------------------------------------- the plan step
+
+
+def test_plan_run_equals_the_functional_call_and_names_its_kernel(inputs):
+    plan = _plan(inputs)
+    assert plan.kernel == "torch_decode" and not plan.has_layout_hook
+    assert (plan.batch, plan.q_len, plan.page_size) == (3, 1, 4)
+    assert plan.heads == Heads(4, 2, 16, 16) and plan.q_dtype == torch.float32
+    got = plan.run(inputs["q"])
+    assert last_kernel() == "torch_decode"
+    want = mha_decode_with_kvcache(**inputs)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    out = torch.full_like(got, float("nan"))
+    assert plan.run(inputs["q"].unsqueeze(1), out=out.unsqueeze(1)).shape == (3, 1, 4, 16)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+def test_plan_with_return_lse(inputs):
+    plan = _plan(inputs, return_lse=True)
+    out, lse = plan.run(inputs["q"])
+    want_out, want_lse = mha_decode_with_kvcache(**{**inputs, "return_lse": True})
+    torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
+
+
+def test_plan_selects_once_and_runs_never_select(inputs, monkeypatch):
+    selections = []
+    real_select = plan_module.select
+    monkeypatch.setattr(plan_module, "select", lambda *a, **k: selections.append(a) or real_select(*a, **k))
+    plan = _plan(inputs)
+
+    def no_dispatch(*args, **kwargs):
+        raise AssertionError("DecodePlan.run must not select")
+
+    monkeypatch.setattr(api, "dispatch", no_dispatch)
+    monkeypatch.setattr(_dispatch, "select", no_dispatch)
+    for _ in range(3):
+        plan.run(inputs["q"])
+        plan.update()
+    assert len(selections) == 1
+
+
+def test_override_is_respected(inputs, temp_kernels):
+    fast = temp_kernels("attention.decode", name="fake_fast_decode", vendors=("cpu",), features=FEATURES,
+                        priority=Priority.PLUGIN)  # fmt: skip
+    assert _plan(inputs).kernel == "fake_fast_decode"
+    plan = _plan(inputs, override="torch_decode")
+    assert plan.kernel == "torch_decode"
+    plan.run(inputs["q"])
+    assert fast.calls == [] and last_kernel() == "torch_decode"
+    with pytest.raises(KernelOverrideError, match="not a kernel registered"):
+        _plan(inputs, override="nope")
+
+
+def test_layout_hook_gets_the_plan_tensors_at_plan_and_update_never_at_run(inputs, temp_kernels):
+    hook, calls = _recording_hook()
+    fn = temp_kernels("attention.decode", name="fake_planned_decode", vendors=("cpu",), features=FEATURES,
+                      priority=Priority.PLUGIN, prepare_layout=hook)  # fmt: skip
+    plan = _plan(inputs, softmax_scale=0.5, logit_cap=3.0)
+    assert plan.kernel == "fake_planned_decode" and plan.has_layout_hook
+    assert len(calls) == 1
+    args = calls[0]
+    assert args.page_table is inputs["page_table"] and args.cache_seqlens is inputs["cache_seqlens"]
+    assert args.k_cache is inputs["k_cache"] and args.v_cache is inputs["v_cache"] and args.sinks is inputs["sinks"]
+    assert (args.max_seqlen_k, args.window_left, args.softmax_scale, args.logit_cap) == (10, 4, 0.5, 3.0)
+    assert args.k_scale is None and args.v_scale is None and args.lse is None
+    # q/out are placeholders: the run's shape, dtype and device, one element of memory
+    assert args.q.shape == (3, 1, 4, 16) and args.q.dtype == torch.float32 and args.q.device.type == "cpu"
+    assert args.out.shape == (3, 1, 4, 16) and args.out.dtype == torch.float32
+    assert args.q.untyped_storage().nbytes() == 4
+
+    inputs["cache_seqlens"].add_(1)  # the engine advances lengths in place, then re-plans
+    plan.update()
+    assert len(calls) == 2 and calls[1].cache_seqlens is inputs["cache_seqlens"]
+    plan.run(inputs["q"])
+    plan.run(inputs["q"])
+    assert len(calls) == 2 and len(fn.calls) == 2
+    run_args = fn.calls[0]
+    assert run_args.page_table is args.page_table and run_args.cache_seqlens is args.cache_seqlens
+    assert run_args.q.shape == args.q.shape and run_args.out.shape == args.out.shape
+    assert (run_args.softmax_scale, run_args.window_left, run_args.logit_cap) == (0.5, 4, 3.0)
+    assert last_kernel() == "fake_planned_decode"
+
+
+def test_update_refuses_capture(inputs, monkeypatch):
+    plan = _plan(inputs)
+    _capturing(monkeypatch)
+    with pytest.raises(RuntimeError, match=r"update\(\) \(torch_decode\) must run outside CUDA-graph capture"):
+        plan.update()
+
+
+def test_plan_validates(inputs):
+    plan = _plan(inputs)
+    with pytest.raises(ValueError, match=r"q must have shape \[3, 1, 4, 16\] or \[3, 4, 16\] for this plan"):
+        plan.run(inputs["q"][:2])
+    with pytest.raises(TypeError, match=r"q must have dtype in \{float32\}, got bfloat16"):
+        plan.run(inputs["q"].bfloat16())
+    with pytest.raises(ValueError, match=r"out must have shape \[3, 4, 16\]"):
+        plan.run(inputs["q"], out=torch.empty(3, 4, 8))
+    with pytest.raises(TypeError, match="q_dtype is required for a float8_e4m3fn cache"):
+        mha_decode_plan(
+            inputs["k_cache"].to(torch.float8_e4m3fn), inputs["v_cache"].to(torch.float8_e4m3fn),
+            inputs["page_table"], inputs["cache_seqlens"], 10, num_q_heads=4, k_scale=1.0, v_scale=1.0,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="query heads of q"):
+        _plan(inputs, num_q_heads=3)
+    with pytest.raises(TypeError, match="capturable must be a bool"):
+        _plan(inputs, capturable=1)
+    with pytest.raises(TypeError, match="page_table must have dtype in {int32}"):
+        _plan(inputs | {"page_table": inputs["page_table"].long()})
+
+
+# ----------------------------------------------------------------------------- graph safety
+
+
+def test_metadata_default_and_reference_audit():
+    spec = registry.get_kernel("torch_decode")
+    assert not spec.graph_safe and "graph_safe=no" in spec.summary()
+    for name in ("torch_prefill", "torch_extend", "torch_decode", "torch_store_kvcache"):
+        assert registry.get_kernel(name).graph_safe is False, name
+    assert registry.get_kernel("torch_moe_topk").graph_safe  # softmax, sort, copy: no host read
+
+
+def test_reference_moe_is_not_graph_safe():
+    assert registry.get_kernel("torch_moe").graph_safe is False
+
+
+def test_registration_checks_the_new_metadata(temp_kernels):
+    fn = temp_kernels("attention.decode", name="fake_default", vendors=("cpu",))
+    assert registry.get_kernel("fake_default").graph_safe is True and fn.calls == []
+    with pytest.raises(TypeError, match="graph_safe must be a bool"):
+        temp_kernels("attention.decode", name="fake_bad", graph_safe="no")
+    with pytest.raises(ValueError, match=r"moe.topk has no layout plan step.*attention.decode"):
+        temp_kernels("moe.topk", name="fake_bad2", prepare_layout=lambda args: None)
+
+
+def test_capturable_request_rejects_with_a_reason(inputs, temp_kernels):
+    request = attention_request(
+        "attention.decode", q_dtype=torch.float32, kv_dtype=torch.float32, heads=Heads(4, 2, 16, 16),
+        window_left=4, sinks=True, page_size=4, q_len=1, capturable=True,
+    )  # fmt: skip
+    selection = explain(request)
+    reasons = {c.spec.name: c.reasons for c in selection.candidates}
+    assert reasons["torch_decode"] == (NOT_GRAPH_SAFE,) and selection.winner is None
+    assert "synchronizes with the host; cannot be captured in a CUDA graph" in selection.table()
+    assert "features=sinks,sliding_window capturable" in selection.table()
+    assert "[not graph-safe]" in explain(request.op, dtypes={"q": torch.float32}).table()
+    with pytest.raises(NoKernelFoundError, match="synchronizes with the host"):
+        _plan(inputs, capturable=True)
+    with pytest.raises(KernelOverrideError, match=r"override 'torch_decode' cannot serve .*synchronizes with the host"):
+        _plan(inputs, capturable=True, override="torch_decode")
+    temp_kernels("attention.decode", name="fake_capturable", vendors=("cpu",), features=FEATURES,
+                 priority=Priority.REFERENCE + 1)  # fmt: skip
+    assert _plan(inputs, capturable=True).kernel == "fake_capturable"
+    assert _plan(inputs).kernel == "fake_capturable"  # ranking unchanged without capture
+    temp_kernels("attention.decode", name="fake_syncing", vendors=("cpu",), features=FEATURES,
+                 priority=Priority.PLUGIN, graph_safe=False)  # fmt: skip
+    assert _plan(inputs).kernel == "fake_syncing"
+    assert _plan(inputs, capturable=True).kernel == "fake_capturable"
+
+
+def test_capturing_with_a_non_graph_safe_kernel_raises_before_launch(inputs, temp_kernels, monkeypatch):
+    syncing = temp_kernels("attention.decode", name="fake_syncing", vendors=("cpu",), features=FEATURES,
+                           priority=Priority.PLUGIN, graph_safe=False)  # fmt: skip
+    safe = temp_kernels("attention.decode", name="fake_safe", vendors=("cpu",), features=FEATURES,
+                        priority=Priority.REFERENCE + 1)  # fmt: skip
+    plan = _plan(inputs)
+    _capturing(monkeypatch)
+    match = r"kernel 'fake_syncing' \(attention.decode\) is not graph-safe: it synchronizes with the host"
+    with pytest.raises(RuntimeError, match=match):
+        mha_decode_with_kvcache(**inputs)
+    with pytest.raises(RuntimeError, match=match):
+        plan.run(inputs["q"])
+    assert syncing.calls == []
+    mha_decode_with_kvcache(**inputs, override="fake_safe")  # graph-safe kernels launch
+    assert len(safe.calls) == 1 and last_kernel() == "fake_safe"
+    k = torch.randn(2, 2, 16)
+    with pytest.raises(RuntimeError, match="'torch_store_kvcache'"):
+        store_kvcache(k, k, inputs["k_cache"], inputs["v_cache"], torch.tensor([0, 1]))
+    _capturing(monkeypatch, on=False)
+    plan.run(inputs["q"])
+    assert len(syncing.calls) == 1
+
+
+def test_is_capturing_on_a_build_without_cuda(monkeypatch):
+    def broken():
+        raise RuntimeError("Tried to instantiate dummy base class _cuda_isCurrentStreamCapturing")
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", broken)
+    assert _dispatch.is_capturing() is False
+
+
+# ----------------------------------------------------------------------------- which kernel
+
+
+def test_public_request_builders_match_the_calls(inputs):
+    mha_decode_with_kvcache(**inputs)
+    built = attention_request(
+        "attention.decode", q_dtype=torch.float32, kv_dtype=torch.float32, heads=Heads(4, 2, 16, 16),
+        window_left=4, sinks=True, page_size=4, q_len=1,
+    )  # fmt: skip
+    assert built == _dispatch.last_request()
+    assert select(built, tokenspeed_kernel.platform_for(inputs["q"].device)).name == last_kernel() == "torch_decode"
+    k = torch.randn(2, 2, 16)
+    store_kvcache(k, k, inputs["k_cache"], inputs["v_cache"], torch.tensor([0, 1]))
+    store = store_request(
+        kv_dtype=torch.float32, cache_dtype=torch.float32, num_kv_heads=2, head_dim=16, head_dim_v=16, page_size=4
+    )
+    assert store == _dispatch.last_request() and last_kernel() == "torch_store_kvcache"
+    assert explain(store).winner.name == "torch_store_kvcache"
+    assert explain(store_request(**{**_kw(store), "capturable": True})).winner is None
+
+
+def _kw(request):
+    shapes = dict(request.shapes)
+    return {
+        "kv_dtype": request.dtype("kv"),
+        "cache_dtype": request.dtype("cache"),
+        "num_kv_heads": shapes["num_kv_heads"],
+        "head_dim": shapes["head_dim"],
+        "head_dim_v": shapes["head_dim_v"],
+        "page_size": shapes["page_size"],
+    }
+
+
+def test_cli_surfaces_graph_safety(capsys):
+    assert main(["list", "attention.decode"]) == 0
+    assert "torch_decode [torch, backend=reference" in (out := capsys.readouterr().out) and "graph_safe=no" in out
+    argv = ["explain", "attention.decode", "--dtype", "bf16", "--head-dim", "64", "--shape", "page_size=16"]
+    assert main([*argv, "--capturable"]) == 0
+    out = capsys.readouterr().out
+    assert "capturable" in out and f"torch_decode                     torch      reference(0): {NOT_GRAPH_SAFE}" in out
+    assert main(["explain", "attention.decode", "--case", "0", "--capturable"]) == 0
+    assert NOT_GRAPH_SAFE in capsys.readouterr().out
+
+
+def test_plan_run_under_torch_compile(inputs):
+    """Under torch.compile the run goes through the custom op with the plan's kernel."""
+    torch._dynamo.reset()
+    try:
+        plan = _plan(inputs, return_lse=True)
+        compiled = torch.compile(lambda q: plan.run(q), backend="aot_eager", fullgraph=True)
+        out, lse = compiled(inputs["q"])
+        want_out, want_lse = plan.run(inputs["q"])
+        torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+        torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
+    finally:
+        torch._dynamo.reset()
