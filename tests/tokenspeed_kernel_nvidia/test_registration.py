@@ -108,8 +108,12 @@ def test_flashinfer_gates_with_flashinfer():
     assert reasons["flashinfer_decode"] == ()
 
 
-def _prefill_request(features=("sinks", "sliding_window"), head_dim=64, hq=64, hkv=8, dtype=torch.bfloat16):
+def _prefill_request(
+    features=("sinks", "sliding_window"), head_dim=64, hq=64, hkv=8, dtype=torch.bfloat16, window_left=None
+):
     shapes = {"head_dim": head_dim, "head_dim_v": head_dim, "num_q_heads": hq, "num_kv_heads": hkv}
+    if window_left is not None:
+        shapes["window_left"] = window_left
     return Request.make("attention.prefill", {"q": dtype, "kv": dtype}, shapes, features)
 
 
@@ -122,6 +126,8 @@ def test_gluon_prefill_window_serves_sm90_windows_and_ranks_below_triton():
         assert reasons["gluon_prefill_window_sm90"] == ()
         assert selection.winner.name == "triton_prefill"
     reasons, _ = _verdict(_prefill_request(head_dim=128, dtype=torch.float16), "sm_90")
+    assert reasons["gluon_prefill_window_sm90"] == ()
+    reasons, _ = _verdict(_prefill_request(window_left=127), "sm_90")  # what the public call asks
     assert reasons["gluon_prefill_window_sm90"] == ()
     for arch in ("sm_100", "sm_80", "gfx942", "cpu"):
         reasons, _ = _verdict(_prefill_request(), arch)
@@ -136,6 +142,7 @@ def test_gluon_prefill_window_serves_sm90_windows_and_ranks_below_triton():
         ({"head_dim": 256}, "head_dim=256"),
         ({"hq": 64, "hkv": 2}, "GQA group of 32"),
         ({"dtype": torch.float32}, "float32"),
+        ({"window_left": 1025}, "window_left=1025 > 1024"),
     ],
 )
 def test_gluon_prefill_window_rejects_with_reasons(request_kw, needle):

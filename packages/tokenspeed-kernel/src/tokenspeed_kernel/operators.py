@@ -35,7 +35,8 @@ class OperatorSchema:
 
 
 _ATTENTION_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
-_ATTENTION_SHAPES = ("head_dim", "head_dim_v", "num_q_heads", "num_kv_heads")
+# window_left is present only for windowed calls (>= 0), so a predicate can bound it.
+_ATTENTION_SHAPES = ("head_dim", "head_dim_v", "num_q_heads", "num_kv_heads", "window_left")
 
 OPERATORS: dict[str, OperatorSchema] = {
     schema.name: schema

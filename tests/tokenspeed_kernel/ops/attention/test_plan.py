@@ -317,3 +317,13 @@ def test_plan_run_under_torch_compile(inputs):
         torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
     finally:
         torch._dynamo.reset()
+
+
+def test_attention_request_carries_the_window_only_when_windowed():
+    heads = Heads(8, 2, 64, 64)
+    windowed = attention_request(
+        "attention.prefill", q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, heads=heads, window_left=127
+    )
+    assert windowed.shape("window_left") == 127 and "sliding_window" in windowed.features
+    dense = attention_request("attention.prefill", q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, heads=heads)
+    assert dense.shape("window_left") is None and "sliding_window" not in dense.features

@@ -118,6 +118,9 @@ def band_tiles(len_q: int, len_k: int, tile: int, block_t: int, block_n: int, wi
 def _supported(request: Request) -> str | None:
     if "sliding_window" not in request.features:
         return "no sliding window (window_left < 0): use the dense prefill"
+    window = request.shape("window_left")
+    if window is not None and window > MAX_WINDOW:
+        return f"window_left={window} > {MAX_WINDOW}: a band this wide is the dense prefill's job"
     d, dv = request.shape("head_dim"), request.shape("head_dim_v")
     if d is not None and dv is not None and d != dv:
         return f"head_dim_v={dv} differs from head_dim={d}"

@@ -66,8 +66,8 @@ def attention_request(
 
     Features: ``non_causal``, ``sliding_window``, ``sinks``, ``logit_cap``, ``return_lse``,
     ``fp8_kv`` (an fp8 cache), ``spec_decode`` (``q_len > 1``). Shapes: head dims, head
-    counts, and ``page_size`` / ``q_len`` where the operator has them. It is exactly the
-    request the public call builds for the same arguments.
+    counts, ``window_left`` when windowed, and ``page_size`` / ``q_len`` where the operator
+    has them. It is exactly the request the public call builds for the same arguments.
     """
     flags = (
         ("non_causal", not causal),
@@ -85,6 +85,8 @@ def attention_request(
         ("num_q_heads", heads.num_q_heads),
     ]
     shapes += [(key, value) for key, value in (("page_size", page_size), ("q_len", q_len)) if value is not None]
+    if window_left >= 0:
+        shapes.append(("window_left", window_left))
     return Request(
         op,
         (("kv", kv_dtype), ("q", q_dtype)),
