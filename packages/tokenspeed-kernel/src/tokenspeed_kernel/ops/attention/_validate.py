@@ -181,6 +181,45 @@ def check_paged_cache(
     return heads, page_size, None, None
 
 
+def check_decode(
+    q4: torch.Tensor,
+    k_cache: object,
+    v_cache: object,
+    page_table: object,
+    cache_seqlens: object,
+    max_seqlen_k: object,
+    *,
+    q_len: int,
+    k_scale: object,
+    v_scale: object,
+    softmax_scale: object,
+    window_left: object,
+    logit_cap: object,
+    return_lse: object,
+    override: object,
+    sinks: object,
+) -> tuple[Heads, int, torch.Tensor | None, torch.Tensor | None, float]:
+    """The checks ``mha_decode_with_kvcache`` and ``mha_decode_plan`` share: the paged cache
+    and tables against ``q4 [batch, q_len, Hq, D]`` (a real q or a placeholder of its shape),
+    ``max_seqlen_k >= q_len``, and the options. Returns heads, page size, the fp8 scales
+    and the resolved softmax scale."""
+    heads, page_size, ks, vs = check_paged_cache(
+        q4, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, q4.shape[0]
+    )
+    check_int("max_seqlen_k", max_seqlen_k, min_value=q_len)
+    scale = check_options(
+        q4,
+        heads,
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        override=override,
+        sinks=sinks,
+    )
+    return heads, page_size, ks, vs, scale
+
+
 def _fail(message: str) -> None:
     raise ValueError(f"{message} (TOKENSPEED_KERNEL_DEBUG check)")
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 import torch
 
 from tokenspeed_kernel import config
-from tokenspeed_kernel.ops._checks import ACT_DTYPES, check_int, check_same_device, check_tensor, dtype_name
+from tokenspeed_kernel.ops._checks import ACT_DTYPES, check_same_device, check_tensor, dtype_name
 from tokenspeed_kernel.ops._dispatch import dispatch
 from tokenspeed_kernel.ops.attention import _custom_ops  # noqa: F401  (defines torch.ops.tokenspeed_kernel.mha_*)
 from tokenspeed_kernel.ops.attention._validate import (
     check_cu_seqlens,
+    check_decode,
     check_heads,
     check_options,
     check_out,
@@ -439,20 +440,11 @@ def mha_decode_with_kvcache(
     q_len = q4.shape[1]
     if q_len < 1:
         raise ValueError(f"q must hold at least one query per sequence, got shape {list(q.shape)}")
-    heads, page_size, ks, vs = check_paged_cache(
-        q4, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, batch
-    )
-    check_int("max_seqlen_k", max_seqlen_k, min_value=q_len)
-    scale = check_options(
-        q,
-        heads,
-        softmax_scale=softmax_scale,
-        window_left=window_left,
-        logit_cap=logit_cap,
-        return_lse=return_lse,
-        override=override,
-        sinks=sinks,
-    )
+    heads, page_size, ks, vs, scale = check_decode(
+        q4, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, q_len=q_len, k_scale=k_scale,
+        v_scale=v_scale, softmax_scale=softmax_scale, window_left=window_left, logit_cap=logit_cap,
+        return_lse=return_lse, override=override, sinks=sinks,
+    )  # fmt: skip
     out_shape = (*q.shape[:-1], heads.head_dim_v)
     out = check_out(out, out_shape, q)
 

@@ -38,9 +38,8 @@ from tokenspeed_kernel.ops._checks import ACT_DTYPES, check_int, check_tensor, d
 from tokenspeed_kernel.ops._dispatch import capture_signature, check_capturable, is_capturing, record
 from tokenspeed_kernel.ops.attention._validate import (
     KV_CACHE_DTYPES,
-    check_options,
+    check_decode,
     check_out,
-    check_paged_cache,
     debug_check_pages,
 )
 from tokenspeed_kernel.ops.attention.api import _result, _signature, attention_request
@@ -261,20 +260,11 @@ def mha_decode_plan(
         raise TypeError(f"capturable must be a bool, got {type(capturable).__name__}")
     batch, device = page_table.shape[0], k_cache.device
     q_like = _placeholder((batch, q_len, num_q_heads, k_cache.shape[-1]), q_dtype, device)
-    heads, page_size, ks, vs = check_paged_cache(
-        q_like, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, batch
-    )
-    check_int("max_seqlen_k", max_seqlen_k, min_value=q_len)
-    scale = check_options(
-        q_like,
-        heads,
-        softmax_scale=softmax_scale,
-        window_left=window_left,
-        logit_cap=logit_cap,
-        return_lse=return_lse,
-        override=override,
-        sinks=sinks,
-    )
+    heads, page_size, ks, vs, scale = check_decode(
+        q_like, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, q_len=q_len, k_scale=k_scale,
+        v_scale=v_scale, softmax_scale=softmax_scale, window_left=window_left, logit_cap=logit_cap,
+        return_lse=return_lse, override=override, sinks=sinks,
+    )  # fmt: skip
     if config.debug():
         debug_check_pages(page_table, cache_seqlens, [q_len] * batch, page_size, k_cache.shape[0], max_seqlen_k)
     request = attention_request(
