@@ -1,6 +1,6 @@
 """nox sessions, one per vendor, plus lint.
 
-    nox -s tests    core + reference + Triton kernels under the interpreter (CPU, what CI runs)
+    nox -s tests    core + reference + Triton kernels under the interpreter + the GPT-OSS example (CPU)
     nox -s amd      AMD wheel: ahead-of-time gfx942/gfx950 compile-and-inspect tests (CPU);
                     numerics too when a ROCm GPU is present
     nox -s nvidia   NVIDIA wheel: registration, capability gating, sm_90 compile tests (CPU);
@@ -49,9 +49,11 @@ def _require(session: nox.Session, package: str) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Core, reference backend and Triton kernels (interpreter) on CPU."""
+    """Core, reference backend, Triton kernels (interpreter) and the GPT-OSS example on CPU."""
     _install(session, TRITON)
-    session.run("pytest", "tests/tokenspeed_kernel", "tests/tokenspeed_kernel_triton", *session.posargs)
+    session.run(
+        "pytest", "tests/tokenspeed_kernel", "tests/tokenspeed_kernel_triton", "tests/examples", *session.posargs
+    )
 
 
 @nox.session

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One device call that verifies the opt-in kernels still waiting for a GPU (ci/device/README.md):
+#   1. triton_fused_moe_mx (tl.dot_scaled MXFP4 MoE): GPU numerics tests, then moe_bench.py --mx
+#   2. gluon_prefill_window_sm90 + gluon_decode_sm90: GPU numerics tests, then nvidia_bench.py
+#      (FlashInfer rows too when .whl-nvidia was carried and unpacked by this script)
+#   3. examples/gpt_oss end to end (short budget)
+# Each step has its own time budget and never stops the next one; results land in $OUT.
+#
+# Here:   rm -rf .whl && pip wheel -q --no-deps --no-build-isolation -w .whl packages/tokenspeed-kernel \
+#             packages/tokenspeed-kernel-triton packages/tokenspeed-kernel-nvidia
+#         (optional) bash ci/device/flashinfer_bundle.sh
+# Device: carry [".whl"] (and ".whl-nvidia"), command: bash ci/device/verify_pending.sh STEP...
+# with STEP in moe, nvidia, e2e (default: all three). A call may run 10 minutes at most:
+# `moe e2e` fits one call (~7 min), `nvidia` another (~6 min, longer with FlashInfer JIT).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --force-reinstall --no-deps --no-index .whl/*.whl || exit 1
+if [ -f .whl-nvidia/flashinfer-python.tar.xz ]; then
+  mkdir -p /tmp/site && tar -xJf .whl-nvidia/flashinfer-python.tar.xz -C /tmp/site
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl-nvidia/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+status=0
+steps=${*:-moe nvidia e2e}
+
+moe() {
+echo "== 1. triton_fused_moe_mx"
+timeout 120 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_triton/ops/moe/test_moe_mx.py \
+  -k gpu_numerics 2>&1 | tail -15 || status=1
+timeout 260 python3 ci/device/moe_bench.py --mx --budget 230 --json "$OUT/moe_mx.json" 2>&1 | tail -40 || status=1
+}
+
+nvidia() {
+echo "== 2. Gluon sm_90 kernels (and FlashInfer when present)"
+timeout 120 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_gluon_prefill_gpu.py \
+  2>&1 | tail -15 || status=1
+BUDGET_S=${NVIDIA_BUDGET_S:-240} timeout 400 python3 ci/device/nvidia_bench.py 2>&1 | tail -60 || status=1
+}
+
+e2e() {
+echo "== 3. examples/gpt_oss end to end"
+timeout 200 python3 ci/device/e2e_bench.py --rows torch,selector,nvidia --budget-s 90 --rep-ms 60 2>&1 | tail -30 || status=1
+}
+
+for step in $steps; do
+  case $step in
+    moe | nvidia | e2e) "$step" ;;
+    *) echo "unknown step $step (expected moe, nvidia, e2e)"; status=2 ;;
+  esac
+done
+exit $status
