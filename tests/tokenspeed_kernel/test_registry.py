@@ -82,7 +82,14 @@ def test_priority_bands():
     assert Priority.band(0) is Priority.REFERENCE
     assert Priority.band(250) is Priority.PERFORMANT
     assert Priority.band(10_000) is Priority.PLUGIN
-    assert Priority.REFERENCE < Priority.PORTABLE < Priority.PERFORMANT < Priority.SPECIALIZED < Priority.PLUGIN
+    assert (
+        Priority.REFERENCE
+        < Priority.OPT_IN
+        < Priority.PORTABLE
+        < Priority.PERFORMANT
+        < Priority.SPECIALIZED
+        < Priority.PLUGIN
+    )
 
 
 def test_request_make_is_canonical_and_hashable():

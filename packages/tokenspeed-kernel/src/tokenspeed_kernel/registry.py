@@ -81,6 +81,9 @@ class Priority(enum.IntEnum):
     (``Priority.PERFORMANT + 10``); the band is the largest one not above the value."""
 
     REFERENCE = 0
+    # Built and tested off the device but not yet shown correct and faster on a GPU: chosen
+    # only by an override or where no portable kernel serves the request.
+    OPT_IN = 50
     PORTABLE = 100
     PERFORMANT = 200
     SPECIALIZED = 300

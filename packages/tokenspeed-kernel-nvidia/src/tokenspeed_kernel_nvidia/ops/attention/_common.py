@@ -15,12 +15,12 @@ PAGE_SIZES = tuple(2**i for i in range(9))  # 1 .. 256
 # FlashInfer's FA2 templates need Ampere-class features (bf16 MMA, cp.async): sm_80 and newer.
 FLASHINFER_CAPABILITIES = ("bf16", "cp_async")
 FLASHINFER_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
-# Opt-in band, just below the portable Triton kernels: a kernel here is selected only where
+# Opt-in band, below the portable Triton kernels: a kernel here is selected only where
 # no Triton kernel serves the request, or when named by an override. The FlashInfer kernels
 # have not yet passed numerics on a GPU, and the Gluon decode measured 2.66 TB/s against the
 # Triton decode's 2.76 TB/s at B=64 ctx 8192 (docs/benchmarks.md). A kernel moves up to
 # Priority.PERFORMANT once a device run shows it correct and faster than Triton.
-OPT_IN = Priority.PORTABLE - 10
+OPT_IN = Priority.OPT_IN
 
 
 def same_head_dims(request: Request) -> str | None:

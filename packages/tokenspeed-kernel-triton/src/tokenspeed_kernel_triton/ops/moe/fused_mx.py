@@ -202,7 +202,7 @@ MX_REGISTRATION = {
     "capabilities": ("bf16",),
     "dtypes": {"x": tuple(A_FORMATS), "weight": (torch.uint8,)},
     "features": ("silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4"),
-    "priority": Priority.PORTABLE - 10,
+    "priority": Priority.OPT_IN,
     "predicate": mx_predicate,
     "available": dot_scaled_missing,
     "prepare": prepare_moe_mx,
