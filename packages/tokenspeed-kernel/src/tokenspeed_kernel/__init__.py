@@ -24,7 +24,7 @@ from tokenspeed_kernel.ops.attention import (
     mha_prefill,
 )
 from tokenspeed_kernel.ops.kvcache import store_kvcache, store_request
-from tokenspeed_kernel.ops.moe import MoEPlan, moe_apply, moe_plan, moe_topk
+from tokenspeed_kernel.ops.moe import MoEPlan, moe_apply, moe_apply_request, moe_plan, moe_topk, moe_topk_request
 from tokenspeed_kernel.platform import Platform, current_platform, platform_for
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, backends, kernels, register_kernel
@@ -54,8 +54,10 @@ __all__ = [
     "mha_extend_with_kvcache",
     "mha_prefill",
     "moe_apply",
+    "moe_apply_request",
     "moe_plan",
     "moe_topk",
+    "moe_topk_request",
     "platform_for",
     "register_kernel",
     "select",

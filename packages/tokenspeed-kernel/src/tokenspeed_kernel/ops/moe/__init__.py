@@ -5,7 +5,7 @@ runs the chosen experts and combines their outputs; ``moe_plan`` selects a kerne
 for fixed weights and lets it repack them (see :class:`MoEPlan`).
 """
 
-from tokenspeed_kernel.ops.moe.api import moe_apply, moe_topk
+from tokenspeed_kernel.ops.moe.api import moe_apply, moe_apply_request, moe_topk, moe_topk_request
 from tokenspeed_kernel.ops.moe.plan import MoEPlan, moe_plan
 
-__all__ = ["MoEPlan", "moe_apply", "moe_plan", "moe_topk"]
+__all__ = ["MoEPlan", "moe_apply", "moe_apply_request", "moe_plan", "moe_topk", "moe_topk_request"]

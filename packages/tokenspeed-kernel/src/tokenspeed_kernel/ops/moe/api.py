@@ -21,6 +21,7 @@ from tokenspeed_kernel.ops._checks import ACT_DTYPES, check_choice, check_int, c
 from tokenspeed_kernel.ops._dispatch import dispatch
 from tokenspeed_kernel.ops.moe import _custom_ops
 from tokenspeed_kernel.ops.moe._validate import (
+    WeightInfo,
     apply_request,
     apply_signature,
     check_activation_quant,
@@ -31,10 +32,58 @@ from tokenspeed_kernel.ops.moe._validate import (
     topk_request,
 )
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, TopKArgs, Weight
+from tokenspeed_kernel.registry import Request
 
-__all__ = ["SCORINGS", "moe_apply", "moe_topk"]
+__all__ = ["SCORINGS", "WEIGHT_FORMATS", "moe_apply", "moe_apply_request", "moe_topk", "moe_topk_request"]
 
 SCORINGS = ("softmax", "sigmoid")
+# Weight format -> how its values are stored (None: in x's dtype).
+WEIGHT_FORMATS: dict[str, torch.dtype | None] = {
+    "plain": None,
+    "mxfp4": torch.uint8,
+    "fp8_per_tensor": torch.float8_e4m3fn,
+    "fp8_per_channel": torch.float8_e4m3fn,
+    "fp8_block": torch.float8_e4m3fn,
+}
+
+
+def moe_apply_request(
+    *,
+    x_dtype: torch.dtype,
+    num_experts: int,
+    top_k: int,
+    hidden: int,
+    intermediate: int,
+    weight_format: str = "plain",
+    activation: str = "silu",
+    bias: bool = False,
+    expert_map: bool = False,
+    activation_quant: str | None = None,
+    num_tokens: int | None = None,
+) -> Request:
+    """The selector request of a ``moe_apply`` call (``num_tokens=None``: of a ``moe_plan``),
+    built from plain shapes, so ``select``/``explain`` can say which kernel would serve a
+    model's MoE before any weight exists. ``num_experts`` is the experts the weights hold
+    (local experts with a map); ``weight_format`` one of :data:`WEIGHT_FORMATS`. It is
+    exactly the request the public call builds for the same arguments."""
+    check_choice("weight_format", weight_format, tuple(WEIGHT_FORMATS))
+    storage = WEIGHT_FORMATS[weight_format] or x_dtype
+    info = WeightInfo(num_experts, hidden, intermediate, weight_format, storage, num_experts)
+    return apply_request(
+        info, x_dtype=x_dtype, top_k=top_k, num_tokens=num_tokens, activation=activation,
+        has_bias=bias, has_map=expert_map, activation_quant=activation_quant,
+    )  # fmt: skip
+
+
+def moe_topk_request(
+    *, logits_dtype: torch.dtype, num_experts: int, top_k: int, scoring: str = "softmax", renormalize: bool = True
+) -> Request:
+    """The selector request of a ``moe_topk`` call, built from plain shapes (see
+    :func:`moe_apply_request`)."""
+    check_choice("scoring", scoring, SCORINGS)
+    return topk_request(
+        logits_dtype=logits_dtype, num_experts=num_experts, top_k=top_k, scoring=scoring, renormalize=renormalize
+    )
 
 
 def _check_override(override: object) -> str | None:
