@@ -10,6 +10,7 @@ and FlashInfer work stops at a time budget (BUDGET_S) so the call ends inside it
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -201,6 +202,24 @@ def copy_bandwidth():
     return 2 * x.numel() / ms / 1e9  # TB/s read+write
 
 
+def _time_kernels(row: dict, case: str, kernels, call) -> None:
+    """Time ``call(name)`` for each kernel name into ``row`` (first-call time recorded apart);
+    FlashInfer past the budget is skipped, errors are recorded, never raised."""
+    for name in kernels:
+        if name.startswith("flashinfer") and elapsed() > BUDGET_S:
+            row[name] = "skipped (time budget)"
+            continue
+        try:
+            fn = functools.partial(call, name)
+            t = time.time()
+            fn()
+            torch.cuda.synchronize()
+            RESULTS["first_call_s"][f"{name} {case}"] = time.time() - t
+            row[name] = bench_ms(fn)
+        except Exception as exc:
+            row[name] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+
+
 def bench_decode(batch, ctx, sinks, kernels):
     from tokenspeed_kernel import mha_decode_with_kvcache
 
@@ -211,19 +230,9 @@ def bench_decode(batch, ctx, sinks, kernels):
     nbytes = 2 * batch * ctx * hkv * d * 2
     case = f"decode B={batch} ctx={ctx}{' sinks' if sinks else ''}"
     row = {"case": case, "bytes": nbytes}
-    for name in kernels:
-        if name.startswith("flashinfer") and elapsed() > BUDGET_S:
-            row[name] = "skipped (time budget)"
-            continue
-        try:
-            fn = lambda name=name: mha_decode_with_kvcache(q, k, v, pt, sl, ctx, sinks=sk, override=name)  # noqa: E731
-            t = time.time()
-            fn()
-            torch.cuda.synchronize()
-            RESULTS["first_call_s"][f"{name} {case}"] = time.time() - t
-            row[name] = bench_ms(fn)
-        except Exception as exc:
-            row[name] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+    _time_kernels(
+        row, case, kernels, lambda name: mha_decode_with_kvcache(q, k, v, pt, sl, ctx, sinks=sk, override=name)
+    )
     # torch baselines: gather pages then SDPA (GQA), and SDPA on a contiguous cache (no sinks)
     pages = pt[:, : ctx // page].long()
     qq = q[:, :, None]  # [B, Hq, 1, D]
@@ -254,19 +263,10 @@ def bench_prefill(seq, window, sinks, kernels):
     flops = 4 * hq * d * keys_seen
     case = f"prefill S={seq}{' window=' + str(window) if window >= 0 else ''}{' sinks' if sinks else ''}"
     row = {"case": case, "flops": flops}
-    for name in kernels:
-        if name.startswith("flashinfer") and elapsed() > BUDGET_S:
-            row[name] = "skipped (time budget)"
-            continue
-        try:
-            fn = lambda name=name: mha_prefill(q, k, v, cu, cu, seq, seq, window_left=window, sinks=sk, override=name)  # noqa: E731
-            t = time.time()
-            fn()
-            torch.cuda.synchronize()
-            RESULTS["first_call_s"][f"{name} {case}"] = time.time() - t
-            row[name] = bench_ms(fn)
-        except Exception as exc:
-            row[name] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+    _time_kernels(
+        row, case, kernels,
+        lambda name: mha_prefill(q, k, v, cu, cu, seq, seq, window_left=window, sinks=sk, override=name),
+    )  # fmt: skip
     qt, kt, vt = (x.transpose(0, 1)[None] for x in (q, k, v))
     if window < 0:
         row["torch_sdpa_causal"] = bench_ms(
