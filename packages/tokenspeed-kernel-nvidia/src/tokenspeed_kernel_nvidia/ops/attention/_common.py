@@ -1,10 +1,18 @@
-"""Registration metadata shared by the NVIDIA attention kernels (data, not branches)."""
+"""Registration metadata shared by the NVIDIA attention kernels (data, not branches).
+
+Every kernel of this wheel registers at ``Priority.OPT_IN``, below the portable Triton
+kernels: it is selected only where no Triton kernel serves the request, or when named by an
+override. The FlashInfer kernels and the Gluon prefill have not yet passed numerics on a
+GPU, and the Gluon decode measured 2.66 TB/s against the Triton decode's 2.73-2.76 TB/s at
+B=64 ctx 8192 (docs/benchmarks.md). A kernel moves up to ``Priority.PERFORMANT`` once a
+device run shows it correct and faster than Triton.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from tokenspeed_kernel.registry import Priority, Request
+from tokenspeed_kernel.registry import Request
 
 VENDORS = ("cuda",)
 Q_DTYPES = (torch.bfloat16, torch.float16)
@@ -15,12 +23,6 @@ PAGE_SIZES = tuple(2**i for i in range(9))  # 1 .. 256
 # FlashInfer's FA2 templates need Ampere-class features (bf16 MMA, cp.async): sm_80 and newer.
 FLASHINFER_CAPABILITIES = ("bf16", "cp_async")
 FLASHINFER_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
-# Opt-in band, below the portable Triton kernels: a kernel here is selected only where
-# no Triton kernel serves the request, or when named by an override. The FlashInfer kernels
-# have not yet passed numerics on a GPU, and the Gluon decode measured 2.66 TB/s against the
-# Triton decode's 2.76 TB/s at B=64 ctx 8192 (docs/benchmarks.md). A kernel moves up to
-# Priority.PERFORMANT once a device run shows it correct and faster than Triton.
-OPT_IN = Priority.OPT_IN
 
 
 def same_head_dims(request: Request) -> str | None:

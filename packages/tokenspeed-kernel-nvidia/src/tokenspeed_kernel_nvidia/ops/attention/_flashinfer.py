@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from tokenspeed_kernel_nvidia.ops.attention._common import FLASHINFER_CAPABILITIES, OPT_IN, VENDORS, same_head_dims
+from tokenspeed_kernel.registry import Priority
+from tokenspeed_kernel_nvidia.ops.attention._common import FLASHINFER_CAPABILITIES, VENDORS, same_head_dims
 
 __all__ = [
     "LN2",
@@ -63,7 +64,7 @@ def flashinfer_registration(*, graph_safe: bool) -> dict[str, Any]:
         "solution": "flashinfer",
         "vendors": VENDORS,
         "capabilities": FLASHINFER_CAPABILITIES,
-        "priority": OPT_IN,
+        "priority": Priority.OPT_IN,
         "predicate": same_head_dims,
         "available": flashinfer_missing,
         "graph_safe": graph_safe,

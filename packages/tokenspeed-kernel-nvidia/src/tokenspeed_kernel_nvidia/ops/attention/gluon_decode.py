@@ -16,8 +16,8 @@ import torch
 import triton
 
 from tokenspeed_kernel.ops.attention.args import DecodeArgs
-from tokenspeed_kernel.registry import Request, register_kernel
-from tokenspeed_kernel_nvidia.ops.attention._common import OPT_IN, PAGE_SIZES, Q_DTYPES, VENDORS
+from tokenspeed_kernel.registry import Priority, Request, register_kernel
+from tokenspeed_kernel_nvidia.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS
 
 __all__ = ["GluonDecodeConfig", "decode_config", "gluon_decode"]
 
@@ -105,7 +105,7 @@ def _partials(device: torch.device, batch: int, heads: int, splits: int, head_di
     dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
     shapes={"head_dim": HEAD_DIMS, "page_size": PAGE_SIZES},
     features=("sinks", "sliding_window", "logit_cap", "return_lse"),
-    priority=OPT_IN,
+    priority=Priority.OPT_IN,
     predicate=_group_fits,
 )
 def gluon_decode(args: DecodeArgs) -> None:

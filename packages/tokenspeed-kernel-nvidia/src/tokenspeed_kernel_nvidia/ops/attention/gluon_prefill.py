@@ -18,8 +18,8 @@ import torch
 import triton
 
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
-from tokenspeed_kernel.registry import Request, register_kernel
-from tokenspeed_kernel_nvidia.ops.attention._common import OPT_IN, Q_DTYPES, VENDORS
+from tokenspeed_kernel.registry import Priority, Request, register_kernel
+from tokenspeed_kernel_nvidia.ops.attention._common import Q_DTYPES, VENDORS
 
 __all__ = [
     "MAX_WINDOW",
@@ -160,7 +160,7 @@ def _kv_descriptor(x: torch.Tensor, cfg: GluonPrefillConfig, layout):
     dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
     shapes={"head_dim": HEAD_DIMS},
     features=("sinks", "sliding_window", "logit_cap", "return_lse"),
-    priority=OPT_IN,
+    priority=Priority.OPT_IN,
     predicate=_supported,
 )
 def gluon_prefill_window(args: PrefillArgs) -> None:

@@ -29,6 +29,7 @@ is never called while a stream is capturing.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -181,21 +182,11 @@ class DecodePlan:
         rows = self.batch * self.q_len
         lse = torch.empty((rows, heads.num_q_heads), dtype=torch.float32, device=q.device) if self.return_lse else None
         self.spec.fn(
-            DecodeArgs(
-                q4,
-                self.k_cache,
-                self.v_cache,
-                self.page_table,
-                self.cache_seqlens,
-                self.max_seqlen_k,
-                self.softmax_scale,
-                self.window_left,
-                self.sinks,
-                self.logit_cap,
-                self.k_scale,
-                self.v_scale,
-                out.view(self.batch, self.q_len, heads.num_q_heads, heads.head_dim_v),
-                None if lse is None else lse.view(self.batch, self.q_len, heads.num_q_heads),
+            dataclasses.replace(
+                self._layout_args,  # the planned caches, tables and options; this run's q/out/lse
+                q=q4,
+                out=out.view(self.batch, self.q_len, heads.num_q_heads, heads.head_dim_v),
+                lse=None if lse is None else lse.view(self.batch, self.q_len, heads.num_q_heads),
             )
         )
         return _result(out, lse, self.return_lse)
