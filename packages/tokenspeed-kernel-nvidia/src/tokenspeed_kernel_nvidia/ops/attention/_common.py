@@ -3,8 +3,8 @@
 Every kernel of this wheel registers at ``Priority.OPT_IN``, below the portable Triton
 kernels: it is selected only where no Triton kernel serves the request, or when named by an
 override. The FlashInfer kernels and the Gluon prefill have not yet passed numerics on a
-GPU, and the Gluon decode measured 2.66 TB/s against the Triton decode's 2.73-2.76 TB/s at
-B=64 ctx 8192 (docs/benchmarks.md). A kernel moves up to ``Priority.PERFORMANT`` once a
+GPU, and the Gluon decode measured 2.66 TB/s at B=64 ctx 8192, the Triton
+decode 2.73 TB/s in another run (docs/benchmarks.md). A kernel moves up to ``Priority.PERFORMANT`` once a
 device run shows it correct and faster than Triton.
 """
 
