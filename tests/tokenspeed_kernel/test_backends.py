@@ -5,6 +5,7 @@ on ``sys.path``: importlib.metadata then discovers it exactly as it discovers an
 wheel, so the real discovery path is exercised without pip.
 """
 
+import dataclasses
 import logging
 import pathlib
 import sys
@@ -14,9 +15,10 @@ import pytest
 import torch
 
 from tokenspeed_kernel import config, registry
+from tokenspeed_kernel.cli import main
 from tokenspeed_kernel.platform import platform_from_arch
 from tokenspeed_kernel.registry import Request
-from tokenspeed_kernel.selector import explain
+from tokenspeed_kernel.selector import NOT_GRAPH_SAFE, explain
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE_SRC = REPO / "docs" / "examples" / "plugin" / "src"
@@ -43,7 +45,7 @@ def plugin_path(tmp_path, monkeypatch):
     for status in registry.backends():
         if status.name not in loaded_before:
             registry.unload_backend(status.name)
-    for name in [m for m in sys.modules if m.startswith(("tokenspeed_kernel_example_plugin", "ts_broken_plugin"))]:
+    for name in [m for m in sys.modules if m.startswith(("tokenspeed_kernel_example_plugin", "ts_"))]:
         del sys.modules[name]
 
 
@@ -66,6 +68,31 @@ def test_backends_load_lazily_not_at_import():
     assert out == ["0", "True"]
 
 
+def test_backends_load_on_the_first_selection_once():
+    import subprocess
+
+    code = textwrap.dedent(
+        """
+        import sys
+        import torch
+        import tokenspeed_kernel
+        from tokenspeed_kernel import registry
+        assert not registry._backends and not registry._loaded
+        assert not [m for m in sys.modules if m.startswith("tokenspeed_kernel_")], "a backend was imported"
+        tokenspeed_kernel.moe_topk(torch.randn(3, 8), 2)  # the first selection loads every backend
+        assert registry._loaded and registry._backends["reference"].state == "loaded"
+        def again(*args, **kwargs):
+            raise AssertionError("backends discovered a second time")
+        registry._load_one = again
+        tokenspeed_kernel.moe_topk(torch.randn(5, 8), 2)  # another request: selects, discovers nothing
+        tokenspeed_kernel.kernels(), tokenspeed_kernel.backends()
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.split() == ["ok"], result.stderr
+
+
 def test_example_plugin_is_discovered_and_wins(plugin_path):
     _fake_install(
         plugin_path, "tokenspeed_kernel_example_plugin", {"example": "tokenspeed_kernel_example_plugin:register"}
@@ -82,6 +109,32 @@ def test_example_plugin_is_discovered_and_wins(plugin_path):
     sel = explain(spec_decode, platform=cpu)
     assert sel.winner.name != "example_sdpa_decode"
     assert "does not support {spec_decode}" in sel.table()
+    # It reads lengths on the host, says so, and is passed over for a CUDA-graph capture.
+    capturable = dataclasses.replace(DECODE, capturable=True)
+    cand = next(c for c in explain(capturable, platform=cpu).candidates if c.spec.name == "example_sdpa_decode")
+    assert cand.reasons == (NOT_GRAPH_SAFE,)
+
+
+def test_an_entry_point_naming_a_module_registers_on_import(plugin_path):
+    _fake_install(
+        plugin_path,
+        "ts_module_plugin",
+        {"module_form": "ts_module_plugin"},
+        {
+            "ts_module_plugin": """
+            from tokenspeed_kernel.registry import Priority, register_kernel
+
+            @register_kernel("moe.topk", name="module_form_topk", solution="test", priority=Priority.PLUGIN,
+                             features=("softmax", "renormalize"))
+            def topk(args):
+                raise NotImplementedError
+            """
+        },
+    )
+    registry.load_backends(force=True)
+    status = {b.name: b for b in registry.backends()}["module_form"]
+    assert (status.state, status.target, status.kernels) == ("loaded", "ts_module_plugin", ["module_form_topk"])
+    assert registry.get_kernel("module_form_topk").backend == "module_form"
 
 
 def test_example_plugin_computes_decode(plugin_path):
@@ -104,7 +157,7 @@ def test_example_plugin_computes_decode(plugin_path):
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 
 
-def test_failing_backend_is_skipped_and_rolled_back(plugin_path, caplog):
+def test_failing_backend_is_skipped_and_rolled_back(plugin_path, caplog, capsys):
     _fake_install(
         plugin_path,
         "ts_broken_plugin",
@@ -124,6 +177,9 @@ def test_failing_backend_is_skipped_and_rolled_back(plugin_path, caplog):
     assert "broken_half_registered" not in {k.name for k in registry.kernels()}
     assert "failed to load and is skipped" in caplog.text
     assert {b.name: b for b in registry.backends()}["reference"].state == "loaded"
+    assert main(["list", "moe.topk"]) == 0  # the CLI names the failure and carries on
+    out = capsys.readouterr().out
+    assert "broken       failed    ts_broken_plugin: ImportError: libmissing.so" in out and "torch_moe_topk" in out
 
 
 def test_disabled_backend_is_not_imported(plugin_path, env):

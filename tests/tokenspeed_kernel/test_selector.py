@@ -114,6 +114,13 @@ def test_malformed_env_override(env):
         select(REQ, H100)
 
 
+def test_env_override_naming_an_unknown_operator_is_an_error(env):
+    env(config.OVERRIDE_ENV, "attention.decod=torch_decode")
+    with pytest.raises(KernelOverrideError, match=r"names unknown operators \['attention.decod'\]"):
+        select(REQ, H100)
+    assert select(REQ, H100, override="torch_decode").name == "torch_decode"  # a per-call override wins
+
+
 def test_platform_override_env_drives_selection(temp_kernels, env):
     temp_kernels(
         "attention.decode",

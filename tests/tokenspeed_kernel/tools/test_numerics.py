@@ -23,6 +23,20 @@ def test_reference_kernels_pass_small_preset_on_every_op():
     assert "6 passed, 0 failed, 0 skipped" in stream.getvalue()
 
 
+def test_table_shows_the_tolerance_each_row_is_held_to():
+    stream = io.StringIO()
+    report = check(["attention.decode", "kvcache.store"], preset="small", device="cpu", stream=stream)
+    decode, store = report.rows
+    assert (decode.tol_rel_l2, decode.tol_max_abs) == (1e-2, 3e-2)  # bf16 attention
+    assert (store.tol_rel_l2, store.tol_max_abs) == (0.0, 0.0)  # the store must be exact
+    lines = stream.getvalue().splitlines()
+    assert "tol l2/abs" in lines[1]
+    assert " 0.01/0.03  " in next(line for line in lines if "torch_decode" in line)
+    assert " 0/0  " in next(line for line in lines if "torch_store_kvcache" in line)
+    assert lines[-2].startswith("pass: no NaN, rel_l2 <= tol l2 and max_abs <= tol abs * (1 + max|ref|)")
+    assert lines[-1] == "2 passed, 0 failed, 0 skipped"  # the summary stays last
+
+
 def test_a_wrong_kernel_fails_and_an_unfit_one_is_skipped(temp_kernels):
     def wrong(args):
         args.out.copy_(torch.zeros_like(args.out))  # forgets the attention entirely

@@ -8,7 +8,8 @@ so the choice is deterministic).
 
 Overrides: a per-call ``override="name"`` wins over ``TOKENSPEED_KERNEL_OVERRIDE``, which
 wins over ranking. An override naming a kernel that cannot serve the request raises
-:class:`KernelOverrideError` with that kernel's reasons.
+:class:`KernelOverrideError` with that kernel's reasons; so does an environment override
+naming an operator that does not exist.
 
 Results are cached per (platform, request, override): a hot call pays one dict lookup.
 """
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenspeed_kernel import config, registry
+from tokenspeed_kernel.operators import OPERATORS
 from tokenspeed_kernel.platform import Platform, current_platform
 from tokenspeed_kernel.registry import KernelSpec, Request
 
@@ -139,8 +141,21 @@ def evaluate(request: Request, platform: Platform | None = None) -> tuple[Candid
     return tuple(Candidate(spec, _reasons(spec, request, platform)) for spec in registry.kernels(request.op))
 
 
+def _env_overrides() -> dict[str, str]:
+    """``TOKENSPEED_KERNEL_OVERRIDE`` as ``{operator: kernel}``; :class:`KernelOverrideError`
+    when it names an operator that does not exist (a misspelt key would otherwise be
+    silently ignored and the override never applied)."""
+    overrides = config.kernel_overrides()
+    unknown = sorted(set(overrides) - set(OPERATORS))
+    if unknown:
+        raise KernelOverrideError(
+            f"{config.OVERRIDE_ENV} names unknown operators {unknown}; known operators: {', '.join(OPERATORS)}"
+        )
+    return overrides
+
+
 def _override_for(request: Request, override: str | None) -> str | None:
-    return override or config.kernel_overrides().get(request.op)
+    return override or _env_overrides().get(request.op)
 
 
 def _decide(request: Request, platform: Platform, override: str | None) -> Selection:

@@ -4,7 +4,9 @@ It registers one kernel for ``attention.decode``: gather each sequence's pages i
 contiguous K/V and call ``torch.nn.functional.scaled_dot_product_attention`` with a
 boolean mask. It serves only what that can do (one query per sequence, no sinks, no logit
 cap, no LSE, no fp8 cache) and says so in its metadata, so ``explain`` shows why it is
-passed over for other requests. Priority ``PLUGIN`` makes it win where it can serve.
+passed over for other requests. Priority ``PLUGIN`` makes it win where it can serve. It
+reads the sequence lengths on the host, so it declares ``graph_safe=False``: a request
+marked ``capturable`` (CUDA-graph capture) passes it over.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def register() -> None:
         features=("sliding_window",),
         priority=Priority.PLUGIN,
         predicate=_one_query_per_sequence,
+        graph_safe=False,  # sdpa_decode reads cache_seqlens on the host
     )(sdpa_decode)
 
 

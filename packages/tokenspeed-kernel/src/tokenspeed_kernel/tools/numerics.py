@@ -33,7 +33,9 @@ class CheckRow:
     """One kernel on one case: PASS, FAIL or SKIP (with the reason).
 
     ``max_abs``/``rel_l2``/``max_rel`` are the worst over the case's outputs (``out`` and
-    ``lse``; the top-k weights; the two caches); ``tolerance`` says what they were held to.
+    ``lse``; the top-k weights; the two caches); ``tolerance`` says in words what they were
+    held to, ``tol_rel_l2``/``tol_max_abs`` are the same bounds as numbers (``max_abs`` is
+    held to ``tol_max_abs * (1 + max|ref|)``).
     """
 
     op: str
@@ -45,6 +47,8 @@ class CheckRow:
     tolerance: str = ""
     reason: str = ""
     max_rel: float = float("nan")
+    tol_rel_l2: float = float("nan")
+    tol_max_abs: float = float("nan")
 
     @property
     def passed(self) -> bool:
@@ -70,13 +74,23 @@ class CheckReport:
         return not self.failed and bool(self.passed)
 
     def table(self) -> str:
-        head = f"{'status':<6} {'op':<18} {'kernel':<28} {'max_abs':>10} {'rel_l2':>10} {'max_rel':>10}  case"
+        """Each row with its errors and the tolerance they were held to (``tol l2/abs``:
+        the ``rel_l2`` bound and the ``max_abs`` bound in units of ``1 + max|ref|``)."""
+        head = (
+            f"{'status':<6} {'op':<18} {'kernel':<28} {'max_abs':>10} {'rel_l2':>10} {'max_rel':>10} "
+            f"{'tol l2/abs':>13}  case"
+        )
         lines = [f"device: {self.device}", head, "-" * len(head)]
         for r in self.rows:
-            nums = f"{r.max_abs:>10.3g} {r.rel_l2:>10.3g} {r.max_rel:>10.3g}" if r.status != "SKIP" else " " * 32
+            if r.status == "SKIP":
+                nums = " " * 46
+            else:
+                tol = f"{r.tol_rel_l2:g}/{r.tol_max_abs:g}"
+                nums = f"{r.max_abs:>10.3g} {r.rel_l2:>10.3g} {r.max_rel:>10.3g} {tol:>13}"
             tail = f"  ({r.reason})" if r.reason else ""
             lines.append(f"{r.status:<6} {r.op:<18} {r.kernel:<28} {nums}  {r.case}{tail}")
-        lines.append(
+        lines.append("pass: no NaN, rel_l2 <= tol l2 and max_abs <= tol abs * (1 + max|ref|) (tools/tolerances.py)")
+        lines.append(  # the summary stays the last line (scripts read it)
             f"{len(self.passed)} passed, {len(self.failed)} failed, {len(self.rows) - len(self.passed) - len(self.failed)} skipped"
         )
         return "\n".join(lines)
@@ -171,7 +185,18 @@ def check(
                     continue
                 except Exception as exc:  # a crashing kernel is a failure of that row, not of the tool
                     reason = f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
-                    report.rows.append(CheckRow(op, case.describe(), name, "FAIL", reason=reason))
+                    report.rows.append(
+                        CheckRow(
+                            op,
+                            case.describe(),
+                            name,
+                            "FAIL",
+                            tolerance=tol.describe(),
+                            reason=reason,
+                            tol_rel_l2=tol.rel_l2,
+                            tol_max_abs=tol.max_abs,
+                        )
+                    )
                     continue
                 verdict = _judge(case, _outputs(case, result), ref)
                 report.rows.append(
@@ -185,6 +210,8 @@ def check(
                         tol.describe(),
                         "NaN in output" if verdict.has_nan else "",
                         verdict.max_rel,
+                        tol.rel_l2,
+                        tol.max_abs,
                     )
                 )
     if not quiet:
