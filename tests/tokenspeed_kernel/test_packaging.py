@@ -1,11 +1,16 @@
-"""Packaging promises: our modules come from packages/, the core names no vendor."""
+"""Packaging promises: our modules come from packages/, the core names no vendor, and the
+README's commands are the ones CI runs."""
 
 import pathlib
 import re
-
-import tomllib
+import sys
 
 import tokenspeed_kernel
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (our floor): pytest itself depends on tomli there
+    import tomli as tomllib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CORE = REPO / "packages" / "tokenspeed-kernel"
@@ -53,3 +58,27 @@ def test_core_source_names_no_vendor():
             if pattern.search(line):
                 offenders.append(f"{rel}:{lineno}: {line.strip()}")
     assert not offenders, "vendor names in the core:\n" + "\n".join(offenders)
+
+
+def _bash_blocks(markdown: str) -> list[list[str]]:
+    """The command lines of each fenced ```bash block."""
+    return [
+        [line.strip() for line in block.strip().splitlines() if line.strip()]
+        for block in re.findall(r"```bash\n(.*?)```", markdown, flags=re.DOTALL)
+    ]
+
+
+def test_readme_commands_match_ci():
+    """The README's quick start has the two commands of the issue (install + run the tools;
+    run the tests), and ``.ci/run`` installs the same local wheels and runs that test command."""
+    blocks = _bash_blocks((REPO / "README.md").read_text())
+    first, tests = blocks[0], blocks[1]
+    assert len(first) == 1 and "pip install -e packages/tokenspeed-kernel" in first[0]
+    assert "tokenspeed-kernel list" in first[0] and "tokenspeed-kernel check" in first[0]
+    test_command = tests[-1]
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert test_command in ci, f"{test_command!r} is not what .ci/run runs"
+    ci_text = "\n".join(ci)
+    for pkg in sorted(p.name for p in (REPO / "packages").iterdir()):
+        assert f"-e packages/{pkg}" in ci_text, f".ci/run does not install {pkg} from its local path"
+        assert f"-e packages/{pkg}" in "\n".join(first + tests), f"the README does not install {pkg}"

@@ -62,3 +62,23 @@ def test_no_capture_without_env(tmp_path):
     case = cases.awkward_cases("moe.topk", torch.float32)[0]
     cases.call(case, cases.make_inputs(case))
     assert not list(tmp_path.iterdir())
+
+
+def test_decode_plan_run_records_the_functional_signature(capture_file):
+    """``DecodePlan.run`` is a public call too: it records the same line as the functional
+    decode with the same arguments (so one line for both), and replays to the same request."""
+    from tokenspeed_kernel import mha_decode_plan, mha_decode_with_kvcache
+
+    case = cases.awkward_cases("attention.decode", torch.float32)[0]
+    inputs = cases.make_inputs(case)
+    paged = [inputs[name] for name in ("k_cache", "v_cache", "page_table", "cache_seqlens", "max_seqlen_k")]
+    options = {name: inputs[name] for name in ("window_left", "sinks", "logit_cap", "return_lse")}
+    plan = mha_decode_plan(*paged, num_q_heads=case.num_q_heads, **options)
+    for _ in range(2):
+        plan.run(inputs["q"])
+    lines = capture_file.read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["kernel"] == plan.kernel
+    mha_decode_with_kvcache(**inputs)
+    assert capture_file.read_text().splitlines() == lines
+    (replayed,) = read_capture(str(capture_file))
+    assert cases.request(replayed) == cases.request(case)

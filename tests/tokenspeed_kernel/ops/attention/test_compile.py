@@ -118,3 +118,41 @@ def test_opcheck_decode():
         "torch_decode",
     )
     torch.library.opcheck(torch.ops.tokenspeed_kernel.mha_decode_with_kvcache.default, args)
+
+
+def _opcheck_args(case, inputs, kernel):
+    """The custom op's positional arguments for one case (fp8 scales as float32 [1] tensors)."""
+    d = dict(inputs)
+    scales = [torch.tensor([float(d[name])]) if d.get(name) is not None else None for name in ("k_scale", "v_scale")]
+    if case.op == "kvcache.store":
+        return (d["k"], d["v"], d["k_cache"], d["v_cache"], d["slot_mapping"], *scales, kernel)
+    options = (case.causal, 0.25, case.window_left, d.get("sinks"), case.logit_cap)
+    if case.op == "attention.prefill":
+        tensors = (d["q"], d["k"], d["v"], d["cu_seqlens_q"], d["cu_seqlens_k"], d["max_seqlen_q"], d["max_seqlen_k"])
+        return (*tensors, *options, case.return_lse, kernel)
+    tensors = (d["q"], d["k_cache"], d["v_cache"], d["page_table"], d["cu_seqlens_q"], d["cache_seqlens"])
+    return (*tensors, d["max_seqlen_q"], d["max_seqlen_k"], *options, *scales, case.return_lse, kernel)
+
+
+@pytest.mark.parametrize(
+    ("op", "index"),
+    [
+        ("attention.prefill", 1),
+        ("attention.extend", 0),
+        ("attention.extend", 2),
+        ("kvcache.store", 0),
+        ("kvcache.store", 2),
+    ],
+    ids=str,
+)
+def test_opcheck_prefill_extend_store(op, index):
+    """The fake (meta) implementations agree with the real ones: shapes, dtypes, mutation."""
+    case = cases.awkward_cases(op, torch.float32)[index]
+    inputs = cases.make_inputs(case, seed=7)
+    kernel = "torch_store_kvcache" if op == "kvcache.store" else REFERENCE[op]
+    name = {"attention.prefill": "mha_prefill", "attention.extend": "mha_extend_with_kvcache"}.get(op, "store_kvcache")
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    if case.kv_dtype == torch.float8_e4m3fn:  # the schema check compares fp8 tensors with ops CPU lacks for fp8
+        utils = utils[1:]
+    op_overload = getattr(torch.ops.tokenspeed_kernel, name).default
+    torch.library.opcheck(op_overload, _opcheck_args(case, inputs, kernel), test_utils=utils)

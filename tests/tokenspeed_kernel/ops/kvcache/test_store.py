@@ -38,6 +38,8 @@ BAD = [
     ("slot_mapping", TypeError, "slot_mapping must have dtype in {int64}", lambda t: t.int()),
     ("slot_mapping", ValueError, r"slot_mapping must have shape \[22\]", lambda t: t[:3]),
     ("k_scale", ValueError, "apply to a float8_e4m3fn cache only", 1.0),
+    ("k", ValueError, "k must be contiguous", lambda t: t.transpose(0, 1).contiguous().transpose(0, 1)),
+    ("k_cache", ValueError, "k_cache must be contiguous", lambda t: t.transpose(0, 1).contiguous().transpose(0, 1)),
 ]
 
 
@@ -48,6 +50,17 @@ def test_store_rejects(arg, exc, match, change):
     inputs[arg] = change(inputs[arg]) if callable(change) else change
     with pytest.raises(exc, match=match):
         cases.call(case, inputs)
+
+
+def test_store_rejects_bad_overrides():
+    case = cases.awkward_cases("kvcache.store", torch.float32)[0]
+    inputs = cases.make_inputs(case)
+    with pytest.raises(TypeError, match="override must be a kernel name"):
+        cases.call(case, inputs, override=3)
+    with pytest.raises(ValueError, match="'nope' is not a kernel registered for kvcache.store"):
+        cases.call(case, inputs, override="nope")
+    with pytest.raises(ValueError, match="'torch_decode' is not a kernel registered for kvcache.store"):
+        cases.call(case, inputs, override="torch_decode")
 
 
 def test_store_debug_mode_checks_slots(monkeypatch):
