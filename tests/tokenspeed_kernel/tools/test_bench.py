@@ -133,3 +133,38 @@ def test_bench_json_rows_hold_every_field(tmp_path):
     assert (kernel["kind"], base["kind"], base["impl"]) == ("kernel", "baseline", "torch_topk")
     assert kernel["speedups"]["torch_topk"] == pytest.approx(base["ms"] / kernel["ms"])
     assert kernel["pct_copy"] is None  # no ceilings on a CPU
+
+
+def test_rows_give_the_share_of_the_device_ceilings():
+    """On a GPU each row is set against the measured ceilings: %copy from TB/s, %mma from TFLOP/s."""
+    from tokenspeed_kernel.tools.bench import _row
+    from tokenspeed_kernel.tools.ceilings import Ceilings
+
+    case = MoECase("moe.apply", 3, 64, 32, 8, 2, torch.float32)
+    row = _row(case, "k", "kernel", 0.5, Ceilings("gpu", copy_tb_s=2.0, matmul_tflop_s=100.0))
+    assert row.tflops == pytest.approx(case.flops() / 0.5e-3 / 1e12)
+    assert row.tbps == pytest.approx(case.bytes_moved() / 0.5e-3 / 1e12)
+    assert row.pct_copy == pytest.approx(100 * row.tbps / 2.0)
+    assert row.pct_matmul == pytest.approx(100 * row.tflops / 100.0)
+    assert _row(case, "k", "kernel", 0.5, None).pct_copy is None  # CPU: no ceilings
+
+
+def test_progress_bar_draws_on_a_terminal_only():
+    import io
+
+    from tokenspeed_kernel.tools.progress import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Terminal()
+    bar = Progress(4, stream=tty, width=8)
+    for label in "abcd":
+        bar.step(f"case {label}")
+    bar.done()
+    drawn = tty.getvalue()
+    assert "[........] 1/4 case a" in drawn and "[######..] 4/4 case d" in drawn and drawn.endswith("\r")
+    piped = io.StringIO()
+    Progress(4, stream=piped).step("x")
+    assert piped.getvalue() == ""
