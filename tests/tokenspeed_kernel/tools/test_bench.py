@@ -168,3 +168,20 @@ def test_progress_bar_draws_on_a_terminal_only():
     piped = io.StringIO()
     Progress(4, stream=piped).step("x")
     assert piped.getvalue() == ""
+
+
+def test_kernels_that_refuse_capture_are_timed_without_a_graph_attempt(monkeypatch):
+    """A kernel registered graph_safe=False is timed eagerly: no CUDA-graph capture is tried
+    (it would only raise inside the capture and leave an empty graph behind)."""
+    from tokenspeed_kernel.tools import bench as bench_module
+
+    graphs = []
+    real = bench_module.time_fn
+
+    def recording(fn, device, **kwargs):
+        graphs.append(kwargs.get("graph", True))
+        return real(fn, device, **kwargs)
+
+    monkeypatch.setattr(bench_module, "time_fn", recording)
+    bench(["moe.topk", "attention.decode"], preset="small", baselines=False, device="cpu", quiet=True)
+    assert graphs == [True, False]  # torch_moe_topk is graph-safe, torch_decode reads lengths on the host

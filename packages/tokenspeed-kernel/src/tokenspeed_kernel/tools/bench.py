@@ -7,7 +7,8 @@ time, TFLOP/s and TB/s from the case's counted work (``flops()``, ``bytes_moved(
 GPU the share of the measured copy bandwidth and bf16 matmul rate (:mod:`.ceilings`), and
 ``speedup vs <baseline> = baseline time / kernel time``. The kernel the selector picks is
 marked ``*``. On a GPU every implementation is timed through a CUDA graph where it can be
-captured (device time, as an engine's decode step runs); the rows say when it could not.
+captured (device time, as an engine's decode step runs; a kernel registered
+``graph_safe=False`` is not tried); the rows say when it could not.
 """
 
 from __future__ import annotations
@@ -169,7 +170,9 @@ def bench(
                 report.rows.append(BenchRow(op, case.describe(), impl, "kernel", note=str(exc).split(": ", 1)[-1]))
                 continue
             timing = time_fn(
-                lambda kname=kname, case=case, inputs=inputs: cases.call(case, inputs, override=kname), dev
+                lambda kname=kname, case=case, inputs=inputs: cases.call(case, inputs, override=kname),
+                dev,
+                graph=registry.get_kernel(impl).graph_safe,  # no capture attempt for a kernel that refuses it
             )
             row = _row(case, impl, "kernel", timing.median_ms, ceil)
             row.selected = impl == selected
