@@ -55,10 +55,10 @@ _TABLE: tuple[tuple[str, str, float, Tile], ...] = (
     ("rocm", "dense", float("inf"), Tile(64, 64, 64, 8, 4, 2)),
     ("rocm", "mx", 4, Tile(16, 32, 64, 1, 4, 2)),
     ("rocm", "mx", float("inf"), Tile(64, 64, 64, 8, 4, 2)),
-    # tl.dot_scaled (bf16 x e2m1): the best tiles of the H100 probe (docs/benchmarks.md) for
-    # one expert at M = 1, 16 (16 x 32), 128 (64 x 64) and 1024-4096 (128 x 128, 8 warps).
-    # Not yet swept inside the MoE: ci/device/moe_bench.py --mx sweeps them.
-    ("cuda", "mx_dot", 4, Tile(16, 32, 128, 1, 4, 3)),
+    # tl.dot_scaled (bf16 x e2m1): the H100 sweep of ci/device/moe_bench.py --mx at GPT-OSS
+    # shapes (docs/benchmarks.md, 2026-11-23): 16 x 64 wins every decode T (T=1 74 vs 94 us
+    # for 16 x 32, T=8 375 vs 546, T=64 1302 vs 2000); 64 x 64 at T=512, 128 x 128 at 4096.
+    ("cuda", "mx_dot", 4, Tile(16, 64, 128, 1, 4, 3)),
     ("cuda", "mx_dot", 16, Tile(16, 64, 128, 1, 4, 3)),
     ("cuda", "mx_dot", 48, Tile(64, 64, 128, 8, 4, 3)),
     ("cuda", "mx_dot", float("inf"), Tile(128, 128, 128, 8, 8, 3)),

@@ -1,4 +1,4 @@
-"""Triton fused MoE with a ``tl.dot_scaled`` MXFP4 main loop: ``triton_fused_moe_mx`` (opt-in).
+"""Triton fused MoE with a ``tl.dot_scaled`` MXFP4 main loop: ``triton_fused_moe_mx``.
 
 Same five launches as :mod:`.fused` (permutation, w13 GEMM + bias + activation, w2 GEMM +
 bias + routing weight, combine; host driver :func:`._driver.run_moe`), but the grouped GEMMs
@@ -16,11 +16,12 @@ instead of decoding E2M1 with integer arithmetic. MXFP4 weights and bf16 activat
   K when the grid is small; layer 1 then goes through a float32 partial buffer and
   :func:`._mx_gemm.split_finish_kernel`, layer 2 writes per-split rows the combine sums.
   Every launch size is a function of shapes: CUDA-graph capturable.
-- **Gating.** Registered below ``triton_fused_moe`` (opt-in: ``override=`` or
-  ``TOKENSPEED_KERNEL_OVERRIDE``) until its GPU numerics pass and it is measured faster
-  (``ci/device/moe_bench.py --mx``); unavailable under the Triton interpreter, which cannot
-  run ``tl.dot_scaled``. ROCm is allowed: the kernel compiles for gfx942 (Triton emulates
-  ``dot_scaled`` with bf16 MFMA) and gfx950 (``test_aot_compile_moe.py``), never run there.
+- **Gating.** Ranked above ``triton_fused_moe`` for MXFP4 weights: on an H100 its GPU
+  numerics pass and it is 1.21-1.44x faster at every T from 1 to 4096
+  (``ci/device/moe_bench.py --mx``, docs/benchmarks.md). Unavailable under the Triton
+  interpreter, which cannot run ``tl.dot_scaled``. ROCm is allowed but never measured: the
+  kernel compiles for gfx942 (Triton emulates ``dot_scaled`` with bf16 MFMA) and gfx950
+  (``test_aot_compile_moe.py``), and the AMD Gluon MoE kernels outrank it there.
 """
 
 from __future__ import annotations
@@ -195,14 +196,14 @@ def mx_predicate(request: Request) -> str | None:
     return experts_predicate(request)
 
 
-# Registration metadata (data). Opt-in: below triton_fused_moe until measured on a GPU.
+# Registration metadata (data). Above triton_fused_moe: measured correct and faster (H100).
 MX_REGISTRATION = {
     "solution": "triton",
     "vendors": VENDORS,
     "capabilities": ("bf16",),
     "dtypes": {"x": tuple(A_FORMATS), "weight": (torch.uint8,)},
     "features": ("silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4"),
-    "priority": Priority.OPT_IN,
+    "priority": Priority.PORTABLE + 10,
     "predicate": mx_predicate,
     "available": dot_scaled_missing,
     "prepare": prepare_moe_mx,
@@ -211,6 +212,5 @@ MX_REGISTRATION = {
 
 @register_kernel("moe.apply", name="triton_fused_moe_mx", **MX_REGISTRATION)
 def triton_fused_moe_mx(args: MoEApplyArgs) -> None:
-    """Grouped-GEMM MoE with a tl.dot_scaled MXFP4 main loop and split-K decode (opt-in;
-    GPU only)."""
+    """Grouped-GEMM MoE with a tl.dot_scaled MXFP4 main loop and split-K decode (GPU only)."""
     fused_moe_mx(args)
