@@ -13,6 +13,13 @@
   host (one device-to-host copy), so it must run outside CUDA-graph capture; ``run`` is
   capturable. A call that would need a plan while the stream is capturing raises
   ``RuntimeError`` telling the caller to plan first (see docs/nvidia.md).
+- :func:`make_sink_wrapper` builds FlashInfer's ``BatchAttentionWithAttentionSinkWrapper``
+  for every call that has ``sinks``. The standard FA2/FA3 wrappers take ``run(..., sinks=)``
+  but forward it only to the trtllm-gen backend: on FA2/FA3 the sinks were silently dropped
+  (measured on an H100, 2026-11-23). The sink wrapper is a paged-prefill wrapper whose JIT
+  variant ``AttentionSink`` adds the sink to the softmax denominator (and to the LSE); it is
+  run as ``run(q, (k, v), sinks, sm_scale, ...)``. The variant has no logits soft-cap, so
+  :func:`flashinfer_predicate` rejects sinks + logit_cap at selection.
 """
 
 from __future__ import annotations
@@ -27,23 +34,38 @@ from typing import Any
 
 import torch
 
-from tokenspeed_kernel.registry import Priority
+from tokenspeed_kernel.registry import Priority, Request
 from tokenspeed_kernel_nvidia.ops.attention._common import FLASHINFER_CAPABILITIES, VENDORS, same_head_dims
 
 __all__ = [
     "LN2",
+    "SINKS_WITH_LOGIT_CAP",
+    "SINK_BACKEND",
     "PlanCache",
     "flashinfer",
     "flashinfer_missing",
+    "flashinfer_predicate",
     "layout_token",
+    "make_sink_wrapper",
+    "sink_backend",
     "workspace",
 ]
 
 LN2 = math.log(2.0)
 WORKSPACE_BYTES = 128 * 2**20  # FlashInfer's recommended float workspace (split-KV partials)
 
+# The sink wrapper's backend: FlashInfer's own rule picks FA3 on sm_90 for bf16/fp16 q and
+# KV (head dims 64/128/256) and FA2 otherwise (an fp8 cache with a bf16/fp16 q, sm_80).
+SINK_BACKEND = "auto"
+SINKS_WITH_LOGIT_CAP = (
+    "sinks with logit_cap: FlashInfer's attention-sink variant (AttentionSink, fa2/fa3) has no "
+    "logits soft-cap, and the standard wrappers ignore sinks on fa2/fa3"
+)
+
 _lock = threading.Lock()
 _workspaces: dict[torch.device, torch.Tensor] = {}
+# JIT module name -> what it was built for (see make_sink_wrapper).
+_sink_modules: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 
 def flashinfer_missing() -> str | None:
@@ -57,7 +79,7 @@ def flashinfer_missing() -> str | None:
 
 def flashinfer_registration(*, graph_safe: bool) -> dict[str, Any]:
     """The ``register_kernel`` metadata every FlashInfer kernel shares (data, not branches):
-    solution, CUDA gates, opt-in priority, the head-dim predicate and the absence hook, plus
+    solution, CUDA gates, opt-in priority, :func:`flashinfer_predicate` and the absence hook, plus
     ``graph_safe``, which each kernel states: True only for a wrapper built in CUDA-graph
     mode whose plan is made outside capture (the decode, through its ``prepare_layout``)."""
     return {
@@ -65,10 +87,21 @@ def flashinfer_registration(*, graph_safe: bool) -> dict[str, Any]:
         "vendors": VENDORS,
         "capabilities": FLASHINFER_CAPABILITIES,
         "priority": Priority.OPT_IN,
-        "predicate": same_head_dims,
+        "predicate": flashinfer_predicate,
         "available": flashinfer_missing,
         "graph_safe": graph_safe,
     }
+
+
+def flashinfer_predicate(request: Request) -> str | None:
+    """Predicate of every FlashInfer kernel: equal q/k and v head dims, and no feature
+    combination the sink route cannot compute (a reason instead of a wrong answer)."""
+    why = same_head_dims(request)
+    if why:
+        return why
+    if {"sinks", "logit_cap"} <= request.features:
+        return SINKS_WITH_LOGIT_CAP
+    return None
 
 
 def flashinfer() -> Any:
@@ -85,6 +118,64 @@ def workspace(device: torch.device) -> torch.Tensor:
             buf = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
             _workspaces[device] = buf
         return buf
+
+
+def sink_backend(
+    device: torch.device, q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int
+) -> str:
+    """The concrete backend (``"fa2"``/``"fa3"``) the sink wrapper runs on: ``SINK_BACKEND``,
+    with ``"auto"`` resolved by FlashInfer's own rule (no RoPE, no fp16 QK reduction, no
+    custom mask), exactly as the wrapper's constructor would resolve it."""
+    if SINK_BACKEND != "auto":
+        return SINK_BACKEND
+    utils = importlib.import_module("flashinfer.utils")
+    return utils.determine_attention_backend(
+        device, 0, False, False, q_dtype, kv_dtype, head_dim_qk=head_dim_qk, head_dim_vo=head_dim_vo
+    )
+
+
+def make_sink_wrapper(
+    device: torch.device,
+    *,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    head_dim_qk: int,
+    head_dim_vo: int,
+    window_left: int,
+    **graph_buffers: Any,
+) -> Any:
+    """A ``BatchAttentionWithAttentionSinkWrapper`` (NHD) for these dtypes, head dims and
+    window mode; ``graph_buffers`` (``use_cuda_graph=True`` and the ``*_buf`` tensors) put it
+    in CUDA-graph mode.
+
+    FlashInfer 0.7.2 names the sink JIT module by q dtype, window on/off and backend only
+    (``batch_prefill_attention_sink_{q}_swa_{bool}_{backend}``), although it also compiles in
+    the KV dtype and the head dims. Two wrappers that differ only in those would share one
+    module name, and the second would load the first one's library in this process. Rather
+    than run a kernel built for other shapes, the second raises ``RuntimeError``."""
+    backend = sink_backend(device, q_dtype, kv_dtype, head_dim_qk, head_dim_vo)
+    name = (q_dtype, window_left >= 0, backend)
+    built_for = (kv_dtype, head_dim_qk, head_dim_vo)
+    with _lock:
+        previous = _sink_modules.setdefault(name, built_for)
+    if previous != built_for:
+        raise RuntimeError(
+            f"FlashInfer's attention-sink JIT module for q={q_dtype}, window={window_left >= 0}, "
+            f"backend={backend} was already built in this process for kv dtype/head dims {previous}; "
+            f"FlashInfer 0.7.2 names that module without them, so {built_for} cannot be loaded "
+            "alongside it (use one KV dtype and head dim per q dtype with sinks, or another process)"
+        )
+    return flashinfer().BatchAttentionWithAttentionSinkWrapper(
+        workspace(device),
+        "NHD",
+        backend=backend,
+        q_data_type=q_dtype,
+        kv_data_type=kv_dtype,
+        head_dim_qk=head_dim_qk,
+        head_dim_vo=head_dim_vo,
+        window_left=window_left,
+        **graph_buffers,
+    )
 
 
 def layout_token(*tensors: torch.Tensor) -> tuple[Any, ...]:

@@ -5,6 +5,12 @@ page lists; its causal mask is bottom-right aligned (a chunk's queries are the l
 positions), as our contract says. Contiguous prefill K/V is served as a cache of page size
 1 (``[total_k, 1, Hkv, D]`` views, page ``i`` = row ``i``), so the sink-capable paged
 kernels serve ``mha_prefill`` too. LSE is requested in natural log.
+
+A call with ``sinks`` runs on FlashInfer's ``BatchAttentionWithAttentionSinkWrapper``
+(:func:`~tokenspeed_kernel_nvidia.ops.attention._flashinfer.make_sink_wrapper`), planned the
+same way and run with ``(sinks, sm_scale)`` as its variant's extra arguments; the plain
+wrapper's ``run(..., sinks=)`` ignores sinks on FA2/FA3. Calls without sinks keep the plain
+wrapper.
 """
 
 from __future__ import annotations
@@ -14,10 +20,13 @@ from dataclasses import dataclass
 import torch
 
 from tokenspeed_kernel_nvidia.ops.attention._flashinfer import (
+    SINK_BACKEND,
+    SINKS_WITH_LOGIT_CAP,
     PlanCache,
     PlanEntry,
     flashinfer,
     layout_token,
+    make_sink_wrapper,
     workspace,
 )
 from tokenspeed_kernel_nvidia.ops.attention._paged import CsrPages, paged_to_csr
@@ -63,8 +72,15 @@ def _key(call: PagedPrefillCall) -> tuple:
     return (
         call.q.device, call.qo_indptr.shape[0], num_q_heads, num_kv_heads, head_dim, call.v_cache.shape[-1],
         page_size, call.q.dtype, call.k_cache.dtype, call.causal, call.window_left, float(call.logit_cap),
-        float(call.softmax_scale),
+        float(call.softmax_scale), _route(call),
     )  # fmt: skip
+
+
+def _route(call: PagedPrefillCall) -> str:
+    """Which wrapper serves the call (part of the key): the sink wrapper, whose constructor
+    specializes on dtypes, head dims, window on/off and backend (all in the key), or the
+    plain one."""
+    return f"sink:{SINK_BACKEND}" if call.sinks is not None else "plain"
 
 
 def run_paged_prefill(call: PagedPrefillCall) -> None:
@@ -72,13 +88,24 @@ def run_paged_prefill(call: PagedPrefillCall) -> None:
     _, num_q_heads, head_dim = call.q.shape
     _, page_size, num_kv_heads, _ = call.k_cache.shape
 
+    sinks = call.sinks is not None
+    if sinks and call.logit_cap > 0:  # the predicate rejects it; a direct call must not compute it wrong
+        raise ValueError(SINKS_WITH_LOGIT_CAP)
+
     def make() -> PlanEntry:
-        wrapper = flashinfer().BatchPrefillWithPagedKVCacheWrapper(workspace(call.q.device), "NHD", backend=BACKEND)
+        if sinks:
+            wrapper = make_sink_wrapper(
+                call.q.device, q_dtype=call.q.dtype, kv_dtype=call.k_cache.dtype, head_dim_qk=head_dim,
+                head_dim_vo=call.v_cache.shape[-1], window_left=call.window_left,
+            )  # fmt: skip
+        else:
+            wrapper = flashinfer().BatchPrefillWithPagedKVCacheWrapper(workspace(call.q.device), "NHD", backend=BACKEND)
         return PlanEntry(wrapper, None)
 
     def do_plan(entry: PlanEntry) -> None:
         csr: CsrPages = call.csr()
         entry.buffers = csr  # keep the planned index tensors alive for the runs
+        options = {} if sinks else {"logits_soft_cap": call.logit_cap if call.logit_cap > 0 else None}
         entry.wrapper.plan(
             call.qo_indptr,
             csr.indptr,
@@ -92,24 +119,27 @@ def run_paged_prefill(call: PagedPrefillCall) -> None:
             causal=call.causal,
             sm_scale=call.softmax_scale,
             window_left=call.window_left,
-            logits_soft_cap=call.logit_cap if call.logit_cap > 0 else None,
             q_data_type=call.q.dtype,
             kv_data_type=call.k_cache.dtype,
             o_data_type=call.out.dtype,
+            **options,
         )
 
     entry = _cache.get(_key(call), make, call.layout, do_plan)
     q = call.q
     if call.k_scale is not None:
         q = (q.float() * call.k_scale).to(q.dtype)
+    # The sink variant's extra arguments, positionally: tensor "sink" (float32 [Hq]), then
+    # scalar "sm_scale" (FlashInfer's prepare_jit_additional_args consumes them in that order).
+    extra = (call.sinks, float(call.softmax_scale)) if sinks else ()
     entry.wrapper.run(
         q,
         (call.k_cache, call.v_cache),
+        *extra,
         out=call.out,
         lse=call.lse,
         return_lse=call.lse is not None,
-        lse_base="ln",
-        sinks=call.sinks,
+        lse_base="ln",  # natural log; with sinks the variant's LSE includes the sink
     )
     if call.v_scale is not None:
         call.out.mul_(call.v_scale)

@@ -7,11 +7,21 @@ outside capture, run inside (docs/nvidia.md has the recipe). :func:`plan` is reg
 the kernel's ``prepare_layout`` hook, so engines reach it through the public plan step
 (``tokenspeed_kernel.mha_decode_plan`` / ``DecodePlan.update``), never by this module's name.
 
+A call with ``sinks`` runs instead on FlashInfer's ``BatchAttentionWithAttentionSinkWrapper``
+(the paged-prefill kernels with the ``AttentionSink`` variant, FA3 on sm_90 for bf16/fp16
+caches, else FA2), one query row per token (``qo_indptr = arange(batch + 1) * q_len``, causal,
+so speculative tokens are bottom-right aligned), in CUDA-graph mode with the same fixed CSR
+buffers, planned by the same hook. The decode wrapper's ``run(..., sinks=)`` forwards sinks
+only to the trtllm-gen backend: on FA2 it ignored them.
+
 Scale handling: an fp8 cache's ``k_scale`` is folded into ``q`` on the device (no host
-read), ``v_scale`` multiplies the output; FlashInfer's base-2 LSE is converted to natural log.
+read), ``v_scale`` multiplies the output; the decode wrapper's base-2 LSE is converted to
+natural log (the sink wrapper is asked for ``lse_base="ln"``).
 """
 
 from __future__ import annotations
+
+import torch
 
 from tokenspeed_kernel.ops.attention.args import DecodeArgs
 from tokenspeed_kernel.registry import register_kernel
@@ -24,11 +34,14 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
 )
 from tokenspeed_kernel_nvidia.ops.attention._flashinfer import (
     LN2,
+    SINK_BACKEND,
+    SINKS_WITH_LOGIT_CAP,
     PlanCache,
     PlanEntry,
     flashinfer,
     flashinfer_registration,
     layout_token,
+    make_sink_wrapper,
     workspace,
 )
 from tokenspeed_kernel_nvidia.ops.attention._paged import allocate_csr, paged_to_csr
@@ -45,11 +58,64 @@ def _key(args: DecodeArgs) -> tuple:
     return (
         args.q.device, batch, q_len, args.page_table.shape[1], num_q_heads, num_kv_heads, head_dim,
         args.v_cache.shape[-1], page_size, args.q.dtype, args.k_cache.dtype, args.window_left,
-        float(args.logit_cap), float(args.softmax_scale),
+        float(args.logit_cap), float(args.softmax_scale), _route(args),
     )  # fmt: skip
 
 
+def _route(args: DecodeArgs) -> str:
+    """Which wrapper serves the call (part of the key): the sink wrapper, whose constructor
+    specializes on dtypes, head dims, window on/off and backend (all in the key), or the
+    decode wrapper."""
+    return f"sink:{SINK_BACKEND}" if args.sinks is not None else "decode"
+
+
+def _sink_entry(args: DecodeArgs) -> PlanEntry:
+    """The sink route: a paged-prefill sink wrapper in CUDA-graph mode, one causal query
+    row per decode token."""
+    batch, q_len, num_q_heads, head_dim = args.q.shape
+    _, page_size, num_kv_heads, _ = args.k_cache.shape
+    head_dim_vo = args.v_cache.shape[-1]
+
+    def make() -> PlanEntry:
+        csr = allocate_csr(batch, args.page_table.shape[1], args.q.device)
+        qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device=args.q.device) * q_len
+        wrapper = make_sink_wrapper(
+            args.q.device, q_dtype=args.q.dtype, kv_dtype=args.k_cache.dtype, head_dim_qk=head_dim,
+            head_dim_vo=head_dim_vo, window_left=args.window_left, use_cuda_graph=True,
+            qo_indptr_buf=qo_indptr, paged_kv_indptr_buf=csr.indptr, paged_kv_indices_buf=csr.indices,
+            paged_kv_last_page_len_buf=csr.last_page_len,
+        )  # fmt: skip
+        return PlanEntry(wrapper, (csr, qo_indptr))
+
+    def do_plan(entry: PlanEntry) -> None:
+        csr, qo_indptr = entry.buffers
+        paged_to_csr(args.page_table, args.cache_seqlens, page_size, out=csr)
+        entry.wrapper.plan(
+            qo_indptr,
+            csr.indptr,
+            csr.indices,
+            csr.last_page_len,
+            num_q_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+            head_dim_vo=head_dim_vo,
+            causal=True,  # q_len > 1: the speculative tokens are the last positions
+            sm_scale=args.softmax_scale,
+            window_left=args.window_left,
+            q_data_type=args.q.dtype,
+            kv_data_type=args.k_cache.dtype,
+            o_data_type=args.out.dtype,
+        )
+
+    return _cache.get(_key(args), make, layout_token(args.page_table, args.cache_seqlens), do_plan)
+
+
 def _entry(args: DecodeArgs) -> PlanEntry:
+    if args.sinks is not None:
+        if args.logit_cap > 0:  # the predicate rejects it; a direct call must not compute it wrong
+            raise ValueError(SINKS_WITH_LOGIT_CAP)
+        return _sink_entry(args)
     batch, q_len, num_q_heads, head_dim = args.q.shape
     _, page_size, num_kv_heads, _ = args.k_cache.shape
 
@@ -110,8 +176,9 @@ def plan(args: DecodeArgs) -> None:
     **flashinfer_registration(graph_safe=True),  # run is capturable once planned outside capture
 )
 def flashinfer_decode(args: DecodeArgs) -> None:
-    """FlashInfer batch decode over the paged NHD cache (FA2 tensor-core path), one plan
-    per batch layout, CUDA-graph capturable after planning."""
+    """FlashInfer batch decode over the paged NHD cache (FA2 tensor-core path; the
+    attention-sink wrapper when ``sinks`` is given), one plan per batch layout, CUDA-graph
+    capturable after planning."""
     batch, q_len, num_q_heads, head_dim = args.q.shape
     entry = _entry(args)
     q = args.q.reshape(batch * q_len, num_q_heads, head_dim)
@@ -119,15 +186,21 @@ def flashinfer_decode(args: DecodeArgs) -> None:
         q = (q.float() * args.k_scale).to(q.dtype)
     out = args.out.view(batch * q_len, num_q_heads, -1)
     lse = None if args.lse is None else args.lse.view(batch * q_len, num_q_heads)
-    entry.wrapper.run(
-        q,
-        (args.k_cache, args.v_cache),
-        out=out,
-        lse=lse,
-        return_lse=lse is not None,
-        sinks=args.sinks,
-    )
-    if lse is not None:
-        lse.mul_(LN2)
+    if args.sinks is not None:
+        # the sink variant's extra arguments, positionally: "sink" then "sm_scale"
+        entry.wrapper.run(
+            q,
+            (args.k_cache, args.v_cache),
+            args.sinks,
+            float(args.softmax_scale),
+            out=out,
+            lse=lse,
+            return_lse=lse is not None,
+            lse_base="ln",
+        )
+    else:
+        entry.wrapper.run(q, (args.k_cache, args.v_cache), out=out, lse=lse, return_lse=lse is not None)
+        if lse is not None:
+            lse.mul_(LN2)
     if args.v_scale is not None:
         out.mul_(args.v_scale)
