@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 DEV = torch.device("cuda")
 HQ, HKV, D = 64, 8, 64
-RESULT: dict = {"host_us": {}, "graph_us": {}, "profile": "", "errors": []}
+RESULT: dict = {"host_us": {}, "graph_us": {}, "profile": "", "errors": [], "eager_fallback": []}
 
 
 def log(*a) -> None:
@@ -53,7 +53,10 @@ def host_us(fn, n: int = 300) -> float:
 def graph_us(fn) -> float:
     from tokenspeed_kernel.tools.timing import time_fn
 
-    return time_fn(fn, DEV)[0] * 1e3
+    timing = time_fn(fn, DEV)
+    if not timing.graph:  # time_fn fell back to eager launches (capture failed)
+        RESULT["eager_fallback"].append(getattr(fn, "__qualname__", str(fn)))
+    return timing.median_ms * 1e3
 
 
 def attempt(table: dict, label: str, fn) -> None:
@@ -191,6 +194,8 @@ def main() -> None:
             log(f"{section:8s} {label:60s} {us:9.1f} us")
     for err in RESULT["errors"]:
         log("error", err)
+    if RESULT["eager_fallback"]:
+        log("timed eagerly (graph capture failed):", RESULT["eager_fallback"])
 
 
 if __name__ == "__main__":

@@ -3,14 +3,17 @@
 #   1. triton_fused_moe_mx (tl.dot_scaled MXFP4 MoE): GPU numerics tests, then moe_bench.py --mx
 #   2. gluon_prefill_window_sm90 + gluon_decode_sm90: GPU numerics tests, then nvidia_bench.py
 #      (FlashInfer rows too when .whl-nvidia was carried and unpacked by this script)
-#   3. examples/gpt_oss end to end (short budget)
+#   3. examples/gpt_oss end to end (short budget; E2E_ROWS picks rows, default torch,selector,nvidia)
+#   host: ci/device/attention_host_bench.py (host overhead of the public calls, graph-replayed timings)
+#   moequick: moe_bench.py --mx without the tile sweep (numerics + table, ~2 min)
+#   flashinfer: tests/tokenspeed_kernel_nvidia/test_flashinfer_gpu.py (needs .whl-nvidia)
 # Each step has its own time budget and never stops the next one; results land in $OUT.
 #
 # Here:   rm -rf .whl && pip wheel -q --no-deps --no-build-isolation -w .whl packages/tokenspeed-kernel \
 #             packages/tokenspeed-kernel-triton packages/tokenspeed-kernel-nvidia
 #         (optional) bash ci/device/flashinfer_bundle.sh
 # Device: carry [".whl"] (and ".whl-nvidia"), command: bash ci/device/verify_pending.sh STEP...
-# with STEP in moe, nvidia, e2e (default: all three). A call may run 10 minutes at most:
+# with STEP in moe, moequick, nvidia, flashinfer, e2e, host (default: moe nvidia e2e). A call may run 10 minutes at most:
 # `moe e2e` fits one call (~7 min), `nvidia` another (~6 min, longer with FlashInfer JIT).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -42,13 +45,31 @@ BUDGET_S=${NVIDIA_BUDGET_S:-240} timeout 400 python3 ci/device/nvidia_bench.py 2
 
 e2e() {
 echo "== 3. examples/gpt_oss end to end"
-timeout 200 python3 ci/device/e2e_bench.py --rows torch,selector,nvidia --budget-s 90 --rep-ms 60 2>&1 | tail -30 || status=1
+timeout 200 python3 ci/device/e2e_bench.py --rows "${E2E_ROWS:-torch,selector,nvidia}" --budget-s 90 --rep-ms 60 \
+  2>&1 | tail -30 || status=1
+}
+
+host() {
+echo "== attention host overhead and graph-replayed timings"
+timeout 200 python3 ci/device/attention_host_bench.py 2>&1 | tail -60 || status=1
+}
+
+flashinfer() {
+echo "== FlashInfer kernels vs float64 (JIT: 25-100 s per module on first use)"
+timeout "${FLASHINFER_TIMEOUT_S:-420}" python3 -m pytest -q -rs -p no:cacheprovider \
+  tests/tokenspeed_kernel_nvidia/test_flashinfer_gpu.py 2>&1 | tail -40 || status=1
+}
+
+moequick() {
+echo "== triton_fused_moe_mx numerics + table (no sweep)"
+timeout 200 python3 ci/device/moe_bench.py --mx --no-sweep --budget 170 --json "$OUT/moe_mx.json" 2>&1 | tail -16 \
+  || status=1
 }
 
 for step in $steps; do
   case $step in
-    moe | nvidia | e2e) "$step" ;;
-    *) echo "unknown step $step (expected moe, nvidia, e2e)"; status=2 ;;
+    moe | moequick | nvidia | flashinfer | e2e | host) "$step" ;;
+    *) echo "unknown step $step (expected moe, moequick, nvidia, flashinfer, e2e, host)"; status=2 ;;
   esac
 done
 exit $status
