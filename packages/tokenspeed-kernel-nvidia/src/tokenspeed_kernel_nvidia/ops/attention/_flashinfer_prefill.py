@@ -108,13 +108,7 @@ def run_paged_prefill(call: PagedPrefillCall) -> None:
         options = {} if sinks else {"logits_soft_cap": call.logit_cap if call.logit_cap > 0 else None}
         entry.wrapper.plan(
             call.qo_indptr,
-            csr.indptr,
-            csr.indices,
-            csr.last_page_len,
-            num_q_heads,
-            num_kv_heads,
-            head_dim,
-            page_size,
+            *csr.plan_args(num_q_heads, num_kv_heads, head_dim, page_size),
             head_dim_vo=call.v_cache.shape[-1],
             causal=call.causal,
             sm_scale=call.softmax_scale,

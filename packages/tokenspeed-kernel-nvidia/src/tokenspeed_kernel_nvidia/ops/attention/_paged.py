@@ -37,6 +37,12 @@ class CsrPages:
     indices: torch.Tensor
     last_page_len: torch.Tensor
 
+    def plan_args(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int) -> tuple:
+        """The positional arguments FlashInfer's paged ``plan`` takes after ``qo_indptr`` (the
+        prefill wrappers) or first (the decode wrapper): the CSR triple, then the head counts,
+        head dim and page size."""
+        return (self.indptr, self.indices, self.last_page_len, num_q_heads, num_kv_heads, head_dim, page_size)
+
 
 def allocate_csr(batch: int, max_pages: int, device: torch.device) -> CsrPages:
     """Buffers for :func:`paged_to_csr` of a ``[batch, max_pages]`` table."""

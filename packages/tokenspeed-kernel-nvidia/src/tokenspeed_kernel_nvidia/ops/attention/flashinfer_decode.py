@@ -92,13 +92,7 @@ def _sink_entry(args: DecodeArgs) -> PlanEntry:
         paged_to_csr(args.page_table, args.cache_seqlens, page_size, out=csr)
         entry.wrapper.plan(
             qo_indptr,
-            csr.indptr,
-            csr.indices,
-            csr.last_page_len,
-            num_q_heads,
-            num_kv_heads,
-            head_dim,
-            page_size,
+            *csr.plan_args(num_q_heads, num_kv_heads, head_dim, page_size),
             head_dim_vo=head_dim_vo,
             causal=True,  # q_len > 1: the speculative tokens are the last positions
             sm_scale=args.softmax_scale,
@@ -136,13 +130,7 @@ def _entry(args: DecodeArgs) -> PlanEntry:
     def do_plan(entry: PlanEntry) -> None:
         csr = paged_to_csr(args.page_table, args.cache_seqlens, page_size, out=entry.buffers)
         entry.wrapper.plan(
-            csr.indptr,
-            csr.indices,
-            csr.last_page_len,
-            num_q_heads,
-            num_kv_heads,
-            head_dim,
-            page_size,
+            *csr.plan_args(num_q_heads, num_kv_heads, head_dim, page_size),
             window_left=args.window_left,
             logits_soft_cap=args.logit_cap if args.logit_cap > 0 else None,
             q_data_type=args.q.dtype,
