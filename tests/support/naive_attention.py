@@ -212,3 +212,31 @@ def naive_store(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=N
                 row = (row / _scale_value(scale)).clamp(-448.0, 448.0)
             dst[slot // page_size, slot % page_size] = row.to(dst.dtype)
     return k_out, v_out
+
+
+NAIVE = {"attention.prefill": naive_prefill, "attention.extend": naive_extend, "attention.decode": naive_decode}
+
+
+def naive_for_case(case, inputs):
+    """The float64 ``(out, lse)`` of a ``tokenspeed_kernel.tools.cases`` attention case."""
+    kwargs = {k: v for k, v in inputs.items() if k not in ("max_seqlen_q", "max_seqlen_k", "return_lse")}
+    return NAIVE[case.op](**kwargs)
+
+
+def check_case(case, inputs, *, kernel: str, tol: float, device, expected=None) -> None:
+    """Run ``case`` through the public call into a NaN-poisoned output, assert the selector
+    picked ``kernel``, that every element was written, and that out (and LSE when asked)
+    match ``expected`` (default: :func:`naive_for_case`) within ``tol`` relative to scale."""
+    from tokenspeed_kernel.ops._dispatch import last_kernel
+    from tokenspeed_kernel.tools import cases
+
+    expected_out, expected_lse = expected or naive_for_case(case, inputs)
+    poisoned = torch.full(expected_out.shape, float("nan"), dtype=case.dtype, device=device)
+    result = cases.call(case, inputs, out=poisoned)
+    assert last_kernel() == kernel, f"selector picked {last_kernel()}"
+    out, lse = result if case.return_lse else (result, None)
+    assert not torch.isnan(out).any(), "NaN in the output: a poisoned key or an unwritten element"
+    scale = float(expected_out.abs().max()) + 1.0
+    torch.testing.assert_close(out.double().cpu(), expected_out, atol=tol * scale, rtol=tol)
+    if case.return_lse:
+        torch.testing.assert_close(lse.double().cpu(), expected_lse, atol=2e-3, rtol=2e-3)

@@ -7,12 +7,11 @@ tests call the public API with no override and assert the Triton kernel ran.
 
 import pytest
 import torch
-from support.naive_attention import naive_decode, naive_extend, naive_prefill
+from support.naive_attention import NAIVE, check_case, naive_for_case
 
 from tokenspeed_kernel.ops._dispatch import last_kernel
 from tokenspeed_kernel.tools import cases
 
-NAIVE = {"attention.prefill": naive_prefill, "attention.extend": naive_extend, "attention.decode": naive_decode}
 KERNEL = {
     "attention.prefill": "triton_prefill",
     "attention.extend": "triton_extend",
@@ -38,24 +37,13 @@ EXTRA = [
 
 
 def _naive(case, inputs):
-    kwargs = {k: v for k, v in inputs.items() if k not in ("max_seqlen_q", "max_seqlen_k", "return_lse")}
-    return NAIVE[case.op](**kwargs)
+    return naive_for_case(case, inputs)
 
 
 @pytest.mark.parametrize("case", CASES + [pytest.param(c, id=f"{c.op}-{c.name}") for c in EXTRA])
 def test_triton_attention_matches_naive(case):
     inputs = cases.make_inputs(case, DEVICE, seed=len(case.name))
-    expected_out, expected_lse = _naive(case, inputs)
-    poisoned = torch.full(expected_out.shape, float("nan"), dtype=case.dtype, device=DEVICE)
-    result = cases.call(case, inputs, out=poisoned)
-    assert last_kernel() == KERNEL[case.op], f"selector picked {last_kernel()}"
-    out, lse = result if case.return_lse else (result, None)
-    assert not torch.isnan(out).any(), "an output element was never written"
-    tol = TOL[case.dtype]
-    scale = float(expected_out.abs().max()) + 1.0
-    torch.testing.assert_close(out.double().cpu(), expected_out, atol=tol * scale, rtol=tol)
-    if case.return_lse:
-        torch.testing.assert_close(lse.double().cpu(), expected_lse, atol=2e-3, rtol=2e-3)
+    check_case(case, inputs, kernel=KERNEL[case.op], tol=TOL[case.dtype], device=DEVICE)
 
 
 def test_decode_splits_the_key_range_for_a_small_batch():

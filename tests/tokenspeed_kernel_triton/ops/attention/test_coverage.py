@@ -13,14 +13,13 @@ import os
 
 import pytest
 import torch
-from support.naive_attention import naive_decode, naive_extend, naive_prefill, naive_store
+from support.naive_attention import NAIVE, check_case, naive_for_case, naive_store
 
 from tokenspeed_kernel.ops._dispatch import last_kernel
 from tokenspeed_kernel.tools import cases
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-NAIVE = {"attention.prefill": naive_prefill, "attention.extend": naive_extend, "attention.decode": naive_decode}
 KERNEL = {
     "attention.prefill": "triton_prefill",
     "attention.extend": "triton_extend",
@@ -32,22 +31,11 @@ PAGE_SIZES = [2**i for i in range(9)]
 
 
 def _naive(case, inputs):
-    kwargs = {k: v for k, v in inputs.items() if k not in ("max_seqlen_q", "max_seqlen_k", "return_lse")}
-    return NAIVE[case.op](**kwargs)
+    return naive_for_case(case, inputs)
 
 
 def _run_and_check(case, inputs, expected=None):
-    expected_out, expected_lse = expected or _naive(case, inputs)
-    poisoned = torch.full(expected_out.shape, float("nan"), dtype=case.dtype, device=DEVICE)
-    result = cases.call(case, inputs, out=poisoned)
-    assert last_kernel() == KERNEL[case.op], f"selector picked {last_kernel()}"
-    out, lse = result if case.return_lse else (result, None)
-    assert not torch.isnan(out).any(), "NaN in the output: a poisoned key or an unwritten element"
-    tol = TOL[case.dtype]
-    scale = float(expected_out.abs().max()) + 1.0
-    torch.testing.assert_close(out.double().cpu(), expected_out, atol=tol * scale, rtol=tol)
-    if case.return_lse:
-        torch.testing.assert_close(lse.double().cpu(), expected_lse, atol=2e-3, rtol=2e-3)
+    check_case(case, inputs, kernel=KERNEL[case.op], tol=TOL[case.dtype], device=DEVICE, expected=expected)
 
 
 def _head_dim_case(op, head_dim, dtype):
