@@ -1,0 +1,218 @@
+"""``triton_moe_gemv_mx`` (MXFP4 MoE as two GEMV launches, T <= 8): registration and gating,
+numerics under the interpreter, and the ahead-of-time compile.
+
+- Gating: opt-in (below ``triton_fused_moe``), MXFP4 weights only, ``T > 8`` rejected with
+  its reason (through ``explain`` on the request ``moe_apply`` builds).
+- Numerics (CPU, ``TRITON_INTERPRET=1``): the real kernels through ``moe_apply(override=)``
+  and ``moe_plan``, outputs poisoned with NaN, against the independent float64
+  ``support.naive_moe`` and the core float64 reference: T in {1, 3, 8}, every activation,
+  with and without biases, with an expert map holding -1 entries, shapes whose K is below,
+  above and not a multiple of ``BLOCK_K`` (masked tails), row tails, fp16/fp32 activations.
+- AOT: both layers compile for sm_90, gfx942 and gfx950 at GPT-OSS-120B shapes without
+  spills (``python -m tokenspeed_kernel_triton.ops.moe._gemv_aot`` in a subprocess).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from support.naive_moe import naive_moe
+
+from tokenspeed_kernel import explain
+from tokenspeed_kernel.ops._dispatch import last_kernel
+from tokenspeed_kernel.ops.moe import moe_apply, moe_apply_request, moe_plan
+from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
+from tokenspeed_kernel.platform import platform_from_arch
+from tokenspeed_kernel.registry import Priority, get_kernel
+from tokenspeed_kernel.tools import cases
+from tokenspeed_kernel.tools.cases.moe import MoECase
+from tokenspeed_kernel_triton.ops.moe import gemv_mx
+
+NAME = "triton_moe_gemv_mx"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Relative Frobenius error bounds of the other MoE tests: the intermediate is rounded to x's dtype.
+TOL = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-5}
+T_REASON = "num_tokens_bucket=16 > 8: the GEMV MoE serves T <= 8 tokens"
+
+
+def _case(t, h=64, i=32, act="silu", bias=False, emap=False, dtype=torch.bfloat16, e=8, k=2) -> MoECase:
+    return MoECase("moe.apply", t, h, i, e, k, dtype=dtype, weight_format="mxfp4", activation=act, bias=bias,
+                   expert_map=emap, name=f"gemv_t{t}_h{h}_i{i}_{act}{'_bias' if bias else ''}{'_map' if emap else ''}")  # fmt: skip
+
+
+def _check(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    assert not torch.isnan(out).any(), "an output element was never written"
+    err = float((out.double().cpu() - ref.cpu()).norm() / ref.cpu().norm().clamp_min(1e-30))
+    assert err < TOL[dtype], f"relative error {err:.2e} >= {TOL[dtype]:.0e}"
+    tol = 4 * TOL[dtype]
+    torch.testing.assert_close(out.double().cpu(), ref.cpu(), atol=tol * (float(ref.abs().max()) + 1), rtol=tol)
+
+
+def _call(inputs: dict, **kw) -> torch.Tensor:
+    out = torch.full_like(inputs["x"], float("nan"))
+    result = moe_apply(**inputs, out=out, override=NAME, **kw)
+    assert result is out and last_kernel() == NAME
+    return out
+
+
+# ---------------------------------------------------------------- registration and gating
+
+
+def test_registration_metadata():
+    spec = get_kernel(NAME)
+    assert spec.priority == Priority.OPT_IN and spec.band is Priority.OPT_IN
+    assert spec.priority < get_kernel("triton_fused_moe").priority
+    assert spec.solution == "triton" and spec.graph_safe and spec.prepare is None and spec.available is None
+    assert spec.features == frozenset({"silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4"})
+    assert dict(spec.dtypes)["weight"] == frozenset({torch.uint8})
+    assert {torch.bfloat16, torch.float16} <= dict(spec.dtypes)["x"]
+    assert {"cuda", "rocm"} <= spec.vendors
+    assert ("cpu" in spec.vendors) == (os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def _request(num_tokens: int | None, weight_format: str = "mxfp4"):
+    return moe_apply_request(x_dtype=torch.bfloat16, num_experts=128, top_k=4, hidden=2880, intermediate=2880,
+                             weight_format=weight_format, activation="swiglu_oai", bias=True,
+                             num_tokens=num_tokens)  # fmt: skip
+
+
+def _candidate(selection):
+    return next(c for c in selection.candidates if c.spec.name == NAME)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
+def test_predicate_serves_t_up_to_8_and_rejects_9(arch):
+    platform = platform_from_arch(arch)
+    for t in (1, 2, 5, 8):
+        selection = explain(_request(t), platform=platform)
+        assert _candidate(selection).accepted, (t, _candidate(selection).reasons)
+        assert selection.winner.name != NAME, "opt-in: never chosen over a portable kernel"
+        assert explain(_request(t), platform=platform, override=NAME).winner.name == NAME
+    assert _candidate(explain(_request(9), platform=platform)).reasons == (T_REASON,)
+    assert _candidate(explain(_request(None), platform=platform)).accepted, "a plan has no token count"
+    reasons = _candidate(explain(_request(1, "fp8_per_channel"), platform=platform)).reasons
+    assert any("weight dtype float8_e4m3fn not in {uint8}" in r for r in reasons), reasons
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU form: the interpreter serves cpu")
+def test_public_call_rejects_t9_with_the_reason():
+    case = _case(9)
+    selection = explain(cases.request(case))
+    assert _candidate(selection).reasons == (T_REASON,)
+    with pytest.raises(Exception, match="T <= 8"):
+        cases.call(case, cases.make_inputs(case, DEVICE, seed=1), override=NAME)
+
+
+# ---------------------------------------------------------------- numerics (interpreter on CPU)
+
+NUMERIC_CASES = [
+    *(_case(t, act=act, bias=bias, emap=emap)
+      for t in (1, 3, 8) for act in ("silu", "gelu", "swiglu_oai") for bias, emap in ((False, False), (True, True))),
+    _case(1, h=96, i=96, act="swiglu_oai", bias=True),  # K = 96 < BLOCK_K: masked tail in both layers
+    _case(3, h=96, i=96, act="gelu", emap=True),
+    _case(5, h=288, i=160, act="swiglu_oai", bias=True, emap=True),  # K > BLOCK_K, not a multiple
+    _case(8, h=512, i=64, act="silu", bias=True),  # K = 2 * BLOCK_K: the unmasked path, two steps
+    _case(2, h=64, i=32, act="swiglu_oai", bias=True, emap=True, e=16, k=4),  # GPT-OSS's top-4
+    _case(4, h=64, i=32, act="silu", bias=True, e=12, k=3),  # top-3: KP = 4, one masked choice
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", NUMERIC_CASES, ids=lambda c: c.name + f"_e{c.num_experts}k{c.top_k}")
+def test_matches_float64_references(case):
+    inputs = cases.make_inputs(case, DEVICE, seed=len(case.name) + case.top_k)
+    naive = naive_moe(**inputs)
+    core, _ = cases.reference(case, inputs)
+    torch.testing.assert_close(core.cpu(), naive.cpu(), rtol=1e-9, atol=1e-9)  # the two references agree
+    out = _call(inputs)
+    _check(out, naive, case.dtype)
+    if case.expert_map:
+        assert (inputs["expert_map"] == -1).any() and (inputs["expert_map"][inputs["topk_ids"].long()] == -1).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_fp16_and_fp32_activations(dtype):
+    case = _case(3, h=96, i=64, act="swiglu_oai", bias=True, emap=True, dtype=dtype)
+    inputs = cases.make_inputs(case, DEVICE, seed=4)
+    out = _call(inputs)
+    assert out.dtype == dtype
+    _check(out, naive_moe(**inputs), dtype)
+
+
+TILE_OVERRIDES = [
+    (gemv_mx.GemvTile(64, 64, 4), gemv_mx.GemvTile(64, 64, 4)),  # row tails (N = 96 / 160), 64-value steps
+    (gemv_mx.GemvTile(16, 32, 2), gemv_mx.GemvTile(8, 128, 2)),  # one group per step; layer-2 K tail
+    (gemv_mx.GemvTile(8, 512, 8), gemv_mx.GemvTile(32, 512, 8)),
+]
+
+
+@pytest.mark.parametrize("tiles", TILE_OVERRIDES, ids=lambda t: f"n{t[0].block_n}k{t[0].block_k}-n{t[1].block_n}")
+def test_other_tiles(tiles):
+    case = _case(3, h=160, i=96, act="swiglu_oai", bias=True, emap=True)
+    inputs = cases.make_inputs(case, DEVICE, seed=9)
+    out = torch.full_like(inputs["x"], float("nan"))
+    gemv_mx.gemv_moe(MoEApplyArgs(**inputs, out=out), tiles=tiles)
+    _check(out, naive_moe(**inputs), case.dtype)
+
+
+def test_all_choices_remote_give_zero_rows_and_the_call_is_deterministic():
+    case = _case(3, act="swiglu_oai", bias=True, emap=True)
+    inputs = cases.make_inputs(case, DEVICE, seed=2)
+    remote = int((inputs["expert_map"] == -1).nonzero()[0])
+    inputs["topk_ids"][1] = remote  # token 1: every choice off this rank (no bias either)
+    first = _call(inputs)
+    assert torch.equal(first[1], torch.zeros_like(first[1]))
+    _check(first, naive_moe(**inputs), case.dtype)
+    assert torch.equal(_call(inputs), first), "two calls must be bit-identical"
+
+
+def test_plan_matches_functional_path_and_hands_large_t_on():
+    case = _case(8, h=96, i=64, act="swiglu_oai", bias=True, emap=True)
+    inputs = cases.make_inputs(case, DEVICE, seed=6)
+    weights = {k: inputs[k] for k in ("w13", "w2", "w13_bias", "w2_bias", "expert_map")}
+    plan = moe_plan(**weights, x_dtype=case.dtype, top_k=case.top_k, activation=case.activation, override=NAME)
+    assert plan.kernel == NAME and plan.prepared is None
+    planned = plan.apply(inputs["x"], inputs["topk_weights"], inputs["topk_ids"])
+    assert torch.equal(planned, _call(inputs))
+    gen = torch.Generator(DEVICE).manual_seed(0)  # T = 11 tokens, same weights: triton_fused_moe's path
+    ids = torch.stack([torch.randperm(case.num_experts, generator=gen, device=DEVICE)[: case.top_k] for _ in range(11)])
+    big = {**inputs, "x": torch.randn(11, case.hidden, generator=gen, device=DEVICE).to(case.dtype),
+           "topk_ids": ids.int(), "topk_weights": torch.rand(11, case.top_k, generator=gen, device=DEVICE)}  # fmt: skip
+    out = plan.apply(big["x"], big["topk_weights"], big["topk_ids"])
+    _check(out, naive_moe(**big), case.dtype)
+
+
+def test_tiles_table():
+    for vendor in ("cuda", "rocm", "cpu"):
+        t13, t2 = gemv_mx.pick_gemv_tiles(vendor, 4)
+        assert t2.block_n == 16 and t13.block_n == 32
+        for tile in (t13, t2):
+            assert tile.block_k % 32 == 0 and tile.block_k & (tile.block_k - 1) == 0
+    assert gemv_mx.w2_block_n(2) == 32 and gemv_mx.w2_block_n(8) == 8 and gemv_mx.w2_block_n(16) == 8
+
+
+# ---------------------------------------------------------------- ahead-of-time compile
+
+TARGETS = ("cuda:90", "hip:gfx942", "hip:gfx950")
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "tokenspeed_kernel_triton.ops.moe._gemv_aot", *TARGETS],
+                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert rows, f"the compile printed nothing: {proc.stderr[-2000:]}"
+    return rows
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_aot_compiles_without_spills(compiled, target):
+    mine = [r for r in compiled if r["target"] == target]
+    assert {r["kernel"].split("[")[0] for r in mine} == {"gemv_w13", "gemv_w2"}
+    for r in mine:
+        assert r["ok"], r
+        assert r["spills"] == 0 and 0 < r["registers"] <= 255, r
+        assert r["shared_bytes"] <= 64 * 1024, r
