@@ -5,7 +5,16 @@ the attention kernel for the configurations the launch heuristics can choose (re
 dims, dtypes incl. fp8 KV, page sizes, GQA groups, features) plus the split combine and the
 KV store, and prints one JSON line per compile: whether it built, whether the matrix
 instructions are there (``mma``/``wgmma`` in PTX, ``v_mfma`` in AMDGCN), shared memory,
-registers and spills. Must run without ``TRITON_INTERPRET`` (the interpreter replaces the
+registers and spills (AMDGCN: VGPR + SGPR spill counts, and scratch bytes). Each target
+compiles the tile rows of its vendor (``cuda`` -> ``_launch.CUDA_TILES``, ``hip`` ->
+``_launch.ROCM_TILES``).
+
+``python -m tokenspeed_kernel_triton.aot --tiles hip:gfx942 hip:gfx950`` is the candidate
+sweep behind the ROCm rows: for every table key it compiles candidate tiles, largest first,
+over the grid's configurations of that key, prints spills and LDS per candidate and stops at
+the first one that compiles with zero spills and fits LDS on every target given.
+
+Must run without ``TRITON_INTERPRET`` (the interpreter replaces the
 kernels); the test suite runs it in a subprocess.
 """
 
@@ -15,7 +24,7 @@ import itertools
 import json
 import re
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 
 import torch
 import triton
@@ -23,11 +32,13 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from tokenspeed_kernel_triton.ops.attention._kernel import attention_kernel, combine_kernel
-from tokenspeed_kernel_triton.ops.attention._launch import kernel_config
+from tokenspeed_kernel_triton.ops.attention._launch import VENDOR_TILES, Tile, kernel_config, tile_key
 from tokenspeed_kernel_triton.ops.kvcache.store import _store_rows
 
 _TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float8_e4m3fn: "*fp8e4nv"}
 _AMD_FP8 = {"gfx942": "*fp8e4b8"}  # CDNA3 has the fnuz fp8; CDNA4 the OCP e4m3
+_VENDOR = {"cuda": "cuda", "hip": "rocm"}  # GPUTarget.backend -> the tile table's vendor
+SHARED_LIMIT = {"cuda:90": 227 * 1024, "hip:gfx942": 64 * 1024, "hip:gfx950": 160 * 1024}
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,11 @@ class AttentionConfig:
     features: tuple[str, ...] = ("sinks", "window", "lse")
 
     @property
+    def key(self) -> str:
+        """The ``_launch`` tile-table key this configuration uses."""
+        return tile_key("decode" if self.regime == "decode" else "prefill", self.head_dim, "window" in self.features)
+
+    @property
     def name(self) -> str:
         kv = "fp8" if self.kv_dtype == torch.float8_e4m3fn else str(self.kv_dtype)[6:]
         return (
@@ -54,8 +70,8 @@ class AttentionConfig:
 def attention_configs(full: bool = False) -> list[AttentionConfig]:
     """The configurations the launch heuristics can choose, kept to distinct compiles.
 
-    The default grid covers every tile of ``_launch.TILES`` (prefill, narrow-window prefill,
-    head dim 256, decode, decode d256), every operand dtype class (bf16, fp16, fp8 KV with
+    The default grid covers every key of the ``_launch`` tile table (prefill, narrow-window
+    prefill, decode, each at head dims 64, 128 (96) and 256), every operand dtype class (bf16, fp16, fp8 KV with
     scales), padded head dims, page sizes 1/16/256, split-KV, speculative q_len and every
     feature branch (causal/non-causal, window, sinks, cap, lse) at least once per target, in
     a dozen compiles (what CI runs). ``full=True`` adds the cross product of head dims, GQA
@@ -67,6 +83,7 @@ def attention_configs(full: bool = False) -> list[AttentionConfig]:
         AttentionConfig("prefill", bf16, bf16, 64, 8, None, features=("sinks",)),  # full-attention tile
         AttentionConfig("prefill", fp16, fp16, 128, 1, None, features=("noncausal", "cap", "lse")),
         AttentionConfig("prefill", bf16, bf16, 256, 8, None, features=("sinks", "lse")),
+        AttentionConfig("prefill", bf16, bf16, 256, 8, None, features=("window",)),  # narrow window, d256
         AttentionConfig("prefill", fp16, fp16, 96, 4, None),  # padded head dim, padded group
         AttentionConfig("extend", bf16, fp8, 64, 8, 16),
         AttentionConfig("extend", bf16, bf16, 128, 8, 1, features=("cap",)),
@@ -89,7 +106,7 @@ def attention_configs(full: bool = False) -> list[AttentionConfig]:
     return configs
 
 
-def _signature(cfg: AttentionConfig, target: GPUTarget) -> tuple[dict, dict]:
+def _signature(cfg: AttentionConfig, target: GPUTarget, tile: Tile | None = None) -> tuple[dict, dict]:
     num_q_heads = 8 * cfg.group
     consts = kernel_config(
         q_dtype=cfg.dtype,
@@ -109,6 +126,8 @@ def _signature(cfg: AttentionConfig, target: GPUTarget) -> tuple[dict, dict]:
         lse="lse" in cfg.features,
         splits=cfg.splits,
         regime="decode" if cfg.regime == "decode" else "prefill",
+        vendor=_VENDOR[target.backend],
+        tile=tile,
     )
     constexprs = {**consts.constexprs, "INTERPRET": False}
     q_type = _TYPE[cfg.dtype]
@@ -136,6 +155,8 @@ class CompileResult:
     shared_bytes: int
     registers: int
     spills: int
+    scratch_bytes: int = 0
+    tile: str = ""  # the tile-table key (attention only)
     error: str = ""
 
 
@@ -151,16 +172,19 @@ def _inspect(compiled, target: GPUTarget) -> tuple[int, int, int]:
     return count, getattr(compiled.metadata, "shared", 0), int(vgprs.group(1)) if vgprs else 0
 
 
-def _spills(compiled, target: GPUTarget) -> int:
+def _spills(compiled, target: GPUTarget) -> tuple[int, int]:
+    """(spilled registers, scratch bytes). AMDGCN: the ``.vgpr_spill_count`` +
+    ``.sgpr_spill_count`` of the kernel metadata and its ``.private_segment_fixed_size``.
+    CUDA: not known without loading the cubin (ptxas reports it then), so 0 here."""
     if target.backend == "cuda":
-        return int(getattr(compiled, "n_spills", 0) or 0)
+        return int(getattr(compiled, "n_spills", 0) or 0), 0
     amdgcn = compiled.asm.get("amdgcn", "")
     found = re.findall(r"\.(?:sgpr|vgpr)_spill_count:\s*(\d+)", amdgcn)
     scratch = re.search(r"\.private_segment_fixed_size:\s*(\d+)", amdgcn)
-    return sum(map(int, found)) + (int(scratch.group(1)) if scratch else 0)
+    return sum(map(int, found)), int(scratch.group(1)) if scratch else 0
 
 
-def compile_one(fn, signature: dict, constexprs: dict, target: GPUTarget, name: str) -> CompileResult:
+def compile_one(fn, signature: dict, constexprs: dict, target: GPUTarget, name: str, tile: str = "") -> CompileResult:
     options = dict(constexprs.pop("_options", {}))
     label = f"{target.backend}:{target.arch}"
     try:
@@ -169,9 +193,11 @@ def compile_one(fn, signature: dict, constexprs: dict, target: GPUTarget, name: 
         compiled._init_handles = lambda: None  # never load: no device here
         count, shared, regs = _inspect(compiled, target)
         wgmma = len(re.findall(r"\bwgmma\.mma_async", compiled.asm.get("ptx", "")))
-        return CompileResult(name, label, True, count, wgmma, shared, regs, _spills(compiled, target))
+        spills, scratch = _spills(compiled, target)
+        return CompileResult(name, label, True, count, wgmma, shared, regs, spills, scratch, tile)
     except Exception as exc:  # report, do not stop the sweep
-        return CompileResult(name, label, False, 0, 0, 0, 0, 0, f"{type(exc).__name__}: {str(exc)[:300]}")
+        error = f"{type(exc).__name__}: {str(exc)[:300]}"
+        return CompileResult(name, label, False, 0, 0, 0, 0, 0, 0, tile, error)
 
 
 def _combine_signature() -> tuple[dict, dict]:
@@ -213,7 +239,7 @@ def sweep(targets: list[GPUTarget], full: bool = False) -> list[CompileResult]:
     for target in targets:
         for cfg in attention_configs(full):
             signature, consts = _signature(cfg, target)
-            results.append(compile_one(attention_kernel, signature, consts, target, f"attention[{cfg.name}]"))
+            results.append(compile_one(attention_kernel, signature, consts, target, f"attention[{cfg.name}]", cfg.key))
         signature, consts = _combine_signature()
         results.append(compile_one(combine_kernel, signature, consts, target, "combine"))
         for fp8 in (False, True):
@@ -222,9 +248,66 @@ def sweep(targets: list[GPUTarget], full: bool = False) -> list[CompileResult]:
     return results
 
 
+# Candidate tiles of the ROCm sweep, largest first: (rows, block_n) by area, then rows; for
+# each size 4 warps before 8; always 2 stages (1 stage compiled to the same VGPR and spill
+# counts as 2 in a first probe of the prefill tiles, gfx942/gfx950). Decode rows are q_len x G_PAD (not the
+# tile's): only block_n, warps and stages vary there.
+_PREFILL_SIZES = ((128, 64), (128, 32), (64, 64), (64, 32), (32, 64), (32, 32), (16, 32), (16, 16))
+_DECODE_SIZES = ((16, 64), (16, 32), (16, 16))
+
+
+def tile_candidates(key: str) -> list[Tile]:
+    sizes = _DECODE_SIZES if key.startswith("decode") else _PREFILL_SIZES
+    return [Tile(r, n, w, s) for r, n in sizes for s in (2,) for w in (4, 8)]
+
+
+def tile_sweep(targets: list[GPUTarget], keys: list[str] | None = None) -> dict[str, Tile | None]:
+    """For each tile key, the first candidate (largest first) whose compiles for every target
+    over the grid's configurations of that key have zero spills, no scratch and fit LDS.
+    Prints one line per candidate and target: worst VGPRs, spills, scratch and LDS bytes."""
+    by_key: dict[str, list[AttentionConfig]] = {}
+    for cfg in attention_configs():
+        by_key.setdefault(cfg.key, []).append(cfg)
+    chosen = {}
+    for key in keys or list(VENDOR_TILES["rocm"] or by_key):
+        chosen[key] = None
+        for tile in tile_candidates(key):
+            fits = True
+            notes = []
+            for target in targets:
+                label = f"{target.backend}:{target.arch}"
+                rows = []
+                for cfg in by_key[key]:
+                    signature, consts = _signature(cfg, target, tile)
+                    rows.append(compile_one(attention_kernel, signature, consts, target, cfg.name, key))
+                worst = {
+                    "ok": all(r.ok for r in rows),
+                    "vgprs": max(r.registers for r in rows),
+                    "spills": max(r.spills for r in rows),
+                    "scratch": max(r.scratch_bytes for r in rows),
+                    "lds": max(r.shared_bytes for r in rows),
+                }
+                fits &= worst["ok"] and not worst["spills"] and not worst["scratch"]
+                fits &= worst["lds"] <= SHARED_LIMIT[label]
+                notes.append(f"{label} " + " ".join(f"{k}={v}" for k, v in worst.items()))
+                if not fits:
+                    break
+            print(f"{key:20s} {astuple(tile)} {'FITS' if fits else 'no  '} | " + " | ".join(notes), flush=True)
+            if fits:
+                chosen[key] = tile
+                break
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(argv if argv is not None else sys.argv[1:])
     full = "--full" in args
+    if "--tiles" in args:
+        names = [a for a in args if a.startswith(("cuda:", "hip:"))] or ["hip:gfx942", "hip:gfx950"]
+        keys = [a for a in args if not a.startswith(("cuda:", "hip:", "--"))] or None
+        chosen = tile_sweep([parse_target(n) for n in names], keys)
+        print(json.dumps({k: astuple(v) if v else None for k, v in chosen.items()}))
+        return 0 if all(chosen.values()) else 1
     names = [a for a in args if a != "--full"] or ["cuda:90", "hip:gfx942", "hip:gfx950"]
     results = sweep([parse_target(n) for n in names], full=full)
     for result in results:

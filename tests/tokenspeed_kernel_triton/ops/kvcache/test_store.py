@@ -20,3 +20,26 @@ def test_triton_store_is_exact(dtype, index):
     assert last_kernel() == "triton_store_kvcache"
     assert torch.equal(k_cache.cpu().view(torch.uint8), expected_k.view(torch.uint8))
     assert torch.equal(v_cache.cpu().view(torch.uint8), expected_v.view(torch.uint8))
+
+
+def test_fp8_store_keeps_the_sign_of_values_that_round_to_zero():
+    # Tiny negatives (and -0.0) round to -0.0 in e4m3 (0x80), as torch's conversion (and the
+    # GPU's cvt) give; the interpreter's rounding helper once returned +0.0 for them.
+    from tokenspeed_kernel_triton.ops.kvcache.store import _store_rows
+
+    values = [-1e-6, -1e-4, -9e-4, -0.0, 0.0, 1e-6, -3e-3, -7.84, -500.0, 500.0, -(2.0**-10), -(2.0**-9)]
+    src = torch.tensor(values, dtype=torch.float32).view(1, 1, -1)
+    dim = src.shape[-1]
+    block_d = 1 << (dim - 1).bit_length()
+    cache = torch.full((1, 1, 1, dim), 0.5, dtype=torch.float32).to(torch.float8_e4m3fn).to(DEVICE)
+    scale = torch.ones(1, device=DEVICE)
+    _store_rows[(1,)](
+        src.to(DEVICE), cache, torch.zeros(1, dtype=torch.int64, device=DEVICE), scale,
+        dim, dim, dim, dim, dim, 1, PAGE_SIZE=1, DIM=dim, BLOCK_H=1, BLOCK_D=block_d, FP8=True,
+        INTERPRET=DEVICE == "cpu", num_warps=1,
+    )  # fmt: skip
+    expected = src.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).flatten()
+    got = cache.cpu().flatten()
+    assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8)), (got, expected)
+    assert torch.signbit(got.float()).tolist() == torch.signbit(expected.float()).tolist()
+    assert got.view(torch.uint8)[:4].tolist() == [0x80] * 4

@@ -25,3 +25,11 @@ def same_head_dims(request) -> str | None:
     if group > 64:
         return f"GQA group of {group} query heads per KV head exceeds 64"
     return None
+
+
+def vendor_of(device: torch.device) -> str:
+    """``"cuda"``, ``"rocm"`` or ``"cpu"`` (the interpreter) for a tensor's device; the same
+    rule as the MoE's ``vendor_of`` (a ROCm build of torch reports ``device.type == "cuda"``)."""
+    if device.type == "cpu":
+        return "cpu"
+    return "rocm" if getattr(torch.version, "hip", None) else "cuda"

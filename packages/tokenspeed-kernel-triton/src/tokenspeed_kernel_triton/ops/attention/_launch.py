@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from tokenspeed_kernel_triton.ops.attention._common import vendor_of
 from tokenspeed_kernel_triton.ops.attention._kernel import attention_kernel, combine_kernel
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -37,30 +38,81 @@ class Tile:
     num_stages: int
 
 
-# Measured on an H100 (ci/device/attention_bench.py --sweep, 2026-11-22, GPT-OSS shapes, D=64,
-# three device runs): causal prefill S=8192 with (128, 64, 4, 3): 1441, 1454, 1446 us (~380
-# TFLOP/s, stable); (128, 64, 8, 3) measured 1369 us once, then 1827 us after an unrelated
-# change to the mask code (register pressure at 8 warps makes it fragile): not chosen;
-# (128, 128, 8, 2) 1834 us. Window-128 prefill: (64, 32, 4, 2) 122-136 us vs 145-160 us for
-# (64, 16, 4, 2) / (128, 32, 8, 2) and 188 us for (128, 32, 4, 2). Decode B=64 ctx 8192
-# 2.73 TB/s of KV with (16, 64, 4, 3). The d256 rows bound registers.
-TILES: dict[str, Tile] = {
+# CUDA rows. Measured on an H100 (ci/device/attention_bench.py --sweep, 2026-11-22, GPT-OSS
+# shapes, D=64, three device runs): causal prefill S=8192 with (128, 64, 4, 3): 1441, 1454,
+# 1446 us (~380 TFLOP/s, stable); (128, 64, 8, 3) measured 1369 us once, then 1827 us after an
+# unrelated change to the mask code (register pressure at 8 warps makes it fragile): not
+# chosen; (128, 128, 8, 2) 1834 us. Window-128 prefill: (64, 32, 4, 2) 122-136 us vs 145-160
+# us for (64, 16, 4, 2) / (128, 32, 8, 2) and 188 us for (128, 32, 4, 2). Decode B=64 ctx
+# 8192 2.73 TB/s of KV with (16, 64, 4, 3). The d256 rows bound registers. The d128 rows
+# repeat the d64 rows and a narrow window at d256 takes the d256 prefill tile (the table was
+# keyed by regime and "head dim > 128" only when these were measured): the launches are the
+# same as before the table was keyed by vendor. The ``TILES`` alias below is this dict
+# (ci/device/attention_bench.py --sweep edits ``TILES["prefill"]`` in place).
+CUDA_TILES: dict[str, Tile] = {
     "prefill": Tile(rows=128, block_n=64, num_warps=4, num_stages=3),
-    "prefill_window": Tile(rows=64, block_n=32, num_warps=4, num_stages=2),
+    "prefill_d128": Tile(rows=128, block_n=64, num_warps=4, num_stages=3),
     "prefill_d256": Tile(rows=64, block_n=32, num_warps=8, num_stages=2),
+    "prefill_window": Tile(rows=64, block_n=32, num_warps=4, num_stages=2),
+    "prefill_window_d128": Tile(rows=64, block_n=32, num_warps=4, num_stages=2),
+    "prefill_window_d256": Tile(rows=64, block_n=32, num_warps=8, num_stages=2),
     "decode": Tile(rows=16, block_n=64, num_warps=4, num_stages=3),
+    "decode_d128": Tile(rows=16, block_n=64, num_warps=4, num_stages=3),
     "decode_d256": Tile(rows=16, block_n=32, num_warps=4, num_stages=2),
 }
+TILES = CUDA_TILES
+
+# ROCm rows: COMPILE-ONLY choices, never run or timed on AMD hardware. For each key, the
+# largest tile (rows x block_n first, then more stages, then fewer warps) whose ahead-of-time
+# compile for both gfx942 and gfx950 has zero spilled registers (VGPR + SGPR spill counts,
+# no scratch) and fits LDS (64 KiB on gfx942, 160 KiB on gfx950), over the configurations of
+# the CI compile grid that use that key. Reproduce with
+# ``python -m tokenspeed_kernel_triton.aot --tiles hip:gfx942 hip:gfx950`` (prints the spill
+# counts and LDS bytes of every candidate it tries, in order). Numbers per row (gfx942 /
+# gfx950: VGPRs incl. AGPRs, spills, LDS bytes; worst configuration of the key). Rows marked
+# SPILLS do not meet the zero-spill goal yet (the sweep ran out of time or found no fit); the
+# AOT test bounds their spills so they cannot get worse (ROCM_KNOWN_SPILLS there).
+ROCM_TILES: dict[str, Tile] = {
+    # zero spills: gfx942 248 VGPRs, 0 spills, 16 KiB LDS / gfx950 323, 0, 16 KiB (first candidate)
+    "prefill": Tile(rows=128, block_n=64, num_warps=4, num_stages=2),
+    # SPILLS (sweep not finished): gfx942 308 VGPRs, 51 spills (extend p1 cap), 16 KiB / gfx950 408, 4, 40 KiB
+    "prefill_d128": Tile(rows=64, block_n=64, num_warps=4, num_stages=2),
+    # zero spills (provisional pick, not swept for larger): gfx942 184, 0, 32 KiB / gfx950 186, 0, 32 KiB
+    "prefill_d256": Tile(rows=64, block_n=16, num_warps=8, num_stages=2),
+    # SPILLS, no zero-spill candidate: the fp8 paged extend configuration spills 6-12 SGPRs (to
+    # VGPR lanes, no scratch) at every tile tried down to 32 x 32 (106 SGPRs in use: scalar
+    # state, not the tile). gfx942 168 VGPRs, 11 spills, 8 KiB / gfx950 200, 12, 12 KiB.
+    "prefill_window": Tile(rows=64, block_n=32, num_warps=4, num_stages=2),
+    # SPILLS (not swept): gfx942 240 VGPRs, 6 spills, 16 KiB / gfx950 300, 8, 20 KiB
+    "prefill_window_d128": Tile(rows=64, block_n=32, num_warps=4, num_stages=2),
+    # zero spills (provisional pick, not swept for larger): gfx942 190, 0, 32 KiB / gfx950 186, 0, 32 KiB
+    "prefill_window_d256": Tile(rows=64, block_n=16, num_warps=8, num_stages=2),
+    # zero spills: gfx942 136 VGPRs, 0 spills, 4 KiB / gfx950 128, 0, 8 KiB ((16, 64, *) spill 16-18)
+    "decode": Tile(rows=16, block_n=32, num_warps=4, num_stages=2),
+    # SPILLS on gfx942: 248 VGPRs, 2 spills, 8 KiB / gfx950 244, 0, 8 KiB. (16, 64, 8, 2) is
+    # the reverse (gfx942 229 VGPRs 0 spills; gfx950 1 spill): no candidate fits both yet.
+    "decode_d128": Tile(rows=16, block_n=32, num_warps=4, num_stages=2),
+    # zero spills: gfx942 158 VGPRs, 0 spills, 8 KiB / gfx950 148, 0, 16 KiB (every larger one spills 7-1384)
+    "decode_d256": Tile(rows=16, block_n=16, num_warps=8, num_stages=2),
+}
+
+# The table: vendor -> key -> tile; the interpreter ("cpu") uses the CUDA rows.
+VENDOR_TILES: dict[str, dict[str, Tile]] = {"cuda": CUDA_TILES, "rocm": ROCM_TILES, "cpu": CUDA_TILES}
+# Head dims are bucketed to the next power of two in [64, 256] (80/96 -> 128, 16/32 -> 64).
+HEAD_DIM_SUFFIX = {64: "", 128: "_d128", 256: "_d256"}
 # A window at most this wide makes prefill tiles short: the narrow tile wins there.
 NARROW_WINDOW = 512
 
 
-def _tile(regime: str, head_dim: int, window: bool = False) -> Tile:
-    if head_dim > 128:
-        return TILES[f"{regime}_d256"]
-    if regime == "prefill" and window:
-        return TILES["prefill_window"]
-    return TILES[regime]
+def tile_key(regime: str, head_dim: int, window: bool = False) -> str:
+    """The table key of a call: ``regime`` (``"prefill"`` also serves extend, ``"decode"``),
+    ``_window`` for a narrow-window prefill, then the head-dim bucket's suffix."""
+    bucket = min(max(triton.next_power_of_2(head_dim), 64), 256)
+    return f"{regime}{'_window' * (regime == 'prefill' and window)}{HEAD_DIM_SUFFIX[bucket]}"
+
+
+def _tile(regime: str, head_dim: int, window: bool = False, vendor: str = "cuda") -> Tile:
+    return VENDOR_TILES[vendor][tile_key(regime, head_dim, window)]
 
 
 def _sm_count(device: torch.device) -> int:
@@ -108,11 +160,14 @@ def kernel_config(
     lse: bool,
     splits: int,
     regime: str,
+    vendor: str = "cuda",
+    tile: Tile | None = None,
 ) -> KernelConfig:
-    """The tile choice of :data:`TILES` applied to one call (see the module docstring)."""
+    """The tile choice of :data:`VENDOR_TILES` applied to one call (see the module docstring);
+    ``tile`` overrides the table (the ahead-of-time candidate sweep)."""
     group = num_q_heads // num_kv_heads
     g_pad = triton.next_power_of_2(group)
-    tile = _tile(regime, head_dim, window=narrow_window)
+    tile = tile or _tile(regime, head_dim, window=narrow_window, vendor=vendor)
     if regime == "decode":
         rows = max(16, triton.next_power_of_2(max(max_q, 1)) * g_pad)
     else:
@@ -198,6 +253,7 @@ def launch(
         lse=lse is not None,
         splits=splits,
         regime=regime,
+        vendor=vendor_of(q.device),
     )
     block_dv = cfg.constexprs["BLOCK_DV"]
     dummy = q.new_empty(1, dtype=torch.float32)

@@ -17,7 +17,8 @@ FP8_MAX = 448.0
 @triton.jit
 def _round_e4m3(x):
     """Round fp32 to the nearest e4m3 value (ties to even) in fp32 arithmetic. Used under
-    the interpreter only, whose fp32->fp8 cast drops the carry into the exponent."""
+    the interpreter only, whose fp32->fp8 cast drops the carry into the exponent. Signed
+    zeros are kept (-1e-6 and -0.0 round to -0.0), as torch's and the GPU's conversions do."""
     mag = tl.abs(x)
     exp = tl.maximum(tl.floor(tl.log2(tl.maximum(mag, 1e-30))), -6.0)
     step = tl.exp2(exp - 3.0)
@@ -26,7 +27,11 @@ def _round_e4m3(x):
     frac = v - r
     odd = (r - 2.0 * tl.floor(r * 0.5)) == 1.0
     r = r + tl.where((frac > 0.5) | ((frac == 0.5) & odd), 1.0, 0.0)
-    return tl.where(x < 0, -r * step, r * step)
+    # The sign comes from x's sign bit, as a multiply: ``-r`` is ``0 - r`` in Triton, which
+    # is +0.0 for r == 0, so a tiny negative value (or -0.0) lost its sign here while the
+    # GPU's cvt keeps it (-0.0 is e4m3 0x80). A select + multiply: no branch.
+    sign = tl.where(x.to(tl.int32, bitcast=True) < 0, -1.0, 1.0)
+    return sign * (r * step)
 
 
 @triton.jit
