@@ -15,7 +15,14 @@ w2_bias=None, expert_map=None, activation_quant=None)``
     Same arguments as ``tokenspeed_kernel.moe_apply`` (weights may be tensors or
     MXFP4Weight/FP8Weight containers, read only through their public fields) →
     ``out float64 [T, H]``. ``activation_quant="mxfp8"`` passes x and each intermediate
-    row through :func:`naive_fake_mxfp8` first.
+    row through :func:`naive_fake_mxfp8` first; ``"fp8"`` through :func:`naive_fake_fp8_token`
+    (groups of 128 along K when the weights carry 128x128 block scales, else whole rows).
+
+``naive_fake_fp8_token(v, group=None)``
+    ``v [..., K]`` → float64: each row (or each run of ``group`` values of a row) scaled by
+    ``2**-e``, ``e`` the smallest integer with ``amax <= 448 * 2**e`` found by stepping
+    (clamped to [-100, 126]; a zero group gets -100), every scaled value replaced by the
+    nearest finite e4m3 value (ties → even code), times ``2**e``.
 
 ``naive_fake_mxfp8(v)``
     ``v [..., K]`` (K % 32 == 0) → float64: each block of 32 values scaled by
@@ -40,6 +47,7 @@ __all__ = [
     "decode_mxfp4",
     "dense_weight",
     "e4m3_values",
+    "naive_fake_fp8_token",
     "naive_fake_mxfp8",
     "naive_moe",
     "naive_topk",
@@ -159,6 +167,29 @@ def naive_fake_mxfp8(v: torch.Tensor) -> torch.Tensor:
     return out.reshape(v.shape)
 
 
+def _nearest_e4m3(scaled: torch.Tensor) -> torch.Tensor:
+    dist = (scaled[..., None] - _E4M3).abs()
+    nearest = dist == dist.min(dim=-1, keepdim=True).values
+    odd = (_E4M3_CODES & 1).to(torch.float64)
+    return _E4M3[torch.where(nearest, odd, torch.full_like(dist, 2.0)).argmin(dim=-1)]
+
+
+def naive_fake_fp8_token(v: torch.Tensor, group: int | None = None) -> torch.Tensor:
+    rows = v.detach().to("cpu", torch.float64).reshape(-1, v.shape[-1])
+    out = torch.empty_like(rows)
+    k = rows.shape[1]
+    size = k if group is None else group
+    for r in range(rows.shape[0]):
+        for g0 in range(0, k, size):
+            chunk = rows[r, g0 : g0 + size]
+            amax = float(chunk.abs().max())
+            e = -100
+            while e < 126 and amax > 448.0 * 2.0**e:
+                e += 1
+            out[r, g0 : g0 + size] = _nearest_e4m3(chunk / 2.0**e) * 2.0**e
+    return out.reshape(v.shape)
+
+
 def _activation(name: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if name == "silu":
         return gate / (1.0 + torch.exp(-gate)) * up
@@ -188,6 +219,9 @@ def naive_moe(
     xd = x.detach().to("cpu", torch.float64)
     if activation_quant == "mxfp8":
         xd = naive_fake_mxfp8(xd)
+    group = 128 if hasattr(w13, "scale") and w13.scale.shape[-1] > 1 else None  # fp8 128x128 block scales
+    if activation_quant == "fp8":
+        xd = naive_fake_fp8_token(xd, group)
     a = dense_weight(w13)
     b = dense_weight(w2)
     inter = b.shape[-1]
@@ -208,6 +242,8 @@ def naive_moe(
             act = _activation(activation, h[:inter], h[inter:])
             if activation_quant == "mxfp8":
                 act = naive_fake_mxfp8(act)
+            if activation_quant == "fp8":
+                act = naive_fake_fp8_token(act, group)
             y = b[local] @ act
             if bias2 is not None:
                 y = y + bias2[local]

@@ -92,6 +92,7 @@ OPERATORS: dict[str, OperatorSchema] = {
                 "fp8_per_channel",
                 "fp8_block",
                 "mxfp8_act",
+                "fp8_act",
             ),
             summary="mixture-of-experts expert computation and combine (moe_apply)",
         ),

@@ -22,6 +22,9 @@ MXFP8 activations (``moe_apply(..., activation_quant="mxfp8")``) are not stored 
 :func:`quantize_mxfp8` is the one reference definition of how a GEMM operand is quantized
 on the fly (float8_e4m3fn values, one E8M0 scale per 32 values along the last axis; the
 rule is in its docstring), :func:`fake_quantize_mxfp8` the value a kernel then multiplies.
+Likewise for per-token dynamic fp8 activations (``activation_quant="fp8"``, FP8 weights):
+:func:`quantize_fp8_per_token` (one power-of-two float32 scale per row, or per row and
+128-value K group for 128x128 block-scaled weights) and :func:`fake_quantize_fp8_per_token`.
 """
 
 from __future__ import annotations
@@ -42,8 +45,10 @@ __all__ = [
     "dequantize_fp8",
     "dequantize_mxfp4",
     "dequantize_mxfp8",
+    "fake_quantize_fp8_per_token",
     "fake_quantize_mxfp8",
     "quantize_fp8",
+    "quantize_fp8_per_token",
     "quantize_mxfp4",
     "quantize_mxfp8",
 ]
@@ -57,6 +62,7 @@ MXFP8_BLOCK = 32
 E4M3_EMAX = 8  # floor(log2(448)): the largest exponent of a finite float8_e4m3fn
 E4M3_MIN_EXP = -6  # the smallest normal exponent; below it the quantum is 2**-9
 E8M0_MIN_EXP, E8M0_MAX_EXP, E8M0_NAN = -127, 127, 255
+FP8_ACT_MIN_EXP, FP8_ACT_MAX_EXP = -100, 126  # the exponent range of per-token fp8 scales
 
 
 @dataclass(frozen=True)
@@ -298,3 +304,59 @@ def fake_quantize_mxfp8(x: torch.Tensor, dtype: torch.dtype | None = None) -> to
     value derived from a float32 input is a float32)."""
     data, scales = quantize_mxfp8(x)
     return dequantize_mxfp8(data, scales, x.dtype if dtype is None else dtype)
+
+
+def _round_e4m3(v: torch.Tensor) -> torch.Tensor:
+    """float64 ``v`` rounded to the nearest float8_e4m3fn value (ties to even mantissa; the
+    subnormal quantum ``2**-9`` below ``2**-6``) and saturated to ±448, still float64."""
+    mag = v.abs().clamp(max=FP8_E4M3_MAX)
+    _, pe = torch.frexp(mag)  # mag = m * 2**pe; its e4m3 exponent is pe - 1 (>= -6)
+    quantum = torch.ldexp(torch.ones_like(mag), ((pe.to(torch.int64) - 1).clamp(min=E4M3_MIN_EXP) - 3).to(mag.dtype))
+    rounded = torch.round(mag / quantum) * quantum  # torch.round: half to even
+    return torch.copysign(rounded.clamp(max=FP8_E4M3_MAX), v)
+
+
+def quantize_fp8_per_token(x: torch.Tensor, group_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x [..., K]`` (any float dtype, finite) to float8_e4m3fn with one float32 scale
+    per row (``group_size=None``: per token) or per row and ``group_size`` consecutive values
+    along K (the last group may be shorter). Returns ``(data float8_e4m3fn [..., K],
+    scales float32 [..., G])``, real value ``data * scale``.
+
+    The rule (what a kernel serving ``activation_quant="fp8"`` computes, bit for bit):
+
+    1. ``amax = max |v|`` over the group; the scale is the power of two ``2**e`` with the
+       smallest ``e`` such that ``amax / 2**e <= 448`` (``e = ceil(log2(amax / 448))``),
+       clamped to ``[-100, 126]`` (a zero group gets ``2**-100``). A power of two makes the
+       scaling ``v / 2**e`` exact (the DeepSeek "UE8M0" variant of per-token-group fp8), so
+       the only rounding is step 2, on any hardware.
+    2. ``v / 2**e`` rounded to the nearest e4m3 value, ties to even (saturation to ±448 is
+       never reached by construction).
+
+    Computed in float64. Non-finite inputs give unspecified results.
+    """
+    k = x.shape[-1]
+    group = k if group_size is None else group_size
+    pad = -k % group
+    v = x.detach().to(torch.float64)
+    if pad:
+        v = torch.nn.functional.pad(v, (0, pad))
+    v = v.unflatten(-1, (-1, group))
+    amax = v.abs().amax(dim=-1)
+    m, p = torch.frexp(amax)  # amax = m * 2**p, m in [0.5, 1)
+    exp = torch.where(m <= FP8_E4M3_MAX / 512, p.to(torch.int64) - 9, p.to(torch.int64) - 8)
+    exp = torch.where(amax > 0, exp, torch.full_like(exp, FP8_ACT_MIN_EXP)).clamp(FP8_ACT_MIN_EXP, FP8_ACT_MAX_EXP)
+    data = _round_e4m3(torch.ldexp(v, (-exp).unsqueeze(-1).to(torch.float64))).flatten(-2)[..., :k]
+    scales = torch.ldexp(torch.ones_like(amax), exp.to(torch.float64)).float()
+    return data.to(torch.float8_e4m3fn).contiguous(), scales.contiguous()
+
+
+def fake_quantize_fp8_per_token(
+    x: torch.Tensor, group_size: int | None = None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """``data * scale`` of :func:`quantize_fp8_per_token` in ``dtype`` (default x's dtype): the
+    values a kernel multiplies when ``activation_quant="fp8"`` (exact in float32/float64)."""
+    data, scales = quantize_fp8_per_token(x, group_size)
+    k = x.shape[-1]
+    group = k if group_size is None else group_size
+    factor = scales.double().repeat_interleave(group, dim=-1)[..., :k]
+    return (data.to(torch.float64) * factor).to(x.dtype if dtype is None else dtype)

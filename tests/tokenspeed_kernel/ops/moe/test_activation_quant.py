@@ -150,3 +150,25 @@ def test_custom_op_carries_activation_quant():
     torch.library.opcheck(torch.ops.tokenspeed_kernel.moe_apply.default, args)
     got = torch.ops.tokenspeed_kernel.moe_apply(*args)
     assert torch.equal(got, moe_apply(**inputs, override=APPLY))
+
+
+def test_fp8_activations_reference_and_validation():
+    """activation_quant="fp8": FP8 weights only (ValueError naming the argument otherwise), the
+    reference equals the independent float64 MoE of the same per-token rounding, and the
+    request carries the feature "fp8_act"."""
+    fp8 = [c for c in cases.awkward_cases("moe.apply") if c.activation_quant == "fp8"]
+    assert {c.weight_format for c in fp8} == {"fp8_per_tensor", "fp8_per_channel", "fp8_block"}
+    for case in fp8:
+        inputs = cases.make_inputs(case, seed=3)
+        assert "fp8_act" in cases.request(case).features
+        torch.testing.assert_close(cases.reference(case, inputs)[0], naive_moe(**inputs), atol=1e-10, rtol=1e-10)
+        out = moe_apply(**inputs, override=APPLY)
+        torch.testing.assert_close(out.double(), naive_moe(**inputs), atol=3e-2, rtol=1.6e-2)
+    plain = cases.make_inputs(cases.MoECase("moe.apply", 3, 64, 32, 8, 2, torch.bfloat16), seed=1)
+    with pytest.raises(ValueError, match="activation_quant='fp8' needs FP8 weights"):
+        moe_apply(**plain, activation_quant="fp8", override=APPLY)
+    mx = cases.make_inputs(_case(t=3), seed=1)
+    with pytest.raises(ValueError, match="activation_quant='fp8' needs FP8 weights"):
+        moe_apply(**{**mx, "activation_quant": "fp8"}, override=APPLY)
+    with pytest.raises(ValueError, match="activation_quant"):
+        cases.MoECase("moe.apply", 3, 64, 32, 8, 2, torch.bfloat16, weight_format="mxfp4", activation_quant="fp8")

@@ -7,7 +7,9 @@ round once when writing the output. ``torch_moe`` groups the (token, choice) pai
 and loops over the experts that were hit only, dequantizing one expert's weights at a time.
 With ``activation_quant="mxfp8"`` it replaces each GEMM's A operand (x, then the activated
 intermediate) by :func:`~tokenspeed_kernel.quant.fake_quantize_mxfp8` of it, computed in the
-compute dtype (float32, or float64 for float64 inputs).
+compute dtype (float32, or float64 for float64 inputs); with ``activation_quant="fp8"`` by
+:func:`~tokenspeed_kernel.quant.fake_quantize_fp8_per_token` (per token, or per token and
+128-value K group for block-scaled weights).
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ import torch
 import torch.nn.functional as F
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, TopKArgs, Weight
-from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight, dequantize_fp8, dequantize_mxfp4, fake_quantize_mxfp8
+from tokenspeed_kernel.quant import (
+    FP8_BLOCK,
+    FP8Weight,
+    MXFP4Weight,
+    dequantize_fp8,
+    dequantize_mxfp4,
+    fake_quantize_fp8_per_token,
+    fake_quantize_mxfp8,
+)
 from tokenspeed_kernel.registry import Priority, register_kernel
 
 __all__ = ["ACTIVATION_FUNCTIONS", "torch_moe", "torch_moe_topk"]
@@ -75,6 +85,16 @@ def _swiglu_oai(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 ACTIVATION_FUNCTIONS = {"silu": _silu, "gelu": _gelu, "swiglu_oai": _swiglu_oai}
 
 
+def _activation_quantizer(args: MoEApplyArgs):
+    """The fake quantization of a GEMM's A operand for ``args.activation_quant``, or None."""
+    if args.activation_quant == "mxfp8":
+        return fake_quantize_mxfp8
+    if args.activation_quant == "fp8":
+        group = FP8_BLOCK if isinstance(args.w13, FP8Weight) and args.w13.granularity == "block" else None
+        return lambda a: fake_quantize_fp8_per_token(a, group)
+    return None
+
+
 @register_kernel(
     "moe.apply",
     name="torch_moe",
@@ -91,6 +111,7 @@ ACTIVATION_FUNCTIONS = {"silu": _silu, "gelu": _gelu, "swiglu_oai": _swiglu_oai}
         "fp8_per_channel",
         "fp8_block",
         "mxfp8_act",
+        "fp8_act",
     ),
     priority=Priority.REFERENCE,
     graph_safe=False,  # groups pairs by expert with counts read on the host (.tolist())
@@ -99,9 +120,9 @@ def torch_moe(args: MoEApplyArgs) -> None:
     """Reference MoE: group (token, choice) pairs by expert, one dense GEMM pair per expert."""
     compute = _compute_dtype(args.x)
     x = args.x.to(compute)
-    quantize = args.activation_quant == "mxfp8"
-    if quantize:
-        x = fake_quantize_mxfp8(x)
+    quantize = _activation_quantizer(args)
+    if quantize is not None:
+        x = quantize(x)
     num_tokens, top_k = args.topk_ids.shape
     experts = args.topk_ids.long()
     if args.expert_map is not None:
@@ -126,8 +147,8 @@ def torch_moe(args: MoEApplyArgs) -> None:
         if args.w13_bias is not None:
             h = h + args.w13_bias[e].to(compute)
         a = act(h[:, :inter], h[:, inter:])
-        if quantize:
-            a = fake_quantize_mxfp8(a)
+        if quantize is not None:
+            a = quantize(a)
         y = a @ _expert(args.w2, e, compute).T
         if args.w2_bias is not None:
             y = y + args.w2_bias[e].to(compute)

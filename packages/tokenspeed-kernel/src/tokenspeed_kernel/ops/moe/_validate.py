@@ -19,7 +19,7 @@ from tokenspeed_kernel.ops._checks import (
     check_tensor,
     dtype_name,
 )
-from tokenspeed_kernel.ops.moe.args import ACTIVATION_QUANTS, ACTIVATIONS, Weight
+from tokenspeed_kernel.ops.moe.args import ACTIVATION_QUANT_WEIGHTS, ACTIVATION_QUANTS, ACTIVATIONS, Weight
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.registry import Request
 
@@ -141,18 +141,19 @@ def check_weights(
 
 
 def check_activation_quant(activation_quant: object, info: WeightInfo) -> str | None:
-    """``activation_quant`` is None or one of :data:`ACTIVATION_QUANTS`, the latter only with
-    MXFP4 weights (whose K dims are multiples of 32, the MX block)."""
+    """``activation_quant`` is None or one of :data:`ACTIVATION_QUANTS`: ``"mxfp8"`` only with
+    MXFP4 weights (whose K dims are multiples of 32, the MX block), ``"fp8"`` only with FP8
+    weights (:data:`ACTIVATION_QUANT_WEIGHTS`)."""
     if activation_quant is None:
         return None
     if not isinstance(activation_quant, str):
         raise TypeError(f"activation_quant must be a str or None, got {type(activation_quant).__name__}")
     check_choice("activation_quant", activation_quant, tuple(ACTIVATION_QUANTS))
-    if info.weight_format != "mxfp4":
-        raise ValueError(
-            f"activation_quant={activation_quant!r} needs MXFP4 weights (MXFP4Weight w13/w2), "
-            f"got {info.weight_format} weights"
+    if info.weight_format not in ACTIVATION_QUANT_WEIGHTS[activation_quant]:
+        needs = (
+            "MXFP4 weights (MXFP4Weight w13/w2)" if activation_quant == "mxfp8" else "FP8 weights (FP8Weight w13/w2)"
         )
+        raise ValueError(f"activation_quant={activation_quant!r} needs {needs}, got {info.weight_format} weights")
     return activation_quant
 
 

@@ -202,7 +202,12 @@ def moe_apply(
             ``floor(log2(amax)) - 8``, round-to-nearest-even, saturate to ±448), and the GEMM
             multiplies those values (W4A8: what lets gfx950 run MXFP4 x MXFP8 on its scaled
             MFMA). Changes the numerics: relative error per value up to 2^-4 (6.25 %).
-            Kernels serve it only if they declare the feature ``"mxfp8_act"``.
+            Kernels serve it only if they declare the feature ``"mxfp8_act"``. Or ``"fp8"``
+            (opt-in, FP8 weights only): the same A operands quantized per token on the fly to
+            float8_e4m3fn with one power-of-two float32 scale per row (per row and 128-value
+            K group when the weights are 128x128 block-scaled), by the rule of
+            :func:`tokenspeed_kernel.quant.quantize_fp8_per_token`, so the GEMMs run
+            fp8 x fp8 (W8A8). Relative error per value up to 2^-4; feature ``"fp8_act"``.
 
     Returns:
         ``[T, H]`` in x's dtype (``out`` when given).

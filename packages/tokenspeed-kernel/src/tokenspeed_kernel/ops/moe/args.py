@@ -9,7 +9,7 @@ import torch
 
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 
-__all__ = ["ACTIVATIONS", "ACTIVATION_QUANTS", "MoEApplyArgs", "TopKArgs", "Weight"]
+__all__ = ["ACTIVATIONS", "ACTIVATION_QUANTS", "ACTIVATION_QUANT_WEIGHTS", "MoEApplyArgs", "TopKArgs", "Weight"]
 
 Weight = torch.Tensor | MXFP4Weight | FP8Weight
 
@@ -18,8 +18,13 @@ ACTIVATIONS = ("silu", "gelu", "swiglu_oai")
 # ``activation_quant`` values and the request feature each one adds. "mxfp8": every expert
 # GEMM's A operand (x for w13, the activated intermediate for w2) is quantized on the fly
 # by :func:`tokenspeed_kernel.quant.quantize_mxfp8` (e4m3 + E8M0 per 32 values along K)
-# and the GEMM multiplies the dequantized values. Only with MXFP4 weights.
-ACTIVATION_QUANTS = {"mxfp8": "mxfp8_act"}
+# and the GEMM multiplies the dequantized values. Only with MXFP4 weights. "fp8": the same A
+# operands quantized per token (per token and 128-value K group for 128x128 block-scaled
+# weights) by :func:`tokenspeed_kernel.quant.quantize_fp8_per_token` (e4m3 + a power-of-two
+# float32 scale), so the GEMM runs fp8 x fp8. Only with FP8 weights.
+ACTIVATION_QUANTS = {"mxfp8": "mxfp8_act", "fp8": "fp8_act"}
+# The weight formats each activation_quant value needs.
+ACTIVATION_QUANT_WEIGHTS = {"mxfp8": ("mxfp4",), "fp8": ("fp8_per_tensor", "fp8_per_channel", "fp8_block")}
 
 
 @dataclass(slots=True)
@@ -76,7 +81,9 @@ class MoEApplyArgs:
             ``fake_quantize_mxfp8(A)`` (:mod:`tokenspeed_kernel.quant`: float8_e4m3fn values,
             one E8M0 scale per 32 consecutive values along K = H or I). Only with MXFP4
             weights (then ``H % 32 == I % 32 == 0``). Kernels see it as the request feature
-            ``"mxfp8_act"``.
+            ``"mxfp8_act"``. Or ``"fp8"`` (FP8 weights only): the A operands are replaced by
+            ``fake_quantize_fp8_per_token(A, 128 if block-scaled weights else None)``;
+            request feature ``"fp8_act"``.
     """
 
     x: torch.Tensor

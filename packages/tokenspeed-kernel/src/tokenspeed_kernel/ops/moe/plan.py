@@ -65,7 +65,7 @@ class MoEPlan:
         info: sizes and weight format read from the weights.
         device: the weights' device (``x`` must be there too).
         prepared: the object returned by ``spec.prepare`` (None if the kernel has no hook).
-        activation_quant: None or ``"mxfp8"`` (see :func:`~tokenspeed_kernel.moe_apply`).
+        activation_quant: None, ``"mxfp8"`` or ``"fp8"`` (see :func:`~tokenspeed_kernel.moe_apply`).
         handle: the plan's id for the ``moe_plan_apply`` custom op (torch.compile path).
     """
 

@@ -15,7 +15,13 @@ from typing import Any
 import torch
 
 from tokenspeed_kernel.ops.moe._validate import WeightInfo, apply_request, topk_request
-from tokenspeed_kernel.ops.moe.args import ACTIVATION_QUANTS, ACTIVATIONS, MoEApplyArgs, TopKArgs
+from tokenspeed_kernel.ops.moe.args import (
+    ACTIVATION_QUANT_WEIGHTS,
+    ACTIVATION_QUANTS,
+    ACTIVATIONS,
+    MoEApplyArgs,
+    TopKArgs,
+)
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight, quantize_fp8, quantize_mxfp4
 from tokenspeed_kernel.registry import Request
 
@@ -40,8 +46,8 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f
 @dataclass(frozen=True)
 class MoECase:
     """One MoE problem. ``hidden``/``intermediate`` are unused (0 is fine) for ``moe.topk``;
-    ``weight_format``/``activation``/``bias``/``expert_map``/``activation_quant`` (None or
-    ``"mxfp8"``, MXFP4 weights only) apply to ``moe.apply`` and
+    ``weight_format``/``activation``/``bias``/``expert_map``/``activation_quant`` (None,
+    ``"mxfp8"`` with MXFP4 weights or ``"fp8"`` with fp8 weights) apply to ``moe.apply`` and
     ``scoring``/``renormalize`` to ``moe.topk`` (and to how ``moe.apply`` routing is drawn)."""
 
     op: str
@@ -77,9 +83,12 @@ class MoECase:
             if self.weight_format == "mxfp4" and (self.hidden % 32 or self.intermediate % 32):
                 raise ValueError("MoECase: mxfp4 needs hidden and intermediate multiples of 32")
             if self.activation_quant is not None and (
-                self.activation_quant not in ACTIVATION_QUANTS or self.weight_format != "mxfp4"
+                self.activation_quant not in ACTIVATION_QUANTS
+                or self.weight_format not in ACTIVATION_QUANT_WEIGHTS[self.activation_quant]
             ):
-                raise ValueError(f"MoECase: activation_quant must be None or 'mxfp8' with mxfp4 weights: {self}")
+                raise ValueError(
+                    f"MoECase: activation_quant must be None, 'mxfp8' with mxfp4 weights or 'fp8' with fp8 weights: {self}"
+                )
             if self.weight_format == "fp8_block" and self.hidden <= 128:
                 # With every dim <= 128 a block scale is [.., 1, 1]: indistinguishable from per-tensor.
                 raise ValueError("MoECase: fp8_block needs hidden > 128 (else it reads as per-tensor)")
@@ -389,6 +398,16 @@ def awkward_cases(op: str, dtype: torch.dtype = torch.bfloat16) -> list[MoECase]
         c("gpt_oss_like", 33, weight_format="mxfp4", activation="swiglu_oai", bias=True, expert_map=True),
         c("mxfp8_act_t1", 1, weight_format="mxfp4", activation="swiglu_oai", bias=True, activation_quant="mxfp8"),
         c("mxfp8_act_t33", 33, weight_format="mxfp4", activation="swiglu_oai", bias=True, activation_quant="mxfp8"),
+        c(
+            "fp8_act_channel_t1",
+            1,
+            weight_format="fp8_per_channel",
+            activation="swiglu_oai",
+            bias=True,
+            activation_quant="fp8",
+        ),
+        c("fp8_act_tensor_t33", 33, weight_format="fp8_per_tensor", expert_map=True, activation_quant="fp8"),
+        c("fp8_act_block_t5", 5, hidden=256, weight_format="fp8_block", bias=True, activation_quant="fp8"),
         c("fp8_gelu_bias_t1", 1, weight_format="fp8_per_channel", activation="gelu", bias=True),
         c("top1", top_k=1),
         c("topk_eq_e", 3, num_experts=4, top_k=4, activation="swiglu_oai"),
