@@ -12,6 +12,20 @@ package index, so an editable install cannot fetch its build backend) carried as
 
 ``--dry`` runs the same code paths on tiny shapes (CPU, under TRITON_INTERPRET=1).
 
+``--combine`` adds, at every T, ``triton_fused_moe`` with the deterministic combine kernel
+(``combine="reduce"``, the default) next to the combine fused into the w2 epilogue
+(``combine="atomic"``: float32 atomics into a ``[T, H]`` buffer), for bf16 and
+fp8_per_channel weights (same plans and routings), plus a numerics row per format::
+
+    python3 ci/device/moe_bench.py --combine --no-sweep --json $OUT/moe_combine.json
+
+``--fp8-act`` adds, at every T, fp8_per_channel and fp8_block weights with bf16 activations
+(weight-only: the MMA runs in bf16) next to ``activation_quant="fp8"`` (per-token fp8
+activations quantized on the fly, fp8 x fp8 MMA), through ``moe_plan`` like the main table,
+plus numerics rows against the float64 MoE of the same activation quantization::
+
+    python3 ci/device/moe_bench.py --fp8-act --no-sweep --json $OUT/moe_fp8act.json
+
 ``--mx`` (about 3 minutes on an H100) is the promotion check of the opt-in
 ``triton_fused_moe_mx`` (``tl.dot_scaled`` MXFP4 main loop): its numerics against float64
 (awkward T, biases, expert map, forced K splits; outputs poisoned with NaN), then GPT-OSS-120B
@@ -121,9 +135,10 @@ def act64(name: str, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return g * torch.sigmoid(1.702 * g) * (u.clamp(-7.0, 7.0) + 1.0)
 
 
-def reference64(x, w13, w2, b13, b2, weights, ids, activation, expert_map=None):
-    """float64 MoE on the device, one expert at a time."""
-    x64 = x.double()
+def reference64(x, w13, w2, b13, b2, weights, ids, activation, expert_map=None, quant=None):
+    """float64 MoE on the device, one expert at a time (``quant``: applied to x and to each
+    intermediate, e.g. the fake fp8 activation quantization)."""
+    x64 = x.double() if quant is None else quant(x.double())
     out = torch.zeros_like(x64)
     local = ids.long() if expert_map is None else expert_map.long()[ids.long()]
     inter = w2.shape[-1]
@@ -132,7 +147,8 @@ def reference64(x, w13, w2, b13, b2, weights, ids, activation, expert_map=None):
         h = x64[rows] @ expert64(w13, e).T
         if b13 is not None:
             h = h + b13[e].double()
-        y = act64(activation, h[:, :inter], h[:, inter:]) @ expert64(w2, e).T
+        a_ = act64(activation, h[:, :inter], h[:, inter:])
+        y = (a_ if quant is None else quant(a_)) @ expert64(w2, e).T
         if b2 is not None:
             y = y + b2[e].double()
         out.index_add_(0, rows, y * weights[rows, cols].double()[:, None])
@@ -245,6 +261,8 @@ def main() -> int:
     p.add_argument("--dry", action="store_true", help="tiny shapes on the CPU (interpreter)")
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--mx", action="store_true", help="promotion check of triton_fused_moe_mx (see the docstring)")
+    p.add_argument("--combine", action="store_true", help="time combine='reduce' vs 'atomic' (see the docstring)")
+    p.add_argument("--fp8-act", action="store_true", help="time activation_quant='fp8' vs bf16 activations")
     a = p.parse_args()
     if a.mx:
         from moe_mx_bench import run_mx  # ci/device/moe_mx_bench.py, next to this file
@@ -256,7 +274,7 @@ def main() -> int:
     token_counts = (1, 8, 33) if a.dry else (1, 8, 64, 512, 4096)
     record: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                     "torch": torch.__version__, "triton": triton.__version__, "date": time.strftime("%Y-%m-%d"),
-                    "numerics": [], "bench": [], "sweep": []}  # fmt: skip
+                    "numerics": [], "bench": [], "sweep": [], "combine": [], "fp8_act": []}  # fmt: skip
     log("device", record["device"], "torch", record["torch"], "triton", record["triton"])
     copy_bw = copy_bandwidth(device)
     record["copy_bw"] = copy_bw
@@ -336,6 +354,11 @@ def main() -> int:
             + [f"{fmt} {row[fmt]['ms'] * 1e3:.1f}us ({row[fmt]['tflops']:.0f} TF/s, {row[fmt]['bw_frac'] * 100:.0f}% BW)"
                for fmt in BENCH_FORMATS]))  # fmt: skip
 
+    if a.fp8_act:
+        bench_fp8_act(a, record, clock, weights, plans, (e, k, h, i), token_counts, b13, b2, gen, device)
+    if a.combine:
+        bench_combine(a, record, clock, weights, plans, (e, k, h, i), token_counts, b13, b2, gen, device)
+
     # ---- tile sweep (fused_moe only, fixed routing sets, prepared weights)
     if not a.no_sweep:
         for fmt, t, group in SWEEP_POINTS:
@@ -369,6 +392,95 @@ def main() -> int:
             json.dump(record, f, indent=1)
     summary(record)
     return 0 if all(r["ok"] for r in record["numerics"]) else 1
+
+
+COMBINE_FORMATS = ("bf16", "fp8_per_channel")
+FP8_ACT_FORMATS = ("fp8_per_channel", "fp8_block")
+
+
+def bench_fp8_act(a, record, clock, weights, plans, dims, token_counts, b13, b2, gen, device) -> None:
+    """fp8 weights with bf16 activations (the main plans) vs ``activation_quant="fp8"`` plans:
+    numerics against the float64 MoE of the same quantization, then times at every T."""
+    from tokenspeed_kernel.quant import FP8_BLOCK, fake_quantize_fp8_per_token
+
+    e, k, h, _ = dims
+    act_plans = {fmt: moe_plan(*weights[fmt], x_dtype=torch.bfloat16, top_k=k, activation="swiglu_oai", w13_bias=b13,
+                               w2_bias=b2, activation_quant="fp8") for fmt in FP8_ACT_FORMATS}  # fmt: skip
+    for fmt in FP8_ACT_FORMATS:
+        for t in (5, 33) if a.dry else (3, 64, 4096):
+            x = torch.randn(t, h, generator=gen, device=device).bfloat16()
+            tw, ti = moe_topk((2 * torch.randn(t, e, generator=gen, device=device)).bfloat16(), k)
+            out = act_plans[fmt].apply(x, tw, ti)
+            group = FP8_BLOCK if fmt == "fp8_block" else None
+            ref = reference64(x, *weights[fmt], b13, b2, tw, ti, "swiglu_oai",
+                              quant=lambda v, g=group: fake_quantize_fp8_per_token(v, g))  # fmt: skip
+            err = rel_err(out, ref)
+            ok = bool(not torch.isnan(out).any() and err < 3e-2)
+            record["numerics"].append({"format": f"{fmt}+fp8_act", "T": t, "activation": "swiglu_oai", "bias": True,
+                                       "expert_map": False, "rel_err": err, "ok": ok})  # fmt: skip
+            log(f"numerics {fmt}+fp8_act T={t} rel_err={err:.2e} {'PASS' if ok else 'FAIL'}")
+    for t in token_counts:
+        if clock.left() < 30:
+            log("fp8_act: out of time budget, skipping the rest")
+            break
+        rot, xs, ls, _ = bench_inputs(t, h, e, k, gen, device)
+        row = {"T": t}
+        for fmt in FP8_ACT_FORMATS:
+            for label, plan in (("bf16act", plans[fmt]), ("fp8act", act_plans[fmt])):
+
+                def ours(xs=xs, ls=ls, plan=plan):
+                    for x_, l_ in zip(xs, ls):
+                        tw_, ti_ = moe_topk(l_, k)
+                        plan.apply(x_, tw_, ti_)
+
+                row[f"{fmt}_{label}_ms"], _ = time_fn(ours, rot, device)
+        record["fp8_act"].append(row)
+        log(f"fp8_act T={t}: " + "  ".join(
+            f"{fmt} bf16-act {row[f'{fmt}_bf16act_ms'] * 1e3:.1f}us fp8-act {row[f'{fmt}_fp8act_ms'] * 1e3:.1f}us "
+            f"({row[f'{fmt}_bf16act_ms'] / row[f'{fmt}_fp8act_ms']:.2f}x)" for fmt in FP8_ACT_FORMATS))  # fmt: skip
+
+
+def bench_combine(a, record, clock, weights, plans, dims, token_counts, b13, b2, gen, device) -> None:
+    """``fused.fused_moe`` with ``combine="reduce"`` vs ``"atomic"``: numerics against float64
+    once per format, then the time of each at every T (same plan, routings and inputs)."""
+    e, k, h, _ = dims
+    for fmt in COMBINE_FORMATS:
+        plan = plans[fmt]
+        t = 33 if a.dry else 64
+        x = torch.randn(t, h, generator=gen, device=device).bfloat16()
+        tw, ti = moe_topk((2 * torch.randn(t, e, generator=gen, device=device)).bfloat16(), k)
+        args = MoEApplyArgs(x, plan.w13, plan.w2, tw, ti, "swiglu_oai", b13, b2, None, torch.full_like(x, float("nan")),
+                            plan.prepared)  # fmt: skip
+        fused.fused_moe(args, combine="atomic")
+        err = rel_err(args.out, reference64(x, *weights[fmt], b13, b2, tw, ti, "swiglu_oai"))
+        ok = bool(not torch.isnan(args.out).any() and err < 2e-2)
+        record["numerics"].append({"format": f"{fmt}+atomic", "T": t, "activation": "swiglu_oai", "bias": True,
+                                   "expert_map": False, "rel_err": err, "ok": ok})  # fmt: skip
+        log(f"numerics {fmt}+atomic T={t} rel_err={err:.2e} {'PASS' if ok else 'FAIL'}")
+    for t in token_counts:
+        if clock.left() < 30:
+            log("combine: out of time budget, skipping the rest")
+            break
+        rot = 8 if t <= 64 else 2 if t <= 512 else 1
+        xs = [torch.randn(t, h, generator=gen, device=device).bfloat16() for _ in range(rot)]
+        routes = [moe_topk((2 * torch.randn(t, e, generator=gen, device=device)).bfloat16(), k) for _ in range(rot)]
+        row = {"T": t}
+        for fmt in COMBINE_FORMATS:
+            plan = plans[fmt]
+            outs = [torch.empty_like(x_) for x_ in xs]
+            for mode in ("reduce", "atomic"):
+
+                def run(mode=mode, xs=xs, routes=routes, outs=outs, plan=plan):
+                    for x_, (tw_, ti_), o_ in zip(xs, routes, outs):
+                        args = MoEApplyArgs(x_, plan.w13, plan.w2, tw_, ti_, "swiglu_oai", b13, b2, None, o_,
+                                            plan.prepared)  # fmt: skip
+                        fused.fused_moe(args, combine=mode)
+
+                row[f"{fmt}_{mode}_ms"], row[f"{fmt}_{mode}_mode"] = time_fn(run, rot, device)
+        record["combine"].append(row)
+        log(f"combine T={t}: " + "  ".join(
+            f"{fmt} reduce {row[f'{fmt}_reduce_ms'] * 1e3:.1f}us atomic {row[f'{fmt}_atomic_ms'] * 1e3:.1f}us "
+            f"({row[f'{fmt}_reduce_ms'] / row[f'{fmt}_atomic_ms']:.2f}x)" for fmt in COMBINE_FORMATS))  # fmt: skip
 
 
 def vars_of(w):
@@ -407,6 +519,18 @@ def summary(record: dict) -> None:
         if r["T"] == 4096:
             goals.append(f"mxfp4 T=4096 {m['tflops']:.0f} TF/s (goal >=250)")
     log("== goals: " + "; ".join(goals))
+    if record.get("fp8_act"):
+        log("T     " + "  ".join(f"{fmt}: bf16act_us fp8act_us (x)" for fmt in FP8_ACT_FORMATS))
+        for r in record["fp8_act"]:
+            log(f"{r['T']:<5d} " + "  ".join(
+                f"{r[f'{fmt}_bf16act_ms'] * 1e3:9.1f} {r[f'{fmt}_fp8act_ms'] * 1e3:9.1f} "
+                f"({r[f'{fmt}_bf16act_ms'] / r[f'{fmt}_fp8act_ms']:4.2f})" for fmt in FP8_ACT_FORMATS))  # fmt: skip
+    if record.get("combine"):
+        log("T     " + "  ".join(f"{fmt}: reduce_us atomic_us (x)" for fmt in COMBINE_FORMATS))
+        for r in record["combine"]:
+            log(f"{r['T']:<5d} " + "  ".join(
+                f"{r[f'{fmt}_reduce_ms'] * 1e3:9.1f} {r[f'{fmt}_atomic_ms'] * 1e3:9.1f} "
+                f"({r[f'{fmt}_reduce_ms'] / r[f'{fmt}_atomic_ms']:4.2f})" for fmt in COMBINE_FORMATS))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -90,3 +90,15 @@ def test_hopper_dot_scaled_large_tiles_use_wgmma(results):
     large = [r for r in mx if int(r["kernel"].split("-m")[1].split("n")[0]) >= 64]
     assert large and all(r["wgmma"] for r in large), [r["kernel"] for r in large if not r["wgmma"]]
     assert all(r["matrix_instructions"] > 0 and r["spills"] == 0 for r in mx)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_fp8_activation_and_atomic_combine_variants_build(results, target):
+    """activation_quant="fp8" (fp8 x fp8 GEMMs of both fp8 weight formats and layers, and the
+    four quantize-kernel variants) and the atomic combine compile at the decode and prefill tiles."""
+    mine = {r["kernel"]: r for r in results if r["target"] == target}
+    fp8act = [r for name, r in mine.items() if "-fp8act-" in name]
+    assert len(fp8act) == 8 and all(r["ok"] and r["matrix_instructions"] > 0 for r in fp8act), fp8act
+    assert len([n for n in mine if "-atomic-" in n]) == 2
+    quant = [r for name, r in mine.items() if name.startswith("moe_fp8_quant[")]
+    assert len(quant) == 4 and all(r["ok"] for r in quant)

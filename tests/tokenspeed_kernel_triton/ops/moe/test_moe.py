@@ -59,7 +59,8 @@ def test_topk_matches_naive(case):
 
 # Every case in bf16; the other activation dtypes on a subset (each weight format once).
 _SUBSET = ("plain_t5", "bias", "expert_map", "fp8_per_channel", "fp8_block", "gpt_oss_like")
-# activation_quant="mxfp8" is not served by the Triton MoE (see test_mxfp8_activations_are_rejected).
+# activation_quant="mxfp8" is not served by the Triton MoE (see test_mxfp8_activations_are_rejected);
+# "fp8" is (test_fp8_activations_*).
 APPLY = [
     pytest.param(c, id=f"{c.name}-bfloat16")
     for c in cases.awkward_cases("moe.apply", torch.bfloat16)
@@ -70,6 +71,7 @@ APPLY = [
     for c in cases.awkward_cases("moe.apply", d)
     if c.name in _SUBSET
 ]
+FP8_ACT = [c for c in cases.awkward_cases("moe.apply", torch.bfloat16) if c.activation_quant == "fp8"]
 
 
 @pytest.mark.parametrize("case", APPLY)
@@ -194,3 +196,80 @@ def test_combine_is_deterministic():
     inputs = cases.make_inputs(case, DEVICE, seed=5)
     first = cases.call(case, inputs)
     assert torch.equal(first, cases.call(case, inputs))
+
+
+ATOMIC_CASES = ("plain_t1", "plain_t33", "expert_map_t33", "fp8_block", "gpt_oss_like", "topk_eq_e", "odd_sizes")
+
+
+@pytest.mark.parametrize("name", ATOMIC_CASES)
+def test_atomic_combine_matches_naive(name):
+    """``combine="atomic"`` (the weighted combine fused into the w2 epilogue with float32
+    atomics into a [T, H] buffer) against float64 and against the deterministic combine (same
+    float32 sums in another order: equal up to one rounding of x's dtype)."""
+    case = {c.name: c for c in cases.awkward_cases("moe.apply")}[name]
+    inputs = cases.make_inputs(case, DEVICE, seed=7)
+    expected = naive_moe(**inputs)
+    atomic = _args(inputs)
+    fused.fused_moe(atomic, combine="atomic")
+    _check(atomic.out, expected, case.dtype)
+    reduce = _args(inputs)
+    fused.fused_moe(reduce)
+    torch.testing.assert_close(atomic.out, reduce.out, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("vendor", ["cuda", "rocm"])
+def test_atomic_combine_every_tile(vendor):
+    case = {c.name: c for c in cases.awkward_cases("moe.apply")}["plain_t33"]
+    inputs = cases.make_inputs(case, DEVICE, seed=4)
+    expected = naive_moe(**inputs)
+    for tile in tiles_for(vendor, "plain"):
+        args = _args(inputs)
+        fused.fused_moe(args, tile=tile, combine="atomic")
+        _check(args.out, expected, case.dtype)
+
+
+def test_combine_mode_is_validated():
+    case = {c.name: c for c in cases.awkward_cases("moe.apply")}["plain_t1"]
+    with pytest.raises(ValueError, match="combine"):
+        fused.fused_moe(_args(cases.make_inputs(case, DEVICE)), combine="scatter")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("group", [0, 128])
+def test_fp8_quant_kernel_is_the_core_rule_bit_for_bit(group, dtype):
+    """The on-the-fly quantizer writes exactly quantize_fp8_per_token's bytes and scales."""
+    from tokenspeed_kernel.quant import quantize_fp8_per_token
+
+    gen = torch.Generator().manual_seed(group)
+    x = (torch.randn(9, 300, generator=gen) * torch.logspace(-4, 4, 9)[:, None]).to(dtype).to(DEVICE)
+    x[3] = 0
+    q, s = fused.quantize_fp8_rows(x, group)
+    ref_q, ref_s = quantize_fp8_per_token(x, group or None)
+    assert torch.equal(q.view(torch.uint8).cpu(), ref_q.view(torch.uint8).cpu())
+    assert torch.equal(s.cpu(), ref_s.cpu())
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in FP8_ACT])
+def test_fp8_activations_match_naive(case):
+    """activation_quant="fp8": the Triton MoE serves it (fp8 x fp8 main loop) and lands on the
+    float64 result of the same quantization, clearly closer than to the unquantized one."""
+    inputs = cases.make_inputs(case, DEVICE, seed=1)
+    expected = naive_moe(**inputs)
+    out = cases.call(case, inputs, out=torch.full((case.num_tokens, case.hidden), float("nan"), dtype=case.dtype))
+    assert last_kernel() == "triton_fused_moe"
+    assert not torch.isnan(out).any()
+    err = _rel_err(out, expected)
+    unquantized = _rel_err(out, naive_moe(**{**inputs, "activation_quant": None}))
+    assert err < 3e-2 and err < 0.6 * unquantized, (err, unquantized)
+
+
+@pytest.mark.parametrize("vendor", ["cuda", "rocm"])
+def test_fp8_activations_every_tile_and_atomic(vendor):
+    for case in FP8_ACT[1:]:
+        inputs = cases.make_inputs(case, DEVICE, seed=2)
+        expected = naive_moe(**inputs)
+        for tile in tiles_for(vendor, "plain"):
+            for mode in ("reduce", "atomic"):
+                args = _args(inputs)
+                fused.fused_moe(args, tile=tile, combine=mode)
+                assert _rel_err(args.out, expected) < 3e-2, (case.name, tile, mode)

@@ -65,3 +65,24 @@ def test_every_format_in_fp16(fmt):
     out = cases.call(case, inputs, override=KERNEL)
     assert last_kernel() == KERNEL
     _check(out, naive_moe(**inputs), case.dtype)
+
+
+FP8_FORMATS = tuple(f for f in WEIGHT_FORMATS if f.startswith("fp8"))
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 33])
+@pytest.mark.parametrize("fmt", FP8_FORMATS)
+@pytest.mark.parametrize("extras", [False, True])
+def test_fp8_activations_every_fp8_format(fmt, tokens, extras):
+    """activation_quant="fp8" (per-token fp8 activations, fp8 x fp8 GEMMs) for every fp8 weight
+    granularity against the float64 MoE of the same activation quantization."""
+    import dataclasses
+
+    case = dataclasses.replace(_case(fmt, "silu", tokens, extras), activation_quant="fp8")
+    inputs = cases.make_inputs(case, DEVICE, seed=case.num_tokens)
+    expected = naive_moe(**inputs)
+    out = cases.call(case, inputs, override=KERNEL, out=torch.full_like(inputs["x"], float("nan")))
+    assert last_kernel() == KERNEL
+    assert not torch.isnan(out).any()
+    err = float((out.double().cpu() - expected.cpu()).norm() / expected.cpu().norm())
+    assert err < 3e-2, err

@@ -21,7 +21,15 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from tokenspeed_kernel_triton.ops.moe._config import Tile, tiles_for
-from tokenspeed_kernel_triton.ops.moe._gemm import FP8_BLOCK, FP8_ROW, MXFP4, PLAIN, combine_kernel, moe_gemm_kernel
+from tokenspeed_kernel_triton.ops.moe._gemm import (
+    FP8_BLOCK,
+    FP8_ROW,
+    MXFP4,
+    PLAIN,
+    combine_kernel,
+    fp8_quant_kernel,
+    moe_gemm_kernel,
+)
 from tokenspeed_kernel_triton.ops.moe._mx_gemm import moe_mx_gemm_kernel, split_finish_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import align_kernel
 from tokenspeed_kernel_triton.ops.moe.topk import topk_kernel
@@ -43,13 +51,14 @@ def gemm_signature(fmt: int, gated: bool, tile: Tile, target: GPUTarget) -> tupl
     w_type, s_type = _weight_types(fmt, target)
     pointers = {
         "A": "*bf16", "W": w_type, "S": s_type, "Bias": "*fp32", "Out": "*bf16" if gated else "*fp32",
-        "SortedIds": "*i32", "TileExpert": "*i32", "NumTiles": "*i32", "TopkWeights": "*fp32",
+        "SortedIds": "*i32", "TileExpert": "*i32", "NumTiles": "*i32", "TopkWeights": "*fp32", "AS": "*fp32",
     }  # fmt: skip
     consts = {
         "TOP_K": 4, "FORMAT": fmt, "GATED": gated, "ACTIVATION": 2, "HAS_BIAS": True,
         "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "BLOCK_K": 64 if fmt == MXFP4 else tile.block_k, "GROUP_M": tile.group_m,
         "EVEN_K": fmt == MXFP4, "INTERPRET": False, "DOT_PREC": None,
-        "MX_HALVES": fmt == MXFP4, "MX_BF16": fmt == MXFP4, "MX_WORDS": fmt == MXFP4,
+        "MX_HALVES": fmt == MXFP4, "MX_BF16": fmt == MXFP4, "MX_WORDS": fmt == MXFP4, "ATOMIC": False,
+        "A_FP8": False,
     }  # fmt: skip
     consts["stride_wk"] = 1  # the launcher specializes a unit stride to a constant, as here
     signature = {n: pointers.get(n, "constexpr" if n in consts else "i32") for n in moe_gemm_kernel.arg_names}
@@ -137,6 +146,37 @@ def _gemm_config(fmt: int, gated: bool, tile: Tile, target: GPUTarget, *, halves
     return f"moe_gemm[{layer}-{_FORMAT_NAMES[fmt]}{order}-m{tile.block_m}n{tile.block_n}]", moe_gemm_kernel, sig, consts
 
 
+def _atomic_config(fmt: int, tile: Tile, target: GPUTarget):
+    """The w2 GEMM with the fused (atomic) combine: float32 ``[T, H]`` output."""
+    name, fn, sig, consts = _gemm_config(fmt, False, tile, target, halves=False)
+    consts["ATOMIC"] = True
+    return name.replace("-m", "-atomic-m", 1), fn, sig, consts
+
+
+def _fp8_act_config(fmt: int, gated: bool, tile: Tile, target: GPUTarget):
+    """fp8 x fp8 main loop (``activation_quant="fp8"``): A is float8_e4m3fn with float32 scales."""
+    name, fn, sig, consts = _gemm_config(fmt, gated, tile, target, halves=False)
+    sig["A"] = "*fp8e4nv"
+    consts["A_FP8"] = True
+    consts["_attrs"] = {
+        **consts["_attrs"],
+        **{(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("stride_asm",)},
+    }
+    return name.replace("-m", "-fp8act-m", 1), fn, sig, consts
+
+
+def _fp8_quant_configs() -> list[tuple[str, object, dict, dict]]:
+    out = []
+    for group, has_ids in ((0, False), (0, True), (128, False), (128, True)):
+        sig = {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", "SortedIds": "*i32", "num_pairs": "i32", "K": "i32",
+               "stride_xm": "i32", "stride_qm": "i32", "stride_sm": "i32", "GROUP": "constexpr",
+               "BLOCK": "constexpr", "HAS_IDS": "constexpr", "INTERPRET": "constexpr"}  # fmt: skip
+        consts = {"GROUP": group, "BLOCK": group or 1024, "HAS_IDS": has_ids, "INTERPRET": False,
+                  "_options": {"num_warps": 4}}  # fmt: skip
+        out.append((f"moe_fp8_quant[g{group}{'-ids' if has_ids else ''}]", fp8_quant_kernel, sig, consts))
+    return out
+
+
 def configs(target: GPUTarget) -> list[tuple[str, object, dict, dict]]:
     """(name, kernel, signature, constexprs) of every compile for ``target``. ``constexprs``
     carries ``_options`` (warps, stages) and ``_attrs`` (the 16-divisibility the launcher
@@ -149,12 +189,17 @@ def configs(target: GPUTarget) -> list[tuple[str, object, dict, dict]]:
         for fmt in (PLAIN, FP8_ROW, FP8_BLOCK) if ends else (PLAIN,):
             for gated in (True, False) if ends else (True,):
                 out.append(_gemm_config(fmt, gated, tile, target, halves=False))
+        if ends:
+            out.append(_atomic_config(PLAIN, tile, target))
+            for fmt in (FP8_ROW, FP8_BLOCK):
+                for gated in (True, False):
+                    out.append(_fp8_act_config(fmt, gated, tile, target))
     for index, tile in enumerate(tiles_for(vendor, "mxfp4")):
         for gated in (True, False):
             out.append(_gemm_config(MXFP4, gated, tile, target, halves=True))
             if index == 0:  # the functional path's standard byte order
                 out.append(_gemm_config(MXFP4, gated, tile, target, halves=False))
-    return out + _mx_configs(vendor) + _small_kernels()
+    return out + _mx_configs(vendor) + _small_kernels() + _fp8_quant_configs()
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,10 @@
 
 :func:`run_moe` is the whole ``moe.apply`` for any grouped-GEMM implementation: it sorts the
 pairs by expert (:mod:`._routing`), calls a :data:`Layer` twice (w13 with the activation, then
-w2 with the routing weight) and sums each token's rows with :func:`._gemm.combine_kernel`.
+w2 with the routing weight) and sums each token's rows with :func:`._gemm.combine_kernel`
+(``combine="reduce"``, the default: deterministic) or lets the w2 layer add them atomically
+into a float32 ``[T, H]`` buffer (``combine="atomic"``: one launch fewer, no ``[P, H]``
+round trip; the buffer is zeroed and cast to x's dtype by stream-ordered torch ops).
 The layers differ by kernel (in-register decode in :mod:`.fused`, ``tl.dot_scaled`` in
 :mod:`.fused_mx`); everything else, including the CUDA-graph capturability (no step reads a
 device value on the host), is here once.
@@ -21,7 +24,9 @@ from tokenspeed_kernel_triton.ops.moe._config import Tile
 from tokenspeed_kernel_triton.ops.moe._gemm import combine_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing, sort_by_expert
 
-__all__ = ["Layer", "combine", "layer_output", "run_moe"]
+__all__ = ["COMBINES", "Layer", "combine", "layer_output", "run_moe"]
+
+COMBINES = ("reduce", "atomic")  # run_moe(combine=...): the deterministic kernel, or fused atomics
 
 
 class Layer(Protocol):
@@ -31,6 +36,10 @@ class Layer(Protocol):
     ``[tiles_bound * BLOCK_M, n]`` in a's dtype, rows at sorted positions. Otherwise (w2):
     ``a`` is that intermediate; returns float32 ``[S, P, n]``: ``S`` split-K partial rows per
     pair (``S = 1`` without split-K), routing weight applied, bias in split 0.
+
+    A layer that supports the fused combine also accepts ``combine_into`` (only passed for w2
+    with ``combine="atomic"``): a zeroed float32 ``[T, n]`` buffer; the layer atomically adds
+    each pair's weighted row (plus bias) into row ``pair // top_k`` and returns it.
     """
 
     def __call__(
@@ -72,9 +81,12 @@ def combine(y: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor | 
     )  # fmt: skip
 
 
-def run_moe(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: Layer) -> None:
+def run_moe(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: Layer, combine_mode: str = "reduce") -> None:
     """The whole ``moe.apply`` (writes ``args.out``): permutation for ``tile.block_m``-row
-    tiles, ``layer`` on ``w13`` then ``w2`` (operands as ``layer`` reads them), combine."""
+    tiles, ``layer`` on ``w13`` then ``w2`` (operands as ``layer`` reads them), combine
+    (``combine_mode`` in :data:`COMBINES`; ``"atomic"`` needs a layer with ``combine_into``)."""
+    if combine_mode not in COMBINES:
+        raise ValueError(f"combine_mode must be one of {COMBINES}, got {combine_mode!r}")
     x, ids = args.x, args.topk_ids
     hidden = x.shape[1]
     top_k = ids.shape[1]
@@ -82,6 +94,12 @@ def run_moe(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: Layer) -> 
     routing = sort_by_expert(ids, args.expert_map, args.w13.shape[0], tile.block_m)
     h = layer(x, w13, args.w13_bias, routing, args.topk_weights, n=inter, k=hidden, top_k=top_k, tile=tile,
               gated=True, activation=args.activation)  # fmt: skip
+    if combine_mode == "atomic":
+        acc = torch.zeros((x.shape[0], hidden), dtype=torch.float32, device=x.device)  # a memset in the stream
+        layer(h, w2, args.w2_bias, routing, args.topk_weights, n=hidden, k=inter, top_k=top_k, tile=tile,
+              gated=False, activation=args.activation, combine_into=acc)  # fmt: skip
+        args.out.copy_(acc)
+        return
     y = layer(h, w2, args.w2_bias, routing, args.topk_weights, n=hidden, k=inter, top_k=top_k, tile=tile,
               gated=False, activation=args.activation)  # fmt: skip
     combine(y, ids, args.expert_map, args.out)

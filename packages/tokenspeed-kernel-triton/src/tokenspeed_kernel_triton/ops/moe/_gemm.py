@@ -12,7 +12,10 @@ columns per program:
   by the routing weight and stores float32 rows ``y[pair]`` of ``[P, H]``.
 
 :func:`combine_kernel` then sums each token's ``top_k`` rows in a fixed order (deterministic;
-no atomics) into ``out``.
+no atomics) into ``out``. The alternative (``ATOMIC``, the driver's ``combine="atomic"``)
+fuses the combine into the layer-2 epilogue: each weighted tile is ``tl.atomic_add``-ed
+(relaxed) into a float32 ``[T, H]`` buffer at row ``pair // TOP_K``; the sum order of a
+token's ``top_k`` rows then varies from run to run (not bit-reproducible on a GPU).
 
 Weight formats (``FORMAT``), all dequantized in registers inside the K loop, the MMA run in
 x's dtype with float32 accumulation (weight-only quantization; activations are not quantized):
@@ -175,9 +178,11 @@ def _load_weight(
 
 
 @triton.jit
-def _dot_step(acc, a, w, S, expert, rows, row_ok, k0, stride_se, stride_sn, stride_sk,
-              FORMAT: tl.constexpr, INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
-    """``acc + a @ w.T`` (with the K step's block scales for FP8_BLOCK)."""
+def _dot_step(acc, a, w, S, expert, rows, row_ok, k0, stride_se, stride_sn, stride_sk, a_s,
+              FORMAT: tl.constexpr, INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr,
+              A_FP8: tl.constexpr):  # fmt: skip
+    """``acc + a @ w.T`` (with the K step's block scales for FP8_BLOCK, times the activation
+    scales ``a_s`` ``[BLOCK_M]`` of the step's K group when ``A_FP8``)."""
     if INTERPRET:
         w = w.to(tl.float32)
     else:
@@ -185,6 +190,8 @@ def _dot_step(acc, a, w, S, expert, rows, row_ok, k0, stride_se, stride_sn, stri
     if FORMAT == 2:
         s_ptr = S + expert * stride_se + (rows // 128).to(tl.int64) * stride_sn + (k0 // 128) * stride_sk
         s = tl.load(s_ptr, mask=row_ok, other=0.0)
+        if A_FP8:
+            return acc + tl.dot(a, tl.trans(w), input_precision=DOT_PREC) * (a_s[:, None] * s[None, :])
         return acc + tl.dot(a, tl.trans(w), input_precision=DOT_PREC) * s[None, :]
     else:
         return tl.dot(a, tl.trans(w), acc, input_precision=DOT_PREC)
@@ -273,20 +280,25 @@ def epilogue(
 
 @triton.jit
 def moe_gemm_kernel(
-    A, W, S, Bias, Out, SortedIds, TileExpert, NumTiles, TopkWeights,
+    A, W, S, Bias, Out, SortedIds, TileExpert, NumTiles, TopkWeights, AS,
     num_pairs, N, K, tiles_bound,
     stride_am, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_be, stride_om,
+    stride_asm, stride_ask,
     TOP_K: tl.constexpr, FORMAT: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr,
-    MX_HALVES: tl.constexpr, MX_BF16: tl.constexpr, MX_WORDS: tl.constexpr,
+    MX_HALVES: tl.constexpr, MX_BF16: tl.constexpr, MX_WORDS: tl.constexpr, ATOMIC: tl.constexpr,
+    A_FP8: tl.constexpr,
 ):  # fmt: skip
     """One ``[BLOCK_M, BLOCK_N]`` output tile of one expert (see the module docstring).
 
     GATED: A = x ``[T, K]`` gathered by pair, W = w13 ``[E, 2N, K]`` (logical), Out = the
     intermediate ``[tiles_bound * BLOCK_M, N]`` at permuted rows. Otherwise: A = the
     intermediate, W = w2 ``[E, N, K]``, Out = float32 ``[P, N]`` at pair rows, times
-    ``TopkWeights[pair]``.
+    ``TopkWeights[pair]``. ``ATOMIC`` (layer 2 only): the fused combine, Out = float32
+    ``[T, N]`` (zeroed by the host) and the weighted tile is atomically added at rows
+    ``pair // TOP_K`` instead of stored at rows ``pair``. ``A_FP8``: A is fp8 with float32
+    scales ``AS`` (row stride ``stride_asm``, K-group stride ``stride_ask``; FP8 formats only).
     """
     pid_m, pid_n = tile_coords(tl.program_id(0), N, tiles_bound, BLOCK_N, GROUP_M)
     if pid_m >= tl.load(NumTiles):
@@ -334,7 +346,16 @@ def moe_gemm_kernel(
                                      stride_wn, stride_wk, MX_HALVES, EVEN_K, MX_BF16, INTERPRET,
                                      DOT_PREC)  # fmt: skip
     else:
+        if A_FP8:  # activation scale rows: x's token (layer 1) or the intermediate's slot
+            if GATED:
+                as_rows = (pairs // TOP_K).to(tl.int64) * stride_asm
+            else:
+                as_rows = slots.to(tl.int64) * stride_asm
         for k0 in range(0, K, BLOCK_K):
+            if A_FP8 and FORMAT == 2:
+                a_s = tl.load(AS + as_rows + (k0 // 128) * stride_ask, mask=m_ok, other=0.0)
+            else:
+                a_s = m_ok  # unused
             offs_k = k0 + tl.arange(0, BLOCK_K)
             a_mask = m_ok[:, None]
             if not EVEN_K:
@@ -344,20 +365,33 @@ def moe_gemm_kernel(
                 a = a.to(tl.float32)
             w = _load_weight(W, S, expert, offs_n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
                              stride_se, stride_sn, stride_sk, BLOCK_N, BLOCK_K, EVEN_K)  # fmt: skip
-            acc = _dot_step(acc, a, w, S, expert, offs_n, n_ok, k0, stride_se, stride_sn, stride_sk,
-                            FORMAT, INTERPRET, DOT_PREC)  # fmt: skip
+            acc = _dot_step(acc, a, w, S, expert, offs_n, n_ok, k0, stride_se, stride_sn, stride_sk, a_s,
+                            FORMAT, INTERPRET, DOT_PREC, A_FP8)  # fmt: skip
             if GATED:
                 w_up = _load_weight(W, S, expert, up_rows, n_ok, k0, K, stride_we, stride_wn, stride_wk,
                                     stride_se, stride_sn, stride_sk, BLOCK_N, BLOCK_K, EVEN_K)  # fmt: skip
                 acc_up = _dot_step(acc_up, a, w_up, S, expert, up_rows, n_ok, k0, stride_se, stride_sn, stride_sk,
-                                   FORMAT, INTERPRET, DOT_PREC)  # fmt: skip
+                                   a_s, FORMAT, INTERPRET, DOT_PREC, A_FP8)  # fmt: skip
+        if A_FP8 and FORMAT == 1:  # per-token activation scale, in the epilogue
+            a_s = tl.load(AS + as_rows, mask=m_ok, other=0.0)
+            acc = acc * a_s[:, None]
+            if GATED:
+                acc_up = acc_up * a_s[:, None]
     acc = _row_scale(acc, S, expert, offs_n, n_ok, stride_se, stride_sn, FORMAT)
     if GATED:
         acc_up = _row_scale(acc_up, S, expert, up_rows, n_ok, stride_se, stride_sn, FORMAT)
     else:
         acc_up = acc
-    epilogue(acc, acc_up, Bias, Out, TopkWeights, expert, offs_n, n_ok, n_ok, slots, pairs, m_ok, N, stride_be,
-             stride_om, GATED, ACTIVATION, HAS_BIAS)  # fmt: skip
+    if ATOMIC and not GATED:
+        # Fused combine: Out is float32 [T, N]; row pair // TOP_K gets the weighted tile added.
+        if HAS_BIAS:
+            acc += tl.load(Bias + expert * stride_be + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        weight = tl.load(TopkWeights + pairs, mask=m_ok, other=0.0)
+        out_ptr = Out + (pairs // TOP_K)[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.atomic_add(out_ptr, acc * weight[:, None], mask=m_ok[:, None] & n_ok[None, :], sem="relaxed")
+    else:
+        epilogue(acc, acc_up, Bias, Out, TopkWeights, expert, offs_n, n_ok, n_ok, slots, pairs, m_ok, N, stride_be,
+                 stride_om, GATED, ACTIVATION, HAS_BIAS)  # fmt: skip
 
 
 @triton.jit
@@ -380,3 +414,64 @@ def combine_kernel(
         for s in tl.static_range(SPLITS):
             acc += tl.load(Y + s * stride_ys + (t * TOP_K + j) * H + offs, mask=h_ok & (expert >= 0), other=0.0)
     tl.store(Out + t * stride_ot + offs, acc.to(Out.dtype.element_ty), mask=h_ok)
+
+
+@triton.jit
+def _round_e4m3(v):
+    """float32 ``v`` (``|v| <= 448``) rounded to the nearest e4m3 value, ties to even, still
+    float32: the quantum is ``2**(max(exponent, -6) - 3)``, and ``y + 1.5 * 2**23 - 1.5 * 2**23``
+    rounds ``y = |v| / quantum`` (< 16, exact) to an integer, half to even."""
+    mag = tl.abs(v)
+    exp = ((mag.to(tl.int32, bitcast=True) >> 23) & 255) - 127
+    q_exp = tl.maximum(exp, -6) - 3
+    quantum = ((q_exp + 127) << 23).to(tl.float32, bitcast=True)
+    inv = ((127 - q_exp) << 23).to(tl.float32, bitcast=True)
+    y = mag * inv
+    r = (y + 12582912.0) - 12582912.0
+    return tl.where(v < 0, -r * quantum, r * quantum)
+
+
+@triton.jit
+def fp8_quant_kernel(
+    X, Q, S, SortedIds, num_pairs, K, stride_xm, stride_qm, stride_sm,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr, HAS_IDS: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """Per-token dynamic fp8: row ``program_id(0)`` of X (any float dtype), K group
+    ``program_id(1)`` (``GROUP`` values; 0 = the whole row) → float8_e4m3fn Q and one float32
+    scale ``S[row, group]``, the rule of :func:`tokenspeed_kernel.quant.quantize_fp8_per_token`:
+    the scale is ``2**e``, the smallest power of two with ``amax <= 448 * 2**e`` (read off
+    amax's float32 bits; clamped to [-100, 126]), so ``v * 2**-e`` is exact and the fp8
+    conversion (round to nearest even) is the only rounding. ``HAS_IDS``: rows are sorted
+    slots of the intermediate; a padding slot (``SortedIds[row] >= num_pairs``) is skipped.
+    Under the interpreter, whose float32 -> fp8 conversion does not round to nearest, the
+    rounding is done first in float32 arithmetic (:func:`_round_e4m3`)."""
+    row = tl.program_id(0).to(tl.int64)
+    group = tl.program_id(1)
+    if HAS_IDS:
+        if tl.load(SortedIds + row) >= num_pairs:
+            return
+    if GROUP == 0:
+        k_lo = 0
+        k_hi = K
+    else:
+        k_lo = group * GROUP
+        k_hi = tl.minimum(k_lo + GROUP, K)
+    offs = tl.arange(0, BLOCK)
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK):
+        v = tl.load(X + row * stride_xm + k0 + offs, mask=k0 + offs < k_hi, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(v))
+    bits = tl.max(amax, axis=0).to(tl.int32, bitcast=True)
+    # amax = (1 + f) 2**(E - 127): e = E - 135, plus one when 1 + f > 1.75 (448 = 1.75 * 2**8).
+    e = ((bits >> 23) & 255) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    e = tl.minimum(tl.maximum(e, -100), 126)
+    scale = ((e + 127) << 23).to(tl.float32, bitcast=True)
+    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    for k0 in range(k_lo, k_hi, BLOCK):
+        mask = k0 + offs < k_hi
+        v = tl.load(X + row * stride_xm + k0 + offs, mask=mask, other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(v * inv, -448.0), 448.0)
+        if INTERPRET:
+            q = _round_e4m3(q)
+        tl.store(Q + row * stride_qm + k0 + offs, q.to(Q.dtype.element_ty), mask=mask)
+    tl.store(S + row * stride_sm + group, scale)

@@ -17,6 +17,7 @@ even/odd-strided activation tiles instead) and stores the scales N-contiguous.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -33,11 +34,12 @@ from tokenspeed_kernel_triton.ops.moe._common import (
     VENDORS,
     WEIGHT_DTYPES,
     dot_precision,
+    next_pow2,
     vendor_of,
 )
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile
 from tokenspeed_kernel_triton.ops.moe._driver import layer_output, run_moe
-from tokenspeed_kernel_triton.ops.moe._gemm import FP8_BLOCK, FP8_ROW, MXFP4, PLAIN, moe_gemm_kernel
+from tokenspeed_kernel_triton.ops.moe._gemm import FP8_BLOCK, FP8_ROW, MXFP4, PLAIN, fp8_quant_kernel, moe_gemm_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing
 
 __all__ = ["FEATURES", "Operand", "PreparedMoE", "experts_predicate", "fused_moe", "prepare_moe", "triton_fused_moe"]
@@ -125,35 +127,69 @@ def prepare_moe(*, w13: Weight, w2: Weight, w13_bias=None, w2_bias=None, expert_
     return PreparedMoE(_operand(w13, repack=True), _operand(w2, repack=True))
 
 
-def _gemm(a, op: Operand, bias, routing: Routing, weights, *, n, k, top_k, tile: Tile, gated, activation):
+def quantize_fp8_rows(a: torch.Tensor, group: int, routing: Routing | None = None):
+    """``a [R, K]`` → (float8_e4m3fn ``[R, K]``, float32 scales ``[R, G]``) by
+    :func:`._gemm.fp8_quant_kernel`: per row (``group=0``, ``G = 1``) or per row and
+    ``group``-value K group. With ``routing`` the rows are sorted slots and padding slots are
+    skipped (their outputs are left uninitialized; the GEMM never reads them)."""
+    rows, k = a.shape
+    groups = 1 if group == 0 else triton.cdiv(k, group)
+    q = torch.empty((rows, k), dtype=torch.float8_e4m3fn, device=a.device)
+    s = torch.empty((rows, groups), dtype=torch.float32, device=a.device)
+    if rows:
+        ids = routing.sorted_ids if routing is not None else s
+        fp8_quant_kernel[(rows, groups)](
+            a, q, s, ids, 0 if routing is None else routing.num_pairs, k, a.stride(0), q.stride(0), s.stride(0),
+            GROUP=group, BLOCK=group or min(1024, next_pow2(k)), HAS_IDS=routing is not None,
+            INTERPRET=INTERPRET, num_warps=4,
+        )  # fmt: skip
+    return q, s
+
+
+def _gemm(a, op: Operand, bias, routing: Routing, weights, *, n, k, top_k, tile: Tile, gated, activation,
+          combine_into=None, fp8_act=False):  # fmt: skip
     """One grouped GEMM layer (a :data:`Layer`): the intermediate ``[tiles * BLOCK_M, n]`` in
-    a's dtype (``gated``) or float32 rows ``[1, P, n]`` (one split)."""
-    out = layer_output(a, routing, n, tile, gated=gated)
+    a's dtype (``gated``) or float32 rows ``[1, P, n]`` (one split); with ``combine_into``
+    (w2, ``combine="atomic"``) the weighted rows are atomically added into it instead.
+    ``fp8_act`` (FP8 weights): ``a`` is quantized per token (per 128-value K group for block
+    scales) first and the main loop runs fp8 x fp8."""
+    out = layer_output(a, routing, n, tile, gated=gated) if combine_into is None else combine_into
+    a_scale = None
+    if fp8_act:
+        if op.fmt not in (FP8_ROW, FP8_BLOCK):
+            raise ValueError("activation_quant='fp8' needs FP8 weights")
+        a, a_scale = quantize_fp8_rows(a, 128 if op.fmt == FP8_BLOCK else 0, None if gated else routing)
     mx = op.fmt == MXFP4
     block_k = 64 if mx else tile.block_k  # MXFP4 steps over 64-value groups
     grid = (routing.tiles_bound * triton.cdiv(n, tile.block_n),)
     moe_gemm_kernel[grid](
         a, op.data, op.data if op.scale is None else op.scale, a if bias is None else bias, out,
-        routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights,
+        routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights, out if a_scale is None else a_scale,
         routing.num_pairs, n, k, routing.tiles_bound,
         a.stride(0), op.data.stride(0), op.data.stride(1), op.data.stride(2), *op.scale_strides,
         0 if bias is None else bias.stride(0), out.stride(-2),
+        *((0, 0) if a_scale is None else a_scale.stride()),
         TOP_K=top_k, FORMAT=op.fmt, GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k, GROUP_M=tile.group_m,
-        EVEN_K=k % (128 if op.mx_words else 64 if mx else block_k) == 0, INTERPRET=INTERPRET, DOT_PREC=dot_precision(a.dtype),
+        EVEN_K=k % (128 if op.mx_words else 64 if mx else block_k) == 0, INTERPRET=INTERPRET,
+        DOT_PREC=None if fp8_act else dot_precision(a.dtype),
         MX_HALVES=op.mx_halves, MX_BF16=mx and a.dtype == torch.bfloat16, MX_WORDS=op.mx_words,
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
+        ATOMIC=combine_into is not None, A_FP8=fp8_act, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
     return out
 
 
-def fused_moe(args: MoEApplyArgs, tile: Tile | None = None) -> None:
-    """Run the four launches for ``args`` (writes ``args.out``); ``tile`` overrides the table."""
+def fused_moe(args: MoEApplyArgs, tile: Tile | None = None, combine: str = "reduce") -> None:
+    """Run the four launches for ``args`` (writes ``args.out``); ``tile`` overrides the table.
+    ``combine``: ``"reduce"`` (default: the deterministic combine kernel) or ``"atomic"`` (the
+    weighted combine fused into the w2 epilogue with float32 atomics; for timing both, see
+    ``ci/device/moe_bench.py --combine``)."""
     prepared = args.prepared if isinstance(args.prepared, PreparedMoE) else None
     ops = prepared or PreparedMoE(_operand(args.w13), _operand(args.w2))
     weights = "mxfp4" if ops.w13.fmt == MXFP4 else "plain"
     tile = tile or pick_tile(args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), weights)
-    run_moe(args, ops.w13, ops.w2, tile, _gemm)
+    layer = functools.partial(_gemm, fp8_act=True) if args.activation_quant == "fp8" else _gemm
+    run_moe(args, ops.w13, ops.w2, tile, layer, combine)
 
 
 FEATURES = (
@@ -166,6 +202,7 @@ FEATURES = (
     "fp8_per_tensor",
     "fp8_per_channel",
     "fp8_block",
+    "fp8_act",
 )
 
 
