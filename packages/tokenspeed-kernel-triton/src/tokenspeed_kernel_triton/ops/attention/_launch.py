@@ -75,16 +75,18 @@ TILES = CUDA_TILES
 ROCM_TILES: dict[str, Tile] = {
     # zero spills: gfx942 248 VGPRs, 0 spills, 16 KiB LDS / gfx950 323, 0, 16 KiB (first candidate)
     "prefill": Tile(rows=128, block_n=64, num_warps=4, num_stages=2),
-    # SPILLS (sweep not finished): gfx942 308 VGPRs, 51 spills (extend p1 cap), 16 KiB / gfx950 408, 4, 40 KiB
-    "prefill_d128": Tile(rows=64, block_n=64, num_warps=4, num_stages=2),
+    # zero spills (swept: the first of 128x64 w4/w8, 128x32 w4 to fit both): gfx942 292 VGPRs, 0, 32 KiB /
+    # gfx950 336, 0, 32 KiB
+    "prefill_d128": Tile(rows=128, block_n=32, num_warps=4, num_stages=2),
     # zero spills (provisional pick, not swept for larger): gfx942 184, 0, 32 KiB / gfx950 186, 0, 32 KiB
     "prefill_d256": Tile(rows=64, block_n=16, num_warps=8, num_stages=2),
     # SPILLS, no zero-spill candidate: the fp8 paged extend configuration spills 6-12 SGPRs (to
     # VGPR lanes, no scratch) at every tile tried down to 32 x 32 (106 SGPRs in use: scalar
     # state, not the tile). gfx942 168 VGPRs, 11 spills, 8 KiB / gfx950 200, 12, 12 KiB.
     "prefill_window": Tile(rows=64, block_n=32, num_warps=4, num_stages=2),
-    # SPILLS (not swept): gfx942 240 VGPRs, 6 spills, 16 KiB / gfx950 300, 8, 20 KiB
-    "prefill_window_d128": Tile(rows=64, block_n=32, num_warps=4, num_stages=2),
+    # zero spills (swept 128..16 rows x 64/32 keys x 4/8 warps; every larger tile spills 6-27 on one
+    # chip): gfx942 140 VGPRs, 0, 8 KiB / gfx950 176, 0, 16 KiB
+    "prefill_window_d128": Tile(rows=16, block_n=32, num_warps=4, num_stages=2),
     # zero spills (provisional pick, not swept for larger): gfx942 190, 0, 32 KiB / gfx950 186, 0, 32 KiB
     "prefill_window_d256": Tile(rows=64, block_n=16, num_warps=8, num_stages=2),
     # zero spills: gfx942 136 VGPRs, 0 spills, 4 KiB / gfx950 128, 0, 8 KiB ((16, 64, *) spill 16-18)
