@@ -7,13 +7,15 @@
 #   host: ci/device/attention_host_bench.py (host overhead of the public calls, graph-replayed timings)
 #   moequick: moe_bench.py --mx without the tile sweep (numerics + table, ~2 min)
 #   flashinfer: tests/tokenspeed_kernel_nvidia/test_flashinfer_gpu.py (needs .whl-nvidia)
+#   moegemv: ci/device/moe_gemv_bench.py (triton_moe_gemv_mx, T <= 8, ~2 min)
+#   moefp8: moe_bench.py --fp8-act --combine (activation_quant="fp8", combine="atomic", ~6 min)
 # Each step has its own time budget and never stops the next one; results land in $OUT.
 #
 # Here:   rm -rf .whl && pip wheel -q --no-deps --no-build-isolation -w .whl packages/tokenspeed-kernel \
 #             packages/tokenspeed-kernel-triton packages/tokenspeed-kernel-nvidia
 #         (optional) bash ci/device/flashinfer_bundle.sh
 # Device: carry [".whl"] (and ".whl-nvidia"), command: bash ci/device/verify_pending.sh STEP...
-# with STEP in moe, moequick, nvidia, flashinfer, e2e, host (default: moe nvidia e2e). A call may run 10 minutes at most:
+# with STEP in moe, moequick, moegemv, moefp8, nvidia, flashinfer, e2e, host (default: moe nvidia e2e). A call may run 10 minutes at most:
 # `moe e2e` fits one call (~7 min), `nvidia` another (~6 min, longer with FlashInfer JIT).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -60,6 +62,17 @@ timeout "${FLASHINFER_TIMEOUT_S:-420}" python3 -m pytest -q -rs -p no:cacheprovi
   tests/tokenspeed_kernel_nvidia/test_flashinfer_gpu.py 2>&1 | tail -40 || status=1
 }
 
+moegemv() {
+echo "== triton_moe_gemv_mx (T <= 8): numerics, graph replay, timings vs triton_fused_moe_mx"
+timeout 200 python3 ci/device/moe_gemv_bench.py --json "$OUT/moe_gemv.json" 2>&1 | tail -30 || status=1
+}
+
+moefp8() {
+echo "== triton_fused_moe: activation_quant=fp8 and combine=atomic vs the defaults"
+timeout 400 python3 ci/device/moe_bench.py --fp8-act --combine --no-sweep --budget 380 \
+  --json "$OUT/moe_fp8act_combine.json" 2>&1 | tail -40 || status=1
+}
+
 moequick() {
 echo "== triton_fused_moe_mx numerics + table (no sweep)"
 timeout 200 python3 ci/device/moe_bench.py --mx --no-sweep --budget 170 --json "$OUT/moe_mx.json" 2>&1 | tail -16 \
@@ -68,8 +81,8 @@ timeout 200 python3 ci/device/moe_bench.py --mx --no-sweep --budget 170 --json "
 
 for step in $steps; do
   case $step in
-    moe | moequick | nvidia | flashinfer | e2e | host) "$step" ;;
-    *) echo "unknown step $step (expected moe, moequick, nvidia, flashinfer, e2e, host)"; status=2 ;;
+    moe | moequick | moegemv | moefp8 | nvidia | flashinfer | e2e | host) "$step" ;;
+    *) echo "unknown step $step (expected moe, moequick, moegemv, moefp8, nvidia, flashinfer, e2e, host)"; status=2 ;;
   esac
 done
 exit $status
