@@ -14,6 +14,8 @@ tokenspeed-kernel bench OP|all [--kernel K|all] [--preset P | --replay FILE] [--
                                                   timings, ceilings, same-run baselines
 tokenspeed-kernel profile OP [--preset P] [--kernel K] [--out FILE]
                                                   a torch.profiler Chrome trace
+tokenspeed-kernel overhead [--op OP ...] [--json FILE]
+                                                  host µs per eager public call (no-op kernels)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tokenspeed_kernel.operators import OPERATORS, operator_schema
 from tokenspeed_kernel.platform import KNOWN_ARCHS, current_platform, platform_from_arch
 from tokenspeed_kernel.registry import Request
 from tokenspeed_kernel.selector import NoKernelFoundError
+from tokenspeed_kernel.tools.overhead import add_arguments as overhead_arguments
 
 __all__ = ["main"]
 
@@ -177,6 +180,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_overhead(args: argparse.Namespace) -> int:
+    from tokenspeed_kernel.tools.overhead import run_cli
+
+    return run_cli(args)
+
+
 def _parser() -> argparse.ArgumentParser:
     ops = list(OPERATORS)
     parser = argparse.ArgumentParser(prog="tokenspeed-kernel", description="tokenspeed-kernel tools")
@@ -227,6 +236,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="tokenspeed_kernel_trace.json")
     p.add_argument("--device", default=None)
     p.set_defaults(fn=_cmd_profile)
+
+    p = sub.add_parser("overhead", help="host µs per eager public call, with no-op kernels (CPU is enough)")
+    overhead_arguments(p)
+    p.set_defaults(fn=_cmd_overhead)
     return parser
 
 

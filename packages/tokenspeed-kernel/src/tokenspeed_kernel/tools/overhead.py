@@ -1,0 +1,371 @@
+"""``overhead``: the host cost of one eager public call, measured without a GPU.
+
+Every public operator (and the per-step call of each plan) is called at a small shape with
+a registered **no-op kernel**, so what is timed is exactly the core's own work per call:
+argument validation, the selector request, selection (a cache hit) and the dispatch
+bookkeeping, output allocation, the typed argument object and the call into the kernel.
+This is the overhead an engine pays per layer per step on the eager path (no CUDA graph),
+on top of the kernel launch itself.
+
+The no-op kernels are registered under private names (``_overhead_noop.<op>``) at a
+priority above every band for the duration of :func:`noop_kernels` only, then unregistered
+(the selector cache is dropped on both edges, as for any (un)registration), so they never
+serve a call made outside the benchmark. Run it in its own process::
+
+    tokenspeed-kernel overhead                 # or: python -m tokenspeed_kernel.tools.overhead
+    tokenspeed-kernel overhead --op attention.prefill --json overhead.json
+
+Per case it prints the median microseconds per call (over ``repeats`` runs of ``number``
+calls) and a breakdown into ``validation`` (argument checks, in ``ops/_checks.py``,
+``ops/*/_validate.py`` and the ``check_*`` helpers), ``request`` (building the selector
+request), ``select`` (selector lookup, platform, capture guard, ``last_kernel``
+bookkeeping), ``launch`` (output allocation, the typed arguments, the call into the kernel)
+and ``body`` (the public function's own lines). The breakdown is each category's share of
+a ``cProfile`` run (self time; a builtin's time is charged to its caller's category) scaled
+to the unprofiled median: the profiler inflates call-heavy parts, so read the shares as
+approximate and the total as exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import json
+import statistics
+import sys
+import timeit
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+
+import torch
+
+from tokenspeed_kernel import registry
+from tokenspeed_kernel.operators import OPERATORS
+from tokenspeed_kernel.ops._dispatch import last_kernel
+from tokenspeed_kernel.registry import Priority
+
+__all__ = ["CATEGORIES", "NOOP_PREFIX", "OverheadCase", "OverheadRow", "cases", "main", "measure", "noop_kernels"]
+
+NOOP_PREFIX = "_overhead_noop."
+# Above every band, so the no-op wins selection without an override (the engine's path).
+_NOOP_PRIORITY = Priority.PLUGIN + 100_000
+CATEGORIES = ("validation", "request", "select", "launch", "body")
+
+
+def _noop(args: object) -> None:
+    """Does nothing: the benchmark times the call path, not a kernel."""
+
+
+@contextlib.contextmanager
+def noop_kernels(ops: tuple[str, ...] = tuple(OPERATORS)) -> Iterator[dict[str, str]]:
+    """Register a no-op kernel per operator (``{op: kernel name}``) for the block only."""
+    registry.load_backends()
+    names: dict[str, str] = {}
+    try:
+        for op in ops:
+            name = NOOP_PREFIX + op
+            features = OPERATORS[op].features  # every feature: it must win every request
+            registry.register_kernel(op, name=name, solution="noop", features=features, priority=_NOOP_PRIORITY)(_noop)
+            names[op] = name
+        yield names
+    finally:
+        for name in names.values():
+            registry.unregister_kernel(name)
+
+
+@dataclass(frozen=True)
+class OverheadCase:
+    """One timed call: ``make()`` builds the inputs once and returns the call to time."""
+
+    name: str
+    op: str
+    make: Callable[[], Callable[[], object]]
+
+
+def _prefill() -> Callable[[], object]:
+    from tokenspeed_kernel import mha_prefill
+
+    q = torch.zeros(16, 8, 64, dtype=torch.bfloat16)
+    k = torch.zeros(16, 2, 64, dtype=torch.bfloat16)
+    v = torch.zeros(16, 2, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    return lambda: mha_prefill(q, k, v, cu, cu, 8, 8)
+
+
+def _paged(batch: int = 2, pages: int = 8, page_size: int = 16) -> dict[str, torch.Tensor]:
+    return {
+        "k_cache": torch.zeros(pages, page_size, 2, 64, dtype=torch.bfloat16),
+        "v_cache": torch.zeros(pages, page_size, 2, 64, dtype=torch.bfloat16),
+        "page_table": torch.arange(batch * 4, dtype=torch.int32).reshape(batch, 4),
+        "cache_seqlens": torch.full((batch,), 40, dtype=torch.int32),
+    }
+
+
+def _extend() -> Callable[[], object]:
+    from tokenspeed_kernel import mha_extend_with_kvcache
+
+    c = _paged()
+    q = torch.zeros(16, 8, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    return lambda: mha_extend_with_kvcache(
+        q, c["k_cache"], c["v_cache"], c["page_table"], cu, c["cache_seqlens"], 8, 40
+    )
+
+
+def _decode() -> Callable[[], object]:
+    from tokenspeed_kernel import mha_decode_with_kvcache
+
+    c = _paged()
+    q = torch.zeros(2, 8, 64, dtype=torch.bfloat16)
+    return lambda: mha_decode_with_kvcache(q, c["k_cache"], c["v_cache"], c["page_table"], c["cache_seqlens"], 40)
+
+
+def _decode_plan() -> Callable[[], object]:
+    from tokenspeed_kernel import mha_decode_plan
+
+    c = _paged()
+    plan = mha_decode_plan(
+        c["k_cache"], c["v_cache"], c["page_table"], c["cache_seqlens"], 40, q_dtype=torch.bfloat16, num_q_heads=8
+    )
+    q = torch.zeros(2, 8, 64, dtype=torch.bfloat16)
+    return lambda: plan.run(q)
+
+
+def _store() -> Callable[[], object]:
+    from tokenspeed_kernel import store_kvcache
+
+    c = _paged()
+    k = torch.zeros(4, 2, 64, dtype=torch.bfloat16)
+    v = torch.zeros(4, 2, 64, dtype=torch.bfloat16)
+    slots = torch.arange(4, dtype=torch.int64)
+    return lambda: store_kvcache(k, v, c["k_cache"], c["v_cache"], slots)
+
+
+def _topk() -> Callable[[], object]:
+    from tokenspeed_kernel import moe_topk
+
+    logits = torch.zeros(4, 8, dtype=torch.bfloat16)
+    return lambda: moe_topk(logits, 2)
+
+
+def _moe_inputs() -> dict[str, torch.Tensor]:
+    return {
+        "x": torch.zeros(4, 32, dtype=torch.bfloat16),
+        "w13": torch.zeros(8, 64, 32, dtype=torch.bfloat16),
+        "w2": torch.zeros(8, 32, 32, dtype=torch.bfloat16),
+        "topk_weights": torch.zeros(4, 2, dtype=torch.float32),
+        "topk_ids": torch.zeros(4, 2, dtype=torch.int32),
+    }
+
+
+def _apply() -> Callable[[], object]:
+    from tokenspeed_kernel import moe_apply
+
+    m = _moe_inputs()
+    return lambda: moe_apply(m["x"], m["w13"], m["w2"], m["topk_weights"], m["topk_ids"])
+
+
+def _apply_plan() -> Callable[[], object]:
+    from tokenspeed_kernel import moe_plan
+
+    m = _moe_inputs()
+    plan = moe_plan(m["w13"], m["w2"], x_dtype=torch.bfloat16, top_k=2)
+    return lambda: plan.apply(m["x"], m["topk_weights"], m["topk_ids"])
+
+
+def cases() -> tuple[OverheadCase, ...]:
+    """The timed calls: every public operator and each plan's per-step call, small shapes
+    (bf16, 8 query / 2 KV heads, D 64, 2 sequences, page 16; MoE 4 tokens, E 8, top-2)."""
+    return (
+        OverheadCase("mha_prefill", "attention.prefill", _prefill),
+        OverheadCase("mha_extend_with_kvcache", "attention.extend", _extend),
+        OverheadCase("mha_decode_with_kvcache", "attention.decode", _decode),
+        OverheadCase("DecodePlan.run", "attention.decode", _decode_plan),
+        OverheadCase("store_kvcache", "kvcache.store", _store),
+        OverheadCase("moe_topk", "moe.topk", _topk),
+        OverheadCase("moe_apply", "moe.apply", _apply),
+        OverheadCase("MoEPlan.apply", "moe.apply", _apply_plan),
+    )
+
+
+@dataclass(frozen=True)
+class OverheadRow:
+    """One case's result: median/min µs per call and the per-category breakdown (µs)."""
+
+    name: str
+    op: str
+    kernel: str
+    median_us: float
+    min_us: float
+    breakdown_us: dict[str, float]
+
+
+# Categories of profiled Python functions, by name, then by the file they live in.
+_BY_NAME = {
+    **dict.fromkeys(
+        ("attention_request", "store_request", "topk_request", "apply_request", "tokens_bucket"), "request"
+    ),
+    **dict.fromkeys(("make", "features"), "request"),
+    **dict.fromkeys(("select", "dispatch", "record", "check_capturable", "is_capturing"), "select"),
+    **dict.fromkeys(("_noop", "replace", "_replace"), "launch"),
+}
+# Builtins and generated methods that the op's own body calls to allocate outputs and build
+# the kernel's typed arguments (a dataclass ``__init__``, ``dataclasses.replace``).
+_LAUNCH_LEAVES = frozenset({"__init__", "new_empty", "empty", "empty_like", "view", "unsqueeze"})
+_BY_FILE = (
+    (("registry.py",), "request"),
+    (("selector.py", "_dispatch.py", "platform.py", "config.py"), "select"),
+    (("_checks.py", "_validate.py"), "validation"),
+    (("args.py",), "launch"),
+)
+
+
+def _label(code: object) -> tuple[str, str]:
+    """``(filename, name)`` of a profiled code object; ``("~", "new_empty")`` for a builtin
+    (cProfile names those ``<method 'new_empty' of ... objects>`` or
+    ``<built-in method torch.empty>``)."""
+    if not isinstance(code, str):
+        return code.co_filename, code.co_name  # type: ignore[attr-defined]
+    if code.startswith("<method '"):
+        return "~", code.split("'")[1]
+    if code.startswith("<built-in method "):
+        return "~", code.removeprefix("<built-in method ").rstrip(">").split(".")[-1]
+    return "~", code
+
+
+def _own_category(code: object) -> str | None:
+    """The category of a profiled Python function; None for a builtin or a generated method
+    (a dataclass ``__init__``/``__hash__``), which is charged to its caller's category."""
+    filename, name = _label(code)
+    if filename == "~" or filename.startswith("<"):
+        return None
+    if name in _BY_NAME:
+        return _BY_NAME[name]
+    if name.startswith(("check_", "_check", "debug_check")):
+        return "validation"
+    for suffixes, category in _BY_FILE:
+        if filename.endswith(suffixes):
+            return category
+    return "body"
+
+
+def _is_harness(code: object) -> bool:
+    """The benchmark's own closures and the profiler switch (not part of the call)."""
+    filename, name = _label(code)
+    return (filename.endswith("overhead.py") and name != "_noop") or name == "disable"
+
+
+def _breakdown(call: Callable[[], object], calls: int = 2000) -> dict[str, float]:
+    """Shares of self time per category in a cProfile run. A builtin's or generated
+    method's time goes to the category of the caller it was called from (the main caller's,
+    recursively, when that caller is itself a builtin or generated)."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        call()
+    profiler.disable()
+    entries = profiler.getstats()
+    callers: dict[object, dict[object, float]] = {}
+    for entry in entries:
+        for sub in entry.calls or ():
+            callers.setdefault(sub.code, {})[entry.code] = sub.inlinetime
+    memo: dict[object, str] = {}
+
+    def resolve(code: object, depth: int = 0) -> str:
+        if code not in memo:
+            own = _own_category(code)
+            if own is None:
+                mine = callers.get(code)
+                own = resolve(max(mine, key=mine.__getitem__), depth + 1) if mine and depth < 8 else "body"
+            memo[code] = own
+        return memo[code]
+
+    totals = dict.fromkeys(CATEGORIES, 0.0)
+    for entry in entries:
+        if _is_harness(entry.code):
+            continue
+        if _own_category(entry.code) is not None:
+            totals[resolve(entry.code)] += entry.inlinetime
+            continue
+        for caller, inline in callers.get(entry.code, {}).items():
+            if _is_harness(caller):
+                continue
+            category = resolve(caller)
+            if category == "body" and _label(entry.code)[1] in _LAUNCH_LEAVES:
+                category = "launch"  # outputs and the typed arguments, built by the op's body
+            totals[category] += inline
+    whole = sum(totals.values()) or 1.0
+    return {name: value / whole for name, value in totals.items()}
+
+
+def measure(case: OverheadCase, *, number: int = 2000, repeats: int = 7, profile: bool = True) -> OverheadRow:
+    """Time ``case`` (call the no-op kernels must be registered: see :func:`noop_kernels`)."""
+    call = case.make()
+    for _ in range(200):  # warm: selection cache, lazy imports, allocator
+        call()
+    kernel = last_kernel() or "?"
+    runs = timeit.repeat(call, number=number, repeat=repeats)
+    per_call = [t / number * 1e6 for t in runs]
+    median = statistics.median(per_call)
+    shares = _breakdown(call) if profile else {}
+    return OverheadRow(
+        case.name,
+        case.op,
+        kernel,
+        median,
+        min(per_call),
+        {name: share * median for name, share in shares.items()},
+    )
+
+
+def run(
+    ops: list[str] | None = None, *, number: int = 2000, repeats: int = 7, profile: bool = True
+) -> list[OverheadRow]:
+    """Measure every case (of ``ops``, or all) with the no-op kernels registered."""
+    chosen = [c for c in cases() if ops is None or c.op in ops]
+    with noop_kernels():
+        rows = [measure(c, number=number, repeats=repeats, profile=profile) for c in chosen]
+    for row in rows:
+        if not row.kernel.startswith(NOOP_PREFIX):
+            raise RuntimeError(f"{row.name} was served by {row.kernel}, not the no-op kernel")
+    return rows
+
+
+def table(rows: list[OverheadRow]) -> str:
+    head = f"{'call':<26} {'µs/call':>8} {'min':>7}  " + " ".join(f"{c:>10}" for c in CATEGORIES)
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        parts = " ".join(f"{row.breakdown_us.get(c, float('nan')):>10.2f}" for c in CATEGORIES)
+        lines.append(f"{row.name:<26} {row.median_us:>8.2f} {row.min_us:>7.2f}  {parts}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tokenspeed-kernel overhead", description="host µs per eager public call, with a no-op kernel"
+    )
+    add_arguments(parser)
+    return run_cli(parser.parse_args(argv))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--op", action="append", choices=list(OPERATORS), help="only these operators (repeatable)")
+    parser.add_argument("--number", type=int, default=2000, help="calls per timed run (default 2000)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs; the median is reported (default 7)")
+    parser.add_argument("--no-breakdown", action="store_true", help="skip the cProfile breakdown")
+    parser.add_argument("--json", default=None, help="also write the rows as JSON")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    rows = run(args.op, number=args.number, repeats=args.repeats, profile=not args.no_breakdown)
+    print(f"torch {torch.__version__}, python {sys.version.split()[0]}, no-op kernels, median of {args.repeats}")
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump([asdict(r) for r in rows], f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

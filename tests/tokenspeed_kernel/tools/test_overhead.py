@@ -1,0 +1,44 @@
+"""The host-overhead microbenchmark: no-op kernels serve every call and never outlive it."""
+
+import json
+
+import pytest
+
+from tokenspeed_kernel import registry
+from tokenspeed_kernel.cli import main
+from tokenspeed_kernel.tools import overhead
+
+pytestmark = pytest.mark.usefixtures("only_reference")
+
+
+def _noop_names():
+    return [spec.name for spec in registry.kernels() if spec.name.startswith(overhead.NOOP_PREFIX)]
+
+
+def test_every_case_is_served_by_the_noop_kernel_and_it_is_withdrawn():
+    rows = overhead.run(number=20, repeats=1, profile=False)
+    assert [r.name for r in rows] == [c.name for c in overhead.cases()]
+    assert all(r.kernel == overhead.NOOP_PREFIX + r.op and r.median_us > 0 for r in rows)
+    assert _noop_names() == []
+
+
+def test_noop_kernels_are_withdrawn_on_error():
+    with pytest.raises(RuntimeError, match="boom"), overhead.noop_kernels():
+        assert len(_noop_names()) == len(overhead.OPERATORS)
+        raise RuntimeError("boom")
+    assert _noop_names() == []
+
+
+def test_breakdown_adds_up_to_the_median():
+    (row,) = overhead.run(["kvcache.store"], number=50, repeats=1)
+    assert set(row.breakdown_us) == set(overhead.CATEGORIES)
+    assert sum(row.breakdown_us.values()) == pytest.approx(row.median_us, rel=1e-6)
+    assert row.breakdown_us["validation"] > 0 and row.breakdown_us["select"] > 0
+
+
+def test_cli(tmp_path, capsys):
+    path = tmp_path / "overhead.json"
+    argv = ["overhead", "--op", "moe.topk", "--number", "20", "--repeats", "1", "--no-breakdown", "--json", str(path)]
+    assert main(argv) == 0
+    assert "moe_topk" in capsys.readouterr().out
+    assert [r["name"] for r in json.loads(path.read_text())] == ["moe_topk"]
