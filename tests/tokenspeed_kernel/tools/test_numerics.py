@@ -104,3 +104,14 @@ def test_compare_reports_max_rel():
     verdict = compare(got, ref, Tolerance(1.0, 1.0))
     assert verdict.max_abs == 0.5 and verdict.max_rel == pytest.approx(0.5 / 2.0)
     assert verdict.rel_l2 == pytest.approx(0.5 / float(ref.norm()))
+
+
+def test_activation_quantized_moe_cases_get_the_8_bit_activation_tolerance():
+    from tokenspeed_kernel.tools import cases
+    from tokenspeed_kernel.tools.tolerances import TOLERANCES, tolerance_for
+
+    by_name = {c.name: c for c in cases.awkward_cases("moe.apply", torch.bfloat16)}
+    assert tolerance_for(by_name["fp8_act_channel_t1"]) == TOLERANCES[("moe", "act8")]
+    assert tolerance_for(by_name["mxfp8_act_t1"]) == TOLERANCES[("moe", "act8")]
+    assert tolerance_for(by_name["fp8_per_channel"]) == TOLERANCES[("moe", "fp8")]  # weights only: tighter
+    assert TOLERANCES[("moe", "act8")].rel_l2 <= 0.1  # still catches a wrong scale (>= 50% off)

@@ -30,7 +30,7 @@ class Tolerance:
 
 
 # (family, precision) -> tolerance. Precision keys: fp32, fp16, bf16, fp8 (KV cache or
-# weights), mxfp4 (weights; activations are re-quantized by some kernels).
+# weights), mxfp4 (weights), act8 (activations quantized to 8 bits: activation_quant).
 TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("attention", "fp32"): Tolerance(1e-5, 1e-4),
     ("attention", "fp16"): Tolerance(2e-3, 5e-3),
@@ -45,6 +45,13 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("moe", "bf16"): Tolerance(1.5e-2, 4e-2),
     ("moe", "fp8"): Tolerance(3e-2, 8e-2),
     ("moe", "mxfp4"): Tolerance(3e-2, 8e-2),
+    # Activations quantized on the fly to 8 bits (activation_quant="fp8"/"mxfp8", 3 mantissa
+    # bits): a kernel that keeps the intermediate in x's dtype (as the Triton MoE does) and
+    # the float64 reference quantize values that differ by one bf16/fp16 rounding, and each
+    # value that lies that close to an e4m3 rounding midpoint lands one e4m3 step (up to
+    # 12.5%) away. On the Triton MoE at T = 1, 80 seeds: worst rel_l2 7.4% (bf16), while a
+    # wrong scale or a dropped term is off by 50% or more.
+    ("moe", "act8"): Tolerance(1e-1, 2.5e-1),
 }
 
 _PRECISION = {torch.float32: "fp32", torch.float64: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -61,6 +68,8 @@ def tolerance_for(case) -> Tolerance:
         precision = "fp8"
     if getattr(case, "weight_format", "") == "mxfp4":
         precision = "mxfp4"
+    if getattr(case, "activation_quant", None) is not None:
+        precision = "act8"
     return TOLERANCES[(family, precision)]
 
 
