@@ -57,3 +57,26 @@ def test_gluon_prefill_d64_default_fits_two_programs_per_sm(prefill_rows):
     row = next(r for r in prefill_rows if r["kernel"] == "gluon_prefill-bfloat16-d64-g8-n64-st3-w4-sinks")
     assert row["shared_bytes"] <= 70 * 1024, row
     assert row["registers"] * 128 * 2 <= 65536, row
+
+
+def test_gluon_moe_decode_compiles_for_sm90_with_vector_loads():
+    rows = _compile("moe")
+    assert len(rows) >= 18
+    names = {r["kernel"] for r in rows}
+    assert "gluon_moe_w13-bfloat16-h2880-i2880-e128-k4-t1-swiglu_oai-route-bias" in names
+    assert "gluon_moe_w2-float16-h64-i64-k2-t1-bias" in names  # a tiny shape
+    for row in rows:
+        sass = row["sass"]
+        # Weights: one 16-byte load per lane, MX group and row (layer 1: 4 gate + 4 up rows
+        # per thread; layer 2: the word-permuted intermediate too); no tensor cores.
+        assert row["ld_v4"] >= 8 and sass["LDG.128"] == row["ld_v4"], row
+        assert row["mma"] == 0 and row["wgmma"] == 0 and row["tma"] == 0, row
+        # The E2M1 decode widens fp16 patterns with HADD2.F32 (FMA pipe), never F2F.
+        assert row["cvt_f16"] >= 128 and sass["HADD2.F32"] >= row["cvt_f16"] and sass["F2F"] == 0, row
+        # About two integer ops (shift, mask/or) per decoded value: the budget of the design.
+        assert sass["LOP3"] + sass["SHF"] <= 2.2 * row["cvt_f16"], row
+        assert 0 < row["registers"] <= 255, row
+    gpt_t1 = next(
+        r for r in rows if r["kernel"] == "gluon_moe_w13-bfloat16-h2880-i2880-e128-k4-t1-swiglu_oai-route-bias"
+    )
+    assert gpt_t1["registers"] <= 168, gpt_t1  # 3 programs (12 warps) per SM

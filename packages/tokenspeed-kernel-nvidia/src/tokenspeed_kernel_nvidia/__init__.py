@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-_KERNEL_MODULES = ("tokenspeed_kernel_nvidia.ops.attention",)
+_KERNEL_MODULES = ("tokenspeed_kernel_nvidia.ops.attention", "tokenspeed_kernel_nvidia.ops.moe")
 
 
 def register() -> None:

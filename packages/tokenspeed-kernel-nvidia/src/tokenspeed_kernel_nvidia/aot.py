@@ -1,10 +1,12 @@
 """Ahead-of-time compilation of the Gluon kernels for sm_90 on a machine without a GPU.
 
-``python -m tokenspeed_kernel_nvidia.aot [decode] [prefill]`` compiles the configurations the
-Gluon launchers can choose (decode and the window prefill; both when no kind is named) for
+``python -m tokenspeed_kernel_nvidia.aot [decode] [prefill] [moe]`` compiles the configurations
+the Gluon launchers can choose (decode, the window prefill, the MXFP4 MoE decode's two layers;
+all when no kind is named) for
 ``GPUTarget("cuda", 90, 32)`` and prints one JSON line each: whether it built, the counts of
 the instructions the design relies on in the PTX (``cp.async`` gathers, ``mma.sync`` and
-``wgmma`` tensor-core products, ``cp.async.bulk.tensor`` TMA copies, ``.local`` accesses),
+``wgmma`` tensor-core products, ``cp.async.bulk.tensor`` TMA copies, ``.local`` accesses,
+16-byte ``ld.global.v4.b32`` loads and ``cvt.f32.f16`` widenings for the MoE decode),
 shared memory, and the registers and spill bytes that Triton's bundled ``ptxas -v`` reports
 for ``sm_90a`` (the compiled object carries no register count without a device). Must run
 without ``TRITON_INTERPRET`` (the test suite runs it in a subprocess).
@@ -19,7 +21,8 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 
 import torch
 from triton.backends.compiler import GPUTarget
@@ -30,6 +33,8 @@ from tokenspeed_kernel_nvidia.ops.attention._gluon_decode_kernel import decode_k
 from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import prefill_window_kernel
 from tokenspeed_kernel_nvidia.ops.attention.gluon_decode import decode_config
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill import GluonPrefillConfig, prefill_config
+from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_decode as gmoe
+from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_decode_kernel import w2_kernel, w13_kernel
 
 _TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 SM90 = GPUTarget("cuda", 90, 32)
@@ -47,6 +52,9 @@ class CompileResult:
     registers: int
     spills: int
     local: int = 0
+    ld_v4: int = 0
+    cvt_f16: int = 0
+    sass: dict = field(default_factory=dict)
     error: str = ""
 
 
@@ -67,6 +75,31 @@ def _ptxas_stats(ptx: str) -> tuple[int, int]:
     regs = max((int(x) for x in re.findall(r"Used (\d+) registers", log)), default=0)
     spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
     return regs, spills
+
+
+SASS_OPS = ("LDG.128", "LDG", "LDS", "STS", "LOP3", "SHF", "HADD2.F32", "F2F", "FFMA", "SHFL", "BAR")
+
+
+def _sass_counts(cubin: bytes) -> dict[str, int]:
+    """Static SASS opcode counts (``nvdisasm``) of the opcodes in :data:`SASS_OPS`:
+    ``LDG.128`` = 16-byte global loads, ``LDG`` = all global loads, ``HADD2.F32`` / ``F2F``
+    = the two ways ``cvt.f32.f16`` can be lowered."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    nvdisasm = os.path.join(os.path.dirname(get_ptxas(90).path), "nvdisasm")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        text = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True).stdout
+    ops = Counter(re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", text))
+    out = {}
+    for name in SASS_OPS:
+        if name == "LDG.128":
+            out[name] = sum(n for op, n in ops.items() if op.startswith("LDG") and ".128" in op)
+        else:
+            out[name] = sum(n for op, n in ops.items() if op == name or op.startswith(name + "."))
+    return out
 
 
 def _attrs(signature: dict[str, str]) -> dict:
@@ -129,6 +162,73 @@ def compile_prefill(
     return name, triton_compile(src, target=SM90, options={"num_warps": cfg.num_warps})
 
 
+def compile_moe(
+    layer: int,
+    dtype: torch.dtype,
+    hidden: int,
+    inter: int,
+    experts: int,
+    top_k: int,
+    tokens: int,
+    route: bool = False,
+    bias: bool = True,
+    emap: bool = False,
+    activation: str = "swiglu_oai",
+):
+    """Compile one layer (1: w13 [+ routing], 2: w2 + combine) of the Gluon MXFP4 MoE decode
+    with the launcher's configuration for ``tokens``; returns (name, compiled)."""
+    cfg = gmoe.decode_config(tokens)
+    w3, rl, w4 = cfg.layouts(top_k, experts)
+    t = _TYPE.get(dtype, "*fp32")
+    flags = "".join(f"-{f}" for f, on in (("route", route), ("bias", bias), ("map", emap)) if on)
+    if layer == 1:
+        signature = {
+            "x_ptr": t, "w_ptr": "*i32", "s_ptr": "*u8", "b_ptr": t, "hid_ptr": "*fp32", "ids_ptr": "*i32",
+            "tw_ptr": "*fp32", "emap_ptr": "*i32", "logits_ptr": t, "stride_xt": "i32", "stride_lt": "i32",
+            "stride_be": "i32",
+        }  # fmt: skip
+        constexprs = {
+            "N": inter, "KG": hidden // 32, "TOP_K": top_k, "E": experts, "EP": max(32, gmoe.next_pow2(experts)),
+            "ROUTE": route, "SIGMOID": False, "RENORM": True, "HAS_MAP": emap, "HAS_BIAS": bias,
+            "ACTIVATION": gmoe.ACTIVATION_CODES[activation], "BN": cfg.block_n1, "NW": cfg.warps1, "W3": w3, "RL": rl,
+        }  # fmt: skip
+        kernel, warps = w13_kernel, cfg.warps1
+        name = f"gluon_moe_w13-{str(dtype)[6:]}-h{hidden}-i{inter}-e{experts}-k{top_k}-t{tokens}-{activation}{flags}"
+    else:
+        signature = {
+            "hid_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "b_ptr": t, "out_ptr": t, "ids_ptr": "*i32",
+            "tw_ptr": "*fp32", "emap_ptr": "*i32", "stride_be": "i32", "stride_ot": "i32",
+        }  # fmt: skip
+        constexprs = {
+            "N": hidden, "KG": inter // 32, "TOP_K": top_k, "KP": gmoe.next_pow2(top_k), "HAS_MAP": emap,
+            "HAS_BIAS": bias, "BN2": cfg.block_n2, "W4": w4,
+        }  # fmt: skip
+        kernel, warps = w2_kernel, cfg.warps2(top_k)
+        name = f"gluon_moe_w2-{str(dtype)[6:]}-h{hidden}-i{inter}-k{top_k}-t{tokens}{flags}"
+    for key in constexprs:
+        signature[key] = "constexpr"
+    src = GluonASTSource(kernel, signature, constexprs, _attrs(signature))
+    return name, triton_compile(src, target=SM90, options={"num_warps": warps})
+
+
+def moe_grid():
+    """Both layers at GPT-OSS-120B shapes (E 128, top-4, H = I = 2880) for every token bucket
+    (routing fused and precomputed, expert map, no bias, the other activations, fp16), and a
+    tiny shape (H = I = 64, E 8, top-2)."""
+    gpt = (torch.bfloat16, 2880, 2880, 128, 4)
+    rows = []
+    for layer in (1, 2):
+        rows += [(layer, *gpt, t, layer == 1) for t in (1, 2, 4, 8)]
+        rows += [
+            (layer, *gpt, 1, False, True, True),
+            (layer, *gpt, 8, False, False, False),
+            (layer, torch.float16, 64, 64, 8, 2, 1, False),
+            (layer, torch.float32, 64, 96, 8, 2, 2, layer == 1, True, True),
+        ]
+    rows += [(1, *gpt, 1, True, True, False, act) for act in ("silu", "gelu")]
+    return rows
+
+
 def decode_grid():
     return [
         (dtype, d, p, g, s, cap)
@@ -161,10 +261,14 @@ def prefill_grid():
     ]
 
 
-_BUILDERS = {"decode": (compile_decode, decode_grid), "prefill": (compile_prefill, prefill_grid)}
+_BUILDERS = {
+    "decode": (compile_decode, decode_grid),
+    "prefill": (compile_prefill, prefill_grid),
+    "moe": (compile_moe, moe_grid),
+}
 
 
-def run(kinds: tuple[str, ...] = ("decode", "prefill")) -> list[CompileResult]:
+def run(kinds: tuple[str, ...] = ("decode", "prefill", "moe")) -> list[CompileResult]:
     results = []
     for kind in kinds:
         build, configs = _BUILDERS[kind]
@@ -186,11 +290,14 @@ def run(kinds: tuple[str, ...] = ("decode", "prefill")) -> list[CompileResult]:
                         registers=registers,
                         spills=spills,
                         local=_count(r"\.local\b", ptx),
+                        ld_v4=_count(r"\bld\.global(?:\.\w+)*\.v4\.b32", ptx),
+                        cvt_f16=_count(r"\bcvt\.f32\.f16\b", ptx),
+                        sass=_sass_counts(compiled.asm["cubin"]) if "cubin" in compiled.asm else {},
                     )
                 )
             except Exception as exc:  # report every configuration, not only the first failure
                 results.append(
-                    CompileResult(f"{name}:{params}", False, 0, 0, 0, 0, 0, 0, 0, 0, f"{type(exc).__name__}: {exc}")
+                    CompileResult(f"{name}:{params}", False, 0, 0, 0, 0, 0, 0, 0, error=f"{type(exc).__name__}: {exc}")
                 )
     return results
 
