@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tokenspeed_kernel import config, platform, registry, selector
+from tokenspeed_kernel.ops._checks import clear_call_tables
 
 
 @pytest.fixture
@@ -50,6 +51,27 @@ def env(monkeypatch):
     config.refresh()
     platform.refresh()
     selector.clear_cache()
+
+
+@pytest.fixture
+def cold_and_warm():
+    """``check(valid, bad, exc, match)``: ``bad()`` raises ``exc`` matching ``match`` both cold
+    (no call remembered) and warm (right after ``valid()``, a good call with the same
+    shapes, was remembered by the op's call-key table), with the same message."""
+
+    def check(valid, bad, exc, match):
+        messages = []
+        for warm in (False, True):
+            clear_call_tables()
+            if warm:
+                valid()
+            with pytest.raises(exc, match=match) as info:
+                bad()
+            messages.append(str(info.value))
+        assert messages[0] == messages[1]
+
+    yield check
+    clear_call_tables()
 
 
 BF16 = torch.bfloat16

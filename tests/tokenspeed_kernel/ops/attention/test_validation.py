@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tokenspeed_kernel import config
+from tokenspeed_kernel.ops._checks import clear_call_tables
 from tokenspeed_kernel.tools.cases import attention as cases
 
 PREFILL = cases.AttentionCase("attention.prefill", (5, 9), (5, 12), 4, 2, 16, dtype=torch.float32)
@@ -15,11 +16,21 @@ FP8 = cases.AttentionCase(
 
 
 def _bad(case, exc, match, **changes):
+    """The changed call raises the same error cold (nothing remembered) and right after
+    the valid call with the same shapes was remembered by the op's call-key table."""
     inputs = cases.make_inputs(case)
+    bad = dict(inputs)
     for key, fn in changes.items():
-        inputs[key] = fn(inputs[key]) if callable(fn) else fn
-    with pytest.raises(exc, match=match):
-        cases.call(case, inputs, override=None)
+        bad[key] = fn(inputs[key]) if callable(fn) else fn
+    messages = []
+    for warm in (False, True):
+        clear_call_tables()
+        if warm:
+            cases.call(case, inputs, override=None)
+        with pytest.raises(exc, match=match) as info:
+            cases.call(case, bad, override=None)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
 
 
 PREFILL_BAD = [

@@ -3,16 +3,35 @@
 Every check raises ``TypeError`` (wrong kind or dtype) or ``ValueError`` (wrong shape,
 device, layout or value) naming the argument and what was expected. None of them reads
 device memory: checks that would need a sync live behind ``config.debug()`` in each op.
+
+The hot path (per layer, per step) does not re-run them for a call it has seen: each op
+builds a **call key** from what its checks read (:func:`arg_key`, :func:`options_key`:
+a tensor's exact type, shape, dtype, device and contiguity; an option's exact type and
+value) and keeps the facts its full validation derived (head geometry, resolved scale,
+selector request) in a bounded table per op (:func:`remember`). A key is remembered only
+after the full checks passed for a call with that key, and every outcome of those checks is
+a function of the key, so a hit means the same checks would pass again. Values that
+change per call (``max_seqlen_*``, pointers for aliasing) are not in keys: they are checked
+on every call, and any doubt (a miss, an inline check failing, an argument of another
+kind, tracing under ``torch.compile``) runs the full checks, which raise the precise error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from typing import TypeVar
 
 import torch
 
+from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
+
 __all__ = [
     "ACT_DTYPES",
+    "CALL_CACHE_LIMIT",
+    "Uncacheable",
+    "arg_key",
+    "at_least",
+    "call_table",
     "check_choice",
     "check_float",
     "check_index_tensor",
@@ -20,7 +39,10 @@ __all__ = [
     "check_optional_tensor",
     "check_same_device",
     "check_tensor",
+    "clear_call_tables",
     "dtype_name",
+    "options_key",
+    "remember",
 ]
 
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -46,17 +68,16 @@ def check_tensor(
     """Check that ``t`` is a tensor of the given rank, dtype, shape (None = any) and layout."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if ndim is not None:
+    got = t.shape  # read once: every access crosses into C++
+    if ndim is not None and (len(got) != ndim if isinstance(ndim, int) else len(got) not in ndim):
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
-        if t.dim() not in allowed:
-            want = " or ".join(f"{n}-D" for n in allowed)
-            raise ValueError(f"{name} must be {want}, got shape {tuple(t.shape)}")
+        want = " or ".join(f"{n}-D" for n in allowed)
+        raise ValueError(f"{name} must be {want}, got shape {tuple(got)}")
     if dtypes is not None and t.dtype not in dtypes:
         raise TypeError(f"{name} must have dtype in {{{_names(dtypes)}}}, got {dtype_name(t.dtype)}")
-    if shape is not None:
-        if len(shape) != t.dim() or any(want is not None and want != got for want, got in zip(shape, t.shape)):
-            shown = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-            raise ValueError(f"{name} must have shape {shown}, got {list(t.shape)}")
+    if shape is not None and (len(shape) != len(got) or any(w is not None and w != g for w, g in zip(shape, got))):
+        shown = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        raise ValueError(f"{name} must have shape {shown}, got {list(got)}")
     if contiguous and not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (got strides {t.stride()} for shape {tuple(t.shape)})")
     return t
@@ -107,3 +128,72 @@ def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
 def check_index_tensor(name: str, t: object, *, ndim: int, dtype: torch.dtype, shape=None) -> torch.Tensor:
     """An integer index tensor of one exact dtype (int32 page tables, int64 slots, ...)."""
     return check_tensor(name, t, ndim=ndim, dtypes=(dtype,), shape=shape)
+
+
+# --- call keys (see the module docstring) ---------------------------------------------------
+
+CALL_CACHE_LIMIT = 1024  # entries per op's table; a full table is emptied (shapes vary per step)
+_Tensor = torch.Tensor
+_SCALAR_TYPES = frozenset({type(None), bool, int, float, str})
+V = TypeVar("V")
+
+
+class Uncacheable(Exception):
+    """An argument a call key cannot stand for (a tensor subclass, a custom object): the
+    call is validated in full and nothing is remembered."""
+
+
+def arg_key(x: object) -> Hashable:
+    """What the checks read of one argument: a plain tensor's shape, dtype, device and
+    contiguity; a quantized weight container's type and its tensors' keys; a None, bool,
+    int, float or str with its exact type (``1`` and ``True`` differ). ``Uncacheable``
+    for anything else."""
+    kind = type(x)
+    if kind is _Tensor:
+        return (x.shape, x.dtype, x.device, x.is_contiguous())  # type: ignore[attr-defined]
+    if kind in _SCALAR_TYPES:
+        return (kind, x)
+    if kind is MXFP4Weight:
+        return (kind, arg_key(x.packed), arg_key(x.scales))  # type: ignore[attr-defined]
+    if kind is FP8Weight:
+        return (kind, arg_key(x.data), arg_key(x.scale))  # type: ignore[attr-defined]
+    raise Uncacheable
+
+
+def at_least(value: object, lo: int) -> bool:
+    """``value`` is a plain int ``>= lo`` (the fast form of :func:`check_int`; False sends the
+    call to the full checks, which accept int subclasses and raise the precise error)."""
+    return type(value) is int and value >= lo
+
+
+def options_key(*values: object) -> Hashable:
+    """:func:`arg_key` of several scalar options at once (exact types and values)."""
+    types = tuple(map(type, values))
+    if not _SCALAR_TYPES.issuperset(types):
+        raise Uncacheable
+    return (types, values)
+
+
+_TABLES: list[dict] = []
+
+
+def call_table() -> dict[Hashable, V]:
+    """A new per-op table of call key -> facts (cleared by :func:`clear_call_tables`)."""
+    table: dict[Hashable, V] = {}
+    _TABLES.append(table)
+    return table
+
+
+def clear_call_tables() -> None:
+    """Forget every remembered call (tests; the next call of each key is checked in full)."""
+    for table in _TABLES:
+        table.clear()
+
+
+def remember(table: dict[Hashable, V], key: Hashable | None, facts: V) -> V:
+    """Store ``facts`` under ``key`` (None: nothing) in a bounded per-op table; return them."""
+    if key is not None:
+        if len(table) >= CALL_CACHE_LIMIT:
+            table.clear()
+        table[key] = facts
+    return facts

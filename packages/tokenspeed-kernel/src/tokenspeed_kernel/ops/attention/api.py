@@ -14,10 +14,24 @@ Capture signatures (``TOKENSPEED_KERNEL_CAPTURE``) use the field names of
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+from dataclasses import dataclass
+
 import torch
 
 from tokenspeed_kernel import config
-from tokenspeed_kernel.ops._checks import ACT_DTYPES, check_same_device, check_tensor, dtype_name
+from tokenspeed_kernel.ops._checks import (
+    ACT_DTYPES,
+    Uncacheable,
+    arg_key,
+    at_least,
+    call_table,
+    check_same_device,
+    check_tensor,
+    dtype_name,
+    options_key,
+    remember,
+)
 from tokenspeed_kernel.ops._dispatch import dispatch
 from tokenspeed_kernel.ops.attention import _custom_ops  # noqa: F401  (defines torch.ops.tokenspeed_kernel.mha_*)
 from tokenspeed_kernel.ops.attention._validate import (
@@ -28,6 +42,7 @@ from tokenspeed_kernel.ops.attention._validate import (
     check_out,
     check_paged_cache,
     check_ragged,
+    check_scale,
     debug_check_cu_seqlens,
     debug_check_pages,
 )
@@ -113,6 +128,36 @@ def _result(out: torch.Tensor, lse: torch.Tensor | None, return_lse: bool):
     return (out, lse) if return_lse else out
 
 
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """What the full checks of one call derived, remembered per call key (see
+    :mod:`tokenspeed_kernel.ops._checks`): head geometry, the resolved softmax scale, the
+    selector request (None while tracing: the custom op selects when it runs), the page
+    size and whether the cache is fp8 (paged ops), queries per sequence (decode)."""
+
+    heads: Heads
+    scale: float
+    request: Request | None
+    page_size: int = 0
+    fp8: bool = False
+    q_len: int = 1
+
+
+# Per-op tables: call key -> _Checked (bounded; see ops/_checks.remember).
+_PREFILL_CALLS: dict[Hashable, _Checked] = call_table()
+_EXTEND_CALLS: dict[Hashable, _Checked] = call_table()
+_DECODE_CALLS: dict[Hashable, _Checked] = call_table()
+
+
+def _scales(checked: _Checked, k_scale: object, v_scale: object, q: torch.Tensor):
+    """This call's fp8 scale tensors (float32 ``[1]``), or ``(None, None)``. Their validity
+    is part of the call key, so this never raises after a hit; the tensors themselves are
+    per call (a tensor argument is reshaped, a float one comes from the scale cache)."""
+    if not checked.fp8:
+        return None, None
+    return check_scale("k_scale", k_scale, q), check_scale("v_scale", v_scale, q)
+
+
 def mha_prefill(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -149,30 +194,28 @@ def mha_prefill(
     Returns:
         ``out [total_q, Hq, Dv]`` in q's dtype, or ``(out, lse)``.
     """
-    check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES)
-    check_tensor("k", k, ndim=3, dtypes=(q.dtype,))
-    check_tensor("v", v, ndim=3, dtypes=(q.dtype,))
-    if v.shape[0] != k.shape[0]:
-        raise ValueError(f"v has {v.shape[0]} rows but k has {k.shape[0]}")
-    check_same_device("q", q, k=k, v=v)
-    heads = check_heads("q", q, "k", k, "v", v)
-    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
-    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, cu_seqlens_q.shape[0] - 1, q)
-    check_ragged(max_seqlen_q, max_seqlen_k, causal)
-    scale = check_options(
-        q,
-        heads,
-        softmax_scale=softmax_scale,
-        window_left=window_left,
-        logit_cap=logit_cap,
-        return_lse=return_lse,
-        override=override,
-        sinks=sinks,
-    )
+    compiling = torch.compiler.is_compiling()
+    key = None
+    if not compiling:
+        try:
+            key = (
+                arg_key(q), arg_key(k), arg_key(v), arg_key(cu_seqlens_q), arg_key(cu_seqlens_k), arg_key(sinks),
+                arg_key(out), options_key(causal, softmax_scale, window_left, logit_cap, return_lse, override),
+            )  # fmt: skip
+        except Uncacheable:
+            pass
+    checked = _PREFILL_CALLS.get(key)
+    if checked is None or not (at_least(max_seqlen_q, 0) and at_least(max_seqlen_k, 0)):
+        checked = _check_prefill(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+            softmax_scale=softmax_scale, window_left=window_left, sinks=sinks, logit_cap=logit_cap,
+            return_lse=return_lse, out=out, override=override, compiling=compiling,
+        )  # fmt: skip
+        remember(_PREFILL_CALLS, key, checked)
+    heads, scale = checked.heads, checked.scale
     total_q = q.shape[0]
-    out = check_out(out, (total_q, heads.num_q_heads, heads.head_dim_v), q)
 
-    if torch.compiler.is_compiling():
+    if compiling:
         result, lse = torch.ops.tokenspeed_kernel.mha_prefill(
             q,
             k,
@@ -200,19 +243,9 @@ def mha_prefill(
             raise ValueError(
                 "causal prefill needs every query length <= its key length (TOKENSPEED_KERNEL_DEBUG check)"
             )
-    request = attention_request(
-        "attention.prefill",
-        q_dtype=q.dtype,
-        kv_dtype=k.dtype,
-        heads=heads,
-        causal=causal,
-        window_left=window_left,
-        sinks=sinks is not None,
-        logit_cap=logit_cap,
-        return_lse=return_lse,
-    )
+    assert checked.request is not None
     spec = dispatch(
-        request,
+        checked.request,
         q.device,
         override,
         lambda: _signature(
@@ -255,6 +288,48 @@ def mha_prefill(
     return _result(out, lse, return_lse)
 
 
+def _check_prefill(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, softmax_scale, window_left, sinks,
+    logit_cap, return_lse, out, override, compiling: bool,
+) -> _Checked:  # fmt: skip
+    """Every host check of :func:`mha_prefill`, in order; the facts they derive."""
+    check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES)
+    check_tensor("k", k, ndim=3, dtypes=(q.dtype,))
+    check_tensor("v", v, ndim=3, dtypes=(q.dtype,))
+    if v.shape[0] != k.shape[0]:
+        raise ValueError(f"v has {v.shape[0]} rows but k has {k.shape[0]}")
+    check_same_device("q", q, k=k, v=v)
+    heads = check_heads("q", q, "k", k, "v", v)
+    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
+    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, cu_seqlens_q.shape[0] - 1, q)
+    check_ragged(max_seqlen_q, max_seqlen_k, causal)
+    scale = check_options(
+        q,
+        heads,
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        override=override,
+        sinks=sinks,
+    )
+    check_out(out, (q.shape[0], heads.num_q_heads, heads.head_dim_v), q)
+    request = None
+    if not compiling:
+        request = attention_request(
+            "attention.prefill",
+            q_dtype=q.dtype,
+            kv_dtype=k.dtype,
+            heads=heads,
+            causal=causal,
+            window_left=window_left,
+            sinks=sinks is not None,
+            logit_cap=logit_cap,
+            return_lse=return_lse,
+        )
+    return _Checked(heads, scale, request)
+
+
 def mha_extend_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -295,27 +370,32 @@ def mha_extend_with_kvcache(
     Returns:
         ``out [total_q, Hq, Dv]`` in q's dtype, or ``(out, lse)`` with lse float32 ``[total_q, Hq]``.
     """
-    check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES)
-    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
+    compiling = torch.compiler.is_compiling()
+    key = None
+    if not compiling:
+        try:
+            key = (
+                arg_key(q), arg_key(k_cache), arg_key(v_cache), arg_key(page_table), arg_key(cu_seqlens_q),
+                arg_key(cache_seqlens), arg_key(sinks), arg_key(k_scale), arg_key(v_scale), arg_key(out),
+                options_key(causal, softmax_scale, window_left, logit_cap, return_lse, override),
+            )  # fmt: skip
+        except Uncacheable:
+            pass
+    checked = _EXTEND_CALLS.get(key)
+    if checked is None or not (at_least(max_seqlen_q, 0) and at_least(max_seqlen_k, 0)):
+        checked = _check_extend(
+            q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, max_seqlen_q, max_seqlen_k,
+            causal=causal, softmax_scale=softmax_scale, window_left=window_left, sinks=sinks,
+            logit_cap=logit_cap, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse, out=out,
+            override=override, compiling=compiling,
+        )  # fmt: skip
+        remember(_EXTEND_CALLS, key, checked)
+    heads, scale, page_size = checked.heads, checked.scale, checked.page_size
+    ks, vs = _scales(checked, k_scale, v_scale, q)
     batch = cu_seqlens_q.shape[0] - 1
-    heads, page_size, ks, vs = check_paged_cache(
-        q, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, batch
-    )
-    check_ragged(max_seqlen_q, max_seqlen_k, causal)
-    scale = check_options(
-        q,
-        heads,
-        softmax_scale=softmax_scale,
-        window_left=window_left,
-        logit_cap=logit_cap,
-        return_lse=return_lse,
-        override=override,
-        sinks=sinks,
-    )
     total_q = q.shape[0]
-    out = check_out(out, (total_q, heads.num_q_heads, heads.head_dim_v), q)
 
-    if torch.compiler.is_compiling():
+    if compiling:
         result, lse = torch.ops.tokenspeed_kernel.mha_extend_with_kvcache(
             q,
             k_cache,
@@ -342,20 +422,9 @@ def mha_extend_with_kvcache(
     if config.debug():
         q_lens = debug_check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, "max_seqlen_q")
         debug_check_pages(page_table, cache_seqlens, q_lens, page_size, k_cache.shape[0], max_seqlen_k)
-    request = attention_request(
-        "attention.extend",
-        q_dtype=q.dtype,
-        kv_dtype=k_cache.dtype,
-        heads=heads,
-        causal=causal,
-        window_left=window_left,
-        sinks=sinks is not None,
-        logit_cap=logit_cap,
-        return_lse=return_lse,
-        page_size=page_size,
-    )
+    assert checked.request is not None
     spec = dispatch(
-        request,
+        checked.request,
         q.device,
         override,
         lambda: _signature(
@@ -401,6 +470,44 @@ def mha_extend_with_kvcache(
     return _result(out, lse, return_lse)
 
 
+def _check_extend(
+    q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, max_seqlen_q, max_seqlen_k, *, causal,
+    softmax_scale, window_left, sinks, logit_cap, k_scale, v_scale, return_lse, out, override, compiling: bool,
+) -> _Checked:  # fmt: skip
+    """Every host check of :func:`mha_extend_with_kvcache`, in order; the facts they derive."""
+    check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES)
+    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
+    batch = cu_seqlens_q.shape[0] - 1
+    heads, page_size, _, _ = check_paged_cache(q, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, batch)
+    check_ragged(max_seqlen_q, max_seqlen_k, causal)
+    scale = check_options(
+        q,
+        heads,
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        override=override,
+        sinks=sinks,
+    )
+    check_out(out, (q.shape[0], heads.num_q_heads, heads.head_dim_v), q)
+    request = None
+    if not compiling:
+        request = attention_request(
+            "attention.extend",
+            q_dtype=q.dtype,
+            kv_dtype=k_cache.dtype,
+            heads=heads,
+            causal=causal,
+            window_left=window_left,
+            sinks=sinks is not None,
+            logit_cap=logit_cap,
+            return_lse=return_lse,
+            page_size=page_size,
+        )
+    return _Checked(heads, scale, request, page_size, k_cache.dtype == torch.float8_e4m3fn)
+
+
 def mha_decode_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -434,21 +541,32 @@ def mha_decode_with_kvcache(
         ``out`` shaped like q with ``Dv`` last, in q's dtype; or ``(out, lse)`` with lse
         float32 ``[batch * q_len, Hq]``.
     """
-    check_tensor("q", q, ndim=(3, 4), dtypes=ACT_DTYPES)
+    compiling = torch.compiler.is_compiling()
+    key = None
+    if not compiling:
+        try:
+            key = (
+                arg_key(q), arg_key(k_cache), arg_key(v_cache), arg_key(page_table), arg_key(cache_seqlens),
+                arg_key(sinks), arg_key(k_scale), arg_key(v_scale), arg_key(out),
+                options_key(softmax_scale, window_left, logit_cap, return_lse, override),
+            )  # fmt: skip
+        except Uncacheable:
+            pass
+    checked = _DECODE_CALLS.get(key)
+    if checked is None or not at_least(max_seqlen_k, checked.q_len):
+        checked = _check_decode_call(
+            q, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, softmax_scale=softmax_scale,
+            window_left=window_left, sinks=sinks, logit_cap=logit_cap, k_scale=k_scale, v_scale=v_scale,
+            return_lse=return_lse, out=out, override=override, compiling=compiling,
+        )  # fmt: skip
+        remember(_DECODE_CALLS, key, checked)
+    heads, scale, page_size, q_len = checked.heads, checked.scale, checked.page_size, checked.q_len
+    ks, vs = _scales(checked, k_scale, v_scale, q)
     batch = q.shape[0]
     q4 = q if q.dim() == 4 else q.unsqueeze(1)
-    q_len = q4.shape[1]
-    if q_len < 1:
-        raise ValueError(f"q must hold at least one query per sequence, got shape {list(q.shape)}")
-    heads, page_size, ks, vs, scale = check_decode(
-        q4, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, q_len=q_len, k_scale=k_scale,
-        v_scale=v_scale, softmax_scale=softmax_scale, window_left=window_left, logit_cap=logit_cap,
-        return_lse=return_lse, override=override, sinks=sinks,
-    )  # fmt: skip
     out_shape = (*q.shape[:-1], heads.head_dim_v)
-    out = check_out(out, out_shape, q)
 
-    if torch.compiler.is_compiling():
+    if compiling:
         result, lse = torch.ops.tokenspeed_kernel.mha_decode_with_kvcache(
             q,
             k_cache,
@@ -471,20 +589,9 @@ def mha_decode_with_kvcache(
 
     if config.debug():
         debug_check_pages(page_table, cache_seqlens, [q_len] * batch, page_size, k_cache.shape[0], max_seqlen_k)
-    request = attention_request(
-        "attention.decode",
-        q_dtype=q.dtype,
-        kv_dtype=k_cache.dtype,
-        heads=heads,
-        window_left=window_left,
-        sinks=sinks is not None,
-        logit_cap=logit_cap,
-        return_lse=return_lse,
-        page_size=page_size,
-        q_len=q_len,
-    )
+    assert checked.request is not None
     spec = dispatch(
-        request,
+        checked.request,
         q.device,
         override,
         lambda: _signature(
@@ -523,3 +630,36 @@ def mha_decode_with_kvcache(
         )
     )
     return _result(out, lse, return_lse)
+
+
+def _check_decode_call(
+    q, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, *, softmax_scale, window_left, sinks, logit_cap,
+    k_scale, v_scale, return_lse, out, override, compiling: bool,
+) -> _Checked:  # fmt: skip
+    """Every host check of :func:`mha_decode_with_kvcache`, in order; the facts they derive."""
+    check_tensor("q", q, ndim=(3, 4), dtypes=ACT_DTYPES)
+    q4 = q if q.dim() == 4 else q.unsqueeze(1)
+    q_len = q4.shape[1]
+    if q_len < 1:
+        raise ValueError(f"q must hold at least one query per sequence, got shape {list(q.shape)}")
+    heads, page_size, _, _, scale = check_decode(
+        q4, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, q_len=q_len, k_scale=k_scale,
+        v_scale=v_scale, softmax_scale=softmax_scale, window_left=window_left, logit_cap=logit_cap,
+        return_lse=return_lse, override=override, sinks=sinks,
+    )  # fmt: skip
+    check_out(out, (*q.shape[:-1], heads.head_dim_v), q)
+    request = None
+    if not compiling:
+        request = attention_request(
+            "attention.decode",
+            q_dtype=q.dtype,
+            kv_dtype=k_cache.dtype,
+            heads=heads,
+            window_left=window_left,
+            sinks=sinks is not None,
+            logit_cap=logit_cap,
+            return_lse=return_lse,
+            page_size=page_size,
+            q_len=q_len,
+        )
+    return _Checked(heads, scale, request, page_size, k_cache.dtype == torch.float8_e4m3fn, q_len)

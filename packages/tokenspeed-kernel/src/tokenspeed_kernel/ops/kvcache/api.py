@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import torch
 
 from tokenspeed_kernel import config
-from tokenspeed_kernel.ops._checks import ACT_DTYPES, check_same_device, check_tensor, dtype_name
+from tokenspeed_kernel.ops._checks import (
+    ACT_DTYPES,
+    Uncacheable,
+    arg_key,
+    call_table,
+    check_same_device,
+    check_tensor,
+    dtype_name,
+    options_key,
+    remember,
+)
 from tokenspeed_kernel.ops._dispatch import dispatch
 from tokenspeed_kernel.ops.attention._validate import KV_CACHE_DTYPES, check_scale
 from tokenspeed_kernel.ops.kvcache import _custom_ops  # noqa: F401  (defines torch.ops.tokenspeed_kernel.store_kvcache)
@@ -61,31 +73,24 @@ def store_kvcache(
             the cache stores ``value / scale`` saturated to the fp8 range.
         override: force a kernel by name (e.g. ``"torch_store_kvcache"``).
     """
-    check_tensor("k", k, ndim=3, dtypes=ACT_DTYPES)
-    check_tensor("v", v, ndim=3, dtypes=(k.dtype,), shape=(k.shape[0], k.shape[1], None))
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES, shape=(None, None, k.shape[1], k.shape[2]))
-    check_tensor("v_cache", v_cache, ndim=4, dtypes=(k_cache.dtype,), shape=(*k_cache.shape[:3], v.shape[2]))
-    check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int64,), shape=(k.shape[0],))
-    check_same_device("k", k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+    compiling = torch.compiler.is_compiling()
+    key = None
+    if not compiling:
+        try:
+            key = (
+                arg_key(k), arg_key(v), arg_key(k_cache), arg_key(v_cache), arg_key(slot_mapping), arg_key(k_scale),
+                arg_key(v_scale), options_key(override),
+            )  # fmt: skip
+        except Uncacheable:
+            pass
+    request = _STORE_CALLS.get(key)
+    if request is None:  # a call not seen yet (or not keyable): every check, in full
+        request = remember(
+            _STORE_CALLS, key, _check_store(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, override, compiling)
+        )
     fp8 = k_cache.dtype == torch.float8_e4m3fn
-    if not fp8 and k_cache.dtype != k.dtype:
-        raise TypeError(
-            f"k_cache dtype {dtype_name(k_cache.dtype)} must equal k dtype {dtype_name(k.dtype)} (or be float8_e4m3fn)"
-        )
-    if fp8:
-        if k_scale is None or v_scale is None:
-            raise ValueError("k_scale and v_scale are required for a float8_e4m3fn KV cache")
-        ks, vs = check_scale("k_scale", k_scale, k), check_scale("v_scale", v_scale, k)
-    elif k_scale is not None or v_scale is not None:
-        raise ValueError(
-            f"k_scale/v_scale apply to a float8_e4m3fn cache only; this cache is {dtype_name(k_cache.dtype)}"
-        )
-    else:
-        ks = vs = None
-
-    if override is not None and not isinstance(override, str):
-        raise TypeError(f"override must be a kernel name (str) or None, got {type(override).__name__}")
-    if torch.compiler.is_compiling():
+    ks, vs = (check_scale("k_scale", k_scale, k), check_scale("v_scale", v_scale, k)) if fp8 else (None, None)
+    if compiling:
         torch.ops.tokenspeed_kernel.store_kvcache(k, v, k_cache, v_cache, slot_mapping, ks, vs, override)
         return
 
@@ -96,14 +101,7 @@ def store_kvcache(
             "(TOKENSPEED_KERNEL_DEBUG check)"
         )
     page_size = k_cache.shape[1]
-    request = store_request(
-        kv_dtype=k.dtype,
-        cache_dtype=k_cache.dtype,
-        num_kv_heads=k.shape[1],
-        head_dim=k.shape[2],
-        head_dim_v=v.shape[2],
-        page_size=page_size,
-    )
+    assert request is not None
     spec = dispatch(
         request,
         k.device,
@@ -121,3 +119,54 @@ def store_kvcache(
     )
     if k.shape[0]:
         spec.fn(StoreArgs(k, v, k_cache, v_cache, slot_mapping, ks, vs))
+
+
+# Call key -> the selector request of a call that passed every check (see ops/_checks.py).
+_STORE_CALLS: dict[Hashable, Request] = call_table()
+
+
+def _check_store(
+    k: object,
+    v: object,
+    k_cache: object,
+    v_cache: object,
+    slot_mapping: object,
+    k_scale: object,
+    v_scale: object,
+    override: object,
+    compiling: bool,
+) -> Request | None:
+    """Every host check of :func:`store_kvcache`, in order; the call's selector request
+    (None while tracing: the custom op selects when it runs)."""
+    check_tensor("k", k, ndim=3, dtypes=ACT_DTYPES)
+    check_tensor("v", v, ndim=3, dtypes=(k.dtype,), shape=(k.shape[0], k.shape[1], None))
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES, shape=(None, None, k.shape[1], k.shape[2]))
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=(k_cache.dtype,), shape=(*k_cache.shape[:3], v.shape[2]))
+    check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int64,), shape=(k.shape[0],))
+    check_same_device("k", k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if not fp8 and k_cache.dtype != k.dtype:
+        raise TypeError(
+            f"k_cache dtype {dtype_name(k_cache.dtype)} must equal k dtype {dtype_name(k.dtype)} (or be float8_e4m3fn)"
+        )
+    if fp8:
+        if k_scale is None or v_scale is None:
+            raise ValueError("k_scale and v_scale are required for a float8_e4m3fn KV cache")
+        check_scale("k_scale", k_scale, k)
+        check_scale("v_scale", v_scale, k)
+    elif k_scale is not None or v_scale is not None:
+        raise ValueError(
+            f"k_scale/v_scale apply to a float8_e4m3fn cache only; this cache is {dtype_name(k_cache.dtype)}"
+        )
+    if override is not None and not isinstance(override, str):
+        raise TypeError(f"override must be a kernel name (str) or None, got {type(override).__name__}")
+    if compiling:
+        return None
+    return store_request(
+        kv_dtype=k.dtype,
+        cache_dtype=k_cache.dtype,
+        num_kv_heads=k.shape[1],
+        head_dim=k.shape[2],
+        head_dim_v=v.shape[2],
+        page_size=k_cache.shape[1],
+    )

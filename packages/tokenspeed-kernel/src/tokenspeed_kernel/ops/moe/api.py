@@ -14,10 +14,23 @@ the router's expert count), ``top_k``, ``dtype``, and for ``moe.apply`` also ``h
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import torch
 
 from tokenspeed_kernel import config
-from tokenspeed_kernel.ops._checks import ACT_DTYPES, check_choice, check_int, check_tensor, dtype_name
+from tokenspeed_kernel.ops._checks import (
+    ACT_DTYPES,
+    Uncacheable,
+    arg_key,
+    call_table,
+    check_choice,
+    check_int,
+    check_tensor,
+    dtype_name,
+    options_key,
+    remember,
+)
 from tokenspeed_kernel.ops._dispatch import dispatch
 from tokenspeed_kernel.ops.moe import _custom_ops
 from tokenspeed_kernel.ops.moe._validate import (
@@ -92,6 +105,34 @@ def _check_override(override: object) -> str | None:
     return override
 
 
+# Per-op tables: call key -> what a call that passed every check derived (ops/_checks.py).
+_TOPK_CALLS: dict[Hashable, Request] = call_table()
+_APPLY_CALLS: dict[Hashable, tuple[WeightInfo, int, str | None, Request | None]] = call_table()
+
+
+def _check_topk(
+    router_logits: object, top_k: object, scoring: object, renormalize: object, override: object, compiling: bool
+) -> Request | None:
+    """Every host check of :func:`moe_topk`, in order; the call's selector request (None
+    while tracing: the custom op selects when it runs)."""
+    check_tensor("router_logits", router_logits, ndim=2, dtypes=ACT_DTYPES)
+    num_experts = router_logits.shape[1]
+    if num_experts < 1:
+        raise ValueError(f"router_logits must have at least one expert column, got shape {list(router_logits.shape)}")
+    check_int("top_k", top_k, min_value=1)
+    if top_k > num_experts:
+        raise ValueError(f"top_k must be <= the number of experts E = {num_experts}, got {top_k}")
+    check_choice("scoring", scoring, SCORINGS)
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
+    _check_override(override)
+    if compiling:
+        return None
+    return topk_request(
+        logits_dtype=router_logits.dtype, num_experts=num_experts, top_k=top_k, scoring=scoring, renormalize=renormalize
+    )
+
+
 def moe_topk(
     router_logits: torch.Tensor,
     top_k: int,
@@ -114,28 +155,27 @@ def moe_topk(
         ``(topk_weights, topk_ids)``: float32 ``[T, top_k]`` and int32 ``[T, top_k]``, each
         row in descending weight order, ties broken towards the lower expert id.
     """
-    check_tensor("router_logits", router_logits, ndim=2, dtypes=ACT_DTYPES)
-    num_experts = router_logits.shape[1]
-    if num_experts < 1:
-        raise ValueError(f"router_logits must have at least one expert column, got shape {list(router_logits.shape)}")
-    check_int("top_k", top_k, min_value=1)
-    if top_k > num_experts:
-        raise ValueError(f"top_k must be <= the number of experts E = {num_experts}, got {top_k}")
-    check_choice("scoring", scoring, SCORINGS)
-    if not isinstance(renormalize, bool):
-        raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
-    _check_override(override)
-
-    if torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    key = None
+    if not compiling:
+        try:
+            key = (arg_key(router_logits), options_key(top_k, scoring, renormalize, override))
+        except Uncacheable:
+            pass
+    request = _TOPK_CALLS.get(key)
+    if request is None:  # a call not seen yet (or not keyable): every check, in full
+        request = remember(
+            _TOPK_CALLS, key, _check_topk(router_logits, top_k, scoring, renormalize, override, compiling)
+        )
+    if compiling:
         return torch.ops.tokenspeed_kernel.moe_topk(router_logits, top_k, scoring, renormalize, override)
 
-    num_tokens = router_logits.shape[0]
-    request = topk_request(
-        logits_dtype=router_logits.dtype, num_experts=num_experts, top_k=top_k, scoring=scoring, renormalize=renormalize
-    )
+    num_tokens, num_experts = router_logits.shape
+    device = router_logits.device
+    assert request is not None
     spec = dispatch(
         request,
-        router_logits.device,
+        device,
         override,
         lambda: {
             "num_tokens": num_tokens,
@@ -146,7 +186,6 @@ def moe_topk(
             "renormalize": renormalize,
         },
     )
-    device = router_logits.device
     args = TopKArgs(
         router_logits=router_logits,
         top_k=top_k,
@@ -215,26 +254,29 @@ def moe_apply(
     With ``TOKENSPEED_KERNEL_DEBUG=1`` also checks (with a device sync) that ``topk_ids``
     lie in ``[0, E_global)`` and ``expert_map`` values in ``[-1, E)``.
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    info = check_weights(
-        w13,
-        w2,
-        x_dtype=x.dtype,
-        device=x.device,
-        activation=activation,
-        w13_bias=w13_bias,
-        w2_bias=w2_bias,
-        expert_map=expert_map,
-    )
-    num_tokens, top_k = check_routing(
-        x, topk_weights, topk_ids, hidden=info.hidden, num_global_experts=info.num_global_experts
-    )
-    activation_quant = check_activation_quant(activation_quant, info)
-    out = check_out(out, x) if out is not None else None
-    _check_override(override)
+    compiling = torch.compiler.is_compiling()
+    key = None
+    if not compiling:
+        try:
+            key = (
+                arg_key(x), arg_key(w13), arg_key(w2), arg_key(topk_weights), arg_key(topk_ids), arg_key(w13_bias),
+                arg_key(w2_bias), arg_key(expert_map), arg_key(out), options_key(activation, override, activation_quant),
+            )  # fmt: skip
+        except Uncacheable:
+            pass
+    checked = _APPLY_CALLS.get(key)
+    # ``out`` must not alias ``x``: a pointer, so checked on every call (the full checks raise).
+    if checked is None or not (out is None or out.data_ptr() != x.data_ptr()):
+        checked = _check_apply(
+            x, w13, w2, topk_weights, topk_ids, activation=activation, w13_bias=w13_bias, w2_bias=w2_bias,
+            expert_map=expert_map, out=out, override=override, activation_quant=activation_quant,
+            compiling=compiling,
+        )  # fmt: skip
+        remember(_APPLY_CALLS, key, checked)
+    info, top_k, activation_quant, request = checked
+    num_tokens = x.shape[0]
 
-    if torch.compiler.is_compiling():
+    if compiling:
         a13, b13, fmt = _custom_ops.flatten_weight(w13)
         a2, b2, _ = _custom_ops.flatten_weight(w2)
         result = torch.ops.tokenspeed_kernel.moe_apply(
@@ -249,16 +291,7 @@ def moe_apply(
     if config.debug():
         check_ids_in_range(topk_ids, expert_map, info.num_experts, info.num_global_experts)
     has_bias = w13_bias is not None or w2_bias is not None
-    request = apply_request(
-        info,
-        x_dtype=x.dtype,
-        top_k=top_k,
-        num_tokens=num_tokens,
-        activation=activation,
-        has_bias=has_bias,
-        has_map=expert_map is not None,
-        activation_quant=activation_quant,
-    )
+    assert request is not None
     spec = dispatch(
         request,
         x.device,
@@ -283,3 +316,43 @@ def moe_apply(
     if num_tokens:
         spec.fn(args)
     return args.out
+
+
+def _check_apply(
+    x, w13, w2, topk_weights, topk_ids, *, activation, w13_bias, w2_bias, expert_map, out, override,
+    activation_quant, compiling: bool,
+) -> tuple[WeightInfo, int, str | None, Request | None]:  # fmt: skip
+    """Every host check of :func:`moe_apply`, in order; the weights' facts, ``top_k``, the
+    validated ``activation_quant`` and the selector request (None while tracing)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    info = check_weights(
+        w13,
+        w2,
+        x_dtype=x.dtype,
+        device=x.device,
+        activation=activation,
+        w13_bias=w13_bias,
+        w2_bias=w2_bias,
+        expert_map=expert_map,
+    )
+    num_tokens, top_k = check_routing(
+        x, topk_weights, topk_ids, hidden=info.hidden, num_global_experts=info.num_global_experts
+    )
+    activation_quant = check_activation_quant(activation_quant, info)
+    if out is not None:
+        check_out(out, x)
+    _check_override(override)
+    request = None
+    if not compiling:
+        request = apply_request(
+            info,
+            x_dtype=x.dtype,
+            top_k=top_k,
+            num_tokens=num_tokens,
+            activation=activation,
+            has_bias=w13_bias is not None or w2_bias is not None,
+            has_map=expert_map is not None,
+            activation_quant=activation_quant,
+        )
+    return info, top_k, activation_quant, request

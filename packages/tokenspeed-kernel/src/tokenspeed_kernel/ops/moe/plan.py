@@ -20,13 +20,14 @@ carry the public weights. The kernel must also work with ``prepared=None`` (the 
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from tokenspeed_kernel import config
-from tokenspeed_kernel.ops._checks import check_int, dtype_name
+from tokenspeed_kernel.ops._checks import Uncacheable, arg_key, call_table, check_int, dtype_name, remember
 from tokenspeed_kernel.ops._dispatch import capture_signature, check_capturable, record
 from tokenspeed_kernel.ops.moe import _custom_ops
 from tokenspeed_kernel.ops.moe._validate import (
@@ -86,6 +87,24 @@ class MoEPlan:
     activation_quant: str | None = None
     handle: int = field(default=0, compare=False)
 
+    def _check(self, x: object, topk_weights: object, topk_ids: object, out: object) -> None:
+        """Every host check of :meth:`apply`, in order."""
+        check_routing(
+            x,
+            topk_weights,
+            topk_ids,
+            hidden=self.info.hidden,
+            num_global_experts=self.info.num_global_experts,
+            top_k=self.top_k,
+        )
+        assert isinstance(x, torch.Tensor)
+        if x.dtype != self.x_dtype:
+            raise TypeError(f"x must have the plan's dtype {dtype_name(self.x_dtype)}, got {dtype_name(x.dtype)}")
+        if x.device != self.device:
+            raise ValueError(f"x is on {x.device} but the plan's weights are on {self.device}")
+        if out is not None:
+            check_out(out, x)  # type: ignore[arg-type]
+
     def apply(
         self,
         x: torch.Tensor,
@@ -103,20 +122,19 @@ class MoEPlan:
         Returns:
             ``[T, H]`` in x's dtype (``out`` when given).
         """
-        num_tokens, _ = check_routing(
-            x,
-            topk_weights,
-            topk_ids,
-            hidden=self.info.hidden,
-            num_global_experts=self.info.num_global_experts,
-            top_k=self.top_k,
-        )
-        if x.dtype != self.x_dtype:
-            raise TypeError(f"x must have the plan's dtype {dtype_name(self.x_dtype)}, got {dtype_name(x.dtype)}")
-        if x.device != self.device:
-            raise ValueError(f"x is on {x.device} but the plan's weights are on {self.device}")
-        out = check_out(out, x) if out is not None else None
-        if torch.compiler.is_compiling():
+        compiling = torch.compiler.is_compiling()
+        key = None
+        if not compiling:
+            try:
+                key = (self.handle, arg_key(x), arg_key(topk_weights), arg_key(topk_ids), arg_key(out))
+            except Uncacheable:
+                pass
+        # ``out`` must not alias ``x``: a pointer, so checked on every call (the full checks raise).
+        if key not in _PLAN_CALLS or not (out is None or out.data_ptr() != x.data_ptr()):
+            self._check(x, topk_weights, topk_ids, out)
+            remember(_PLAN_CALLS, key, True)
+        num_tokens = x.shape[0]
+        if compiling:
             result = torch.ops.tokenspeed_kernel.moe_plan_apply(self.handle, x, topk_weights, topk_ids)
             if out is None:
                 return result
@@ -156,6 +174,10 @@ class MoEPlan:
         if num_tokens:
             self.spec.fn(args)
         return args.out
+
+
+# Call keys (plan handle + activations; see ops/_checks.py) whose full checks passed.
+_PLAN_CALLS: dict[Hashable, bool] = call_table()
 
 
 def moe_plan(
