@@ -1,7 +1,7 @@
 """One device call for the opt-in ``gluon_moe_decode_mx_sm90`` (Gluon MXFP4 MoE decode, T <= 8).
 
 1. Numerics at GPT-OSS-120B shapes (E = 128, top-4, H = I = 2880, MXFP4 weights, bf16
-   activations, swiglu_oai + biases) against ``moe_bench.reference64`` (float64), outputs
+   activations, swiglu_oai + biases) against ``moe_common.reference64`` (float64), outputs
    poisoned with NaN, T = 1, 2, 4, 8: the registered kernel (``moe_apply(override=...)`` with
    ``moe_topk`` routing) and the fused-routing entry ``moe_decode_from_logits`` (its ids and
    weights compared with ``moe_topk``'s); a CUDA-graph replay equal to the eager call.
@@ -27,7 +27,7 @@ import time
 import traceback
 
 import torch
-from moe_bench import expert_bytes, log, make_weights, quantize, reference64, rel_err, torch_pipeline
+from moe_common import expert_bytes, log, make_weights, quantize, reference64, rel_err, torch_pipeline
 
 from tokenspeed_kernel.ops.moe import moe_apply, moe_topk
 from tokenspeed_kernel.tools.timing import time_fn

@@ -9,10 +9,9 @@ Small shapes (E = 8, H = 64, I = 96: three K steps are not needed to cover the m
 lanes) plus one H = I = 2880 shape with 4 experts (GPT-OSS's K: 90 groups, masked last step).
 """
 
-import os
-
 import pytest
 import torch
+from support.gpu import sm90_skip_reason
 from support.naive_moe import naive_moe, naive_topk
 
 from tokenspeed_kernel.ops.moe import moe_apply
@@ -21,18 +20,7 @@ from tokenspeed_kernel.quant import MXFP4Weight, quantize_mxfp4
 KERNEL = "gluon_moe_decode_mx_sm90"
 
 
-def _gpu_skip_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA device: Gluon kernels run only on a GPU (compile-checked by test_aot_compile.py)"
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return "TRITON_INTERPRET=1: Gluon does not run under the Triton interpreter"
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0):
-        return f"sm_{major}{minor} device: the kernel is built for sm_90 only"
-    return None
-
-
-SKIP = _gpu_skip_reason()
+SKIP = sm90_skip_reason()
 if SKIP:
     print(f"test_gluon_moe_decode_gpu: skipped: {SKIP}")
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")

@@ -8,24 +8,13 @@ itself checked against ``support.naive_attention`` on small shapes, on any machi
 """
 
 import math
-import os
 
 import pytest
 import torch
+from support.gpu import sm90_skip_reason
 from support.naive_attention import naive_prefill
 
 KERNEL = "gluon_prefill_window_sm90"
-
-
-def _gpu_skip_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA device: Gluon kernels run only on a GPU (compile-checked by test_aot_compile.py)"
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return "TRITON_INTERPRET=1: Gluon does not run under the Triton interpreter"
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0):
-        return f"sm_{major}{minor} device: the kernel is built for sm_90 only"
-    return None
 
 
 def dense_reference(q, k, v, cu_q, cu_k, *, scale, window, sinks=None, cap=0.0):
@@ -92,7 +81,7 @@ CASES = [
 
 @pytest.mark.parametrize("lens,hq,hkv,d,window,sinks,cap,dtype", CASES)
 def test_gluon_prefill_window_numerics(lens, hq, hkv, d, window, sinks, cap, dtype):
-    reason = _gpu_skip_reason()
+    reason = sm90_skip_reason()
     if reason:
         print(f"SKIP {KERNEL}: {reason}")
         pytest.skip(reason)

@@ -27,10 +27,9 @@ import sys
 from dataclasses import asdict, astuple, dataclass
 
 import torch
-import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
+from tokenspeed_kernel_triton._aot_common import amd_spills, compile_config, parse_target, target_label
 from tokenspeed_kernel_triton.ops.attention._kernel import attention_kernel, combine_kernel
 from tokenspeed_kernel_triton.ops.attention._launch import VENDOR_TILES, Tile, kernel_config, tile_key
 from tokenspeed_kernel_triton.ops.kvcache.store import _store_rows
@@ -179,17 +178,14 @@ def _spills(compiled, target: GPUTarget) -> tuple[int, int]:
     if target.backend == "cuda":
         return int(getattr(compiled, "n_spills", 0) or 0), 0
     amdgcn = compiled.asm.get("amdgcn", "")
-    found = re.findall(r"\.(?:sgpr|vgpr)_spill_count:\s*(\d+)", amdgcn)
     scratch = re.search(r"\.private_segment_fixed_size:\s*(\d+)", amdgcn)
-    return sum(map(int, found)), int(scratch.group(1)) if scratch else 0
+    return amd_spills(amdgcn), int(scratch.group(1)) if scratch else 0
 
 
 def compile_one(fn, signature: dict, constexprs: dict, target: GPUTarget, name: str, tile: str = "") -> CompileResult:
-    options = dict(constexprs.pop("_options", {}))
-    label = f"{target.backend}:{target.arch}"
+    label = target_label(target)
     try:
-        src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-        compiled = triton.compile(src, target=target, options=options)
+        compiled = compile_config(fn, signature, constexprs, target)
         compiled._init_handles = lambda: None  # never load: no device here
         count, shared, regs = _inspect(compiled, target)
         wgmma = len(re.findall(r"\bwgmma\.mma_async", compiled.asm.get("ptx", "")))
@@ -223,15 +219,6 @@ def _store_signature(fp8: bool, target: GPUTarget) -> tuple[dict, dict]:
               "_options": {"num_warps": 1}}  # fmt: skip
     signature |= {k: "constexpr" for k in consts if k != "_options"}
     return signature, consts
-
-
-def parse_target(text: str) -> GPUTarget:
-    backend, _, arch = text.partition(":")
-    if backend == "cuda":
-        return GPUTarget("cuda", int(arch), 32)
-    if backend == "hip":
-        return GPUTarget("hip", arch, 64)
-    raise ValueError(f"target must look like cuda:90 or hip:gfx942, got {text!r}")
 
 
 def sweep(targets: list[GPUTarget], full: bool = False) -> list[CompileResult]:

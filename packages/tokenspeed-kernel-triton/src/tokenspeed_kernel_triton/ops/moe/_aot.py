@@ -16,10 +16,9 @@ import re
 import sys
 from dataclasses import asdict, dataclass
 
-import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
+from tokenspeed_kernel_triton._aot_common import amd_spills, compile_config, parse_target, target_label
 from tokenspeed_kernel_triton.ops.moe._config import Tile, tiles_for
 from tokenspeed_kernel_triton.ops.moe._gemm import (
     FP8_BLOCK,
@@ -216,13 +215,9 @@ class CompileResult:
 
 def compile_one(fn, signature: dict, constexprs: dict, target: GPUTarget, name: str) -> CompileResult:
     """Compile one configuration for ``target`` (never loaded: no device here)."""
-    options = constexprs.get("_options", {})
-    attrs = constexprs.get("_attrs")
-    constexprs = {k: v for k, v in constexprs.items() if not k.startswith("_")}
-    label = f"{target.backend}:{target.arch}"
+    label = target_label(target)
     try:
-        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                                  target=target, options=options)  # fmt: skip
+        compiled = compile_config(fn, signature, constexprs, target)
     except Exception as exc:  # report, do not stop the sweep
         return CompileResult(name, label, False, 0, False, 0, 0, f"{type(exc).__name__}: {str(exc)[:300]}")
     shared = int(getattr(compiled.metadata, "shared", 0) or 0)
@@ -233,17 +228,7 @@ def compile_one(fn, signature: dict, constexprs: dict, target: GPUTarget, name: 
             name, label, True, count, "wgmma." in ptx, shared, int(getattr(compiled, "n_spills", 0) or 0)
         )
     amdgcn = compiled.asm.get("amdgcn", "")
-    spills = sum(map(int, re.findall(r"\.(?:sgpr|vgpr)_spill_count:\s*(\d+)", amdgcn)))
-    return CompileResult(name, label, True, len(re.findall(r"\bv_mfma", amdgcn)), False, shared, spills)
-
-
-def parse_target(text: str) -> GPUTarget:
-    backend, _, arch = text.partition(":")
-    if backend == "cuda":
-        return GPUTarget("cuda", int(arch), 32)
-    if backend == "hip":
-        return GPUTarget("hip", arch, 64)
-    raise ValueError(f"target must look like cuda:90 or hip:gfx942, got {text!r}")
+    return CompileResult(name, label, True, len(re.findall(r"\bv_mfma", amdgcn)), False, shared, amd_spills(amdgcn))
 
 
 def sweep(targets: list[GPUTarget]) -> list[CompileResult]:

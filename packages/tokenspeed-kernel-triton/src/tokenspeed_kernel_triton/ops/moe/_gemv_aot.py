@@ -15,10 +15,9 @@ import re
 import sys
 from dataclasses import asdict, dataclass
 
-import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
+from tokenspeed_kernel_triton._aot_common import amd_spills, compile_config, parse_target, target_label
 from tokenspeed_kernel_triton.ops.moe.gemv_mx import gemv_w2_kernel, gemv_w13_kernel, pick_gemv_tiles
 
 TOP_K = 4  # GPT-OSS-120B
@@ -73,13 +72,9 @@ class GemvCompile:
 
 def compile_one(name: str, fn, signature: dict, constexprs: dict, target: GPUTarget) -> GemvCompile:
     """Compile one configuration for ``target`` (never loaded)."""
-    options = constexprs.get("_options", {})
-    attrs = constexprs.get("_attrs")
-    constexprs = {k: v for k, v in constexprs.items() if not k.startswith("_")}
-    label = f"{target.backend}:{target.arch}"
+    label = target_label(target)
     try:
-        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                                  target=target, options=options)  # fmt: skip
+        compiled = compile_config(fn, signature, constexprs, target)
     except Exception as exc:  # report, do not stop the sweep
         return GemvCompile(name, label, False, 0, 0, 0, f"{type(exc).__name__}: {str(exc)[:300]}")
     shared = int(getattr(compiled.metadata, "shared", 0) or 0)
@@ -87,9 +82,8 @@ def compile_one(name: str, fn, signature: dict, constexprs: dict, target: GPUTar
         regs = _ptxas_registers(compiled.asm.get("ptx", ""), target)
         return GemvCompile(name, label, True, regs[0], regs[1], shared)
     amdgcn = compiled.asm.get("amdgcn", "")
-    spills = sum(map(int, re.findall(r"\.(?:sgpr|vgpr)_spill_count:\s*(\d+)", amdgcn)))
     vgprs = max(map(int, re.findall(r"\.vgpr_count:\s*(\d+)", amdgcn)), default=0)
-    return GemvCompile(name, label, True, vgprs, spills, shared)
+    return GemvCompile(name, label, True, vgprs, amd_spills(amdgcn), shared)
 
 
 def _ptxas_registers(ptx: str, target: GPUTarget) -> tuple[int, int]:
@@ -112,15 +106,6 @@ def _ptxas_registers(ptx: str, target: GPUTarget) -> tuple[int, int]:
     regs = max(map(int, re.findall(r"Used (\d+) registers", log)), default=0)
     spills = sum(map(int, re.findall(r"(\d+) bytes spill (?:stores|loads)", log)))
     return regs, spills
-
-
-def parse_target(text: str) -> GPUTarget:
-    backend, _, arch = text.partition(":")
-    if backend == "cuda":
-        return GPUTarget("cuda", int(arch), 32)
-    if backend == "hip":
-        return GPUTarget("hip", arch, 64)
-    raise ValueError(f"target must look like cuda:90 or hip:gfx942, got {text!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
