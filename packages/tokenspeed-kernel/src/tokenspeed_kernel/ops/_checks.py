@@ -31,12 +31,14 @@ __all__ = [
     "Uncacheable",
     "arg_key",
     "at_least",
+    "call_key",
     "call_table",
     "check_choice",
     "check_float",
     "check_index_tensor",
     "check_int",
     "check_optional_tensor",
+    "check_override",
     "check_same_device",
     "check_tensor",
     "clear_call_tables",
@@ -125,6 +127,13 @@ def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
     return value  # type: ignore[return-value]
 
 
+def check_override(override: object) -> str | None:
+    """``override`` must be a kernel name (str) or None."""
+    if override is not None and not isinstance(override, str):
+        raise TypeError(f"override must be a kernel name (str) or None, got {type(override).__name__}")
+    return override
+
+
 def check_index_tensor(name: str, t: object, *, ndim: int, dtype: torch.dtype, shape=None) -> torch.Tensor:
     """An integer index tensor of one exact dtype (int32 page tables, int64 slots, ...)."""
     return check_tensor(name, t, ndim=ndim, dtypes=(dtype,), shape=shape)
@@ -172,6 +181,21 @@ def options_key(*values: object) -> Hashable:
     if not _SCALAR_TYPES.issuperset(types):
         raise Uncacheable
     return (types, values)
+
+
+def call_key(compiling: bool, args: tuple[object, ...], options: tuple[object, ...] = ()) -> Hashable | None:
+    """The call key of one call: :func:`arg_key` of each of ``args`` (tensors, weights, optional
+    tensors, a plan's handle) and :func:`options_key` of ``options`` (scalars; none: no entry).
+    None, which no table holds, while tracing (``compiling``: the full checks run every time)
+    or when an argument is :class:`Uncacheable`."""
+    if compiling:
+        return None
+    try:
+        if options:
+            return (*map(arg_key, args), options_key(*options))
+        return tuple(map(arg_key, args))
+    except Uncacheable:
+        return None
 
 
 _TABLES: list[dict] = []

@@ -17,6 +17,7 @@ from tokenspeed_kernel.ops._checks import (
     check_float,
     check_int,
     check_optional_tensor,
+    check_override,
     check_same_device,
     check_tensor,
     dtype_name,
@@ -49,8 +50,7 @@ def check_options(
     check_float("logit_cap", logit_cap, min_value=0.0)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    if override is not None and not isinstance(override, str):
-        raise TypeError(f"override must be a kernel name (str) or None, got {type(override).__name__}")
+    check_override(override)
     return scale
 
 
@@ -136,6 +136,34 @@ def check_scale(name: str, scale: object, q: torch.Tensor) -> torch.Tensor:
     return _scale_tensor(check_float(name, scale, positive=True), q.device)
 
 
+def kv_scales(
+    fp8: bool, k_scale: object, v_scale: object, ref: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The fp8 scale tensors of one call (float32 ``[1]``, see :func:`check_scale`), or
+    ``(None, None)`` when the cache is not fp8. Per call on the hot path: the scales' validity
+    is part of the call key, so after a hit this never raises (a tensor argument is reshaped,
+    a float one comes from the scale cache)."""
+    if not fp8:
+        return None, None
+    return check_scale("k_scale", k_scale, ref), check_scale("v_scale", v_scale, ref)
+
+
+def check_kv_scales(
+    cache_dtype: torch.dtype, k_scale: object, v_scale: object, ref: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``k_scale``/``v_scale`` are given exactly when the cache is float8_e4m3fn, and valid
+    (:func:`check_scale`, on ``ref``'s device); returns them as by :func:`kv_scales`."""
+    if cache_dtype == torch.float8_e4m3fn:
+        if k_scale is None or v_scale is None:
+            raise ValueError("k_scale and v_scale are required for a float8_e4m3fn KV cache")
+        return kv_scales(True, k_scale, v_scale, ref)
+    if k_scale is not None or v_scale is not None:
+        raise ValueError(
+            f"k_scale/v_scale apply to a float8_e4m3fn cache only; this cache is {dtype_name(cache_dtype)}"
+        )
+    return None, None
+
+
 def check_paged_cache(
     q: torch.Tensor,
     k_cache: object,
@@ -170,15 +198,7 @@ def check_paged_cache(
     check_tensor("page_table", page_table, ndim=2, dtypes=(torch.int32,), shape=(batch, None))
     check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), shape=(batch,))
     check_same_device("q", q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, cache_seqlens=cache_seqlens)  # type: ignore[arg-type]
-    if fp8:
-        if k_scale is None or v_scale is None:
-            raise ValueError("k_scale and v_scale are required for a float8_e4m3fn KV cache")
-        return heads, page_size, check_scale("k_scale", k_scale, q), check_scale("v_scale", v_scale, q)
-    if k_scale is not None or v_scale is not None:
-        raise ValueError(
-            f"k_scale/v_scale apply to a float8_e4m3fn cache only; this cache is {dtype_name(k_cache.dtype)}"
-        )
-    return heads, page_size, None, None
+    return (heads, page_size, *check_kv_scales(k_cache.dtype, k_scale, v_scale, q))
 
 
 def check_decode(
@@ -208,15 +228,9 @@ def check_decode(
     )
     check_int("max_seqlen_k", max_seqlen_k, min_value=q_len)
     scale = check_options(
-        q4,
-        heads,
-        softmax_scale=softmax_scale,
-        window_left=window_left,
-        logit_cap=logit_cap,
-        return_lse=return_lse,
-        override=override,
-        sinks=sinks,
-    )
+        q4, heads, softmax_scale=softmax_scale, window_left=window_left, logit_cap=logit_cap, return_lse=return_lse,
+        override=override, sinks=sinks,
+    )  # fmt: skip
     return heads, page_size, ks, vs, scale
 
 

@@ -22,14 +22,12 @@ import torch
 from tokenspeed_kernel import config
 from tokenspeed_kernel.ops._checks import (
     ACT_DTYPES,
-    Uncacheable,
-    arg_key,
     at_least,
+    call_key,
     call_table,
     check_same_device,
     check_tensor,
     dtype_name,
-    options_key,
     remember,
 )
 from tokenspeed_kernel.ops._dispatch import dispatch
@@ -42,9 +40,9 @@ from tokenspeed_kernel.ops.attention._validate import (
     check_out,
     check_paged_cache,
     check_ragged,
-    check_scale,
     debug_check_cu_seqlens,
     debug_check_pages,
+    kv_scales,
 )
 from tokenspeed_kernel.ops.attention.args import DecodeArgs, ExtendArgs, Heads, PrefillArgs
 from tokenspeed_kernel.registry import Request
@@ -149,13 +147,56 @@ _EXTEND_CALLS: dict[Hashable, _Checked] = call_table()
 _DECODE_CALLS: dict[Hashable, _Checked] = call_table()
 
 
-def _scales(checked: _Checked, k_scale: object, v_scale: object, q: torch.Tensor):
-    """This call's fp8 scale tensors (float32 ``[1]``), or ``(None, None)``. Their validity
-    is part of the call key, so this never raises after a hit; the tensors themselves are
-    per call (a tensor argument is reshaped, a float one comes from the scale cache)."""
-    if not checked.fp8:
-        return None, None
-    return check_scale("k_scale", k_scale, q), check_scale("v_scale", v_scale, q)
+def _checked(
+    op: str,
+    q: torch.Tensor,
+    kv_dtype: torch.dtype,
+    heads: Heads,
+    scale: float,
+    out: object,
+    out_shape: tuple[int, ...],
+    *,
+    compiling: bool,
+    causal: bool = True,
+    window_left: int,
+    sinks: torch.Tensor | None,
+    logit_cap: float,
+    return_lse: bool,
+    page_size: int = 0,
+    q_len: int | None = None,
+) -> _Checked:
+    """The check every attention operator's full checks end with (``out`` against
+    ``out_shape``), then the facts its call key remembers: the derived ``heads``/``scale``,
+    the selector request of ``op`` (None while tracing: the custom op selects when it runs),
+    the page size (0 for prefill), whether the cache is fp8, ``q_len`` (decode)."""
+    check_out(out, out_shape, q)
+    request = None
+    if not compiling:
+        request = attention_request(
+            op, q_dtype=q.dtype, kv_dtype=kv_dtype, heads=heads, causal=causal, window_left=window_left,
+            sinks=sinks is not None, logit_cap=logit_cap, return_lse=return_lse, page_size=page_size or None, q_len=q_len,
+        )  # fmt: skip
+    return _Checked(heads, scale, request, page_size, kv_dtype == torch.float8_e4m3fn, q_len or 1)
+
+
+def _check_ragged_rest(
+    op: str, q: torch.Tensor, kv_dtype: torch.dtype, heads: Heads, max_seqlen_q: object, max_seqlen_k: object, *,
+    causal: object, softmax_scale: object, window_left: object, sinks: object, logit_cap: object, return_lse: object,
+    out: object, override: object, compiling: bool, page_size: int = 0,
+) -> _Checked:  # fmt: skip
+    """The checks :func:`mha_prefill` and :func:`mha_extend_with_kvcache` end with, after
+    their tensors: host bounds and ``causal``, the options, ``out`` ``[total_q, Hq, Dv]``;
+    then :func:`_checked`'s facts."""
+    check_ragged(max_seqlen_q, max_seqlen_k, causal)
+    scale = check_options(
+        q, heads, softmax_scale=softmax_scale, window_left=window_left, logit_cap=logit_cap, return_lse=return_lse,
+        override=override, sinks=sinks,
+    )  # fmt: skip
+    return _checked(
+        op, q, kv_dtype, heads, scale, out, (q.shape[0], heads.num_q_heads, heads.head_dim_v), compiling=compiling,
+        causal=causal, window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse,
+        page_size=page_size,
+    )  # fmt: skip
 
 
 def mha_prefill(
@@ -195,15 +236,10 @@ def mha_prefill(
         ``out [total_q, Hq, Dv]`` in q's dtype, or ``(out, lse)``.
     """
     compiling = torch.compiler.is_compiling()
-    key = None
-    if not compiling:
-        try:
-            key = (
-                arg_key(q), arg_key(k), arg_key(v), arg_key(cu_seqlens_q), arg_key(cu_seqlens_k), arg_key(sinks),
-                arg_key(out), options_key(causal, softmax_scale, window_left, logit_cap, return_lse, override),
-            )  # fmt: skip
-        except Uncacheable:
-            pass
+    key = call_key(
+        compiling, (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, out),
+        (causal, softmax_scale, window_left, logit_cap, return_lse, override),
+    )  # fmt: skip
     checked = _PREFILL_CALLS.get(key)
     if checked is None or not (at_least(max_seqlen_q, 0) and at_least(max_seqlen_k, 0)):
         checked = _check_prefill(
@@ -302,32 +338,11 @@ def _check_prefill(
     heads = check_heads("q", q, "k", k, "v", v)
     check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
     check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, cu_seqlens_q.shape[0] - 1, q)
-    check_ragged(max_seqlen_q, max_seqlen_k, causal)
-    scale = check_options(
-        q,
-        heads,
-        softmax_scale=softmax_scale,
-        window_left=window_left,
-        logit_cap=logit_cap,
-        return_lse=return_lse,
-        override=override,
-        sinks=sinks,
-    )
-    check_out(out, (q.shape[0], heads.num_q_heads, heads.head_dim_v), q)
-    request = None
-    if not compiling:
-        request = attention_request(
-            "attention.prefill",
-            q_dtype=q.dtype,
-            kv_dtype=k.dtype,
-            heads=heads,
-            causal=causal,
-            window_left=window_left,
-            sinks=sinks is not None,
-            logit_cap=logit_cap,
-            return_lse=return_lse,
-        )
-    return _Checked(heads, scale, request)
+    return _check_ragged_rest(
+        "attention.prefill", q, k.dtype, heads, max_seqlen_q, max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
+        window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse, out=out, override=override,
+        compiling=compiling,
+    )  # fmt: skip
 
 
 def mha_extend_with_kvcache(
@@ -371,16 +386,10 @@ def mha_extend_with_kvcache(
         ``out [total_q, Hq, Dv]`` in q's dtype, or ``(out, lse)`` with lse float32 ``[total_q, Hq]``.
     """
     compiling = torch.compiler.is_compiling()
-    key = None
-    if not compiling:
-        try:
-            key = (
-                arg_key(q), arg_key(k_cache), arg_key(v_cache), arg_key(page_table), arg_key(cu_seqlens_q),
-                arg_key(cache_seqlens), arg_key(sinks), arg_key(k_scale), arg_key(v_scale), arg_key(out),
-                options_key(causal, softmax_scale, window_left, logit_cap, return_lse, override),
-            )  # fmt: skip
-        except Uncacheable:
-            pass
+    key = call_key(
+        compiling, (q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, sinks, k_scale, v_scale, out),
+        (causal, softmax_scale, window_left, logit_cap, return_lse, override),
+    )  # fmt: skip
     checked = _EXTEND_CALLS.get(key)
     if checked is None or not (at_least(max_seqlen_q, 0) and at_least(max_seqlen_k, 0)):
         checked = _check_extend(
@@ -391,7 +400,7 @@ def mha_extend_with_kvcache(
         )  # fmt: skip
         remember(_EXTEND_CALLS, key, checked)
     heads, scale, page_size = checked.heads, checked.scale, checked.page_size
-    ks, vs = _scales(checked, k_scale, v_scale, q)
+    ks, vs = kv_scales(checked.fp8, k_scale, v_scale, q)
     batch = cu_seqlens_q.shape[0] - 1
     total_q = q.shape[0]
 
@@ -479,33 +488,11 @@ def _check_extend(
     check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
     batch = cu_seqlens_q.shape[0] - 1
     heads, page_size, _, _ = check_paged_cache(q, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, batch)
-    check_ragged(max_seqlen_q, max_seqlen_k, causal)
-    scale = check_options(
-        q,
-        heads,
-        softmax_scale=softmax_scale,
-        window_left=window_left,
-        logit_cap=logit_cap,
-        return_lse=return_lse,
-        override=override,
-        sinks=sinks,
-    )
-    check_out(out, (q.shape[0], heads.num_q_heads, heads.head_dim_v), q)
-    request = None
-    if not compiling:
-        request = attention_request(
-            "attention.extend",
-            q_dtype=q.dtype,
-            kv_dtype=k_cache.dtype,
-            heads=heads,
-            causal=causal,
-            window_left=window_left,
-            sinks=sinks is not None,
-            logit_cap=logit_cap,
-            return_lse=return_lse,
-            page_size=page_size,
-        )
-    return _Checked(heads, scale, request, page_size, k_cache.dtype == torch.float8_e4m3fn)
+    return _check_ragged_rest(
+        "attention.extend", q, k_cache.dtype, heads, max_seqlen_q, max_seqlen_k, causal=causal,
+        softmax_scale=softmax_scale, window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse,
+        out=out, override=override, compiling=compiling, page_size=page_size,
+    )  # fmt: skip
 
 
 def mha_decode_with_kvcache(
@@ -542,16 +529,10 @@ def mha_decode_with_kvcache(
         float32 ``[batch * q_len, Hq]``.
     """
     compiling = torch.compiler.is_compiling()
-    key = None
-    if not compiling:
-        try:
-            key = (
-                arg_key(q), arg_key(k_cache), arg_key(v_cache), arg_key(page_table), arg_key(cache_seqlens),
-                arg_key(sinks), arg_key(k_scale), arg_key(v_scale), arg_key(out),
-                options_key(softmax_scale, window_left, logit_cap, return_lse, override),
-            )  # fmt: skip
-        except Uncacheable:
-            pass
+    key = call_key(
+        compiling, (q, k_cache, v_cache, page_table, cache_seqlens, sinks, k_scale, v_scale, out),
+        (softmax_scale, window_left, logit_cap, return_lse, override),
+    )  # fmt: skip
     checked = _DECODE_CALLS.get(key)
     if checked is None or not at_least(max_seqlen_k, checked.q_len):
         checked = _check_decode_call(
@@ -561,7 +542,7 @@ def mha_decode_with_kvcache(
         )  # fmt: skip
         remember(_DECODE_CALLS, key, checked)
     heads, scale, page_size, q_len = checked.heads, checked.scale, checked.page_size, checked.q_len
-    ks, vs = _scales(checked, k_scale, v_scale, q)
+    ks, vs = kv_scales(checked.fp8, k_scale, v_scale, q)
     batch = q.shape[0]
     q4 = q if q.dim() == 4 else q.unsqueeze(1)
     out_shape = (*q.shape[:-1], heads.head_dim_v)
@@ -647,19 +628,8 @@ def _check_decode_call(
         v_scale=v_scale, softmax_scale=softmax_scale, window_left=window_left, logit_cap=logit_cap,
         return_lse=return_lse, override=override, sinks=sinks,
     )  # fmt: skip
-    check_out(out, (*q.shape[:-1], heads.head_dim_v), q)
-    request = None
-    if not compiling:
-        request = attention_request(
-            "attention.decode",
-            q_dtype=q.dtype,
-            kv_dtype=k_cache.dtype,
-            heads=heads,
-            window_left=window_left,
-            sinks=sinks is not None,
-            logit_cap=logit_cap,
-            return_lse=return_lse,
-            page_size=page_size,
-            q_len=q_len,
-        )
-    return _Checked(heads, scale, request, page_size, k_cache.dtype == torch.float8_e4m3fn, q_len)
+    return _checked(
+        "attention.decode", q, k_cache.dtype, heads, scale, out, (*q.shape[:-1], heads.head_dim_v),
+        compiling=compiling, window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse,
+        page_size=page_size, q_len=q_len,
+    )  # fmt: skip

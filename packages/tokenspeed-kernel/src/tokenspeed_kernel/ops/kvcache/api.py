@@ -9,17 +9,16 @@ import torch
 from tokenspeed_kernel import config
 from tokenspeed_kernel.ops._checks import (
     ACT_DTYPES,
-    Uncacheable,
-    arg_key,
+    call_key,
     call_table,
+    check_override,
     check_same_device,
     check_tensor,
     dtype_name,
-    options_key,
     remember,
 )
 from tokenspeed_kernel.ops._dispatch import dispatch
-from tokenspeed_kernel.ops.attention._validate import KV_CACHE_DTYPES, check_scale
+from tokenspeed_kernel.ops.attention._validate import KV_CACHE_DTYPES, check_kv_scales, kv_scales
 from tokenspeed_kernel.ops.kvcache import _custom_ops  # noqa: F401  (defines torch.ops.tokenspeed_kernel.store_kvcache)
 from tokenspeed_kernel.ops.kvcache.args import StoreArgs
 from tokenspeed_kernel.registry import Request
@@ -74,22 +73,13 @@ def store_kvcache(
         override: force a kernel by name (e.g. ``"torch_store_kvcache"``).
     """
     compiling = torch.compiler.is_compiling()
-    key = None
-    if not compiling:
-        try:
-            key = (
-                arg_key(k), arg_key(v), arg_key(k_cache), arg_key(v_cache), arg_key(slot_mapping), arg_key(k_scale),
-                arg_key(v_scale), options_key(override),
-            )  # fmt: skip
-        except Uncacheable:
-            pass
+    key = call_key(compiling, (k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale), (override,))
     request = _STORE_CALLS.get(key)
     if request is None:  # a call not seen yet (or not keyable): every check, in full
         request = remember(
             _STORE_CALLS, key, _check_store(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, override, compiling)
         )
-    fp8 = k_cache.dtype == torch.float8_e4m3fn
-    ks, vs = (check_scale("k_scale", k_scale, k), check_scale("v_scale", v_scale, k)) if fp8 else (None, None)
+    ks, vs = kv_scales(k_cache.dtype == torch.float8_e4m3fn, k_scale, v_scale, k)
     if compiling:
         torch.ops.tokenspeed_kernel.store_kvcache(k, v, k_cache, v_cache, slot_mapping, ks, vs, override)
         return
@@ -144,22 +134,12 @@ def _check_store(
     check_tensor("v_cache", v_cache, ndim=4, dtypes=(k_cache.dtype,), shape=(*k_cache.shape[:3], v.shape[2]))
     check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int64,), shape=(k.shape[0],))
     check_same_device("k", k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
-    fp8 = k_cache.dtype == torch.float8_e4m3fn
-    if not fp8 and k_cache.dtype != k.dtype:
+    if k_cache.dtype not in (k.dtype, torch.float8_e4m3fn):
         raise TypeError(
             f"k_cache dtype {dtype_name(k_cache.dtype)} must equal k dtype {dtype_name(k.dtype)} (or be float8_e4m3fn)"
         )
-    if fp8:
-        if k_scale is None or v_scale is None:
-            raise ValueError("k_scale and v_scale are required for a float8_e4m3fn KV cache")
-        check_scale("k_scale", k_scale, k)
-        check_scale("v_scale", v_scale, k)
-    elif k_scale is not None or v_scale is not None:
-        raise ValueError(
-            f"k_scale/v_scale apply to a float8_e4m3fn cache only; this cache is {dtype_name(k_cache.dtype)}"
-        )
-    if override is not None and not isinstance(override, str):
-        raise TypeError(f"override must be a kernel name (str) or None, got {type(override).__name__}")
+    check_kv_scales(k_cache.dtype, k_scale, v_scale, k)
+    check_override(override)
     if compiling:
         return None
     return store_request(

@@ -21,14 +21,13 @@ import torch
 from tokenspeed_kernel import config
 from tokenspeed_kernel.ops._checks import (
     ACT_DTYPES,
-    Uncacheable,
-    arg_key,
+    call_key,
     call_table,
     check_choice,
     check_int,
+    check_override,
     check_tensor,
     dtype_name,
-    options_key,
     remember,
 )
 from tokenspeed_kernel.ops._dispatch import dispatch
@@ -99,12 +98,6 @@ def moe_topk_request(
     )
 
 
-def _check_override(override: object) -> str | None:
-    if override is not None and not isinstance(override, str):
-        raise TypeError(f"override must be a kernel name (str) or None, got {type(override).__name__}")
-    return override
-
-
 # Per-op tables: call key -> what a call that passed every check derived (ops/_checks.py).
 _TOPK_CALLS: dict[Hashable, Request] = call_table()
 _APPLY_CALLS: dict[Hashable, tuple[WeightInfo, int, str | None, Request | None]] = call_table()
@@ -125,7 +118,7 @@ def _check_topk(
     check_choice("scoring", scoring, SCORINGS)
     if not isinstance(renormalize, bool):
         raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
-    _check_override(override)
+    check_override(override)
     if compiling:
         return None
     return topk_request(
@@ -156,12 +149,7 @@ def moe_topk(
         row in descending weight order, ties broken towards the lower expert id.
     """
     compiling = torch.compiler.is_compiling()
-    key = None
-    if not compiling:
-        try:
-            key = (arg_key(router_logits), options_key(top_k, scoring, renormalize, override))
-        except Uncacheable:
-            pass
+    key = call_key(compiling, (router_logits,), (top_k, scoring, renormalize, override))
     request = _TOPK_CALLS.get(key)
     if request is None:  # a call not seen yet (or not keyable): every check, in full
         request = remember(
@@ -255,15 +243,10 @@ def moe_apply(
     lie in ``[0, E_global)`` and ``expert_map`` values in ``[-1, E)``.
     """
     compiling = torch.compiler.is_compiling()
-    key = None
-    if not compiling:
-        try:
-            key = (
-                arg_key(x), arg_key(w13), arg_key(w2), arg_key(topk_weights), arg_key(topk_ids), arg_key(w13_bias),
-                arg_key(w2_bias), arg_key(expert_map), arg_key(out), options_key(activation, override, activation_quant),
-            )  # fmt: skip
-        except Uncacheable:
-            pass
+    key = call_key(
+        compiling, (x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, expert_map, out),
+        (activation, override, activation_quant),
+    )  # fmt: skip
     checked = _APPLY_CALLS.get(key)
     # ``out`` must not alias ``x``: a pointer, so checked on every call (the full checks raise).
     if checked is None or not (out is None or out.data_ptr() != x.data_ptr()):
@@ -342,17 +325,12 @@ def _check_apply(
     activation_quant = check_activation_quant(activation_quant, info)
     if out is not None:
         check_out(out, x)
-    _check_override(override)
+    check_override(override)
     request = None
     if not compiling:
         request = apply_request(
-            info,
-            x_dtype=x.dtype,
-            top_k=top_k,
-            num_tokens=num_tokens,
-            activation=activation,
-            has_bias=w13_bias is not None or w2_bias is not None,
-            has_map=expert_map is not None,
+            info, x_dtype=x.dtype, top_k=top_k, num_tokens=num_tokens, activation=activation,
+            has_bias=w13_bias is not None or w2_bias is not None, has_map=expert_map is not None,
             activation_quant=activation_quant,
-        )
+        )  # fmt: skip
     return info, top_k, activation_quant, request

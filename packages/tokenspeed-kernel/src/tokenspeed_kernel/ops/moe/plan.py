@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from tokenspeed_kernel import config
-from tokenspeed_kernel.ops._checks import Uncacheable, arg_key, call_table, check_int, dtype_name, remember
+from tokenspeed_kernel.ops._checks import call_key, call_table, check_int, check_override, dtype_name, remember
 from tokenspeed_kernel.ops._dispatch import capture_signature, check_capturable, record
 from tokenspeed_kernel.ops.moe import _custom_ops
 from tokenspeed_kernel.ops.moe._validate import (
@@ -123,12 +123,7 @@ class MoEPlan:
             ``[T, H]`` in x's dtype (``out`` when given).
         """
         compiling = torch.compiler.is_compiling()
-        key = None
-        if not compiling:
-            try:
-                key = (self.handle, arg_key(x), arg_key(topk_weights), arg_key(topk_ids), arg_key(out))
-            except Uncacheable:
-                pass
+        key = call_key(compiling, (self.handle, x, topk_weights, topk_ids, out))
         # ``out`` must not alias ``x``: a pointer, so checked on every call (the full checks raise).
         if key not in _PLAN_CALLS or not (out is None or out.data_ptr() != x.data_ptr()):
             self._check(x, topk_weights, topk_ids, out)
@@ -216,21 +211,15 @@ def moe_plan(
     check_int("top_k", top_k, min_value=1)
     if top_k > info.num_global_experts:
         raise ValueError(f"top_k must be <= the number of (global) experts {info.num_global_experts}, got {top_k}")
-    if override is not None and not isinstance(override, str):
-        raise TypeError(f"override must be a kernel name (str) or None, got {type(override).__name__}")
+    check_override(override)
     if config.debug() and expert_map is not None:
         check_ids_in_range(expert_map.new_zeros((0,)), expert_map, info.num_experts, info.num_global_experts)
     device = _custom_ops.flatten_weight(w13)[0].device
     request = apply_request(
-        info,
-        x_dtype=x_dtype,
-        top_k=top_k,
-        num_tokens=None,
-        activation=activation,
-        has_bias=w13_bias is not None or w2_bias is not None,
-        has_map=expert_map is not None,
+        info, x_dtype=x_dtype, top_k=top_k, num_tokens=None, activation=activation,
+        has_bias=w13_bias is not None or w2_bias is not None, has_map=expert_map is not None,
         activation_quant=activation_quant,
-    )
+    )  # fmt: skip
     # Selection without capture: each MoEPlan.apply records its own signature (with T).
     spec = select(request, platform_for(device), override)
     prepared = None
