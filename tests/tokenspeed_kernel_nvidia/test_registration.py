@@ -16,6 +16,7 @@ NVIDIA_KERNELS = {
     "gluon_decode_sm90": "attention.decode",
     "gluon_prefill_window_sm90": "attention.prefill",
     "gluon_moe_decode_mx_sm90": "moe.apply",
+    "flashinfer_cutlass_moe": "moe.apply",
 }
 HAS_FLASHINFER = importlib.util.find_spec("flashinfer") is not None
 
