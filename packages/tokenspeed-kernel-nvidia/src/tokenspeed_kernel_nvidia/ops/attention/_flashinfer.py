@@ -49,6 +49,7 @@ __all__ = [
     "make_sink_wrapper",
     "sink_backend",
     "workspace",
+    "wrapper_route",
 ]
 
 LN2 = math.log(2.0)
@@ -132,6 +133,13 @@ def sink_backend(
     return utils.determine_attention_backend(
         device, 0, False, False, q_dtype, kv_dtype, head_dim_qk=head_dim_qk, head_dim_vo=head_dim_vo
     )
+
+
+def wrapper_route(sinks: torch.Tensor | None, plain: str) -> str:
+    """Which wrapper serves a call (part of every plan-cache key): the sink wrapper, whose
+    constructor specializes on dtypes, head dims, window on/off and backend (the rest of the
+    key), when ``sinks`` is given; else the route named ``plain``."""
+    return f"sink:{SINK_BACKEND}" if sinks is not None else plain
 
 
 def make_sink_wrapper(

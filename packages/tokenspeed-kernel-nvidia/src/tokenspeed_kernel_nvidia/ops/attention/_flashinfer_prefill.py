@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 
 from tokenspeed_kernel_nvidia.ops.attention._flashinfer import (
-    SINK_BACKEND,
     SINKS_WITH_LOGIT_CAP,
     PlanCache,
     PlanEntry,
@@ -28,6 +27,7 @@ from tokenspeed_kernel_nvidia.ops.attention._flashinfer import (
     layout_token,
     make_sink_wrapper,
     workspace,
+    wrapper_route,
 )
 from tokenspeed_kernel_nvidia.ops.attention._paged import CsrPages, paged_to_csr
 
@@ -72,15 +72,8 @@ def _key(call: PagedPrefillCall) -> tuple:
     return (
         call.q.device, call.qo_indptr.shape[0], num_q_heads, num_kv_heads, head_dim, call.v_cache.shape[-1],
         page_size, call.q.dtype, call.k_cache.dtype, call.causal, call.window_left, float(call.logit_cap),
-        float(call.softmax_scale), _route(call),
+        float(call.softmax_scale), wrapper_route(call.sinks, "plain"),
     )  # fmt: skip
-
-
-def _route(call: PagedPrefillCall) -> str:
-    """Which wrapper serves the call (part of the key): the sink wrapper, whose constructor
-    specializes on dtypes, head dims, window on/off and backend (all in the key), or the
-    plain one."""
-    return f"sink:{SINK_BACKEND}" if call.sinks is not None else "plain"
 
 
 def run_paged_prefill(call: PagedPrefillCall) -> None:

@@ -34,7 +34,6 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
 )
 from tokenspeed_kernel_nvidia.ops.attention._flashinfer import (
     LN2,
-    SINK_BACKEND,
     SINKS_WITH_LOGIT_CAP,
     PlanCache,
     PlanEntry,
@@ -43,6 +42,7 @@ from tokenspeed_kernel_nvidia.ops.attention._flashinfer import (
     layout_token,
     make_sink_wrapper,
     workspace,
+    wrapper_route,
 )
 from tokenspeed_kernel_nvidia.ops.attention._paged import allocate_csr, paged_to_csr
 
@@ -58,15 +58,8 @@ def _key(args: DecodeArgs) -> tuple:
     return (
         args.q.device, batch, q_len, args.page_table.shape[1], num_q_heads, num_kv_heads, head_dim,
         args.v_cache.shape[-1], page_size, args.q.dtype, args.k_cache.dtype, args.window_left,
-        float(args.logit_cap), float(args.softmax_scale), _route(args),
+        float(args.logit_cap), float(args.softmax_scale), wrapper_route(args.sinks, "decode"),
     )  # fmt: skip
-
-
-def _route(args: DecodeArgs) -> str:
-    """Which wrapper serves the call (part of the key): the sink wrapper, whose constructor
-    specializes on dtypes, head dims, window on/off and backend (all in the key), or the
-    decode wrapper."""
-    return f"sink:{SINK_BACKEND}" if args.sinks is not None else "decode"
 
 
 def _sink_entry(args: DecodeArgs) -> PlanEntry:
