@@ -2,31 +2,18 @@
 instructions (decode: cp.async gathers, mma.sync; window prefill: TMA copies, wgmma), and
 ptxas reports no spills."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from support.aot import run_aot
 
 
 def _compile(kind: str) -> list[dict]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tokenspeed_kernel_nvidia.aot", kind],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert rows, proc.stderr[-2000:]
-    for row in rows:
+    (run,) = run_aot("tokenspeed_kernel_nvidia.aot", [[kind]], timeout=300)
+    for row in run.rows:
         assert row["ok"], row
         assert row["spills"] == 0 and row["local"] == 0, row
         assert row["shared_bytes"] <= 227 * 1024, row
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return rows
+    assert run.returncode == 0, run.stderr
+    return run.rows
 
 
 @pytest.fixture(scope="module")

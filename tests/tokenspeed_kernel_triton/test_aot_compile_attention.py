@@ -6,12 +6,8 @@ AMDGCN). Runs ``python -m tokenspeed_kernel_triton.aot <target>`` once per targe
 parallel subprocesses without TRITON_INTERPRET (the interpreter replaces the kernels here).
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from support.aot import run_aot
 
 TARGETS = ("cuda:90", "hip:gfx942", "hip:gfx950")
 SHARED_LIMIT = {"cuda:90": 227 * 1024, "hip:gfx942": 64 * 1024, "hip:gfx950": 160 * 1024}
@@ -19,23 +15,8 @@ SHARED_LIMIT = {"cuda:90": 227 * 1024, "hip:gfx942": 64 * 1024, "hip:gfx950": 16
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict]]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    procs = {
-        target: subprocess.Popen(
-            [sys.executable, "-m", "tokenspeed_kernel_triton.aot", target],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for target in TARGETS
-    }
-    rows = {}
-    for target, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=600)
-        rows[target] = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-        assert rows[target], f"the compile sweep for {target} printed nothing: {stderr[-2000:]}"
-    return rows
+    runs = run_aot("tokenspeed_kernel_triton.aot", [[target] for target in TARGETS])
+    return {target: run.rows for target, run in zip(TARGETS, runs)}
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -7,12 +7,8 @@ table, split-K and public-scale variants included, on all three targets. Runs
 ``python -m tokenspeed_kernel_triton.ops.moe._aot`` in subprocesses without TRITON_INTERPRET
 (the interpreter replaces the kernels in this process)."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from support.aot import run_aot
 
 from tokenspeed_kernel_triton.ops.moe._config import tiles_for
 
@@ -22,24 +18,8 @@ SHARED_LIMIT = {"cuda:90": 227 * 1024, "hip:gfx942": 64 * 1024, "hip:gfx950": 16
 
 @pytest.fixture(scope="module")
 def results():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tokenspeed_kernel_triton.ops.moe._aot", target],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for target in TARGETS
-    ]
-    rows = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=600)
-        found = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        assert found, f"the compile sweep printed nothing: {err[-2000:]}"
-        rows += found
-    return rows
+    runs = run_aot("tokenspeed_kernel_triton.ops.moe._aot", [[target] for target in TARGETS])
+    return [row for run in runs for row in run.rows]
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -12,13 +12,11 @@ numerics under the interpreter, and the ahead-of-time compile.
   spills (``python -m tokenspeed_kernel_triton.ops.moe._gemv_aot`` in a subprocess).
 """
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from support.aot import run_aot
 from support.naive_moe import naive_moe
 
 from tokenspeed_kernel import explain
@@ -200,12 +198,8 @@ TARGETS = ("cuda:90", "hip:gfx942", "hip:gfx950")
 
 @pytest.fixture(scope="module")
 def compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "tokenspeed_kernel_triton.ops.moe._gemv_aot", *TARGETS],
-                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert rows, f"the compile printed nothing: {proc.stderr[-2000:]}"
-    return rows
+    (run,) = run_aot("tokenspeed_kernel_triton.ops.moe._gemv_aot", [TARGETS])
+    return run.rows
 
 
 @pytest.mark.parametrize("target", TARGETS)
