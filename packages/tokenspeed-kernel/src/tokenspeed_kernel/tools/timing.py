@@ -4,9 +4,18 @@ On a GPU the call is first captured into a CUDA graph and the graph's replays ar
 as a serving engine runs a decode step: the number is device time, not Python and launch
 overhead (which would dominate a 20 µs kernel). A call that cannot be captured (it
 synchronizes with the host, like the reference kernels) is timed eagerly, and
-:class:`Timing` says which. Each repetition is preceded, outside the timed region, by
-overwriting a buffer larger than the L2 cache, so inputs left in cache by the previous
-repetition do not flatter the kernel.
+:class:`Timing` says which.
+
+**L2 flush.** Each repetition is preceded, outside the timed region, by a pass over a buffer
+larger than the L2 cache, so inputs left in cache by the previous repetition do not flatter
+the kernel. The default pass *reads* the buffer (``flush="read"``): the timed call then
+starts with a cold L2 holding only clean lines, as a decode step's MoE or attention starts
+after other kernels have streamed their weights. ``flush="write"`` zeroes it instead, as
+``triton.testing.do_bench`` does; that leaves the L2 full of dirty lines which the timed
+call must write back before its own reads can allocate (on an H100: ~50 MB, ~10 µs), a cost
+no real workload pays before every kernel and one that swamps kernels of a few tens of µs
+(measured side by side in docs/benchmarks.md, 2026-11-23 evening). ``flush="none"`` keeps
+the L2 warm.
 """
 
 from __future__ import annotations
@@ -18,9 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Timing", "time_fn"]
+__all__ = ["FLUSH_MODES", "Timing", "time_fn"]
 
 _FLUSH_BYTES = 256 * 2**20
+FLUSH_MODES = ("read", "write", "none")
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,14 @@ def _as_graph(fn: Callable[[], object], device: torch.device) -> Callable[[], ob
     return graph.replay
 
 
+def _flush(buf: torch.Tensor, mode: str) -> None:
+    """Empty the L2 by reading ``buf`` (clean lines) or zeroing it (dirty lines)."""
+    if mode == "read":
+        buf.sum()
+    elif mode == "write":
+        buf.zero_()
+
+
 def time_fn(
     fn: Callable[[], object],
     device: torch.device,
@@ -60,8 +78,14 @@ def time_fn(
     warmup_ms: float = 25.0,
     rep_ms: float = 100.0,
     graph: bool = True,
+    flush: str = "read",
 ) -> Timing:
-    """Median time of ``fn()`` on ``device`` (ms); on a GPU through a CUDA graph when it can."""
+    """Median time of ``fn()`` on ``device`` (ms); on a GPU through a CUDA graph when it can.
+
+    ``flush``: how the L2 is emptied before each timed repetition on a GPU, one of
+    :data:`FLUSH_MODES` (see the module docstring); ignored on a CPU."""
+    if flush not in FLUSH_MODES:
+        raise ValueError(f"flush must be one of {FLUSH_MODES}, got {flush!r}")
     if device.type != "cuda":
         fn()
         start = time.perf_counter()
@@ -73,7 +97,7 @@ def time_fn(
             fn()
             samples.append((time.perf_counter() - start) * 1e3)
         return Timing(statistics.median(samples), min(samples), len(samples))
-    flush = torch.empty(_FLUSH_BYTES, dtype=torch.uint8, device=device)
+    buf = torch.zeros(_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
     replay = _as_graph(fn, device) if graph else None
     captured = replay is not None
     fn = replay or fn
@@ -92,7 +116,7 @@ def time_fn(
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for s, e in zip(starts, ends):
-        flush.zero_()
+        _flush(buf, flush)
         s.record()
         fn()
         e.record()
