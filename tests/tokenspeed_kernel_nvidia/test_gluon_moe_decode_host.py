@@ -31,7 +31,7 @@ def test_registration_metadata():
     spec = registry.get_kernel(NAME)
     assert spec.op == "moe.apply" and spec.backend == "nvidia" and spec.solution == "gluon"
     assert spec.archs == frozenset({"sm_90"}) and spec.vendors == frozenset({"cuda"})
-    assert spec.priority == Priority.OPT_IN
+    assert spec.priority == Priority.PERFORMANT
     assert {"mxfp4", "bias", "expert_map", "silu", "gelu", "swiglu_oai"} <= spec.features
     assert "mxfp8_act" not in spec.features and "fp8_act" not in spec.features
 
@@ -67,11 +67,11 @@ def test_config_table_and_grids():
         assert cfg.warps2(4) == 4 * cfg.row_warps2 and cfg.warps2(1) == cfg.row_warps2
     assert gm.decode_config(100) is gm.CONFIGS[8]  # a plan called with more tokens
     cfg = gm.decode_config(1)
-    assert (cfg.block_n1, cfg.block_n2) == (16, 4)
-    # GPT-OSS-120B, T = 1: 4 pairs x 180 row blocks, 720 blocks of 4 outputs x 1 token.
-    assert gm.grids(1, 4, 2880, 2880, cfg) == ((4, 180), (720, 1))
+    assert (cfg.block_n1, cfg.block_n2) == (16, 8)
+    # GPT-OSS-120B, T = 1: 4 pairs x 180 row blocks, 360 blocks of 8 outputs x 1 token.
+    assert gm.grids(1, 4, 2880, 2880, cfg) == ((4, 180), (360, 1))
     assert gm.grids(8, 4, 2880, 2880, gm.decode_config(8)) == ((32, 180), (360, 8))
-    assert gm.grids(2, 2, 64, 96, gm.decode_config(2)) == ((4, 6), (16, 2))
+    assert gm.grids(2, 2, 64, 96, gm.decode_config(2)) == ((4, 6), (8, 2))
 
 
 def test_layouts():

@@ -1,7 +1,7 @@
 """``triton_moe_gemv_mx`` (MXFP4 MoE as two GEMV launches, T <= 8): registration and gating,
 numerics under the interpreter, and the ahead-of-time compile.
 
-- Gating: opt-in (below ``triton_fused_moe``), MXFP4 weights only, ``T > 8`` rejected with
+- Gating: PORTABLE + 20 (above ``triton_fused_moe_mx``), MXFP4 weights only, ``T > 8`` rejected with
   its reason (through ``explain`` on the request ``moe_apply`` builds).
 - Numerics (CPU, ``TRITON_INTERPRET=1``): the real kernels through ``moe_apply(override=)``
   and ``moe_plan``, outputs poisoned with NaN, against the independent float64
@@ -61,8 +61,8 @@ def _call(inputs: dict, **kw) -> torch.Tensor:
 
 def test_registration_metadata():
     spec = get_kernel(NAME)
-    assert spec.priority == Priority.OPT_IN and spec.band is Priority.OPT_IN
-    assert spec.priority < get_kernel("triton_fused_moe").priority
+    assert spec.priority == Priority.PORTABLE + 20 and spec.band is Priority.PORTABLE
+    assert spec.priority > get_kernel("triton_fused_moe_mx").priority > get_kernel("triton_fused_moe").priority
     assert spec.solution == "triton" and spec.graph_safe and spec.prepare is None and spec.available is None
     assert spec.features == frozenset({"silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4"})
     assert dict(spec.dtypes)["weight"] == frozenset({torch.uint8})
@@ -87,7 +87,8 @@ def test_predicate_serves_t_up_to_8_and_rejects_9(arch):
     for t in (1, 2, 5, 8):
         selection = explain(_request(t), platform=platform)
         assert _candidate(selection).accepted, (t, _candidate(selection).reasons)
-        assert selection.winner.name != NAME, "opt-in: never chosen over a portable kernel"
+        triton = [c.spec for c in selection.candidates if c.accepted and c.spec.solution == "triton"]
+        assert max(triton, key=lambda spec: spec.priority).name == NAME, "the first Triton MoE for T <= 8"
         assert explain(_request(t), platform=platform, override=NAME).winner.name == NAME
     assert _candidate(explain(_request(9), platform=platform)).reasons == (T_REASON,)
     assert _candidate(explain(_request(None), platform=platform)).accepted, "a plan has no token count"
@@ -184,11 +185,16 @@ def test_plan_matches_functional_path_and_hands_large_t_on():
 
 def test_tiles_table():
     for vendor in ("cuda", "rocm", "cpu"):
-        t13, t2 = gemv_mx.pick_gemv_tiles(vendor, 4)
-        assert t2.block_n == 16 and t13.block_n == 32
-        for tile in (t13, t2):
-            assert tile.block_k % 32 == 0 and tile.block_k & (tile.block_k - 1) == 0
-    assert gemv_mx.w2_block_n(2) == 32 and gemv_mx.w2_block_n(8) == 8 and gemv_mx.w2_block_n(16) == 8
+        rows = gemv_mx.TILES["rocm" if vendor == "rocm" else "cuda"]
+        assert [r.max_tokens for r in rows] == sorted(r.max_tokens for r in rows)
+        assert rows[-1].max_tokens == gemv_mx.MAX_TOKENS
+        assert gemv_mx.pick_gemv_tiles(vendor, 4, 1) == (gemv_mx.GemvTile(8, 256, 4), gemv_mx.GemvTile(4, 256, 4))
+        assert gemv_mx.pick_gemv_tiles(vendor, 4, 3) == (gemv_mx.GemvTile(16, 128, 4), gemv_mx.GemvTile(8, 128, 4))
+        assert gemv_mx.pick_gemv_tiles(vendor, 4, 9) == gemv_mx.pick_gemv_tiles(vendor, 4, 8)  # past the last row
+        for t in (1, 2, 3, 8):
+            for tile in gemv_mx.pick_gemv_tiles(vendor, 4, t):
+                assert tile.block_k % 32 == 0 and tile.block_k & (tile.block_k - 1) == 0
+    assert gemv_mx.w2_block_n(2, 32) == 16 and gemv_mx.w2_block_n(8, 32) == 4 and gemv_mx.w2_block_n(16, 16) == 4
 
 
 # ---------------------------------------------------------------- ahead-of-time compile

@@ -10,8 +10,8 @@ synchronizes with the host, like the reference kernels) is timed eagerly, and
 larger than the L2 cache, so inputs left in cache by the previous repetition do not flatter
 the kernel. The default pass *reads* the buffer (``flush="read"``): the timed call then
 starts with a cold L2 holding only clean lines, as a decode step's MoE or attention starts
-after other kernels have streamed their weights. ``flush="write"`` zeroes it instead, as
-``triton.testing.do_bench`` does; that leaves the L2 full of dirty lines which the timed
+after other kernels have streamed their weights. ``flush="write"`` zeroes it instead, as the
+usual GPU benchmark helpers do; that leaves the L2 full of dirty lines which the timed
 call must write back before its own reads can allocate (on an H100: ~50 MB, ~10 µs), a cost
 no real workload pays before every kernel and one that swamps kernels of a few tens of µs
 (measured side by side in docs/benchmarks.md, 2026-11-23 evening). ``flush="none"`` keeps

@@ -24,11 +24,15 @@ k), viewed as int32 words: each lane owns one 32-value MX group = 16 contiguous 
 a short PTX sequence (fp16 bit patterns ``e2m1 * 2**-14`` by shift/mask, ``cvt.f32.f16``),
 multiplied with the float32 activation and summed in-thread; the group sum is scaled once.
 
-**Gating.** ``Priority.OPT_IN``: compile-verified for sm_90 only, never run on a GPU. The
-predicate rejects non-MXFP4 weights and ``num_tokens_bucket > 8``; ``moe_plan`` selects
-without a token count, and a planned call with more tokens still runs correctly (each grid
-grows with T), only without the GEMV's advantage. ``top_k <= 8`` (layer 2 puts the choices
-on separate warps, at most 8 of them), ``E <= 1024`` for the fused routing.
+**Gating.** ``Priority.PERFORMANT``: on an H100 (2026-11-23) its GPU tests pass (36/36) and it
+is the fastest MXFP4 MoE we have at T <= 8: T = 1 50.7 µs vs ``triton_moe_gemv_mx`` 79.2 and
+``triton_fused_moe_mx`` 86.1, T = 8 243 vs 350 and 384 (routing included, same run;
+docs/benchmarks.md). The predicate rejects non-MXFP4 weights and ``num_tokens_bucket > 8``;
+``moe_plan`` selects per token bucket, so a plan runs it for ``T <= 8`` only. Called with more
+tokens (an ``override``) it still runs correctly (each grid grows with T), only without the
+GEMV's advantage. ``top_k <= 8`` (layer 2 puts the choices on separate warps, at most 8 of
+them), ``E <= 1024`` for the fused routing. The launch configurations (:data:`CONFIGS`) are
+the best of a 13-configuration sweep at T = 1, 2, 4, 8 (``ci/device/moe_decode_sweep.py``).
 """
 
 from __future__ import annotations
@@ -113,12 +117,13 @@ def _layouts(cfg: GluonMoEDecodeConfig, top_k: int, num_experts: int):
     return w3, rl, w4
 
 
-# Per token-count bucket (1, 2, 4, 8). Untuned, never measured: chosen so that a thread keeps
-# 8 (layer 1) or 4 x top-k (layer 2) 16-byte weight loads in flight per K step and that T = 1
-# at GPT-OSS shapes gives 720 layer-1 and 720 layer-2 programs (about 5.5 per H100 SM).
+# Per token-count bucket (1, 2, 4, 8): a thread keeps 8 (layer 1) or 4-8 x top-k (layer 2)
+# 16-byte weight loads in flight per K step. Swept on an H100 (13 configurations, 2026-11-23,
+# ci/device/moe_decode_sweep.py): this one was the best at every T (by 0.4-1.2% over rows2=4 at T = 1, 2); halving
+# the rows per thread costs 30-50%, doubling them 40-75%.
 CONFIGS: dict[int, GluonMoEDecodeConfig] = {
-    1: GluonMoEDecodeConfig(rows1=4, warps1=4, rows2=4, row_warps2=1),
-    2: GluonMoEDecodeConfig(rows1=4, warps1=4, rows2=4, row_warps2=1),
+    1: GluonMoEDecodeConfig(rows1=4, warps1=4, rows2=8, row_warps2=1),
+    2: GluonMoEDecodeConfig(rows1=4, warps1=4, rows2=8, row_warps2=1),
     4: GluonMoEDecodeConfig(rows1=4, warps1=4, rows2=8, row_warps2=1),
     8: GluonMoEDecodeConfig(rows1=4, warps1=4, rows2=8, row_warps2=1),
 }
@@ -206,7 +211,7 @@ def _launch(
     archs=("sm_90",),
     dtypes={"x": ACT_DTYPES, "weight": (torch.uint8,)},
     features=FEATURES,
-    priority=Priority.OPT_IN,
+    priority=Priority.PERFORMANT,
     predicate=predicate,
 )
 def gluon_moe_decode_mx(args: MoEApplyArgs) -> None:

@@ -3,7 +3,7 @@
 ``python -m tokenspeed_kernel_triton.ops.moe._gemv_aot [cuda:90 hip:gfx942 hip:gfx950 ...]``
 compiles both layers at GPT-OSS-120B shapes (top-4, H = I = 2880: ``K % BLOCK_K != 0``, so
 the K-tail masks are in; swiglu_oai, biases, expert map; bf16 activations) with the tiles of
-:data:`.gemv_mx.TILES` and the 16-divisibility hints the launcher sees at those shapes, and
+:data:`.gemv_mx.TILES` (every token-count row) and the 16-divisibility hints the launcher sees at those shapes, and
 prints one JSON line per compile: whether it built, registers (NVIDIA: ``n_regs``; AMD:
 ``.vgpr_count``), spills and shared memory. Must run without ``TRITON_INTERPRET``.
 """
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from triton.backends.compiler import GPUTarget
 
 from tokenspeed_kernel_triton._aot_common import amd_spills, compile_config, parse_target, target_label
-from tokenspeed_kernel_triton.ops.moe.gemv_mx import gemv_w2_kernel, gemv_w13_kernel, pick_gemv_tiles
+from tokenspeed_kernel_triton.ops.moe.gemv_mx import TILES, GemvTile, gemv_w2_kernel, gemv_w13_kernel, pick_gemv_tiles
 
 TOP_K = 4  # GPT-OSS-120B
 
@@ -33,7 +33,11 @@ def _signature(fn, pointers: dict, consts: dict, aligned: set, options: dict) ->
 def configs(target: GPUTarget) -> list[tuple[str, object, dict, dict]]:
     """(name, kernel, signature, constexprs with ``_options``/``_attrs``) of every compile."""
     vendor = "rocm" if target.backend == "hip" else "cuda"
-    t13, t2 = pick_gemv_tiles(vendor, TOP_K)
+    return [c for row in TILES[vendor] for c in _configs(*pick_gemv_tiles(vendor, TOP_K, row.max_tokens))]
+
+
+def _configs(t13: GemvTile, t2: GemvTile) -> list[tuple[str, object, dict, dict]]:
+    """The two compiles (layer 1, layer 2) of one tile pair."""
     # Unit strides are specialized to constants by the launcher; stride_sk = 1 (public scales).
     # K = N = 2880: 16-divisible. stride_wn = 1440, stride_sn = 90 (not 16-divisible).
     w13 = _signature(

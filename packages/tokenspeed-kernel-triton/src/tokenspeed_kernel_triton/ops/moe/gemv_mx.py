@@ -33,17 +33,21 @@ about 29 of 32 pairs hit distinct experts under uniform routing), and because th
 the fastest grid axis, programs reading the same rows of the same expert run side by side
 and the repeats are served by L2 rather than DRAM (not measured).
 
-**Tiles** (:data:`TILES`): untuned, chosen so that one K step keeps about 8 KiB of weight
-bytes in flight per program (layer 1: 2 x 32 rows x 128 bytes; layer 2: ``KP`` x 16 rows x
-128 bytes at top-4). No split-K: at T = 1 (GPT-OSS-120B) layer 1 has 4 x 90 = 360 programs
-and layer 2 has 180 (~1.4-2.7 per H100 SM); whether that keeps enough bytes in flight is
-for the GPU session to measure (``ci/device/moe_gemv_bench.py``).
+**Tiles** (:data:`TILES`, per vendor and token count): the best of an 8-tile H100 sweep
+(2026-11-23, ``ci/device/moe_decode_sweep.py``, routing included): ``T <= 2`` 8 gate + 8 up
+rows x 256 K values per step and layer 2 ``KP`` x 4 rows x 256 (T = 1: 4 x 360 = 1440 and
+720 programs), ``T = 3..8`` 16 + 16 rows x 128 and ``KP`` x 8 x 128, all with 4 warps. Against
+the first, untuned tile (32 rows x 256, ``KP`` x 16 x 256) that is 1.22x at T = 1, 1.11x at
+T = 2, 1.13x at T = 4 and 8. ROCm uses the same rows, unmeasured.
 
-**Gating.** ``Priority.OPT_IN``: it has never run on a GPU. The predicate rejects ``T > 8``
-(the request's ``num_tokens_bucket``, the next power of two >= T, so ``bucket <= 8`` is
-exactly ``T <= 8``). ``moe_plan`` selects without a token count; a planned call with more
-than 8 tokens is handed to ``triton_fused_moe``'s functional path. No ``prepare`` hook: the
-public layout is what the kernel reads. Runs under the Triton interpreter (CPU tests).
+**Gating.** ``Priority.PORTABLE + 20``, above ``triton_fused_moe_mx``: on an H100 its numerics
+pass (6/6 against float64, plan and CUDA-graph replay equal to eager) and it is 1.15-1.23x
+faster than ``triton_fused_moe_mx`` at T = 1, 2, 4, 8 (docs/benchmarks.md). The predicate
+rejects ``T > 8`` (the request's ``num_tokens_bucket``, the next power of two >= T, so
+``bucket <= 8`` is exactly ``T <= 8``); ``moe_plan`` selects per token bucket, so a plan runs
+it for ``T <= 8`` and the grouped GEMM above. Called directly with more than 8 tokens (an
+``override`` plan) it hands the call to ``triton_fused_moe``'s functional path. No ``prepare``
+hook: the public layout is what the kernel reads. Runs under the Triton interpreter (CPU tests).
 """
 
 from __future__ import annotations
@@ -76,38 +80,50 @@ __all__ = [
 ]
 
 MAX_TOKENS = 8  # above this the weight of an expert is worth reusing across tokens (GEMM)
-W2_ROWS = 64  # layer 2: KP * BLOCK_N rows of w2 per program and K step
 
 
 @dataclass(frozen=True)
 class GemvTile:
     """One GEMV launch configuration. ``block_n`` rows (layer 1: gate rows, plus as many up
-    rows; layer 2: ``None`` = :func:`w2_block_n`), ``block_k`` K values per step (a multiple
-    of 32 and a power of two), ``num_warps``."""
+    rows; layer 2: rows per choice), ``block_k`` K values per step (a multiple of 32 and a
+    power of two), ``num_warps``."""
 
-    block_n: int | None
+    block_n: int
     block_k: int
     num_warps: int
 
 
-# (layer 1, layer 2) per vendor; the interpreter ("cpu") uses the NVIDIA row. Untuned:
-# never measured on a GPU (see the module docstring).
-TILES: dict[str, tuple[GemvTile, GemvTile]] = {
-    "cuda": (GemvTile(32, 256, 4), GemvTile(None, 256, 4)),
-    "rocm": (GemvTile(32, 256, 4), GemvTile(None, 256, 4)),
-}
+@dataclass(frozen=True)
+class GemvTiles:
+    """The tiles for calls of up to ``max_tokens`` tokens. Layer 2 holds ``w2_rows`` rows of
+    w2 per program and K step in total, over the ``KP`` (top-k rounded up to a power of two)
+    choices: :func:`w2_block_n` rows each."""
+
+    max_tokens: int
+    w13: GemvTile
+    w2_rows: int
+    w2_block_k: int
+    w2_warps: int
 
 
-def w2_block_n(top_k: int) -> int:
-    """Layer-2 rows per program: ``W2_ROWS`` over the padded top-k, at least 8."""
-    return max(8, W2_ROWS // next_pow2(top_k))
+# Per vendor, ascending ``max_tokens`` (the last row serves up to MAX_TOKENS); the interpreter
+# ("cpu") uses the NVIDIA rows. NVIDIA: the best of an H100 sweep; ROCm: a copy, never
+# measured (see the module docstring).
+_NVIDIA_TILES = (GemvTiles(2, GemvTile(8, 256, 4), 16, 256, 4), GemvTiles(MAX_TOKENS, GemvTile(16, 128, 4), 32, 128, 4))
+TILES: dict[str, tuple[GemvTiles, ...]] = {"cuda": _NVIDIA_TILES, "rocm": _NVIDIA_TILES}
 
 
-def pick_gemv_tiles(vendor: str, top_k: int) -> tuple[GemvTile, GemvTile]:
-    """The (layer 1, layer 2) tiles for ``vendor`` (``"cpu"`` = the NVIDIA row), layer 2's
-    ``block_n`` resolved for ``top_k``."""
-    w13, w2 = TILES["rocm" if vendor == "rocm" else "cuda"]
-    return w13, GemvTile(w2.block_n or w2_block_n(top_k), w2.block_k, w2.num_warps)
+def w2_block_n(top_k: int, w2_rows: int) -> int:
+    """Layer-2 rows per choice: ``w2_rows`` over the padded top-k, at least 4."""
+    return max(4, w2_rows // next_pow2(top_k))
+
+
+def pick_gemv_tiles(vendor: str, top_k: int, num_tokens: int) -> tuple[GemvTile, GemvTile]:
+    """The (layer 1, layer 2) tiles for ``vendor`` (``"cpu"`` = the NVIDIA rows) and
+    ``num_tokens`` (counts above the last row use it), layer 2's rows resolved for ``top_k``."""
+    rows = TILES["rocm" if vendor == "rocm" else "cuda"]
+    row = next((r for r in rows if num_tokens <= r.max_tokens), rows[-1])
+    return row.w13, GemvTile(w2_block_n(top_k, row.w2_rows), row.w2_block_k, row.w2_warps)
 
 
 # ---------------------------------------------------------------- kernels
@@ -262,13 +278,13 @@ def gemv_w2_kernel(
 
 def gemv_moe(args: MoEApplyArgs, tiles: tuple[GemvTile, GemvTile] | None = None) -> None:
     """The two launches for ``args`` (writes ``args.out``); ``tiles`` overrides the table
-    (layer 2's ``block_n`` must be set). Any T works; the registration limits it to 8."""
+    (layer 2's ``block_n`` is rows per choice). Any T works; the registration limits it to 8."""
     x, ids, w13, w2 = args.x, args.topk_ids, args.w13, args.w2
     if not isinstance(w13, MXFP4Weight) or not isinstance(w2, MXFP4Weight):
         raise TypeError("triton_moe_gemv_mx takes MXFP4 weights only")
     num_tokens, top_k = ids.shape
     hidden, inter = x.shape[1], w2.shape[-1]
-    t13, t2 = tiles or pick_gemv_tiles(vendor_of(x.device), top_k)
+    t13, t2 = tiles or pick_gemv_tiles(vendor_of(x.device), top_k, num_tokens)
     hid = torch.empty((num_tokens * top_k, inter), dtype=x.dtype, device=x.device)
     emap = args.expert_map
     b13, b2 = args.w13_bias, args.w2_bias
@@ -304,13 +320,14 @@ def gemv_predicate(request: Request) -> str | None:
     return None
 
 
-# Registration metadata (data). OPT_IN: built and tested under the interpreter only.
+# Registration metadata (data). Above triton_fused_moe_mx (PORTABLE + 10) for T <= 8: measured
+# correct and faster on an H100.
 GEMV_REGISTRATION = {
     "solution": "triton",
     "vendors": VENDORS,
     "dtypes": {"x": ACT_DTYPES, "weight": (torch.uint8,)},
     "features": FEATURES,
-    "priority": Priority.OPT_IN,
+    "priority": Priority.PORTABLE + 20,
     "predicate": gemv_predicate,
 }
 

@@ -1,9 +1,18 @@
-"""``moe_plan``: select a MoE kernel once for fixed weights and let it repack them.
+"""``moe_plan``: select MoE kernels once for fixed weights and let them repack them.
 
 An engine loads its expert weights once and calls ``moe_apply`` with them every step. A
 plan moves everything that depends only on the weights out of the hot path: validation of
-the weights, kernel selection (the request is the one ``moe_apply`` would build, without
-``num_tokens_bucket``), and the kernel's one-time weight preparation.
+the weights, kernel selection, and each selected kernel's one-time weight preparation.
+
+**Token-count regimes.** The best kernel depends on the number of tokens (a GEMV kernel for a
+decode step of a few tokens, a grouped GEMM for prefill), which a plan does not know. So
+:func:`moe_plan` selects once per token bucket ``1, 2, 4, ..., PLAN_MAX_TOKENS`` (the request
+``moe_apply`` would build for that many tokens), merges neighbouring buckets that chose the
+same kernel into :class:`MoERegime` ranges and prepares each distinct kernel once.
+:meth:`MoEPlan.apply` picks the regime by ``x.shape[0]`` (a scan of a tuple of one to three
+entries; no selection on the hot path); beyond ``PLAN_MAX_TOKENS`` the last regime serves.
+A bucket no kernel serves falls back to the selection without a token count. With
+``override`` there is one regime: the named kernel for every token count.
 
 The ``prepare`` hook (``KernelSpec.prepare``, given to ``@register_kernel(prepare=...)``)::
 
@@ -20,7 +29,7 @@ carry the public weights. The kernel must also work with ``prepared=None`` (the 
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,21 +50,42 @@ from tokenspeed_kernel.ops.moe._validate import (
     check_weights,
 )
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, Weight
-from tokenspeed_kernel.platform import platform_for
+from tokenspeed_kernel.platform import Platform, platform_for
 from tokenspeed_kernel.registry import KernelSpec, Request
-from tokenspeed_kernel.selector import select
+from tokenspeed_kernel.selector import NoKernelFoundError, select
 
-__all__ = ["MoEPlan", "moe_plan"]
+__all__ = ["PLAN_MAX_TOKENS", "MoEPlan", "MoERegime", "moe_plan"]
+
+PLAN_MAX_TOKENS = 1 << 16  # the largest token bucket a plan selects for
+
+
+@dataclass(frozen=True, eq=False)
+class MoERegime:
+    """The kernel a plan runs for ``x.shape[0] <= max_tokens`` (None: any count).
+
+    Attributes:
+        max_tokens: the largest token count of the range (a power of two), or None for the
+            last regime (every larger count).
+        spec: the selected :class:`~tokenspeed_kernel.registry.KernelSpec`.
+        request: the request of the range's largest bucket (``num_tokens_bucket`` =
+            ``max_tokens``, or :data:`PLAN_MAX_TOKENS` for the last regime).
+        prepared: what ``spec.prepare`` made of the weights (None without a hook).
+    """
+
+    max_tokens: int | None
+    spec: KernelSpec
+    request: Request
+    prepared: Any = None
 
 
 @dataclass(frozen=True, eq=False)
 class MoEPlan:
-    """A kernel chosen for fixed expert weights, with what its ``prepare`` hook made of them.
+    """Kernels chosen for fixed expert weights, with what their ``prepare`` hooks made of them.
 
     Attributes:
-        kernel: the selected kernel's name.
-        spec: the selected :class:`~tokenspeed_kernel.registry.KernelSpec`.
-        request: the selection request (no ``num_tokens_bucket``).
+        kernel: the name of the kernel of the last regime (the largest token counts).
+        spec: that kernel's :class:`~tokenspeed_kernel.registry.KernelSpec`.
+        request: the selection request without ``num_tokens_bucket``.
         x_dtype: the activation dtype every ``apply`` call must use.
         top_k: experts per token every ``apply`` call must use.
         activation: ``"silu"``, ``"gelu"`` or ``"swiglu_oai"``.
@@ -67,6 +97,8 @@ class MoEPlan:
         device: the weights' device (``x`` must be there too).
         prepared: the object returned by ``spec.prepare`` (None if the kernel has no hook).
         activation_quant: None, ``"mxfp8"`` or ``"fp8"`` (see :func:`~tokenspeed_kernel.moe_apply`).
+        regimes: the token-count ranges and their kernels, ``max_tokens`` ascending, the last
+            one unbounded (see the module docstring); empty means ``spec`` for every count.
         handle: the plan's id for the ``moe_plan_apply`` custom op (torch.compile path).
     """
 
@@ -85,7 +117,19 @@ class MoEPlan:
     device: torch.device
     prepared: Any = None
     activation_quant: str | None = None
+    regimes: tuple[MoERegime, ...] = ()
     handle: int = field(default=0, compare=False)
+
+    def regime_for(self, num_tokens: int) -> MoERegime:
+        """The regime that serves ``num_tokens`` tokens."""
+        for regime in self.regimes:
+            if regime.max_tokens is None or num_tokens <= regime.max_tokens:
+                return regime
+        return MoERegime(None, self.spec, self.request, self.prepared)
+
+    def kernel_for(self, num_tokens: int) -> str:
+        """The name of the kernel :meth:`apply` runs for ``num_tokens`` tokens."""
+        return self.regime_for(num_tokens).spec.name
 
     def _check(self, x: object, topk_weights: object, topk_ids: object, out: object) -> None:
         """Every host check of :meth:`apply`, in order."""
@@ -129,6 +173,7 @@ class MoEPlan:
             self._check(x, topk_weights, topk_ids, out)
             remember(_PLAN_CALLS, key, True)
         num_tokens = x.shape[0]
+        regime = self.regime_for(num_tokens)
         if compiling:
             result = torch.ops.tokenspeed_kernel.moe_plan_apply(self.handle, x, topk_weights, topk_ids)
             if out is None:
@@ -149,7 +194,7 @@ class MoEPlan:
                 self.expert_map is not None,
                 self.activation_quant,
             )
-            capture_signature("moe.apply", self.kernel, signature)
+            capture_signature("moe.apply", regime.spec.name, signature)
         args = MoEApplyArgs(
             x=x,
             w13=self.w13,
@@ -161,13 +206,13 @@ class MoEPlan:
             w2_bias=self.w2_bias,
             expert_map=self.expert_map,
             out=torch.empty_like(x) if out is None else out,
-            prepared=self.prepared,
+            prepared=regime.prepared,
             activation_quant=self.activation_quant,
         )
-        check_capturable(self.spec)
-        record(self.spec, self.request)
+        check_capturable(regime.spec)
+        record(regime.spec, regime.request)
         if num_tokens:
-            self.spec.fn(args)
+            regime.spec.fn(args)
         return args.out
 
 
@@ -215,19 +260,35 @@ def moe_plan(
     if config.debug() and expert_map is not None:
         check_ids_in_range(expert_map.new_zeros((0,)), expert_map, info.num_experts, info.num_global_experts)
     device = _custom_ops.flatten_weight(w13)[0].device
-    request = apply_request(
-        info, x_dtype=x_dtype, top_k=top_k, num_tokens=None, activation=activation,
-        has_bias=w13_bias is not None or w2_bias is not None, has_map=expert_map is not None,
-        activation_quant=activation_quant,
-    )  # fmt: skip
+    has_bias = w13_bias is not None or w2_bias is not None
+
+    def request_for(num_tokens: int | None) -> Request:
+        return apply_request(
+            info, x_dtype=x_dtype, top_k=top_k, num_tokens=num_tokens, activation=activation,
+            has_bias=has_bias, has_map=expert_map is not None, activation_quant=activation_quant,
+        )  # fmt: skip
+
+    request = request_for(None)
     # Selection without capture: each MoEPlan.apply records its own signature (with T).
-    spec = select(request, platform_for(device), override)
-    prepared = None
-    if spec.prepare is not None:
-        prepared = spec.prepare(w13=w13, w2=w2, w13_bias=w13_bias, w2_bias=w2_bias, expert_map=expert_map)
+    platform = platform_for(device)
+    spec = select(request, platform, override)
+    hooks: dict[str, Any] = {}
+
+    def prepare(chosen: KernelSpec) -> Any:
+        if chosen.prepare is None:
+            return None
+        if chosen.name not in hooks:
+            hooks[chosen.name] = chosen.prepare(
+                w13=w13, w2=w2, w13_bias=w13_bias, w2_bias=w2_bias, expert_map=expert_map
+            )
+        return hooks[chosen.name]
+
+    regimes = _regimes(request_for, spec, platform) if override is None else ()
+    regimes = tuple(MoERegime(r.max_tokens, r.spec, r.request, prepare(r.spec)) for r in regimes)
+    last = regimes[-1] if regimes else MoERegime(None, spec, request, prepare(spec))
     plan = MoEPlan(
-        kernel=spec.name,
-        spec=spec,
+        kernel=last.spec.name,
+        spec=last.spec,
         request=request,
         x_dtype=x_dtype,
         top_k=top_k,
@@ -239,8 +300,31 @@ def moe_plan(
         expert_map=expert_map,
         info=info,
         device=device,
-        prepared=prepared,
+        prepared=last.prepared,
         activation_quant=activation_quant,
+        regimes=regimes,
     )
     object.__setattr__(plan, "handle", _custom_ops.register_plan(plan))
     return plan
+
+
+def _regimes(
+    request_for: Callable[[int | None], Request], fallback: KernelSpec, platform: Platform
+) -> tuple[MoERegime, ...]:
+    """One selection per token bucket up to :data:`PLAN_MAX_TOKENS`, neighbours with the same
+    kernel merged; a bucket no kernel serves gets ``fallback``. Not yet prepared."""
+    chosen: list[MoERegime] = []
+    bucket = 1
+    while bucket <= PLAN_MAX_TOKENS:
+        bucket_request = request_for(bucket)
+        try:
+            spec = select(bucket_request, platform)
+        except NoKernelFoundError:
+            spec = fallback
+        if chosen and chosen[-1].spec.name == spec.name:
+            chosen[-1] = MoERegime(bucket, spec, bucket_request)
+        else:
+            chosen.append(MoERegime(bucket, spec, bucket_request))
+        bucket *= 2
+    chosen[-1] = MoERegime(None, chosen[-1].spec, chosen[-1].request)
+    return tuple(chosen)
