@@ -136,13 +136,47 @@ def _choices(ids_ptr, emap_ptr, pairs, c_ok, HAS_MAP: gl.constexpr):
 
 
 @gluon.jit
+def _w13_step(w_gate, w_up, s_gate, s_up, row_ok, lane_g, word, c0, N: gl.constexpr, KG: gl.constexpr):
+    """One K step's packed gate/up words ``[BN, 32, 4]`` and E8M0 scales ``[BN, 32]`` (groups
+    ``c0 .. c0 + 31``; groups past ``KG`` masked, so a step past the end reads nothing)."""
+    grp = c0 + lane_g
+    g_ok = gl.expand_dims(grp < KG, 0)
+    voff = gl.expand_dims(gl.expand_dims(grp * 4, 0), 2) + gl.expand_dims(gl.expand_dims(word, 0), 0)
+    wmask = gl.expand_dims(gl.expand_dims(row_ok, 1) & g_ok, 2)
+    pg = gl.load(w_gate + voff, mask=wmask, other=0)
+    pu = gl.load(w_up + voff, mask=wmask, other=0)
+    smask = gl.expand_dims(row_ok, 1) & g_ok
+    sg = gl.load(s_gate + gl.expand_dims(grp, 0), mask=smask, other=127)
+    su = gl.load(s_up + gl.expand_dims(grp, 0), mask=smask, other=127)
+    return pg, pu, sg, su
+
+
+@gluon.jit
+def _w13_math(acc_g, acc_u, pg, pu, sg, su, x_row, xg, word, c0, KG: gl.constexpr):
+    """Accumulate one K step: the activation's 32 groups x 8 slices, then both group dots."""
+    xk = gl.expand_dims((c0 + xg) * 32, 1) + gl.expand_dims(word * 8, 0)  # [32, 4]
+    xm = gl.expand_dims(c0 + xg < KG, 1) & gl.expand_dims(word < 4, 0)
+    x0 = gl.expand_dims(gl.load(x_row + xk, mask=xm, other=0.0).to(gl.float32), 0)
+    x1 = gl.expand_dims(gl.load(x_row + xk + 1, mask=xm, other=0.0).to(gl.float32), 0)
+    x2 = gl.expand_dims(gl.load(x_row + xk + 2, mask=xm, other=0.0).to(gl.float32), 0)
+    x3 = gl.expand_dims(gl.load(x_row + xk + 3, mask=xm, other=0.0).to(gl.float32), 0)
+    x4 = gl.expand_dims(gl.load(x_row + xk + 4, mask=xm, other=0.0).to(gl.float32), 0)
+    x5 = gl.expand_dims(gl.load(x_row + xk + 5, mask=xm, other=0.0).to(gl.float32), 0)
+    x6 = gl.expand_dims(gl.load(x_row + xk + 6, mask=xm, other=0.0).to(gl.float32), 0)
+    x7 = gl.expand_dims(gl.load(x_row + xk + 7, mask=xm, other=0.0).to(gl.float32), 0)
+    acc_g += _group_dot(pg, x0, x1, x2, x3, x4, x5, x6, x7, 2) * _e8m0(sg)
+    acc_u += _group_dot(pu, x0, x1, x2, x3, x4, x5, x6, x7, 2) * _e8m0(su)
+    return acc_g, acc_u
+
+
+@gluon.jit
 def w13_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, hid_ptr, ids_ptr, tw_ptr, emap_ptr, logits_ptr,
     stride_xt, stride_lt, stride_be,
     N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, E: gl.constexpr, EP: gl.constexpr,
     ROUTE: gl.constexpr, SIGMOID: gl.constexpr, RENORM: gl.constexpr, HAS_MAP: gl.constexpr,
     HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, BN: gl.constexpr, NW: gl.constexpr,
-    W3: gl.constexpr, RL: gl.constexpr,
+    W3: gl.constexpr, RL: gl.constexpr, PREFETCH: gl.constexpr = False,
 ):  # fmt: skip
     """Layer 1 of one (token, choice) pair (axis 0) for ``BN`` intermediate columns (axis 1).
 
@@ -150,6 +184,8 @@ def w13_kernel(
     ``[E, 2N, H/32]``, contiguous; b: bias ``[E, 2N]``; hid float32 ``[T * TOP_K, 8, N / 8]`` (word-permuted);
     ids/tw: int32/float32 ``[T * TOP_K]``, read (``ROUTE=False``) or written (``ROUTE``);
     emap int32 ``[E_global]``; logits ``[T, E]`` (``ROUTE``). ``KG = H / 32`` groups.
+    ``PREFETCH``: issue the next K step's weight loads before this step's math (one step of
+    software pipelining in registers; more registers per thread).
     """
     pair = gl.program_id(0)
     blk = gl.program_id(1)
@@ -184,28 +220,16 @@ def w13_kernel(
 
     acc_g = gl.zeros([BN, 32], gl.float32, layout=RG)
     acc_u = gl.zeros([BN, 32], gl.float32, layout=RG)
-    for c0 in range(0, KG, 32):
-        grp = c0 + lane_g
-        g_ok = gl.expand_dims(grp < KG, 0)
-        voff = gl.expand_dims(gl.expand_dims(grp * 4, 0), 2) + gl.expand_dims(gl.expand_dims(word, 0), 0)
-        wmask = gl.expand_dims(gl.expand_dims(row_ok, 1) & g_ok, 2)
-        pg = gl.load(w_gate + voff, mask=wmask, other=0)
-        pu = gl.load(w_up + voff, mask=wmask, other=0)
-        smask = gl.expand_dims(row_ok, 1) & g_ok
-        sg = gl.load(s_gate + gl.expand_dims(grp, 0), mask=smask, other=127)
-        su = gl.load(s_up + gl.expand_dims(grp, 0), mask=smask, other=127)
-        xk = gl.expand_dims((c0 + xg) * 32, 1) + gl.expand_dims(word * 8, 0)  # [32, 4]
-        xm = gl.expand_dims(c0 + xg < KG, 1) & gl.expand_dims(word < 4, 0)
-        x0 = gl.expand_dims(gl.load(x_row + xk, mask=xm, other=0.0).to(gl.float32), 0)
-        x1 = gl.expand_dims(gl.load(x_row + xk + 1, mask=xm, other=0.0).to(gl.float32), 0)
-        x2 = gl.expand_dims(gl.load(x_row + xk + 2, mask=xm, other=0.0).to(gl.float32), 0)
-        x3 = gl.expand_dims(gl.load(x_row + xk + 3, mask=xm, other=0.0).to(gl.float32), 0)
-        x4 = gl.expand_dims(gl.load(x_row + xk + 4, mask=xm, other=0.0).to(gl.float32), 0)
-        x5 = gl.expand_dims(gl.load(x_row + xk + 5, mask=xm, other=0.0).to(gl.float32), 0)
-        x6 = gl.expand_dims(gl.load(x_row + xk + 6, mask=xm, other=0.0).to(gl.float32), 0)
-        x7 = gl.expand_dims(gl.load(x_row + xk + 7, mask=xm, other=0.0).to(gl.float32), 0)
-        acc_g += _group_dot(pg, x0, x1, x2, x3, x4, x5, x6, x7, 2) * _e8m0(sg)
-        acc_u += _group_dot(pu, x0, x1, x2, x3, x4, x5, x6, x7, 2) * _e8m0(su)
+    if PREFETCH:  # the next K step's weights and scales are loaded before this step's math
+        pg, pu, sg, su = _w13_step(w_gate, w_up, s_gate, s_up, row_ok, lane_g, word, 0, N, KG)
+        for c0 in range(0, KG, 32):
+            ng, nu, nsg, nsu = _w13_step(w_gate, w_up, s_gate, s_up, row_ok, lane_g, word, c0 + 32, N, KG)
+            acc_g, acc_u = _w13_math(acc_g, acc_u, pg, pu, sg, su, x_row, xg, word, c0, KG)
+            pg, pu, sg, su = ng, nu, nsg, nsu
+    else:
+        for c0 in range(0, KG, 32):
+            pg, pu, sg, su = _w13_step(w_gate, w_up, s_gate, s_up, row_ok, lane_g, word, c0, N, KG)
+            acc_g, acc_u = _w13_math(acc_g, acc_u, pg, pu, sg, su, x_row, xg, word, c0, KG)
     gate = gl.sum(acc_g, axis=1) * 16384.0
     up = gl.sum(acc_u, axis=1) * 16384.0
     if HAS_BIAS:
