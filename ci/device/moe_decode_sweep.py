@@ -8,7 +8,7 @@ MoE decode kernels (T <= 8) at GPT-OSS-120B shapes (~3 min on an H100).
    (warm): a torch reduction over the bytes a T = 1 MoE reads (a ceiling at that size),
    ``gluon_moe_decode_mx_sm90`` fused from the logits and ``triton_moe_gemv_mx`` at T = 1 and
    8, and the decode attention B = 1 ctx 8192 with sinks (Triton, Gluon).
-2. **Gluon sweep.** ``gluon_moe_decode.CONFIGS`` variants (rows per thread and warps of both layers, layer-1 register prefetch)
+2. **Gluon sweep.** ``gluon_moe_decode.CONFIGS`` variants (rows per thread and warps of both layers)
    at T = 1, 2, 4, 8 through ``moe_decode_from_logits`` (routing fused, 2 launches):
    each configuration's output against the float64 reference first (rel L2 < 2e-2), then
    the time (``flush="read"``).
@@ -38,10 +38,10 @@ from tokenspeed_kernel.tools.timing import time_fn
 E, K, H, INTER = 128, 4, 2880, 2880
 ACT = "swiglu_oai"
 TOKENS = (1, 2, 4, 8)
-# (rows1, warps1, rows2, row_warps2, prefetch1): the first sweep (2026-11-23, without prefetch)
-# chose 4/4/8/1; this one compares register prefetch in layer 1.
-GLUON_CONFIGS = [(4, 4, 8, 1, False), (4, 4, 8, 1, True), (2, 4, 8, 1, True), (2, 8, 8, 1, True),
-                 (4, 2, 8, 1, True), (2, 4, 4, 1, True), (1, 4, 8, 1, True), (2, 2, 8, 1, True)]  # fmt: skip
+# (rows1, warps1, rows2, row_warps2). A layer-1 register-prefetch variant was swept too
+# (2026-11-23, commit 87dce8e): 1.2x slower at every T, removed.
+GLUON_CONFIGS = [(4, 4, 4, 1), (4, 4, 8, 1), (2, 4, 4, 1), (2, 4, 2, 1), (4, 4, 2, 1), (8, 4, 4, 1), (4, 8, 4, 1),
+                 (2, 8, 4, 2), (4, 4, 4, 2), (2, 4, 2, 2), (1, 4, 2, 1), (2, 2, 2, 1), (8, 2, 8, 1)]  # fmt: skip
 # ((block_n, block_k, warps) layer 1, layer 2)
 GEMV_TILES = [((32, 256, 4), (16, 256, 4)), ((16, 256, 4), (8, 256, 4)), ((16, 512, 4), (8, 512, 4)),
               ((8, 256, 2), (8, 256, 2)), ((16, 256, 8), (8, 256, 8)), ((8, 512, 4), (8, 512, 4)),
@@ -133,9 +133,9 @@ def _gluon_section(rec, device, m13, m2, b13, b2, cases) -> None:
 
     default = dict(gmd.CONFIGS)
     try:
-        for r1, w1, r2, rw2, pf in GLUON_CONFIGS:
-            cfg = gmd.GluonMoEDecodeConfig(rows1=r1, warps1=w1, rows2=r2, row_warps2=rw2, prefetch1=pf)
-            tag = f"r{r1}w{w1}{'p' if pf else ''}/r{r2}w{rw2}"
+        for r1, w1, r2, rw2 in GLUON_CONFIGS:
+            cfg = gmd.GluonMoEDecodeConfig(rows1=r1, warps1=w1, rows2=r2, row_warps2=rw2)
+            tag = f"r{r1}w{w1}/r{r2}w{rw2}"
             for t, (x, logits, ref) in cases.items():
                 gmd.CONFIGS[min(t, 8)] = cfg
                 out = torch.full_like(x, float("nan"))

@@ -191,7 +191,6 @@ def compile_moe(
             "N": inter, "KG": hidden // 32, "TOP_K": top_k, "E": experts, "EP": max(32, gmoe.next_pow2(experts)),
             "ROUTE": route, "SIGMOID": False, "RENORM": True, "HAS_MAP": emap, "HAS_BIAS": bias,
             "ACTIVATION": gmoe.ACTIVATION_CODES[activation], "BN": cfg.block_n1, "NW": cfg.warps1, "W3": w3, "RL": rl,
-            "PREFETCH": cfg.prefetch1,
         }  # fmt: skip
         kernel, warps = w13_kernel, cfg.warps1
         name = f"gluon_moe_w13-{str(dtype)[6:]}-h{hidden}-i{inter}-e{experts}-k{top_k}-t{tokens}-{activation}{flags}"

@@ -138,7 +138,7 @@ def _choices(ids_ptr, emap_ptr, pairs, c_ok, HAS_MAP: gl.constexpr):
 @gluon.jit
 def _w13_step(w_gate, w_up, s_gate, s_up, row_ok, lane_g, word, c0, N: gl.constexpr, KG: gl.constexpr):
     """One K step's packed gate/up words ``[BN, 32, 4]`` and E8M0 scales ``[BN, 32]`` (groups
-    ``c0 .. c0 + 31``; groups past ``KG`` masked, so a step past the end reads nothing)."""
+    ``c0 .. c0 + 31``; groups past ``KG`` masked)."""
     grp = c0 + lane_g
     g_ok = gl.expand_dims(grp < KG, 0)
     voff = gl.expand_dims(gl.expand_dims(grp * 4, 0), 2) + gl.expand_dims(gl.expand_dims(word, 0), 0)
@@ -176,7 +176,7 @@ def w13_kernel(
     N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, E: gl.constexpr, EP: gl.constexpr,
     ROUTE: gl.constexpr, SIGMOID: gl.constexpr, RENORM: gl.constexpr, HAS_MAP: gl.constexpr,
     HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, BN: gl.constexpr, NW: gl.constexpr,
-    W3: gl.constexpr, RL: gl.constexpr, PREFETCH: gl.constexpr = False,
+    W3: gl.constexpr, RL: gl.constexpr,
 ):  # fmt: skip
     """Layer 1 of one (token, choice) pair (axis 0) for ``BN`` intermediate columns (axis 1).
 
@@ -184,8 +184,6 @@ def w13_kernel(
     ``[E, 2N, H/32]``, contiguous; b: bias ``[E, 2N]``; hid float32 ``[T * TOP_K, 8, N / 8]`` (word-permuted);
     ids/tw: int32/float32 ``[T * TOP_K]``, read (``ROUTE=False``) or written (``ROUTE``);
     emap int32 ``[E_global]``; logits ``[T, E]`` (``ROUTE``). ``KG = H / 32`` groups.
-    ``PREFETCH``: issue the next K step's weight loads before this step's math (one step of
-    software pipelining in registers; more registers per thread).
     """
     pair = gl.program_id(0)
     blk = gl.program_id(1)
@@ -220,16 +218,12 @@ def w13_kernel(
 
     acc_g = gl.zeros([BN, 32], gl.float32, layout=RG)
     acc_u = gl.zeros([BN, 32], gl.float32, layout=RG)
-    if PREFETCH:  # the next K step's weights and scales are loaded before this step's math
-        pg, pu, sg, su = _w13_step(w_gate, w_up, s_gate, s_up, row_ok, lane_g, word, 0, N, KG)
-        for c0 in range(0, KG, 32):
-            ng, nu, nsg, nsu = _w13_step(w_gate, w_up, s_gate, s_up, row_ok, lane_g, word, c0 + 32, N, KG)
-            acc_g, acc_u = _w13_math(acc_g, acc_u, pg, pu, sg, su, x_row, xg, word, c0, KG)
-            pg, pu, sg, su = ng, nu, nsg, nsu
-    else:
-        for c0 in range(0, KG, 32):
-            pg, pu, sg, su = _w13_step(w_gate, w_up, s_gate, s_up, row_ok, lane_g, word, c0, N, KG)
-            acc_g, acc_u = _w13_math(acc_g, acc_u, pg, pu, sg, su, x_row, xg, word, c0, KG)
+    # No software prefetch: loading the next step's words before this step's math was 1.2x
+    # slower on an H100 at every T (register pressure; the loop is issue-bound, not
+    # latency-bound: docs/benchmarks.md, commit 87dce8e).
+    for c0 in range(0, KG, 32):
+        pg, pu, sg, su = _w13_step(w_gate, w_up, s_gate, s_up, row_ok, lane_g, word, c0, N, KG)
+        acc_g, acc_u = _w13_math(acc_g, acc_u, pg, pu, sg, su, x_row, xg, word, c0, KG)
     gate = gl.sum(acc_g, axis=1) * 16384.0
     up = gl.sum(acc_u, axis=1) * 16384.0
     if HAS_BIAS:

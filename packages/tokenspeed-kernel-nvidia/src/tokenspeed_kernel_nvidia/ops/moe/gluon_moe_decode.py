@@ -80,14 +80,12 @@ class GluonMoEDecodeConfig:
     Layer 1: ``rows1`` gate rows (and as many up rows) per thread, ``warps1`` warps along
     rows: ``BN = rows1 * warps1`` columns of the intermediate per program. Layer 2:
     ``rows2`` rows of w2 per thread and choice, ``row_warps2`` warps along rows times
-    ``next_pow2(top_k)`` warps along the choices: ``BN2 = rows2 * row_warps2`` outputs.
-    ``prefetch1``: layer 1 loads the next K step's weights before this step's math."""
+    ``next_pow2(top_k)`` warps along the choices: ``BN2 = rows2 * row_warps2`` outputs."""
 
     rows1: int = 4
     warps1: int = 4
     rows2: int = 4
     row_warps2: int = 1
-    prefetch1: bool = False
 
     @property
     def block_n1(self) -> int:
@@ -195,7 +193,7 @@ def _launch(
         N=inter, KG=hidden // 32, TOP_K=top_k, E=num_experts, EP=max(32, next_pow2(num_experts)),
         ROUTE=route, SIGMOID=sigmoid, RENORM=renorm, HAS_MAP=emap is not None, HAS_BIAS=b13 is not None,
         ACTIVATION=ACTIVATION_CODES[activation], BN=cfg.block_n1, NW=cfg.warps1, W3=w3, RL=rl,
-        PREFETCH=cfg.prefetch1, num_warps=cfg.warps1,
+        num_warps=cfg.warps1,
     )  # fmt: skip
     w2_kernel[g2](
         hid, p2, s2, x if b2 is None else b2, out, ids, tw, ids if emap is None else emap,
