@@ -65,10 +65,24 @@ def _us(fn, device, flush: str = "read") -> float:
     return timing.median_ms * 1e3
 
 
-def _flush_section(rec, device, m13, m2, b13, b2, per_expert) -> None:
+def _gemv_call(x, logits, out, m13, m2, b13, b2, tiles=None):
+    """``moe_topk`` + the two ``triton_moe_gemv_mx`` launches (``tiles``: None = the table), as
+    a no-argument callable returning True."""
     from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
-    from tokenspeed_kernel_nvidia.ops.moe.gluon_moe_decode import moe_decode_from_logits
     from tokenspeed_kernel_triton.ops.moe.gemv_mx import gemv_moe
+
+    def run():
+        tw, ti = moe_topk(logits, K)
+        args = MoEApplyArgs(x=x, w13=m13, w2=m2, topk_weights=tw, topk_ids=ti, activation=ACT, w13_bias=b13,
+                            w2_bias=b2, expert_map=None, out=out)  # fmt: skip
+        gemv_moe(args, tiles)
+        return True
+
+    return run
+
+
+def _flush_section(rec, device, m13, m2, b13, b2, per_expert) -> None:
+    from tokenspeed_kernel_nvidia.ops.moe.gluon_moe_decode import moe_decode_from_logits
 
     gen = torch.Generator(device=device).manual_seed(3)
     read = torch.randint(0, 100, (int(K * per_expert) // 4,), dtype=torch.int32, device=device, generator=gen)
@@ -81,24 +95,7 @@ def _flush_section(rec, device, m13, m2, b13, b2, per_expert) -> None:
             x, logits, m13, m2, K, activation=ACT, w13_bias=b13, w2_bias=b2, out=out
         )
 
-        def gemv(x=x, logits=logits, out=out):
-            tw, ti = moe_topk(logits, K)
-            gemv_moe(
-                MoEApplyArgs(
-                    x=x,
-                    w13=m13,
-                    w2=m2,
-                    topk_weights=tw,
-                    topk_ids=ti,
-                    activation=ACT,
-                    w13_bias=b13,
-                    w2_bias=b2,
-                    expert_map=None,
-                    out=out,
-                )
-            )
-
-        rows[f"gemv T={t}"] = gemv
+        rows[f"gemv T={t}"] = _gemv_call(x, logits, out, m13, m2, b13, b2)
     rows.update(_decode_rows(device))
     for label, fn in rows.items():
         for mode in ("write", "read", "none"):
@@ -162,8 +159,7 @@ def _gluon_section(rec, device, m13, m2, b13, b2, cases) -> None:
 
 
 def _gemv_section(rec, device, m13, m2, b13, b2, cases) -> None:
-    from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
-    from tokenspeed_kernel_triton.ops.moe.gemv_mx import GemvTile, gemv_moe
+    from tokenspeed_kernel_triton.ops.moe.gemv_mx import GemvTile
 
     for l1, l2 in GEMV_TILES:
         tiles = (GemvTile(*l1), GemvTile(*l2))
@@ -171,25 +167,8 @@ def _gemv_section(rec, device, m13, m2, b13, b2, cases) -> None:
         for t, (x, logits, ref) in cases.items():
             out = torch.full_like(x, float("nan"))
 
-            def run(x=x, logits=logits, out=out, tiles=tiles):
-                tw, ti = moe_topk(logits, K)
-                gemv_moe(
-                    MoEApplyArgs(
-                        x=x,
-                        w13=m13,
-                        w2=m2,
-                        topk_weights=tw,
-                        topk_ids=ti,
-                        activation=ACT,
-                        w13_bias=b13,
-                        w2_bias=b2,
-                        expert_map=None,
-                        out=out,
-                    ),
-                    tiles,
-                )
-
-            if _try(rec["errors"], f"gemv {tag} T={t}", lambda run=run: run() or True) is None:
+            run = _gemv_call(x, logits, out, m13, m2, b13, b2, tiles)
+            if _try(rec["errors"], f"gemv {tag} T={t}", run) is None:
                 continue
             torch.cuda.synchronize()
             err = rel_err(out, ref)
