@@ -89,7 +89,8 @@ def test_apply_runs_the_regime_kernel_with_its_prepared_weights(two_regimes, num
 
 def test_override_gives_one_regime(two_regimes) -> None:
     plan, _ = _plan(override=SMALL)
-    assert plan.regimes == () and plan.kernel == SMALL and plan.kernel_for(1000) == SMALL
+    assert [(r.max_tokens, r.spec.name) for r in plan.regimes] == [(None, SMALL)]
+    assert plan.kernel == SMALL and plan.kernel_for(1) == plan.kernel_for(1000) == SMALL
     assert two_regimes["prepare"] == [SMALL]
 
 

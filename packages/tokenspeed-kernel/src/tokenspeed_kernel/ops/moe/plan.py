@@ -98,7 +98,7 @@ class MoEPlan:
         prepared: the object returned by ``spec.prepare`` (None if the kernel has no hook).
         activation_quant: None, ``"mxfp8"`` or ``"fp8"`` (see :func:`~tokenspeed_kernel.moe_apply`).
         regimes: the token-count ranges and their kernels, ``max_tokens`` ascending, the last
-            one unbounded (see the module docstring); empty means ``spec`` for every count.
+            one unbounded (see the module docstring); one regime with an override.
         handle: the plan's id for the ``moe_plan_apply`` custom op (torch.compile path).
     """
 
@@ -283,9 +283,9 @@ def moe_plan(
             )
         return hooks[chosen.name]
 
-    regimes = _regimes(request_for, spec, platform) if override is None else ()
-    regimes = tuple(MoERegime(r.max_tokens, r.spec, r.request, prepare(r.spec)) for r in regimes)
-    last = regimes[-1] if regimes else MoERegime(None, spec, request, prepare(spec))
+    chosen = _regimes(request_for, spec, platform) if override is None else (MoERegime(None, spec, request),)
+    regimes = tuple(MoERegime(r.max_tokens, r.spec, r.request, prepare(r.spec)) for r in chosen)
+    last = regimes[-1]
     plan = MoEPlan(
         kernel=last.spec.name,
         spec=last.spec,
