@@ -358,7 +358,8 @@ def awkward_cases(op: str, dtype: torch.dtype = torch.bfloat16) -> list[MoECase]
     ``moe.topk``: T in {1, 5, 33} x softmax/sigmoid x renormalize on/off (E=8, top-2), plus
     E=128 top-4, top_k = E and E=1. ``moe.apply``: E=8 top-2 H=64 I=32 with T in {1, 5, 33},
     every activation, biases, expert map, every weight format (fp8_block at H=256), a
-    GPT-OSS-like combination, top-1, top_k = E, and non-power-of-two sizes.
+    GPT-OSS-like combination (T = 33 and T = 5), MXFP4 at odd sizes and top-3 (T = 7), top-1,
+    top_k = E, and non-power-of-two sizes.
     """
     if op == "moe.topk":
         cases = [
@@ -396,6 +397,19 @@ def awkward_cases(op: str, dtype: torch.dtype = torch.bfloat16) -> list[MoECase]
         c("fp8_per_channel", weight_format="fp8_per_channel"),
         c("fp8_block", hidden=256, weight_format="fp8_block"),
         c("gpt_oss_like", 33, weight_format="mxfp4", activation="swiglu_oai", bias=True, expert_map=True),
+        # MXFP4 at decode sizes (T <= 8: the GEMV kernels' range) with every option.
+        c("gpt_oss_like_t5", 5, weight_format="mxfp4", activation="swiglu_oai", bias=True, expert_map=True),
+        c(
+            "mxfp4_odd_t7",
+            7,
+            hidden=96,
+            intermediate=64,
+            num_experts=6,
+            top_k=3,
+            weight_format="mxfp4",
+            activation="gelu",
+            bias=True,
+        ),
         c("mxfp8_act_t1", 1, weight_format="mxfp4", activation="swiglu_oai", bias=True, activation_quant="mxfp8"),
         c("mxfp8_act_t33", 33, weight_format="mxfp4", activation="swiglu_oai", bias=True, activation_quant="mxfp8"),
         c(
