@@ -83,8 +83,6 @@ class MoEPlan:
     """Kernels chosen for fixed expert weights, with what their ``prepare`` hooks made of them.
 
     Attributes:
-        kernel: the name of the kernel of the last regime (the largest token counts).
-        spec: that kernel's :class:`~tokenspeed_kernel.registry.KernelSpec`.
         request: the selection request without ``num_tokens_bucket``.
         x_dtype: the activation dtype every ``apply`` call must use.
         top_k: experts per token every ``apply`` call must use.
@@ -95,15 +93,14 @@ class MoEPlan:
         expert_map: int32 ``[E_global]`` or None.
         info: sizes and weight format read from the weights.
         device: the weights' device (``x`` must be there too).
-        prepared: the object returned by ``spec.prepare`` (None if the kernel has no hook).
-        activation_quant: None, ``"mxfp8"`` or ``"fp8"`` (see :func:`~tokenspeed_kernel.moe_apply`).
         regimes: the token-count ranges and their kernels, ``max_tokens`` ascending, the last
             one unbounded (see the module docstring); one regime with an override.
+        activation_quant: None, ``"mxfp8"`` or ``"fp8"`` (see :func:`~tokenspeed_kernel.moe_apply`).
         handle: the plan's id for the ``moe_plan_apply`` custom op (torch.compile path).
+
+    ``kernel``, ``spec`` and ``prepared`` are the last (largest-T) regime's.
     """
 
-    kernel: str
-    spec: KernelSpec
     request: Request
     x_dtype: torch.dtype
     top_k: int
@@ -115,17 +112,28 @@ class MoEPlan:
     expert_map: torch.Tensor | None
     info: WeightInfo
     device: torch.device
-    prepared: Any = None
+    regimes: tuple[MoERegime, ...]
     activation_quant: str | None = None
-    regimes: tuple[MoERegime, ...] = ()
     handle: int = field(default=0, compare=False)
 
+    @property
+    def kernel(self) -> str:
+        """The name of the kernel of the last regime (the largest token counts)."""
+        return self.regimes[-1].spec.name
+
+    @property
+    def spec(self) -> KernelSpec:
+        """The :class:`~tokenspeed_kernel.registry.KernelSpec` of the last regime."""
+        return self.regimes[-1].spec
+
+    @property
+    def prepared(self) -> Any:
+        """What the last regime's ``prepare`` hook made of the weights (None without a hook)."""
+        return self.regimes[-1].prepared
+
     def regime_for(self, num_tokens: int) -> MoERegime:
-        """The regime that serves ``num_tokens`` tokens."""
-        for regime in self.regimes:
-            if regime.max_tokens is None or num_tokens <= regime.max_tokens:
-                return regime
-        return MoERegime(None, self.spec, self.request, self.prepared)
+        """The regime that serves ``num_tokens`` tokens (the last one is unbounded)."""
+        return next(r for r in self.regimes if r.max_tokens is None or num_tokens <= r.max_tokens)
 
     def kernel_for(self, num_tokens: int) -> str:
         """The name of the kernel :meth:`apply` runs for ``num_tokens`` tokens."""
@@ -285,10 +293,7 @@ def moe_plan(
 
     chosen = _regimes(request_for, spec, platform) if override is None else (MoERegime(None, spec, request),)
     regimes = tuple(MoERegime(r.max_tokens, r.spec, r.request, prepare(r.spec)) for r in chosen)
-    last = regimes[-1]
     plan = MoEPlan(
-        kernel=last.spec.name,
-        spec=last.spec,
         request=request,
         x_dtype=x_dtype,
         top_k=top_k,
@@ -300,9 +305,8 @@ def moe_plan(
         expert_map=expert_map,
         info=info,
         device=device,
-        prepared=last.prepared,
-        activation_quant=activation_quant,
         regimes=regimes,
+        activation_quant=activation_quant,
     )
     object.__setattr__(plan, "handle", _custom_ops.register_plan(plan))
     return plan
