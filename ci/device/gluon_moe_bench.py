@@ -24,10 +24,9 @@ import argparse
 import json
 import sys
 import time
-import traceback
 
 import torch
-from moe_common import expert_bytes, log, make_weights, quantize, reference64, rel_err, torch_pipeline
+from moe_common import attempt, expert_bytes, log, make_weights, quantize, reference64, rel_err, torch_pipeline
 
 from tokenspeed_kernel.ops.moe import moe_apply, moe_topk
 from tokenspeed_kernel.tools.timing import time_fn
@@ -37,16 +36,6 @@ TOKENS = (1, 2, 4, 8)
 GOAL_US = 30.0
 E, K, H, INTER = 128, 4, 2880, 2880
 ACT = "swiglu_oai"
-
-
-def _attempt(errors: list, label: str, fn):
-    try:
-        return fn()
-    except Exception as exc:  # report and go on: one failure must not hide the other rows
-        errors.append(f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
-        log(f"  {label} FAILED: {type(exc).__name__}: {str(exc)[:300]}")
-        traceback.print_exc(limit=3)
-        return None
 
 
 def _numerics(record, m13, m2, b13, b2, device) -> None:
@@ -124,7 +113,7 @@ def _bench_t(record, t, x, logits, w13, w2, m13, m2, b13, b2, per_expert, device
         "gluon fused": lambda: moe_decode_from_logits(x, logits, m13, m2, K, out=out, **kw),
     }
     for name, fn in rows.items():
-        timing = _attempt(record["errors"], f"T={t} {name}", lambda fn=fn: time_fn(fn, device))
+        timing = attempt(record["errors"], f"T={t} {name}", lambda fn=fn: time_fn(fn, device))
         if timing is None:
             continue
         us = timing.median_ms * 1e3
@@ -166,7 +155,7 @@ def main() -> int:
     b13 = b13.bfloat16()
     m13, m2 = quantize(w13, "mxfp4"), quantize(w2, "mxfp4")
     log(f"weights ready in {time.time() - t0:.1f}s")
-    _attempt(record["errors"], "numerics", lambda: _numerics(record, m13, m2, b13, b2, device))
+    attempt(record["errors"], "numerics", lambda: _numerics(record, m13, m2, b13, b2, device))
     if not a.no_bench:
         _bench(record, w13, w2, m13, m2, b13, b2, device)
     _summary(record)

@@ -27,10 +27,9 @@ import argparse
 import json
 import sys
 import time
-import traceback
 
 import torch
-from moe_common import expert_bytes, log, make_weights, quantize, reference64, rel_err
+from moe_common import attempt, expert_bytes, log, make_weights, quantize, reference64, rel_err
 
 from tokenspeed_kernel.ops.moe import moe_topk
 from tokenspeed_kernel.tools.timing import time_fn
@@ -46,16 +45,6 @@ GLUON_CONFIGS = [(4, 4, 4, 1), (4, 4, 8, 1), (2, 4, 4, 1), (2, 4, 2, 1), (4, 4, 
 GEMV_TILES = [((32, 256, 4), (16, 256, 4)), ((16, 256, 4), (8, 256, 4)), ((16, 512, 4), (8, 512, 4)),
               ((8, 256, 2), (8, 256, 2)), ((16, 256, 8), (8, 256, 8)), ((8, 512, 4), (8, 512, 4)),
               ((16, 128, 4), (8, 128, 4)), ((8, 256, 4), (4, 256, 4))]  # fmt: skip
-
-
-def _try(errors: list, label: str, fn):
-    try:
-        return fn()
-    except Exception as exc:  # one failure must not hide the other rows
-        errors.append(f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
-        log(f"  {label} FAILED: {type(exc).__name__}: {str(exc)[:300]}")
-        traceback.print_exc(limit=2)
-        return None
 
 
 def _us(fn, device, flush: str = "read") -> float:
@@ -99,7 +88,7 @@ def _flush_section(rec, device, m13, m2, b13, b2, per_expert) -> None:
     rows.update(_decode_rows(device))
     for label, fn in rows.items():
         for mode in ("write", "read", "none"):
-            us = _try(rec["errors"], f"flush {label} {mode}", lambda fn=fn, mode=mode: _us(fn, device, mode))
+            us = attempt(rec["errors"], f"flush {label} {mode}", lambda fn=fn, mode=mode: _us(fn, device, mode))
             if us is not None:
                 rec["flush"].append({"label": label, "flush": mode, "us": us})
                 log(f"  flush={mode:5s} {label:36s} {us:8.1f} us")
@@ -141,12 +130,12 @@ def _gluon_section(rec, device, m13, m2, b13, b2, cases) -> None:
                     return gmd.moe_decode_from_logits(x, logits, m13, m2, K, activation=ACT, w13_bias=b13,
                                                       w2_bias=b2, out=out)  # fmt: skip
 
-                if _try(rec["errors"], f"gluon {tag} T={t}", run) is None:
+                if attempt(rec["errors"], f"gluon {tag} T={t}", run) is None:
                     continue
                 torch.cuda.synchronize()
                 err = rel_err(out, ref)
                 us = (
-                    _try(rec["errors"], f"gluon {tag} T={t} time", lambda run=run: _us(run, device))
+                    attempt(rec["errors"], f"gluon {tag} T={t} time", lambda run=run: _us(run, device))
                     if err < 2e-2
                     else None
                 )
@@ -168,11 +157,15 @@ def _gemv_section(rec, device, m13, m2, b13, b2, cases) -> None:
             out = torch.full_like(x, float("nan"))
 
             run = _gemv_call(x, logits, out, m13, m2, b13, b2, tiles)
-            if _try(rec["errors"], f"gemv {tag} T={t}", run) is None:
+            if attempt(rec["errors"], f"gemv {tag} T={t}", run) is None:
                 continue
             torch.cuda.synchronize()
             err = rel_err(out, ref)
-            us = _try(rec["errors"], f"gemv {tag} T={t} time", lambda run=run: _us(run, device)) if err < 2e-2 else None
+            us = (
+                attempt(rec["errors"], f"gemv {tag} T={t} time", lambda run=run: _us(run, device))
+                if err < 2e-2
+                else None
+            )
             rec["gemv"].append({"t": t, "config": tag, "rel_err": err, "us": us})
             log(f"  gemv {tag:24s} T={t}: rel {err:.2e}  {us if us is None else round(us, 1)} us")
 
@@ -229,11 +222,11 @@ def main() -> int:
         cases[t] = (x, logits, reference64(x, m13, m2, b13, b2, tw, ti, ACT))
     sections = a.sections.split(",")
     if "flush" in sections:
-        _try(rec["errors"], "flush", lambda: _flush_section(rec, device, m13, m2, b13, b2, per_expert))
+        attempt(rec["errors"], "flush", lambda: _flush_section(rec, device, m13, m2, b13, b2, per_expert))
     if "gluon" in sections:
-        _try(rec["errors"], "gluon", lambda: _gluon_section(rec, device, m13, m2, b13, b2, cases))
+        attempt(rec["errors"], "gluon", lambda: _gluon_section(rec, device, m13, m2, b13, b2, cases))
     if "gemv" in sections:
-        _try(rec["errors"], "gemv", lambda: _gemv_section(rec, device, m13, m2, b13, b2, cases))
+        attempt(rec["errors"], "gemv", lambda: _gemv_section(rec, device, m13, m2, b13, b2, cases))
     _summary(rec)
     if a.json:
         with open(a.json, "w") as f:
