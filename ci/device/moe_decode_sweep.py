@@ -114,6 +114,18 @@ def _decode_rows(device) -> dict:
     }
 
 
+def _check_and_time(rec, section: str, t: int, tag: str, run, out, ref, device, **extra) -> None:
+    """Run ``run`` once (it writes ``out``), compare with ``ref``; time it only if within 2e-2;
+    append the row to ``rec[section]``. A failure is recorded and the row skipped."""
+    if attempt(rec["errors"], f"{section} {tag} T={t}", run) is None:
+        return
+    torch.cuda.synchronize()
+    err = rel_err(out, ref)
+    us = attempt(rec["errors"], f"{section} {tag} T={t} time", lambda: _us(run, device)) if err < 2e-2 else None
+    rec[section].append({"t": t, "config": tag, "rel_err": err, "us": us, **extra})
+    log(f"  {section} {tag:24s} T={t}: rel {err:.2e}  {us if us is None else round(us, 1)} us")
+
+
 def _gluon_section(rec, device, m13, m2, b13, b2, cases) -> None:
     from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_decode as gmd
 
@@ -130,18 +142,7 @@ def _gluon_section(rec, device, m13, m2, b13, b2, cases) -> None:
                     return gmd.moe_decode_from_logits(x, logits, m13, m2, K, activation=ACT, w13_bias=b13,
                                                       w2_bias=b2, out=out)  # fmt: skip
 
-                if attempt(rec["errors"], f"gluon {tag} T={t}", run) is None:
-                    continue
-                torch.cuda.synchronize()
-                err = rel_err(out, ref)
-                us = (
-                    attempt(rec["errors"], f"gluon {tag} T={t} time", lambda run=run: _us(run, device))
-                    if err < 2e-2
-                    else None
-                )
-                rec["gluon"].append({"t": t, "config": tag, "rel_err": err, "us": us,
-                                     "default": cfg == default[min(t, 8)]})  # fmt: skip
-                log(f"  gluon {tag:12s} T={t}: rel {err:.2e}  {us if us is None else round(us, 1)} us")
+                _check_and_time(rec, "gluon", t, tag, run, out, ref, device, default=cfg == default[min(t, 8)])
     finally:
         gmd.CONFIGS.clear()
         gmd.CONFIGS.update(default)
@@ -157,17 +158,7 @@ def _gemv_section(rec, device, m13, m2, b13, b2, cases) -> None:
             out = torch.full_like(x, float("nan"))
 
             run = _gemv_call(x, logits, out, m13, m2, b13, b2, tiles)
-            if attempt(rec["errors"], f"gemv {tag} T={t}", run) is None:
-                continue
-            torch.cuda.synchronize()
-            err = rel_err(out, ref)
-            us = (
-                attempt(rec["errors"], f"gemv {tag} T={t} time", lambda run=run: _us(run, device))
-                if err < 2e-2
-                else None
-            )
-            rec["gemv"].append({"t": t, "config": tag, "rel_err": err, "us": us})
-            log(f"  gemv {tag:24s} T={t}: rel {err:.2e}  {us if us is None else round(us, 1)} us")
+            _check_and_time(rec, "gemv", t, tag, run, out, ref, device)
 
 
 def _summary(rec) -> None:
