@@ -32,6 +32,10 @@ from tokenspeed_kernel.ops.moe import moe_apply, moe_topk
 from tokenspeed_kernel.tools.timing import time_fn
 
 GLUON = "gluon_moe_decode_mx_sm90"
+MMA = "gluon_moe_mma_sm90"
+# (ks1, u1, ks2, u2) launch configurations of the MMA kernel timed with --mma-sweep.
+MMA_SWEEP = ((4, 2, 2, 2), (4, 4, 2, 2), (8, 2, 2, 2), (8, 1, 4, 1), (2, 4, 1, 4), (4, 2, 4, 2), (4, 2, 1, 4),
+             (8, 2, 4, 2))  # fmt: skip
 TOKENS = (1, 2, 4, 8)
 GOAL_US = 30.0
 E, K, H, INTER = 128, 4, 2880, 2880
@@ -50,6 +54,9 @@ def _numerics(record, m13, m2, b13, b2, device) -> None:
         out = torch.full_like(x, float("nan"))
         moe_apply(x, m13, m2, tw, ti, activation=ACT, w13_bias=b13, w2_bias=b2, out=out, override=GLUON)
         torch.cuda.synchronize()
+        mma = torch.full_like(x, float("nan"))
+        moe_apply(x, m13, m2, tw, ti, activation=ACT, w13_bias=b13, w2_bias=b2, out=mma, override=MMA)
+        torch.cuda.synchronize()
         fused = torch.full_like(x, float("nan"))
         fused, fw, fi = moe_decode_from_logits(x, logits, m13, m2, K, activation=ACT, w13_bias=b13, w2_bias=b2,
                                                out=fused)  # fmt: skip
@@ -58,11 +65,14 @@ def _numerics(record, m13, m2, b13, b2, device) -> None:
             "t": t,
             "rel_err": rel_err(out, ref),
             "nan": bool(out.isnan().any()),
+            "mma_rel_err": rel_err(mma, ref),
+            "mma_nan": bool(mma.isnan().any()),
             "fused_rel_err": rel_err(fused, ref),
             "fused_ids_equal": bool(torch.equal(fi, ti)),
             "fused_weights_maxdiff": float((fw - tw).abs().max()),
         }
-        row["ok"] = row["rel_err"] < 2e-2 and not row["nan"] and row["fused_rel_err"] < 2e-2 and row["fused_ids_equal"]
+        row["ok"] = (row["rel_err"] < 2e-2 and not row["nan"] and row["fused_rel_err"] < 2e-2 and row["fused_ids_equal"]
+                     and row["mma_rel_err"] < 2e-2 and not row["mma_nan"])  # fmt: skip
         log(f"  numerics T={t}: {row}")
         record["numerics"].append(row)
     # Graph replay equals the eager call (capturable, deterministic).
@@ -70,29 +80,43 @@ def _numerics(record, m13, m2, b13, b2, device) -> None:
     logits = torch.randn(2, E, generator=gen, device=device).bfloat16()
     tw, ti = moe_topk(logits, K)
     kw = dict(activation=ACT, w13_bias=b13, w2_bias=b2)
-    eager = moe_apply(x, m13, m2, tw, ti, override=GLUON, **kw)
-    out = torch.empty_like(x)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        moe_apply(x, m13, m2, tw, ti, out=out, override=GLUON, **kw)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    record["graph_equal"] = bool(torch.equal(out, eager))
+    equal = []
+    for name in (GLUON, MMA):
+        eager = moe_apply(x, m13, m2, tw, ti, override=name, **kw)
+        out = torch.empty_like(x)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            moe_apply(x, m13, m2, tw, ti, out=out, override=name, **kw)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        equal.append(bool(torch.equal(out, eager)))
+    record["graph_equal"] = all(equal)
     log(f"  graph replay == eager: {record['graph_equal']}")
 
 
-def _bench(record, w13, w2, m13, m2, b13, b2, device) -> None:
+def _bench(record, w13, w2, m13, m2, b13, b2, device, sweep: bool) -> None:
     per_expert = expert_bytes(m13, b13, None) + expert_bytes(m2, None, b2) + (b13[0].numel() + b2[0].numel()) * 2
     gen = torch.Generator(device=device).manual_seed(11)
     for t in TOKENS:
         x = torch.randn(t, H, generator=gen, device=device).bfloat16()
         logits = (2 * torch.randn(t, E, generator=gen, device=device)).bfloat16()
-        _bench_t(record, t, x, logits, w13, w2, m13, m2, b13, b2, per_expert, device)
+        _bench_t(record, t, x, logits, w13, w2, m13, m2, b13, b2, per_expert, device, sweep)
 
 
-def _bench_t(record, t, x, logits, w13, w2, m13, m2, b13, b2, per_expert, device) -> None:
+def _mma_variant(x, logits, m13, m2, b13, b2, out, cfg):
+    from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_mma
+
+    def fn():
+        tw, ti = moe_topk(logits, K)
+        gluon_moe_mma.launch(x, m13, m2, b13, b2, None, out, ti, tw, K, ACT, cfg)
+
+    return fn
+
+
+def _bench_t(record, t, x, logits, w13, w2, m13, m2, b13, b2, per_expert, device, sweep) -> None:
     from tokenspeed_kernel_nvidia.ops.moe.gluon_moe_decode import moe_decode_from_logits
+    from tokenspeed_kernel_nvidia.ops.moe.gluon_moe_mma import GluonMoEMMAConfig
 
     kw = dict(activation=ACT, w13_bias=b13, w2_bias=b2)
     hit = int(torch.unique(torch.topk(logits.float(), K).indices).numel())
@@ -111,7 +135,24 @@ def _bench_t(record, t, x, logits, w13, w2, m13, m2, b13, b2, per_expert, device
         "triton_moe_gemv_mx": routed("triton_moe_gemv_mx"),
         GLUON: routed(GLUON),
         "gluon fused": lambda: moe_decode_from_logits(x, logits, m13, m2, K, out=out, **kw),
+        MMA: routed(MMA),
     }
+    if sweep:
+        tw, ti = moe_topk(logits, K)
+        ref = reference64(x, m13, m2, b13, b2, tw, ti, ACT)
+        for ks1, u1, ks2, u2 in MMA_SWEEP:
+            cfg = GluonMoEMMAConfig(ks1=ks1, u1=u1, ks2=ks2, u2=u2)
+            fn = _mma_variant(x, logits, m13, m2, b13, b2, out, cfg)
+            name = f"mma {ks1}/{u1}/{ks2}/{u2}"
+            out.fill_(float("nan"))
+            if attempt(record["errors"], f"T={t} {name} numerics", lambda fn=fn: fn() or True) is None:
+                continue
+            err = rel_err(out, ref)
+            record["sweep_numerics"].append({"t": t, "config": name, "rel_err": err})
+            if not err < 2e-2:
+                log(f"  T={t} {name}: rel_err {err:.3g} FAILS, not timed")
+                continue
+            rows[name] = fn
     for name, fn in rows.items():
         timing = attempt(record["errors"], f"T={t} {name}", lambda fn=fn: time_fn(fn, device))
         if timing is None:
@@ -133,7 +174,11 @@ def _summary(record) -> None:
             r = next((r for r in record["timings"] if r["kernel"] == k and r["t"] == t), None)
             cells.append(f"{r['us']:6.1f}us {r['tbs']:4.2f}TB/s " if r else "n/a".ljust(15))
         log(k.ljust(26) + "".join(cells))
-    t1 = [r["us"] for r in record["timings"] if r["t"] == 1 and r["kernel"] in (GLUON, "gluon fused")]
+    t1 = [
+        r["us"]
+        for r in record["timings"]
+        if r["t"] == 1 and (r["kernel"] in (GLUON, "gluon fused", MMA) or r["kernel"].startswith("mma "))
+    ]
     if t1:
         log(f"goal T=1 <= {GOAL_US} us: best gluon {min(t1):.1f} us -> {'met' if min(t1) <= GOAL_US else 'NOT met'}")
     ok = all(r["ok"] for r in record["numerics"]) and record.get("graph_equal")
@@ -144,12 +189,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None)
     parser.add_argument("--no-bench", action="store_true")
+    parser.add_argument("--mma-sweep", action="store_true", help="time the MMA kernel's MMA_SWEEP configurations")
     a = parser.parse_args()
     if not torch.cuda.is_available():
         log("no CUDA device: nothing to run")
         return 0
     device = torch.device("cuda")
-    record = {"device": torch.cuda.get_device_name(), "numerics": [], "timings": [], "errors": []}
+    record = {"device": torch.cuda.get_device_name(), "numerics": [], "timings": [], "errors": [], "sweep_numerics": []}
     t0 = time.time()
     w13, w2, b13, b2 = make_weights(E, H, INTER, device)
     b13 = b13.bfloat16()
@@ -157,7 +203,7 @@ def main() -> int:
     log(f"weights ready in {time.time() - t0:.1f}s")
     attempt(record["errors"], "numerics", lambda: _numerics(record, m13, m2, b13, b2, device))
     if not a.no_bench:
-        _bench(record, w13, w2, m13, m2, b13, b2, device)
+        _bench(record, w13, w2, m13, m2, b13, b2, device, a.mma_sweep)
     _summary(record)
     if a.json:
         with open(a.json, "w") as f:

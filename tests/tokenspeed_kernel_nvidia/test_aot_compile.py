@@ -67,3 +67,17 @@ def test_gluon_moe_decode_compiles_for_sm90_with_vector_loads():
         r for r in rows if r["kernel"] == "gluon_moe_w13-bfloat16-h2880-i2880-e128-k4-t1-swiglu_oai-route-bias"
     )
     assert gpt_t1["registers"] <= 168, gpt_t1  # 3 programs (12 warps) per SM
+
+
+def test_gluon_moe_mma_compiles_for_sm90_with_tensor_cores():
+    rows = _compile("moe_mma")
+    assert len(rows) >= 6
+    for row in rows:
+        sass = row["sass"]
+        # Dots on mma.sync (two m16n8k16 per MX group and 16-row block); no float32 widening
+        # of the decoded codes (the FMA kernel has >= 128 per K step): at most the fp16
+        # bias of the epilogue.
+        assert row["mma"] >= 4 and row["mma"] % 2 == 0, row
+        assert row["cvt_f16"] <= 16 and sass["HADD2.F32"] <= 16, row
+        assert row["wgmma"] == 0 and row["tma"] == 0, row
+        assert 0 < row["registers"] <= 255, row

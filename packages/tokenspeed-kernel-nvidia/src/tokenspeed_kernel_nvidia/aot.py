@@ -1,8 +1,8 @@
 """Ahead-of-time compilation of the Gluon kernels for sm_90 on a machine without a GPU.
 
-``python -m tokenspeed_kernel_nvidia.aot [decode] [prefill] [moe]`` compiles the configurations
-the Gluon launchers can choose (decode, the window prefill, the MXFP4 MoE decode's two layers;
-all when no kind is named) for
+``python -m tokenspeed_kernel_nvidia.aot [decode] [prefill] [moe] [moe_mma]`` compiles the
+configurations the Gluon launchers can choose (decode, the window prefill, the two layers of
+the MXFP4 MoE decode on FMAs and on mma.sync; all when no kind is named) for
 ``GPUTarget("cuda", 90, 32)`` and prints one JSON line each: whether it built, the counts of
 the instructions the design relies on in the PTX (``cp.async`` gathers, ``mma.sync`` and
 ``wgmma`` tensor-core products, ``cp.async.bulk.tensor`` TMA copies, ``.local`` accesses,
@@ -34,7 +34,9 @@ from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import prefill
 from tokenspeed_kernel_nvidia.ops.attention.gluon_decode import decode_config
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill import GluonPrefillConfig, prefill_config
 from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_decode as gmoe
+from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_mma as gmma
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_decode_kernel import w2_kernel, w13_kernel
+from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_kernel import w2_mma_kernel, w13_mma_kernel
 
 _TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 SM90 = GPUTarget("cuda", 90, 32)
@@ -211,6 +213,67 @@ def compile_moe(
     return name, triton_compile(src, target=SM90, options={"num_warps": warps})
 
 
+def compile_moe_mma(
+    layer: int,
+    dtype: torch.dtype,
+    hidden: int,
+    inter: int,
+    top_k: int,
+    tokens: int,
+    bias: bool = True,
+    emap: bool = False,
+    activation: str = "swiglu_oai",
+    cfg: gmma.GluonMoEMMAConfig | None = None,
+):
+    """Compile one layer of the tensor-core MXFP4 MoE decode (``gluon_moe_mma_sm90``) with
+    the launcher's configuration for ``tokens`` (or ``cfg``); returns (name, compiled)."""
+    cfg = cfg or gmma.mma_config(tokens)
+    l1, xl, l2 = cfg.layouts(top_k)
+    t = _TYPE[dtype]
+    flags = "".join(f"-{f}" for f, on in (("bias", bias), ("map", emap)) if on)
+    tag = f"{cfg.ks1}.{cfg.u1}.{cfg.ks2}.{cfg.u2}"
+    if layer == 1:
+        signature = {
+            "x_ptr": t, "w_ptr": "*i32", "s_ptr": "*u8", "b_ptr": t, "hid_ptr": "*fp16", "hs_ptr": "*fp32",
+            "ids_ptr": "*i32", "emap_ptr": "*i32", "stride_xt": "i32", "stride_be": "i32",
+        }  # fmt: skip
+        constexprs = {
+            "N": inter, "KG": hidden // 32, "TOP_K": top_k, "HAS_MAP": emap, "HAS_BIAS": bias,
+            "ACTIVATION": gmoe.ACTIVATION_CODES[activation], "X_F16": dtype == torch.float16, "KS": cfg.ks1,
+            "U": cfg.u1, "L": l1, "XL": xl, "HP": cfg.row_pad(hidden),
+        }  # fmt: skip
+        kernel, warps = w13_mma_kernel, cfg.ks1
+        name = f"gluon_moe_mma_w13-{str(dtype)[6:]}-h{hidden}-i{inter}-k{top_k}-c{tag}-{activation}{flags}"
+    else:
+        signature = {
+            "hid_ptr": "*fp16", "hs_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "b_ptr": "*fp32", "out_ptr": t,
+            "ids_ptr": "*i32", "tw_ptr": "*fp32", "emap_ptr": "*i32", "stride_be": "i32", "stride_ot": "i32",
+        }  # fmt: skip
+        constexprs = {
+            "N": hidden, "KG": inter // 32, "TOP_K": top_k, "KP": gmma.next_pow2(top_k), "KS": cfg.ks2,
+            "U": cfg.u2, "HAS_MAP": emap, "HAS_BIAS": bias, "L": l2,
+        }  # fmt: skip
+        kernel, warps = w2_mma_kernel, gmma.next_pow2(top_k) * cfg.ks2
+        name = f"gluon_moe_mma_w2-{str(dtype)[6:]}-h{hidden}-i{inter}-k{top_k}-c{tag}{flags}"
+    for key in constexprs:
+        signature[key] = "constexpr"
+    src = GluonASTSource(kernel, signature, constexprs, _attrs(signature))
+    return name, triton_compile(src, target=SM90, options={"num_warps": warps})
+
+
+def moe_mma_grid():
+    """Both layers of the tensor-core decode at GPT-OSS-120B shapes (bf16 and fp16 x), a
+    tiny shape with top-3 (a padded choice warp), an expert map, no bias, silu."""
+    rows = []
+    for layer in (1, 2):
+        rows += [
+            (layer, torch.bfloat16, 2880, 2880, 4, 1),
+            (layer, torch.float16, 2880, 2880, 4, 8),
+            (layer, torch.bfloat16, 64, 96, 3, 5, False, True, "silu"),
+        ]
+    return rows
+
+
 def moe_grid():
     """Both layers at GPT-OSS-120B shapes (E 128, top-4, H = I = 2880) for every token bucket
     (routing fused and precomputed, expert map, no bias, the other activations, fp16), and a
@@ -265,10 +328,11 @@ _BUILDERS = {
     "decode": (compile_decode, decode_grid),
     "prefill": (compile_prefill, prefill_grid),
     "moe": (compile_moe, moe_grid),
+    "moe_mma": (compile_moe_mma, moe_mma_grid),
 }
 
 
-def run(kinds: tuple[str, ...] = ("decode", "prefill", "moe")) -> list[CompileResult]:
+def run(kinds: tuple[str, ...] = ("decode", "prefill", "moe", "moe_mma")) -> list[CompileResult]:
     results = []
     for kind in kinds:
         build, configs = _BUILDERS[kind]

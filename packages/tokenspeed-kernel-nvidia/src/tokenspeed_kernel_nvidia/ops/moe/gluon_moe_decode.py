@@ -46,6 +46,7 @@ import triton
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
+from tokenspeed_kernel_nvidia.ops.moe._common import next_pow2, words, workspace
 
 __all__ = [
     "CONFIGS",
@@ -67,10 +68,6 @@ FEATURES = ("silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4")
 MAX_TOKENS = 8
 MAX_TOP_K = 8
 MAX_ROUTED_EXPERTS = 1024
-
-
-def next_pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 @dataclass(frozen=True)
@@ -153,25 +150,6 @@ def predicate(request: Request) -> str | None:
     return None
 
 
-_workspace: dict[tuple, torch.Tensor] = {}
-
-
-def _buffer(device: torch.device, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A persistent workspace per shape (stable addresses for CUDA-graph replay)."""
-    key = (device, name, shape, dtype)
-    buf = _workspace.get(key)
-    if buf is None:
-        buf = _workspace[key] = torch.empty(shape, dtype=dtype, device=device)
-    return buf
-
-
-def _words(w: MXFP4Weight) -> tuple[torch.Tensor, torch.Tensor]:
-    """The packed bytes as int32 words (a view) and the scales, both contiguous."""
-    packed = w.packed if w.packed.is_contiguous() else w.packed.contiguous()
-    scales = w.scales if w.scales.is_contiguous() else w.scales.contiguous()
-    return packed.view(torch.int32), scales
-
-
 def _launch(
     x, w13, w2, b13, b2, emap, out, ids, tw, logits, top_k, activation, *, route=False, sigmoid=False, renorm=True
 ) -> None:
@@ -183,9 +161,9 @@ def _launch(
     cfg = decode_config(num_tokens)
     g1, g2 = grids(num_tokens, top_k, hidden, inter, cfg)
     w3, rl, w4 = cfg.layouts(top_k, num_experts)
-    p13, s13 = _words(w13)
-    p2, s2 = _words(w2)
-    hid = _buffer(x.device, "hid", (num_tokens * top_k, inter), torch.float32)
+    p13, s13 = words(w13)
+    p2, s2 = words(w2)
+    hid = workspace(x.device, "hid", (num_tokens * top_k, inter), torch.float32)
     w13_kernel[g1](
         x, p13, s13, x if b13 is None else b13, hid, ids, tw, ids if emap is None else emap,
         logits if route else x,
@@ -260,8 +238,8 @@ def moe_decode_from_logits(
     if router_logits.stride(1) != 1:
         router_logits = router_logits.contiguous()
     out = torch.empty_like(x) if out is None else out
-    ids = _buffer(x.device, "ids", (num_tokens, top_k), torch.int32)
-    tw = _buffer(x.device, "tw", (num_tokens, top_k), torch.float32)
+    ids = workspace(x.device, "ids", (num_tokens, top_k), torch.int32)
+    tw = workspace(x.device, "tw", (num_tokens, top_k), torch.float32)
     if num_tokens:
         _launch(
             x, w13, w2, w13_bias, w2_bias, expert_map, out, ids, tw, router_logits, top_k, activation,

@@ -1,0 +1,368 @@
+"""Gluon MXFP4 MoE decode for Hopper with tensor-core dots (``mma.sync`` m16n8k16): the kernels.
+
+Same two launches as :mod:`._gluon_moe_decode_kernel` (layer 1: gate/up + bias + activation;
+layer 2: down + bias + routing weight + combine), but each dot runs on the tensor cores, so
+a 4-byte word of 8 E2M1 codes costs its decode (~15 integer ops) plus a quarter of an MMA
+instead of decode + 8 conversions + 8 FMAs.
+
+**Fragments.** One warp owns a block of 16 weight rows (the MMA's M). Lane ``(g, c)``
+(``g = lane // 4``, ``c = lane % 4``) loads word ``c`` of one 32-value MX group of rows
+``g`` and ``g + 8``: a quad of lanes reads the group's 16 contiguous bytes. A word's codes
+``k = 0..7`` become four fp16x2 registers ``(k0, k4), (k1, k5), (k2, k6), (k3, k7)`` (bit
+patterns ``e2m1 * 2**-14``: shifts and masks, exact, zeros and 0.5 are fp16 subnormals,
+which the tensor cores multiply exactly). Two MMAs consume them: the k order inside a
+group does not matter to a dot as long as the activation operand uses the same order, so
+the B operand of lane ``(g, c)`` is the activation at the same four pairs of positions
+``32 G + 8 c + (j, j + 4)``. All 8 MMA columns get the same activation (one token per
+program), so every column of D is the group's dot; lane ``(g, c)`` keeps column ``2c``.
+The group's E8M0 scale multiplies D after the two MMAs (one FMA per row): a group never
+mixes scales inside an MMA.
+
+**fp16 activations.** The MMA takes fp16 on both sides. x in fp16 is used as it is. x in
+bf16 is multiplied by a per-token power of two ``2**-e`` (``e`` from the row's largest
+magnitude, so it maps into ``[2**14, 2**15)``: no overflow above 65504, no underflow of the
+row's large values) before the fp16 rounding; ``2**e`` goes back after the dot. Layer 1
+writes the intermediate in fp16 with one such power of two per (pair, 32-column group),
+already in the pair order layer 2's B operand reads (``hid[p, 32 G + 8 c + 2 j + h] =
+a[32 G + 8 c + j + 4 h]``), and the scales ``hs[p, G] = 2**e``.
+
+**Split K.** Warps of a program split the K groups (``KS``) and their partial sums meet
+in the final reductions (``gl.sum`` over the warp axis), so a 16-row block of weights is
+streamed by several warps at once (enough loads in flight at T = 1).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+# Decode words $2 (row g) and $3 (row g + 8), then D = A0 B0 + A1 B1 over one MX group:
+# A0 = {(k0,k4) lo, (k0,k4) hi, (k1,k5) lo, (k1,k5) hi}, B0 = {$4, $5};
+# A1 = {(k2,k6) lo, (k2,k6) hi, (k3,k7) lo, (k3,k7) hi}, B1 = {$6, $7}.
+# Outputs: $0 = D[g][2c], $1 = D[g + 8][2c].
+MMA_ASM_TEXT = """
+{
+.reg .b32 m, s, p0, p1, p2, p3, q0, q1, q2, q3;
+.reg .f32 z, d0, d1, d2, d3;
+shl.b32 m, $2, 9; and.b32 m, m, 0x0E000E00; shl.b32 s, $2, 12; and.b32 s, s, 0x80008000; or.b32 p0, m, s;
+shl.b32 m, $2, 5; and.b32 m, m, 0x0E000E00; shl.b32 s, $2, 8;  and.b32 s, s, 0x80008000; or.b32 p1, m, s;
+shl.b32 m, $2, 1; and.b32 m, m, 0x0E000E00; shl.b32 s, $2, 4;  and.b32 s, s, 0x80008000; or.b32 p2, m, s;
+shr.b32 m, $2, 3; and.b32 m, m, 0x0E000E00; and.b32 s, $2, 0x80008000; or.b32 p3, m, s;
+shl.b32 m, $3, 9; and.b32 m, m, 0x0E000E00; shl.b32 s, $3, 12; and.b32 s, s, 0x80008000; or.b32 q0, m, s;
+shl.b32 m, $3, 5; and.b32 m, m, 0x0E000E00; shl.b32 s, $3, 8;  and.b32 s, s, 0x80008000; or.b32 q1, m, s;
+shl.b32 m, $3, 1; and.b32 m, m, 0x0E000E00; shl.b32 s, $3, 4;  and.b32 s, s, 0x80008000; or.b32 q2, m, s;
+shr.b32 m, $3, 3; and.b32 m, m, 0x0E000E00; and.b32 s, $3, 0x80008000; or.b32 q3, m, s;
+mov.f32 z, 0f00000000;
+mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {d0, d1, d2, d3}, {p0, q0, p1, q1}, {$4, $5}, {z, z, z, z};
+mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {d0, d1, d2, d3}, {p2, q2, p3, q3}, {$6, $7}, {d0, d1, d2, d3};
+mov.f32 $0, d0;
+mov.f32 $1, d2;
+}
+"""
+MMA_ASM = gl.constexpr(MMA_ASM_TEXT)
+MMA_CONSTRAINTS = gl.constexpr("=f,=f,r,r,r,r,r,r")
+
+# bf16 x: words $4..$7 = bf16 pairs (x0,x1) (x2,x3) (x4,x5) (x6,x7) (low half first), $8 =
+# float32 power of two; outputs fp16x2 (x0,x4) (x1,x5) (x2,x6) (x3,x7), each value * $8.
+BF16_B_ASM_TEXT = """
+{
+.reg .f32 a0, a1, a2, a3, a4, a5, a6, a7;
+shl.b32 a0, $4, 16; and.b32 a1, $4, 0xFFFF0000; shl.b32 a2, $5, 16; and.b32 a3, $5, 0xFFFF0000;
+shl.b32 a4, $6, 16; and.b32 a5, $6, 0xFFFF0000; shl.b32 a6, $7, 16; and.b32 a7, $7, 0xFFFF0000;
+mul.f32 a0, a0, $8; mul.f32 a1, a1, $8; mul.f32 a2, a2, $8; mul.f32 a3, a3, $8;
+mul.f32 a4, a4, $8; mul.f32 a5, a5, $8; mul.f32 a6, a6, $8; mul.f32 a7, a7, $8;
+cvt.rn.f16x2.f32 $0, a4, a0;
+cvt.rn.f16x2.f32 $1, a5, a1;
+cvt.rn.f16x2.f32 $2, a6, a2;
+cvt.rn.f16x2.f32 $3, a7, a3;
+}
+"""
+BF16_B_ASM = gl.constexpr(BF16_B_ASM_TEXT)
+# fp16 x: the same pairing with byte permutes only (no scaling needed).
+F16_B_ASM_TEXT = """
+{
+prmt.b32 $0, $4, $6, 0x5410;
+prmt.b32 $1, $4, $6, 0x7632;
+prmt.b32 $2, $5, $7, 0x5410;
+prmt.b32 $3, $5, $7, 0x7632;
+}
+"""
+F16_B_ASM = gl.constexpr(F16_B_ASM_TEXT)
+B_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r,r,r,r,r,f")
+
+
+@gluon.jit
+def _ax(n: gl.constexpr, L: gl.constexpr, D: gl.constexpr):
+    """``arange(n)`` along axis ``D`` of the rank-5 layout ``L``, expanded to rank 5 (the
+    other axes sliced away last-first, then restored in the reverse order)."""
+    if D == 0:
+        v = gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(1, gl.SliceLayout(1, gl.SliceLayout(1, L)))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 1), 1), 1), 1)
+    elif D == 1:
+        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L)))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 2), 3), 4)
+    elif D == 2:
+        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(0, gl.SliceLayout(3, gl.SliceLayout(4, L)))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 0), 3), 4)
+    elif D == 3:
+        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(0, gl.SliceLayout(0, gl.SliceLayout(4, L)))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 0), 0), 4)
+    else:
+        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(0, gl.SliceLayout(0, gl.SliceLayout(0, L)))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 0), 0), 0)
+
+
+@gluon.jit
+def _e8m0(s):
+    """uint8 E8M0 -> float32 ``2 ** (s - 127)``; 255 is NaN, 0 flushes to 0."""
+    si = s.to(gl.int32)
+    return gl.where(si == 255, float("nan"), (si << 23).to(gl.float32, bitcast=True))
+
+
+@gluon.jit
+def _pow2(e):
+    """float32 ``2 ** e`` for int32 ``e`` in [-126, 127]."""
+    return ((e + 127) << 23).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _exponent(amax):
+    """``floor(log2(amax)) - 14`` clamped to [-100, 100] (0 for a zero row): the power of two
+    that maps ``amax`` into ``[2**14, 2**15)``."""
+    eb = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF
+    e = gl.where(eb == 0, 0, eb - 127 - 14)
+    return gl.minimum(gl.maximum(e, -100), 100)
+
+
+@gluon.jit
+def _group_dot(w_lo, w_hi, b0, b1, b2, b3):
+    """(D[g], D[g + 8]) of one MX group: two MMAs over the decoded words (see the module)."""
+    return gl.inline_asm_elementwise(
+        MMA_ASM, MMA_CONSTRAINTS, [w_lo, w_hi, b0, b1, b2, b3], dtype=(gl.float32, gl.float32), is_pure=True,
+        pack=1,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _x_operand(x4_ptr, mask, scale, X_F16: gl.constexpr):
+    """The B operand (4 fp16x2) from the activation's 4 words at ``x4_ptr + (0..3)`` (bf16 or
+    fp16 pairs), each value times ``scale`` (bf16 only; fp16 is used as it is)."""
+    p0 = gl.load(x4_ptr, mask=mask, other=0)
+    p1 = gl.load(x4_ptr + 1, mask=mask, other=0)
+    p2 = gl.load(x4_ptr + 2, mask=mask, other=0)
+    p3 = gl.load(x4_ptr + 3, mask=mask, other=0)
+    if X_F16:
+        return gl.inline_asm_elementwise(
+            F16_B_ASM, B_CONSTRAINTS, [p0, p1, p2, p3, scale], dtype=(gl.int32,) * 4, is_pure=True, pack=1
+        )
+    else:
+        return gl.inline_asm_elementwise(
+            BF16_B_ASM, B_CONSTRAINTS, [p0, p1, p2, p3, scale], dtype=(gl.int32,) * 4, is_pure=True, pack=1
+        )
+
+
+@gluon.jit
+def _activate(gate, up, ACTIVATION: gl.constexpr):
+    """``act(gate) * up`` in float32: silu (0), erf-gelu (1), swiglu_oai (2)."""
+    if ACTIVATION == 0:
+        act = gate / (1.0 + gl.exp(-gate)) * up
+    elif ACTIVATION == 1:
+        act = 0.5 * gate * (1.0 + gl.erf(gate * 0.7071067811865476)) * up
+    else:
+        gate = gl.minimum(gate, 7.0)
+        up = gl.minimum(gl.maximum(up, -7.0), 7.0)
+        act = gate / (1.0 + gl.exp(-1.702 * gate)) * (up + 1.0)
+    return act
+
+
+@gluon.jit
+def _reduce_rows(v):
+    """[W, U, R, 8, 4] partial dots -> [R, 8]: sum over warps and slots, one of the 4
+    identical columns (the 4 lanes of a quad hold the same D column value)."""
+    return gl.sum(gl.sum(gl.sum(v, axis=4), axis=1), axis=0) * 0.25
+
+
+@gluon.jit
+def w13_mma_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, hid_ptr, hs_ptr, ids_ptr, emap_ptr,
+    stride_xt, stride_be,
+    N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, HAS_MAP: gl.constexpr, HAS_BIAS: gl.constexpr,
+    ACTIVATION: gl.constexpr, X_F16: gl.constexpr, KS: gl.constexpr, U: gl.constexpr, L: gl.constexpr,
+    XL: gl.constexpr, HP: gl.constexpr,
+):  # fmt: skip
+    """Layer 1 of one (token, choice) pair (axis 0) for 32 intermediate columns (axis 1).
+
+    x ``[T, H]`` bf16/fp16 (rows contiguous); w: w13 packed as int32 words ``[E, 2N, H/8]``;
+    s: E8M0 ``[E, 2N, H/32]``; b ``[E, 2N]``; ids int32 ``[T * TOP_K]``; emap int32
+    ``[E_global]``. Writes hid fp16 ``[T * TOP_K, N]`` (pair order, scaled) and hs float32
+    ``[T * TOP_K, N / 32]``. ``L``: the ``[KS, U, 2, 8, 4]`` fragment layout (warps along
+    axis 0); ``XL``: a 1-D layout for the ``HP`` (power of two >= H) activation row."""
+    pair = gl.program_id(0)
+    blk = gl.program_id(1)
+    token = pair // TOP_K
+    expert = gl.load(ids_ptr + pair)
+    if HAS_MAP:
+        expert = gl.load(emap_ptr + expert)
+    if expert < 0:  # not on this rank: layer 2 masks the pair
+        return
+    x_row = x_ptr + token.to(gl.int64) * stride_xt
+    if X_F16:
+        e_x = pair * 0
+    else:
+        xo = gl.arange(0, HP, layout=XL)
+        xv = gl.load(x_row + xo, mask=xo < KG * 32, other=0.0).to(gl.float32)
+        e_x = _exponent(gl.max(gl.abs(xv), axis=0))
+
+    ks = _ax(KS, L, 0)
+    u = _ax(U, L, 1)
+    bb = _ax(2, L, 2)
+    g = _ax(8, L, 3)
+    c = _ax(4, L, 4)
+    rows = blk * 32 + bb * 16 + g  # [1, 1, 2, 8, 1]: gate rows of the lo half
+    ok_lo = rows < N
+    ok_hi = rows + 8 < N
+    e64 = expert.to(gl.int64)
+    w_lo = w_ptr + e64 * (2 * N * KG * 4) + rows.to(gl.int64) * (KG * 4) + c
+    s_lo = s_ptr + e64 * (2 * N * KG) + rows.to(gl.int64) * KG
+    x4 = x_row.to(gl.pointer_type(gl.int32)) + c * 4 + g * 0  # [1, 1, 1, 8, 4]
+    slot = ks * U + u  # [KS, U, 1, 1, 1]
+    x_scale = gl.full([KS, U, 1, 8, 4], 1.0, gl.float32, layout=L) * _pow2(-e_x)
+    zero = gl.zeros([KS, U, 2, 8, 4], gl.float32, layout=L)
+    acc_g_lo = zero
+    acc_g_hi = zero
+    acc_u_lo = zero
+    acc_u_hi = zero
+    for j in range(0, KG, KS * U):
+        grp = j + slot
+        g_ok = grp < KG
+        m_lo = g_ok & ok_lo
+        m_hi = g_ok & ok_hi
+        wo = grp * 4
+        wg_lo = gl.load(w_lo + wo, mask=m_lo, other=0)
+        wg_hi = gl.load(w_lo + 8 * KG * 4 + wo, mask=m_hi, other=0)
+        wu_lo = gl.load(w_lo + N * KG * 4 + wo, mask=m_lo, other=0)
+        wu_hi = gl.load(w_lo + (N + 8) * KG * 4 + wo, mask=m_hi, other=0)
+        sg_lo = gl.load(s_lo + grp + c * 0, mask=m_lo, other=127)
+        sg_hi = gl.load(s_lo + 8 * KG + grp + c * 0, mask=m_hi, other=127)
+        su_lo = gl.load(s_lo + N * KG + grp + c * 0, mask=m_lo, other=127)
+        su_hi = gl.load(s_lo + (N + 8) * KG + grp + c * 0, mask=m_hi, other=127)
+        b0, b1, b2, b3 = _x_operand(x4 + grp * 16, g_ok, x_scale, X_F16)
+        b0 = gl.broadcast(b0, wg_lo)[0]
+        b1 = gl.broadcast(b1, wg_lo)[0]
+        b2 = gl.broadcast(b2, wg_lo)[0]
+        b3 = gl.broadcast(b3, wg_lo)[0]
+        d_lo, d_hi = _group_dot(wg_lo, wg_hi, b0, b1, b2, b3)
+        acc_g_lo += d_lo * _e8m0(sg_lo)
+        acc_g_hi += d_hi * _e8m0(sg_hi)
+        d_lo, d_hi = _group_dot(wu_lo, wu_hi, b0, b1, b2, b3)
+        acc_u_lo += d_lo * _e8m0(su_lo)
+        acc_u_hi += d_hi * _e8m0(su_hi)
+
+    unscale = 16384.0 * _pow2(e_x)
+    gate_lo = _reduce_rows(acc_g_lo) * unscale  # [2, 8]: columns blk * 32 + b * 16 + g
+    gate_hi = _reduce_rows(acc_g_hi) * unscale  # columns + 8
+    up_lo = _reduce_rows(acc_u_lo) * unscale
+    up_hi = _reduce_rows(acc_u_hi) * unscale
+    col = gl.max(gl.max(gl.max(rows + ks * 0 + u * 0 + c * 0, axis=4), axis=1), axis=0)  # [2, 8]
+    if HAS_BIAS:
+        b_row = b_ptr + e64 * stride_be
+        gate_lo += gl.load(b_row + col, mask=col < N, other=0.0).to(gl.float32)
+        gate_hi += gl.load(b_row + col + 8, mask=col + 8 < N, other=0.0).to(gl.float32)
+        up_lo += gl.load(b_row + N + col, mask=col < N, other=0.0).to(gl.float32)
+        up_hi += gl.load(b_row + N + col + 8, mask=col + 8 < N, other=0.0).to(gl.float32)
+    a_lo = _activate(gate_lo, up_lo, ACTIVATION)
+    a_hi = _activate(gate_hi, up_hi, ACTIVATION)
+    a_lo = gl.where(col < N, a_lo, 0.0)
+    a_hi = gl.where(col + 8 < N, a_hi, 0.0)
+    amax = gl.maximum(gl.max(gl.max(gl.abs(a_lo), axis=1), axis=0), gl.max(gl.max(gl.abs(a_hi), axis=1), axis=0))
+    e_h = _exponent(amax)
+    h_scale = _pow2(-e_h)
+    # Column b * 16 + g (+ 8) -> pair position: 8-blocks keep their place, inside one
+    # j + 4 h -> 2 j + h.
+    within = col - blk * 32
+    pos = blk * 32 + (within // 8) * 8 + (within % 4) * 2 + (within % 8) // 4
+    h_row = hid_ptr + pair.to(gl.int64) * N
+    gl.store(h_row + pos, (a_lo * h_scale).to(gl.float16), mask=col < N)
+    gl.store(h_row + pos + 8, (a_hi * h_scale).to(gl.float16), mask=col + 8 < N)
+    gl.store(hs_ptr + pair.to(gl.int64) * (N // 32) + blk, _pow2(e_h))
+
+
+@gluon.jit
+def w2_mma_kernel(
+    hid_ptr, hs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, ids_ptr, tw_ptr, emap_ptr,
+    stride_be, stride_ot,
+    N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, KP: gl.constexpr, KS: gl.constexpr,
+    U: gl.constexpr, HAS_MAP: gl.constexpr, HAS_BIAS: gl.constexpr, L: gl.constexpr,
+):  # fmt: skip
+    """Layer 2 and the combine of one token (axis 1) for 16 output columns (axis 0).
+
+    hid fp16 ``[T * TOP_K, I]`` and hs float32 ``[T * TOP_K, I / 32]`` from
+    :func:`w13_mma_kernel` (``I = 32 * KG``); w: w2 as int32 words ``[E, N, I/8]``;
+    s ``[E, N, I/32]``; b ``[E, N]``; out ``[T, N]``: ``sum_c tw[c] * (hid[c] @ w2[e_c].T +
+    b[e_c])``. ``L``: the ``[KP * KS, U, 1, 8, 4]`` fragment layout; warp ``w`` serves choice
+    ``w // KS`` and every ``KS``-th group slot; fixed-order sums (deterministic)."""
+    blk = gl.program_id(0)
+    token = gl.program_id(1).to(gl.int64)
+    wv = _ax(KP * KS, L, 0)
+    u = _ax(U, L, 1)
+    g = _ax(8, L, 3)
+    c = _ax(4, L, 4)
+    choice = wv // KS
+    ks = wv % KS
+    pairs = token * TOP_K + choice
+    c_ok = choice < TOP_K
+    experts = gl.load(ids_ptr + pairs, mask=c_ok, other=-1)
+    if HAS_MAP:
+        experts = gl.load(emap_ptr + experts, mask=c_ok & (experts >= 0), other=-1)
+    live = c_ok & (experts >= 0)  # [W, 1, 1, 1, 1]
+    weight = gl.load(tw_ptr + pairs, mask=live, other=0.0)
+    e64 = gl.where(live, experts, 0).to(gl.int64)
+    rows = blk * 16 + g  # [1, 1, 1, 8, 1]
+    ok_lo = live & (rows < N)
+    ok_hi = live & (rows + 8 < N)
+    w_lo = w_ptr + e64 * (N * KG * 4) + rows.to(gl.int64) * (KG * 4) + c
+    s_lo = s_ptr + e64 * (N * KG) + rows.to(gl.int64) * KG
+    h4 = hid_ptr.to(gl.pointer_type(gl.int32)) + pairs * (KG * 16) + c * 4 + g * 0
+    hs_row = hs_ptr + pairs * KG
+    slot = ks * U + u  # [W, U, 1, 1, 1]
+    zero = gl.zeros([KP * KS, U, 1, 8, 4], gl.float32, layout=L)
+    acc_lo = zero
+    acc_hi = zero
+    for j in range(0, KG, KS * U):
+        grp = j + slot
+        g_ok = grp < KG
+        m_lo = g_ok & ok_lo
+        m_hi = g_ok & ok_hi
+        wo = grp * 4
+        w_l = gl.load(w_lo + wo, mask=m_lo, other=0)
+        w_h = gl.load(w_lo + 8 * KG * 4 + wo, mask=m_hi, other=0)
+        s_l = gl.load(s_lo + grp + c * 0, mask=m_lo, other=127)
+        s_h = gl.load(s_lo + 8 * KG + grp + c * 0, mask=m_hi, other=127)
+        hm = g_ok & live
+        hp = h4 + grp * 16
+        b0 = gl.load(hp, mask=hm, other=0)
+        b1 = gl.load(hp + 1, mask=hm, other=0)
+        b2 = gl.load(hp + 2, mask=hm, other=0)
+        b3 = gl.load(hp + 3, mask=hm, other=0)
+        hs = gl.load(hs_row + grp + g * 0 + c * 0, mask=hm, other=0.0)
+        d_lo, d_hi = _group_dot(w_l, w_h, b0, b1, b2, b3)
+        acc_lo += d_lo * (_e8m0(s_l) * hs)
+        acc_hi += d_hi * (_e8m0(s_h) * hs)
+
+    # Per warp: 2**14 * dot (+ the bias once per choice, on its ks = 0 warp), times the
+    # routing weight; a remote choice adds nothing (not 0 * NaN).
+    first = (ks == 0) & (u == 0) & (c == 0)
+    acc_lo = acc_lo * 16384.0
+    acc_hi = acc_hi * 16384.0
+    if HAS_BIAS:
+        b_row = b_ptr + e64 * stride_be
+        acc_lo += gl.load(b_row + rows + u * 0 + c * 0, mask=first & ok_lo, other=0.0).to(gl.float32) * 4.0
+        acc_hi += gl.load(b_row + rows + 8 + u * 0 + c * 0, mask=first & ok_hi, other=0.0).to(gl.float32) * 4.0
+    acc_lo = gl.where(live, acc_lo * weight, 0.0)
+    acc_hi = gl.where(live, acc_hi * weight, 0.0)
+    y_lo = _reduce_rows(acc_lo)  # [1, 8]
+    y_hi = _reduce_rows(acc_hi)
+    r_out = gl.max(gl.max(gl.max(rows + wv * 0 + u * 0 + c * 0, axis=4), axis=1), axis=0)  # [1, 8]
+    o_row = out_ptr + token * stride_ot
+    gl.store(o_row + r_out, y_lo.to(out_ptr.dtype.element_ty), mask=r_out < N)
+    gl.store(o_row + r_out + 8, y_hi.to(out_ptr.dtype.element_ty), mask=r_out + 8 < N)

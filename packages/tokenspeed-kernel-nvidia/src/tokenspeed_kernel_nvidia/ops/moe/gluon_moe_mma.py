@@ -1,0 +1,165 @@
+"""Gluon MXFP4 MoE decode on the tensor cores (``moe.apply``, sm_90 only, T <= 8).
+
+The kernels are in :mod:`._gluon_moe_mma_kernel` (fragments, k order, fp16 operands, split
+K). Same contract and the same two launches as :mod:`.gluon_moe_decode`; the difference is
+the inner product: ``mma.sync`` m16n8k16 on E2M1 codes decoded to fp16 in registers,
+instead of float32 FMAs, which the H100 showed to be the limit of the FMA kernel (about
+34 instructions per 4-byte word; docs/benchmarks.md, "Why the MXFP4 decode stops at
+~1.5 TB/s").
+
+**Numerics.** Products of the E2M1 value and the fp16 activation are exact and summed in
+float32 by the tensor core; the E8M0 scale is applied per 32-value group after the MMA.
+The activation is rounded to fp16 after a per-token power-of-two rescale (bf16 x; fp16 x is
+used as it is), and the intermediate is stored in fp16 with a power of two per 32 columns:
+each operand carries 11 significant bits, more than the bf16 the other kernels round the
+intermediate to. float32 x is not served (it would lose 13 bits): the FMA kernel serves it.
+
+**Workspace.** ``hid`` fp16 ``[T * top_k, I]`` and ``hs`` float32 ``[T * top_k, I / 32]``,
+persistent per shape (stable addresses for CUDA-graph replay).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
+from tokenspeed_kernel.quant import MXFP4Weight
+from tokenspeed_kernel.registry import Priority, Request, register_kernel
+from tokenspeed_kernel_nvidia.ops.moe._common import next_pow2, words, workspace
+from tokenspeed_kernel_nvidia.ops.moe.gluon_moe_decode import ACTIVATION_CODES, MAX_TOKENS, MAX_TOP_K
+
+__all__ = ["FEATURES", "GluonMoEMMAConfig", "gluon_moe_mma", "grids", "mma_config", "predicate"]
+
+VENDORS = ("cuda",)
+ACT_DTYPES = (torch.bfloat16, torch.float16)
+FEATURES = ("silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4")
+
+
+@dataclass(frozen=True)
+class GluonMoEMMAConfig:
+    """Launch configuration. Layer 1: ``ks1`` warps split the K groups of one program's
+    32 intermediate columns (16 gate + 16 up rows per MMA block, two blocks), ``u1`` groups
+    per warp per step. Layer 2: ``ks2`` warps per choice split the K groups of 16 output
+    rows (``next_pow2(top_k) * ks2`` warps), ``u2`` groups per warp per step."""
+
+    ks1: int = 4
+    u1: int = 2
+    ks2: int = 2
+    u2: int = 2
+
+    def row_pad(self, hidden: int) -> int:
+        """Length of layer 1's activation-row tile: a power of two >= ``hidden`` and >= the
+        1-D layout's 8 values x 32 lanes x ``ks1`` warps."""
+        return max(next_pow2(hidden), 256 * self.ks1)
+
+    def layouts(self, top_k: int):
+        """(L1, XL, L2): layer 1's ``[ks1, u1, 2, 8, 4]`` fragment layout (lanes = the MMA's
+        ``(g, c)``), the 1-D activation-row layout of its bf16 prologue, layer 2's
+        ``[next_pow2(top_k) * ks2, u2, 1, 8, 4]`` layout."""
+        return _layouts(self, top_k)
+
+
+@functools.cache
+def _layouts(cfg: GluonMoEMMAConfig, top_k: int):
+    from triton.experimental.gluon import language as gl
+
+    l1 = gl.BlockedLayout([1, cfg.u1, 2, 1, 1], [1, 1, 1, 8, 4], [cfg.ks1, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    xl = gl.BlockedLayout([8], [32], [cfg.ks1], [0])
+    l2 = gl.BlockedLayout(
+        [1, cfg.u2, 1, 1, 1], [1, 1, 1, 8, 4], [next_pow2(top_k) * cfg.ks2, 1, 1, 1, 1], [4, 3, 2, 1, 0]
+    )
+    return l1, xl, l2
+
+
+CONFIGS: dict[int, GluonMoEMMAConfig] = {t: GluonMoEMMAConfig() for t in (1, 2, 4, 8)}
+
+
+def mma_config(num_tokens: int) -> GluonMoEMMAConfig:
+    """The configuration for ``num_tokens`` (its power-of-two bucket, capped at 8)."""
+    return CONFIGS[min(next_pow2(max(num_tokens, 1)), MAX_TOKENS)]
+
+
+def grids(num_tokens: int, top_k: int, hidden: int, inter: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(layer-1 grid, layer-2 grid): ``(T * top_k, I / 32)`` and ``(cdiv(H, 16), T)``."""
+    return (num_tokens * top_k, inter // 32), (triton.cdiv(hidden, 16), num_tokens)
+
+
+def predicate(request: Request) -> str | None:
+    """MXFP4 weights, ``T <= 8``, ``top_k <= 8`` (as the FMA decode kernel)."""
+    if "mxfp4" not in request.features:
+        return "MXFP4 weights only (E2M1 decoded to fp16 for mma.sync)"
+    bucket = request.shape("num_tokens_bucket")
+    if bucket is not None and bucket > MAX_TOKENS:
+        return f"num_tokens_bucket={bucket} > {MAX_TOKENS}: the Gluon MoE decode serves T <= {MAX_TOKENS} tokens"
+    top_k = request.shape("top_k")
+    if top_k is not None and top_k > MAX_TOP_K:
+        return f"top_k={top_k} > {MAX_TOP_K}: layer 2 holds warps per choice"
+    return None
+
+
+def _aligned_rows(x: torch.Tensor) -> torch.Tensor:
+    """x with unit stride along H, 4-byte aligned rows (the kernel reads int32 pairs)."""
+    if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
+        return x.contiguous() if x.stride(1) != 1 or x.stride(0) % 2 else x.clone()
+    return x
+
+
+def launch(x, w13, w2, b13, b2, emap, out, ids, tw, top_k, activation, cfg: GluonMoEMMAConfig | None = None) -> None:
+    """Both layers on ``x [T, H]`` (bf16/fp16), MXFP4 ``w13 [E, 2I, H]``, ``w2 [E, H, I]``,
+    routing ``ids`` int32 / ``tw`` float32 ``[T, top_k]`` (contiguous), into ``out [T, H]``."""
+    from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_kernel import w2_mma_kernel, w13_mma_kernel
+
+    x = _aligned_rows(x)
+    num_tokens, hidden = x.shape
+    inter = w2.shape[-1]
+    cfg = cfg or mma_config(num_tokens)
+    g1, g2 = grids(num_tokens, top_k, hidden, inter)
+    l1, xl, l2 = cfg.layouts(top_k)
+    p13, s13 = words(w13)
+    p2, s2 = words(w2)
+    hid = workspace(x.device, "mma_hid", (num_tokens * top_k, inter), torch.float16)
+    hs = workspace(x.device, "mma_hs", (num_tokens * top_k, inter // 32), torch.float32)
+    w13_mma_kernel[g1](
+        x, p13, s13, x if b13 is None else b13, hid, hs, ids, ids if emap is None else emap,
+        x.stride(0), 0 if b13 is None else b13.stride(0),
+        N=inter, KG=hidden // 32, TOP_K=top_k, HAS_MAP=emap is not None, HAS_BIAS=b13 is not None,
+        ACTIVATION=ACTIVATION_CODES[activation], X_F16=x.dtype == torch.float16, KS=cfg.ks1, U=cfg.u1, L=l1,
+        XL=xl, HP=cfg.row_pad(hidden), num_warps=cfg.ks1,
+    )  # fmt: skip
+    w2_mma_kernel[g2](
+        hid, hs, p2, s2, x if b2 is None else b2, out, ids, tw, ids if emap is None else emap,
+        0 if b2 is None else b2.stride(0), out.stride(0),
+        N=hidden, KG=inter // 32, TOP_K=top_k, KP=next_pow2(top_k), KS=cfg.ks2, U=cfg.u2,
+        HAS_MAP=emap is not None, HAS_BIAS=b2 is not None, L=l2, num_warps=next_pow2(top_k) * cfg.ks2,
+    )  # fmt: skip
+
+
+@register_kernel(
+    "moe.apply",
+    name="gluon_moe_mma_sm90",
+    solution="gluon",
+    vendors=VENDORS,
+    archs=("sm_90",),
+    dtypes={"x": ACT_DTYPES, "weight": (torch.uint8,)},
+    features=FEATURES,
+    priority=Priority.OPT_IN,
+    predicate=predicate,
+)
+def gluon_moe_mma(args: MoEApplyArgs) -> None:
+    """MXFP4 MoE for T <= 8 on Hopper with mma.sync dots: two Gluon launches (w13 + bias +
+    activation; w2 + bias + routing weight + combine), precomputed routing."""
+    if not isinstance(args.w13, MXFP4Weight) or not isinstance(args.w2, MXFP4Weight):
+        raise TypeError("gluon_moe_mma_sm90 takes MXFP4 weights only")
+    num_tokens, top_k = args.topk_ids.shape
+    if num_tokens == 0:
+        return
+    ids = args.topk_ids if args.topk_ids.is_contiguous() else args.topk_ids.contiguous()
+    tw = args.topk_weights if args.topk_weights.is_contiguous() else args.topk_weights.contiguous()
+    launch(
+        args.x, args.w13, args.w2, args.w13_bias, args.w2_bias, args.expert_map, args.out, ids, tw, top_k,
+        args.activation,
+    )  # fmt: skip
