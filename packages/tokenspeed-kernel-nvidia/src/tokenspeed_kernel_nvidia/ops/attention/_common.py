@@ -22,6 +22,11 @@ FLASHINFER_HEAD_DIMS = (64, 128, 256)
 PAGE_SIZES = tuple(2**i for i in range(9))  # 1 .. 256
 # FlashInfer's FA2 templates need Ampere-class features (bf16 MMA, cp.async): sm_80 and newer.
 FLASHINFER_CAPABILITIES = ("bf16", "cp_async")
+# ... but our wrappers (CSR translation, sink route, plan caching) have been compiled and run
+# against float64 only on sm_90 (H100, FlashInfer 0.7.2.post1; docs/benchmarks.md), where the
+# sink route uses FA3. Other architectures take FlashInfer's FA2 path, which we have not run:
+# they are refused until a GPU of theirs passes test_flashinfer_gpu.py.
+FLASHINFER_ARCHS = ("sm_90",)
 FLASHINFER_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
 
 

@@ -35,7 +35,12 @@ from typing import Any
 import torch
 
 from tokenspeed_kernel.registry import Priority, Request
-from tokenspeed_kernel_nvidia.ops.attention._common import FLASHINFER_CAPABILITIES, VENDORS, same_head_dims
+from tokenspeed_kernel_nvidia.ops.attention._common import (
+    FLASHINFER_ARCHS,
+    FLASHINFER_CAPABILITIES,
+    VENDORS,
+    same_head_dims,
+)
 
 __all__ = [
     "LN2",
@@ -80,12 +85,13 @@ def flashinfer_missing() -> str | None:
 
 def flashinfer_registration(*, graph_safe: bool) -> dict[str, Any]:
     """The ``register_kernel`` metadata every FlashInfer kernel shares (data, not branches):
-    solution, CUDA gates, opt-in priority, :func:`flashinfer_predicate` and the absence hook, plus
+    solution, CUDA gates (the architectures we have run it on, the capabilities it needs), opt-in priority, :func:`flashinfer_predicate` and the absence hook, plus
     ``graph_safe``, which each kernel states: True only for a wrapper built in CUDA-graph
     mode whose plan is made outside capture (the decode, through its ``prepare_layout``)."""
     return {
         "solution": "flashinfer",
         "vendors": VENDORS,
+        "archs": FLASHINFER_ARCHS,
         "capabilities": FLASHINFER_CAPABILITIES,
         "priority": Priority.OPT_IN,
         "predicate": flashinfer_predicate,
