@@ -190,7 +190,11 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--no-bench", action="store_true")
     parser.add_argument("--mma-sweep", action="store_true", help="time the MMA kernel's MMA_SWEEP configurations")
+    parser.add_argument("--tokens", default=None, help="comma-separated T values (default 1,2,4,8)")
     a = parser.parse_args()
+    global TOKENS
+    if a.tokens:
+        TOKENS = tuple(int(t) for t in a.tokens.split(","))
     if not torch.cuda.is_available():
         log("no CUDA device: nothing to run")
         return 0
