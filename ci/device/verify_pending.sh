@@ -10,13 +10,14 @@
 #   moegemv: ci/device/moe_gemv_bench.py (triton_moe_gemv_mx, T <= 8, ~2 min)
 #   moefp8: moe_bench.py --fp8-act --combine (activation_quant="fp8", combine="atomic", ~6 min)
 #   gluonmoe: gluon_moe_decode_mx_sm90 GPU tests, then ci/device/gluon_moe_bench.py (T <= 8, ~3 min)
+#   gluonmma: gluon_moe_mma_sm90 (mma.sync MXFP4 decode) GPU tests, then gluon_moe_bench.py --mma-sweep (~4 min)
 # Each step has its own time budget and never stops the next one; results land in $OUT.
 #
 # Here:   rm -rf .whl && pip wheel -q --no-deps --no-build-isolation -w .whl packages/tokenspeed-kernel \
 #             packages/tokenspeed-kernel-triton packages/tokenspeed-kernel-nvidia
 #         (optional) bash ci/device/flashinfer_bundle.sh
 # Device: carry [".whl"] (and ".whl-nvidia"), command: bash ci/device/verify_pending.sh STEP...
-# with STEP in moe, moequick, moegemv, moefp8, gluonmoe, nvidia, flashinfer, e2e, host (default: moe nvidia e2e). A call may run 10 minutes at most:
+# with STEP in moe, moequick, moegemv, moefp8, gluonmoe, gluonmma, nvidia, flashinfer, e2e, host (default: moe nvidia e2e). A call may run 10 minutes at most:
 # `moe e2e` fits one call (~7 min), `nvidia` another (~6 min, longer with FlashInfer JIT).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -81,6 +82,13 @@ timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel
 timeout 240 python3 ci/device/gluon_moe_bench.py --json "$OUT/gluon_moe.json" 2>&1 | tail -30 || status=1
 }
 
+gluonmma() {
+echo "== gluon_moe_mma_sm90 (T <= 8, mma.sync): GPU numerics tests, then numerics + timings + config sweep"
+timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_gluon_moe_mma_gpu.py \
+  2>&1 | tail -15 || status=1
+timeout 300 python3 ci/device/gluon_moe_bench.py --mma-sweep --json "$OUT/gluon_moe_mma.json" 2>&1 | tail -45 || status=1
+}
+
 moequick() {
 echo "== triton_fused_moe_mx numerics + table (no sweep)"
 timeout 200 python3 ci/device/moe_bench.py --mx --no-sweep --budget 170 --json "$OUT/moe_mx.json" 2>&1 | tail -16 \
@@ -89,8 +97,8 @@ timeout 200 python3 ci/device/moe_bench.py --mx --no-sweep --budget 170 --json "
 
 for step in $steps; do
   case $step in
-    moe | moequick | moegemv | moefp8 | gluonmoe | nvidia | flashinfer | e2e | host) "$step" ;;
-    *) echo "unknown step $step (expected moe, moequick, moegemv, moefp8, gluonmoe, nvidia, flashinfer, e2e, host)"; status=2 ;;
+    moe | moequick | moegemv | moefp8 | gluonmoe | gluonmma | nvidia | flashinfer | e2e | host) "$step" ;;
+    *) echo "unknown step $step (expected moe, moequick, moegemv, moefp8, gluonmoe, gluonmma, nvidia, flashinfer, e2e, host)"; status=2 ;;
   esac
 done
 exit $status
