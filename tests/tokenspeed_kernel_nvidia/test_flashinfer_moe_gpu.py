@@ -6,7 +6,8 @@ JIT-compiles FlashInfer's CUTLASS MoE module for the device (minutes, unless a
 flashinfer-jit-cache matching the version is installed). GPT-OSS-like small shapes: bf16
 weights, every activation (swiglu_oai with its clamp), biases (a float32 w2 bias), top-4,
 an expert map with -1 entries; the functional path and a plan. Output poisoned with NaN
-so an unwritten row fails.
+so an unwritten row fails. This file is the verification the kernel waits for, so it sets
+``TOKENSPEED_KERNEL_NVIDIA_UNVERIFIED=1`` for its own tests.
 """
 
 import importlib.util
@@ -36,6 +37,14 @@ SKIP = _skip_reason()
 if SKIP:
     print(f"test_flashinfer_moe_gpu: skipped: {SKIP}")
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+
+
+@pytest.fixture(autouse=True)
+def _consent(monkeypatch):
+    from tokenspeed_kernel import selector
+
+    monkeypatch.setenv("TOKENSPEED_KERNEL_NVIDIA_UNVERIFIED", "1")
+    selector.clear_cache()
 
 
 def _problem(t, e, h, i, k, seed=0):

@@ -83,7 +83,8 @@ def _set_platform(monkeypatch, arch):
 
 @pytest.fixture
 def fake(monkeypatch):
-    """A findable ``flashinfer`` with a computing ``cutlass_fused_moe``, platform sm_90."""
+    """A findable ``flashinfer`` with a computing ``cutlass_fused_moe``, platform sm_90, and
+    the consent to an unverified kernel (``TOKENSPEED_KERNEL_NVIDIA_UNVERIFIED=1``)."""
     from tokenspeed_kernel_nvidia.ops.moe import flashinfer_cutlass_moe
 
     calls: list = []
@@ -93,6 +94,7 @@ def fake(monkeypatch):
     module.cutlass_fused_moe = _fake_cutlass_fused_moe(calls)
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     monkeypatch.setattr(flashinfer_cutlass_moe, "_activation_params", {})
+    monkeypatch.setenv(flashinfer_cutlass_moe.UNVERIFIED_ENV, "1")
     _set_platform(monkeypatch, "sm_90")
     yield calls
     monkeypatch.delenv(config.PLATFORM_ENV)
@@ -128,6 +130,21 @@ def test_selection_on_faked_platforms(fake):
     (why,) = _reasons(request, "sm_80")
     assert "sm_80" in why or "arch" in why
     assert _reasons(request, "gfx942")
+
+
+def test_unverified_without_consent(fake, monkeypatch):
+    """Never run on a GPU: with flashinfer present but no consent, every platform gets the
+    reason (and a plain call falls through to another kernel)."""
+    from tokenspeed_kernel_nvidia.ops.moe.flashinfer_cutlass_moe import UNVERIFIED_ENV
+
+    monkeypatch.delenv(UNVERIFIED_ENV)
+    selector.clear_cache()
+    request = _request(activation="swiglu_oai", bias=True)
+    for arch in ("sm_90", "sm_100"):
+        (why,) = _reasons(request, arch)
+        assert "never run on a GPU" in why and UNVERIFIED_ENV in why
+    monkeypatch.setenv(UNVERIFIED_ENV, "0")
+    assert "never run on a GPU" in _reasons(request, "sm_90")[0]
 
 
 @pytest.mark.parametrize(

@@ -46,12 +46,20 @@ with it:
 - **Determinism.** ``use_fused_finalize=True`` (FlashInfer's default) reduces the top-k
   outputs with atomics in the GEMM2 epilogue: results may differ run to run in the last bits.
 
-Status: ``Priority.OPT_IN``, never run on a GPU (see docs/nvidia.md, "FlashInfer MoE").
+Status: **never run on a GPU.** FlashInfer JIT-builds the whole CUTLASS MoE module (about
+40 CUDA files of TensorRT-LLM templates) on first use; on the H100 machine we borrow (16
+cores) three back-to-back 540 s builds (2026-11-23, ``ci/device/flashinfer_moe.sh``) did
+not finish it. Until a GPU run passes ``tests/tokenspeed_kernel_nvidia/test_flashinfer_moe_gpu.py``
+the kernel is unavailable (``explain`` and ``list`` say why) unless
+``TOKENSPEED_KERNEL_NVIDIA_UNVERIFIED=1`` is set (where, for example, FlashInfer's prebuilt
+jit-cache makes the build instant and the user accepts an unverified kernel); with it set,
+it is still only ``Priority.OPT_IN``.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +75,9 @@ __all__ = [
     "ARCHS",
     "FEATURES",
     "SWIGLU_OAI",
+    "UNVERIFIED_ENV",
     "FlashInferCutlassWeights",
+    "available",
     "flashinfer_cutlass_moe",
     "predicate",
     "prepare",
@@ -83,6 +93,22 @@ ACTIVATION_TYPES = {"silu": "Swiglu", "gelu": "Geglu", "swiglu_oai": "SwigluBias
 # SwigluBias parameters of our swiglu_oai (per local expert, float32).
 SWIGLU_OAI = {"swiglu_alpha": 1.702, "swiglu_beta": 1.0, "swiglu_limit": 7.0}
 ALIGNMENT = 8  # 128-bit TMA rows of 16-bit values
+UNVERIFIED_ENV = "TOKENSPEED_KERNEL_NVIDIA_UNVERIFIED"
+UNVERIFIED = (
+    f"never run on a GPU by tokenspeed-kernel (FlashInfer's CUTLASS MoE JIT build did not finish in "
+    f"3 x 540 s on an H100 machine); set {UNVERIFIED_ENV}=1 to offer it anyway"
+)
+
+
+def available() -> str | None:
+    """``available`` hook: flashinfer-python importable, and the user's explicit consent to an
+    unverified kernel (:data:`UNVERIFIED_ENV`), read at each selection."""
+    missing = flashinfer_missing()
+    if missing:
+        return missing
+    if os.environ.get(UNVERIFIED_ENV, "").strip().lower() not in ("1", "true", "yes", "on"):
+        return UNVERIFIED
+    return None
 
 
 def predicate(request: Request) -> str | None:
@@ -168,7 +194,7 @@ def local_ids(topk_ids: torch.Tensor, expert_map: torch.Tensor | None, num_local
     features=FEATURES,
     priority=Priority.OPT_IN,
     predicate=predicate,
-    available=flashinfer_missing,
+    available=available,
     prepare=prepare,
     graph_safe=False,
 )
