@@ -1,10 +1,12 @@
 """Helpers the Gluon MoE decode launchers share: power-of-two rounding, persistent
-workspaces (stable addresses for CUDA-graph replay), MXFP4 weights as int32 words."""
+workspaces (stable addresses for CUDA-graph replay), MXFP4 weights as int32 words, the
+routing tensors of a ``moe_apply`` call."""
 
 from __future__ import annotations
 
 import torch
 
+from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 
 _workspace: dict[tuple, torch.Tensor] = {}
@@ -30,3 +32,15 @@ def words(w: MXFP4Weight) -> tuple[torch.Tensor, torch.Tensor]:
     packed = w.packed if w.packed.is_contiguous() else w.packed.contiguous()
     scales = w.scales if w.scales.is_contiguous() else w.scales.contiguous()
     return packed.view(torch.int32), scales
+
+
+def mxfp4_routing(args: MoEApplyArgs, kernel: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(topk_ids int32, topk_weights float32)``, contiguous, of an MXFP4 ``moe_apply`` call
+    (None when it has no tokens); a TypeError naming ``kernel`` for other weight formats."""
+    if not isinstance(args.w13, MXFP4Weight) or not isinstance(args.w2, MXFP4Weight):
+        raise TypeError(f"{kernel} takes MXFP4 weights only")
+    if args.topk_ids.shape[0] == 0:
+        return None
+    ids = args.topk_ids if args.topk_ids.is_contiguous() else args.topk_ids.contiguous()
+    tw = args.topk_weights if args.topk_weights.is_contiguous() else args.topk_weights.contiguous()
+    return ids, tw

@@ -36,6 +36,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_decode_kernel import _activate, _e8m0
+
 # Decode words $2 (row g) and $3 (row g + 8), then D = A0 B0 + A1 B1 over one MX group:
 # A0 = {(k0,k4) lo, (k0,k4) hi, (k1,k5) lo, (k1,k5) hi}, B0 = {$4, $5};
 # A1 = {(k2,k6) lo, (k2,k6) hi, (k3,k7) lo, (k3,k7) hi}, B1 = {$6, $7}.
@@ -113,13 +115,6 @@ def _ax(n: gl.constexpr, L: gl.constexpr, D: gl.constexpr):
 
 
 @gluon.jit
-def _e8m0(s):
-    """uint8 E8M0 -> float32 ``2 ** (s - 127)``; 255 is NaN, 0 flushes to 0."""
-    si = s.to(gl.int32)
-    return gl.where(si == 255, float("nan"), (si << 23).to(gl.float32, bitcast=True))
-
-
-@gluon.jit
 def _pow2(e):
     """float32 ``2 ** e`` for int32 ``e`` in [-126, 127]."""
     return ((e + 127) << 23).to(gl.float32, bitcast=True)
@@ -144,13 +139,33 @@ def _group_dot(w_lo, w_hi, b0, b1, b2, b3):
 
 
 @gluon.jit
+def _load4(p, mask):
+    """The 4 int32 words at ``p + (0..3)`` (0 where masked)."""
+    return (
+        gl.load(p, mask=mask, other=0),
+        gl.load(p + 1, mask=mask, other=0),
+        gl.load(p + 2, mask=mask, other=0),
+        gl.load(p + 3, mask=mask, other=0),
+    )
+
+
+@gluon.jit
+def _row_block(w_row, s_row, grp, c, m_lo, m_hi, KG: gl.constexpr):
+    """Word ``c`` of group ``grp`` of rows ``g`` and ``g + 8`` (``w_row``/``s_row`` point at
+    row ``g``'s words and scales) and the two float32 group scales (masked: 0 and 1.0)."""
+    wo = grp * 4
+    w_lo = gl.load(w_row + wo, mask=m_lo, other=0)
+    w_hi = gl.load(w_row + 8 * KG * 4 + wo, mask=m_hi, other=0)
+    s_lo = gl.load(s_row + grp + c * 0, mask=m_lo, other=127)
+    s_hi = gl.load(s_row + 8 * KG + grp + c * 0, mask=m_hi, other=127)
+    return w_lo, w_hi, _e8m0(s_lo), _e8m0(s_hi)
+
+
+@gluon.jit
 def _x_operand(x4_ptr, mask, scale, X_F16: gl.constexpr):
     """The B operand (4 fp16x2) from the activation's 4 words at ``x4_ptr + (0..3)`` (bf16 or
     fp16 pairs), each value times ``scale`` (bf16 only; fp16 is used as it is)."""
-    p0 = gl.load(x4_ptr, mask=mask, other=0)
-    p1 = gl.load(x4_ptr + 1, mask=mask, other=0)
-    p2 = gl.load(x4_ptr + 2, mask=mask, other=0)
-    p3 = gl.load(x4_ptr + 3, mask=mask, other=0)
+    p0, p1, p2, p3 = _load4(x4_ptr, mask)
     if X_F16:
         return gl.inline_asm_elementwise(
             F16_B_ASM, B_CONSTRAINTS, [p0, p1, p2, p3, scale], dtype=(gl.int32,) * 4, is_pure=True, pack=1
@@ -159,20 +174,6 @@ def _x_operand(x4_ptr, mask, scale, X_F16: gl.constexpr):
         return gl.inline_asm_elementwise(
             BF16_B_ASM, B_CONSTRAINTS, [p0, p1, p2, p3, scale], dtype=(gl.int32,) * 4, is_pure=True, pack=1
         )
-
-
-@gluon.jit
-def _activate(gate, up, ACTIVATION: gl.constexpr):
-    """``act(gate) * up`` in float32: silu (0), erf-gelu (1), swiglu_oai (2)."""
-    if ACTIVATION == 0:
-        act = gate / (1.0 + gl.exp(-gate)) * up
-    elif ACTIVATION == 1:
-        act = 0.5 * gate * (1.0 + gl.erf(gate * 0.7071067811865476)) * up
-    else:
-        gate = gl.minimum(gate, 7.0)
-        up = gl.minimum(gl.maximum(up, -7.0), 7.0)
-        act = gate / (1.0 + gl.exp(-1.702 * gate)) * (up + 1.0)
-    return act
 
 
 @gluon.jit
@@ -237,26 +238,19 @@ def w13_mma_kernel(
         g_ok = grp < KG
         m_lo = g_ok & ok_lo
         m_hi = g_ok & ok_hi
-        wo = grp * 4
-        wg_lo = gl.load(w_lo + wo, mask=m_lo, other=0)
-        wg_hi = gl.load(w_lo + 8 * KG * 4 + wo, mask=m_hi, other=0)
-        wu_lo = gl.load(w_lo + N * KG * 4 + wo, mask=m_lo, other=0)
-        wu_hi = gl.load(w_lo + (N + 8) * KG * 4 + wo, mask=m_hi, other=0)
-        sg_lo = gl.load(s_lo + grp + c * 0, mask=m_lo, other=127)
-        sg_hi = gl.load(s_lo + 8 * KG + grp + c * 0, mask=m_hi, other=127)
-        su_lo = gl.load(s_lo + N * KG + grp + c * 0, mask=m_lo, other=127)
-        su_hi = gl.load(s_lo + (N + 8) * KG + grp + c * 0, mask=m_hi, other=127)
+        wg_lo, wg_hi, sg_lo, sg_hi = _row_block(w_lo, s_lo, grp, c, m_lo, m_hi, KG)
+        wu_lo, wu_hi, su_lo, su_hi = _row_block(w_lo + N * KG * 4, s_lo + N * KG, grp, c, m_lo, m_hi, KG)
         b0, b1, b2, b3 = _x_operand(x4 + grp * 16, g_ok, x_scale, X_F16)
         b0 = gl.broadcast(b0, wg_lo)[0]
         b1 = gl.broadcast(b1, wg_lo)[0]
         b2 = gl.broadcast(b2, wg_lo)[0]
         b3 = gl.broadcast(b3, wg_lo)[0]
         d_lo, d_hi = _group_dot(wg_lo, wg_hi, b0, b1, b2, b3)
-        acc_g_lo += d_lo * _e8m0(sg_lo)
-        acc_g_hi += d_hi * _e8m0(sg_hi)
+        acc_g_lo += d_lo * sg_lo
+        acc_g_hi += d_hi * sg_hi
         d_lo, d_hi = _group_dot(wu_lo, wu_hi, b0, b1, b2, b3)
-        acc_u_lo += d_lo * _e8m0(su_lo)
-        acc_u_hi += d_hi * _e8m0(su_hi)
+        acc_u_lo += d_lo * su_lo
+        acc_u_hi += d_hi * su_hi
 
     unscale = 16384.0 * _pow2(e_x)
     gate_lo = _reduce_rows(acc_g_lo) * unscale  # [2, 8]: columns blk * 32 + b * 16 + g
@@ -333,21 +327,13 @@ def w2_mma_kernel(
         g_ok = grp < KG
         m_lo = g_ok & ok_lo
         m_hi = g_ok & ok_hi
-        wo = grp * 4
-        w_l = gl.load(w_lo + wo, mask=m_lo, other=0)
-        w_h = gl.load(w_lo + 8 * KG * 4 + wo, mask=m_hi, other=0)
-        s_l = gl.load(s_lo + grp + c * 0, mask=m_lo, other=127)
-        s_h = gl.load(s_lo + 8 * KG + grp + c * 0, mask=m_hi, other=127)
+        w_l, w_h, s_l, s_h = _row_block(w_lo, s_lo, grp, c, m_lo, m_hi, KG)
         hm = g_ok & live
-        hp = h4 + grp * 16
-        b0 = gl.load(hp, mask=hm, other=0)
-        b1 = gl.load(hp + 1, mask=hm, other=0)
-        b2 = gl.load(hp + 2, mask=hm, other=0)
-        b3 = gl.load(hp + 3, mask=hm, other=0)
+        b0, b1, b2, b3 = _load4(h4 + grp * 16, hm)
         hs = gl.load(hs_row + grp + g * 0 + c * 0, mask=hm, other=0.0)
         d_lo, d_hi = _group_dot(w_l, w_h, b0, b1, b2, b3)
-        acc_lo += d_lo * (_e8m0(s_l) * hs)
-        acc_hi += d_hi * (_e8m0(s_h) * hs)
+        acc_lo += d_lo * (s_l * hs)
+        acc_hi += d_hi * (s_h * hs)
 
     # Per warp: 2**14 * dot (+ the bias once per choice, on its ks = 0 warp), times the
     # routing weight; a remote choice adds nothing (not 0 * NaN).

@@ -46,7 +46,7 @@ import triton
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
-from tokenspeed_kernel_nvidia.ops.moe._common import next_pow2, words, workspace
+from tokenspeed_kernel_nvidia.ops.moe._common import mxfp4_routing, next_pow2, words, workspace
 
 __all__ = [
     "CONFIGS",
@@ -195,13 +195,11 @@ def _launch(
 def gluon_moe_decode_mx(args: MoEApplyArgs) -> None:
     """MXFP4 MoE for T <= 8 on Hopper: two Gluon GEMV launches (w13 + bias + activation;
     w2 + bias + routing weight + combine), precomputed routing (see the module docstring)."""
-    if not isinstance(args.w13, MXFP4Weight) or not isinstance(args.w2, MXFP4Weight):
-        raise TypeError("gluon_moe_decode_mx_sm90 takes MXFP4 weights only")
-    num_tokens, top_k = args.topk_ids.shape
-    if num_tokens == 0:
+    routing = mxfp4_routing(args, "gluon_moe_decode_mx_sm90")
+    if routing is None:
         return
-    ids = args.topk_ids if args.topk_ids.is_contiguous() else args.topk_ids.contiguous()
-    tw = args.topk_weights if args.topk_weights.is_contiguous() else args.topk_weights.contiguous()
+    ids, tw = routing
+    top_k = ids.shape[1]
     _launch(
         args.x, args.w13, args.w2, args.w13_bias, args.w2_bias, args.expert_map, args.out, ids, tw, None,
         top_k, args.activation,
