@@ -231,7 +231,7 @@ def compile_moe_mma(
     l1, xl, l2 = cfg.layouts(top_k)
     t = _TYPE[dtype]
     flags = "".join(f"-{f}" for f, on in (("bias", bias), ("map", emap)) if on)
-    tag = f"{cfg.ks1}.{cfg.u1}.{cfg.ks2}.{cfg.u2}"
+    tag = f"{cfg.ks1}.{cfg.u1}.{cfg.ks2}.{cfg.u2}{'n' if cfg.normalize else ''}"
     if layer == 1:
         signature = {
             "x_ptr": t, "w_ptr": "*i32", "s_ptr": "*u8", "b_ptr": t, "hid_ptr": "*fp16", "hs_ptr": "*fp32",
@@ -240,7 +240,7 @@ def compile_moe_mma(
         constexprs = {
             "N": inter, "KG": hidden // 32, "TOP_K": top_k, "HAS_MAP": emap, "HAS_BIAS": bias,
             "ACTIVATION": gmoe.ACTIVATION_CODES[activation], "X_F16": dtype == torch.float16, "KS": cfg.ks1,
-            "U": cfg.u1, "L": l1, "XL": xl, "HP": cfg.row_pad(hidden),
+            "U": cfg.u1, "L": l1, "XL": xl, "HP": cfg.row_pad(hidden), "NORMALIZE": cfg.normalize,
         }  # fmt: skip
         kernel, warps = w13_mma_kernel, cfg.ks1
         name = f"gluon_moe_mma_w13-{str(dtype)[6:]}-h{hidden}-i{inter}-k{top_k}-c{tag}-{activation}{flags}"
@@ -251,7 +251,7 @@ def compile_moe_mma(
         }  # fmt: skip
         constexprs = {
             "N": hidden, "KG": inter // 32, "TOP_K": top_k, "KP": gmma.next_pow2(top_k), "KS": cfg.ks2,
-            "U": cfg.u2, "HAS_MAP": emap, "HAS_BIAS": bias, "L": l2,
+            "U": cfg.u2, "HAS_MAP": emap, "HAS_BIAS": bias, "L": l2, "NORMALIZE": cfg.normalize,
         }  # fmt: skip
         kernel, warps = w2_mma_kernel, gmma.next_pow2(top_k) * cfg.ks2
         name = f"gluon_moe_mma_w2-{str(dtype)[6:]}-h{hidden}-i{inter}-k{top_k}-c{tag}{flags}"
@@ -270,6 +270,18 @@ def moe_mma_grid():
             (layer, torch.bfloat16, 2880, 2880, 4, 1),
             (layer, torch.float16, 2880, 2880, 4, 8),
             (layer, torch.bfloat16, 64, 96, 3, 5, False, True, "silu"),
+            (
+                layer,
+                torch.bfloat16,
+                2880,
+                2880,
+                4,
+                1,
+                True,
+                False,
+                "swiglu_oai",
+                gmma.GluonMoEMMAConfig(normalize=True),
+            ),
         ]
     return rows
 

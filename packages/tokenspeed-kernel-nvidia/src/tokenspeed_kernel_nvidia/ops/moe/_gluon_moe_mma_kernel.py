@@ -41,10 +41,12 @@ from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_decode_kernel import _activate,
 # Decode words $2 (row g) and $3 (row g + 8), then D = A0 B0 + A1 B1 over one MX group:
 # A0 = {(k0,k4) lo, (k0,k4) hi, (k1,k5) lo, (k1,k5) hi}, B0 = {$4, $5};
 # A1 = {(k2,k6) lo, (k2,k6) hi, (k3,k7) lo, (k3,k7) hi}, B1 = {$6, $7}.
-# Outputs: $0 = D[g][2c], $1 = D[g + 8][2c].
-MMA_ASM_TEXT = """
+# Outputs: $0 = D[g][2c], $1 = D[g + 8][2c]. {NORMALIZE} is empty (A holds e2m1 * 2**-14,
+# codes +-0.5 as fp16 subnormals) or multiplies every A register by 2**14 in fp16 (exact:
+# A holds e2m1 itself, all normal), for tensor cores that would flush subnormal inputs.
+_MMA_ASM_TEMPLATE = """
 {
-.reg .b32 m, s, p0, p1, p2, p3, q0, q1, q2, q3;
+.reg .b32 m, s, k, p0, p1, p2, p3, q0, q1, q2, q3;
 .reg .f32 z, d0, d1, d2, d3;
 shl.b32 m, $2, 9; and.b32 m, m, 0x0E000E00; shl.b32 s, $2, 12; and.b32 s, s, 0x80008000; or.b32 p0, m, s;
 shl.b32 m, $2, 5; and.b32 m, m, 0x0E000E00; shl.b32 s, $2, 8;  and.b32 s, s, 0x80008000; or.b32 p1, m, s;
@@ -54,6 +56,7 @@ shl.b32 m, $3, 9; and.b32 m, m, 0x0E000E00; shl.b32 s, $3, 12; and.b32 s, s, 0x8
 shl.b32 m, $3, 5; and.b32 m, m, 0x0E000E00; shl.b32 s, $3, 8;  and.b32 s, s, 0x80008000; or.b32 q1, m, s;
 shl.b32 m, $3, 1; and.b32 m, m, 0x0E000E00; shl.b32 s, $3, 4;  and.b32 s, s, 0x80008000; or.b32 q2, m, s;
 shr.b32 m, $3, 3; and.b32 m, m, 0x0E000E00; and.b32 s, $3, 0x80008000; or.b32 q3, m, s;
+{NORMALIZE}
 mov.f32 z, 0f00000000;
 mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {d0, d1, d2, d3}, {p0, q0, p1, q1}, {$4, $5}, {z, z, z, z};
 mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {d0, d1, d2, d3}, {p2, q2, p3, q3}, {$6, $7}, {d0, d1, d2, d3};
@@ -61,7 +64,13 @@ mov.f32 $0, d0;
 mov.f32 $1, d2;
 }
 """
+_NORMALIZE_TEXT = "mov.b32 k, 0x74007400;\n" + "".join(
+    f"mul.rn.f16x2 {r}, {r}, k;\n" for r in ("p0", "p1", "p2", "p3", "q0", "q1", "q2", "q3")
+)
+MMA_ASM_TEXT = _MMA_ASM_TEMPLATE.replace("{NORMALIZE}", "")
+MMA_ASM_NORMALIZED_TEXT = _MMA_ASM_TEMPLATE.replace("{NORMALIZE}", _NORMALIZE_TEXT)
 MMA_ASM = gl.constexpr(MMA_ASM_TEXT)
+MMA_ASM_NORMALIZED = gl.constexpr(MMA_ASM_NORMALIZED_TEXT)
 MMA_CONSTRAINTS = gl.constexpr("=f,=f,r,r,r,r,r,r")
 
 # bf16 x: words $4..$7 = bf16 pairs (x0,x1) (x2,x3) (x4,x5) (x6,x7) (low half first), $8 =
@@ -130,12 +139,19 @@ def _exponent(amax):
 
 
 @gluon.jit
-def _group_dot(w_lo, w_hi, b0, b1, b2, b3):
-    """(D[g], D[g + 8]) of one MX group: two MMAs over the decoded words (see the module)."""
-    return gl.inline_asm_elementwise(
-        MMA_ASM, MMA_CONSTRAINTS, [w_lo, w_hi, b0, b1, b2, b3], dtype=(gl.float32, gl.float32), is_pure=True,
-        pack=1,
-    )  # fmt: skip
+def _group_dot(w_lo, w_hi, b0, b1, b2, b3, NORMALIZE: gl.constexpr):
+    """(D[g], D[g + 8]) of one MX group: two MMAs over the decoded words (see the module),
+    times ``2**-14`` unless ``NORMALIZE``."""
+    if NORMALIZE:
+        return gl.inline_asm_elementwise(
+            MMA_ASM_NORMALIZED, MMA_CONSTRAINTS, [w_lo, w_hi, b0, b1, b2, b3], dtype=(gl.float32, gl.float32),
+            is_pure=True, pack=1,
+        )  # fmt: skip
+    else:
+        return gl.inline_asm_elementwise(
+            MMA_ASM, MMA_CONSTRAINTS, [w_lo, w_hi, b0, b1, b2, b3], dtype=(gl.float32, gl.float32), is_pure=True,
+            pack=1,
+        )  # fmt: skip
 
 
 @gluon.jit
@@ -159,6 +175,15 @@ def _row_block(w_row, s_row, grp, c, m_lo, m_hi, KG: gl.constexpr):
     s_lo = gl.load(s_row + grp + c * 0, mask=m_lo, other=127)
     s_hi = gl.load(s_row + 8 * KG + grp + c * 0, mask=m_hi, other=127)
     return w_lo, w_hi, _e8m0(s_lo), _e8m0(s_hi)
+
+
+@gluon.jit
+def _unscale(NORMALIZE: gl.constexpr):
+    """What D is multiplied by to undo the decode's ``2**-14`` (1 when normalized)."""
+    if NORMALIZE:
+        return 1.0
+    else:
+        return 16384.0
 
 
 @gluon.jit
@@ -189,7 +214,7 @@ def w13_mma_kernel(
     stride_xt, stride_be,
     N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, HAS_MAP: gl.constexpr, HAS_BIAS: gl.constexpr,
     ACTIVATION: gl.constexpr, X_F16: gl.constexpr, KS: gl.constexpr, U: gl.constexpr, L: gl.constexpr,
-    XL: gl.constexpr, HP: gl.constexpr,
+    XL: gl.constexpr, HP: gl.constexpr, NORMALIZE: gl.constexpr,
 ):  # fmt: skip
     """Layer 1 of one (token, choice) pair (axis 0) for 32 intermediate columns (axis 1).
 
@@ -245,14 +270,14 @@ def w13_mma_kernel(
         b1 = gl.broadcast(b1, wg_lo)[0]
         b2 = gl.broadcast(b2, wg_lo)[0]
         b3 = gl.broadcast(b3, wg_lo)[0]
-        d_lo, d_hi = _group_dot(wg_lo, wg_hi, b0, b1, b2, b3)
+        d_lo, d_hi = _group_dot(wg_lo, wg_hi, b0, b1, b2, b3, NORMALIZE)
         acc_g_lo += d_lo * sg_lo
         acc_g_hi += d_hi * sg_hi
-        d_lo, d_hi = _group_dot(wu_lo, wu_hi, b0, b1, b2, b3)
+        d_lo, d_hi = _group_dot(wu_lo, wu_hi, b0, b1, b2, b3, NORMALIZE)
         acc_u_lo += d_lo * su_lo
         acc_u_hi += d_hi * su_hi
 
-    unscale = 16384.0 * _pow2(e_x)
+    unscale = _unscale(NORMALIZE) * _pow2(e_x)
     gate_lo = _reduce_rows(acc_g_lo) * unscale  # [2, 8]: columns blk * 32 + b * 16 + g
     gate_hi = _reduce_rows(acc_g_hi) * unscale  # columns + 8
     up_lo = _reduce_rows(acc_u_lo) * unscale
@@ -286,7 +311,7 @@ def w2_mma_kernel(
     hid_ptr, hs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, ids_ptr, tw_ptr, emap_ptr,
     stride_be, stride_ot,
     N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, KP: gl.constexpr, KS: gl.constexpr,
-    U: gl.constexpr, HAS_MAP: gl.constexpr, HAS_BIAS: gl.constexpr, L: gl.constexpr,
+    U: gl.constexpr, HAS_MAP: gl.constexpr, HAS_BIAS: gl.constexpr, L: gl.constexpr, NORMALIZE: gl.constexpr,
 ):  # fmt: skip
     """Layer 2 and the combine of one token (axis 1) for 16 output columns (axis 0).
 
@@ -331,15 +356,15 @@ def w2_mma_kernel(
         hm = g_ok & live
         b0, b1, b2, b3 = _load4(h4 + grp * 16, hm)
         hs = gl.load(hs_row + grp + g * 0 + c * 0, mask=hm, other=0.0)
-        d_lo, d_hi = _group_dot(w_l, w_h, b0, b1, b2, b3)
+        d_lo, d_hi = _group_dot(w_l, w_h, b0, b1, b2, b3, NORMALIZE)
         acc_lo += d_lo * (s_l * hs)
         acc_hi += d_hi * (s_h * hs)
 
     # Per warp: 2**14 * dot (+ the bias once per choice, on its ks = 0 warp), times the
     # routing weight; a remote choice adds nothing (not 0 * NaN).
     first = (ks == 0) & (u == 0) & (c == 0)
-    acc_lo = acc_lo * 16384.0
-    acc_hi = acc_hi * 16384.0
+    acc_lo = acc_lo * _unscale(NORMALIZE)
+    acc_hi = acc_hi * _unscale(NORMALIZE)
     if HAS_BIAS:
         b_row = b_ptr + e64 * stride_be
         acc_lo += gl.load(b_row + rows + u * 0 + c * 0, mask=first & ok_lo, other=0.0).to(gl.float32) * 4.0
