@@ -33,10 +33,12 @@ from tokenspeed_kernel.tools.timing import time_fn
 
 GLUON = "gluon_moe_decode_mx_sm90"
 MMA = "gluon_moe_mma_sm90"
-# (ks1, u1, ks2, u2, normalize) launch configurations of the MMA kernel timed with --mma-sweep
-# (normalize: the decoded weights scaled to normal fp16 before the MMA; see GluonMoEMMAConfig).
-MMA_SWEEP = ((4, 2, 2, 2, False), (4, 2, 2, 2, True), (4, 4, 2, 2, False), (8, 2, 2, 2, False), (8, 1, 4, 1, False),
-             (2, 4, 1, 4, False), (4, 2, 4, 2, False), (4, 2, 1, 4, False), (8, 2, 4, 2, False))  # fmt: skip
+# (ks1, u1, ks2, u2, rb2, normalize) launch configurations of the MMA kernel timed with
+# --mma-sweep (normalize: the decoded weights scaled to normal fp16 before the MMA; see
+# GluonMoEMMAConfig).
+MMA_SWEEP = ((4, 2, 2, 2, 1, False), (4, 2, 2, 2, 1, True), (4, 4, 2, 2, 1, False), (8, 2, 2, 2, 1, False),
+             (8, 1, 4, 1, 1, False), (2, 4, 1, 4, 1, False), (4, 2, 4, 2, 1, False), (4, 2, 4, 2, 2, False),
+             (4, 2, 2, 2, 2, False), (8, 2, 4, 2, 2, False))  # fmt: skip
 TOKENS = (1, 2, 4, 8)
 GOAL_US = 30.0
 E, K, H, INTER = 128, 4, 2880, 2880
@@ -141,10 +143,10 @@ def _bench_t(record, t, x, logits, w13, w2, m13, m2, b13, b2, per_expert, device
     if sweep:
         tw, ti = moe_topk(logits, K)
         ref = reference64(x, m13, m2, b13, b2, tw, ti, ACT)
-        for ks1, u1, ks2, u2, normalize in MMA_SWEEP:
-            cfg = GluonMoEMMAConfig(ks1=ks1, u1=u1, ks2=ks2, u2=u2, normalize=normalize)
+        for ks1, u1, ks2, u2, rb2, normalize in MMA_SWEEP:
+            cfg = GluonMoEMMAConfig(ks1=ks1, u1=u1, ks2=ks2, u2=u2, rb2=rb2, normalize=normalize)
             fn = _mma_variant(x, logits, m13, m2, b13, b2, out, cfg)
-            name = f"mma {ks1}/{u1}/{ks2}/{u2}{' norm' if normalize else ''}"
+            name = f"mma {ks1}/{u1}/{ks2}/{u2}/{rb2}{' norm' if normalize else ''}"
             out.fill_(float("nan"))
             if attempt(record["errors"], f"T={t} {name} numerics", lambda fn=fn: fn() or True) is None:
                 continue

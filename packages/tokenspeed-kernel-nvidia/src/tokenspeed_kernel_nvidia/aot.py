@@ -231,7 +231,7 @@ def compile_moe_mma(
     l1, xl, l2 = cfg.layouts(top_k)
     t = _TYPE[dtype]
     flags = "".join(f"-{f}" for f, on in (("bias", bias), ("map", emap)) if on)
-    tag = f"{cfg.ks1}.{cfg.u1}.{cfg.ks2}.{cfg.u2}{'n' if cfg.normalize else ''}"
+    tag = f"{cfg.ks1}.{cfg.u1}.{cfg.ks2}.{cfg.u2}.{cfg.rb2}{'n' if cfg.normalize else ''}"
     if layer == 1:
         signature = {
             "x_ptr": t, "w_ptr": "*i32", "s_ptr": "*u8", "b_ptr": t, "hid_ptr": "*fp16", "hs_ptr": "*fp32",
@@ -251,7 +251,7 @@ def compile_moe_mma(
         }  # fmt: skip
         constexprs = {
             "N": hidden, "KG": inter // 32, "TOP_K": top_k, "KP": gmma.next_pow2(top_k), "KS": cfg.ks2,
-            "U": cfg.u2, "HAS_MAP": emap, "HAS_BIAS": bias, "L": l2, "NORMALIZE": cfg.normalize,
+            "U": cfg.u2, "R": cfg.rb2, "HAS_MAP": emap, "HAS_BIAS": bias, "L": l2, "NORMALIZE": cfg.normalize,
         }  # fmt: skip
         kernel, warps = w2_mma_kernel, gmma.next_pow2(top_k) * cfg.ks2
         name = f"gluon_moe_mma_w2-{str(dtype)[6:]}-h{hidden}-i{inter}-k{top_k}-c{tag}{flags}"
@@ -263,26 +263,18 @@ def compile_moe_mma(
 
 def moe_mma_grid():
     """Both layers of the tensor-core decode at GPT-OSS-120B shapes (bf16 and fp16 x), a
-    tiny shape with top-3 (a padded choice warp), an expert map, no bias, silu."""
+    tiny shape with top-3 (a padded choice warp), an expert map, no bias, silu; the
+    normalized decode and two 16-row blocks per layer-2 warp."""
+    gpt = (torch.bfloat16, 2880, 2880, 4, 1)
+    variants = (gmma.GluonMoEMMAConfig(normalize=True), gmma.GluonMoEMMAConfig(ks2=4, rb2=2))
     rows = []
     for layer in (1, 2):
         rows += [
-            (layer, torch.bfloat16, 2880, 2880, 4, 1),
+            (layer, *gpt),
             (layer, torch.float16, 2880, 2880, 4, 8),
             (layer, torch.bfloat16, 64, 96, 3, 5, False, True, "silu"),
-            (
-                layer,
-                torch.bfloat16,
-                2880,
-                2880,
-                4,
-                1,
-                True,
-                False,
-                "swiglu_oai",
-                gmma.GluonMoEMMAConfig(normalize=True),
-            ),
         ]
+        rows += [(layer, *gpt, True, False, "swiglu_oai", cfg) for cfg in variants]
     return rows
 
 

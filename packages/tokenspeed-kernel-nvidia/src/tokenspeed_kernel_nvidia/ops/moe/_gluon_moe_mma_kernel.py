@@ -311,19 +311,22 @@ def w2_mma_kernel(
     hid_ptr, hs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, ids_ptr, tw_ptr, emap_ptr,
     stride_be, stride_ot,
     N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, KP: gl.constexpr, KS: gl.constexpr,
-    U: gl.constexpr, HAS_MAP: gl.constexpr, HAS_BIAS: gl.constexpr, L: gl.constexpr, NORMALIZE: gl.constexpr,
+    U: gl.constexpr, R: gl.constexpr, HAS_MAP: gl.constexpr, HAS_BIAS: gl.constexpr, L: gl.constexpr,
+    NORMALIZE: gl.constexpr,
 ):  # fmt: skip
-    """Layer 2 and the combine of one token (axis 1) for 16 output columns (axis 0).
+    """Layer 2 and the combine of one token (axis 1) for ``16 * R`` output columns (axis 0).
 
     hid fp16 ``[T * TOP_K, I]`` and hs float32 ``[T * TOP_K, I / 32]`` from
     :func:`w13_mma_kernel` (``I = 32 * KG``); w: w2 as int32 words ``[E, N, I/8]``;
     s ``[E, N, I/32]``; b ``[E, N]``; out ``[T, N]``: ``sum_c tw[c] * (hid[c] @ w2[e_c].T +
-    b[e_c])``. ``L``: the ``[KP * KS, U, 1, 8, 4]`` fragment layout; warp ``w`` serves choice
-    ``w // KS`` and every ``KS``-th group slot; fixed-order sums (deterministic)."""
+    b[e_c])``. ``L``: the ``[KP * KS, U, R, 8, 4]`` fragment layout (``R`` 16-row blocks per warp
+    share each B operand load); warp ``w`` serves choice ``w // KS`` and every ``KS``-th
+    group slot; fixed-order sums (deterministic)."""
     blk = gl.program_id(0)
     token = gl.program_id(1).to(gl.int64)
     wv = _ax(KP * KS, L, 0)
     u = _ax(U, L, 1)
+    r = _ax(R, L, 2)
     g = _ax(8, L, 3)
     c = _ax(4, L, 4)
     choice = wv // KS
@@ -336,7 +339,7 @@ def w2_mma_kernel(
     live = c_ok & (experts >= 0)  # [W, 1, 1, 1, 1]
     weight = gl.load(tw_ptr + pairs, mask=live, other=0.0)
     e64 = gl.where(live, experts, 0).to(gl.int64)
-    rows = blk * 16 + g  # [1, 1, 1, 8, 1]
+    rows = blk * (16 * R) + r * 16 + g  # [1, 1, R, 8, 1]
     ok_lo = live & (rows < N)
     ok_hi = live & (rows + 8 < N)
     w_lo = w_ptr + e64 * (N * KG * 4) + rows.to(gl.int64) * (KG * 4) + c
@@ -344,7 +347,7 @@ def w2_mma_kernel(
     h4 = hid_ptr.to(gl.pointer_type(gl.int32)) + pairs * (KG * 16) + c * 4 + g * 0
     hs_row = hs_ptr + pairs * KG
     slot = ks * U + u  # [W, U, 1, 1, 1]
-    zero = gl.zeros([KP * KS, U, 1, 8, 4], gl.float32, layout=L)
+    zero = gl.zeros([KP * KS, U, R, 8, 4], gl.float32, layout=L)
     acc_lo = zero
     acc_hi = zero
     for j in range(0, KG, KS * U):
@@ -356,6 +359,10 @@ def w2_mma_kernel(
         hm = g_ok & live
         b0, b1, b2, b3 = _load4(h4 + grp * 16, hm)
         hs = gl.load(hs_row + grp + g * 0 + c * 0, mask=hm, other=0.0)
+        b0 = gl.broadcast(b0, w_l)[0]
+        b1 = gl.broadcast(b1, w_l)[0]
+        b2 = gl.broadcast(b2, w_l)[0]
+        b3 = gl.broadcast(b3, w_l)[0]
         d_lo, d_hi = _group_dot(w_l, w_h, b0, b1, b2, b3, NORMALIZE)
         acc_lo += d_lo * (s_l * hs)
         acc_hi += d_hi * (s_h * hs)
@@ -371,9 +378,9 @@ def w2_mma_kernel(
         acc_hi += gl.load(b_row + rows + 8 + u * 0 + c * 0, mask=first & ok_hi, other=0.0).to(gl.float32) * 4.0
     acc_lo = gl.where(live, acc_lo * weight, 0.0)
     acc_hi = gl.where(live, acc_hi * weight, 0.0)
-    y_lo = _reduce_rows(acc_lo)  # [1, 8]
+    y_lo = _reduce_rows(acc_lo)  # [R, 8]
     y_hi = _reduce_rows(acc_hi)
-    r_out = gl.max(gl.max(gl.max(rows + wv * 0 + u * 0 + c * 0, axis=4), axis=1), axis=0)  # [1, 8]
+    r_out = gl.max(gl.max(gl.max(rows + wv * 0 + u * 0 + c * 0, axis=4), axis=1), axis=0)  # [R, 8]
     o_row = out_ptr + token * stride_ot
     gl.store(o_row + r_out, y_lo.to(out_ptr.dtype.element_ty), mask=r_out < N)
     gl.store(o_row + r_out + 8, y_hi.to(out_ptr.dtype.element_ty), mask=r_out + 8 < N)

@@ -42,8 +42,9 @@ FEATURES = ("silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4")
 class GluonMoEMMAConfig:
     """Launch configuration. Layer 1: ``ks1`` warps split the K groups of one program's
     32 intermediate columns (16 gate + 16 up rows per MMA block, two blocks), ``u1`` groups
-    per warp per step. Layer 2: ``ks2`` warps per choice split the K groups of 16 output
-    rows (``next_pow2(top_k) * ks2`` warps), ``u2`` groups per warp per step. ``normalize``:
+    per warp per step. Layer 2: ``ks2`` warps per choice split the K groups of ``16 * rb2``
+    output rows (``next_pow2(top_k) * ks2`` warps, ``rb2`` 16-row blocks per warp sharing
+    each intermediate load), ``u2`` groups per warp per step. ``normalize``:
     multiply the decoded weights by ``2**14`` in fp16 before the MMA (4 ``HMUL2`` per word), so
     the tensor cores see only normal fp16 (for hardware that flushes subnormal MMA inputs;
     without it, codes +-0.5 reach the MMA as fp16 subnormals)."""
@@ -52,6 +53,7 @@ class GluonMoEMMAConfig:
     u1: int = 2
     ks2: int = 2
     u2: int = 2
+    rb2: int = 1
     normalize: bool = False
 
     def row_pad(self, hidden: int) -> int:
@@ -86,9 +88,11 @@ def mma_config(num_tokens: int) -> GluonMoEMMAConfig:
     return CONFIGS[min(next_pow2(max(num_tokens, 1)), MAX_TOKENS)]
 
 
-def grids(num_tokens: int, top_k: int, hidden: int, inter: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(layer-1 grid, layer-2 grid): ``(T * top_k, I / 32)`` and ``(cdiv(H, 16), T)``."""
-    return (num_tokens * top_k, inter // 32), (triton.cdiv(hidden, 16), num_tokens)
+def grids(
+    num_tokens: int, top_k: int, hidden: int, inter: int, cfg: GluonMoEMMAConfig
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(layer-1 grid, layer-2 grid): ``(T * top_k, I / 32)`` and ``(cdiv(H, 16 * rb2), T)``."""
+    return (num_tokens * top_k, inter // 32), (triton.cdiv(hidden, 16 * cfg.rb2), num_tokens)
 
 
 def predicate(request: Request) -> str | None:
@@ -120,7 +124,7 @@ def launch(x, w13, w2, b13, b2, emap, out, ids, tw, top_k, activation, cfg: Gluo
     num_tokens, hidden = x.shape
     inter = w2.shape[-1]
     cfg = cfg or mma_config(num_tokens)
-    g1, g2 = grids(num_tokens, top_k, hidden, inter)
+    g1, g2 = grids(num_tokens, top_k, hidden, inter, cfg)
     l1, xl, l2 = cfg.layouts(top_k)
     p13, s13 = words(w13)
     p2, s2 = words(w2)
@@ -136,7 +140,7 @@ def launch(x, w13, w2, b13, b2, emap, out, ids, tw, top_k, activation, cfg: Gluo
     w2_mma_kernel[g2](
         hid, hs, p2, s2, x if b2 is None else b2, out, ids, tw, ids if emap is None else emap,
         0 if b2 is None else b2.stride(0), out.stride(0),
-        N=hidden, KG=inter // 32, TOP_K=top_k, KP=next_pow2(top_k), KS=cfg.ks2, U=cfg.u2,
+        N=hidden, KG=inter // 32, TOP_K=top_k, KP=next_pow2(top_k), KS=cfg.ks2, U=cfg.u2, R=cfg.rb2,
         HAS_MAP=emap is not None, HAS_BIAS=b2 is not None, L=l2, NORMALIZE=cfg.normalize,
         num_warps=next_pow2(top_k) * cfg.ks2,
     )  # fmt: skip

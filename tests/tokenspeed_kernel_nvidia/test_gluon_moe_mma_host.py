@@ -1,0 +1,92 @@
+"""Host side of ``gluon_moe_mma_sm90`` on CPU: registration metadata, the selector's verdicts
+on a faked sm_90 (and sm_80) platform, the configuration, grids and layouts, the
+intermediate's pair order against the B fragment layer 2 reads, and the power-of-two
+activation scale."""
+
+import pytest
+import torch
+
+from tokenspeed_kernel import registry, selector
+from tokenspeed_kernel.ops.moe.api import moe_apply_request
+from tokenspeed_kernel.platform import platform_from_arch
+from tokenspeed_kernel.registry import Priority
+from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_mma as gm
+
+NAME = "gluon_moe_mma_sm90"
+
+
+def _request(num_tokens=1, x_dtype=torch.bfloat16, top_k=4, **kw):
+    return moe_apply_request(
+        x_dtype=x_dtype, num_experts=128, top_k=top_k, hidden=2880, intermediate=2880, weight_format="mxfp4",
+        activation="swiglu_oai", bias=True, num_tokens=num_tokens, **kw,
+    )  # fmt: skip
+
+
+def _reasons(request, arch="sm_90"):
+    selection = selector.explain(request, platform=platform_from_arch(arch))
+    return {c.spec.name: c.reasons for c in selection.candidates}[NAME]
+
+
+def test_registration_metadata():
+    spec = registry.get_kernel(NAME)
+    assert spec.op == "moe.apply" and spec.backend == "nvidia" and spec.solution == "gluon"
+    assert spec.archs == frozenset({"sm_90"}) and spec.vendors == frozenset({"cuda"})
+    assert spec.priority == Priority.OPT_IN  # until a GPU run shows it correct and faster
+    assert {"mxfp4", "bias", "expert_map", "silu", "gelu", "swiglu_oai"} <= spec.features
+
+
+@pytest.mark.parametrize("num_tokens", [1, 5, 8, None])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_accepted_on_sm90(num_tokens, x_dtype):
+    assert _reasons(_request(num_tokens, x_dtype)) == ()
+
+
+def test_rejections_with_reasons():
+    (why,) = _reasons(_request(9))
+    assert "num_tokens_bucket=16 > 8" in why
+    (why,) = _reasons(_request(1, top_k=16))
+    assert "top_k=16 > 8" in why
+    assert any("float32" in r for r in _reasons(_request(1, x_dtype=torch.float32)))  # 13 bits lost
+    assert _reasons(_request(1), "sm_80")  # arch gate
+
+
+def test_config_grids_layouts():
+    assert set(gm.CONFIGS) == {1, 2, 4, 8} and gm.mma_config(100) is gm.CONFIGS[8]
+    cfg = gm.mma_config(1)
+    # GPT-OSS-120B, T = 1: 4 pairs x 90 blocks of 32 columns; 180 blocks of 16 outputs.
+    assert gm.grids(1, 4, 2880, 2880, cfg) == ((4, 90), (180, 1))
+    assert gm.grids(8, 4, 2880, 2880, gm.GluonMoEMMAConfig(rb2=2)) == ((32, 90), (90, 8))
+    l1, xl, l2 = cfg.layouts(3)
+    assert list(xl.warps_per_cta) == [cfg.ks1]
+    assert list(l1.threads_per_warp) == [1, 1, 1, 8, 4]  # lane = 4 g + c, the MMA's quads
+    assert list(l1.warps_per_cta) == [cfg.ks1, 1, 1, 1, 1]
+    assert list(l2.warps_per_cta) == [4 * cfg.ks2, 1, 1, 1, 1]  # top-3 padded to 4 choices
+    assert cfg.row_pad(2880) == 4096 and cfg.row_pad(64) == 256 * cfg.ks1
+
+
+def _pair_position(within: torch.Tensor) -> torch.Tensor:
+    """Where layer 1 stores column ``within`` (0..31) of a 32-column block (the kernel's ``pos``)."""
+    return (within // 8) * 8 + (within % 4) * 2 + (within % 8) // 4
+
+
+def test_pair_order_matches_the_b_fragment():
+    # Layer 2's lane c reads 4 int32 words at fp16 positions 8c + 2j + (0, 1) and uses them as
+    # the pairs (k, k + 4) = (8c + j, 8c + j + 4), the order its decoded A registers have.
+    within = torch.arange(32)
+    pos = _pair_position(within)
+    assert sorted(pos.tolist()) == list(range(32))  # a permutation
+    stored = torch.empty(32, dtype=torch.long)
+    stored[pos] = within
+    for c in range(4):
+        for j in range(4):
+            assert stored[8 * c + 2 * j].item() == 8 * c + j
+            assert stored[8 * c + 2 * j + 1].item() == 8 * c + j + 4
+
+
+@pytest.mark.parametrize("amax", [3e5, 1.0, 1e-6, 6e4])
+def test_activation_scale_maps_into_fp16(amax):
+    # The kernel's _exponent: e = floor(log2(amax)) - 14, so amax * 2**-e is in [2**14, 2**15).
+    bits = torch.tensor([amax], dtype=torch.float32).view(torch.int32)
+    e = int(((bits >> 23) & 0xFF).item()) - 127 - 14
+    scaled = amax * 2.0**-e
+    assert 2.0**14 <= scaled < 2.0**15 < 65504
