@@ -11,8 +11,12 @@ instead of float32 FMAs, which the H100 showed to be the limit of the FMA kernel
 float32 by the tensor core; the E8M0 scale is applied per 32-value group after the MMA.
 The activation is rounded to fp16 after a per-token power-of-two rescale (bf16 x; fp16 x is
 used as it is), and the intermediate is stored in fp16 with a power of two per 32 columns:
-each operand carries 11 significant bits, more than the bf16 the other kernels round the
-intermediate to. float32 x is not served (it would lose 13 bits): the FMA kernel serves it.
+each operand keeps 11 significant bits (bf16 has 8; the FMA kernel keeps a float32
+intermediate). float32 x is not served (it would lose 13 bits): the FMA kernel serves it.
+
+**Status.** ``Priority.OPT_IN``: compiled for sm_90 in CI, never run on a GPU yet
+(docs/nvidia.md). ``ci/device/verify_pending.sh gluonmma`` checks it against float64 and
+times it; it moves above ``gluon_moe_decode_mx_sm90`` only if it is correct and faster.
 
 **Workspace.** ``hid`` fp16 ``[T * top_k, I]`` and ``hs`` float32 ``[T * top_k, I / 32]``,
 persistent per shape (stable addresses for CUDA-graph replay).
