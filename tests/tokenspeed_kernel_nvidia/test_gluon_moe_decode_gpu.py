@@ -74,6 +74,27 @@ def test_activation_range(kernel, x_scale):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("layer", [1, 2])
+def test_nan_scale_poisons_only_its_tokens(kernel, layer):
+    """An E8M0 scale byte 255 (NaN) in one expert: the tokens routed to it come out NaN (as
+    in the float64 reference), every other token stays finite and correct."""
+    x, w13, w2, b13, b2, logits = moe_problem(6, 8, 64, 96, seed=11)
+    tw, ti = naive_topk(logits, 2)
+    tw, ti = tw.float(), ti.int()
+    bad = int(ti[0, 0])
+    (w13 if layer == 1 else w2).scales[bad, 5, 1] = 255
+    kw = dict(activation="swiglu_oai", w13_bias=b13, w2_bias=b2)
+    out = torch.full_like(x, float("nan"))
+    moe_apply(x, w13, w2, tw, ti, out=out, override=kernel, **kw)
+    ref = naive_moe(x, w13, w2, tw, ti, **kw)
+    hit = (ti == bad).any(dim=1).cpu()
+    nan_rows = out.isnan().any(dim=1).cpu()
+    assert hit[0] and torch.equal(nan_rows, ref.isnan().any(dim=1).cpu())
+    assert torch.equal(nan_rows, hit) if layer == 1 else bool(nan_rows[hit].all())
+    assert rel_err(out[~hit], ref[~hit]) < 2e-2
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_expert_map_with_remote_experts(kernel):
     x, w13, w2, b13, b2, _ = moe_problem(8, 4, 64, 96)  # 4 local experts of 8 global
     gen = torch.Generator(device="cuda").manual_seed(1)

@@ -37,7 +37,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_decode_kernel import _activate, _e8m0
+from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_decode_kernel import _activate
 
 # Decode words $2 (row g) and $3 (row g + 8), then D = A0 B0 + A1 B1 over one MX group:
 # A0 = {(k0,k4) lo, (k0,k4) hi, (k1,k5) lo, (k1,k5) hi}, B0 = {$4, $5};
@@ -125,6 +125,21 @@ def _ax(n: gl.constexpr, L: gl.constexpr, D: gl.constexpr):
 
 
 @gluon.jit
+def _scale_bits(s, seen):
+    """uint8 E8M0 ``s`` -> (float32 ``2 ** (s - 127)`` by a shift, the running max of ``s``).
+    255 (NaN) becomes inf here; the kernel turns a row whose max reached 255 into NaN at
+    the end (one max per scale instead of a compare and a select); 0 flushes to 0."""
+    si = s.to(gl.int32)
+    return (si << 23).to(gl.float32, bitcast=True), gl.maximum(seen, si)
+
+
+@gluon.jit
+def _nan_if_seen(v, seen):
+    """``v`` where no E8M0 scale of the row was 255, NaN where one was."""
+    return gl.where(seen == 255, float("nan"), v)
+
+
+@gluon.jit
 def _pow2(e):
     """float32 ``2 ** e`` for int32 ``e`` in [-126, 127]."""
     return ((e + 127) << 23).to(gl.float32, bitcast=True)
@@ -156,26 +171,48 @@ def _group_dot(w_lo, w_hi, b0, b1, b2, b3, NORMALIZE: gl.constexpr):
 
 
 @gluon.jit
-def _load4(p, mask):
-    """The 4 int32 words at ``p + (0..3)`` (0 where masked)."""
+def _load(p, mask, other, MASKED: gl.constexpr):
+    """``p``'s values; where ``MASKED``, ``other`` outside ``mask``. Unmasked steps (every K
+    step but the last) issue plain loads: no predicate, no register to pre-fill."""
+    if MASKED:
+        return gl.load(p, mask=mask, other=other)
+    else:
+        return gl.load(p)
+
+
+@gluon.jit
+def _live_load(p, live, other, tail, MASKED: gl.constexpr):
+    """Layer 2's loads: skipped (no bytes read) for a choice that is not ``live``. Full K
+    steps leave those lanes' values undefined (the result of a dead choice is discarded);
+    the last step (``MASKED``) also masks the groups past K (``tail``) and fills ``other``."""
+    if MASKED:
+        return gl.load(p, mask=live & tail, other=other)
+    else:
+        return gl.load(p, mask=live)
+
+
+@gluon.jit
+def _load4(p, mask, MASKED: gl.constexpr):
+    """The 4 int32 words at ``p + (0..3)`` (0 outside ``mask`` where ``MASKED``)."""
     return (
-        gl.load(p, mask=mask, other=0),
-        gl.load(p + 1, mask=mask, other=0),
-        gl.load(p + 2, mask=mask, other=0),
-        gl.load(p + 3, mask=mask, other=0),
+        _load(p, mask, 0, MASKED),
+        _load(p + 1, mask, 0, MASKED),
+        _load(p + 2, mask, 0, MASKED),
+        _load(p + 3, mask, 0, MASKED),
     )
 
 
 @gluon.jit
-def _row_block(w_row, s_row, grp, c, m_lo, m_hi, KG: gl.constexpr):
+def _row_block(w_row, s_row, grp, c, mask, KG: gl.constexpr, MASKED: gl.constexpr):
     """Word ``c`` of group ``grp`` of rows ``g`` and ``g + 8`` (``w_row``/``s_row`` point at
-    row ``g``'s words and scales) and the two float32 group scales (masked: 0 and 1.0)."""
+    row ``g``'s words and scales) and the two uint8 E8M0 group scales (outside ``mask`` where
+    ``MASKED``: words 0, scales 127 = 1.0)."""
     wo = grp * 4
-    w_lo = gl.load(w_row + wo, mask=m_lo, other=0)
-    w_hi = gl.load(w_row + 8 * KG * 4 + wo, mask=m_hi, other=0)
-    s_lo = gl.load(s_row + grp + c * 0, mask=m_lo, other=127)
-    s_hi = gl.load(s_row + 8 * KG + grp + c * 0, mask=m_hi, other=127)
-    return w_lo, w_hi, _e8m0(s_lo), _e8m0(s_hi)
+    w_lo = _load(w_row + wo, mask, 0, MASKED)
+    w_hi = _load(w_row + 8 * KG * 4 + wo, mask, 0, MASKED)
+    s_lo = _load(s_row + grp + c * 0, mask, 127, MASKED)
+    s_hi = _load(s_row + 8 * KG + grp + c * 0, mask, 127, MASKED)
+    return w_lo, w_hi, s_lo, s_hi
 
 
 @gluon.jit
@@ -188,10 +225,10 @@ def _unscale(NORMALIZE: gl.constexpr):
 
 
 @gluon.jit
-def _x_operand(x4_ptr, mask, scale, X_F16: gl.constexpr):
+def _x_operand(x4_ptr, mask, scale, X_F16: gl.constexpr, MASKED: gl.constexpr):
     """The B operand (4 fp16x2) from the activation's 4 words at ``x4_ptr + (0..3)`` (bf16 or
     fp16 pairs), each value times ``scale`` (bf16 only; fp16 is used as it is)."""
-    p0, p1, p2, p3 = _load4(x4_ptr, mask)
+    p0, p1, p2, p3 = _load4(x4_ptr, mask, MASKED)
     if X_F16:
         return gl.inline_asm_elementwise(
             F16_B_ASM, B_CONSTRAINTS, [p0, p1, p2, p3, scale], dtype=(gl.int32,) * 4, is_pure=True, pack=1
@@ -203,10 +240,46 @@ def _x_operand(x4_ptr, mask, scale, X_F16: gl.constexpr):
 
 
 @gluon.jit
+def _max_rows(v):
+    """[W, U, R, 8, 4] -> [R, 8]: the maximum over warps, slots and the quad."""
+    return gl.max(gl.max(gl.max(v, axis=4), axis=1), axis=0)
+
+
+@gluon.jit
 def _reduce_rows(v):
     """[W, U, R, 8, 4] partial dots -> [R, 8]: sum over warps and slots, one of the 4
     identical columns (the 4 lanes of a quad hold the same D column value)."""
     return gl.sum(gl.sum(gl.sum(v, axis=4), axis=1), axis=0) * 0.25
+
+
+@gluon.jit
+def _w13_step(
+    acc, seen, w_lo, s_lo, x4, x_scale, grp, c,
+    N: gl.constexpr, KG: gl.constexpr, X_F16: gl.constexpr, NORMALIZE: gl.constexpr, MASKED: gl.constexpr,
+):  # fmt: skip
+    """One K step of layer 1: groups ``grp`` of the gate and up row blocks, 4 MMA pairs.
+    ``acc``/``seen``: (gate lo, gate hi, up lo, up hi) partial dots and scale maxima."""
+    acc_g_lo, acc_g_hi, acc_u_lo, acc_u_hi = acc
+    seen_g_lo, seen_g_hi, seen_u_lo, seen_u_hi = seen
+    g_ok = grp < KG
+    wg_lo, wg_hi, sg_lo, sg_hi = _row_block(w_lo, s_lo, grp, c, g_ok, KG, MASKED)
+    wu_lo, wu_hi, su_lo, su_hi = _row_block(w_lo + N * KG * 4, s_lo + N * KG, grp, c, g_ok, KG, MASKED)
+    b0, b1, b2, b3 = _x_operand(x4 + grp * 16, g_ok, x_scale, X_F16, MASKED)
+    b0 = gl.broadcast(b0, wg_lo)[0]
+    b1 = gl.broadcast(b1, wg_lo)[0]
+    b2 = gl.broadcast(b2, wg_lo)[0]
+    b3 = gl.broadcast(b3, wg_lo)[0]
+    d_lo, d_hi = _group_dot(wg_lo, wg_hi, b0, b1, b2, b3, NORMALIZE)
+    f, seen_g_lo = _scale_bits(sg_lo, seen_g_lo)
+    acc_g_lo += d_lo * f
+    f, seen_g_hi = _scale_bits(sg_hi, seen_g_hi)
+    acc_g_hi += d_hi * f
+    d_lo, d_hi = _group_dot(wu_lo, wu_hi, b0, b1, b2, b3, NORMALIZE)
+    f, seen_u_lo = _scale_bits(su_lo, seen_u_lo)
+    acc_u_lo += d_lo * f
+    f, seen_u_hi = _scale_bits(su_hi, seen_u_hi)
+    acc_u_hi += d_hi * f
+    return (acc_g_lo, acc_g_hi, acc_u_lo, acc_u_hi), (seen_g_lo, seen_g_hi, seen_u_lo, seen_u_hi)
 
 
 @gluon.jit
@@ -245,9 +318,7 @@ def w13_mma_kernel(
     bb = _ax(2, L, 2)
     g = _ax(8, L, 3)
     c = _ax(4, L, 4)
-    rows = blk * 32 + bb * 16 + g  # [1, 1, 2, 8, 1]: gate rows of the lo half
-    ok_lo = rows < N
-    ok_hi = rows + 8 < N
+    rows = blk * 32 + bb * 16 + g  # [1, 1, 2, 8, 1]: gate rows of the lo half (N % 32 == 0)
     e64 = expert.to(gl.int64)
     w_lo = w_ptr + e64 * (2 * N * KG * 4) + rows.to(gl.int64) * (KG * 4) + c
     s_lo = s_ptr + e64 * (2 * N * KG) + rows.to(gl.int64) * KG
@@ -255,35 +326,23 @@ def w13_mma_kernel(
     slot = ks * U + u  # [KS, U, 1, 1, 1]
     x_scale = gl.full([KS, U, 1, 8, 4], 1.0, gl.float32, layout=L) * _pow2(-e_x)
     zero = gl.zeros([KS, U, 2, 8, 4], gl.float32, layout=L)
-    acc_g_lo = zero
-    acc_g_hi = zero
-    acc_u_lo = zero
-    acc_u_hi = zero
-    for j in range(0, KG, KS * U):
-        grp = j + slot
-        g_ok = grp < KG
-        m_lo = g_ok & ok_lo
-        m_hi = g_ok & ok_hi
-        wg_lo, wg_hi, sg_lo, sg_hi = _row_block(w_lo, s_lo, grp, c, m_lo, m_hi, KG)
-        wu_lo, wu_hi, su_lo, su_hi = _row_block(w_lo + N * KG * 4, s_lo + N * KG, grp, c, m_lo, m_hi, KG)
-        b0, b1, b2, b3 = _x_operand(x4 + grp * 16, g_ok, x_scale, X_F16)
-        b0 = gl.broadcast(b0, wg_lo)[0]
-        b1 = gl.broadcast(b1, wg_lo)[0]
-        b2 = gl.broadcast(b2, wg_lo)[0]
-        b3 = gl.broadcast(b3, wg_lo)[0]
-        d_lo, d_hi = _group_dot(wg_lo, wg_hi, b0, b1, b2, b3, NORMALIZE)
-        acc_g_lo += d_lo * sg_lo
-        acc_g_hi += d_hi * sg_hi
-        d_lo, d_hi = _group_dot(wu_lo, wu_hi, b0, b1, b2, b3, NORMALIZE)
-        acc_u_lo += d_lo * su_lo
-        acc_u_hi += d_hi * su_hi
+    none = gl.zeros([KS, U, 2, 8, 4], gl.int32, layout=L)
+    acc = (zero, zero, zero, zero)
+    seen = (none, none, none, none)
+    STEP: gl.constexpr = KS * U
+    FULL: gl.constexpr = (KG // STEP) * STEP  # steps with every group in range: no masks
+    for j in range(0, FULL, STEP):
+        acc, seen = _w13_step(acc, seen, w_lo, s_lo, x4, x_scale, j + slot, c, N, KG, X_F16, NORMALIZE, False)
+    if FULL < KG:
+        acc, seen = _w13_step(acc, seen, w_lo, s_lo, x4, x_scale, FULL + slot, c, N, KG, X_F16, NORMALIZE, True)
 
     unscale = _unscale(NORMALIZE) * _pow2(e_x)
-    gate_lo = _reduce_rows(acc_g_lo) * unscale  # [2, 8]: columns blk * 32 + b * 16 + g
-    gate_hi = _reduce_rows(acc_g_hi) * unscale  # columns + 8
-    up_lo = _reduce_rows(acc_u_lo) * unscale
-    up_hi = _reduce_rows(acc_u_hi) * unscale
-    col = gl.max(gl.max(gl.max(rows + ks * 0 + u * 0 + c * 0, axis=4), axis=1), axis=0)  # [2, 8]
+    # [2, 8]: columns blk * 32 + b * 16 + g (lo) and + 8 (hi)
+    gate_lo = _nan_if_seen(_reduce_rows(acc[0]) * unscale, _max_rows(seen[0]))
+    gate_hi = _nan_if_seen(_reduce_rows(acc[1]) * unscale, _max_rows(seen[1]))
+    up_lo = _nan_if_seen(_reduce_rows(acc[2]) * unscale, _max_rows(seen[2]))
+    up_hi = _nan_if_seen(_reduce_rows(acc[3]) * unscale, _max_rows(seen[3]))
+    col = _max_rows(rows + ks * 0 + u * 0 + c * 0)  # [2, 8]
     if HAS_BIAS:
         b_row = b_ptr + e64 * stride_be
         gate_lo += gl.load(b_row + col, mask=col < N, other=0.0).to(gl.float32)
@@ -305,6 +364,32 @@ def w13_mma_kernel(
     gl.store(h_row + pos, (a_lo * h_scale).to(gl.float16), mask=col < N)
     gl.store(h_row + pos + 8, (a_hi * h_scale).to(gl.float16), mask=col + 8 < N)
     gl.store(hs_ptr + pair.to(gl.int64) * (N // 32) + blk, _pow2(e_h))
+
+
+@gluon.jit
+def _w2_step(
+    acc_lo, acc_hi, seen_lo, seen_hi, w_lo, s_lo, h4, hs_row, live, grp, g, c, KG: gl.constexpr,
+    NORMALIZE: gl.constexpr, MASKED: gl.constexpr,
+):  # fmt: skip
+    """One K step of layer 2: groups ``grp`` of every choice's row blocks, one MMA pair each."""
+    tail = grp < KG
+    wo = grp * 4
+    w_l = _live_load(w_lo + wo, live, 0, tail, MASKED)
+    w_h = _live_load(w_lo + 8 * KG * 4 + wo, live, 0, tail, MASKED)
+    s_l = _live_load(s_lo + grp + c * 0, live, 127, tail, MASKED)
+    s_h = _live_load(s_lo + 8 * KG + grp + c * 0, live, 127, tail, MASKED)
+    hp = h4 + grp * 16
+    b0 = gl.broadcast(_live_load(hp, live, 0, tail, MASKED), w_l)[0]
+    b1 = gl.broadcast(_live_load(hp + 1, live, 0, tail, MASKED), w_l)[0]
+    b2 = gl.broadcast(_live_load(hp + 2, live, 0, tail, MASKED), w_l)[0]
+    b3 = gl.broadcast(_live_load(hp + 3, live, 0, tail, MASKED), w_l)[0]
+    hs = _live_load(hs_row + grp + g * 0 + c * 0, live, 0.0, tail, MASKED)
+    d_lo, d_hi = _group_dot(w_l, w_h, b0, b1, b2, b3, NORMALIZE)
+    f, seen_lo = _scale_bits(s_l, seen_lo)
+    acc_lo += d_lo * (f * hs)
+    f, seen_hi = _scale_bits(s_h, seen_hi)
+    acc_hi += d_hi * (f * hs)
+    return acc_lo, acc_hi, seen_lo, seen_hi
 
 
 @gluon.jit
@@ -340,33 +425,30 @@ def w2_mma_kernel(
     live = c_ok & (experts >= 0)  # [W, 1, 1, 1, 1]
     weight = gl.load(tw_ptr + pairs, mask=live, other=0.0)
     e64 = gl.where(live, experts, 0).to(gl.int64)
-    rows = blk * (16 * R) + r * 16 + g  # [1, 1, R, 8, 1]
-    ok_lo = live & (rows < N)
-    ok_hi = live & (rows + 8 < N)
+    rows = blk * (16 * R) + r * 16 + g  # [1, 1, R, 8, 1] (N % (16 R) == 0)
     w_lo = w_ptr + e64 * (N * KG * 4) + rows.to(gl.int64) * (KG * 4) + c
     s_lo = s_ptr + e64 * (N * KG) + rows.to(gl.int64) * KG
     h4 = hid_ptr.to(gl.pointer_type(gl.int32)) + pairs * (KG * 16) + c * 4 + g * 0
     hs_row = hs_ptr + pairs * KG
     slot = ks * U + u  # [W, U, 1, 1, 1]
     zero = gl.zeros([KP * KS, U, R, 8, 4], gl.float32, layout=L)
+    none = gl.zeros([KP * KS, U, R, 8, 4], gl.int32, layout=L)
     acc_lo = zero
     acc_hi = zero
-    for j in range(0, KG, KS * U):
-        grp = j + slot
-        g_ok = grp < KG
-        m_lo = g_ok & ok_lo
-        m_hi = g_ok & ok_hi
-        w_l, w_h, s_l, s_h = _row_block(w_lo, s_lo, grp, c, m_lo, m_hi, KG)
-        hm = g_ok & live
-        b0, b1, b2, b3 = _load4(h4 + grp * 16, hm)
-        hs = gl.load(hs_row + grp + g * 0 + c * 0, mask=hm, other=0.0)
-        b0 = gl.broadcast(b0, w_l)[0]
-        b1 = gl.broadcast(b1, w_l)[0]
-        b2 = gl.broadcast(b2, w_l)[0]
-        b3 = gl.broadcast(b3, w_l)[0]
-        d_lo, d_hi = _group_dot(w_l, w_h, b0, b1, b2, b3, NORMALIZE)
-        acc_lo += d_lo * (s_l * hs)
-        acc_hi += d_hi * (s_h * hs)
+    seen_lo = none
+    seen_hi = none
+    STEP: gl.constexpr = KS * U
+    FULL: gl.constexpr = (KG // STEP) * STEP
+    for j in range(0, FULL, STEP):
+        acc_lo, acc_hi, seen_lo, seen_hi = _w2_step(
+            acc_lo, acc_hi, seen_lo, seen_hi, w_lo, s_lo, h4, hs_row, live, j + slot, g, c, KG, NORMALIZE, False
+        )  # fmt: skip
+    if FULL < KG:
+        acc_lo, acc_hi, seen_lo, seen_hi = _w2_step(
+            acc_lo, acc_hi, seen_lo, seen_hi, w_lo, s_lo, h4, hs_row, live, FULL + slot, g, c, KG, NORMALIZE, True
+        )  # fmt: skip
+    acc_lo = _nan_if_seen(acc_lo, seen_lo)  # per lane; a dead choice's value is discarded below
+    acc_hi = _nan_if_seen(acc_hi, seen_hi)
 
     # Per warp: 2**14 * dot (+ the bias once per choice, on its ks = 0 warp), times the
     # routing weight; a remote choice adds nothing (not 0 * NaN).
@@ -375,13 +457,13 @@ def w2_mma_kernel(
     acc_hi = acc_hi * _unscale(NORMALIZE)
     if HAS_BIAS:
         b_row = b_ptr + e64 * stride_be
-        acc_lo += gl.load(b_row + rows + u * 0 + c * 0, mask=first & ok_lo, other=0.0).to(gl.float32) * 4.0
-        acc_hi += gl.load(b_row + rows + 8 + u * 0 + c * 0, mask=first & ok_hi, other=0.0).to(gl.float32) * 4.0
+        acc_lo += gl.load(b_row + rows + u * 0 + c * 0, mask=first & live, other=0.0).to(gl.float32) * 4.0
+        acc_hi += gl.load(b_row + rows + 8 + u * 0 + c * 0, mask=first & live, other=0.0).to(gl.float32) * 4.0
     acc_lo = gl.where(live, acc_lo * weight, 0.0)
     acc_hi = gl.where(live, acc_hi * weight, 0.0)
     y_lo = _reduce_rows(acc_lo)  # [R, 8]
     y_hi = _reduce_rows(acc_hi)
-    r_out = gl.max(gl.max(gl.max(rows + wv * 0 + u * 0 + c * 0, axis=4), axis=1), axis=0)  # [R, 8]
+    r_out = _max_rows(rows + wv * 0 + u * 0 + c * 0)  # [R, 8]
     o_row = out_ptr + token * stride_ot
     gl.store(o_row + r_out, y_lo.to(out_ptr.dtype.element_ty), mask=r_out < N)
     gl.store(o_row + r_out + 8, y_hi.to(out_ptr.dtype.element_ty), mask=r_out + 8 < N)
