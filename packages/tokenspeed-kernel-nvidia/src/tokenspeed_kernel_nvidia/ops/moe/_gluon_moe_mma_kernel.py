@@ -101,6 +101,10 @@ prmt.b32 $3, $5, $7, 0x7632;
 """
 F16_B_ASM = gl.constexpr(F16_B_ASM_TEXT)
 B_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r,r,r,r,r,f")
+# 16 bytes (4 int32) from a 16-byte aligned global address, read-only path: one instruction
+# where four scalar loads would be four (Gluon vectorizes only along an in-thread axis).
+V4_ASM = gl.constexpr("ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];")
+V4_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r,l")
 
 
 @gluon.jit
@@ -189,6 +193,12 @@ def _live_load(p, live, other, tail, MASKED: gl.constexpr):
         return gl.load(p, mask=live & tail, other=other)
     else:
         return gl.load(p, mask=live)
+
+
+@gluon.jit
+def _v4(p):
+    """The 4 int32 words at ``p`` (16-byte aligned, always in bounds) in one 16-byte load."""
+    return gl.inline_asm_elementwise(V4_ASM, V4_CONSTRAINTS, [p], dtype=(gl.int32,) * 4, is_pure=True, pack=1)
 
 
 @gluon.jit
@@ -379,10 +389,17 @@ def _w2_step(
     s_l = _live_load(s_lo + grp + c * 0, live, 127, tail, MASKED)
     s_h = _live_load(s_lo + 8 * KG + grp + c * 0, live, 127, tail, MASKED)
     hp = h4 + grp * 16
-    b0 = gl.broadcast(_live_load(hp, live, 0, tail, MASKED), w_l)[0]
-    b1 = gl.broadcast(_live_load(hp + 1, live, 0, tail, MASKED), w_l)[0]
-    b2 = gl.broadcast(_live_load(hp + 2, live, 0, tail, MASKED), w_l)[0]
-    b3 = gl.broadcast(_live_load(hp + 3, live, 0, tail, MASKED), w_l)[0]
+    if MASKED:
+        b0 = _live_load(hp, live, 0, tail, MASKED)
+        b1 = _live_load(hp + 1, live, 0, tail, MASKED)
+        b2 = _live_load(hp + 2, live, 0, tail, MASKED)
+        b3 = _live_load(hp + 3, live, 0, tail, MASKED)
+    else:  # h4 points at a real pair for every choice (dead ones read a live pair's row)
+        b0, b1, b2, b3 = _v4(hp)
+    b0 = gl.broadcast(b0, w_l)[0]
+    b1 = gl.broadcast(b1, w_l)[0]
+    b2 = gl.broadcast(b2, w_l)[0]
+    b3 = gl.broadcast(b3, w_l)[0]
     hs = _live_load(hs_row + grp + g * 0 + c * 0, live, 0.0, tail, MASKED)
     d_lo, d_hi = _group_dot(w_l, w_h, b0, b1, b2, b3, NORMALIZE)
     f, seen_lo = _scale_bits(s_l, seen_lo)
@@ -428,7 +445,8 @@ def w2_mma_kernel(
     rows = blk * (16 * R) + r * 16 + g  # [1, 1, R, 8, 1] (N % (16 R) == 0)
     w_lo = w_ptr + e64 * (N * KG * 4) + rows.to(gl.int64) * (KG * 4) + c
     s_lo = s_ptr + e64 * (N * KG) + rows.to(gl.int64) * KG
-    h4 = hid_ptr.to(gl.pointer_type(gl.int32)) + pairs * (KG * 16) + c * 4 + g * 0
+    # A choice past top_k reads pair token * TOP_K (in bounds; its result is discarded).
+    h4 = hid_ptr.to(gl.pointer_type(gl.int32)) + gl.where(c_ok, pairs, token * TOP_K) * (KG * 16) + c * 4 + g * 0
     hs_row = hs_ptr + pairs * KG
     slot = ks * U + u  # [W, U, 1, 1, 1]
     zero = gl.zeros([KP * KS, U, R, 8, 4], gl.float32, layout=L)
