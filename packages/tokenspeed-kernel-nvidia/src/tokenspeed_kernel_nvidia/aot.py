@@ -82,10 +82,8 @@ def _ptxas_stats(ptx: str) -> tuple[int, int]:
 SASS_OPS = ("LDG.128", "LDG", "LDS", "STS", "LOP3", "SHF", "HADD2.F32", "F2F", "FFMA", "SHFL", "BAR")
 
 
-def _sass_counts(cubin: bytes) -> dict[str, int]:
-    """Static SASS opcode counts (``nvdisasm``) of the opcodes in :data:`SASS_OPS`:
-    ``LDG.128`` = 16-byte global loads, ``LDG`` = all global loads, ``HADD2.F32`` / ``F2F``
-    = the two ways ``cvt.f32.f16`` can be lowered."""
+def _disassemble(cubin: bytes) -> str:
+    """``nvdisasm -c`` of a cubin (the ptxas that Triton bundles ships it alongside)."""
     from triton.backends.nvidia.compiler import get_ptxas
 
     nvdisasm = os.path.join(os.path.dirname(get_ptxas(90).path), "nvdisasm")
@@ -93,15 +91,41 @@ def _sass_counts(cubin: bytes) -> dict[str, int]:
         path = os.path.join(tmp, "k.cubin")
         with open(path, "wb") as f:
             f.write(cubin)
-        text = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True).stdout
-    ops = Counter(re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", text))
+        return subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True).stdout
+
+
+_OPCODE = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def _sass_counts(text: str) -> dict[str, int]:
+    """Static SASS opcode counts of the opcodes in :data:`SASS_OPS` in disassembly ``text``:
+    ``LDG.128`` = 16-byte global loads, ``LDG`` = all global loads, ``HADD2.F32`` / ``F2F``
+    = the two ways ``cvt.f32.f16`` can be lowered. ``LOOP`` = the instructions of the first
+    loop (a label to a backward branch), the main K loop of the MoE decode kernels."""
+    ops = Counter(_OPCODE.findall(text))
     out = {}
     for name in SASS_OPS:
         if name == "LDG.128":
             out[name] = sum(n for op, n in ops.items() if op.startswith("LDG") and ".128" in op)
         else:
             out[name] = sum(n for op, n in ops.items() if op == name or op.startswith(name + "."))
+    out["LOOP"] = _first_loop_length(text)
     return out
+
+
+def _first_loop_length(text: str) -> int:
+    """Instructions from the first label that a later branch jumps back to, through that
+    branch; 0 when there is no loop (the one-instruction self-branch ptxas puts after the
+    last ``EXIT`` is not a loop)."""
+    lines = text.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^\s*(\.L_x_\d+):", line))}
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", line)
+        if m and labels.get(m.group(1), i) < i:
+            length = len(_OPCODE.findall("\n".join(lines[labels[m.group(1)] : i + 1])))
+            if length > 1:
+                return length
+    return 0
 
 
 def _attrs(signature: dict[str, str]) -> dict:
@@ -360,7 +384,7 @@ def run(kinds: tuple[str, ...] = ("decode", "prefill", "moe", "moe_mma")) -> lis
                         local=_count(r"\.local\b", ptx),
                         ld_v4=_count(r"\bld\.global(?:\.\w+)*\.v4\.b32", ptx),
                         cvt_f16=_count(r"\bcvt\.f32\.f16\b", ptx),
-                        sass=_sass_counts(compiled.asm["cubin"]) if "cubin" in compiled.asm else {},
+                        sass=_sass_counts(_disassemble(compiled.asm["cubin"])) if "cubin" in compiled.asm else {},
                     )
                 )
             except Exception as exc:  # report every configuration, not only the first failure
