@@ -33,12 +33,22 @@ from tokenspeed_kernel.tools.timing import time_fn
 
 GLUON = "gluon_moe_decode_mx_sm90"
 MMA = "gluon_moe_mma_sm90"
-# (ks1, u1, ks2, u2, rb2, normalize) launch configurations of the MMA kernel timed with
-# --mma-sweep (normalize: the decoded weights scaled to normal fp16 before the MMA; see
-# GluonMoEMMAConfig).
-MMA_SWEEP = ((4, 2, 2, 2, 1, False), (4, 2, 2, 2, 1, True), (4, 4, 2, 2, 1, False), (8, 2, 2, 2, 1, False),
-             (8, 1, 4, 1, 1, False), (2, 4, 1, 4, 1, False), (4, 2, 4, 2, 1, False), (4, 2, 4, 2, 2, False),
-             (4, 2, 2, 2, 2, False), (8, 2, 4, 2, 2, False))  # fmt: skip
+# Launch configurations of the MMA kernel timed with --mma-sweep (GluonMoEMMAConfig fields;
+# the default first): split K, groups per step, layer-2 row blocks, the normalized decode,
+# the software-pipelined loops.
+MMA_SWEEP = (
+    {},
+    {"normalize": True},
+    {"prefetch": True},
+    {"u1": 4},
+    {"ks1": 8},
+    {"ks1": 8, "u1": 1, "ks2": 4, "u2": 1},
+    {"ks1": 2, "u1": 4, "ks2": 1, "u2": 4},
+    {"ks2": 4},
+    {"ks2": 4, "rb2": 2},
+    {"ks2": 2, "rb2": 2, "prefetch": True},
+    {"ks1": 8, "ks2": 4, "rb2": 2},
+)
 TOKENS = (1, 2, 4, 8)
 GOAL_US = 30.0
 E, K, H, INTER = 128, 4, 2880, 2880
@@ -143,10 +153,10 @@ def _bench_t(record, t, x, logits, w13, w2, m13, m2, b13, b2, per_expert, device
     if sweep:
         tw, ti = moe_topk(logits, K)
         ref = reference64(x, m13, m2, b13, b2, tw, ti, ACT)
-        for ks1, u1, ks2, u2, rb2, normalize in MMA_SWEEP:
-            cfg = GluonMoEMMAConfig(ks1=ks1, u1=u1, ks2=ks2, u2=u2, rb2=rb2, normalize=normalize)
+        for fields in MMA_SWEEP:
+            cfg = GluonMoEMMAConfig(**fields)
             fn = _mma_variant(x, logits, m13, m2, b13, b2, out, cfg)
-            name = f"mma {ks1}/{u1}/{ks2}/{u2}/{rb2}{' norm' if normalize else ''}"
+            name = "mma " + (",".join(f"{k}={v}" for k, v in fields.items()) or "default")
             out.fill_(float("nan"))
             if attempt(record["errors"], f"T={t} {name} numerics", lambda fn=fn: fn() or True) is None:
                 continue

@@ -255,7 +255,7 @@ def compile_moe_mma(
     l1, xl, l2 = cfg.layouts(top_k)
     t = _TYPE[dtype]
     flags = "".join(f"-{f}" for f, on in (("bias", bias), ("map", emap)) if on)
-    tag = f"{cfg.ks1}.{cfg.u1}.{cfg.ks2}.{cfg.u2}.{cfg.rb2}{'n' if cfg.normalize else ''}"
+    tag = f"{cfg.ks1}.{cfg.u1}.{cfg.ks2}.{cfg.u2}.{cfg.rb2}{'n' if cfg.normalize else ''}{'p' if cfg.prefetch else ''}"
     if layer == 1:
         signature = {
             "x_ptr": t, "w_ptr": "*i32", "s_ptr": "*u8", "b_ptr": t, "hid_ptr": "*fp16", "hs_ptr": "*fp32",
@@ -265,6 +265,7 @@ def compile_moe_mma(
             "N": inter, "KG": hidden // 32, "TOP_K": top_k, "HAS_MAP": emap, "HAS_BIAS": bias,
             "ACTIVATION": gmoe.ACTIVATION_CODES[activation], "X_F16": dtype == torch.float16, "KS": cfg.ks1,
             "U": cfg.u1, "L": l1, "XL": xl, "HP": cfg.row_pad(hidden), "NORMALIZE": cfg.normalize,
+            "PREFETCH": cfg.prefetch,
         }  # fmt: skip
         kernel, warps = w13_mma_kernel, cfg.ks1
         name = f"gluon_moe_mma_w13-{str(dtype)[6:]}-h{hidden}-i{inter}-k{top_k}-c{tag}-{activation}{flags}"
@@ -275,7 +276,7 @@ def compile_moe_mma(
         }  # fmt: skip
         constexprs = {
             "N": hidden, "KG": inter // 32, "TOP_K": top_k, "KP": gmma.next_pow2(top_k), "KS": cfg.ks2,
-            "U": cfg.u2, "R": cfg.rb2, "HAS_MAP": emap, "HAS_BIAS": bias, "L": l2, "NORMALIZE": cfg.normalize,
+            "U": cfg.u2, "R": cfg.rb2, "HAS_MAP": emap, "HAS_BIAS": bias, "L": l2, "NORMALIZE": cfg.normalize, "PREFETCH": cfg.prefetch,
         }  # fmt: skip
         kernel, warps = w2_mma_kernel, gmma.next_pow2(top_k) * cfg.ks2
         name = f"gluon_moe_mma_w2-{str(dtype)[6:]}-h{hidden}-i{inter}-k{top_k}-c{tag}{flags}"
@@ -290,7 +291,11 @@ def moe_mma_grid():
     tiny shape with top-3 (a padded choice warp), an expert map, no bias, silu; the
     normalized decode and two 16-row blocks per layer-2 warp."""
     gpt = (torch.bfloat16, 2880, 2880, 4, 1)
-    variants = (gmma.GluonMoEMMAConfig(normalize=True), gmma.GluonMoEMMAConfig(ks2=4, rb2=2))
+    variants = (
+        gmma.GluonMoEMMAConfig(normalize=True),
+        gmma.GluonMoEMMAConfig(ks2=4, rb2=2),
+        gmma.GluonMoEMMAConfig(prefetch=True),
+    )
     rows = []
     for layer in (1, 2):
         rows += [

@@ -235,10 +235,9 @@ def _unscale(NORMALIZE: gl.constexpr):
 
 
 @gluon.jit
-def _x_operand(x4_ptr, mask, scale, X_F16: gl.constexpr, MASKED: gl.constexpr):
-    """The B operand (4 fp16x2) from the activation's 4 words at ``x4_ptr + (0..3)`` (bf16 or
-    fp16 pairs), each value times ``scale`` (bf16 only; fp16 is used as it is)."""
-    p0, p1, p2, p3 = _load4(x4_ptr, mask, MASKED)
+def _x_operand(p0, p1, p2, p3, scale, X_F16: gl.constexpr):
+    """The B operand (4 fp16x2) from the activation's 4 words ``p0..p3`` (bf16 or fp16 pairs
+    ``(x0,x1) .. (x6,x7)``), each value times ``scale`` (bf16 only; fp16 is used as it is)."""
     if X_F16:
         return gl.inline_asm_elementwise(
             F16_B_ASM, B_CONSTRAINTS, [p0, p1, p2, p3, scale], dtype=(gl.int32,) * 4, is_pure=True, pack=1
@@ -263,18 +262,24 @@ def _reduce_rows(v):
 
 
 @gluon.jit
-def _w13_step(
-    acc, seen, w_lo, s_lo, x4, x_scale, grp, c,
-    N: gl.constexpr, KG: gl.constexpr, X_F16: gl.constexpr, NORMALIZE: gl.constexpr, MASKED: gl.constexpr,
-):  # fmt: skip
-    """One K step of layer 1: groups ``grp`` of the gate and up row blocks, 4 MMA pairs.
-    ``acc``/``seen``: (gate lo, gate hi, up lo, up hi) partial dots and scale maxima."""
-    acc_g_lo, acc_g_hi, acc_u_lo, acc_u_hi = acc
-    seen_g_lo, seen_g_hi, seen_u_lo, seen_u_hi = seen
+def _w13_load(w_lo, s_lo, x4, grp, c, N: gl.constexpr, KG: gl.constexpr, MASKED: gl.constexpr):
+    """The raw operands of one layer-1 K step (groups ``grp``): gate and up words and E8M0
+    scales of rows g / g + 8, and the activation's 4 words."""
     g_ok = grp < KG
     wg_lo, wg_hi, sg_lo, sg_hi = _row_block(w_lo, s_lo, grp, c, g_ok, KG, MASKED)
     wu_lo, wu_hi, su_lo, su_hi = _row_block(w_lo + N * KG * 4, s_lo + N * KG, grp, c, g_ok, KG, MASKED)
-    b0, b1, b2, b3 = _x_operand(x4 + grp * 16, g_ok, x_scale, X_F16, MASKED)
+    p0, p1, p2, p3 = _load4(x4 + grp * 16, g_ok, MASKED)
+    return wg_lo, wg_hi, sg_lo, sg_hi, wu_lo, wu_hi, su_lo, su_hi, p0, p1, p2, p3
+
+
+@gluon.jit
+def _w13_math(acc, seen, ops, x_scale, X_F16: gl.constexpr, NORMALIZE: gl.constexpr):
+    """One layer-1 K step's 4 MMA pairs on the operands of :func:`_w13_load`.
+    ``acc``/``seen``: (gate lo, gate hi, up lo, up hi) partial dots and scale maxima."""
+    acc_g_lo, acc_g_hi, acc_u_lo, acc_u_hi = acc
+    seen_g_lo, seen_g_hi, seen_u_lo, seen_u_hi = seen
+    wg_lo, wg_hi, sg_lo, sg_hi, wu_lo, wu_hi, su_lo, su_hi, p0, p1, p2, p3 = ops
+    b0, b1, b2, b3 = _x_operand(p0, p1, p2, p3, x_scale, X_F16)
     b0 = gl.broadcast(b0, wg_lo)[0]
     b1 = gl.broadcast(b1, wg_lo)[0]
     b2 = gl.broadcast(b2, wg_lo)[0]
@@ -298,7 +303,7 @@ def w13_mma_kernel(
     stride_xt, stride_be,
     N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, HAS_MAP: gl.constexpr, HAS_BIAS: gl.constexpr,
     ACTIVATION: gl.constexpr, X_F16: gl.constexpr, KS: gl.constexpr, U: gl.constexpr, L: gl.constexpr,
-    XL: gl.constexpr, HP: gl.constexpr, NORMALIZE: gl.constexpr,
+    XL: gl.constexpr, HP: gl.constexpr, NORMALIZE: gl.constexpr, PREFETCH: gl.constexpr,
 ):  # fmt: skip
     """Layer 1 of one (token, choice) pair (axis 0) for 32 intermediate columns (axis 1).
 
@@ -341,10 +346,21 @@ def w13_mma_kernel(
     seen = (none, none, none, none)
     STEP: gl.constexpr = KS * U
     FULL: gl.constexpr = (KG // STEP) * STEP  # steps with every group in range: no masks
-    for j in range(0, FULL, STEP):
-        acc, seen = _w13_step(acc, seen, w_lo, s_lo, x4, x_scale, j + slot, c, N, KG, X_F16, NORMALIZE, False)
+    if PREFETCH:  # software pipeline: step j + 1's loads are issued before step j's math
+        if FULL > 0:
+            ops = _w13_load(w_lo, s_lo, x4, slot, c, N, KG, False)
+            for j in range(STEP, FULL, STEP):
+                nxt = _w13_load(w_lo, s_lo, x4, j + slot, c, N, KG, False)
+                acc, seen = _w13_math(acc, seen, ops, x_scale, X_F16, NORMALIZE)
+                ops = nxt
+            acc, seen = _w13_math(acc, seen, ops, x_scale, X_F16, NORMALIZE)
+    else:
+        for j in range(0, FULL, STEP):
+            ops = _w13_load(w_lo, s_lo, x4, j + slot, c, N, KG, False)
+            acc, seen = _w13_math(acc, seen, ops, x_scale, X_F16, NORMALIZE)
     if FULL < KG:
-        acc, seen = _w13_step(acc, seen, w_lo, s_lo, x4, x_scale, FULL + slot, c, N, KG, X_F16, NORMALIZE, True)
+        ops = _w13_load(w_lo, s_lo, x4, FULL + slot, c, N, KG, True)
+        acc, seen = _w13_math(acc, seen, ops, x_scale, X_F16, NORMALIZE)
 
     unscale = _unscale(NORMALIZE) * _pow2(e_x)
     # [2, 8]: columns blk * 32 + b * 16 + g (lo) and + 8 (hi)
@@ -377,11 +393,9 @@ def w13_mma_kernel(
 
 
 @gluon.jit
-def _w2_step(
-    acc_lo, acc_hi, seen_lo, seen_hi, w_lo, s_lo, h4, hs_row, live, grp, g, c, KG: gl.constexpr,
-    NORMALIZE: gl.constexpr, MASKED: gl.constexpr,
-):  # fmt: skip
-    """One K step of layer 2: groups ``grp`` of every choice's row blocks, one MMA pair each."""
+def _w2_load(w_lo, s_lo, h4, hs_row, live, grp, g, c, KG: gl.constexpr, MASKED: gl.constexpr):
+    """The raw operands of one layer-2 K step (groups ``grp``): words and E8M0 scales of rows
+    g / g + 8 of every choice, the intermediate's 4 words and its power of two."""
     tail = grp < KG
     wo = grp * 4
     w_l = _live_load(w_lo + wo, live, 0, tail, MASKED)
@@ -396,11 +410,18 @@ def _w2_step(
         b3 = _live_load(hp + 3, live, 0, tail, MASKED)
     else:  # h4 points at a real pair for every choice (dead ones read a live pair's row)
         b0, b1, b2, b3 = _v4(hp)
+    hs = _live_load(hs_row + grp + g * 0 + c * 0, live, 0.0, tail, MASKED)
+    return w_l, w_h, s_l, s_h, b0, b1, b2, b3, hs
+
+
+@gluon.jit
+def _w2_math(acc_lo, acc_hi, seen_lo, seen_hi, ops, NORMALIZE: gl.constexpr):
+    """One layer-2 K step's MMA pairs on the operands of :func:`_w2_load`."""
+    w_l, w_h, s_l, s_h, b0, b1, b2, b3, hs = ops
     b0 = gl.broadcast(b0, w_l)[0]
     b1 = gl.broadcast(b1, w_l)[0]
     b2 = gl.broadcast(b2, w_l)[0]
     b3 = gl.broadcast(b3, w_l)[0]
-    hs = _live_load(hs_row + grp + g * 0 + c * 0, live, 0.0, tail, MASKED)
     d_lo, d_hi = _group_dot(w_l, w_h, b0, b1, b2, b3, NORMALIZE)
     f, seen_lo = _scale_bits(s_l, seen_lo)
     acc_lo += d_lo * (f * hs)
@@ -415,7 +436,7 @@ def w2_mma_kernel(
     stride_be, stride_ot,
     N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, KP: gl.constexpr, KS: gl.constexpr,
     U: gl.constexpr, R: gl.constexpr, HAS_MAP: gl.constexpr, HAS_BIAS: gl.constexpr, L: gl.constexpr,
-    NORMALIZE: gl.constexpr,
+    NORMALIZE: gl.constexpr, PREFETCH: gl.constexpr,
 ):  # fmt: skip
     """Layer 2 and the combine of one token (axis 1) for ``16 * R`` output columns (axis 0).
 
@@ -457,14 +478,21 @@ def w2_mma_kernel(
     seen_hi = none
     STEP: gl.constexpr = KS * U
     FULL: gl.constexpr = (KG // STEP) * STEP
-    for j in range(0, FULL, STEP):
-        acc_lo, acc_hi, seen_lo, seen_hi = _w2_step(
-            acc_lo, acc_hi, seen_lo, seen_hi, w_lo, s_lo, h4, hs_row, live, j + slot, g, c, KG, NORMALIZE, False
-        )  # fmt: skip
+    if PREFETCH:  # software pipeline: step j + 1's loads are issued before step j's math
+        if FULL > 0:
+            ops = _w2_load(w_lo, s_lo, h4, hs_row, live, slot, g, c, KG, False)
+            for j in range(STEP, FULL, STEP):
+                nxt = _w2_load(w_lo, s_lo, h4, hs_row, live, j + slot, g, c, KG, False)
+                acc_lo, acc_hi, seen_lo, seen_hi = _w2_math(acc_lo, acc_hi, seen_lo, seen_hi, ops, NORMALIZE)
+                ops = nxt
+            acc_lo, acc_hi, seen_lo, seen_hi = _w2_math(acc_lo, acc_hi, seen_lo, seen_hi, ops, NORMALIZE)
+    else:
+        for j in range(0, FULL, STEP):
+            ops = _w2_load(w_lo, s_lo, h4, hs_row, live, j + slot, g, c, KG, False)
+            acc_lo, acc_hi, seen_lo, seen_hi = _w2_math(acc_lo, acc_hi, seen_lo, seen_hi, ops, NORMALIZE)
     if FULL < KG:
-        acc_lo, acc_hi, seen_lo, seen_hi = _w2_step(
-            acc_lo, acc_hi, seen_lo, seen_hi, w_lo, s_lo, h4, hs_row, live, FULL + slot, g, c, KG, NORMALIZE, True
-        )  # fmt: skip
+        ops = _w2_load(w_lo, s_lo, h4, hs_row, live, FULL + slot, g, c, KG, True)
+        acc_lo, acc_hi, seen_lo, seen_hi = _w2_math(acc_lo, acc_hi, seen_lo, seen_hi, ops, NORMALIZE)
     acc_lo = _nan_if_seen(acc_lo, seen_lo)  # per lane; a dead choice's value is discarded below
     acc_hi = _nan_if_seen(acc_hi, seen_hi)
 

@@ -51,7 +51,8 @@ class GluonMoEMMAConfig:
     each intermediate load), ``u2`` groups per warp per step. ``normalize``:
     multiply the decoded weights by ``2**14`` in fp16 before the MMA (4 ``HMUL2`` per word), so
     the tensor cores see only normal fp16 (for hardware that flushes subnormal MMA inputs;
-    without it, codes +-0.5 reach the MMA as fp16 subnormals)."""
+    without it, codes +-0.5 reach the MMA as fp16 subnormals). ``prefetch``: software-pipeline
+    both K loops (the next step's loads issued before this step's MMAs; more registers)."""
 
     ks1: int = 4
     u1: int = 2
@@ -59,6 +60,7 @@ class GluonMoEMMAConfig:
     u2: int = 2
     rb2: int = 1
     normalize: bool = False
+    prefetch: bool = False
 
     def row_pad(self, hidden: int) -> int:
         """Length of layer 1's activation-row tile: a power of two >= ``hidden`` and >= the
@@ -139,13 +141,13 @@ def launch(x, w13, w2, b13, b2, emap, out, ids, tw, top_k, activation, cfg: Gluo
         x.stride(0), 0 if b13 is None else b13.stride(0),
         N=inter, KG=hidden // 32, TOP_K=top_k, HAS_MAP=emap is not None, HAS_BIAS=b13 is not None,
         ACTIVATION=ACTIVATION_CODES[activation], X_F16=x.dtype == torch.float16, KS=cfg.ks1, U=cfg.u1, L=l1,
-        XL=xl, HP=cfg.row_pad(hidden), NORMALIZE=cfg.normalize, num_warps=cfg.ks1,
+        XL=xl, HP=cfg.row_pad(hidden), NORMALIZE=cfg.normalize, PREFETCH=cfg.prefetch, num_warps=cfg.ks1,
     )  # fmt: skip
     w2_mma_kernel[g2](
         hid, hs, p2, s2, x if b2 is None else b2, out, ids, tw, ids if emap is None else emap,
         0 if b2 is None else b2.stride(0), out.stride(0),
         N=hidden, KG=inter // 32, TOP_K=top_k, KP=next_pow2(top_k), KS=cfg.ks2, U=cfg.u2, R=cfg.rb2,
-        HAS_MAP=emap is not None, HAS_BIAS=b2 is not None, L=l2, NORMALIZE=cfg.normalize,
+        HAS_MAP=emap is not None, HAS_BIAS=b2 is not None, L=l2, NORMALIZE=cfg.normalize, PREFETCH=cfg.prefetch,
         num_warps=next_pow2(top_k) * cfg.ks2,
     )  # fmt: skip
 
