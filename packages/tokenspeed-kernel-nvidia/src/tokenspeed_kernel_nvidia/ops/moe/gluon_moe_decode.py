@@ -45,8 +45,19 @@ import triton
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
-from tokenspeed_kernel.registry import Priority, Request, register_kernel
-from tokenspeed_kernel_nvidia.ops.moe._common import mxfp4_routing, next_pow2, words, workspace
+from tokenspeed_kernel.registry import Priority, register_kernel
+from tokenspeed_kernel_nvidia.ops.moe._common import (
+    ACTIVATION_CODES,
+    FEATURES,
+    MAX_TOKENS,
+    MAX_TOP_K,
+    VENDORS,
+    decode_predicate,
+    mxfp4_routing,
+    next_pow2,
+    words,
+    workspace,
+)
 
 __all__ = [
     "CONFIGS",
@@ -61,12 +72,7 @@ __all__ = [
     "predicate",
 ]
 
-VENDORS = ("cuda",)
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-ACTIVATION_CODES = {"silu": 0, "gelu": 1, "swiglu_oai": 2}
-FEATURES = ("silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4")
-MAX_TOKENS = 8
-MAX_TOP_K = 8
 MAX_ROUTED_EXPERTS = 1024
 
 
@@ -136,18 +142,7 @@ def grids(num_tokens: int, top_k: int, hidden: int, inter: int, cfg: GluonMoEDec
     return (num_tokens * top_k, triton.cdiv(inter, cfg.block_n1)), (triton.cdiv(hidden, cfg.block_n2), num_tokens)
 
 
-def predicate(request: Request) -> str | None:
-    """MXFP4 weights, ``T <= 8`` (``num_tokens_bucket``, the next power of two >= T, so
-    ``bucket <= 8`` iff ``T <= 8``; a plan has no bucket), ``top_k <= 8``."""
-    if "mxfp4" not in request.features:
-        return "MXFP4 weights only (in-register E2M1 GEMV decode)"
-    bucket = request.shape("num_tokens_bucket")
-    if bucket is not None and bucket > MAX_TOKENS:
-        return f"num_tokens_bucket={bucket} > {MAX_TOKENS}: the Gluon MoE decode serves T <= {MAX_TOKENS} tokens"
-    top_k = request.shape("top_k")
-    if top_k is not None and top_k > MAX_TOP_K:
-        return f"top_k={top_k} > {MAX_TOP_K}: layer 2 holds one warp per choice"
-    return None
+predicate = decode_predicate("in-register E2M1 GEMV decode")
 
 
 def _launch(

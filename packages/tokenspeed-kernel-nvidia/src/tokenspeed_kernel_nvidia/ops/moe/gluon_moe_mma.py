@@ -31,15 +31,22 @@ import torch
 import triton
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
-from tokenspeed_kernel.registry import Priority, Request, register_kernel
-from tokenspeed_kernel_nvidia.ops.moe._common import mxfp4_routing, next_pow2, words, workspace
-from tokenspeed_kernel_nvidia.ops.moe.gluon_moe_decode import ACTIVATION_CODES, MAX_TOKENS, MAX_TOP_K
+from tokenspeed_kernel.registry import Priority, register_kernel
+from tokenspeed_kernel_nvidia.ops.moe._common import (
+    ACTIVATION_CODES,
+    FEATURES,
+    MAX_TOKENS,
+    VENDORS,
+    decode_predicate,
+    mxfp4_routing,
+    next_pow2,
+    words,
+    workspace,
+)
 
 __all__ = ["FEATURES", "GluonMoEMMAConfig", "gluon_moe_mma", "grids", "mma_config", "predicate"]
 
-VENDORS = ("cuda",)
 ACT_DTYPES = (torch.bfloat16, torch.float16)
-FEATURES = ("silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4")
 
 
 @dataclass(frozen=True)
@@ -101,23 +108,13 @@ def grids(
     return (num_tokens * top_k, inter // 32), (triton.cdiv(hidden, 16 * cfg.rb2), num_tokens)
 
 
-def predicate(request: Request) -> str | None:
-    """MXFP4 weights, ``T <= 8``, ``top_k <= 8`` (as the FMA decode kernel)."""
-    if "mxfp4" not in request.features:
-        return "MXFP4 weights only (E2M1 decoded to fp16 for mma.sync)"
-    bucket = request.shape("num_tokens_bucket")
-    if bucket is not None and bucket > MAX_TOKENS:
-        return f"num_tokens_bucket={bucket} > {MAX_TOKENS}: the Gluon MoE decode serves T <= {MAX_TOKENS} tokens"
-    top_k = request.shape("top_k")
-    if top_k is not None and top_k > MAX_TOP_K:
-        return f"top_k={top_k} > {MAX_TOP_K}: layer 2 holds warps per choice"
-    return None
+predicate = decode_predicate("E2M1 decoded to fp16 for mma.sync")
 
 
 def _aligned_rows(x: torch.Tensor) -> torch.Tensor:
     """x with unit stride along H, 4-byte aligned rows (the kernel reads int32 pairs)."""
     if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
-        return x.contiguous() if x.stride(1) != 1 or x.stride(0) % 2 else x.clone()
+        return x.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation
     return x
 
 
