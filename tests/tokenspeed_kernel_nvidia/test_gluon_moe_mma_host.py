@@ -64,6 +64,20 @@ def test_config_grids_layouts():
     assert cfg.row_pad(2880) == 4096 and cfg.row_pad(64) == 256 * cfg.ks1
 
 
+def test_launch_refuses_row_blocks_that_do_not_divide_h():
+    """The kernels read whole row blocks unmasked: a layer-2 block must divide H (checked
+    before any launch, so this runs without a GPU)."""
+    from tokenspeed_kernel.quant import quantize_mxfp4
+
+    e, h, i = 1, 96, 32
+    w13 = quantize_mxfp4(torch.randn(e, 2 * i, h))
+    w2 = quantize_mxfp4(torch.randn(e, h, i))
+    x = torch.randn(1, h, dtype=torch.bfloat16)
+    ids, tw = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, 1)
+    with pytest.raises(ValueError, match="H % 64 == 0"):
+        gm.launch(x, w13, w2, None, None, None, torch.empty_like(x), ids, tw, 1, "silu", gm.GluonMoEMMAConfig(rb2=4))
+
+
 def _pair_position(within: torch.Tensor) -> torch.Tensor:
     """Where layer 1 stores column ``within`` (0..31) of a 32-column block (the kernel's ``pos``)."""
     return (within // 8) * 8 + (within % 4) * 2 + (within % 8) // 4

@@ -127,6 +127,12 @@ def launch(x, w13, w2, b13, b2, emap, out, ids, tw, top_k, activation, cfg: Gluo
     num_tokens, hidden = x.shape
     inter = w2.shape[-1]
     cfg = cfg or mma_config(num_tokens)
+    # The kernels read whole row blocks without row masks: MXFP4 makes I and H multiples of
+    # 32 (the K of w2 and w13); a layer-2 block of 16 * rb2 rows must divide H as well.
+    if inter % 32 or hidden % (16 * cfg.rb2):
+        raise ValueError(
+            f"gluon_moe_mma_sm90 needs I % 32 == 0 and H % {16 * cfg.rb2} == 0 (rb2={cfg.rb2}); got I={inter}, H={hidden}"
+        )
     g1, g2 = grids(num_tokens, top_k, hidden, inter, cfg)
     l1, xl, l2 = cfg.layouts(top_k)
     p13, s13 = words(w13)
