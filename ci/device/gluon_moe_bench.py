@@ -1,21 +1,26 @@
-"""One device call for the opt-in ``gluon_moe_decode_mx_sm90`` (Gluon MXFP4 MoE decode, T <= 8).
+"""One device call for the Gluon MXFP4 MoE decode kernels (T <= 8): ``gluon_moe_decode_mx_sm90``
+(float32 FMAs) and ``gluon_moe_mma_sm90`` (mma.sync dots, opt-in).
 
 1. Numerics at GPT-OSS-120B shapes (E = 128, top-4, H = I = 2880, MXFP4 weights, bf16
    activations, swiglu_oai + biases) against ``moe_common.reference64`` (float64), outputs
-   poisoned with NaN, T = 1, 2, 4, 8: the registered kernel (``moe_apply(override=...)`` with
-   ``moe_topk`` routing) and the fused-routing entry ``moe_decode_from_logits`` (its ids and
-   weights compared with ``moe_topk``'s); a CUDA-graph replay equal to the eager call.
+   poisoned with NaN, T = 1, 2, 4, 8: both registered kernels (``moe_apply(override=...)``
+   with ``moe_topk`` routing) and the fused-routing entry ``moe_decode_from_logits`` (its ids
+   and weights compared with ``moe_topk``'s); for both kernels a CUDA-graph replay equal to
+   the eager call.
 2. Timings at T = 1, 2, 4, 8 through CUDA-graph replay (``tokenspeed_kernel.tools.timing.time_fn``,
    L2 flushed between replays), routing included for every row: the torch pipeline (bf16
    weights, ``torch._grouped_mm``), ``triton_fused_moe_mx`` and ``triton_moe_gemv_mx``
-   (``moe_topk`` + ``moe_apply``), ``gluon_moe_decode_mx_sm90`` (``moe_topk`` + ``moe_apply``:
-   3 launches) and ``gluon fused`` (``moe_decode_from_logits``: 2 launches).
+   (``moe_topk`` + ``moe_apply``), both Gluon kernels (``moe_topk`` + ``moe_apply``: 3
+   launches) and ``gluon fused`` (``moe_decode_from_logits``: 2 launches). ``--mma-sweep``
+   adds the MMA kernel's ``MMA_SWEEP`` configurations, each compared with float64 first and
+   timed only if it passes.
 3. A short table last: µs per call and TB/s over the MXFP4 weight bytes (packed + scales +
    biases) of the distinct experts the routing hits. The goal (issue 5): T = 1 <= 30 µs.
 
 Usage on the device machine (repo root, wheels carried as for ``moe_bench.py``)::
 
     python3 ci/device/gluon_moe_bench.py --json $OUT/gluon_moe.json      # ~2 min on an H100
+    python3 ci/device/gluon_moe_bench.py --mma-sweep --json $OUT/gluon_moe_mma.json   # ~4 min
 """
 
 from __future__ import annotations
