@@ -33,6 +33,12 @@ CAPTURE_ENV = "TOKENSPEED_KERNEL_CAPTURE"
 _TRUE = {"1", "true", "yes", "on"}
 
 
+def env_flag(name: str) -> bool:
+    """True when environment variable ``name`` is 1/true/yes/on (any case); read each call.
+    The on/off switches of this package and of its backends all parse this way."""
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
 @functools.cache
 def platform_override() -> str | None:
     """The platform named by ``TOKENSPEED_KERNEL_PLATFORM``, or None."""
@@ -63,7 +69,7 @@ def disabled_backends() -> frozenset[str]:
 @functools.cache
 def debug() -> bool:
     """True when ``TOKENSPEED_KERNEL_DEBUG`` asks for synchronizing value checks."""
-    return os.environ.get(DEBUG_ENV, "").strip().lower() in _TRUE
+    return env_flag(DEBUG_ENV)
 
 
 @functools.cache

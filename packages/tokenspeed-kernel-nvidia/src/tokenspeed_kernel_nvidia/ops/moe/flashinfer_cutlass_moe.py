@@ -59,12 +59,12 @@ it is still only ``Priority.OPT_IN``.
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from tokenspeed_kernel import config
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
@@ -106,7 +106,7 @@ def available() -> str | None:
     missing = flashinfer_missing()
     if missing:
         return missing
-    if os.environ.get(UNVERIFIED_ENV, "").strip().lower() not in ("1", "true", "yes", "on"):
+    if not config.env_flag(UNVERIFIED_ENV):
         return UNVERIFIED
     return None
 
