@@ -17,6 +17,7 @@ import triton
 
 from tokenspeed_kernel.ops.attention.args import DecodeArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
+from tokenspeed_kernel_nvidia._workspace import workspace
 from tokenspeed_kernel_nvidia.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS
 
 __all__ = ["GluonDecodeConfig", "decode_config", "gluon_decode"]
@@ -80,19 +81,12 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-_workspace: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
 def _partials(device: torch.device, batch: int, heads: int, splits: int, head_dim: int):
-    key = (device, batch, heads, splits, head_dim)
-    bufs = _workspace.get(key)
-    if bufs is None:
-        bufs = (
-            torch.empty(batch, heads, splits, head_dim, dtype=torch.float32, device=device),
-            torch.empty(batch, heads, splits, dtype=torch.float32, device=device),
-        )
-        _workspace[key] = bufs
-    return bufs
+    """The float32 split partials: out ``[B, HQ, SPLITS, D]`` and lse ``[B, HQ, SPLITS]``."""
+    return (
+        workspace(device, "decode_part_out", (batch, heads, splits, head_dim), torch.float32),
+        workspace(device, "decode_part_lse", (batch, heads, splits), torch.float32),
+    )
 
 
 @register_kernel(

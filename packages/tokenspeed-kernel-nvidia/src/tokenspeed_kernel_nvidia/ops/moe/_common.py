@@ -1,7 +1,6 @@
 """What the two Gluon MXFP4 MoE decode kernels (FMA and mma.sync) share: their registration
-facts and predicate, power-of-two rounding, persistent workspaces (stable addresses for
-CUDA-graph replay), MXFP4 weights as int32 words, the routing tensors of a ``moe_apply``
-call."""
+facts and predicate, power-of-two rounding, MXFP4 weights as int32 words, the routing
+tensors of a ``moe_apply`` call."""
 
 from __future__ import annotations
 
@@ -17,21 +16,10 @@ FEATURES = ("silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4")
 MAX_TOKENS = 8
 MAX_TOP_K = 8
 
-_workspace: dict[tuple, torch.Tensor] = {}
-
 
 def next_pow2(n: int) -> int:
     """The smallest power of two >= ``n`` (1 for ``n <= 1``)."""
     return 1 << max(int(n) - 1, 0).bit_length()
-
-
-def workspace(device: torch.device, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A persistent buffer per (device, name, shape, dtype): allocated once, then reused."""
-    key = (device, name, shape, dtype)
-    buf = _workspace.get(key)
-    if buf is None:
-        buf = _workspace[key] = torch.empty(shape, dtype=dtype, device=device)
-    return buf
 
 
 def words(w: MXFP4Weight) -> tuple[torch.Tensor, torch.Tensor]:

@@ -46,6 +46,7 @@ import triton
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, register_kernel
+from tokenspeed_kernel_nvidia._workspace import workspace
 from tokenspeed_kernel_nvidia.ops.moe._common import (
     ACTIVATION_CODES,
     FEATURES,
@@ -56,7 +57,6 @@ from tokenspeed_kernel_nvidia.ops.moe._common import (
     mxfp4_routing,
     next_pow2,
     words,
-    workspace,
 )
 
 __all__ = [
