@@ -53,6 +53,18 @@ MMA_SWEEP = (
     {"ks2": 4, "rb2": 2},
     {"ks2": 2, "rb2": 2, "prefetch": True},
     {"ks1": 8, "ks2": 4, "rb2": 2},
+    {"ks2": 4, "prefetch": True},
+    {"ks2": 8, "u2": 1, "prefetch": True},
+    {"u1": 1, "ks2": 4, "u2": 1, "prefetch": True},
+    {"ks1": 8, "u1": 1, "ks2": 4, "prefetch": True},
+)
+# Rows of --breakdown: (label, override kernel or MMA config fields)
+BREAKDOWN = (
+    ("fma routed", GLUON),
+    ("fma fused", "fused"),
+    ("mma default", {}),
+    ("mma prefetch", {"prefetch": True}),
+    ("mma ks2=4 prefetch", {"ks2": 4, "prefetch": True}),
 )
 TOKENS = (1, 2, 4, 8)
 GOAL_US = 30.0
@@ -182,6 +194,51 @@ def _bench_t(record, t, x, logits, w13, w2, m13, m2, b13, b2, per_expert, device
         record["timings"].append(entry)
 
 
+def _breakdown_fn(what, x, logits, out, m13, m2, b13, b2):
+    """One BREAKDOWN row as a call: the fused FMA decode, a routed override, or an MMA config."""
+    from tokenspeed_kernel_nvidia.ops.moe.gluon_moe_decode import moe_decode_from_logits
+    from tokenspeed_kernel_nvidia.ops.moe.gluon_moe_mma import GluonMoEMMAConfig
+
+    kw = dict(activation=ACT, w13_bias=b13, w2_bias=b2)
+    if what == "fused":
+        return lambda: moe_decode_from_logits(x, logits, m13, m2, K, out=out, **kw)
+    if isinstance(what, str):
+        return lambda: moe_apply(x, m13, m2, *moe_topk(logits, K), out=out, override=what, **kw)
+    return _mma_variant(x, logits, m13, m2, b13, b2, out, GluonMoEMMAConfig(**what))
+
+
+def _breakdown(record, m13, m2, b13, b2, device) -> None:
+    """Per-kernel CUDA time (torch.profiler, 50 calls) of each BREAKDOWN row at each T: where
+    the microseconds go (routing, layer 1, layer 2) and how much the launches add on top."""
+    from torch.profiler import ProfilerActivity, profile
+
+    log("\n== per-kernel CUDA time (torch.profiler, eager, us per call)")
+    gen = torch.Generator(device=device).manual_seed(12)
+    for t in TOKENS:
+        x = torch.randn(t, H, generator=gen, device=device).bfloat16()
+        logits = (2 * torch.randn(t, E, generator=gen, device=device)).bfloat16()
+        out = torch.empty_like(x)
+        for label, what in BREAKDOWN:
+            fn = _breakdown_fn(what, x, logits, out, m13, m2, b13, b2)
+            if attempt(record["errors"], f"breakdown T={t} {label}", lambda fn=fn: fn() or True) is None:
+                continue
+            torch.cuda.synchronize()
+            calls = 50
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    fn()
+                torch.cuda.synchronize()
+            parts = []
+            for ev in prof.key_averages():
+                us = ev.self_device_time_total / calls
+                if us > 0.05:
+                    parts.append((ev.key[:40], us))
+            parts.sort(key=lambda p: -p[1])
+            total = sum(us for _, us in parts)
+            record.setdefault("breakdown", []).append({"t": t, "row": label, "kernels": parts, "sum_us": total})
+            log(f"  T={t} {label:20s} sum {total:6.1f} us: " + ", ".join(f"{k} {us:.1f}" for k, us in parts))
+
+
 def _summary(record) -> None:
     log("\n== gluon_moe_decode_mx_sm90 vs baselines (GPT-OSS-120B MoE layer, MXFP4, bf16, routing included)")
     kernels = list(dict.fromkeys(r["kernel"] for r in record["timings"]))
@@ -208,6 +265,7 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--no-bench", action="store_true")
     parser.add_argument("--mma-sweep", action="store_true", help="time the MMA kernel's MMA_SWEEP configurations")
+    parser.add_argument("--breakdown", action="store_true", help="per-kernel CUDA times (torch.profiler)")
     parser.add_argument("--tokens", default=None, help="comma-separated T values (default 1,2,4,8)")
     a = parser.parse_args()
     global TOKENS
@@ -224,6 +282,8 @@ def main() -> int:
     m13, m2 = quantize(w13, "mxfp4"), quantize(w2, "mxfp4")
     log(f"weights ready in {time.time() - t0:.1f}s")
     attempt(record["errors"], "numerics", lambda: _numerics(record, m13, m2, b13, b2, device))
+    if a.breakdown:
+        _breakdown(record, m13, m2, b13, b2, device)
     if not a.no_bench:
         _bench(record, w13, w2, m13, m2, b13, b2, device, a.mma_sweep)
     _summary(record)

@@ -84,9 +84,9 @@ timeout 240 python3 ci/device/gluon_moe_bench.py --json "$OUT/gluon_moe.json" 2>
 
 gluonmma() {
 echo "== gluon_moe_mma_sm90 (T <= 8, mma.sync): GPU numerics tests, then numerics + timings + config sweep"
-timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -k mma_sm90 tests/tokenspeed_kernel_nvidia/test_gluon_moe_decode_gpu.py \
+timeout 200 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_gluon_moe_decode_gpu.py \
   2>&1 | tail -15 || status=1
-timeout 300 python3 ci/device/gluon_moe_bench.py --mma-sweep --json "$OUT/gluon_moe_mma.json" 2>&1 | tail -45 || status=1
+timeout 300 python3 ci/device/gluon_moe_bench.py --mma-sweep --breakdown --json "$OUT/gluon_moe_mma.json" 2>&1 | tail -75 || status=1
 }
 
 moequick() {

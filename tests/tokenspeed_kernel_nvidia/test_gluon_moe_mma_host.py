@@ -31,7 +31,9 @@ def test_registration_metadata():
     spec = registry.get_kernel(NAME)
     assert spec.op == "moe.apply" and spec.backend == "nvidia" and spec.solution == "gluon"
     assert spec.archs == frozenset({"sm_90"}) and spec.vendors == frozenset({"cuda"})
-    assert spec.priority == Priority.OPT_IN  # until a GPU run shows it correct and faster
+    # Above the FMA kernel: correct and faster on an H100 at T = 1..8 (docs/benchmarks.md)
+    assert spec.priority == Priority.PERFORMANT + 10
+    assert spec.priority > registry.get_kernel("gluon_moe_decode_mx_sm90").priority
     assert {"mxfp4", "bias", "expert_map", "silu", "gelu", "swiglu_oai"} <= spec.features
 
 
@@ -53,6 +55,7 @@ def test_rejections_with_reasons():
 def test_config_grids_layouts():
     assert set(gm.CONFIGS) == {1, 2, 4, 8} and gm.mma_config(100) is gm.CONFIGS[8]
     cfg = gm.mma_config(1)
+    assert cfg.prefetch and cfg.ks2 == 4 and not cfg.normalize  # the H100 sweep's pick
     # GPT-OSS-120B, T = 1: 4 pairs x 90 blocks of 32 columns; 180 blocks of 16 outputs.
     assert gm.grids(1, 4, 2880, 2880, cfg) == ((4, 90), (180, 1))
     assert gm.grids(8, 4, 2880, 2880, gm.GluonMoEMMAConfig(rb2=2)) == ((32, 90), (90, 8))
@@ -104,3 +107,20 @@ def test_activation_scale_maps_into_fp16(amax):
     e = int(((bits >> 23) & 0xFF).item()) - 127 - 14
     scaled = amax * 2.0**-e
     assert 2.0**14 <= scaled < 2.0**15 < 65504
+
+
+@pytest.mark.parametrize(
+    ("x_dtype", "num_tokens", "chosen"),
+    [
+        (torch.bfloat16, 1, NAME),
+        (torch.float16, 8, NAME),
+        (torch.float32, 1, "gluon_moe_decode_mx_sm90"),  # fp16 operands would drop 13 bits
+        (torch.bfloat16, 64, None),  # past the decode regime: neither Gluon kernel
+    ],
+)
+def test_selector_ranks_it_first_on_sm90(x_dtype, num_tokens, chosen):
+    spec = selector.select(_request(num_tokens, x_dtype), platform=platform_from_arch("sm_90"))
+    if chosen is None:
+        assert spec.name not in (NAME, "gluon_moe_decode_mx_sm90"), spec.name
+    else:
+        assert spec.name == chosen

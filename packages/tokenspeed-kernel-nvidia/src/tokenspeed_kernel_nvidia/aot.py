@@ -292,6 +292,7 @@ def moe_mma_grid():
     normalized decode and two 16-row blocks per layer-2 warp."""
     gpt = (torch.bfloat16, 2880, 2880, 4, 1)
     variants = (
+        gmma.GluonMoEMMAConfig(),  # not pipelined: the loop-count budget of the AOT test
         gmma.GluonMoEMMAConfig(normalize=True),
         gmma.GluonMoEMMAConfig(ks2=4, rb2=2),
         gmma.GluonMoEMMAConfig(prefetch=True),

@@ -26,6 +26,7 @@ atomics: deterministic). A choice whose expert maps to -1 is masked (no bytes ar
 
 from __future__ import annotations
 
+from triton import language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -77,14 +78,15 @@ def _group_dot(words, a0, a1, a2, a3, a4, a5, a6, a7, AXIS: gl.constexpr):
 
 @gluon.jit
 def _activate(gate, up, ACTIVATION: gl.constexpr):
-    """``act(gate) * up`` in float32: silu (0), erf-gelu (1), swiglu_oai (2)."""
+    """``act(gate) * up`` in float32: silu (0), erf-gelu (1), swiglu_oai (2). The swiglu_oai
+    clamps keep a NaN (as ``torch.clamp`` does): a NaN gate or up stays NaN."""
     if ACTIVATION == 0:
         act = gate / (1.0 + gl.exp(-gate)) * up
     elif ACTIVATION == 1:
         act = 0.5 * gate * (1.0 + gl.erf(gate * 0.7071067811865476)) * up
     else:
-        gate = gl.minimum(gate, 7.0)
-        up = gl.minimum(gl.maximum(up, -7.0), 7.0)
+        gate = gl.minimum(gate, 7.0, propagate_nan=tl.PropagateNan.ALL)
+        up = gl.minimum(gl.maximum(up, -7.0, propagate_nan=tl.PropagateNan.ALL), 7.0, propagate_nan=tl.PropagateNan.ALL)
         act = gate / (1.0 + gl.exp(-1.702 * gate)) * (up + 1.0)
     return act
 

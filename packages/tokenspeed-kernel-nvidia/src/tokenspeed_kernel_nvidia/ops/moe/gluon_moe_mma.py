@@ -14,9 +14,11 @@ used as it is), and the intermediate is stored in fp16 with a power of two per 3
 each operand keeps 11 significant bits (bf16 has 8; the FMA kernel keeps a float32
 intermediate). float32 x is not served (it would lose 13 bits): the FMA kernel serves it.
 
-**Status.** ``Priority.OPT_IN``: compiled for sm_90 in CI, never run on a GPU yet
-(docs/nvidia.md). ``ci/device/verify_pending.sh gluonmma`` checks it against float64 and
-times it; it moves above ``gluon_moe_decode_mx_sm90`` only if it is correct and faster.
+**Status.** ``Priority.PERFORMANT + 10``, above ``gluon_moe_decode_mx_sm90`` (which
+still serves float32 x): on an H100 (2026-11-23, docs/benchmarks.md) it matched float64 as
+closely as the FMA kernel (rel. err 1.70e-3 vs 1.69e-3 at GPT-OSS-120B shapes, the bf16
+output rounding) and was 8-9% faster at T = 1..8. ``normalize`` changed no result there:
+Hopper's tensor cores take fp16 subnormal inputs.
 
 **Workspace.** ``hid`` fp16 ``[T * top_k, I]`` and ``hs`` float32 ``[T * top_k, I / 32]``,
 persistent per shape (stable addresses for CUDA-graph replay).
@@ -93,7 +95,9 @@ def _layouts(cfg: GluonMoEMMAConfig, top_k: int):
     return l1, xl, l2
 
 
-CONFIGS: dict[int, GluonMoEMMAConfig] = {t: GluonMoEMMAConfig() for t in (1, 2, 4, 8)}
+# From the H100 sweep of 2026-11-23 (docs/benchmarks.md): four K-split warps per choice in
+# layer 2 and both loops software-pipelined were fastest or within 1% at every T.
+CONFIGS: dict[int, GluonMoEMMAConfig] = {t: GluonMoEMMAConfig(ks2=4, prefetch=True) for t in (1, 2, 4, 8)}
 
 
 def mma_config(num_tokens: int) -> GluonMoEMMAConfig:
@@ -163,7 +167,7 @@ def launch(x, w13, w2, b13, b2, emap, out, ids, tw, top_k, activation, cfg: Gluo
     archs=("sm_90",),
     dtypes={"x": ACT_DTYPES, "weight": (torch.uint8,)},
     features=FEATURES,
-    priority=Priority.OPT_IN,
+    priority=Priority.PERFORMANT + 10,
     predicate=predicate,
 )
 def gluon_moe_mma(args: MoEApplyArgs) -> None:
