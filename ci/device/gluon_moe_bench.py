@@ -43,28 +43,23 @@ MMA = "gluon_moe_mma_sm90"
 # the software-pipelined loops.
 MMA_SWEEP = (
     {},
-    {"normalize": True},
-    {"prefetch": True},
-    {"u1": 4},
-    {"ks1": 8},
-    {"ks1": 8, "u1": 1, "ks2": 4, "u2": 1},
-    {"ks1": 2, "u1": 4, "ks2": 1, "u2": 4},
-    {"ks2": 4},
-    {"ks2": 4, "rb2": 2},
-    {"ks2": 2, "rb2": 2, "prefetch": True},
-    {"ks1": 8, "ks2": 4, "rb2": 2},
     {"ks2": 4, "prefetch": True},
-    {"ks2": 8, "u2": 1, "prefetch": True},
-    {"u1": 1, "ks2": 4, "u2": 1, "prefetch": True},
-    {"ks1": 8, "u1": 1, "ks2": 4, "prefetch": True},
+    {"ks2": 4, "prefetch": True, "l2_hint": True},
+    {"ks2": 4, "l2_hint": True},
+    {"ks2": 4, "prefetch": True, "l2_self": True},
+    {"ks2": 4, "prefetch": True, "l2_w2": True},
+    {"ks2": 4, "prefetch": True, "l2_w2": True, "l2_hint": True},
+    {"ks2": 4, "prefetch": True, "l2_self": True, "l2_w2": True, "l2_hint": True},
+    {"ks2": 2, "prefetch": True, "l2_hint": True},
+    {"u1": 4, "ks2": 4, "l2_hint": True},
 )
-# Rows of --breakdown: (label, override kernel or MMA config fields)
+# Rows of --breakdown: (label, override kernel name, "fused", or MMA config fields)
 BREAKDOWN = (
     ("fma routed", GLUON),
-    ("fma fused", "fused"),
-    ("mma default", {}),
-    ("mma prefetch", {"prefetch": True}),
-    ("mma ks2=4 prefetch", {"ks2": 4, "prefetch": True}),
+    ("mma selected", MMA),
+    ("mma hint", {"ks2": 4, "prefetch": True, "l2_hint": True}),
+    ("mma w2", {"ks2": 4, "prefetch": True, "l2_w2": True}),
+    ("mma w2 hint", {"ks2": 4, "prefetch": True, "l2_w2": True, "l2_hint": True}),
 )
 TOKENS = (1, 2, 4, 8)
 GOAL_US = 30.0
@@ -220,7 +215,7 @@ def _breakdown(record, m13, m2, b13, b2, device) -> None:
         out = torch.empty_like(x)
         for label, what in BREAKDOWN:
             fn = _breakdown_fn(what, x, logits, out, m13, m2, b13, b2)
-            if attempt(record["errors"], f"breakdown T={t} {label}", lambda fn=fn: fn() or True) is None:
+            if attempt(record["errors"], f"breakdown T={t} {label}", lambda fn=fn: (fn(), True)[1]) is None:
                 continue
             torch.cuda.synchronize()
             calls = 50

@@ -79,12 +79,16 @@ def test_gluon_moe_mma_compiles_for_sm90_with_tensor_cores():
     w2 = by_name["gluon_moe_mma_w2-bfloat16-h2880-i2880-k4-c4.2.2.2.1-bias"]
     assert 0 < w13["sass"]["LOOP"] <= 27 * 16, w13
     assert 0 < w2["sass"]["LOOP"] <= 31 * 4, w2
-    # The shipped configuration (software-pipelined, 4 K-split warps in layer 2): the loop
-    # also issues the next step's loads, a few more instructions per word.
-    w13 = by_name["gluon_moe_mma_w13-bfloat16-h2880-i2880-k4-c4.2.4.2.1p-swiglu_oai-bias"]
-    w2 = by_name["gluon_moe_mma_w2-bfloat16-h2880-i2880-k4-c4.2.4.2.1p-bias"]
+    # The shipped T = 1 configuration (software-pipelined, 4 K-split warps in layer 2, L2
+    # 256-byte hint on the full steps' weight words): the loop also issues the next step's
+    # loads, a few more instructions per word.
+    w13 = by_name["gluon_moe_mma_w13-bfloat16-h2880-i2880-k4-c4.2.4.2.1ph-swiglu_oai-bias"]
+    w2 = by_name["gluon_moe_mma_w2-bfloat16-h2880-i2880-k4-c4.2.4.2.1ph-bias"]
     assert 0 < w13["sass"]["LOOP"] <= 30 * 16 and w13["registers"] <= 168, w13  # 3 programs per SM
     assert 0 < w2["sass"]["LOOP"] <= 33 * 4, w2
+    # 2 gate + 2 up words per slot and step, twice (pipeline prologue + loop); 2 per slot in layer 2
+    assert w13["ld_l2_256"] == 2 * 4 * 2 * 2 and w2["ld_l2_256"] == 2 * 2 * 2, (w13, w2)
+    assert by_name["gluon_moe_mma_w13-bfloat16-h2880-i2880-k4-c4.2.2.2.1-swiglu_oai-bias"]["ld_l2_256"] == 0
     for row in rows:
         sass = row["sass"]
         # Dots on mma.sync (two m16n8k16 per MX group and 16-row block); no float32 widening

@@ -55,7 +55,7 @@ def test_rejections_with_reasons():
 def test_config_grids_layouts():
     assert set(gm.CONFIGS) == {1, 2, 4, 8} and gm.mma_config(100) is gm.CONFIGS[8]
     cfg = gm.mma_config(1)
-    assert cfg.prefetch and cfg.ks2 == 4 and not cfg.normalize  # the H100 sweep's pick
+    assert cfg.prefetch and cfg.l2_hint and cfg.ks2 == 4 and not cfg.normalize  # the H100 sweep's pick
     # GPT-OSS-120B, T = 1: 4 pairs x 90 blocks of 32 columns; 180 blocks of 16 outputs.
     assert gm.grids(1, 4, 2880, 2880, cfg) == ((4, 90), (180, 1))
     assert gm.grids(8, 4, 2880, 2880, gm.GluonMoEMMAConfig(rb2=2)) == ((32, 90), (90, 8))

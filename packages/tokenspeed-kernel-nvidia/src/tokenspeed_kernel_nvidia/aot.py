@@ -55,6 +55,7 @@ class CompileResult:
     spills: int
     local: int = 0
     ld_v4: int = 0
+    ld_l2_256: int = 0
     cvt_f16: int = 0
     sass: dict = field(default_factory=dict)
     error: str = ""
@@ -255,17 +256,19 @@ def compile_moe_mma(
     l1, xl, l2 = cfg.layouts(top_k)
     t = _TYPE[dtype]
     flags = "".join(f"-{f}" for f, on in (("bias", bias), ("map", emap)) if on)
-    tag = f"{cfg.ks1}.{cfg.u1}.{cfg.ks2}.{cfg.u2}.{cfg.rb2}{'n' if cfg.normalize else ''}{'p' if cfg.prefetch else ''}"
+    flags_cfg = "".join(f for f, on in (("n", cfg.normalize), ("p", cfg.prefetch), ("h", cfg.l2_hint)) if on)
+    tag = f"{cfg.ks1}.{cfg.u1}.{cfg.ks2}.{cfg.u2}.{cfg.rb2}{flags_cfg}"
     if layer == 1:
         signature = {
             "x_ptr": t, "w_ptr": "*i32", "s_ptr": "*u8", "b_ptr": t, "hid_ptr": "*fp16", "hs_ptr": "*fp32",
-            "ids_ptr": "*i32", "emap_ptr": "*i32", "stride_xt": "i32", "stride_be": "i32",
+            "ids_ptr": "*i32", "emap_ptr": "*i32", "stride_xt": "i32",
+            "stride_be": "i32",
         }  # fmt: skip
         constexprs = {
             "N": inter, "KG": hidden // 32, "TOP_K": top_k, "HAS_MAP": emap, "HAS_BIAS": bias,
             "ACTIVATION": gmoe.ACTIVATION_CODES[activation], "X_F16": dtype == torch.float16, "KS": cfg.ks1,
             "U": cfg.u1, "L": l1, "XL": xl, "HP": cfg.row_pad(hidden), "NORMALIZE": cfg.normalize,
-            "PREFETCH": cfg.prefetch,
+            "PREFETCH": cfg.prefetch, "L2_HINT": cfg.l2_hint,
         }  # fmt: skip
         kernel, warps = w13_mma_kernel, cfg.ks1
         name = f"gluon_moe_mma_w13-{str(dtype)[6:]}-h{hidden}-i{inter}-k{top_k}-c{tag}-{activation}{flags}"
@@ -277,6 +280,7 @@ def compile_moe_mma(
         constexprs = {
             "N": hidden, "KG": inter // 32, "TOP_K": top_k, "KP": gmma.next_pow2(top_k), "KS": cfg.ks2,
             "U": cfg.u2, "R": cfg.rb2, "HAS_MAP": emap, "HAS_BIAS": bias, "L": l2, "NORMALIZE": cfg.normalize, "PREFETCH": cfg.prefetch,
+            "L2_HINT": cfg.l2_hint,
         }  # fmt: skip
         kernel, warps = w2_mma_kernel, gmma.next_pow2(top_k) * cfg.ks2
         name = f"gluon_moe_mma_w2-{str(dtype)[6:]}-h{hidden}-i{inter}-k{top_k}-c{tag}{flags}"
@@ -296,6 +300,7 @@ def moe_mma_grid():
         gmma.GluonMoEMMAConfig(normalize=True),
         gmma.GluonMoEMMAConfig(ks2=4, rb2=2),
         gmma.GluonMoEMMAConfig(prefetch=True),
+        gmma.GluonMoEMMAConfig(ks2=2, prefetch=True, l2_hint=True),
     )
     rows = []
     for layer in (1, 2):
@@ -389,6 +394,7 @@ def run(kinds: tuple[str, ...] = ("decode", "prefill", "moe", "moe_mma")) -> lis
                         spills=spills,
                         local=_count(r"\.local\b", ptx),
                         ld_v4=_count(r"\bld\.global(?:\.\w+)*\.v4\.b32", ptx),
+                        ld_l2_256=_count(r"\bld\.global(?:\.\w+)*\.L2::256B", ptx),
                         cvt_f16=_count(r"\bcvt\.f32\.f16\b", ptx),
                         sass=_sass_counts(_disassemble(compiled.asm["cubin"])) if "cubin" in compiled.asm else {},
                     )

@@ -105,6 +105,15 @@ B_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r,r,r,r,r,f")
 # where four scalar loads would be four (Gluon vectorizes only along an in-thread axis).
 V4_ASM = gl.constexpr("ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];")
 V4_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r,l")
+# One int32 on the read-only path with L2's 256-byte fetch hint: a miss brings the next
+# K steps' bytes of the row into L2 as well. The predicated form reads nothing (0) where
+# $2 is 0.
+LD_256_ASM = gl.constexpr("ld.global.nc.L2::256B.b32 $0, [$1];")
+LD_256_CONSTRAINTS = gl.constexpr("=r,l")
+LD_256_PRED_ASM = gl.constexpr(
+    "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.nc.L2::256B.b32 $0, [$1]; }"
+)
+LD_256_PRED_CONSTRAINTS = gl.constexpr("=r,l,r")
 
 
 @gluon.jit
@@ -202,6 +211,21 @@ def _v4(p):
 
 
 @gluon.jit
+def _ld256(p):
+    """``p``'s int32 values (always in bounds), with the L2 256-byte fetch hint."""
+    return gl.inline_asm_elementwise(LD_256_ASM, LD_256_CONSTRAINTS, [p], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _ld256_if(p, live):
+    """``p``'s int32 values where ``live`` (0 elsewhere, nothing read), L2 256-byte hint."""
+    on = gl.broadcast(live, p)[0].to(gl.int32)
+    return gl.inline_asm_elementwise(
+        LD_256_PRED_ASM, LD_256_PRED_CONSTRAINTS, [p, on], dtype=gl.int32, is_pure=True, pack=1
+    )  # fmt: skip
+
+
+@gluon.jit
 def _load4(p, mask, MASKED: gl.constexpr):
     """The 4 int32 words at ``p + (0..3)`` (0 outside ``mask`` where ``MASKED``)."""
     return (
@@ -213,13 +237,17 @@ def _load4(p, mask, MASKED: gl.constexpr):
 
 
 @gluon.jit
-def _row_block(w_row, s_row, grp, c, mask, KG: gl.constexpr, MASKED: gl.constexpr):
+def _row_block(w_row, s_row, grp, c, mask, KG: gl.constexpr, MASKED: gl.constexpr, HINT: gl.constexpr):
     """Word ``c`` of group ``grp`` of rows ``g`` and ``g + 8`` (``w_row``/``s_row`` point at
     row ``g``'s words and scales) and the two uint8 E8M0 group scales (outside ``mask`` where
     ``MASKED``: words 0, scales 127 = 1.0)."""
     wo = grp * 4
-    w_lo = _load(w_row + wo, mask, 0, MASKED)
-    w_hi = _load(w_row + 8 * KG * 4 + wo, mask, 0, MASKED)
+    if HINT and not MASKED:
+        w_lo = _ld256(w_row + wo)
+        w_hi = _ld256(w_row + 8 * KG * 4 + wo)
+    else:
+        w_lo = _load(w_row + wo, mask, 0, MASKED)
+        w_hi = _load(w_row + 8 * KG * 4 + wo, mask, 0, MASKED)
     s_lo = _load(s_row + grp + c * 0, mask, 127, MASKED)
     s_hi = _load(s_row + 8 * KG + grp + c * 0, mask, 127, MASKED)
     return w_lo, w_hi, s_lo, s_hi
@@ -262,12 +290,14 @@ def _reduce_rows(v):
 
 
 @gluon.jit
-def _w13_load(w_lo, s_lo, x4, grp, c, N: gl.constexpr, KG: gl.constexpr, MASKED: gl.constexpr):
+def _w13_load(
+    w_lo, s_lo, x4, grp, c, N: gl.constexpr, KG: gl.constexpr, MASKED: gl.constexpr, HINT: gl.constexpr
+):  # fmt: skip
     """The raw operands of one layer-1 K step (groups ``grp``): gate and up words and E8M0
     scales of rows g / g + 8, and the activation's 4 words."""
     g_ok = grp < KG
-    wg_lo, wg_hi, sg_lo, sg_hi = _row_block(w_lo, s_lo, grp, c, g_ok, KG, MASKED)
-    wu_lo, wu_hi, su_lo, su_hi = _row_block(w_lo + N * KG * 4, s_lo + N * KG, grp, c, g_ok, KG, MASKED)
+    wg_lo, wg_hi, sg_lo, sg_hi = _row_block(w_lo, s_lo, grp, c, g_ok, KG, MASKED, HINT)
+    wu_lo, wu_hi, su_lo, su_hi = _row_block(w_lo + N * KG * 4, s_lo + N * KG, grp, c, g_ok, KG, MASKED, HINT)
     p0, p1, p2, p3 = _load4(x4 + grp * 16, g_ok, MASKED)
     return wg_lo, wg_hi, sg_lo, sg_hi, wu_lo, wu_hi, su_lo, su_hi, p0, p1, p2, p3
 
@@ -304,6 +334,7 @@ def w13_mma_kernel(
     N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, HAS_MAP: gl.constexpr, HAS_BIAS: gl.constexpr,
     ACTIVATION: gl.constexpr, X_F16: gl.constexpr, KS: gl.constexpr, U: gl.constexpr, L: gl.constexpr,
     XL: gl.constexpr, HP: gl.constexpr, NORMALIZE: gl.constexpr, PREFETCH: gl.constexpr,
+    L2_HINT: gl.constexpr,
 ):  # fmt: skip
     """Layer 1 of one (token, choice) pair (axis 0) for 32 intermediate columns (axis 1).
 
@@ -311,7 +342,8 @@ def w13_mma_kernel(
     s: E8M0 ``[E, 2N, H/32]``; b ``[E, 2N]``; ids int32 ``[T * TOP_K]``; emap int32
     ``[E_global]``. Writes hid fp16 ``[T * TOP_K, N]`` (pair order, scaled) and hs float32
     ``[T * TOP_K, N / 32]``. ``L``: the ``[KS, U, 2, 8, 4]`` fragment layout (warps along
-    axis 0); ``XL``: a 1-D layout for the ``HP`` (power of two >= H) activation row."""
+    axis 0); ``XL``: a 1-D layout for the ``HP`` (power of two >= H) activation row.
+    ``L2_HINT``: full K steps load the weight words with L2's 256-byte fetch hint."""
     pair = gl.program_id(0)
     blk = gl.program_id(1)
     token = pair // TOP_K
@@ -348,18 +380,18 @@ def w13_mma_kernel(
     FULL: gl.constexpr = (KG // STEP) * STEP  # steps with every group in range: no masks
     if PREFETCH:  # software pipeline: step j + 1's loads are issued before step j's math
         if FULL > 0:
-            ops = _w13_load(w_lo, s_lo, x4, slot, c, N, KG, False)
+            ops = _w13_load(w_lo, s_lo, x4, slot, c, N, KG, False, L2_HINT)
             for j in range(STEP, FULL, STEP):
-                nxt = _w13_load(w_lo, s_lo, x4, j + slot, c, N, KG, False)
+                nxt = _w13_load(w_lo, s_lo, x4, j + slot, c, N, KG, False, L2_HINT)
                 acc, seen = _w13_math(acc, seen, ops, x_scale, X_F16, NORMALIZE)
                 ops = nxt
             acc, seen = _w13_math(acc, seen, ops, x_scale, X_F16, NORMALIZE)
     else:
         for j in range(0, FULL, STEP):
-            ops = _w13_load(w_lo, s_lo, x4, j + slot, c, N, KG, False)
+            ops = _w13_load(w_lo, s_lo, x4, j + slot, c, N, KG, False, L2_HINT)
             acc, seen = _w13_math(acc, seen, ops, x_scale, X_F16, NORMALIZE)
     if FULL < KG:
-        ops = _w13_load(w_lo, s_lo, x4, FULL + slot, c, N, KG, True)
+        ops = _w13_load(w_lo, s_lo, x4, FULL + slot, c, N, KG, True, L2_HINT)
         acc, seen = _w13_math(acc, seen, ops, x_scale, X_F16, NORMALIZE)
 
     unscale = _unscale(NORMALIZE) * _pow2(e_x)
@@ -391,13 +423,19 @@ def w13_mma_kernel(
 
 
 @gluon.jit
-def _w2_load(w_lo, s_lo, h4, hs_row, live, grp, g, c, KG: gl.constexpr, MASKED: gl.constexpr):
+def _w2_load(
+    w_lo, s_lo, h4, hs_row, live, grp, g, c, KG: gl.constexpr, MASKED: gl.constexpr, HINT: gl.constexpr
+):  # fmt: skip
     """The raw operands of one layer-2 K step (groups ``grp``): words and E8M0 scales of rows
     g / g + 8 of every choice, the intermediate's 4 words and its power of two."""
     tail = grp < KG
     wo = grp * 4
-    w_l = _live_load(w_lo + wo, live, 0, tail, MASKED)
-    w_h = _live_load(w_lo + 8 * KG * 4 + wo, live, 0, tail, MASKED)
+    if HINT and not MASKED:
+        w_l = _ld256_if(w_lo + wo, live)
+        w_h = _ld256_if(w_lo + 8 * KG * 4 + wo, live)
+    else:
+        w_l = _live_load(w_lo + wo, live, 0, tail, MASKED)
+        w_h = _live_load(w_lo + 8 * KG * 4 + wo, live, 0, tail, MASKED)
     s_l = _live_load(s_lo + grp + c * 0, live, 127, tail, MASKED)
     s_h = _live_load(s_lo + 8 * KG + grp + c * 0, live, 127, tail, MASKED)
     hp = h4 + grp * 16
@@ -434,7 +472,7 @@ def w2_mma_kernel(
     stride_be, stride_ot,
     N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, KP: gl.constexpr, KS: gl.constexpr,
     U: gl.constexpr, R: gl.constexpr, HAS_MAP: gl.constexpr, HAS_BIAS: gl.constexpr, L: gl.constexpr,
-    NORMALIZE: gl.constexpr, PREFETCH: gl.constexpr,
+    NORMALIZE: gl.constexpr, PREFETCH: gl.constexpr, L2_HINT: gl.constexpr,
 ):  # fmt: skip
     """Layer 2 and the combine of one token (axis 1) for ``16 * R`` output columns (axis 0).
 
@@ -443,7 +481,7 @@ def w2_mma_kernel(
     s ``[E, N, I/32]``; b ``[E, N]``; out ``[T, N]``: ``sum_c tw[c] * (hid[c] @ w2[e_c].T +
     b[e_c])``. ``L``: the ``[KP * KS, U, R, 8, 4]`` fragment layout (``R`` 16-row blocks per warp
     share each B operand load); warp ``w`` serves choice ``w // KS`` and every ``KS``-th
-    group slot; fixed-order sums (deterministic)."""
+    group slot; fixed-order sums (deterministic). ``L2_HINT``: as in layer 1."""
     blk = gl.program_id(0)
     token = gl.program_id(1).to(gl.int64)
     wv = _ax(KP * KS, L, 0)
@@ -478,18 +516,18 @@ def w2_mma_kernel(
     FULL: gl.constexpr = (KG // STEP) * STEP
     if PREFETCH:  # software pipeline: step j + 1's loads are issued before step j's math
         if FULL > 0:
-            ops = _w2_load(w_lo, s_lo, h4, hs_row, live, slot, g, c, KG, False)
+            ops = _w2_load(w_lo, s_lo, h4, hs_row, live, slot, g, c, KG, False, L2_HINT)
             for j in range(STEP, FULL, STEP):
-                nxt = _w2_load(w_lo, s_lo, h4, hs_row, live, j + slot, g, c, KG, False)
+                nxt = _w2_load(w_lo, s_lo, h4, hs_row, live, j + slot, g, c, KG, False, L2_HINT)
                 acc_lo, acc_hi, seen_lo, seen_hi = _w2_math(acc_lo, acc_hi, seen_lo, seen_hi, ops, NORMALIZE)
                 ops = nxt
             acc_lo, acc_hi, seen_lo, seen_hi = _w2_math(acc_lo, acc_hi, seen_lo, seen_hi, ops, NORMALIZE)
     else:
         for j in range(0, FULL, STEP):
-            ops = _w2_load(w_lo, s_lo, h4, hs_row, live, j + slot, g, c, KG, False)
+            ops = _w2_load(w_lo, s_lo, h4, hs_row, live, j + slot, g, c, KG, False, L2_HINT)
             acc_lo, acc_hi, seen_lo, seen_hi = _w2_math(acc_lo, acc_hi, seen_lo, seen_hi, ops, NORMALIZE)
     if FULL < KG:
-        ops = _w2_load(w_lo, s_lo, h4, hs_row, live, FULL + slot, g, c, KG, True)
+        ops = _w2_load(w_lo, s_lo, h4, hs_row, live, FULL + slot, g, c, KG, True, L2_HINT)
         acc_lo, acc_hi, seen_lo, seen_hi = _w2_math(acc_lo, acc_hi, seen_lo, seen_hi, ops, NORMALIZE)
     acc_lo = _nan_if_seen(acc_lo, seen_lo)  # per lane; a dead choice's value is discarded below
     acc_hi = _nan_if_seen(acc_hi, seen_hi)

@@ -61,7 +61,9 @@ class GluonMoEMMAConfig:
     multiply the decoded weights by ``2**14`` in fp16 before the MMA (4 ``HMUL2`` per word), so
     the tensor cores see only normal fp16 (for hardware that flushes subnormal MMA inputs;
     without it, codes +-0.5 reach the MMA as fp16 subnormals). ``prefetch``: software-pipeline
-    both K loops (the next step's loads issued before this step's MMAs; more registers)."""
+    both K loops (the next step's loads issued before this step's MMAs; more registers).
+    ``l2_hint``: the weight loads of full K steps carry L2's 256-byte fetch hint (a miss
+    also brings the next steps' bytes of the row into L2)."""
 
     ks1: int = 4
     u1: int = 2
@@ -70,6 +72,7 @@ class GluonMoEMMAConfig:
     rb2: int = 1
     normalize: bool = False
     prefetch: bool = False
+    l2_hint: bool = False
 
     def row_pad(self, hidden: int) -> int:
         """Length of layer 1's activation-row tile: a power of two >= ``hidden`` and >= the
@@ -95,9 +98,15 @@ def _layouts(cfg: GluonMoEMMAConfig, top_k: int):
     return l1, xl, l2
 
 
-# From the H100 sweep of 2026-11-23 (docs/benchmarks.md): four K-split warps per choice in
-# layer 2 and both loops software-pipelined were fastest or within 1% at every T.
-CONFIGS: dict[int, GluonMoEMMAConfig] = {t: GluonMoEMMAConfig(ks2=4, prefetch=True) for t in (1, 2, 4, 8)}
+# From the H100 sweep of 2026-11-23 (docs/benchmarks.md, gluon_moe_bench.py --mma-sweep):
+# both loops software-pipelined with the L2 256-byte hint; layer 2 splits K over 4 warps per
+# choice at T = 1 and 4, over 2 at T = 2 and 8 (within 1-4% of each other).
+CONFIGS: dict[int, GluonMoEMMAConfig] = {
+    1: GluonMoEMMAConfig(ks2=4, prefetch=True, l2_hint=True),
+    2: GluonMoEMMAConfig(ks2=2, prefetch=True, l2_hint=True),
+    4: GluonMoEMMAConfig(ks2=4, prefetch=True, l2_hint=True),
+    8: GluonMoEMMAConfig(ks2=2, prefetch=True, l2_hint=True),
+}
 
 
 def mma_config(num_tokens: int) -> GluonMoEMMAConfig:
@@ -148,14 +157,14 @@ def launch(x, w13, w2, b13, b2, emap, out, ids, tw, top_k, activation, cfg: Gluo
         x.stride(0), 0 if b13 is None else b13.stride(0),
         N=inter, KG=hidden // 32, TOP_K=top_k, HAS_MAP=emap is not None, HAS_BIAS=b13 is not None,
         ACTIVATION=ACTIVATION_CODES[activation], X_F16=x.dtype == torch.float16, KS=cfg.ks1, U=cfg.u1, L=l1,
-        XL=xl, HP=cfg.row_pad(hidden), NORMALIZE=cfg.normalize, PREFETCH=cfg.prefetch, num_warps=cfg.ks1,
+        XL=xl, HP=cfg.row_pad(hidden), NORMALIZE=cfg.normalize, PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint, num_warps=cfg.ks1,
     )  # fmt: skip
     w2_mma_kernel[g2](
         hid, hs, p2, s2, x if b2 is None else b2, out, ids, tw, ids if emap is None else emap,
         0 if b2 is None else b2.stride(0), out.stride(0),
         N=hidden, KG=inter // 32, TOP_K=top_k, KP=next_pow2(top_k), KS=cfg.ks2, U=cfg.u2, R=cfg.rb2,
         HAS_MAP=emap is not None, HAS_BIAS=b2 is not None, L=l2, NORMALIZE=cfg.normalize, PREFETCH=cfg.prefetch,
-        num_warps=next_pow2(top_k) * cfg.ks2,
+        L2_HINT=cfg.l2_hint, num_warps=next_pow2(top_k) * cfg.ks2,
     )  # fmt: skip
 
 

@@ -78,10 +78,14 @@ def triton_moe_topk(args: TopKArgs) -> None:
     num_tokens, num_experts = logits.shape
     block_e = max(next_pow2(num_experts), 2)
     block_k = max(next_pow2(args.top_k), 2)
-    block_t = max(1, min(16, 4096 // block_e))
+    # Decode batches (a few tokens) get a tile of their own size on one warp: every
+    # reduction of the k rounds stays in shuffles, no shared-memory round trip.
+    block_t = max(1, min(16, 4096 // block_e, next_pow2(num_tokens)))
+    tile = block_t * block_e
+    num_warps = 1 if tile <= 512 else (4 if block_e >= 256 else 2)
     topk_kernel[(triton.cdiv(num_tokens, block_t),)](
         logits, args.topk_weights, args.topk_ids,
         num_tokens, num_experts, logits.stride(0),
         TOP_K=args.top_k, SIGMOID=args.scoring == "sigmoid", RENORMALIZE=args.renormalize,
-        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_K=block_k, num_warps=4 if block_e >= 256 else 2,
+        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_K=block_k, num_warps=num_warps,
     )  # fmt: skip
