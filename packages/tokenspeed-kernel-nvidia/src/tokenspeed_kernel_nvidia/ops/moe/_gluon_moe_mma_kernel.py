@@ -347,18 +347,18 @@ def w13_mma_kernel(
     pair = gl.program_id(0)
     blk = gl.program_id(1)
     token = pair // TOP_K
+    x_row = x_ptr + token.to(gl.int64) * stride_xt
+    if X_F16:
+        e_x = pair * 0
+    else:  # independent of the routing: issued alongside the ids load
+        xo = gl.arange(0, HP, layout=XL)
+        xv = gl.load(x_row + xo, mask=xo < KG * 32, other=0.0).to(gl.float32)
+        e_x = _exponent(gl.max(gl.abs(xv), axis=0))
     expert = gl.load(ids_ptr + pair)
     if HAS_MAP:
         expert = gl.load(emap_ptr + expert)
     if expert < 0:  # not on this rank: layer 2 masks the pair
         return
-    x_row = x_ptr + token.to(gl.int64) * stride_xt
-    if X_F16:
-        e_x = pair * 0
-    else:
-        xo = gl.arange(0, HP, layout=XL)
-        xv = gl.load(x_row + xo, mask=xo < KG * 32, other=0.0).to(gl.float32)
-        e_x = _exponent(gl.max(gl.abs(xv), axis=0))
 
     ks = _ax(KS, L, 0)
     u = _ax(U, L, 1)
