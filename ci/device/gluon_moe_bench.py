@@ -1,5 +1,5 @@
 """One device call for the Gluon MXFP4 MoE decode kernels (T <= 8): ``gluon_moe_decode_mx_sm90``
-(float32 FMAs) and ``gluon_moe_mma_sm90`` (mma.sync dots, opt-in).
+(float32 FMAs) and ``gluon_moe_mma_sm90`` (mma.sync dots, the selector's pick for bf16/fp16 x).
 
 1. Numerics at GPT-OSS-120B shapes (E = 128, top-4, H = I = 2880, MXFP4 weights, bf16
    activations, swiglu_oai + biases) against ``moe_common.reference64`` (float64), outputs
@@ -13,14 +13,15 @@
    (``moe_topk`` + ``moe_apply``), both Gluon kernels (``moe_topk`` + ``moe_apply``: 3
    launches) and ``gluon fused`` (``moe_decode_from_logits``: 2 launches). ``--mma-sweep``
    adds the MMA kernel's ``MMA_SWEEP`` configurations, each compared with float64 first and
-   timed only if it passes.
+   timed only if it passes. ``--breakdown`` prints per-kernel CUDA times (torch.profiler) of
+   the ``BREAKDOWN`` rows, including each MMA layer alone and repeated (weights L2-resident).
 3. A short table last: µs per call and TB/s over the MXFP4 weight bytes (packed + scales +
    biases) of the distinct experts the routing hits. The goal (issue 5): T = 1 <= 30 µs.
 
 Usage on the device machine (repo root, wheels carried as for ``moe_bench.py``)::
 
     python3 ci/device/gluon_moe_bench.py --json $OUT/gluon_moe.json      # ~2 min on an H100
-    python3 ci/device/gluon_moe_bench.py --mma-sweep --json $OUT/gluon_moe_mma.json   # ~4 min
+    python3 ci/device/gluon_moe_bench.py --mma-sweep --breakdown --json $OUT/gluon_moe_mma.json  # ~1.5 min
 """
 
 from __future__ import annotations

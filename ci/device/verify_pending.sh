@@ -10,7 +10,7 @@
 #   moegemv: ci/device/moe_gemv_bench.py (triton_moe_gemv_mx, T <= 8, ~2 min)
 #   moefp8: moe_bench.py --fp8-act --combine (activation_quant="fp8", combine="atomic", ~6 min)
 #   gluonmoe: gluon_moe_decode_mx_sm90 GPU tests, then ci/device/gluon_moe_bench.py (T <= 8, ~3 min)
-#   gluonmma: gluon_moe_mma_sm90 (mma.sync MXFP4 decode) GPU tests, then gluon_moe_bench.py --mma-sweep (~4 min)
+#   gluonmma: both Gluon MoE decode kernels' GPU tests, then gluon_moe_bench.py --mma-sweep --breakdown (~2 min)
 # Each step has its own time budget and never stops the next one; results land in $OUT.
 #
 # Here:   rm -rf .whl && pip wheel -q --no-deps --no-build-isolation -w .whl packages/tokenspeed-kernel \
@@ -83,7 +83,7 @@ timeout 240 python3 ci/device/gluon_moe_bench.py --json "$OUT/gluon_moe.json" 2>
 }
 
 gluonmma() {
-echo "== gluon_moe_mma_sm90 (T <= 8, mma.sync): GPU numerics tests, then numerics + timings + config sweep"
+echo "== Gluon MoE decode (T <= 8): GPU numerics tests of both kernels, then numerics + timings + MMA config sweep + breakdown"
 timeout 200 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_gluon_moe_decode_gpu.py \
   2>&1 | tail -15 || status=1
 timeout 300 python3 ci/device/gluon_moe_bench.py --mma-sweep --breakdown --json "$OUT/gluon_moe_mma.json" 2>&1 | tail -75 || status=1
