@@ -57,6 +57,19 @@ def test_topk_matches_naive(case):
     torch.testing.assert_close(weights.double().cpu(), ref_w.cpu(), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("num_tokens", "num_experts"), [(1, 128), (2, 128), (16, 128), (17, 128), (3, 256), (40, 256)])
+def test_topk_tile_per_batch_size(num_tokens, num_experts):
+    """The launch sizes its tile to the batch (a T-row tile on one warp for decode batches,
+    16 rows on 2-4 warps past that): every size and the partial last tile match naive."""
+    case = cases.MoECase("moe.topk", num_tokens, 0, 0, num_experts, 4)
+    inputs = cases.make_inputs(case, DEVICE, seed=num_tokens)
+    weights, ids = cases.call(case, inputs)
+    assert last_kernel() == "triton_moe_topk"
+    ref_w, ref_ids = naive_topk(**inputs)
+    assert torch.equal(ids.long().cpu(), ref_ids.cpu())
+    torch.testing.assert_close(weights.double().cpu(), ref_w.cpu(), atol=1e-6, rtol=1e-5)
+
+
 # Every case in bf16; the other activation dtypes on a subset (each weight format once).
 _SUBSET = ("plain_t5", "bias", "expert_map", "fp8_per_channel", "fp8_block", "gpt_oss_like")
 # activation_quant="mxfp8" is not served by the Triton MoE (see test_mxfp8_activations_are_rejected);
