@@ -3,9 +3,7 @@
 The kernels are in :mod:`._gluon_moe_mma_kernel` (fragments, k order, fp16 operands, split
 K). Same contract and the same two launches as :mod:`.gluon_moe_decode`; the difference is
 the inner product: ``mma.sync`` m16n8k16 on E2M1 codes decoded to fp16 in registers,
-instead of float32 FMAs, which the H100 showed to be the limit of the FMA kernel (about
-34 instructions per 4-byte word; docs/benchmarks.md, "Why the MXFP4 decode stops at
-~1.5 TB/s").
+instead of float32 FMAs (25 instructions per 4-byte word in the layer-1 loop instead of 39).
 
 **Numerics.** Products of the E2M1 value and the fp16 activation are exact and summed in
 float32 by the tensor core; the E8M0 scale is applied per 32-value group after the MMA.
@@ -15,10 +13,12 @@ each operand keeps 11 significant bits (bf16 has 8; the FMA kernel keeps a float
 intermediate). float32 x is not served (it would lose 13 bits): the FMA kernel serves it.
 
 **Status.** ``Priority.PERFORMANT + 10``, above ``gluon_moe_decode_mx_sm90`` (which
-still serves float32 x): on an H100 (2026-11-23, docs/benchmarks.md) it matched float64 as
-closely as the FMA kernel (rel. err 1.70e-3 vs 1.69e-3 at GPT-OSS-120B shapes, the bf16
-output rounding) and was 8-9% faster at T = 1..8. ``normalize`` changed no result there:
-Hopper's tensor cores take fp16 subnormal inputs.
+still serves float32 x): on an H100 (2026-11-23, docs/benchmarks.md, MoE decode §7) it
+matched float64 as closely as the FMA kernel (rel. err 1.70e-3 vs 1.69e-3 at GPT-OSS-120B
+shapes, the bf16 output rounding) and was 1.11-1.19x faster at T = 1..8 (41.4 µs at T = 1,
+202.2 µs at T = 8, routing included). ``normalize`` changed no result there: Hopper's
+tensor cores take fp16 subnormal inputs. At T = 1 both layers are latency-bound at ~11
+warps per SM (Nsight Compute: issue slots 35-40% busy, DRAM 35-50%), not issue-bound.
 
 **Workspace.** ``hid`` fp16 ``[T * top_k, I]`` and ``hs`` float32 ``[T * top_k, I / 32]``,
 persistent per shape (stable addresses for CUDA-graph replay).
@@ -100,7 +100,7 @@ def _layouts(cfg: GluonMoEMMAConfig, top_k: int):
 
 # From the H100 sweep of 2026-11-23 (docs/benchmarks.md, gluon_moe_bench.py --mma-sweep):
 # both loops software-pipelined with the L2 256-byte hint; layer 2 splits K over 4 warps per
-# choice at T = 1 and 4, over 2 at T = 2 and 8 (within 1-4% of each other).
+# choice at T = 1 and 4, over 2 at T = 2 and 8 (1-8% apart).
 CONFIGS: dict[int, GluonMoEMMAConfig] = {
     1: GluonMoEMMAConfig(ks2=4, prefetch=True, l2_hint=True),
     2: GluonMoEMMAConfig(ks2=2, prefetch=True, l2_hint=True),
