@@ -10,8 +10,8 @@ instead of decode + 8 conversions + 8 FMAs.
 ``g`` and ``g + 8``: a quad of lanes reads the group's 16 contiguous bytes. A word's codes
 ``k = 0..7`` become four fp16x2 registers ``(k0, k4), (k1, k5), (k2, k6), (k3, k7)`` (bit
 patterns ``e2m1 * 2**-14``: shifts and masks, exact; codes +-0.5 are fp16 subnormals,
-which we expect the tensor cores to multiply exactly, and ``NORMALIZE`` rescales them to
-normal fp16 first if they do not). Two MMAs consume them: the k order inside a
+which Hopper's tensor cores multiply exactly, as measured on an H100; ``NORMALIZE``
+rescales them to normal fp16 first, for hardware that would flush them). Two MMAs consume them: the k order inside a
 group does not matter to a dot as long as the activation operand uses the same order, so
 the B operand of lane ``(g, c)`` is the activation at the same four pairs of positions
 ``32 G + 8 c + (j, j + 4)``. All 8 MMA columns get the same activation (one token per
