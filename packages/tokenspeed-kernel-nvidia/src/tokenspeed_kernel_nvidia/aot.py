@@ -37,6 +37,7 @@ from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_decode as gmoe
 from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_mma as gmma
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_decode_kernel import w2_kernel, w13_kernel
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_kernel import w2_mma_kernel, w13_mma_kernel
+from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w13_mma_tma_kernel
 
 _TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 SM90 = GPUTarget("cuda", 90, 32)
@@ -256,7 +257,11 @@ def compile_moe_mma(
     l1, xl, l2 = cfg.layouts(top_k)
     t = _TYPE[dtype]
     flags = "".join(f"-{f}" for f, on in (("bias", bias), ("map", emap)) if on)
-    flags_cfg = "".join(f for f, on in (("n", cfg.normalize), ("p", cfg.prefetch), ("h", cfg.l2_hint)) if on)
+    flags_cfg = "".join(
+        f
+        for f, on in (("n", cfg.normalize), ("p", cfg.prefetch), ("h", cfg.l2_hint), (f"t{cfg.stages1}", cfg.tma1))
+        if on
+    )
     tag = f"{cfg.ks1}.{cfg.u1}.{cfg.ks2}.{cfg.u2}.{cfg.rb2}{flags_cfg}"
     if layer == 1:
         signature = {
@@ -271,6 +276,12 @@ def compile_moe_mma(
             "PREFETCH": cfg.prefetch, "L2_HINT": cfg.l2_hint,
         }  # fmt: skip
         kernel, warps = w13_mma_kernel, cfg.ks1
+        if cfg.tma1:  # the TMA-staged layer 1: a descriptor instead of the word pointer
+            box, box_layout = gmma.tma_box(cfg)
+            del signature["w_ptr"], constexprs["L"], constexprs["PREFETCH"], constexprs["L2_HINT"]
+            signature = {"x_ptr": t, "w_desc": f"tensordesc<i32[{box[0]}, {box[1]}],{box_layout!r}>", **signature}
+            constexprs["STAGES"] = cfg.stages1
+            kernel = w13_mma_tma_kernel
         name = f"gluon_moe_mma_w13-{str(dtype)[6:]}-h{hidden}-i{inter}-k{top_k}-c{tag}-{activation}{flags}"
     else:
         signature = {
@@ -301,6 +312,7 @@ def moe_mma_grid():
         gmma.GluonMoEMMAConfig(ks2=4, rb2=2),
         gmma.GluonMoEMMAConfig(prefetch=True),
         gmma.GluonMoEMMAConfig(ks2=2, prefetch=True, l2_hint=True),
+        gmma.GluonMoEMMAConfig(ks2=4, prefetch=True, l2_hint=True, tma1=True),  # layer 1 by TMA (opt-in)
     )
     rows = []
     for layer in (1, 2):

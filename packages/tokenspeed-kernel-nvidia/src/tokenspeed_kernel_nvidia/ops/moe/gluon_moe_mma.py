@@ -63,7 +63,10 @@ class GluonMoEMMAConfig:
     without it, codes +-0.5 reach the MMA as fp16 subnormals). ``prefetch``: software-pipeline
     both K loops (the next step's loads issued before this step's MMAs; more registers).
     ``l2_hint``: the weight loads of full K steps carry L2's 256-byte fetch hint (a miss
-    also brings the next steps' bytes of the row into L2)."""
+    also brings the next steps' bytes of the row into L2). ``tma1``: layer 1 stages its
+    weight words through a ``stages1``-deep TMA ring in shared memory
+    (:mod:`._gluon_moe_mma_tma_kernel`; needs ``ks1 * u1 <= 8``, ignores ``prefetch`` and
+    ``l2_hint`` for layer 1). Not yet run on a GPU: no shipped configuration uses it."""
 
     ks1: int = 4
     u1: int = 2
@@ -73,6 +76,8 @@ class GluonMoEMMAConfig:
     normalize: bool = False
     prefetch: bool = False
     l2_hint: bool = False
+    tma1: bool = False
+    stages1: int = 4
 
     def row_pad(self, hidden: int) -> int:
         """Length of layer 1's activation-row tile: a power of two >= ``hidden`` and >= the
@@ -131,6 +136,24 @@ def _aligned_rows(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def tma_box(cfg: GluonMoEMMAConfig) -> tuple[list[int], object]:
+    """(box shape, shared layout) of layer 1's TMA copies: ``[32 rows, 4 * ks1 * u1 words]``
+    of int32, swizzled by the box row's bytes (128 for the default ``ks1 * u1 = 8``)."""
+    from triton.experimental.gluon import language as gl
+
+    width = 4 * cfg.ks1 * cfg.u1
+    return [32, width], gl.NVMMASharedLayout(swizzle_byte_width=min(128, 4 * width), element_bitwidth=32, rank=2)
+
+
+def _w13_descriptor(p13: torch.Tensor, cfg: GluonMoEMMAConfig):
+    """A TMA descriptor over w13's int32 words ``[E, 2I, H/8]`` viewed as ``[E * 2I, H/8]``."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    flat = p13.view(-1, p13.shape[-1])
+    box, layout = tma_box(cfg)
+    return TensorDescriptor(flat, list(flat.shape), [flat.shape[1], 1], box, layout)
+
+
 def launch(
     x, w13, w2, b13, b2, emap, out, ids, tw, top_k, activation, cfg: GluonMoEMMAConfig | None = None,
     layers: tuple[int, ...] = (1, 2),
@@ -151,13 +174,30 @@ def launch(
         raise ValueError(
             f"gluon_moe_mma_sm90 needs I % 32 == 0 and H % {16 * cfg.rb2} == 0 (rb2={cfg.rb2}); got I={inter}, H={hidden}"
         )
+    if cfg.tma1 and w13.packed.data_ptr() % 16:
+        raise ValueError("tma1 needs w13's packed words 16-byte aligned (a TMA base); got an offset view")
+    if cfg.tma1 and (cfg.ks1 * cfg.u1 > 8 or cfg.stages1 < 1):
+        raise ValueError(
+            f"tma1 needs ks1 * u1 <= 8 (a TMA box row of at most 128 bytes) and stages1 >= 1; got ks1={cfg.ks1}, "
+            f"u1={cfg.u1}, stages1={cfg.stages1}"
+        )
     g1, g2 = grids(num_tokens, top_k, hidden, inter, cfg)
     l1, xl, l2 = cfg.layouts(top_k)
     p13, s13 = words(w13)
     p2, s2 = words(w2)
     hid = workspace(x.device, "mma_hid", (num_tokens * top_k, inter), torch.float16)
     hs = workspace(x.device, "mma_hs", (num_tokens * top_k, inter // 32), torch.float32)
-    if 1 in layers:
+    if 1 in layers and cfg.tma1:
+        from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w13_mma_tma_kernel
+
+        w13_mma_tma_kernel[g1](
+            x, _w13_descriptor(p13, cfg), s13, x if b13 is None else b13, hid, hs, ids, ids if emap is None else emap,
+            x.stride(0), 0 if b13 is None else b13.stride(0),
+            N=inter, KG=hidden // 32, TOP_K=top_k, HAS_MAP=emap is not None, HAS_BIAS=b13 is not None,
+            ACTIVATION=ACTIVATION_CODES[activation], X_F16=x.dtype == torch.float16, KS=cfg.ks1, U=cfg.u1,
+            STAGES=cfg.stages1, XL=xl, HP=cfg.row_pad(hidden), NORMALIZE=cfg.normalize, num_warps=cfg.ks1,
+        )  # fmt: skip
+    elif 1 in layers:
         w13_mma_kernel[g1](
             x, p13, s13, x if b13 is None else b13, hid, hs, ids, ids if emap is None else emap,
             x.stride(0), 0 if b13 is None else b13.stride(0),
