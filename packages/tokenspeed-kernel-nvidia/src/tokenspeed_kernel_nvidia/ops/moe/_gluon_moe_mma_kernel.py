@@ -328,6 +328,27 @@ def _w13_math(acc, seen, ops, x_scale, X_F16: gl.constexpr, NORMALIZE: gl.conste
 
 
 @gluon.jit
+def _pair_start(
+    x_ptr, ids_ptr, emap_ptr, stride_xt, pair, TOP_K: gl.constexpr, HAS_MAP: gl.constexpr, X_F16: gl.constexpr,
+    KG: gl.constexpr, HP: gl.constexpr, XL: gl.constexpr,
+):  # fmt: skip
+    """Layer 1's prologue for one (token, choice) pair: (the token's x row, the exponent
+    ``e`` of its power-of-two rescale (0 for fp16 x), the local expert (< 0: not on this
+    rank)). The x row does not depend on the routing: it is read alongside the ids load."""
+    x_row = x_ptr + (pair // TOP_K).to(gl.int64) * stride_xt
+    if X_F16:
+        e_x = pair * 0
+    else:
+        xo = gl.arange(0, HP, layout=XL)
+        xv = gl.load(x_row + xo, mask=xo < KG * 32, other=0.0).to(gl.float32)
+        e_x = _exponent(gl.max(gl.abs(xv), axis=0))
+    expert = gl.load(ids_ptr + pair)
+    if HAS_MAP:
+        expert = gl.load(emap_ptr + expert)
+    return x_row, e_x, expert
+
+
+@gluon.jit
 def w13_mma_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, hid_ptr, hs_ptr, ids_ptr, emap_ptr,
     stride_xt, stride_be,
@@ -346,17 +367,7 @@ def w13_mma_kernel(
     ``L2_HINT``: full K steps load the weight words with L2's 256-byte fetch hint."""
     pair = gl.program_id(0)
     blk = gl.program_id(1)
-    token = pair // TOP_K
-    x_row = x_ptr + token.to(gl.int64) * stride_xt
-    if X_F16:
-        e_x = pair * 0
-    else:  # independent of the routing: issued alongside the ids load
-        xo = gl.arange(0, HP, layout=XL)
-        xv = gl.load(x_row + xo, mask=xo < KG * 32, other=0.0).to(gl.float32)
-        e_x = _exponent(gl.max(gl.abs(xv), axis=0))
-    expert = gl.load(ids_ptr + pair)
-    if HAS_MAP:
-        expert = gl.load(emap_ptr + expert)
+    x_row, e_x, expert = _pair_start(x_ptr, ids_ptr, emap_ptr, stride_xt, pair, TOP_K, HAS_MAP, X_F16, KG, HP, XL)
     if expert < 0:  # not on this rank: layer 2 masks the pair
         return
 

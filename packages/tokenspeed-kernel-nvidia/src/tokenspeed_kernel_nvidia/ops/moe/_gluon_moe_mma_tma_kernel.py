@@ -33,6 +33,7 @@ from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_kernel import (
     _exponent,
     _group_dot,
     _nan_if_seen,
+    _pair_start,
     _pow2,
     _scale_bits,
     _unscale,
@@ -112,17 +113,7 @@ def w13_mma_tma_kernel(
     ROWS: gl.constexpr = gl.SliceLayout(1, B8)
     pair = gl.program_id(0)
     blk = gl.program_id(1)
-    token = pair // TOP_K
-    x_row = x_ptr + token.to(gl.int64) * stride_xt
-    if X_F16:
-        e_x = pair * 0
-    else:  # independent of the routing: issued alongside the ids load
-        xo = gl.arange(0, HP, layout=XL)
-        xv = gl.load(x_row + xo, mask=xo < KG * 32, other=0.0).to(gl.float32)
-        e_x = _exponent(gl.max(gl.abs(xv), axis=0))
-    expert = gl.load(ids_ptr + pair)
-    if HAS_MAP:
-        expert = gl.load(emap_ptr + expert)
+    x_row, e_x, expert = _pair_start(x_ptr, ids_ptr, emap_ptr, stride_xt, pair, TOP_K, HAS_MAP, X_F16, KG, HP, XL)
     if expert < 0:  # not on this rank: layer 2 masks the pair
         return
 
