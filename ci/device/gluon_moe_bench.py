@@ -47,11 +47,14 @@ MMA_SWEEP = (
     {"ks2": 4, "prefetch": True, "l2_hint": True},
     {"ks2": 2, "prefetch": True, "l2_hint": True},
     {"ks2": 4, "prefetch": True},
-    # layer 1 staged by TMA (opt-in, not yet run): stages, and 8 warps of one group each
+    # layers staged by TMA (opt-in, not yet run): stages, 8 warps of one group each, layer 2
     {"ks2": 4, "prefetch": True, "l2_hint": True, "tma1": True},
     {"ks2": 4, "prefetch": True, "l2_hint": True, "tma1": True, "stages1": 2},
     {"ks2": 4, "prefetch": True, "l2_hint": True, "tma1": True, "stages1": 6},
     {"ks1": 8, "u1": 1, "ks2": 4, "prefetch": True, "l2_hint": True, "tma1": True},
+    {"ks2": 4, "prefetch": True, "l2_hint": True, "tma1": True, "tma2": True},
+    {"ks2": 2, "prefetch": True, "l2_hint": True, "tma1": True, "tma2": True},
+    {"ks2": 4, "prefetch": True, "l2_hint": True, "tma2": True},
 )
 # Rows of --breakdown: (label, override kernel name, "fused", MMA config fields, or
 # ("layer", n): one MMA layer alone, repeated, with the selected configuration: its weights
@@ -60,6 +63,7 @@ BREAKDOWN = (
     ("fma routed", GLUON),
     ("mma selected", MMA),
     ("mma tma1", {"ks2": 4, "prefetch": True, "l2_hint": True, "tma1": True}),
+    ("mma tma1+2", {"ks2": 4, "prefetch": True, "l2_hint": True, "tma1": True, "tma2": True}),
     ("mma layer 1 alone", ("layer", 1)),
     ("mma layer 2 alone", ("layer", 2)),
 )

@@ -2,6 +2,8 @@
 instructions (decode: cp.async gathers, mma.sync; window prefill: TMA copies, wgmma), and
 ptxas reports no spills."""
 
+import re
+
 import pytest
 from support.aot import run_aot
 
@@ -97,11 +99,14 @@ def test_gluon_moe_mma_compiles_for_sm90_with_tensor_cores():
         assert row["mma"] >= 4 and row["mma"] % 2 == 0, row
         assert row["cvt_f16"] <= 16 and sass["HADD2.F32"] <= 16, row
         assert row["wgmma"] == 0, row
-        # TMA only in the opt-in TMA-staged layer 1 (tag t<stages>; layer 2 of that config
-        # loads as before): 2 boxes per prologue
-        # stage and 2 in the loop, no spills at 4 stages of 2 x 4 KB.
-        if "mma_w13" in row["kernel"] and "t4-" in row["kernel"]:
+        # TMA only in the opt-in TMA-staged layers (tag t<stages> for layer 1, T<stages> for
+        # layer 2), no spills. Layer 1: 2 boxes per prologue stage and 2 in the loop (4 stages
+        # of 2 x 4 KB); layer 2 at GPT-OSS top-4: one box per choice, prologue and loop.
+        tag = re.search(r"-c[\d.]+([A-Za-z\d]*)-", row["kernel"]).group(1)
+        if "mma_w13" in row["kernel"] and "t4" in tag:
             assert row["tma"] == 2 * 4 + 2 and row["spills"] == 0 and row["shared_bytes"] >= 2 * 4 * 4096, row
-        else:
+        elif "mma_w2" in row["kernel"] and "T4" in tag and "-k4-" in row["kernel"]:
+            assert row["tma"] == 4 * 4 + 4 and row["spills"] == 0 and row["shared_bytes"] >= 4 * 4 * 2048, row
+        elif ("mma_w13" in row["kernel"] and "t" not in tag) or ("mma_w2" in row["kernel"] and "T" not in tag):
             assert row["tma"] == 0, row
         assert 0 < row["registers"] <= 255, row

@@ -164,31 +164,39 @@ def test_cuda_graph_replay_matches_eager(kernel):
         assert torch.equal(fused_out, fused_eager)
 
 
-TMA_CONFIGS = [
-    dict(ks2=4, prefetch=True, l2_hint=True, tma1=True),  # 4 stages, 8 groups per step
-    dict(ks1=8, u1=1, tma1=True, stages1=2),
-    dict(ks1=2, u1=2, tma1=True, stages1=6),  # 4 groups per step: a 64-byte box row
-]
+TMA_CONFIGS = {
+    "l1": dict(ks2=4, prefetch=True, l2_hint=True, tma1=True),  # 4 stages, 8 groups per step
+    "l1-ks8-2st": dict(ks1=8, u1=1, tma1=True, stages1=2),
+    "l1-ks2-6st": dict(ks1=2, u1=2, tma1=True, stages1=6),  # 4 groups per step: a 64-byte box row
+    "l1l2": dict(ks2=4, prefetch=True, l2_hint=True, tma1=True, tma2=True),
+    "l2-ks2-2st": dict(ks2=2, u2=2, tma2=True, stages2=2),
+    "l2-ks8u1": dict(ks2=8, u2=1, tma2=True, stages2=3),
+}
 
 
-@pytest.mark.parametrize("fields", TMA_CONFIGS, ids=["default", "ks8-2st", "ks2-6st"])
-@pytest.mark.parametrize(("t", "h", "i", "emap"), [(1, 64, 96, False), (5, 96, 160, True), (2, 2880, 2880, False)])
-def test_tma_layer1_matches_float64(fields, t, h, i, emap):
-    """Layer 1 staged by TMA (``tma1``, opt-in): H = 64 (2 groups: fewer steps than stages,
-    a zero-filled box tail), 96, and GPT-OSS's 2880 (90 groups: a partial last step); an
-    expert map with remote experts; NaN-poisoned output."""
+@pytest.mark.parametrize("name", list(TMA_CONFIGS))
+@pytest.mark.parametrize(
+    ("t", "h", "i", "top_k", "emap"),
+    [(1, 64, 96, 4, False), (3, 64, 96, 3, False), (5, 96, 160, 4, True), (2, 2880, 2880, 4, False)],
+)
+def test_tma_layers_match_float64(name, t, h, i, top_k, emap):
+    """Layers staged by TMA (``tma1`` / ``tma2``, opt-in): H = 64 (2 groups: fewer steps than
+    stages, a zero-filled box tail), top-3 (a padded choice in layer 2), 96 with an expert
+    map (remote choices: no copy, a plain barrier arrival), and GPT-OSS's 2880 (90 groups:
+    a partial last step); NaN-poisoned output."""
     from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_mma as gm
 
+    fields = TMA_CONFIGS[name]
     x, w13, w2, b13, b2, logits = moe_problem(t, 4, h, i, seed=t)  # 4 local experts
     em = None
     if emap:  # 8 global experts, the odd ones on another rank
         logits = torch.randn(t, 8, generator=torch.Generator(device="cuda").manual_seed(t), device="cuda")
         em = torch.tensor([0, -1, 1, -1, 2, -1, 3, -1], dtype=torch.int32, device="cuda")
-    tw, ti = naive_topk(logits, 4)
+    tw, ti = naive_topk(logits, top_k)
     tw, ti = tw.float().contiguous(), ti.int().contiguous()
     kw = dict(activation="swiglu_oai", w13_bias=b13, w2_bias=b2, expert_map=em)
     out = torch.full_like(x, float("nan"))
-    gm.launch(x, w13, w2, b13, b2, em, out, ti, tw, 4, "swiglu_oai", gm.GluonMoEMMAConfig(**fields))
+    gm.launch(x, w13, w2, b13, b2, em, out, ti, tw, top_k, "swiglu_oai", gm.GluonMoEMMAConfig(**fields))
     ref = naive_moe(x, w13, w2, tw, ti, **kw)
     assert not out.isnan().any()
     assert rel_err(out, ref) < 2e-2

@@ -127,11 +127,18 @@ def test_selector_ranks_it_first_on_sm90(x_dtype, num_tokens, chosen):
 
 
 @pytest.mark.parametrize(
-    ("fields", "needle"), [({"ks1": 8, "u1": 2}, "ks1 \\* u1 <= 8"), ({"stages1": 0}, "stages1 >= 1")]
+    ("fields", "needle"),
+    [
+        ({"tma1": True, "ks1": 8, "u1": 2}, "ks1 \\* u1 <= 8"),
+        ({"tma1": True, "stages1": 0}, "stages1 >= 1"),
+        ({"tma2": True, "rb2": 2}, "rb2 == 1"),
+        ({"tma2": True, "ks2": 4, "u2": 4}, "ks2 \\* u2 <= 8"),
+    ],
 )
-def test_tma_layer1_config_is_checked_before_launch(fields, needle):
-    """The opt-in TMA-staged layer 1 reads a box row of 16 * ks1 * u1 bytes (at most the
-    128-byte swizzle): a wider one is a ValueError before any launch."""
+def test_tma_config_is_checked_before_launch(fields, needle):
+    """The opt-in TMA-staged layers read box rows of 16 * ks * u bytes (at most the 128-byte
+    swizzle), layer 2 one 16-row block per warp: anything else is a ValueError before any
+    launch."""
     from tokenspeed_kernel.quant import quantize_mxfp4
 
     e, h, i = 1, 64, 32
@@ -139,8 +146,9 @@ def test_tma_layer1_config_is_checked_before_launch(fields, needle):
     w2 = quantize_mxfp4(torch.randn(e, h, i))
     x = torch.randn(1, h, dtype=torch.bfloat16)
     ids, tw = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, 1)
-    cfg = gm.GluonMoEMMAConfig(tma1=True, **fields)
+    cfg = gm.GluonMoEMMAConfig(**fields)
     with pytest.raises(ValueError, match=needle):
         gm.launch(x, w13, w2, None, None, None, torch.empty_like(x), ids, tw, 1, "silu", cfg)
     assert gm.tma_box(gm.GluonMoEMMAConfig(tma1=True))[0] == [32, 32]
-    assert all(not c.tma1 for c in gm.CONFIGS.values())  # opt-in: no shipped configuration uses it
+    assert gm.tma_box(gm.GluonMoEMMAConfig(tma2=True), 2)[0] == [16, 16]
+    assert all(not (c.tma1 or c.tma2) for c in gm.CONFIGS.values())  # opt-in: no shipped configuration uses them

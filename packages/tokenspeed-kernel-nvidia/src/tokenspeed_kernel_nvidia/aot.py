@@ -37,7 +37,7 @@ from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_decode as gmoe
 from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_mma as gmma
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_decode_kernel import w2_kernel, w13_kernel
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_kernel import w2_mma_kernel, w13_mma_kernel
-from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w13_mma_tma_kernel
+from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w2_mma_tma_kernel, w13_mma_tma_kernel
 
 _TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 SM90 = GPUTarget("cuda", 90, 32)
@@ -259,7 +259,13 @@ def compile_moe_mma(
     flags = "".join(f"-{f}" for f, on in (("bias", bias), ("map", emap)) if on)
     flags_cfg = "".join(
         f
-        for f, on in (("n", cfg.normalize), ("p", cfg.prefetch), ("h", cfg.l2_hint), (f"t{cfg.stages1}", cfg.tma1))
+        for f, on in (
+            ("n", cfg.normalize),
+            ("p", cfg.prefetch),
+            ("h", cfg.l2_hint),
+            (f"t{cfg.stages1}", cfg.tma1),
+            (f"T{cfg.stages2}", cfg.tma2),
+        )
         if on
     )
     tag = f"{cfg.ks1}.{cfg.u1}.{cfg.ks2}.{cfg.u2}.{cfg.rb2}{flags_cfg}"
@@ -294,6 +300,13 @@ def compile_moe_mma(
             "L2_HINT": cfg.l2_hint,
         }  # fmt: skip
         kernel, warps = w2_mma_kernel, gmma.next_pow2(top_k) * cfg.ks2
+        if cfg.tma2:  # the TMA-staged layer 2: a descriptor instead of the word pointer
+            box, box_layout = gmma.tma_box(cfg, 2)
+            del signature["w_ptr"], constexprs["L"], constexprs["PREFETCH"], constexprs["L2_HINT"], constexprs["R"]
+            desc = f"tensordesc<i32[{box[0]}, {box[1]}],{box_layout!r}>"
+            signature = {"hid_ptr": "*fp16", "hs_ptr": "*fp32", "w_desc": desc, **signature}
+            constexprs["STAGES"] = cfg.stages2
+            kernel = w2_mma_tma_kernel
         name = f"gluon_moe_mma_w2-{str(dtype)[6:]}-h{hidden}-i{inter}-k{top_k}-c{tag}{flags}"
     for key in constexprs:
         signature[key] = "constexpr"
@@ -313,6 +326,7 @@ def moe_mma_grid():
         gmma.GluonMoEMMAConfig(prefetch=True),
         gmma.GluonMoEMMAConfig(ks2=2, prefetch=True, l2_hint=True),
         gmma.GluonMoEMMAConfig(ks2=4, prefetch=True, l2_hint=True, tma1=True),  # layer 1 by TMA (opt-in)
+        gmma.GluonMoEMMAConfig(ks2=4, prefetch=True, l2_hint=True, tma1=True, tma2=True),  # both layers
     )
     rows = []
     for layer in (1, 2):

@@ -1,4 +1,5 @@
-"""Layer 1 of ``gluon_moe_mma_sm90`` with its weights staged by TMA (config ``tma1``).
+"""``gluon_moe_mma_sm90``'s two layers with their weights staged by TMA (configs ``tma1``,
+``tma2``).
 
 Same inputs, outputs and numerics as ``w13_mma_kernel`` in :mod:`._gluon_moe_mma_kernel`
 (the decode, the two MMAs per MX group, the E8M0 scales, the activation and the fp16
@@ -19,7 +20,11 @@ registers. Here they cost shared memory instead:
   reads are free of bank conflicts. Slices ``0, 8, 16, 24`` are rows ``g``, ``g + 8`` of the
   two 16-row MMA blocks.
 
-Not yet run on a GPU: opt-in through ``GluonMoEMMAConfig(tma1=True)`` only.
+Layer 2 (``w2_mma_tma_kernel``) does the same per choice: one ``[16, BW]`` box of each live
+choice's expert per step into ``[STAGES, KP * 16, BW]``, read as ``[KP, 8, BW]`` slices
+with warps ``[KP, 1, KS]`` (each choice's warps read its own box).
+
+Not yet run on a GPU: opt-in through ``GluonMoEMMAConfig(tma1=True)`` / ``(tma2=True)`` only.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_kernel import (
     _pow2,
     _scale_bits,
     _unscale,
+    _w2_math,
     _x_operand,
 )
 
@@ -198,3 +204,122 @@ def w13_mma_tma_kernel(
     _store_block(h_row, a2, h_scale, blk, 2, r)
     _store_block(h_row, a3, h_scale, blk, 3, r)
     gl.store(hs_ptr + pair.to(gl.int64) * (N // 32) + blk, _pow2(e_h))
+
+
+@gluon.jit
+def _choice_expert(ids_ptr, emap_ptr, pair, HAS_MAP: gl.constexpr):
+    """The local expert of ``pair`` (< 0: not on this rank)."""
+    e = gl.load(ids_ptr + pair)
+    if HAS_MAP:
+        e = gl.load(emap_ptr + e)
+    return e
+
+
+@gluon.jit
+def _issue_w2(desc, ring, bar, ids_ptr, emap_ptr, token, stage, row0, col, N: gl.constexpr, TOP_K: gl.constexpr,
+              KP: gl.constexpr, HAS_MAP: gl.constexpr):  # fmt: skip
+    """Start one step's copies: the ``[16, BW]`` box at ``[e_c * N + row0, col]`` of every
+    live choice ``c`` into rows ``16 c ..`` of ``ring[stage]``. The stage's barrier counts ``TOP_K``
+    arrivals: a live choice arrives with its bytes to expect, a remote one (no copy) plainly."""
+    for ch in gl.static_range(TOP_K):
+        e = _choice_expert(ids_ptr, emap_ptr, token * TOP_K + ch, HAS_MAP)
+        on = e >= 0
+        mbarrier.expect(bar, desc.block_type.nbytes, pred=on)
+        mbarrier.arrive(bar, pred=e < 0)
+        tma.async_copy_global_to_shared(desc, [gl.maximum(e, 0) * N + row0, col], bar, ring.index(stage).slice(ch * 16, 16, dim=0),
+                                        pred=on)  # fmt: skip
+
+
+@gluon.jit
+def w2_mma_tma_kernel(
+    hid_ptr, hs_ptr, w_desc, s_ptr, b_ptr, out_ptr, ids_ptr, tw_ptr, emap_ptr,
+    stride_be, stride_ot,
+    N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, KP: gl.constexpr, KS: gl.constexpr,
+    U: gl.constexpr, STAGES: gl.constexpr, HAS_MAP: gl.constexpr, HAS_BIAS: gl.constexpr,
+    NORMALIZE: gl.constexpr,
+):  # fmt: skip
+    """Layer 2 and the combine of one token (axis 1) for 16 output columns (axis 0), as
+    ``w2_mma_kernel`` with ``R = 1``; ``w_desc``: TMA descriptor over w2's int32 words
+    viewed as ``[E * N, I / 8]``, box ``[16, 4 * KS * U]``. ``KP * KS`` warps."""
+    BW: gl.constexpr = 4 * KS * U
+    STEP: gl.constexpr = KS * U
+    NSTEP: gl.constexpr = (KG + STEP - 1) // STEP
+    B3: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 8, 4], [KP, 1, KS], [2, 1, 0])
+    blk = gl.program_id(0)
+    token = gl.program_id(1).to(gl.int64)
+    row0 = blk * 16
+
+    ring = gl.allocate_shared_memory(gl.int32, [STAGES, KP * 16, BW], w_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for st in gl.static_range(STAGES):
+        mbarrier.init(bars.index(st), count=TOP_K)
+    fence_async_shared()
+    for st in gl.static_range(STAGES):
+        if st < NSTEP:
+            _issue_w2(w_desc, ring, bars.index(st), ids_ptr, emap_ptr, token, st, row0, st * BW, N, TOP_K, KP,
+                      HAS_MAP)  # fmt: skip
+
+    ch = gl.expand_dims(gl.expand_dims(gl.arange(0, KP, layout=gl.SliceLayout(1, gl.SliceLayout(2, B3))), 1), 2)
+    g = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, B3))), 0), 2)
+    col = gl.expand_dims(gl.expand_dims(gl.arange(0, BW, layout=gl.SliceLayout(0, gl.SliceLayout(1, B3))), 0), 1)
+    slot = col // 4
+    c = col % 4
+    pairs = token * TOP_K + ch  # [KP, 1, 1]
+    c_ok = ch < TOP_K
+    experts = gl.load(ids_ptr + pairs, mask=c_ok, other=-1)
+    if HAS_MAP:
+        experts = gl.load(emap_ptr + experts, mask=c_ok & (experts >= 0), other=-1)
+    live = c_ok & (experts >= 0)
+    weight = gl.load(tw_ptr + pairs, mask=live, other=0.0)
+    e64 = gl.where(live, experts, 0).to(gl.int64)
+    rows = row0 + g  # [1, 8, 1]
+    s_lo = s_ptr + e64 * (N * KG) + rows.to(gl.int64) * KG  # [KP, 8, 1]
+    h4 = hid_ptr.to(gl.pointer_type(gl.int32)) + pairs * (KG * 16) + c * 4 + g * 0  # [KP, 8, BW]
+    hs_row = hs_ptr + pairs * KG
+    acc_lo = gl.zeros([KP, 8, BW], gl.float32, layout=B3)
+    acc_hi = gl.zeros([KP, 8, BW], gl.float32, layout=B3)
+    seen_lo = gl.zeros([KP, 8, BW], gl.int32, layout=B3)
+    seen_hi = gl.zeros([KP, 8, BW], gl.int32, layout=B3)
+
+    for i in range(NSTEP):
+        stage = i % STAGES
+        grp = i * STEP + slot  # [1, 1, BW]
+        ok = live & (grp < KG)
+        hp = h4 + grp * 16
+        b0 = gl.load(hp, mask=ok, other=0)
+        b1 = gl.load(hp + 1, mask=ok, other=0)
+        b2 = gl.load(hp + 2, mask=ok, other=0)
+        b3 = gl.load(hp + 3, mask=ok, other=0)
+        hs = gl.load(hs_row + grp + g * 0, mask=ok, other=0.0)
+        s_l = gl.load(s_lo + grp, mask=ok, other=127)
+        s_h = gl.load(s_lo + 8 * KG + grp, mask=ok, other=127)
+        mbarrier.wait(bars.index(stage), (i // STAGES) & 1)
+        boxes = ring.index(stage).reshape([KP, 16, BW])
+        w_l = boxes.slice(0, 8, dim=1).load(B3)
+        w_h = boxes.slice(8, 8, dim=1).load(B3)
+        ops = (w_l, w_h, s_l, s_h, b0, b1, b2, b3, hs)
+        acc_lo, acc_hi, seen_lo, seen_hi = _w2_math(acc_lo, acc_hi, seen_lo, seen_hi, ops, NORMALIZE)
+        gl.thread_barrier()  # every warp has read this stage: refill it
+        if i + STAGES < NSTEP:
+            _issue_w2(w_desc, ring, bars.index(stage), ids_ptr, emap_ptr, token, stage, row0, (i + STAGES) * BW, N,
+                      TOP_K, KP, HAS_MAP)  # fmt: skip
+    for st in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(st))
+
+    # As w2_mma_kernel: 2**14 * dot (+ the bias once per choice, at word column 0), times the
+    # routing weight; a remote or padded choice adds nothing (its box was never copied).
+    acc_lo = _nan_if_seen(acc_lo, seen_lo) * _unscale(NORMALIZE)
+    acc_hi = _nan_if_seen(acc_hi, seen_hi) * _unscale(NORMALIZE)
+    if HAS_BIAS:
+        first = live & (col == 0)
+        b_row = b_ptr + e64 * stride_be
+        acc_lo += gl.load(b_row + rows + col * 0, mask=first, other=0.0).to(gl.float32) * 4.0
+        acc_hi += gl.load(b_row + rows + 8 + col * 0, mask=first, other=0.0).to(gl.float32) * 4.0
+    acc_lo = gl.where(live, acc_lo * weight, 0.0)
+    acc_hi = gl.where(live, acc_hi * weight, 0.0)
+    y_lo = gl.sum(gl.sum(acc_lo, axis=2), axis=0) * 0.25  # [8]
+    y_hi = gl.sum(gl.sum(acc_hi, axis=2), axis=0) * 0.25
+    r_out = row0 + gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, B3)))
+    o_row = out_ptr + token * stride_ot
+    gl.store(o_row + r_out, y_lo.to(out_ptr.dtype.element_ty))
+    gl.store(o_row + r_out + 8, y_hi.to(out_ptr.dtype.element_ty))

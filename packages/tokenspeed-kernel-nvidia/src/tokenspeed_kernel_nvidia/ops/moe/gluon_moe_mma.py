@@ -66,7 +66,9 @@ class GluonMoEMMAConfig:
     also brings the next steps' bytes of the row into L2). ``tma1``: layer 1 stages its
     weight words through a ``stages1``-deep TMA ring in shared memory
     (:mod:`._gluon_moe_mma_tma_kernel`; needs ``ks1 * u1 <= 8``, ignores ``prefetch`` and
-    ``l2_hint`` for layer 1). Not yet run on a GPU: no shipped configuration uses it."""
+    ``l2_hint`` for layer 1). ``tma2``: layer 2 likewise, one box per live choice and step
+    (needs ``rb2 == 1`` and ``ks2 * u2 <= 8``). Not yet run on a GPU: no shipped
+    configuration uses either."""
 
     ks1: int = 4
     u1: int = 2
@@ -78,6 +80,8 @@ class GluonMoEMMAConfig:
     l2_hint: bool = False
     tma1: bool = False
     stages1: int = 4
+    tma2: bool = False
+    stages2: int = 4
 
     def row_pad(self, hidden: int) -> int:
         """Length of layer 1's activation-row tile: a power of two >= ``hidden`` and >= the
@@ -136,21 +140,23 @@ def _aligned_rows(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def tma_box(cfg: GluonMoEMMAConfig) -> tuple[list[int], object]:
-    """(box shape, shared layout) of layer 1's TMA copies: ``[32 rows, 4 * ks1 * u1 words]``
-    of int32, swizzled by the box row's bytes (128 for the default ``ks1 * u1 = 8``)."""
+def tma_box(cfg: GluonMoEMMAConfig, layer: int = 1) -> tuple[list[int], object]:
+    """(box shape, shared layout) of a layer's TMA copies: ``[32 rows, 4 * ks1 * u1 words]``
+    (layer 1) or ``[16 rows, 4 * ks2 * u2 words]`` (layer 2) of int32, swizzled by the box
+    row's bytes (128 for ``ks * u = 8``)."""
     from triton.experimental.gluon import language as gl
 
-    width = 4 * cfg.ks1 * cfg.u1
-    return [32, width], gl.NVMMASharedLayout(swizzle_byte_width=min(128, 4 * width), element_bitwidth=32, rank=2)
+    rows, width = (32, 4 * cfg.ks1 * cfg.u1) if layer == 1 else (16, 4 * cfg.ks2 * cfg.u2)
+    return [rows, width], gl.NVMMASharedLayout(swizzle_byte_width=min(128, 4 * width), element_bitwidth=32, rank=2)
 
 
-def _w13_descriptor(p13: torch.Tensor, cfg: GluonMoEMMAConfig):
-    """A TMA descriptor over w13's int32 words ``[E, 2I, H/8]`` viewed as ``[E * 2I, H/8]``."""
+def _descriptor(words: torch.Tensor, cfg: GluonMoEMMAConfig, layer: int):
+    """A TMA descriptor over a layer's int32 words ``[E, rows, K/8]`` viewed as
+    ``[E * rows, K/8]``."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    flat = p13.view(-1, p13.shape[-1])
-    box, layout = tma_box(cfg)
+    flat = words.view(-1, words.shape[-1])
+    box, layout = tma_box(cfg, layer)
     return TensorDescriptor(flat, list(flat.shape), [flat.shape[1], 1], box, layout)
 
 
@@ -176,6 +182,11 @@ def launch(
         )
     if cfg.tma1 and w13.packed.data_ptr() % 16:
         raise ValueError("tma1 needs w13's packed words 16-byte aligned (a TMA base); got an offset view")
+    if cfg.tma2 and (w2.packed.data_ptr() % 16 or cfg.rb2 != 1 or cfg.ks2 * cfg.u2 > 8 or cfg.stages2 < 1):
+        raise ValueError(
+            f"tma2 needs w2's packed words 16-byte aligned, rb2 == 1, ks2 * u2 <= 8 and stages2 >= 1; got rb2={cfg.rb2}, "
+            f"ks2={cfg.ks2}, u2={cfg.u2}, stages2={cfg.stages2}"
+        )
     if cfg.tma1 and (cfg.ks1 * cfg.u1 > 8 or cfg.stages1 < 1):
         raise ValueError(
             f"tma1 needs ks1 * u1 <= 8 (a TMA box row of at most 128 bytes) and stages1 >= 1; got ks1={cfg.ks1}, "
@@ -191,7 +202,7 @@ def launch(
         from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w13_mma_tma_kernel
 
         w13_mma_tma_kernel[g1](
-            x, _w13_descriptor(p13, cfg), s13, x if b13 is None else b13, hid, hs, ids, ids if emap is None else emap,
+            x, _descriptor(p13, cfg, 1), s13, x if b13 is None else b13, hid, hs, ids, ids if emap is None else emap,
             x.stride(0), 0 if b13 is None else b13.stride(0),
             N=inter, KG=hidden // 32, TOP_K=top_k, HAS_MAP=emap is not None, HAS_BIAS=b13 is not None,
             ACTIVATION=ACTIVATION_CODES[activation], X_F16=x.dtype == torch.float16, KS=cfg.ks1, U=cfg.u1,
@@ -206,7 +217,17 @@ def launch(
             XL=xl, HP=cfg.row_pad(hidden), NORMALIZE=cfg.normalize, PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint,
             num_warps=cfg.ks1,
         )  # fmt: skip
-    if 2 in layers:
+    if 2 in layers and cfg.tma2:
+        from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w2_mma_tma_kernel
+
+        w2_mma_tma_kernel[g2](
+            hid, hs, _descriptor(p2, cfg, 2), s2, x if b2 is None else b2, out, ids, tw, ids if emap is None else emap,
+            0 if b2 is None else b2.stride(0), out.stride(0),
+            N=hidden, KG=inter // 32, TOP_K=top_k, KP=next_pow2(top_k), KS=cfg.ks2, U=cfg.u2, STAGES=cfg.stages2,
+            HAS_MAP=emap is not None, HAS_BIAS=b2 is not None, NORMALIZE=cfg.normalize,
+            num_warps=next_pow2(top_k) * cfg.ks2,
+        )  # fmt: skip
+    elif 2 in layers:
         w2_mma_kernel[g2](
             hid, hs, p2, s2, x if b2 is None else b2, out, ids, tw, ids if emap is None else emap,
             0 if b2 is None else b2.stride(0), out.stride(0),
