@@ -273,9 +273,16 @@ def main() -> int:
     parser.add_argument("--no-bench", action="store_true")
     parser.add_argument("--mma-sweep", action="store_true", help="time the MMA kernel's MMA_SWEEP configurations")
     parser.add_argument("--breakdown", action="store_true", help="per-kernel CUDA times (torch.profiler)")
+    parser.add_argument("--skip-tma", action="store_true", help="leave out the TMA-staged (tma1/tma2) rows")
     parser.add_argument("--tokens", default=None, help="comma-separated T values (default 1,2,4,8)")
     a = parser.parse_args()
     global TOKENS
+    if a.skip_tma:
+        global MMA_SWEEP, BREAKDOWN
+        MMA_SWEEP = tuple(f for f in MMA_SWEEP if not (f.get("tma1") or f.get("tma2")))
+        BREAKDOWN = tuple(
+            r for r in BREAKDOWN if not (isinstance(r[1], dict) and (r[1].get("tma1") or r[1].get("tma2")))
+        )
     if a.tokens:
         TOKENS = tuple(int(t) for t in a.tokens.split(","))
     if not torch.cuda.is_available():

@@ -84,9 +84,15 @@ timeout 240 python3 ci/device/gluon_moe_bench.py --json "$OUT/gluon_moe.json" 2>
 
 gluonmma() {
 echo "== Gluon MoE decode (T <= 8): GPU numerics tests of both kernels, then numerics + timings + MMA config sweep + breakdown"
-timeout 200 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_gluon_moe_decode_gpu.py \
+timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -k "not tma" tests/tokenspeed_kernel_nvidia/test_gluon_moe_decode_gpu.py \
   2>&1 | tail -15 || status=1
-timeout 300 python3 ci/device/gluon_moe_bench.py --mma-sweep --breakdown --json "$OUT/gluon_moe_mma.json" 2>&1 | tail -75 || status=1
+# The opt-in TMA-staged layers on their own clock: a hung mbarrier must not cost the call.
+tma_flag=""
+if ! timeout 150 python3 -m pytest -q -rs -p no:cacheprovider -k tma tests/tokenspeed_kernel_nvidia/test_gluon_moe_decode_gpu.py \
+  2>&1 | tail -15; then
+  echo "TMA-staged layers failed or timed out: their sweep and breakdown rows are skipped"; tma_flag="--skip-tma"; status=1
+fi
+timeout 300 python3 ci/device/gluon_moe_bench.py --mma-sweep --breakdown $tma_flag --json "$OUT/gluon_moe_mma.json" 2>&1 | tail -75 || status=1
 }
 
 moequick() {
