@@ -328,6 +328,15 @@ def _w13_math(acc, seen, ops, x_scale, X_F16: gl.constexpr, NORMALIZE: gl.conste
 
 
 @gluon.jit
+def _choice_expert(ids_ptr, emap_ptr, pair, HAS_MAP: gl.constexpr):
+    """The local expert of (token, choice) ``pair`` (< 0: not on this rank)."""
+    e = gl.load(ids_ptr + pair)
+    if HAS_MAP:
+        e = gl.load(emap_ptr + e)
+    return e
+
+
+@gluon.jit
 def _pair_start(
     x_ptr, ids_ptr, emap_ptr, stride_xt, pair, TOP_K: gl.constexpr, HAS_MAP: gl.constexpr, X_F16: gl.constexpr,
     KG: gl.constexpr, HP: gl.constexpr, XL: gl.constexpr,
@@ -342,10 +351,7 @@ def _pair_start(
         xo = gl.arange(0, HP, layout=XL)
         xv = gl.load(x_row + xo, mask=xo < KG * 32, other=0.0).to(gl.float32)
         e_x = _exponent(gl.max(gl.abs(xv), axis=0))
-    expert = gl.load(ids_ptr + pair)
-    if HAS_MAP:
-        expert = gl.load(emap_ptr + expert)
-    return x_row, e_x, expert
+    return x_row, e_x, _choice_expert(ids_ptr, emap_ptr, pair, HAS_MAP)
 
 
 @gluon.jit
@@ -478,6 +484,18 @@ def _w2_math(acc_lo, acc_hi, seen_lo, seen_hi, ops, NORMALIZE: gl.constexpr):
 
 
 @gluon.jit
+def _choice_term(acc, seen, bias, first, live, weight, HAS_BIAS: gl.constexpr, NORMALIZE: gl.constexpr):
+    """A layer-2 block's per-lane term: NaN where a scale of the row was 255, times the
+    decode's ``2**14`` (unless ``NORMALIZE``), plus the bias (pointers ``bias``) once per
+    choice at its ``first`` lanes (x 4: the row reduction takes a quarter of each quad),
+    times the routing ``weight``; 0 for a choice that is not ``live`` (not 0 * NaN)."""
+    acc = _nan_if_seen(acc, seen) * _unscale(NORMALIZE)
+    if HAS_BIAS:
+        acc += gl.load(bias, mask=first & live, other=0.0).to(gl.float32) * 4.0
+    return gl.where(live, acc * weight, 0.0)
+
+
+@gluon.jit
 def w2_mma_kernel(
     hid_ptr, hs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, ids_ptr, tw_ptr, emap_ptr,
     stride_be, stride_ot,
@@ -540,20 +558,11 @@ def w2_mma_kernel(
     if FULL < KG:
         ops = _w2_load(w_lo, s_lo, h4, hs_row, live, FULL + slot, g, c, KG, True, L2_HINT)
         acc_lo, acc_hi, seen_lo, seen_hi = _w2_math(acc_lo, acc_hi, seen_lo, seen_hi, ops, NORMALIZE)
-    acc_lo = _nan_if_seen(acc_lo, seen_lo)  # per lane; a dead choice's value is discarded below
-    acc_hi = _nan_if_seen(acc_hi, seen_hi)
-
-    # Per warp: 2**14 * dot (+ the bias once per choice, on its ks = 0 warp), times the
-    # routing weight; a remote choice adds nothing (not 0 * NaN).
+    # Per warp: the bias once per choice, on its ks = 0 warp; a remote choice adds nothing.
     first = (ks == 0) & (u == 0) & (c == 0)
-    acc_lo = acc_lo * _unscale(NORMALIZE)
-    acc_hi = acc_hi * _unscale(NORMALIZE)
-    if HAS_BIAS:
-        b_row = b_ptr + e64 * stride_be
-        acc_lo += gl.load(b_row + rows + u * 0 + c * 0, mask=first & live, other=0.0).to(gl.float32) * 4.0
-        acc_hi += gl.load(b_row + rows + 8 + u * 0 + c * 0, mask=first & live, other=0.0).to(gl.float32) * 4.0
-    acc_lo = gl.where(live, acc_lo * weight, 0.0)
-    acc_hi = gl.where(live, acc_hi * weight, 0.0)
+    bias = b_ptr + e64 * stride_be + rows + u * 0 + c * 0
+    acc_lo = _choice_term(acc_lo, seen_lo, bias, first, live, weight, HAS_BIAS, NORMALIZE)
+    acc_hi = _choice_term(acc_hi, seen_hi, bias + 8, first, live, weight, HAS_BIAS, NORMALIZE)
     y_lo = _reduce_rows(acc_lo)  # [R, 8]
     y_hi = _reduce_rows(acc_hi)
     r_out = _max_rows(rows + wv * 0 + u * 0 + c * 0)  # [R, 8], all < N (N % (16 R) == 0)

@@ -35,8 +35,11 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_decode_kernel import _activate
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_kernel import (
+    _choice_expert,
+    _choice_term,
     _exponent,
     _group_dot,
+    _load4,
     _nan_if_seen,
     _pair_start,
     _pow2,
@@ -156,11 +159,7 @@ def w13_mma_tma_kernel(
         stage = i % STAGES
         grp = i * STEP + slot  # [1, BW]
         ok = grp < KG
-        xp = x4 + grp * 16
-        p0 = gl.load(xp, mask=ok, other=0)
-        p1 = gl.load(xp + 1, mask=ok, other=0)
-        p2 = gl.load(xp + 2, mask=ok, other=0)
-        p3 = gl.load(xp + 3, mask=ok, other=0)
+        p0, p1, p2, p3 = _load4(x4 + grp * 16, ok, True)
         b = _x_operand(p0, p1, p2, p3, x_scale, X_F16)
         mbarrier.wait(bars.index(stage), (i // STAGES) & 1)
         gbox = g_smem.index(stage)
@@ -204,15 +203,6 @@ def w13_mma_tma_kernel(
     _store_block(h_row, a2, h_scale, blk, 2, r)
     _store_block(h_row, a3, h_scale, blk, 3, r)
     gl.store(hs_ptr + pair.to(gl.int64) * (N // 32) + blk, _pow2(e_h))
-
-
-@gluon.jit
-def _choice_expert(ids_ptr, emap_ptr, pair, HAS_MAP: gl.constexpr):
-    """The local expert of ``pair`` (< 0: not on this rank)."""
-    e = gl.load(ids_ptr + pair)
-    if HAS_MAP:
-        e = gl.load(emap_ptr + e)
-    return e
 
 
 @gluon.jit
@@ -285,11 +275,7 @@ def w2_mma_tma_kernel(
         stage = i % STAGES
         grp = i * STEP + slot  # [1, 1, BW]
         ok = live & (grp < KG)
-        hp = h4 + grp * 16
-        b0 = gl.load(hp, mask=ok, other=0)
-        b1 = gl.load(hp + 1, mask=ok, other=0)
-        b2 = gl.load(hp + 2, mask=ok, other=0)
-        b3 = gl.load(hp + 3, mask=ok, other=0)
+        b0, b1, b2, b3 = _load4(h4 + grp * 16, ok, True)
         hs = gl.load(hs_row + grp + g * 0, mask=ok, other=0.0)
         s_l = gl.load(s_lo + grp, mask=ok, other=127)
         s_h = gl.load(s_lo + 8 * KG + grp, mask=ok, other=127)
@@ -306,17 +292,12 @@ def w2_mma_tma_kernel(
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(st))
 
-    # As w2_mma_kernel: 2**14 * dot (+ the bias once per choice, at word column 0), times the
-    # routing weight; a remote or padded choice adds nothing (its box was never copied).
-    acc_lo = _nan_if_seen(acc_lo, seen_lo) * _unscale(NORMALIZE)
-    acc_hi = _nan_if_seen(acc_hi, seen_hi) * _unscale(NORMALIZE)
-    if HAS_BIAS:
-        first = live & (col == 0)
-        b_row = b_ptr + e64 * stride_be
-        acc_lo += gl.load(b_row + rows + col * 0, mask=first, other=0.0).to(gl.float32) * 4.0
-        acc_hi += gl.load(b_row + rows + 8 + col * 0, mask=first, other=0.0).to(gl.float32) * 4.0
-    acc_lo = gl.where(live, acc_lo * weight, 0.0)
-    acc_hi = gl.where(live, acc_hi * weight, 0.0)
+    # As w2_mma_kernel, the bias at word column 0; a remote or padded choice adds nothing
+    # (its box was never copied).
+    first = col == 0
+    bias = b_ptr + e64 * stride_be + rows + col * 0
+    acc_lo = _choice_term(acc_lo, seen_lo, bias, first, live, weight, HAS_BIAS, NORMALIZE)
+    acc_hi = _choice_term(acc_hi, seen_hi, bias + 8, first, live, weight, HAS_BIAS, NORMALIZE)
     y_lo = gl.sum(gl.sum(acc_lo, axis=2), axis=0) * 0.25  # [8]
     y_hi = gl.sum(gl.sum(acc_hi, axis=2), axis=0) * 0.25
     r_out = row0 + gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, B3)))
