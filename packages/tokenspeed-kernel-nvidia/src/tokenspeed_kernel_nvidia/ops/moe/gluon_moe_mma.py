@@ -68,7 +68,8 @@ class GluonMoEMMAConfig:
     (:mod:`._gluon_moe_mma_tma_kernel`; needs ``ks1 * u1 <= 8``, ignores ``prefetch`` and
     ``l2_hint`` for layer 1). ``tma2``: layer 2 likewise, one box per live choice and step
     (needs ``rb2 == 1`` and ``ks2 * u2 <= 8``). Not yet run on a GPU: no shipped
-    configuration uses either."""
+    configuration uses either. An impossible TMA configuration is a ValueError here, at
+    construction."""
 
     ks1: int = 4
     u1: int = 2
@@ -82,6 +83,18 @@ class GluonMoEMMAConfig:
     stages1: int = 4
     tma2: bool = False
     stages2: int = 4
+
+    def __post_init__(self) -> None:
+        if self.tma1 and (self.ks1 * self.u1 > 8 or self.stages1 < 1):
+            raise ValueError(
+                f"tma1 needs ks1 * u1 <= 8 (a TMA box row of at most 128 bytes) and stages1 >= 1; got ks1={self.ks1}, "
+                f"u1={self.u1}, stages1={self.stages1}"
+            )
+        if self.tma2 and (self.rb2 != 1 or self.ks2 * self.u2 > 8 or self.stages2 < 1):
+            raise ValueError(
+                f"tma2 needs rb2 == 1, ks2 * u2 <= 8 and stages2 >= 1; got rb2={self.rb2}, ks2={self.ks2}, "
+                f"u2={self.u2}, stages2={self.stages2}"
+            )
 
     def row_pad(self, hidden: int) -> int:
         """Length of layer 1's activation-row tile: a power of two >= ``hidden`` and >= the
@@ -150,12 +163,12 @@ def tma_box(cfg: GluonMoEMMAConfig, layer: int = 1) -> tuple[list[int], object]:
     return [rows, width], gl.NVMMASharedLayout(swizzle_byte_width=min(128, 4 * width), element_bitwidth=32, rank=2)
 
 
-def _descriptor(words: torch.Tensor, cfg: GluonMoEMMAConfig, layer: int):
-    """A TMA descriptor over a layer's int32 words ``[E, rows, K/8]`` viewed as
-    ``[E * rows, K/8]``."""
+def _descriptor(packed: torch.Tensor, cfg: GluonMoEMMAConfig, layer: int):
+    """A TMA descriptor over a layer's int32 words ``[E, rows, K/8]`` (from :func:`words`)
+    viewed as ``[E * rows, K/8]``."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    flat = words.view(-1, words.shape[-1])
+    flat = packed.view(-1, packed.shape[-1])
     box, layout = tma_box(cfg, layer)
     return TensorDescriptor(flat, list(flat.shape), [flat.shape[1], 1], box, layout)
 
@@ -180,60 +193,43 @@ def launch(
         raise ValueError(
             f"gluon_moe_mma_sm90 needs I % 32 == 0 and H % {16 * cfg.rb2} == 0 (rb2={cfg.rb2}); got I={inter}, H={hidden}"
         )
-    if cfg.tma1 and w13.packed.data_ptr() % 16:
-        raise ValueError("tma1 needs w13's packed words 16-byte aligned (a TMA base); got an offset view")
-    if cfg.tma2 and (w2.packed.data_ptr() % 16 or cfg.rb2 != 1 or cfg.ks2 * cfg.u2 > 8 or cfg.stages2 < 1):
-        raise ValueError(
-            f"tma2 needs w2's packed words 16-byte aligned, rb2 == 1, ks2 * u2 <= 8 and stages2 >= 1; got rb2={cfg.rb2}, "
-            f"ks2={cfg.ks2}, u2={cfg.u2}, stages2={cfg.stages2}"
-        )
-    if cfg.tma1 and (cfg.ks1 * cfg.u1 > 8 or cfg.stages1 < 1):
-        raise ValueError(
-            f"tma1 needs ks1 * u1 <= 8 (a TMA box row of at most 128 bytes) and stages1 >= 1; got ks1={cfg.ks1}, "
-            f"u1={cfg.u1}, stages1={cfg.stages1}"
-        )
+    for on, name, w in ((cfg.tma1, "w13", w13), (cfg.tma2, "w2", w2)):
+        if on and w.packed.data_ptr() % 16:
+            raise ValueError(f"a TMA-staged layer needs {name}'s packed words 16-byte aligned; got an offset view")
     g1, g2 = grids(num_tokens, top_k, hidden, inter, cfg)
     l1, xl, l2 = cfg.layouts(top_k)
     p13, s13 = words(w13)
     p2, s2 = words(w2)
     hid = workspace(x.device, "mma_hid", (num_tokens * top_k, inter), torch.float16)
     hs = workspace(x.device, "mma_hs", (num_tokens * top_k, inter // 32), torch.float32)
+    # What the register and the TMA-staged kernel of each layer share (arguments after the
+    # weight words or their descriptor, and constexprs).
+    rest1 = (s13, x if b13 is None else b13, hid, hs, ids, ids if emap is None else emap, x.stride(0),
+             0 if b13 is None else b13.stride(0))  # fmt: skip
+    meta1 = dict(
+        N=inter, KG=hidden // 32, TOP_K=top_k, HAS_MAP=emap is not None, HAS_BIAS=b13 is not None,
+        ACTIVATION=ACTIVATION_CODES[activation], X_F16=x.dtype == torch.float16, KS=cfg.ks1, U=cfg.u1, XL=xl,
+        HP=cfg.row_pad(hidden), NORMALIZE=cfg.normalize, num_warps=cfg.ks1,
+    )  # fmt: skip
+    rest2 = (s2, x if b2 is None else b2, out, ids, tw, ids if emap is None else emap, 0 if b2 is None else b2.stride(0),
+             out.stride(0))  # fmt: skip
+    meta2 = dict(
+        N=hidden, KG=inter // 32, TOP_K=top_k, KP=next_pow2(top_k), KS=cfg.ks2, U=cfg.u2, HAS_MAP=emap is not None,
+        HAS_BIAS=b2 is not None, NORMALIZE=cfg.normalize, num_warps=next_pow2(top_k) * cfg.ks2,
+    )  # fmt: skip
     if 1 in layers and cfg.tma1:
         from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w13_mma_tma_kernel
 
-        w13_mma_tma_kernel[g1](
-            x, _descriptor(p13, cfg, 1), s13, x if b13 is None else b13, hid, hs, ids, ids if emap is None else emap,
-            x.stride(0), 0 if b13 is None else b13.stride(0),
-            N=inter, KG=hidden // 32, TOP_K=top_k, HAS_MAP=emap is not None, HAS_BIAS=b13 is not None,
-            ACTIVATION=ACTIVATION_CODES[activation], X_F16=x.dtype == torch.float16, KS=cfg.ks1, U=cfg.u1,
-            STAGES=cfg.stages1, XL=xl, HP=cfg.row_pad(hidden), NORMALIZE=cfg.normalize, num_warps=cfg.ks1,
-        )  # fmt: skip
+        w13_mma_tma_kernel[g1](x, _descriptor(p13, cfg, 1), *rest1, STAGES=cfg.stages1, **meta1)
     elif 1 in layers:
-        w13_mma_kernel[g1](
-            x, p13, s13, x if b13 is None else b13, hid, hs, ids, ids if emap is None else emap,
-            x.stride(0), 0 if b13 is None else b13.stride(0),
-            N=inter, KG=hidden // 32, TOP_K=top_k, HAS_MAP=emap is not None, HAS_BIAS=b13 is not None,
-            ACTIVATION=ACTIVATION_CODES[activation], X_F16=x.dtype == torch.float16, KS=cfg.ks1, U=cfg.u1, L=l1,
-            XL=xl, HP=cfg.row_pad(hidden), NORMALIZE=cfg.normalize, PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint,
-            num_warps=cfg.ks1,
-        )  # fmt: skip
+        w13_mma_kernel[g1](x, p13, *rest1, L=l1, PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint, **meta1)
     if 2 in layers and cfg.tma2:
         from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w2_mma_tma_kernel
 
-        w2_mma_tma_kernel[g2](
-            hid, hs, _descriptor(p2, cfg, 2), s2, x if b2 is None else b2, out, ids, tw, ids if emap is None else emap,
-            0 if b2 is None else b2.stride(0), out.stride(0),
-            N=hidden, KG=inter // 32, TOP_K=top_k, KP=next_pow2(top_k), KS=cfg.ks2, U=cfg.u2, STAGES=cfg.stages2,
-            HAS_MAP=emap is not None, HAS_BIAS=b2 is not None, NORMALIZE=cfg.normalize,
-            num_warps=next_pow2(top_k) * cfg.ks2,
-        )  # fmt: skip
+        w2_mma_tma_kernel[g2](hid, hs, _descriptor(p2, cfg, 2), *rest2, STAGES=cfg.stages2, **meta2)
     elif 2 in layers:
         w2_mma_kernel[g2](
-            hid, hs, p2, s2, x if b2 is None else b2, out, ids, tw, ids if emap is None else emap,
-            0 if b2 is None else b2.stride(0), out.stride(0),
-            N=hidden, KG=inter // 32, TOP_K=top_k, KP=next_pow2(top_k), KS=cfg.ks2, U=cfg.u2, R=cfg.rb2,
-            HAS_MAP=emap is not None, HAS_BIAS=b2 is not None, L=l2, NORMALIZE=cfg.normalize,
-            PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint, num_warps=next_pow2(top_k) * cfg.ks2,
+            hid, hs, p2, *rest2, R=cfg.rb2, L=l2, PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint, **meta2
         )  # fmt: skip
 
 
