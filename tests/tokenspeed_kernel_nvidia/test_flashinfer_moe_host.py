@@ -118,7 +118,7 @@ def _reasons(request, arch):
 def test_metadata_is_honest():
     spec = registry.get_kernel(KERNEL)
     assert spec.op == "moe.apply" and spec.backend == "nvidia" and spec.solution == "flashinfer"
-    assert spec.archs == frozenset({"sm_89", "sm_90", "sm_100", "sm_103", "sm_110", "sm_120", "sm_121"})
+    assert spec.archs == frozenset({"sm_90"})  # the one architecture we have tried it on
     assert spec.band.name == "OPT_IN" and spec.graph_safe is False and spec.prepare is not None
     assert spec.features == frozenset({"silu", "gelu", "swiglu_oai", "bias", "expert_map"})
 
@@ -126,9 +126,9 @@ def test_metadata_is_honest():
 def test_selection_on_faked_platforms(fake):
     request = _request(activation="swiglu_oai", bias=True, expert_map=True)
     assert _reasons(request, "sm_90") == ()
-    assert _reasons(request, "sm_100") == ()
-    (why,) = _reasons(request, "sm_80")
-    assert "sm_80" in why or "arch" in why
+    for arch in ("sm_80", "sm_100"):  # sm_100: FlashInfer builds it, we have never tried
+        (why,) = _reasons(request, arch)
+        assert arch in why or "arch" in why
     assert _reasons(request, "gfx942")
 
 
@@ -140,9 +140,8 @@ def test_unverified_without_consent(fake, monkeypatch):
     monkeypatch.delenv(UNVERIFIED_ENV)
     selector.clear_cache()
     request = _request(activation="swiglu_oai", bias=True)
-    for arch in ("sm_90", "sm_100"):
-        (why,) = _reasons(request, arch)
-        assert "never run on a GPU" in why and UNVERIFIED_ENV in why
+    (why,) = _reasons(request, "sm_90")
+    assert "never run on a GPU" in why and UNVERIFIED_ENV in why
     monkeypatch.setenv(UNVERIFIED_ENV, "0")
     assert "never run on a GPU" in _reasons(request, "sm_90")[0]
 
@@ -173,7 +172,7 @@ def test_list_prints_the_archs(fake):
     with contextlib.redirect_stdout(buf):
         assert cli.main(["list", "moe.apply"]) == 0
     (line,) = [ln for ln in buf.getvalue().splitlines() if ln.strip().startswith(KERNEL + " ")]
-    assert "archs=sm_100,sm_103,sm_110,sm_120,sm_121,sm_89,sm_90" in line
+    assert " archs=sm_90 " in line
     assert "priority=opt_in" in line and "graph_safe=no" in line and "hooks=prepare" in line
     assert "Plain bf16/fp16 weights only" in buf.getvalue()  # the description line
 

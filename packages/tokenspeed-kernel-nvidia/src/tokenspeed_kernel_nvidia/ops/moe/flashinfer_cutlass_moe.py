@@ -7,8 +7,9 @@ with it:
 - **Architectures.** ``get_cutlass_fused_moe_module`` JIT-builds one module per compute
   capability and raises ``ValueError("Invalid backend")`` for any other: sm_89, sm_90
   (sm90a flags), sm_100/sm_107/sm_110 (the "100" module), sm_103, sm_120/sm_121. No sm_80
-  or sm_86 module exists, so :data:`ARCHS` lists exactly the others (sm_107 has no name in
-  the core's platform table).
+  or sm_86 module exists (:data:`FLASHINFER_ARCHS`: the named ones; sm_107 has no name in
+  the core's platform table). We register only sm_90 (:data:`ARCHS`), the one architecture
+  we have tried to build it for (the H100); the others wait for a GPU of theirs.
 - **Weights.** Only plain weights in x's dtype (bf16 x bf16, fp16 x fp16) are registered.
   The runner's other modes need layouts this module does not produce: MXFP4 x bf16
   ("W4A16", ``use_w4_group_scaling``) wants FlashInfer's interleaved weight/scale layout
@@ -74,6 +75,7 @@ __all__ = [
     "ACTIVATION_TYPES",
     "ARCHS",
     "FEATURES",
+    "FLASHINFER_ARCHS",
     "SWIGLU_OAI",
     "UNVERIFIED_ENV",
     "FlashInferCutlassWeights",
@@ -84,8 +86,10 @@ __all__ = [
 ]
 
 NAME = "flashinfer_cutlass_moe"
-# Compute capabilities get_cutlass_fused_moe_module builds a module for (sm_107 -> "100").
-ARCHS = ("sm_89", "sm_90", "sm_100", "sm_103", "sm_110", "sm_120", "sm_121")
+# Compute capabilities get_cutlass_fused_moe_module builds a module for (sm_107 -> "100"),
+# and the one of them this kernel is registered for: the only one we have tried (H100).
+FLASHINFER_ARCHS = ("sm_89", "sm_90", "sm_100", "sm_103", "sm_110", "sm_120", "sm_121")
+ARCHS = ("sm_90",)
 ACT_DTYPES = (torch.bfloat16, torch.float16)
 FEATURES = ("silu", "gelu", "swiglu_oai", "bias", "expert_map")
 # Our activation -> the name of FlashInfer's ``ActivationType`` member (tllm_enums.py).
