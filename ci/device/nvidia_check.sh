@@ -6,7 +6,8 @@
 #   3. check attention.decode/extend/prefill for the FlashInfer kernels, in the time left, one
 #      after the other (a call that ran them at once, 3 x MAX_JOBS=16 nvcc builds, ended with
 #      the machine no longer answering, 2026-11-23; cause not established)
-# STEPS (default "1 2 3") picks steps, e.g. STEPS=3 for the FlashInfer checks alone.
+# STEPS (default "1 2 3") picks steps, e.g. STEPS=3 for the FlashInfer checks alone;
+# FI_KERNELS (default all three) narrows step 3, e.g. FI_KERNELS=flashinfer_prefill.
 # FlashInfer builds into FLASHINFER_WORKSPACE_BASE=.fi-ws (git-ignored, so a second call on
 # the same warm machine resumes instead of rebuilding).
 # Here:   rm -rf .whl && pip wheel -q --no-deps --no-build-isolation -w .whl packages/tokenspeed-kernel \
@@ -50,6 +51,7 @@ fi
 if [[ $steps == *" 3 "* ]]; then
   echo "== 3. FlashInfer kernels through check"
   for pair in "attention.decode flashinfer_decode" "attention.extend flashinfer_extend" "attention.prefill flashinfer_prefill"; do
+    [[ " ${FI_KERNELS:-flashinfer_decode flashinfer_extend flashinfer_prefill} " == *" ${pair#* } "* ]] || continue
     # shellcheck disable=SC2086
     check $pair
   done
