@@ -200,3 +200,26 @@ def test_tma_layers_match_float64(name, t, h, i, top_k, emap):
     ref = naive_moe(x, w13, w2, tw, ti, **kw)
     assert not out.isnan().any()
     assert rel_err(out, ref) < 2e-2
+
+
+def test_shipped_tma_config_falls_back_on_unaligned_weights():
+    """T = 5 (bucket 8) ships a TMA-staged layer 1, which needs 16-byte aligned weight words:
+    w13's packed bytes taken from a buffer at a 4-byte offset (still word-aligned) are served
+    by the register layer 1 through the public call, correct against float64; the same
+    weights with an explicit TMA configuration are a ValueError naming w13."""
+    from tokenspeed_kernel.quant import MXFP4Weight
+    from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_mma as gm
+
+    assert gm.mma_config(5).tma1
+    x, w13, w2, b13, b2, logits = moe_problem(5, 8, 64, 96, seed=11)
+    buf = torch.empty(w13.packed.numel() + 4, dtype=torch.uint8, device="cuda")
+    packed = buf[4:].view(w13.packed.shape)
+    packed.copy_(w13.packed)
+    assert packed.data_ptr() % 16 == 4
+    w13 = MXFP4Weight(packed, w13.scales)
+    tw, ti = naive_topk(logits, 4)
+    tw, ti = tw.float().contiguous(), ti.int().contiguous()
+    assert _err(MMA, x, w13, w2, tw, ti, activation="swiglu_oai", w13_bias=b13, w2_bias=b2) < 2e-2
+    out = torch.empty_like(x)
+    with pytest.raises(ValueError, match="w13's packed words 16-byte aligned"):
+        gm.launch(x, w13, w2, b13, b2, None, out, ti, tw, 4, "swiglu_oai", gm.mma_config(5))

@@ -317,7 +317,8 @@ def compile_moe_mma(
 def moe_mma_grid():
     """Both layers of the tensor-core decode at GPT-OSS-120B shapes (bf16 and fp16 x), a
     tiny shape with top-3 (a padded choice warp), an expert map, no bias, silu; the
-    normalized decode and two 16-row blocks per layer-2 warp."""
+    normalized decode and two 16-row blocks per layer-2 warp; the TMA-staged layers (T = 8's
+    shipped configuration stages layer 1 in 2 stages)."""
     gpt = (torch.bfloat16, 2880, 2880, 4, 1)
     variants = (
         gmma.GluonMoEMMAConfig(),  # not pipelined: the loop-count budget of the AOT test
@@ -325,8 +326,8 @@ def moe_mma_grid():
         gmma.GluonMoEMMAConfig(ks2=4, rb2=2),
         gmma.GluonMoEMMAConfig(prefetch=True),
         gmma.GluonMoEMMAConfig(ks2=2, prefetch=True, l2_hint=True),
-        gmma.GluonMoEMMAConfig(ks2=4, prefetch=True, l2_hint=True, tma1=True),  # layer 1 by TMA (opt-in)
-        gmma.GluonMoEMMAConfig(ks2=4, prefetch=True, l2_hint=True, tma1=True, tma2=True),  # both layers
+        gmma.GluonMoEMMAConfig(ks2=4, prefetch=True, l2_hint=True, tma1=True),  # layer 1 by TMA, 4 stages
+        gmma.GluonMoEMMAConfig(ks2=4, prefetch=True, l2_hint=True, tma1=True, tma2=True),  # both (layer 2: opt-in)
     )
     rows = []
     for layer in (1, 2):

@@ -16,7 +16,8 @@ intermediate). float32 x is not served (it would lose 13 bits): the FMA kernel s
 still serves float32 x): on an H100 (2026-11-23, docs/benchmarks.md, MoE decode §7) it
 matched float64 as closely as the FMA kernel (rel. err 1.70e-3 vs 1.69e-3 at GPT-OSS-120B
 shapes, the bf16 output rounding) and was 1.11-1.19x faster at T = 1..8 (41.4 µs at T = 1,
-202.2 µs at T = 8, routing included). ``normalize`` changed no result there: Hopper's
+202.2 µs at T = 8, routing included); staging layer 1's weights through a TMA ring
+(:mod:`._gluon_moe_mma_tma_kernel`) took T = 4 and 8 a further 5-6% (110.1 and 190.6 µs). ``normalize`` changed no result there: Hopper's
 tensor cores take fp16 subnormal inputs. At T = 1 both layers are latency-bound at ~11
 warps per SM (Nsight Compute: issue slots 35-40% busy, DRAM 35-50%), not issue-bound.
 
@@ -26,6 +27,7 @@ persistent per shape (stable addresses for CUDA-graph replay).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -67,9 +69,9 @@ class GluonMoEMMAConfig:
     weight words through a ``stages1``-deep TMA ring in shared memory
     (:mod:`._gluon_moe_mma_tma_kernel`; needs ``ks1 * u1 <= 8``, ignores ``prefetch`` and
     ``l2_hint`` for layer 1). ``tma2``: layer 2 likewise, one box per live choice and step
-    (needs ``rb2 == 1`` and ``ks2 * u2 <= 8``). Not yet run on a GPU: no shipped
-    configuration uses either. An impossible TMA configuration is a ValueError here, at
-    construction."""
+    (needs ``rb2 == 1`` and ``ks2 * u2 <= 8``). Both match float64 on an H100 (2026-11-23);
+    ``tma1`` with 2 stages ships at T = 4 and 8, ``tma2`` was 1.3-2x slower everywhere and
+    ships nowhere. An impossible TMA configuration is a ValueError here, at construction."""
 
     ks1: int = 4
     u1: int = 2
@@ -120,14 +122,16 @@ def _layouts(cfg: GluonMoEMMAConfig, top_k: int):
     return l1, xl, l2
 
 
-# From the H100 sweep of 2026-11-23 (docs/benchmarks.md, gluon_moe_bench.py --mma-sweep):
-# both loops software-pipelined with the L2 256-byte hint; layer 2 splits K over 4 warps per
-# choice at T = 1 and 4, over 2 at T = 2 and 8 (1-8% apart).
+# From the H100 sweeps of 2026-11-23 (docs/benchmarks.md, gluon_moe_bench.py --mma-sweep):
+# both register loops software-pipelined with the L2 256-byte hint; layer 2 splits K over 4
+# warps per choice at T = 1 and 4, over 2 at T = 2 and 8. At T = 4 and 8 layer 1 stages its
+# weights through a 2-deep TMA ring (layer 1 9-10% faster, the layer 5-6%); at T = 1 and 2,
+# where one wave holds every program, the ring's shared-memory round trip costs 1-7%.
 CONFIGS: dict[int, GluonMoEMMAConfig] = {
     1: GluonMoEMMAConfig(ks2=4, prefetch=True, l2_hint=True),
     2: GluonMoEMMAConfig(ks2=2, prefetch=True, l2_hint=True),
-    4: GluonMoEMMAConfig(ks2=4, prefetch=True, l2_hint=True),
-    8: GluonMoEMMAConfig(ks2=2, prefetch=True, l2_hint=True),
+    4: GluonMoEMMAConfig(ks2=4, prefetch=True, l2_hint=True, tma1=True, stages1=2),
+    8: GluonMoEMMAConfig(ks2=2, prefetch=True, l2_hint=True, tma1=True, stages1=2),
 }
 
 
@@ -180,12 +184,16 @@ def launch(
     """Both layers on ``x [T, H]`` (bf16/fp16), MXFP4 ``w13 [E, 2I, H]``, ``w2 [E, H, I]``,
     routing ``ids`` int32 / ``tw`` float32 ``[T, top_k]`` (contiguous), into ``out [T, H]``.
     ``layers`` (benchmarking only): launch just these layers (layer 2 alone reads the
-    intermediate the last layer-1 launch of this shape left in the workspace)."""
+    intermediate the last layer-1 launch of this shape left in the workspace). ``cfg``
+    defaults to :func:`mma_config`; where its TMA-staged layer cannot read the weights
+    (packed words not 16-byte aligned, e.g. an offset view) the register layers run instead,
+    while an explicit ``cfg`` asking for TMA raises a ValueError."""
     from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_kernel import w2_mma_kernel, w13_mma_kernel
 
     x = _aligned_rows(x)
     num_tokens, hidden = x.shape
     inter = w2.shape[-1]
+    chosen = cfg is None
     cfg = cfg or mma_config(num_tokens)
     # The kernels read whole row blocks without row masks: MXFP4 makes I and H multiples of
     # 32 (the K of w2 and w13); a layer-2 block of 16 * rb2 rows must divide H as well.
@@ -195,7 +203,9 @@ def launch(
         )
     for on, name, w in ((cfg.tma1, "w13", w13), (cfg.tma2, "w2", w2)):
         if on and w.packed.data_ptr() % 16:
-            raise ValueError(f"a TMA-staged layer needs {name}'s packed words 16-byte aligned; got an offset view")
+            if not chosen:  # the caller asked for TMA: say why it cannot run
+                raise ValueError(f"a TMA-staged layer needs {name}'s packed words 16-byte aligned; got an offset view")
+            cfg = dataclasses.replace(cfg, tma1=False, tma2=False)  # CONFIGS' pick: the register layers serve it
     g1, g2 = grids(num_tokens, top_k, hidden, inter, cfg)
     l1, xl, l2 = cfg.layouts(top_k)
     p13, s13 = words(w13)
