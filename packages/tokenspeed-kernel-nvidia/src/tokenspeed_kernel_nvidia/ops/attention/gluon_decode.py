@@ -56,11 +56,20 @@ def decode_config(head_dim: int, page_size: int) -> GluonDecodeConfig:
 
 
 def num_splits(batch: int, num_kv_heads: int, visible: int, num_sms: int, block_n: int) -> int:
-    """Enough programs to cover the SMs about twice, never splits shorter than 4 tiles."""
+    """Enough programs to cover the SMs about twice; splits of at least 2 tiles, or of 1 tile
+    when the span is at most 4 tiles (a sliding window); never an empty split (the kernel
+    rounds each split up to whole tiles, so the count is trimmed to what the tiles fill).
+
+    H100 sweeps (2026-11-23, ``ci/device/decode_splits_sweep.py``, graph replay, sinks):
+    B = 1 ctx 2048, 16 splits of 2 tiles 10.7-10.9 µs against 11.8-11.9 for 8 of 4 tiles;
+    ctx 8192, 32 splits 15.3-15.4 µs (33, one of them empty, 15.8); window 128 (3 tiles),
+    3 splits 9.1 µs against 9.6 for 2 and 10.3 for 1."""
     programs = batch * num_kv_heads
     want = triton.cdiv(2 * num_sms, max(programs, 1))
-    most = max(1, triton.cdiv(visible, 4 * block_n))
-    return int(max(1, min(want, most, 64)))
+    tiles = max(1, triton.cdiv(visible, block_n))
+    least = 1 if tiles <= 4 else 2
+    splits = max(1, min(want, triton.cdiv(tiles, least), 64))
+    return int(triton.cdiv(tiles, triton.cdiv(tiles, splits)))
 
 
 def _group_fits(request: Request) -> str | None:
