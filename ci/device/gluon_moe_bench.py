@@ -109,13 +109,13 @@ def _numerics(record, m13, m2, b13, b2, device) -> None:
                      and row["mma_rel_err"] < 2e-2 and not row["mma_nan"])  # fmt: skip
         log(f"  numerics T={t}: {row}")
         record["numerics"].append(row)
-    # Graph replay equals the eager call (capturable, deterministic).
-    x = torch.randn(2, H, generator=gen, device=device).bfloat16()
-    logits = torch.randn(2, E, generator=gen, device=device).bfloat16()
-    tw, ti = moe_topk(logits, K)
+    # Graph replay equals the eager call (capturable, deterministic); T = 8 runs the MMA
+    # kernel's TMA-staged layer 1.
     kw = dict(activation=ACT, w13_bias=b13, w2_bias=b2)
     equal = []
-    for name in (GLUON, MMA):
+    for t, name in ((2, GLUON), (2, MMA), (8, MMA)):
+        x = torch.randn(t, H, generator=gen, device=device).bfloat16()
+        tw, ti = moe_topk(torch.randn(t, E, generator=gen, device=device).bfloat16(), K)
         eager = moe_apply(x, m13, m2, tw, ti, override=name, **kw)
         out = torch.empty_like(x)
         graph = torch.cuda.CUDAGraph()

@@ -131,11 +131,12 @@ def test_fused_routing(scoring, renorm, t):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_cuda_graph_replay_matches_eager(kernel):
+@pytest.mark.parametrize("t", [2, 5])  # T = 5: the MMA kernel's TMA-staged layer 1 (a descriptor per call)
+def test_cuda_graph_replay_matches_eager(kernel, t):
     from tokenspeed_kernel_nvidia.ops.moe.gluon_moe_decode import moe_decode_from_logits
 
     fused = kernel == FMA  # the fused-routing entry belongs to the FMA kernel
-    x, w13, w2, b13, b2, logits = moe_problem(2, 8, 64, 96)
+    x, w13, w2, b13, b2, logits = moe_problem(t, 8, 64, 96)
     tw, ti = naive_topk(logits, 4)
     tw, ti = tw.float(), ti.int()
     kw = dict(activation="swiglu_oai", w13_bias=b13, w2_bias=b2)
