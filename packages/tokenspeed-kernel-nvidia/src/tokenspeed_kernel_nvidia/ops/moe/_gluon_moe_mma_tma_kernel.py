@@ -24,7 +24,7 @@ Layer 2 (``w2_mma_tma_kernel``) does the same per choice: one ``[16, BW]`` box o
 choice's expert per step into ``[STAGES, KP * 16, BW]``, read as ``[KP, 8, BW]`` slices
 with warps ``[KP, 1, KS]`` (each choice's warps read its own box).
 
-On an H100 (2026-11-23, docs/benchmarks.md, MoE decode §7) both match float64. Layer 1
+On an H100 (2026-11-23, docs/benchmarks.md, MoE decode §8) both match float64. Layer 1
 with a 2-deep ring is 9-10% faster than the register kernel at T = 4 and 8 (more programs
 than one wave holds) and ships there; at T = 1 and 2 it is 2-7% slower. Layer 2 is 1.3-2x
 slower at every T and ships nowhere (``GluonMoEMMAConfig(tma2=True)`` keeps it reachable).

@@ -17,8 +17,9 @@ still serves float32 x): on an H100 (2026-11-23, docs/benchmarks.md, MoE decode 
 matched float64 as closely as the FMA kernel (rel. err 1.70e-3 vs 1.69e-3 at GPT-OSS-120B
 shapes, the bf16 output rounding) and was 1.11-1.19x faster at T = 1..8 (41.4 µs at T = 1,
 202.2 µs at T = 8, routing included); staging layer 1's weights through a TMA ring
-(:mod:`._gluon_moe_mma_tma_kernel`) took T = 4 and 8 a further 5-6% (110.1 and 190.6 µs). ``normalize`` changed no result there: Hopper's
-tensor cores take fp16 subnormal inputs. At T = 1 both layers are latency-bound at ~11
+(:mod:`._gluon_moe_mma_tma_kernel`) took T = 4 and 8 a further 5-6% (111.3 and 190.0 µs,
+MoE decode §8). ``normalize`` changed no result there: Hopper's tensor cores take fp16
+subnormal inputs. At T = 1 both layers are latency-bound at ~11
 warps per SM (Nsight Compute: issue slots 35-40% busy, DRAM 35-50%), not issue-bound.
 
 **Workspace.** ``hid`` fp16 ``[T * top_k, I]`` and ``hs`` float32 ``[T * top_k, I / 32]``,
@@ -201,15 +202,15 @@ def launch(
         raise ValueError(
             f"gluon_moe_mma_sm90 needs I % 32 == 0 and H % {16 * cfg.rb2} == 0 (rb2={cfg.rb2}); got I={inter}, H={hidden}"
         )
-    for on, name, w in ((cfg.tma1, "w13", w13), (cfg.tma2, "w2", w2)):
-        if on and w.packed.data_ptr() % 16:
+    p13, s13 = words(w13)
+    p2, s2 = words(w2)
+    for on, name, p in ((cfg.tma1, "w13", p13), (cfg.tma2, "w2", p2)):
+        if on and p.data_ptr() % 16:
             if not chosen:  # the caller asked for TMA: say why it cannot run
                 raise ValueError(f"a TMA-staged layer needs {name}'s packed words 16-byte aligned; got an offset view")
             cfg = dataclasses.replace(cfg, tma1=False, tma2=False)  # CONFIGS' pick: the register layers serve it
     g1, g2 = grids(num_tokens, top_k, hidden, inter, cfg)
     l1, xl, l2 = cfg.layouts(top_k)
-    p13, s13 = words(w13)
-    p2, s2 = words(w2)
     hid = workspace(x.device, "mma_hid", (num_tokens * top_k, inter), torch.float16)
     hs = workspace(x.device, "mma_hs", (num_tokens * top_k, inter // 32), torch.float32)
     # What the register and the TMA-staged kernel of each layer share (arguments after the
