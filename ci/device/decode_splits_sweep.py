@@ -10,8 +10,9 @@ call by CUDA-graph replay (``tools.timing.time_fn``, flush="read"), next to ``tr
 and SDPA on a contiguous cache in the same process.
 
 Usage (repository root, wheels installed): ``python3 ci/device/decode_splits_sweep.py
-[--quick]`` (~2 min; ``--quick``: the shipped launch configuration against split counts
-1-32 at B = 1-256, windows included, ~1 min);
+[--quick]`` (~2 min; ``--quick``: the shipped launch configuration, with the second combine
+launch and with the fused merge, against split counts 1-32 at B = 1-256, windows included,
+~1 min);
 writes ``$OUT/decode_splits.json`` and prints a table last.
 """
 
@@ -34,13 +35,14 @@ SPLITS = (None, 16, 24, 48, 64, 96, 128)  # None: the shipped heuristic
 # layers next to the full-context ones, and the large batches the heuristic leaves unsplit
 QUICK_CASES = ((1, 2048, -1), (1, 8192, -1), (1, 8192, 128), (8, 8192, 128), (64, 8192, -1), (256, 2048, -1))
 QUICK_SPLITS = (None, 1, 2, 4, 8, 16, 32)
-CONFIGS = (  # (block_n, stages, num_warps); the first is the shipped one at D = 64
-    (64, 3, 4),
-    (64, 2, 4),
-    (64, 4, 4),
-    (32, 3, 4),
-    (32, 4, 4),
-    (64, 3, 8),
+CONFIGS = (  # (block_n, stages, num_warps, fused merge); the first is the shipped one at D = 64
+    (64, 3, 4, False),
+    (64, 3, 4, True),
+    (64, 2, 4, False),
+    (64, 4, 4, False),
+    (32, 3, 4, False),
+    (32, 4, 4, False),
+    (64, 3, 8, False),
 )
 TOL = 2e-2  # bf16 inputs and output against float64 (relative Frobenius error)
 
@@ -102,10 +104,10 @@ def sweep_case(batch: int, ctx: int, window: int, result: dict, table_rows: list
     )
     label = f"B={batch} ctx={ctx}" + (f" win={window}" if window >= 0 else "")
     print(f"== {label}: " + ", ".join(f"{n} {t:.1f} us" for n, t in base.items()), flush=True)
-    for bn, st, nw in CONFIGS[:1] if quick else CONFIGS:
+    for bn, st, nw, fused in CONFIGS[:2] if quick else CONFIGS:
         for splits in QUICK_SPLITS if quick else SPLITS:
-            tag = f"bn{bn} st{st} w{nw} splits={splits or 'auto'}"
-            gd.decode_config = lambda hd, ps, bn=bn, st=st, nw=nw: gd.GluonDecodeConfig(hd, ps, bn, st, nw)
+            tag = f"bn{bn} st{st} w{nw}{' fused' if fused else ''} splits={splits or 'auto'}"
+            gd.decode_config = lambda hd, ps, bn=bn, st=st, nw=nw, f=fused: gd.GluonDecodeConfig(hd, ps, bn, st, nw, f)
             gd.num_splits = shipped_splits if splits is None else (lambda *a, s=splits: s)
             try:
                 visible = ctx if window < 0 else min(ctx, window + 1)
@@ -142,9 +144,10 @@ def main() -> None:
     print("\n== best per case (graph replay, cold L2) vs the shipped configuration and triton_decode")
     for label in dict.fromkeys(r[0] for r in table_rows):
         rows = [r for r in table_rows if r[0] == label and r[3] == r[3]]
-        shipped = next((r for r in rows if r[1] == "bn64 st3 w4 splits=auto"), None)
+        shipped = next((r[3] for r in rows if r[1] == "bn64 st3 w4 splits=auto"), float("nan"))
+        fused = next((r[3] for r in rows if r[1] == "bn64 st3 w4 fused splits=auto"), float("nan"))
         best = min(rows, key=lambda r: r[3])
-        print(f"{label:16s} shipped {shipped[3] if shipped else float('nan'):6.1f} us  best {best[3]:6.1f} us "
+        print(f"{label:20s} shipped {shipped:6.1f} us  fused merge {fused:6.1f} us  best {best[3]:6.1f} us "
               f"({best[1]}, {best[2]} splits)  triton_decode {best[4]:6.1f} us")  # fmt: skip
     print(f"errors: {len(result['errors'])}")
 

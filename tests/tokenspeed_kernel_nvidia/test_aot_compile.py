@@ -24,9 +24,18 @@ def prefill_rows() -> list[dict]:
 
 
 def test_gluon_decode_compiles_for_sm90():
-    for row in _compile("decode"):
+    rows = _compile("decode")
+    for row in rows:
         assert row["cp_async"] > 0, row
         assert row["mma"] > 0, row
+        assert row["spills"] == 0, row
+    # The fused merge: one gpu-scope acq_rel arrival per program (issued by one thread after
+    # a CTA barrier), the other splits' partials read past L1; absent without it.
+    for row in rows:
+        fused = row["kernel"].endswith("-fused")
+        assert row["atom_acq_rel_gpu"] == (1 if fused else 0), row
+        assert (row["ld_cg"] > 0) == fused, row
+    assert sum(row["kernel"].endswith("-fused") for row in rows) == 2
 
 
 def test_gluon_prefill_compiles_for_sm90_with_tma_and_wgmma(prefill_rows):

@@ -8,10 +8,13 @@ import torch
 _buffers: dict[tuple, torch.Tensor] = {}
 
 
-def workspace(device: torch.device, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """The buffer for (device, name, shape, dtype), allocated with ``torch.empty`` on first use."""
+def workspace(
+    device: torch.device, name: str, shape: tuple[int, ...], dtype: torch.dtype, zero: bool = False
+) -> torch.Tensor:
+    """The buffer for (device, name, shape, dtype), allocated with ``torch.empty`` on first use
+    (``torch.zeros`` with ``zero``: for counters the kernels return to 0 themselves)."""
     key = (device, name, shape, dtype)
     buf = _buffers.get(key)
     if buf is None:
-        buf = _buffers[key] = torch.empty(shape, dtype=dtype, device=device)
+        buf = _buffers[key] = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
     return buf

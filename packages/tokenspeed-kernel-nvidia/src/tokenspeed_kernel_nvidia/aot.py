@@ -58,6 +58,8 @@ class CompileResult:
     ld_v4: int = 0
     ld_l2_256: int = 0
     cvt_f16: int = 0
+    atom_acq_rel_gpu: int = 0
+    ld_cg: int = 0
     sass: dict = field(default_factory=dict)
     error: str = ""
 
@@ -136,23 +138,28 @@ def _attrs(signature: dict[str, str]) -> dict:
     return {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
 
 
-def compile_decode(dtype: torch.dtype, head_dim: int, page_size: int, group: int, splits: int, cap: bool):
-    """Compile one decode configuration for sm_90; returns (name, compiled or exception)."""
+def compile_decode(
+    dtype: torch.dtype, head_dim: int, page_size: int, group: int, splits: int, cap: bool, fused: bool = False
+):
+    """Compile one decode configuration for sm_90 (``fused``: the in-kernel merge, with sinks
+    and LSE); returns (name, compiled or exception)."""
     cfg = decode_config(head_dim, page_size)
     load, smem, mma = cfg.layouts
     t = _TYPE[dtype]
     signature = {
         "q_ptr": t, "k_ptr": t, "v_ptr": t, "page_table_ptr": "*i32", "seqlens_ptr": "*i32",
-        "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "pt_stride": "i32", "sm_scale": "fp32",
-        "logit_cap": "fp32", "window_left": "i32",
+        "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "sinks_ptr": "*fp32", "out_ptr": t, "lse_ptr": "*fp32",
+        "count_ptr": "*i32", "pt_stride": "i32", "sm_scale": "fp32", "logit_cap": "fp32", "window_left": "i32",
     }  # fmt: skip
     constexprs = {
         "HQ": 8 * group, "HKV": 8, "G": group, "D": head_dim, "PAGE": page_size, "SPLITS": splits,
         "BLOCK_N": cfg.block_n, "STAGES": cfg.stages, "HAS_CAP": cap, "LOAD": load, "SMEM": smem, "MMA": mma,
+        "FUSED": fused, "HAS_SINKS": fused, "HAS_LSE": fused,
     }  # fmt: skip
     for name in constexprs:
         signature[name] = "constexpr"
     name = f"gluon_decode-{str(dtype)[6:]}-d{head_dim}-p{page_size}-g{group}-s{splits}{'-cap' if cap else ''}"
+    name += "-fused" if fused else ""
     src = GluonASTSource(decode_kernel, signature, constexprs, _attrs(signature))
     return name, triton_compile(src, target=SM90, options={"num_warps": cfg.num_warps})
 
@@ -371,7 +378,8 @@ def decode_grid():
             ],
             (False,),
         )
-    ] + [(torch.bfloat16, 64, 16, 8, 8, True)]
+    ] + [(torch.bfloat16, 64, 16, 8, 8, True), (torch.bfloat16, 64, 16, 8, 32, False, True),
+         (torch.float16, 128, 1, 4, 1, True, True)]  # fmt: skip
 
 
 def prefill_grid():
@@ -423,6 +431,8 @@ def run(kinds: tuple[str, ...] = ("decode", "prefill", "moe", "moe_mma")) -> lis
                         ld_v4=_count(r"\bld\.global(?:\.\w+)*\.v4\.b32", ptx),
                         ld_l2_256=_count(r"\bld\.global(?:\.\w+)*\.L2::256B", ptx),
                         cvt_f16=_count(r"\bcvt\.f32\.f16\b", ptx),
+                        atom_acq_rel_gpu=_count(r"\batom\.global\.gpu\.acq_rel\.", ptx),
+                        ld_cg=_count(r"\bld\.global\.cg\b", ptx),
                         sass=_sass_counts(_disassemble(compiled.asm["cubin"])) if "cubin" in compiled.asm else {},
                     )
                 )

@@ -7,7 +7,12 @@ tiles of ``BLOCK_N`` keys are gathered page by page from the NHD cache with 16-b
 ``wait_group`` keep ``STAGES - 1`` tiles in flight while the current one is consumed);
 ``q·kᵀ`` and ``p·v`` run on the tensor cores (``mma.sync`` m16n8k16) from shared memory.
 Each split writes its normalized partial output and its natural-log LSE to a float32
-workspace; :func:`combine_kernel` merges the splits and adds the sink to the denominator.
+workspace; the splits are then merged, with the sink added to the denominator, either by
+:func:`combine_kernel` (a second launch) or, with ``FUSED``, by the last split program of
+each (sequence, KV head) to finish: it counts itself in with a ``gpu``-scope acq_rel atomic
+after a CTA barrier (the release orders the whole CTA's partial stores, the semaphore
+pattern of split-K GEMMs), reads the other splits' partials past L1 (``.cg``), writes the
+output and resets the counter to 0 for the next call (or graph replay).
 """
 
 from __future__ import annotations
@@ -41,18 +46,63 @@ def _issue_tile(
 
 
 @gluon.jit
+def _combine_group(
+    part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr, lse_ptr, b, kv_head,
+    HQ: gl.constexpr, G: gl.constexpr, D: gl.constexpr, SPLITS: gl.constexpr, HAS_SINKS: gl.constexpr,
+    HAS_LSE: gl.constexpr, LOAD: gl.constexpr,
+):  # fmt: skip
+    """Merge the ``SPLITS`` partials of the ``G`` query heads of one KV head (rows padded to
+    16) into ``out`` (and ``lse``); the sink joins the denominator. Partials are read with
+    ``.cg`` (L2, not this SM's L1): other programs wrote them during this launch."""
+    rows_m = gl.arange(0, 16, layout=gl.SliceLayout(1, LOAD))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, LOAD))
+    row_ok = rows_m < G
+    heads = kv_head * G + rows_m
+    base = (b * HQ + heads) * SPLITS
+    m = gl.full([16], float("-inf"), gl.float32, layout=gl.SliceLayout(1, LOAD))
+    for s in range(SPLITS):
+        m = gl.maximum(m, gl.load(part_lse_ptr + base + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg"))
+    if HAS_SINKS:
+        sink = gl.load(sinks_ptr + heads, mask=row_ok, other=float("-inf")).to(gl.float32)
+        m = gl.maximum(m, sink)
+    m_safe = gl.where(m == float("-inf"), 0.0, m)
+    denom = gl.zeros([16], gl.float32, layout=gl.SliceLayout(1, LOAD))
+    acc = gl.zeros([16, D], gl.float32, layout=LOAD)
+    mask2 = gl.expand_dims(row_ok, 1) & gl.expand_dims(cols < D, 0)
+    for s in range(SPLITS):
+        w = gl.exp(gl.load(part_lse_ptr + base + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - m_safe)
+        denom += w
+        offs = gl.expand_dims((base + s) * D, 1) + gl.expand_dims(cols, 0)
+        part = gl.load(part_out_ptr + offs, mask=mask2, other=0.0, cache_modifier=".cg")
+        acc += part * gl.expand_dims(w, 1)
+    if HAS_SINKS:
+        denom += gl.exp(sink - m_safe)
+    safe = gl.where(denom > 0.0, denom, 1.0)
+    out = acc / gl.expand_dims(safe, 1)
+    o_offs = gl.expand_dims((b * HQ + heads) * D, 1) + gl.expand_dims(cols, 0)
+    gl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=mask2)
+    if HAS_LSE:
+        gl.store(lse_ptr + b * HQ + heads, gl.where(denom > 0.0, m_safe + gl.log(safe), float("-inf")), mask=row_ok)
+
+
+@gluon.jit
 def decode_kernel(
     q_ptr, k_ptr, v_ptr, page_table_ptr, seqlens_ptr, part_out_ptr, part_lse_ptr,
+    sinks_ptr, out_ptr, lse_ptr, count_ptr,
     pt_stride, sm_scale, logit_cap, window_left,
     HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_CAP: gl.constexpr,
     LOAD: gl.constexpr, SMEM: gl.constexpr, MMA: gl.constexpr,
+    FUSED: gl.constexpr, HAS_SINKS: gl.constexpr, HAS_LSE: gl.constexpr,
 ):  # fmt: skip
-    """Partial attention of one (sequence, KV head, split).
+    """Partial attention of one (sequence, KV head, split); with ``FUSED`` the last split
+    of the (sequence, KV head) to finish also merges them into ``out``.
 
     q: ``[B, HQ, D]``; k/v: ``[pages, PAGE, HKV, D]``; page_table int32 ``[B, pt_stride]``;
     seqlens int32 ``[B]``; part_out float32 ``[B, HQ, SPLITS, D]``; part_lse float32
-    ``[B, HQ, SPLITS]`` (``-inf`` for an empty split).
+    ``[B, HQ, SPLITS]`` (``-inf`` for an empty split). ``FUSED`` only: sinks float32
+    ``[HQ]`` (``HAS_SINKS``), out ``[B, HQ, D]`` in q's dtype, lse float32 ``[B, HQ]``
+    (``HAS_LSE``), count int32 ``[B * HKV]``, all 0 between calls.
     """
     BLOCK_M: gl.constexpr = 16
     b = gl.program_id(0)
@@ -136,6 +186,13 @@ def decode_kernel(
     gl.store(part_lse_ptr + base, lse, mask=row_ok)
     o_offs = gl.expand_dims(base * D, 1) + gl.expand_dims(cols, 0)
     gl.store(part_out_ptr + o_offs, out, mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(cols < D, 0))
+    if FUSED:
+        gl.thread_barrier()  # every thread's partial stores precede the release below
+        counter = count_ptr + b * HKV + kv_head
+        if gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+            _combine_group(part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr, lse_ptr, b, kv_head,
+                           HQ, G, D, SPLITS, HAS_SINKS, HAS_LSE, LOAD)  # fmt: skip
+            gl.store(counter, 0)
 
 
 @triton.jit

@@ -36,6 +36,9 @@ class GluonDecodeConfig:
     block_n: int = 64
     stages: int = 3
     num_warps: int = 4
+    # The last split program of each (sequence, KV head) merges the splits (one launch)
+    # instead of a second combine launch; see :mod:`._gluon_decode_kernel`.
+    fused_combine: bool = False
 
     @functools.cached_property
     def layouts(self):
@@ -125,13 +128,22 @@ def gluon_decode(args: DecodeArgs) -> None:
     splits = num_splits(batch, num_kv_heads, visible, num_sms, cfg.block_n)
     part_out, part_lse = _partials(args.q.device, batch, num_q_heads, splits, head_dim)
     load, smem, mma = cfg.layouts
+    fused = cfg.fused_combine
+    # The fused merge's per-(sequence, KV head) arrival counters: zeroed once, and reset to
+    # 0 by the program that merges, so every call (and graph replay) starts from 0.
+    count = workspace(args.q.device, "decode_count", (batch * num_kv_heads,), torch.int32, zero=True) if fused else None
     decode_kernel[(batch, num_kv_heads, splits)](
         args.q, args.k_cache, args.v_cache, args.page_table, args.cache_seqlens, part_out, part_lse,
+        args.sinks if args.sinks is not None else part_lse, args.out,
+        args.lse if args.lse is not None else part_lse, count if fused else args.cache_seqlens,
         args.page_table.stride(0), float(args.softmax_scale), float(args.logit_cap) or 1.0, window,
         HQ=num_q_heads, HKV=num_kv_heads, G=num_q_heads // num_kv_heads, D=head_dim, PAGE=page_size,
         SPLITS=splits, BLOCK_N=cfg.block_n, STAGES=cfg.stages, HAS_CAP=args.logit_cap > 0,
-        LOAD=load, SMEM=smem, MMA=mma, num_warps=cfg.num_warps,
+        LOAD=load, SMEM=smem, MMA=mma, FUSED=fused, HAS_SINKS=args.sinks is not None,
+        HAS_LSE=args.lse is not None, num_warps=cfg.num_warps,
     )  # fmt: skip
+    if fused:
+        return
     combine_kernel[(batch, num_q_heads)](
         part_out, part_lse, args.sinks if args.sinks is not None else part_lse, args.out,
         args.lse if args.lse is not None else part_lse,

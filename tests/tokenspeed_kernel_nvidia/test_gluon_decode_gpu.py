@@ -1,0 +1,116 @@
+"""GPU numerics of ``gluon_decode_sm90`` with both ways of merging the splits: a second
+combine launch, and the fused merge by the last split program of each (sequence, KV head)
+(an acq_rel arrival counter per pair, reset by the merging program).
+
+Runs only on an sm_90 GPU (skips with the reason otherwise). Against the float64
+``support.naive_attention.naive_decode``: ragged lengths (partial pages, one sequence of
+length 1), split counts forced to 1, 3, 7 and 64 (more splits than tiles: empty splits),
+windows, sinks, LSE, GQA groups 8 and 4, D 64 and 128, fp16; outputs poisoned with NaN so
+an unwritten row fails; the fused merge called many times in a row and under CUDA-graph
+replay (the counters must come back to 0 every time).
+"""
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+from support.gpu import sm90_skip_reason
+from support.naive_attention import naive_decode
+
+from tokenspeed_kernel import mha_decode_with_kvcache
+
+KERNEL = "gluon_decode_sm90"
+SKIP = sm90_skip_reason()
+if SKIP:
+    print(f"test_gluon_decode_gpu: skipped: {SKIP}")
+pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+
+
+def _problem(lens, hq, hkv, d, page, dtype=torch.bfloat16, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    batch = len(lens)
+    pages = max(-(-n // page) for n in lens) + 1
+    k = torch.randn(batch * pages, page, hkv, d, generator=gen, device="cuda").to(dtype)
+    v = torch.randn(batch * pages, page, hkv, d, generator=gen, device="cuda").to(dtype)
+    table = torch.randperm(batch * pages, generator=gen, device="cuda").int().view(batch, pages)
+    q = torch.randn(batch, hq, d, generator=gen, device="cuda").to(dtype)
+    sinks = torch.randn(hq, generator=gen, device="cuda")
+    return q, k, v, table, torch.tensor(lens, dtype=torch.int32, device="cuda"), sinks
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """Set the merge mode and the split count of the Gluon decode launcher."""
+    from tokenspeed_kernel_nvidia.ops.attention import gluon_decode as gd
+
+    def force(fused: bool, splits: int | None):
+        shipped = gd.decode_config
+        monkeypatch.setattr(
+            gd, "decode_config", lambda hd, ps: dataclasses.replace(shipped(hd, ps), fused_combine=fused)
+        )
+        if splits is not None:
+            monkeypatch.setattr(gd, "num_splits", lambda *a: splits)
+
+    return force
+
+
+def _rel(out, ref):
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+CASES = {
+    "gqa8-ragged-sinks-lse": ([1, 37, 300, 1025], 64, 8, 64, 16, -1, True, True, torch.bfloat16),
+    "window127-sinks": ([129, 2048, 5], 64, 8, 64, 16, 127, True, False, torch.bfloat16),
+    "gqa4-d128-fp16-lse": ([700, 64], 16, 4, 128, 16, -1, False, True, torch.float16),
+    "page1-window31": ([513], 8, 2, 64, 1, 31, True, True, torch.bfloat16),
+}
+
+
+@functools.cache
+def _case(name):
+    """(inputs on the GPU, float64 reference out and lse on the CPU), computed once per case."""
+    lens, hq, hkv, d, page, window, sinks, _, dtype = CASES[name]
+    q, k, v, table, seqlens, sk = _problem(lens, hq, hkv, d, page, dtype, seed=len(lens) + d)
+    sk = sk if sinks else None
+    ref = naive_decode(q.cpu(), k.cpu(), v.cpu(), table.cpu(), seqlens.cpu(), window_left=window,
+                       sinks=None if sk is None else sk.cpu())  # fmt: skip
+    return (q, k, v, table, seqlens, sk), ref
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("splits", [1, 3, 7, 64, None])
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_float64(forced, fused, splits, name):
+    lens, _, _, _, _, window, _, lse, dtype = CASES[name]
+    forced(fused, splits)
+    (q, k, v, table, seqlens, sk), (ref, ref_lse) = _case(name)
+    out = torch.full_like(q, float("nan"))
+    res = mha_decode_with_kvcache(
+        q, k, v, table, seqlens, max(lens), window_left=window, sinks=sk, return_lse=lse, out=out, override=KERNEL
+    )
+    assert not out.isnan().any()
+    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
+    assert _rel(out.cpu(), ref) < tol
+    if lse:
+        got = res[1].cpu().double().view_as(ref_lse)
+        assert torch.allclose(got, ref_lse, atol=1e-3, rtol=1e-3)
+
+
+def test_fused_merge_repeats_and_replays(forced):
+    """Counters return to 0: 20 eager calls in a row and 10 graph replays give the same bits."""
+    forced(True, 16)
+    q, k, v, table, seqlens, sk = _problem([3000, 17, 1], 64, 8, 64, 16, seed=5)
+    first = mha_decode_with_kvcache(q, k, v, table, seqlens, 3000, sinks=sk, override=KERNEL).clone()
+    for _ in range(20):
+        again = mha_decode_with_kvcache(q, k, v, table, seqlens, 3000, sinks=sk, override=KERNEL)
+        assert torch.equal(again, first)
+    out = torch.empty_like(q)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mha_decode_with_kvcache(q, k, v, table, seqlens, 3000, sinks=sk, out=out, override=KERNEL)
+    for _ in range(10):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, first)
