@@ -41,13 +41,16 @@ def _problem(lens, hq, hkv, d, page, dtype=torch.bfloat16, seed=0):
 
 @pytest.fixture
 def forced(monkeypatch):
-    """Set the merge mode and the split count of the Gluon decode launcher."""
+    """Set the merge mode (every split count fused, or none) and the split count of the
+    Gluon decode launcher; ``splits=None`` keeps the shipped heuristic."""
     from tokenspeed_kernel_nvidia.ops.attention import gluon_decode as gd
 
     def force(fused: bool, splits: int | None):
         shipped = gd.decode_config
         monkeypatch.setattr(
-            gd, "decode_config", lambda hd, ps: dataclasses.replace(shipped(hd, ps), fused_combine=fused)
+            gd,
+            "decode_config",
+            lambda hd, ps: dataclasses.replace(shipped(hd, ps), fused_max_splits=64 if fused else 0),
         )
         if splits is not None:
             monkeypatch.setattr(gd, "num_splits", lambda *a: splits)
@@ -95,6 +98,21 @@ def test_matches_float64(forced, fused, splits, name):
     if lse:
         got = res[1].cpu().double().view_as(ref_lse)
         assert torch.allclose(got, ref_lse, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_shipped_rule_matches_float64(name):
+    """The launcher as shipped: its split count, merged in-kernel up to 8 splits."""
+    lens, _, _, _, _, window, _, lse, dtype = CASES[name]
+    (q, k, v, table, seqlens, sk), (ref, ref_lse) = _case(name)
+    out = torch.full_like(q, float("nan"))
+    res = mha_decode_with_kvcache(
+        q, k, v, table, seqlens, max(lens), window_left=window, sinks=sk, return_lse=lse, out=out, override=KERNEL
+    )
+    assert not out.isnan().any()
+    assert _rel(out.cpu(), ref) < (2e-2 if dtype == torch.bfloat16 else 5e-3)
+    if lse:
+        assert torch.allclose(res[1].cpu().double().view_as(ref_lse), ref_lse, atol=1e-3, rtol=1e-3)
 
 
 def test_fused_merge_repeats_and_replays(forced):

@@ -36,9 +36,13 @@ class GluonDecodeConfig:
     block_n: int = 64
     stages: int = 3
     num_warps: int = 4
-    # The last split program of each (sequence, KV head) merges the splits (one launch)
-    # instead of a second combine launch; see :mod:`._gluon_decode_kernel`.
-    fused_combine: bool = False
+    # Up to this many splits, the last split program of each (sequence, KV head) merges them
+    # (one launch; :mod:`._gluon_decode_kernel`); above it, a second combine launch does.
+    # H100, 2026-11-23 (docs/benchmarks.md, "Gluon decode split count"): the in-kernel
+    # merge is a serial loop over the splits, 0.3-1.1 µs faster at 1-8 splits (window-128
+    # decode 9.4 -> 8.7 µs, B=256 ctx 2048 400.9 -> 392.5 µs) and slower at 16 and more
+    # (B=1 ctx 8192, 32 splits: 15.3 -> 22.2 µs). 0: never.
+    fused_max_splits: int = 8
 
     @functools.cached_property
     def layouts(self):
@@ -128,7 +132,7 @@ def gluon_decode(args: DecodeArgs) -> None:
     splits = num_splits(batch, num_kv_heads, visible, num_sms, cfg.block_n)
     part_out, part_lse = _partials(args.q.device, batch, num_q_heads, splits, head_dim)
     load, smem, mma = cfg.layouts
-    fused = cfg.fused_combine
+    fused = splits <= cfg.fused_max_splits
     # The fused merge's per-(sequence, KV head) arrival counters: zeroed once, and reset to
     # 0 by the program that merges, so every call (and graph replay) starts from 0.
     count = workspace(args.q.device, "decode_count", (batch * num_kv_heads,), torch.int32, zero=True) if fused else None
