@@ -45,6 +45,34 @@ def test_ties_are_broken_by_name(temp_kernels):
     assert select(REQ, H100).name == "t_tie_a"
 
 
+def test_rank_when_ranks_by_shape_and_never_rejects(temp_kernels):
+    """A kernel with ``rank_when`` ranks at its other priority only for matching requests
+    (here small batches); elsewhere it keeps its own rank and stays reachable by override."""
+    feats = ("sinks", "sliding_window")
+    temp_kernels("attention.decode", name="t_default", vendors=("cuda",), features=feats)
+    temp_kernels(
+        "attention.decode", name="t_small_batch", vendors=("cuda",), features=feats, priority=Priority.OPT_IN,
+        rank_when=({"batch_bucket": (1, 2, 4, 8)}, Priority.PERFORMANT),
+    )  # fmt: skip
+    shapes = dict(REQ.shapes)
+    small = Request.make(REQ.op, dict(REQ.dtypes), {**shapes, "batch_bucket": 4}, REQ.features)
+    large = Request.make(REQ.op, dict(REQ.dtypes), {**shapes, "batch_bucket": 64}, REQ.features)
+    assert select(small, H100).name == "t_small_batch"
+    assert select(large, H100).name == "t_default"
+    assert select(REQ, H100).name == "t_default"  # no batch_bucket in the request: its own rank
+    assert select(large, H100, override="t_small_batch").name == "t_small_batch"
+    table = explain(small, platform=H100).table()
+    assert "WINNER   t_small_batch" in table and "performant(200)" in table
+    assert "opt_in(50)" in explain(large, platform=H100).table()
+
+
+def test_rank_when_is_checked_at_registration(temp_kernels):
+    with pytest.raises(ValueError, match="unknown shape key 'batch'"):
+        temp_kernels("attention.decode", name="t_bad_rank", rank_when=({"batch": (1,)}, Priority.PERFORMANT))
+    with pytest.raises(ValueError, match="rank_when needs at least one shape key"):
+        temp_kernels("attention.decode", name="t_empty_rank", rank_when=({}, Priority.PERFORMANT))
+
+
 @pytest.mark.parametrize(
     ("meta", "plat", "reason"),
     [

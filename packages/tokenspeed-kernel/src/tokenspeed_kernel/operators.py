@@ -58,7 +58,8 @@ OPERATORS: dict[str, OperatorSchema] = {
         OperatorSchema(
             "attention.decode",
             dtype_roles=("q", "kv"),
-            shape_keys=(*_ATTENTION_SHAPES, "page_size", "q_len"),
+            # batch_bucket: the next power of two >= the batch (kernels ranked by batch size)
+            shape_keys=(*_ATTENTION_SHAPES, "page_size", "q_len", "batch_bucket"),
             features=(*_ATTENTION_FEATURES, "fp8_kv", "spec_decode"),
             summary="decode against a paged KV cache (mha_decode_with_kvcache, mha_decode_plan)",
             layout_hook=True,

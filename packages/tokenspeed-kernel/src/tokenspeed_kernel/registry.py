@@ -24,6 +24,10 @@ kernel cannot be captured in a CUDA graph (it reads device values on the host, o
 per call): the selector then refuses it for a ``capturable`` request, and a call made while
 the stream is capturing raises ``RuntimeError`` before launching it.
 
+``rank_when=({"batch_bucket": (1, 2, 4, 8)}, Priority.PERFORMANT)`` ranks a kernel at another
+priority for the requests whose shapes all fall in the given sets (a kernel measured fastest
+at small batches only, still reachable by override everywhere else); it never rejects.
+
 The decorated function is returned unchanged. It receives the operator's typed argument
 object (see ``tokenspeed_kernel.ops.<family>``) and writes its outputs into it.
 
@@ -163,7 +167,9 @@ class KernelSpec:
     with the operator's typed arguments outside CUDA-graph capture whenever the layout
     tensors changed (``mha_decode_plan``, ``DecodePlan.update``). ``graph_safe`` says
     whether a call can be captured in a CUDA graph: False for kernels that read device
-    values on the host or plan per call.
+    values on the host or plan per call. ``rank_shapes``/``rank_priority``: for a request
+    whose shapes are all present and in these sets, the kernel ranks at ``rank_priority``
+    instead of ``priority`` (:meth:`priority_for`); ranking only, never a rejection.
     """
 
     op: str
@@ -184,14 +190,24 @@ class KernelSpec:
     prepare_layout: Callable[[Any], None] | None = None
     graph_safe: bool = True
     description: str = ""
+    rank_shapes: tuple[tuple[str, frozenset[int]], ...] = ()
+    rank_priority: int | None = None
 
     @property
     def band(self) -> Priority:
         return Priority.band(self.priority)
 
-    def rank_key(self) -> tuple[int, str]:
-        """Sort key: highest priority first, then name (deterministic tie-break)."""
-        return (-self.priority, self.name)
+    def priority_for(self, request: Request) -> int:
+        """The priority this kernel ranks at for ``request``: ``rank_priority`` when every
+        ``rank_shapes`` key is in the request with an accepted value, else ``priority``."""
+        if self.rank_priority is not None and all(request.shape(k) in values for k, values in self.rank_shapes):
+            return self.rank_priority
+        return self.priority
+
+    def rank_key(self, request: Request | None = None) -> tuple[int, str]:
+        """Sort key: highest priority first (for ``request`` when given), then name
+        (deterministic tie-break)."""
+        return (-(self.priority if request is None else self.priority_for(request)), self.name)
 
     def summary(self) -> str:
         vendors = ",".join(sorted(self.vendors))
@@ -208,7 +224,15 @@ class KernelSpec:
             f"({self.priority})] vendors={vendors} archs={archs} caps={caps} dtypes=({dts or 'any'}) "
             f"shapes=({shp or 'any'}) features={feats} graph_safe={'yes' if self.graph_safe else 'no'}"
             + (f" hooks={hooks}" if hooks else "")
+            + (f" ranks={self.describe_rank()}" if self.rank_priority is not None else "")
         )
+
+    def describe_rank(self) -> str:
+        """``band(priority) when key in {...}``, or "" without a ``rank_when``."""
+        if self.rank_priority is None:
+            return ""
+        when = " and ".join(f"{k} in {{{','.join(map(str, sorted(v)))}}}" for k, v in self.rank_shapes)
+        return f"{Priority.band(self.rank_priority).name.lower()}({self.rank_priority}) when {when}"
 
 
 @dataclass
@@ -269,6 +293,7 @@ def register_kernel(
     prepare: Callable[..., Any] | None = None,
     prepare_layout: Callable[[Any], None] | None = None,
     graph_safe: bool = True,
+    rank_when: tuple[Mapping[str, Iterable[int]], int] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as a kernel for ``op`` (see the module docstring).
 
@@ -277,9 +302,13 @@ def register_kernel(
     (reads lengths with ``.tolist()``, masks with data-dependent shapes, plans per call)
     must say ``graph_safe=False``.
 
+    ``rank_when=(shapes, priority)``: rank at ``priority`` for requests whose ``shapes``
+    keys are all present with accepted values (``KernelSpec.priority_for``).
+
     Raises ``ValueError`` for an unknown operator, dtype role, shape key or feature, for a
-    ``prepare_layout`` hook on an operator without a layout plan step, and for a name
-    already taken by another kernel; ``TypeError`` for a non-bool ``graph_safe``.
+    ``prepare_layout`` hook on an operator without a layout plan step, for a ``rank_when``
+    without shapes, and for a name already taken by another kernel; ``TypeError`` for a
+    non-bool ``graph_safe``.
     """
     schema = operator_schema(op)
     feature_set = frozenset(features)
@@ -296,6 +325,13 @@ def register_kernel(
     frozen_shapes = _frozen_shapes(shapes, schema.shape_keys, name)
     if not isinstance(graph_safe, bool):
         raise TypeError(f"kernel {name!r}: graph_safe must be a bool, got {type(graph_safe).__name__}")
+    rank_shapes, rank_priority = (), None
+    if rank_when is not None:
+        when, rank_priority = rank_when
+        rank_shapes = _frozen_shapes(when, schema.shape_keys, name)
+        if not rank_shapes:
+            raise ValueError(f"kernel {name!r}: rank_when needs at least one shape key, got {when!r}")
+        rank_priority = int(rank_priority)
     if prepare_layout is not None and not schema.layout_hook:
         with_hook = ", ".join(s.name for s in OPERATORS.values() if s.layout_hook)
         raise ValueError(
@@ -323,6 +359,8 @@ def register_kernel(
             prepare_layout=prepare_layout,
             graph_safe=graph_safe,
             description=((fn.__doc__ or "").strip().splitlines() or [""])[0],
+            rank_shapes=rank_shapes,
+            rank_priority=rank_priority,
         )
         with _lock:
             existing = _kernels.get(name)

@@ -4,7 +4,8 @@ Every candidate is judged by the same checks, in this order, and each failed che
 reason in words: backend availability, vendor, architecture, capabilities, dtypes, shapes,
 features, graph safety (for a ``capturable`` request), then the kernel's own predicate.
 The accepted candidates are ranked by priority (highest first; equal priorities by name,
-so the choice is deterministic).
+so the choice is deterministic); a kernel registered with ``rank_when`` ranks at its other
+priority for the requests whose shapes match it.
 
 Overrides: a per-call ``override="name"`` wins over ``TOKENSPEED_KERNEL_OVERRIDE``, which
 wins over ranking. An override naming a kernel that cannot serve the request raises
@@ -24,7 +25,7 @@ import torch
 from tokenspeed_kernel import config, registry
 from tokenspeed_kernel.operators import OPERATORS
 from tokenspeed_kernel.platform import Platform, current_platform
-from tokenspeed_kernel.registry import KernelSpec, Request
+from tokenspeed_kernel.registry import KernelSpec, Priority, Request
 
 __all__ = [
     "NOT_GRAPH_SAFE",
@@ -74,7 +75,8 @@ class Selection:
         for cand in self.candidates:
             spec = cand.spec
             mark = "WINNER  " if self.winner is spec else ("ACCEPTED" if cand.accepted else "REJECTED")
-            head = f"  {mark} {spec.name:<32} {spec.solution:<10} {spec.band.name.lower()}({spec.priority})"
+            priority = spec.priority_for(self.request)
+            head = f"  {mark} {spec.name:<32} {spec.solution:<10} {Priority.band(priority).name.lower()}({priority})"
             if cand.accepted and not spec.graph_safe:
                 head += " [not graph-safe]"
             lines.append(head + ("" if cand.accepted else f": {'; '.join(cand.reasons)}"))
@@ -136,9 +138,11 @@ def _reasons(spec: KernelSpec, request: Request, platform: Platform) -> tuple[st
 
 
 def evaluate(request: Request, platform: Platform | None = None) -> tuple[Candidate, ...]:
-    """Judge every kernel registered for ``request.op``; ranked, highest priority first."""
+    """Judge every kernel registered for ``request.op``; ranked for ``request``, highest
+    priority first."""
     platform = platform or current_platform()
-    return tuple(Candidate(spec, _reasons(spec, request, platform)) for spec in registry.kernels(request.op))
+    specs = sorted(registry.kernels(request.op), key=lambda spec: spec.rank_key(request))
+    return tuple(Candidate(spec, _reasons(spec, request, platform)) for spec in specs)
 
 
 def _env_overrides() -> dict[str, str]:

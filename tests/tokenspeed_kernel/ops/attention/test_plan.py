@@ -268,9 +268,11 @@ def test_public_request_builders_match_the_calls(inputs):
     mha_decode_with_kvcache(**inputs)
     built = attention_request(
         "attention.decode", q_dtype=torch.float32, kv_dtype=torch.float32, heads=Heads(4, 2, 16, 16),
-        window_left=4, sinks=True, page_size=4, q_len=1,
+        window_left=4, sinks=True, page_size=4, q_len=1, batch=inputs["q"].shape[0],
     )  # fmt: skip
-    assert built == _dispatch.last_request()
+    assert built == _dispatch.last_request() == cases.request(CASE)  # the bench/check cases' request too
+    assert built.shape("batch_bucket") == 4  # 3 sequences
+    assert _plan(inputs).request == built  # mha_decode_plan selects with the same batch bucket
     assert select(built, tokenspeed_kernel.platform_for(inputs["q"].device)).name == last_kernel() == "torch_decode"
     k = torch.randn(2, 2, 16)
     store_kvcache(k, k, inputs["k_cache"], inputs["v_cache"], torch.tensor([0, 1]))

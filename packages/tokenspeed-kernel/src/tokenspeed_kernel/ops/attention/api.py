@@ -64,6 +64,7 @@ def attention_request(
     page_size: int | None = None,
     q_len: int | None = None,
     capturable: bool = False,
+    batch: int | None = None,
 ) -> Request:
     """The selector request of an attention call, built from plain shapes (public: ask
     ``select``/``explain`` which kernel would serve a model's calls before making them).
@@ -77,11 +78,14 @@ def attention_request(
         page_size: the cache's page size (extend, decode). q_len: queries per sequence
             (decode; 1 unless speculative).
         capturable: only kernels that can be captured in a CUDA graph may serve it.
+        batch: sequences in the batch (decode): adds ``batch_bucket``, the next power of
+            two >= ``batch``, which kernels may be ranked by (``rank_when``).
 
     Features: ``non_causal``, ``sliding_window``, ``sinks``, ``logit_cap``, ``return_lse``,
     ``fp8_kv`` (an fp8 cache), ``spec_decode`` (``q_len > 1``). Shapes: head dims, head
     counts, ``window_left`` when windowed, and ``page_size`` / ``q_len`` where the operator
-    has them. It is exactly the request the public call builds for the same arguments.
+    has them, ``batch_bucket`` when ``batch`` is given. It is exactly the request the public
+    call builds for the same arguments.
     """
     flags = (
         ("non_causal", not causal),
@@ -101,6 +105,8 @@ def attention_request(
     shapes += [(key, value) for key, value in (("page_size", page_size), ("q_len", q_len)) if value is not None]
     if window_left >= 0:
         shapes.append(("window_left", window_left))
+    if batch is not None:
+        shapes.append(("batch_bucket", 1 << max(batch - 1, 0).bit_length()))
     return Request(
         op,
         (("kv", kv_dtype), ("q", q_dtype)),
@@ -164,6 +170,7 @@ def _checked(
     return_lse: bool,
     page_size: int = 0,
     q_len: int | None = None,
+    batch: int | None = None,
 ) -> _Checked:
     """The check every attention operator's full checks end with (``out`` against
     ``out_shape``), then the facts its call key remembers: the derived ``heads``/``scale``,
@@ -175,6 +182,7 @@ def _checked(
         request = attention_request(
             op, q_dtype=q.dtype, kv_dtype=kv_dtype, heads=heads, causal=causal, window_left=window_left,
             sinks=sinks is not None, logit_cap=logit_cap, return_lse=return_lse, page_size=page_size or None, q_len=q_len,
+            batch=batch,
         )  # fmt: skip
     return _Checked(heads, scale, request, page_size, kv_dtype == torch.float8_e4m3fn, q_len or 1)
 
@@ -631,5 +639,5 @@ def _check_decode_call(
     return _checked(
         "attention.decode", q, k_cache.dtype, heads, scale, out, (*q.shape[:-1], heads.head_dim_v),
         compiling=compiling, window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse,
-        page_size=page_size, q_len=q_len,
+        page_size=page_size, q_len=q_len, batch=q4.shape[0],
     )  # fmt: skip

@@ -271,7 +271,7 @@ def mha_decode_plan(
     request = attention_request(
         "attention.decode", q_dtype=q_dtype, kv_dtype=k_cache.dtype, heads=heads, window_left=window_left,
         sinks=sinks is not None, logit_cap=logit_cap, return_lse=return_lse, page_size=page_size, q_len=q_len,
-        capturable=capturable,
+        capturable=capturable, batch=batch,
     )  # fmt: skip
     spec = select(request, platform_for(device), override)
     out_like = _placeholder((batch, q_len, heads.num_q_heads, heads.head_dim_v), q_dtype, device)

@@ -166,6 +166,7 @@ def request(case: AttentionCase) -> Request:
         return_lse=case.return_lse,
         page_size=case.page_size if case.op != "attention.prefill" else None,
         q_len=case.seqlens_q[0] if case.op == "attention.decode" else None,
+        batch=len(case.seqlens_q) if case.op == "attention.decode" else None,
     )
 
 
