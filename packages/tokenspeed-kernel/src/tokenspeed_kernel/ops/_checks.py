@@ -44,10 +44,17 @@ __all__ = [
     "clear_call_tables",
     "dtype_name",
     "options_key",
+    "pow2_bucket",
     "remember",
 ]
 
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def pow2_bucket(n: int) -> int:
+    """The next power of two >= ``n`` (1 for 0 or 1): a request's size bucket
+    (``num_tokens_bucket``, ``batch_bucket``), so selections are cached per bucket."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def dtype_name(dtype: torch.dtype) -> str:

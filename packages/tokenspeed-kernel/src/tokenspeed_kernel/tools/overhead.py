@@ -203,9 +203,7 @@ class OverheadRow:
 
 # Categories of profiled Python functions, by name, then by the file they live in.
 _BY_NAME = {
-    **dict.fromkeys(
-        ("attention_request", "store_request", "topk_request", "apply_request", "tokens_bucket"), "request"
-    ),
+    **dict.fromkeys(("attention_request", "store_request", "topk_request", "apply_request", "pow2_bucket"), "request"),
     **dict.fromkeys(("make", "features"), "request"),
     **dict.fromkeys(("select", "dispatch", "record", "check_capturable", "is_capturing"), "select"),
     **dict.fromkeys(("_noop", "replace", "_replace"), "launch"),

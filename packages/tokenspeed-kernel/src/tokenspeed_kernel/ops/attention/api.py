@@ -28,6 +28,7 @@ from tokenspeed_kernel.ops._checks import (
     check_same_device,
     check_tensor,
     dtype_name,
+    pow2_bucket,
     remember,
 )
 from tokenspeed_kernel.ops._dispatch import dispatch
@@ -106,7 +107,7 @@ def attention_request(
     if window_left >= 0:
         shapes.append(("window_left", window_left))
     if batch is not None:
-        shapes.append(("batch_bucket", 1 << max(batch - 1, 0).bit_length()))
+        shapes.append(("batch_bucket", pow2_bucket(batch)))
     return Request(
         op,
         (("kv", kv_dtype), ("q", q_dtype)),

@@ -18,6 +18,7 @@ from tokenspeed_kernel.ops._checks import (
     check_same_device,
     check_tensor,
     dtype_name,
+    pow2_bucket,
 )
 from tokenspeed_kernel.ops.moe.args import ACTIVATION_QUANT_WEIGHTS, ACTIVATION_QUANTS, ACTIVATIONS, Weight
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
@@ -31,7 +32,6 @@ __all__ = [
     "check_out",
     "check_routing",
     "check_weights",
-    "tokens_bucket",
 ]
 
 
@@ -244,11 +244,6 @@ def apply_signature(
     return signature
 
 
-def tokens_bucket(num_tokens: int) -> int:
-    """The next power of two >= ``num_tokens`` (1 for 0 or 1)."""
-    return 1 << max(num_tokens - 1, 0).bit_length()
-
-
 def apply_request(
     info: WeightInfo,
     *,
@@ -268,7 +263,7 @@ def apply_request(
         "intermediate": info.intermediate,
     }
     if num_tokens is not None:
-        shapes["num_tokens_bucket"] = tokens_bucket(num_tokens)
+        shapes["num_tokens_bucket"] = pow2_bucket(num_tokens)
     return Request.make(
         "moe.apply",
         dtypes={"x": x_dtype, "weight": info.storage_dtype},
