@@ -134,12 +134,18 @@ def gluon_decode(args: DecodeArgs) -> None:
     load, smem, mma = cfg.layouts
     fused = splits <= cfg.fused_max_splits
     # The fused merge's per-(sequence, KV head) arrival counters: zeroed once, and reset to
-    # 0 by the program that merges, so every call (and graph replay) starts from 0.
-    count = workspace(args.q.device, "decode_count", (batch * num_kv_heads,), torch.int32, zero=True) if fused else None
+    # 0 by the program that merges, so every call (and graph replay) starts from 0. Absent
+    # operands get a placeholder pointer the kernel never dereferences.
+    count = (
+        workspace(args.q.device, "decode_count", (batch * num_kv_heads,), torch.int32, zero=True)
+        if fused
+        else args.cache_seqlens
+    )
+    sinks = args.sinks if args.sinks is not None else part_lse
+    lse = args.lse if args.lse is not None else part_lse
     decode_kernel[(batch, num_kv_heads, splits)](
         args.q, args.k_cache, args.v_cache, args.page_table, args.cache_seqlens, part_out, part_lse,
-        args.sinks if args.sinks is not None else part_lse, args.out,
-        args.lse if args.lse is not None else part_lse, count if fused else args.cache_seqlens,
+        sinks, args.out, lse, count,
         args.page_table.stride(0), float(args.softmax_scale), float(args.logit_cap) or 1.0, window,
         HQ=num_q_heads, HKV=num_kv_heads, G=num_q_heads // num_kv_heads, D=head_dim, PAGE=page_size,
         SPLITS=splits, BLOCK_N=cfg.block_n, STAGES=cfg.stages, HAS_CAP=args.logit_cap > 0,
@@ -149,8 +155,7 @@ def gluon_decode(args: DecodeArgs) -> None:
     if fused:
         return
     combine_kernel[(batch, num_q_heads)](
-        part_out, part_lse, args.sinks if args.sinks is not None else part_lse, args.out,
-        args.lse if args.lse is not None else part_lse,
+        part_out, part_lse, sinks, args.out, lse,
         HQ=num_q_heads, D=head_dim, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
         HAS_SINKS=args.sinks is not None, HAS_LSE=args.lse is not None, num_warps=2,
     )  # fmt: skip
