@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tokenspeed_kernel import config, platform, selector
+from tokenspeed_kernel import config, platform, registry, selector
 from tokenspeed_kernel.registry import Priority, Request
 from tokenspeed_kernel.selector import KernelOverrideError, NoKernelFoundError, explain, select
 
@@ -64,6 +64,8 @@ def test_rank_when_ranks_by_shape_and_never_rejects(temp_kernels):
     table = explain(small, platform=H100).table()
     assert "WINNER   t_small_batch" in table and "performant(200)" in table
     assert "opt_in(50)" in explain(large, platform=H100).table()
+    listed = registry.get_kernel("t_small_batch").summary()  # what `tokenspeed-kernel list` prints
+    assert "ranks=performant(200) when batch_bucket in {1,2,4,8}" in listed
 
 
 def test_rank_when_is_checked_at_registration(temp_kernels):

@@ -219,12 +219,13 @@ class KernelSpec:
         )
         shp = "; ".join(f"{k}: {','.join(map(str, sorted(v)))}" for k, v in self.shapes)
         hooks = ",".join(name for name in ("prepare", "prepare_layout") if getattr(self, name) is not None)
+        rank = self.describe_rank()
         return (
             f"{self.name} [{self.solution}, backend={self.backend}, priority={self.band.name.lower()}"
             f"({self.priority})] vendors={vendors} archs={archs} caps={caps} dtypes=({dts or 'any'}) "
             f"shapes=({shp or 'any'}) features={feats} graph_safe={'yes' if self.graph_safe else 'no'}"
             + (f" hooks={hooks}" if hooks else "")
-            + (f" ranks={self.describe_rank()}" if self.rank_priority is not None else "")
+            + (f" ranks={rank}" if rank else "")
         )
 
     def describe_rank(self) -> str:
