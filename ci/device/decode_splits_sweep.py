@@ -10,10 +10,11 @@ call by CUDA-graph replay (``tools.timing.time_fn``, flush="read"), next to ``tr
 and SDPA on a contiguous cache in the same process.
 
 Usage (repository root, wheels installed): ``python3 ci/device/decode_splits_sweep.py
-[--quick]`` (~2 min; ``--quick``: the shipped launch configuration, with the second combine
-launch and with the fused merge, against split counts 1-32 at B = 1-256, windows included,
-~1 min);
-writes ``$OUT/decode_splits.json`` and prints a table last.
+[--quick | --crossover]`` (~2 min; ``--quick``: the shipped launch configuration, with the
+second combine launch and with the fused merge, against split counts 1-32 at B = 1-256,
+windows included, ~1 min; ``--crossover``: the launcher as shipped against ``triton_decode``
+at B = 16-512, ~1 min); writes ``$OUT/decode_splits[_quick|_crossover].json`` and prints a
+table last.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ SPLITS = (None, 16, 24, 48, 64, 96, 128)  # None: the shipped heuristic
 # layers next to the full-context ones, and the large batches the heuristic leaves unsplit
 QUICK_CASES = ((1, 2048, -1), (1, 8192, -1), (1, 8192, 128), (8, 8192, 128), (64, 8192, -1), (256, 2048, -1))
 QUICK_SPLITS = (None, 1, 2, 4, 8, 16, 32)
+# --crossover: the launcher as shipped against triton_decode from B = 16 up, where the
+# selector's batch rule (gluon_decode.SMALL_BATCHES) hands over to triton_decode
+CROSSOVER_CASES = (
+    (16, 8192, -1), (32, 8192, -1), (64, 8192, -1), (128, 4096, -1), (128, 8192, -1), (256, 2048, -1),
+    (256, 8192, -1), (512, 2048, -1), (16, 8192, 127), (64, 8192, 127), (256, 8192, 127), (512, 2048, 127),
+)  # fmt: skip
 CONFIGS = (  # (block_n, stages, num_warps, merge in-kernel at every split count or never)
     (64, 3, 4, False),
     (64, 3, 4, True),
@@ -82,7 +89,7 @@ def graph_us(fn) -> float:
     return time_fn(fn, DEV).median_ms * 1e3
 
 
-def sweep_case(batch: int, ctx: int, window: int, result: dict, table_rows: list, quick: bool) -> None:
+def sweep_case(batch: int, ctx: int, window: int, result: dict, table_rows: list, mode: str) -> None:
     from tokenspeed_kernel import mha_decode_with_kvcache
     from tokenspeed_kernel_nvidia.ops.attention import gluon_decode as gd
 
@@ -124,6 +131,9 @@ def sweep_case(batch: int, ctx: int, window: int, result: dict, table_rows: list
         table_rows.append((label, tag, chosen, us, base["triton_decode"]))
 
     measure("shipped", shipped_splits(batch, HKV, visible, gd._num_sms(DEV), shipped_config(D, PAGE).block_n))
+    if mode == "crossover":
+        return
+    quick = mode == "quick"
     for bn, st, nw, fused in CONFIGS[:2] if quick else CONFIGS:
         for splits in QUICK_SPLITS if quick else SPLITS:
             gd.decode_config = lambda hd, ps, bn=bn, st=st, nw=nw, f=fused: gd.GluonDecodeConfig(
@@ -143,12 +153,19 @@ def main() -> None:
     registry.load_backends()
     result = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "rows": [], "errors": []}
     table_rows: list = []
-    quick = "--quick" in sys.argv
-    for batch, ctx, window in QUICK_CASES if quick else CASES:
-        sweep_case(batch, ctx, window, result, table_rows, quick)
-    path = os.path.join(os.environ.get("OUT", "/tmp"), "decode_splits.json")
+    mode = next((a[2:] for a in sys.argv[1:] if a in ("--quick", "--crossover")), "full")
+    for batch, ctx, window in {"quick": QUICK_CASES, "crossover": CROSSOVER_CASES}.get(mode, CASES):
+        sweep_case(batch, ctx, window, result, table_rows, mode)
+    path = os.path.join(os.environ.get("OUT", "/tmp"), f"decode_splits{'' if mode == 'full' else '_' + mode}.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
+    if mode == "crossover":
+        print("\n== the launcher as shipped vs triton_decode (graph replay, cold L2)")
+        for label, _, splits, us, triton in table_rows:
+            print(f"{label:24s} gluon {us:7.1f} us ({splits} splits)  triton_decode {triton:7.1f} us  "
+                  f"gluon/triton {us / triton:.3f}")  # fmt: skip
+        print(f"errors: {len(result['errors'])}")
+        return
     print(
         "\n== per case (graph replay, cold L2): heuristic split count with each merge, the launcher as shipped, the best"
     )

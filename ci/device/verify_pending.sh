@@ -11,13 +11,15 @@
 #   moefp8: moe_bench.py --fp8-act --combine (activation_quant="fp8", combine="atomic", ~6 min)
 #   gluonmoe: gluon_moe_decode_mx_sm90 GPU tests, then ci/device/gluon_moe_bench.py (T <= 8, ~3 min)
 #   gluonmma: both Gluon MoE decode kernels' GPU tests, then gluon_moe_bench.py --mma-sweep --breakdown (~2 min)
+#   decode: gluon_decode_sm90 GPU tests, `check --preset awkward`, decode_splits_sweep.py --quick, then
+#           `bench attention.decode --kernel all --preset gpt-oss-120b` (does the selector pick the fastest?) (~5 min)
 # Each step has its own time budget and never stops the next one; results land in $OUT.
 #
 # Here:   rm -rf .whl && pip wheel -q --no-deps --no-build-isolation -w .whl packages/tokenspeed-kernel \
 #             packages/tokenspeed-kernel-triton packages/tokenspeed-kernel-nvidia
 #         (optional) bash ci/device/flashinfer_bundle.sh
 # Device: carry [".whl"] (and ".whl-nvidia"), command: bash ci/device/verify_pending.sh STEP...
-# with STEP in moe, moequick, moegemv, moefp8, gluonmoe, gluonmma, nvidia, flashinfer, e2e, host (default: moe nvidia e2e). A call may run 10 minutes at most:
+# with STEP in moe, moequick, moegemv, moefp8, gluonmoe, gluonmma, decode, nvidia, flashinfer, e2e, host (default: moe nvidia e2e). A call may run 10 minutes at most:
 # `moe e2e` fits one call (~7 min), `nvidia` another (~6 min, longer with FlashInfer JIT).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -95,6 +97,17 @@ fi
 timeout 300 python3 ci/device/gluon_moe_bench.py --mma-sweep --breakdown $tma_flag --json "$OUT/gluon_moe_mma.json" 2>&1 | tail -75 || status=1
 }
 
+decode() {
+echo "== gluon_decode_sm90: GPU tests, check vs float64, split sweep, then every decode kernel on the preset"
+timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_gluon_decode_gpu.py \
+  2>&1 | tail -8 || status=1
+timeout 120 python3 -W ignore -m tokenspeed_kernel check attention.decode --kernel gluon_decode_sm90 --preset awkward \
+  --device cuda 2>&1 | tail -14 || status=1
+timeout 120 python3 ci/device/decode_splits_sweep.py --quick 2>&1 | tail -20 || status=1
+timeout 200 python3 -W ignore -m tokenspeed_kernel bench attention.decode --kernel all --preset gpt-oss-120b \
+  --device cuda --json "$OUT/decode_bench_all.json" 2>&1 | tail -70 || status=1
+}
+
 moequick() {
 echo "== triton_fused_moe_mx numerics + table (no sweep)"
 timeout 200 python3 ci/device/moe_bench.py --mx --no-sweep --budget 170 --json "$OUT/moe_mx.json" 2>&1 | tail -16 \
@@ -103,8 +116,8 @@ timeout 200 python3 ci/device/moe_bench.py --mx --no-sweep --budget 170 --json "
 
 for step in $steps; do
   case $step in
-    moe | moequick | moegemv | moefp8 | gluonmoe | gluonmma | nvidia | flashinfer | e2e | host) "$step" ;;
-    *) echo "unknown step $step (expected moe, moequick, moegemv, moefp8, gluonmoe, gluonmma, nvidia, flashinfer, e2e, host)"; status=2 ;;
+    moe | moequick | moegemv | moefp8 | gluonmoe | gluonmma | decode | nvidia | flashinfer | e2e | host) "$step" ;;
+    *) echo "unknown step $step (expected moe, moequick, moegemv, moefp8, gluonmoe, gluonmma, decode, nvidia, flashinfer, e2e, host)"; status=2 ;;
   esac
 done
 exit $status

@@ -22,11 +22,10 @@ NVIDIA_KERNELS = {
 HAS_FLASHINFER = importlib.util.find_spec("flashinfer") is not None
 
 
-def _decode_request(features=("sinks", "sliding_window"), q_len=1, head_dim=64, kv=torch.bfloat16):
+def _decode_request(features=("sinks", "sliding_window"), q_len=1, head_dim=64, kv=torch.bfloat16, batch=None):
     shapes = {"head_dim": head_dim, "head_dim_v": head_dim, "num_q_heads": 64, "num_kv_heads": 8}
-    return Request.make(
-        "attention.decode", {"q": torch.bfloat16, "kv": kv}, {**shapes, "page_size": 16, "q_len": q_len}, features
-    )
+    shapes |= {"page_size": 16, "q_len": q_len} | ({} if batch is None else {"batch_bucket": batch})
+    return Request.make("attention.decode", {"q": torch.bfloat16, "kv": kv}, shapes, features)
 
 
 def _verdict(request, arch):
@@ -82,8 +81,24 @@ def test_flashinfer_absent_reason(op):
     assert reasons[name] == ("flashinfer-python not installed",)
 
 
+@pytest.mark.parametrize("batch", [1, 2, 4, 8])
+def test_gluon_decode_ranks_first_for_small_batches_at_head_dim_64(batch):
+    # H100 (docs/benchmarks.md): 13-30% faster than triton_decode at B <= 8, head dim 64.
+    reasons, selection = _verdict(_decode_request(batch=batch), "sm_90")
+    assert reasons["gluon_decode_sm90"] == ()
+    assert selection.winner.name == "gluon_decode_sm90"
+    used = {c.spec.name: c.spec.priority_for(selection.request) for c in selection.candidates if c.accepted}
+    assert used["gluon_decode_sm90"] == Priority.PERFORMANT > used["triton_decode"]
+
+
+@pytest.mark.parametrize("batch, head_dim", [(16, 64), (64, 64), (256, 64), (1, 128), (8, 128)])
+def test_gluon_decode_stays_below_triton_outside_its_measured_regime(batch, head_dim):
+    _, selection = _verdict(_decode_request(batch=batch, head_dim=head_dim), "sm_90")
+    assert selection.winner.name == "triton_decode", (batch, head_dim)
+
+
 def test_gluon_decode_serves_sm90_only_and_ranks_below_triton():
-    request = _decode_request()
+    request = _decode_request()  # no batch key: the registered OPT_IN priority
     reasons, selection = _verdict(request, "sm_90")
     assert reasons["gluon_decode_sm90"] == ()
     assert selection.winner.name == "triton_decode"

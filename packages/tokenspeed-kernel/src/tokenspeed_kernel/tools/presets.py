@@ -62,6 +62,7 @@ _ATTENTION_SHAPES: dict[str, tuple[_Shape, ...]] = {
         _Shape("decode_b64_ctx8192_nosinks", 64, 1, 8192, (("sinks", False),)),
         _Shape("decode_b256_ctx2048", 256, 1, 2048),
         _Shape("decode_b1_ctx8192", 1, 1, 8192),
+        _Shape("decode_b8_ctx8192", 8, 1, 8192),
         _Shape("decode_b64_ctx8192_spec4", 64, 4, 8192),
         _Shape("decode_b64_ctx8192_fp8kv", 64, 1, 8192, (("kv_dtype", _FP8),)),
     ),
