@@ -37,7 +37,7 @@ SPLITS = (None, 16, 24, 48, 64, 96, 128)  # None: the shipped heuristic
 QUICK_CASES = ((1, 2048, -1), (1, 8192, -1), (1, 8192, 128), (8, 8192, 128), (64, 8192, -1), (256, 2048, -1))
 QUICK_SPLITS = (None, 1, 2, 4, 8, 16, 32)
 # --crossover: the launcher as shipped against triton_decode from B = 16 up, where the
-# selector's batch rule (gluon_decode.SMALL_BATCHES) hands over to triton_decode
+# selector's batch rule (gluon_decode.FIRST_AT_BATCHES) was drawn from these rows
 CROSSOVER_CASES = (
     (16, 8192, -1), (32, 8192, -1), (64, 8192, -1), (128, 4096, -1), (128, 8192, -1), (256, 2048, -1),
     (256, 8192, -1), (512, 2048, -1), (16, 8192, 127), (64, 8192, 127), (256, 8192, 127), (512, 2048, 127),

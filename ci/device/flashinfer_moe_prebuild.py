@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / ".whl-nvidia"
 TVM_FFI = "apache-tvm-ffi==0.1.15.post2"  # the version flashinfer_bundle.sh carries to the device
-CUDA_EXTRAS = ("nvidia-cublas==13.*", "nvidia-cuda-nvrtc==13.*")  # headers and libnvrtc for the link
+CUDA_EXTRAS = ("nvidia-cublas==13.*", "nvidia-curand", "nvidia-cuda-nvrtc==13.*")  # headers; libnvrtc to link
 PY_EXTRAS = ("nvidia-ml-py", "tqdm")  # imported by flashinfer/__init__
 
 # Non-generated sources kept (file names under FlashInfer's csrc); the rest become stubs.

@@ -23,7 +23,11 @@ from tokenspeed_kernel_nvidia.ops.attention._common import PAGE_SIZES, Q_DTYPES,
 __all__ = ["GluonDecodeConfig", "decode_config", "gluon_decode"]
 
 HEAD_DIMS = (64, 128)
-SMALL_BATCHES = (1, 2, 4, 8)  # request batch_bucket values where this kernel ranks first
+# Request batch_bucket values (batch rounded up to a power of two) where this kernel ranks
+# first: the ones measured faster than triton_decode on the H100 (docs/benchmarks.md, "Gluon
+# decode ranked first"): 8-30% at B <= 16, 2-9% at B = 128-512; at B = 32 and 64 Triton is
+# 2-3% faster with the full context, and above 512 nothing was measured.
+FIRST_AT_BATCHES = (1, 2, 4, 8, 16, 128, 256, 512)
 BLOCK_M = 16  # MMA rows: the GQA group is padded to 16
 NO_WINDOW = 2**30
 
@@ -117,9 +121,8 @@ def _partials(device: torch.device, batch: int, heads: int, splits: int, head_di
     shapes={"head_dim": HEAD_DIMS, "page_size": PAGE_SIZES},
     features=("sinks", "sliding_window", "logit_cap", "return_lse"),
     priority=Priority.OPT_IN,
-    # First at GPT-OSS's head dim for batches of up to 8 (H100, docs/benchmarks.md, "Gluon
-    # decode split count"): 13-30% faster than triton_decode there, within +-4% of it above.
-    rank_when=({"batch_bucket": SMALL_BATCHES, "head_dim": (64,)}, Priority.PERFORMANT),
+    # First where it was measured faster, at GPT-OSS's head dim (FIRST_AT_BATCHES).
+    rank_when=({"batch_bucket": FIRST_AT_BATCHES, "head_dim": (64,)}, Priority.PERFORMANT),
     predicate=_group_fits,
 )
 def gluon_decode(args: DecodeArgs) -> None:
