@@ -178,7 +178,7 @@ def main() -> int:
     spec = _spec(site, work)
     objects = _rewrite_ninja(spec, site, cuda_home)
     print(f"{len(objects)} of {sum(1 for _ in spec.sources)} sources kept; building with -j{args.jobs}", flush=True)
-    _run(["ninja", "-f", str(spec.ninja_path), f"-j{args.jobs}", *objects])
+    _run(["ninja", "-f", str(spec.ninja_path), f"-j{args.jobs}", *objects], cwd=spec.ninja_path.parent)
 
     so = work / "fused_moe_90.so"
     _link(objects, site, cuda_home, so)

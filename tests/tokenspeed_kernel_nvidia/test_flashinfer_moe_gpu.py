@@ -4,7 +4,7 @@ Runs only with a CUDA device whose architecture FlashInfer builds a CUTLASS MoE 
 and flashinfer-python installed (skips with the printed reason otherwise). The first call
 JIT-compiles FlashInfer's CUTLASS MoE module for the device (minutes, unless a
 flashinfer-jit-cache matching the version is installed). GPT-OSS-like small shapes: bf16
-weights, every activation (swiglu_oai with its clamp), biases (a float32 w2 bias), top-4,
+(and fp16, at GPT-OSS's 2880 width) weights, every activation (swiglu_oai with its clamp), biases (a float32 w2 bias), top-4,
 an expert map with -1 entries; the functional path and a plan. Output poisoned with NaN
 so an unwritten row fails. This file is the verification the kernel waits for, so it sets
 ``TOKENSPEED_KERNEL_NVIDIA_UNVERIFIED=1`` for its own tests.
@@ -47,9 +47,8 @@ def _consent(monkeypatch):
     selector.clear_cache()
 
 
-def _problem(t, e, h, i, k, seed=0):
+def _problem(t, e, h, i, k, seed=0, dt=torch.bfloat16):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    dt = torch.bfloat16
     x = torch.randn(t, h, generator=gen, device="cuda").to(dt)
     w13 = (torch.randn(e, 2 * i, h, generator=gen, device="cuda") / h**0.5).to(dt)
     w2 = (torch.randn(e, h, i, generator=gen, device="cuda") / i**0.5).to(dt)
@@ -71,7 +70,17 @@ def _check(out, ref):
 @pytest.mark.parametrize("bias", [False, True])
 def test_functional_matches_reference(t, activation, bias):
     x, w13, w2, b13, b2, wts, ids = _problem(t, 16, 256, 128, 4)
-    b13, b2 = (b13, b2) if bias else (None, None)
+    _run_and_check(x, w13, w2, b13 if bias else None, b2 if bias else None, wts, ids, activation)
+
+
+@pytest.mark.parametrize("t", [5, 129])
+def test_fp16_and_gpt_oss_hidden(t):
+    # fp16 weights and activations; GPT-OSS's hidden/intermediate 2880 (a multiple of 8, not of 64)
+    x, w13, w2, b13, b2, wts, ids = _problem(t, 8, 2880, 2880, 4, seed=t, dt=torch.float16)
+    _run_and_check(x, w13, w2, b13, b2, wts, ids, "swiglu_oai")
+
+
+def _run_and_check(x, w13, w2, b13, b2, wts, ids, activation):
     out = torch.full_like(x, float("nan"))
     moe_apply(x, w13, w2, wts, ids, activation=activation, w13_bias=b13, w2_bias=b2, out=out, override=KERNEL)
     _check(out, naive_moe(x, w13, w2, wts, ids, activation=activation, w13_bias=b13, w2_bias=b2))

@@ -50,7 +50,9 @@ def forced(monkeypatch):
         monkeypatch.setattr(
             gd,
             "decode_config",
-            lambda hd, ps: dataclasses.replace(shipped(hd, ps), fused_max_splits=64 if fused else 0),
+            lambda hd, ps, programs=0: dataclasses.replace(
+                shipped(hd, ps, programs), fused_max_splits=64 if fused else 0
+            ),
         )
         if splits is not None:
             monkeypatch.setattr(gd, "num_splits", lambda *a: splits)
@@ -67,6 +69,8 @@ CASES = {
     "window127-sinks": ([129, 2048, 5], 64, 8, 64, 16, 127, True, False, torch.bfloat16),
     "gqa4-d128-fp16-lse": ([700, 64], 16, 4, 128, 16, -1, False, True, torch.float16),
     "page1-window31": ([513], 8, 2, 64, 1, 31, True, True, torch.bfloat16),
+    # 64 x 8 programs, one split each: the launcher's 2-stage ring (gluon_decode.TWO_STAGE_PROGRAMS)
+    "b64-two-stage-ring": ([1 + (37 * i) % 700 for i in range(64)], 64, 8, 64, 16, -1, True, True, torch.bfloat16),
 }
 
 

@@ -3,7 +3,7 @@ split arithmetic (each split rounded up to whole ``BLOCK_N`` tiles)."""
 
 import pytest
 
-from tokenspeed_kernel_nvidia.ops.attention.gluon_decode import num_splits
+from tokenspeed_kernel_nvidia.ops.attention.gluon_decode import decode_config, num_splits
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -35,3 +35,16 @@ def test_measured_gpt_oss_choices():
     assert num_splits(1, 8, 129, 132, 64) == 3  # window 128: one tile per split
     assert num_splits(64, 8, 8192, 132, 64) == 1
     assert num_splits(256, 8, 2048, 132, 64) == 1
+
+
+@pytest.mark.parametrize(
+    "programs, stages",
+    [(0, 3), (40, 3), (264, 3), (511, 3), (512, 2), (1024, 2), (1025, 3), (2048, 3)],
+)
+def test_ring_depth_follows_the_grid(programs, stages):
+    # H100 (docs/benchmarks.md): 2 stages faster at 512-1024 programs (B=64/128 ctx 8192),
+    # 3 stages at the small batches' split grids and at 2048 (B=256 ctx 2048).
+    cfg = decode_config(64, 16, programs)
+    assert cfg.stages == stages
+    assert cfg.block_n == decode_config(64, 16).block_n == 64  # the split count's tile is fixed
+    assert decode_config(64, 16, programs) is cfg  # cached: one config object per choice

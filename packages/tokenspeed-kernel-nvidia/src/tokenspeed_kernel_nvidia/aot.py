@@ -139,11 +139,19 @@ def _attrs(signature: dict[str, str]) -> dict:
 
 
 def compile_decode(
-    dtype: torch.dtype, head_dim: int, page_size: int, group: int, splits: int, cap: bool, fused: bool = False
+    dtype: torch.dtype,
+    head_dim: int,
+    page_size: int,
+    group: int,
+    splits: int,
+    cap: bool,
+    fused: bool = False,
+    programs: int = 0,
 ):
     """Compile one decode configuration for sm_90 (``fused``: the in-kernel merge, with sinks
-    and LSE); returns (name, compiled or exception)."""
-    cfg = decode_config(head_dim, page_size)
+    and LSE; ``programs``: the grid size the launcher picks the ring depth by); returns
+    (name, compiled or exception)."""
+    cfg = decode_config(head_dim, page_size, programs)
     load, smem, mma = cfg.layouts
     t = _TYPE[dtype]
     signature = {
@@ -159,7 +167,7 @@ def compile_decode(
     for name in constexprs:
         signature[name] = "constexpr"
     name = f"gluon_decode-{str(dtype)[6:]}-d{head_dim}-p{page_size}-g{group}-s{splits}{'-cap' if cap else ''}"
-    name += "-fused" if fused else ""
+    name += ("-fused" if fused else "") + ("" if cfg.stages == 3 else f"-st{cfg.stages}")
     src = GluonASTSource(decode_kernel, signature, constexprs, _attrs(signature))
     return name, triton_compile(src, target=SM90, options={"num_warps": cfg.num_warps})
 
@@ -378,8 +386,12 @@ def decode_grid():
             ],
             (False,),
         )
-    ] + [(torch.bfloat16, 64, 16, 8, 8, True), (torch.bfloat16, 64, 16, 8, 32, False, True),
-         (torch.float16, 128, 1, 4, 1, True, True)]  # fmt: skip
+    ] + [
+        (torch.bfloat16, 64, 16, 8, 8, True),
+        (torch.bfloat16, 64, 16, 8, 32, False, True),
+        (torch.float16, 128, 1, 4, 1, True, True),
+        (torch.bfloat16, 64, 16, 8, 1, False, True, 512),
+    ]  # fmt: skip  (the 2-stage ring of B=64)
 
 
 def prefill_grid():

@@ -24,10 +24,10 @@ __all__ = ["GluonDecodeConfig", "decode_config", "gluon_decode"]
 
 HEAD_DIMS = (64, 128)
 # Request batch_bucket values (batch rounded up to a power of two) where this kernel ranks
-# first: the ones measured faster than triton_decode on the H100 (docs/benchmarks.md, "Gluon
-# decode ranked first"): 8-30% at B <= 16, 2-9% at B = 128-512; at B = 32 and 64 Triton is
-# 2-3% faster with the full context, and above 512 nothing was measured.
-FIRST_AT_BATCHES = (1, 2, 4, 8, 16, 128, 256, 512)
+# first: every bucket measured on the H100 (docs/benchmarks.md, "Gluon decode ranked first"),
+# where it is 1-30% faster than triton_decode (B=64 ctx 8192 374.8 vs 377.7 µs, B=1 15.2 vs
+# 18.4); above 512 nothing was measured.
+FIRST_AT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 BLOCK_M = 16  # MMA rows: the GQA group is padded to 16
 NO_WINDOW = 2**30
 
@@ -62,9 +62,25 @@ class GluonDecodeConfig:
         return load, smem, mma
 
 
+# Grids (programs = batch x KV heads x splits) that run faster with a 2-stage ring than a
+# 3-stage one. H100, 2026-11-23 (docs/benchmarks.md, "Gluon decode ranked first"; GPT-OSS
+# shapes, one split each): 512 programs (B=64 ctx 8192) 376.8 vs 388.0 µs, window-128 14.4 vs
+# 15.2; 1024 (B=128 ctx 8192) 759.2 vs 768.9; but 2048 (B=256 ctx 2048) 405.9 vs 393.2, and
+# at the small batches' 40-320 split programs 0.4-1.8% slower.
+TWO_STAGE_PROGRAMS = (512, 1024)
+
+
+def decode_config(head_dim: int, page_size: int, programs: int = 0) -> GluonDecodeConfig:
+    """The launch configuration; ``programs`` (the grid size, once the split count is known)
+    picks the ring depth: 2 stages within :data:`TWO_STAGE_PROGRAMS`, else 3. The tile
+    (``block_n``, which the split count depends on) does not depend on it."""
+    lo, hi = TWO_STAGE_PROGRAMS
+    return _config(head_dim, page_size, 2 if lo <= programs <= hi else 3)
+
+
 @functools.cache
-def decode_config(head_dim: int, page_size: int) -> GluonDecodeConfig:
-    return GluonDecodeConfig(head_dim=head_dim, page_size=page_size, block_n=64 if head_dim <= 64 else 32)
+def _config(head_dim: int, page_size: int, stages: int) -> GluonDecodeConfig:
+    return GluonDecodeConfig(head_dim, page_size, block_n=64 if head_dim <= 64 else 32, stages=stages)
 
 
 def num_splits(batch: int, num_kv_heads: int, visible: int, num_sms: int, block_n: int) -> int:
@@ -137,6 +153,7 @@ def gluon_decode(args: DecodeArgs) -> None:
     visible = args.max_seqlen_k if args.window_left < 0 else min(args.max_seqlen_k, args.window_left + 1)
     num_sms = _num_sms(args.q.device)
     splits = num_splits(batch, num_kv_heads, visible, num_sms, cfg.block_n)
+    cfg = decode_config(head_dim, page_size, batch * num_kv_heads * splits)
     part_out, part_lse = _partials(args.q.device, batch, num_q_heads, splits, head_dim)
     load, smem, mma = cfg.layouts
     fused = splits <= cfg.fused_max_splits
