@@ -185,3 +185,33 @@ def test_kernels_that_refuse_capture_are_timed_without_a_graph_attempt(monkeypat
     monkeypatch.setattr(bench_module, "time_fn", recording)
     bench(["moe.topk", "attention.decode"], preset="small", baselines=False, device="cpu", quiet=True)
     assert graphs == [True, False]  # torch_moe_topk is graph-safe, torch_decode reads lengths on the host
+
+
+def test_kernels_with_a_prepare_hook_are_timed_through_their_plan():
+    """The hook repacks weights once (moe_plan), not on every timed call."""
+    from tokenspeed_kernel import registry
+    from tokenspeed_kernel.reference import moe as reference_moe
+    from tokenspeed_kernel.registry import Priority
+
+    prepared, calls = [], []
+
+    def prepare(**weights):
+        prepared.append(weights["w13"].shape)
+        return "repacked"
+
+    def kernel(args):
+        calls.append(args.prepared)
+        reference_moe.torch_moe(args)
+
+    with registry.isolated():
+        registry.register_kernel(
+            "moe.apply", name="test_prepared_moe", solution="test", vendors=("cpu",),
+            features=("silu", "gelu", "swiglu_oai", "bias", "expert_map"), priority=Priority.PLUGIN,
+            prepare=prepare, graph_safe=False,
+        )(kernel)  # fmt: skip
+        report = bench("moe.apply", preset="small", baselines=False, device="cpu", quiet=True)
+    row = next(r for r in report.rows if r.impl == "test_prepared_moe")
+    assert row.selected and row.ms > 0
+    assert len(prepared) == 1  # the plan's one preparation
+    # two untimed functional calls (the selector's pick, the override check), then only the plan
+    assert calls[:2] == [None, None] and len(calls) > 3 and set(calls[2:]) == {"repacked"}

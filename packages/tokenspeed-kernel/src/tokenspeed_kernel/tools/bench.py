@@ -8,12 +8,15 @@ GPU the share of the measured copy bandwidth and bf16 matmul rate (:mod:`.ceilin
 ``speedup vs <baseline> = baseline time / kernel time``. The kernel the selector picks is
 marked ``*``. On a GPU every implementation is timed through a CUDA graph where it can be
 captured (device time, as an engine's decode step runs; a kernel registered
-``graph_safe=False`` is not tried); the rows say when it could not.
+``graph_safe=False`` is not tried); the rows say when it could not. A kernel with a
+``prepare`` hook (weight repacking) is timed through its plan (``moe_plan`` once, then
+``plan.apply``), as an engine runs it; the others through the functional call.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import platform as _host
 import sys
@@ -169,11 +172,15 @@ def bench(
             except KernelOverrideError as exc:
                 report.rows.append(BenchRow(op, case.describe(), impl, "kernel", note=str(exc).split(": ", 1)[-1]))
                 continue
-            timing = time_fn(
-                lambda kname=kname, case=case, inputs=inputs: cases.call(case, inputs, override=kname),
-                dev,
-                graph=registry.get_kernel(impl).graph_safe,  # no capture attempt for a kernel that refuses it
+            spec = registry.get_kernel(impl)
+            # A kernel with a weight-preparation hook is timed the way an engine runs it: planned
+            # once, outside the timing (the functional call would repack the weights every call).
+            run = (
+                cases.planned_call(case, inputs, kname)
+                if spec.prepare is not None
+                else functools.partial(cases.call, case, inputs, override=kname)
             )
+            timing = time_fn(run, dev, graph=spec.graph_safe)  # no capture attempt for a kernel that refuses it
             row = _row(case, impl, "kernel", timing.median_ms, ceil)
             row.selected = impl == selected
             row.note = _timing_note(timing, dev)

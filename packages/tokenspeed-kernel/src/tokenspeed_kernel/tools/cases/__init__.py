@@ -7,6 +7,7 @@ table, so the tools never branch on families.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "call",
     "make_inputs",
     "module_for",
+    "planned_call",
     "reference",
     "request",
 ]
@@ -51,6 +53,12 @@ def make_inputs(case: Case, device: torch.device | str = "cpu", seed: int = 0) -
 def call(case: Case, inputs: dict[str, Any], override: str | None = None, out: torch.Tensor | None = None) -> Any:
     """Run the public operator of ``case``; ``out`` (a preallocated output) where it takes one."""
     return module_for(case.op).call(case, inputs, override, out=out)
+
+
+def planned_call(case: Case, inputs: dict[str, Any], override: str | None = None) -> Callable[[], Any]:
+    """A no-argument callable running ``case`` as an engine does every step: weights planned
+    once (``moe_plan`` and the kernel's ``prepare`` hook) where the operator has a plan."""
+    return module_for(case.op).planned_call(case, inputs, override)
 
 
 def request(case: Case) -> Request:

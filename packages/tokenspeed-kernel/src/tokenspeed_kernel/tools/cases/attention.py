@@ -9,7 +9,9 @@ sequences (``seqlens_q[0]``).
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -294,6 +296,12 @@ def call(case: AttentionCase, inputs: dict[str, Any], override: str | None = Non
         _public(case.op)(**inputs, override=override)
         return inputs["k_cache"], inputs["v_cache"]
     return _public(case.op)(**inputs, out=out, override=override)
+
+
+def planned_call(case: AttentionCase, inputs: dict[str, Any], override: str | None = None) -> Callable[[], Any]:
+    """The call an engine makes every step; attention kernels keep no weights to plan, so it
+    is the public call."""
+    return functools.partial(call, case, inputs, override)
 
 
 def _f64(t: torch.Tensor | None) -> torch.Tensor | None:

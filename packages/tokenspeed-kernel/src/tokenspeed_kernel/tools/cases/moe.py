@@ -8,7 +8,9 @@ others map to ``-1``; without a map the weights hold all ``num_experts``.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +35,7 @@ __all__ = [
     "call",
     "gpt_oss_case",
     "make_inputs",
+    "planned_call",
     "reference",
     "request",
 ]
@@ -304,6 +307,22 @@ def call(case: MoECase, inputs: dict[str, Any], override: str | None = None, out
     if case.op == "moe.topk":
         return moe_topk(**inputs, override=override)
     return moe_apply(**inputs, out=out, override=override)
+
+
+def planned_call(case: MoECase, inputs: dict[str, Any], override: str | None = None) -> Callable[[], Any]:
+    """``moe_apply`` as an engine runs it every step: the weights planned once here
+    (``moe_plan``: validation, selection and the kernel's ``prepare`` hook), then
+    ``plan.apply`` per call. ``moe_topk`` has no plan: the public call."""
+    from tokenspeed_kernel.ops.moe import moe_plan
+
+    if case.op == "moe.topk":
+        return functools.partial(call, case, inputs, override)
+    plan = moe_plan(
+        inputs["w13"], inputs["w2"], x_dtype=inputs["x"].dtype, top_k=inputs["topk_ids"].shape[1],
+        activation=inputs["activation"], w13_bias=inputs["w13_bias"], w2_bias=inputs["w2_bias"],
+        expert_map=inputs["expert_map"], override=override, activation_quant=inputs.get("activation_quant"),
+    )  # fmt: skip
+    return functools.partial(plan.apply, inputs["x"], inputs["topk_weights"], inputs["topk_ids"])
 
 
 def _dense64(w: Any) -> torch.Tensor:
