@@ -30,7 +30,6 @@ export PYTHONPATH=/tmp/site FLASHINFER_WORKSPACE_BASE=$PWD/.fi-ws MAX_JOBS=${MAX
 # The module links libnvrtc.so.13 and libcudart.so.13: the copies torch's CUDA wheels ship.
 NV_LIB=$(python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))" 2>/dev/null)
 export LD_LIBRARY_PATH=${NV_LIB}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export TOKENSPEED_KERNEL_NVIDIA_UNVERIFIED=1  # this script is the verification the gate waits for
 AOT=/tmp/site/flashinfer/data/aot/fused_moe_90
 if [ -f .whl-nvidia/fused_moe_90.so.xz ] && [ ! -f $AOT/fused_moe_90.so ]; then
   mkdir -p $AOT && xz -dc .whl-nvidia/fused_moe_90.so.xz > $AOT/fused_moe_90.so

@@ -2,12 +2,13 @@
 
 Runs only with a CUDA device whose architecture FlashInfer builds a CUTLASS MoE module for
 and flashinfer-python installed (skips with the printed reason otherwise). The first call
-JIT-compiles FlashInfer's CUTLASS MoE module for the device (minutes, unless a
-flashinfer-jit-cache matching the version is installed). GPT-OSS-like small shapes: bf16
+JIT-compiles FlashInfer's CUTLASS MoE module for the device (more than 35 minutes on 16
+cores, unless a matching flashinfer-jit-cache or the prebuilt module is installed). GPT-OSS-like small shapes: bf16
 (and fp16, at GPT-OSS's 2880 width) weights, every activation (swiglu_oai with its clamp), biases (a float32 w2 bias), top-4,
 an expert map with -1 entries; the functional path and a plan. Output poisoned with NaN
-so an unwritten row fails. This file is the verification the kernel waits for, so it sets
-``TOKENSPEED_KERNEL_NVIDIA_UNVERIFIED=1`` for its own tests.
+so an unwritten row fails. Passed 27/27 on the H100 (2026-11-24) with the prebuilt module of
+``ci/device/flashinfer_moe_prebuild.py``; the plan test's first call runs under FlashInfer's
+autotuner.
 """
 
 import importlib.util
@@ -37,14 +38,6 @@ SKIP = _skip_reason()
 if SKIP:
     print(f"test_flashinfer_moe_gpu: skipped: {SKIP}")
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
-
-
-@pytest.fixture(autouse=True)
-def _consent(monkeypatch):
-    from tokenspeed_kernel import selector
-
-    monkeypatch.setenv("TOKENSPEED_KERNEL_NVIDIA_UNVERIFIED", "1")
-    selector.clear_cache()
 
 
 def _problem(t, e, h, i, k, seed=0, dt=torch.bfloat16):

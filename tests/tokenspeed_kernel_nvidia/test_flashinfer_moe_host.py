@@ -83,8 +83,8 @@ def _set_platform(monkeypatch, arch):
 
 @pytest.fixture
 def fake(monkeypatch):
-    """A findable ``flashinfer`` with a computing ``cutlass_fused_moe``, platform sm_90, and
-    the consent to an unverified kernel (``TOKENSPEED_KERNEL_NVIDIA_UNVERIFIED=1``)."""
+    """A findable ``flashinfer`` with a computing ``cutlass_fused_moe`` and an ``autotune``
+    context that records its use (``calls`` gets ``("autotune", flag)``), platform sm_90."""
     from tokenspeed_kernel_nvidia.ops.moe import flashinfer_cutlass_moe
 
     calls: list = []
@@ -92,9 +92,15 @@ def fake(monkeypatch):
     module.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None)
     module.ActivationType = ActivationType
     module.cutlass_fused_moe = _fake_cutlass_fused_moe(calls)
+
+    @contextlib.contextmanager
+    def autotune(flag=True):
+        calls.append(("autotune", flag))
+        yield
+
+    module.autotune = autotune
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     monkeypatch.setattr(flashinfer_cutlass_moe, "_activation_params", {})
-    monkeypatch.setenv(flashinfer_cutlass_moe.UNVERIFIED_ENV, "1")
     _set_platform(monkeypatch, "sm_90")
     yield calls
     monkeypatch.delenv(config.PLATFORM_ENV)
@@ -132,18 +138,10 @@ def test_selection_on_faked_platforms(fake):
     assert _reasons(request, "gfx942")
 
 
-def test_unverified_without_consent(fake, monkeypatch):
-    """Never run on a GPU: with flashinfer present but no consent, every platform gets the
-    reason (and a plain call falls through to another kernel)."""
-    from tokenspeed_kernel_nvidia.ops.moe.flashinfer_cutlass_moe import UNVERIFIED_ENV
-
-    monkeypatch.delenv(UNVERIFIED_ENV)
-    selector.clear_cache()
+def test_offered_without_any_switch_once_verified(fake):
+    """Verified on the H100 (docs/benchmarks.md): flashinfer-python present is all it needs."""
     request = _request(activation="swiglu_oai", bias=True)
-    (why,) = _reasons(request, "sm_90")
-    assert "never run on a GPU" in why and UNVERIFIED_ENV in why
-    monkeypatch.setenv(UNVERIFIED_ENV, "0")
-    assert "never run on a GPU" in _reasons(request, "sm_90")[0]
+    assert _reasons(request, "sm_90") == ()
 
 
 @pytest.mark.parametrize(
@@ -251,7 +249,9 @@ def test_plan_prepares_once(fake):
     assert plan.kernel == KERNEL
     plan.apply(x, wts, ids)
     out = plan.apply(x, wts, ids)
-    first, second = fake
+    # the plan's first call runs under FlashInfer's autotuner, the next ones do not
+    assert fake[0] == ("autotune", True) and plan.prepared.tuned
+    first, second = fake[1:]
     assert first["fc1"] is second["fc1"] is plan.prepared.fc1
     assert first["fc1_expert_biases"] is plan.prepared.fc1_bias
     ref = naive_moe(x, w13, w2, wts, ids, activation="silu", w13_bias=b13, w2_bias=b2)
@@ -267,3 +267,15 @@ def test_absent_flashinfer_is_reported(monkeypatch):
         assert _reasons(_request(), "sm_90") == ("flashinfer-python not installed",)
     finally:
         selector.clear_cache()
+
+
+def test_functional_calls_and_the_switch_never_tune(fake, monkeypatch):
+    from tokenspeed_kernel_nvidia.ops.moe.flashinfer_cutlass_moe import NO_AUTOTUNE_ENV
+
+    x, w13, w2, b13, b2, ids, wts = _problem()
+    moe_apply(x, w13, w2, wts, ids, activation="silu", w13_bias=b13, w2_bias=b2, override=KERNEL)
+    monkeypatch.setenv(NO_AUTOTUNE_ENV, "1")
+    plan = moe_plan(w13, w2, x_dtype=torch.bfloat16, top_k=2, activation="silu", w13_bias=b13, w2_bias=b2,
+                    override=KERNEL)  # fmt: skip
+    plan.apply(x, wts, ids)
+    assert len(fake) == 2 and all(isinstance(c, dict) for c in fake) and not plan.prepared.tuned

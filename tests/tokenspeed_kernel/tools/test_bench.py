@@ -214,4 +214,5 @@ def test_kernels_with_a_prepare_hook_are_timed_through_their_plan():
     assert row.selected and row.ms > 0
     assert len(prepared) == 1  # the plan's one preparation
     # two untimed functional calls (the selector's pick, the override check), then only the plan
+    # (its first call untimed too)
     assert calls[:2] == [None, None] and len(calls) > 3 and set(calls[2:]) == {"repacked"}

@@ -180,6 +180,7 @@ def bench(
                 if spec.prepare is not None
                 else functools.partial(cases.call, case, inputs, override=kname)
             )
+            run()  # untimed: a plan's first call may do one-time work (a kernel's autotuning)
             timing = time_fn(run, dev, graph=spec.graph_safe)  # no capture attempt for a kernel that refuses it
             row = _row(case, impl, "kernel", timing.median_ms, ceil)
             row.selected = impl == selected

@@ -47,18 +47,26 @@ with it:
 - **Determinism.** ``use_fused_finalize=True`` (FlashInfer's default) reduces the top-k
   outputs with atomics in the GEMM2 epilogue: results may differ run to run in the last bits.
 
-Status: **never run on a GPU.** FlashInfer JIT-builds the whole CUTLASS MoE module (about
-40 CUDA files of TensorRT-LLM templates) on first use; on the H100 machine we borrow (16
-cores) three back-to-back 540 s builds (2026-11-23, ``ci/device/flashinfer_moe.sh``) did
-not finish it. Until a GPU run passes ``tests/tokenspeed_kernel_nvidia/test_flashinfer_moe_gpu.py``
-the kernel is unavailable (``explain`` and ``list`` say why) unless
-``TOKENSPEED_KERNEL_NVIDIA_UNVERIFIED=1`` is set (where, for example, FlashInfer's prebuilt
-jit-cache makes the build instant and the user accepts an unverified kernel); with it set,
-it is still only ``Priority.OPT_IN``.
+- **Tactics.** FlashInfer picks the CUTLASS GEMM tactic by profiling only inside
+  ``flashinfer.autotune()``; outside it a default tactic runs, 4.5-5x slower than
+  ``triton_fused_moe`` at GPT-OSS shapes on the H100 (T = 8: 2.66 ms vs 0.52). So the first
+  :meth:`~tokenspeed_kernel.MoEPlan.apply` of a plan runs under ``autotune(True)`` (FlashInfer
+  then profiles every token bucket for these shapes: 78 s on the H100, once per process and
+  shape set; later plans with the same shapes hit its cache), unless
+  :data:`NO_AUTOTUNE_ENV` is set. The functional ``moe_apply`` path (no plan) never tunes.
+
+Status: **verified on the H100** (2026-11-24, docs/benchmarks.md "FlashInfer CUTLASS MoE"):
+``test_flashinfer_moe_gpu.py`` 27/27 (bf16 and fp16, every activation, biases, expert map,
+plan and functional paths) and ``tokenspeed-kernel check moe.apply --preset awkward`` 22 passed,
+0 failed, with FlashInfer's own module built off the device for sm_90
+(``ci/device/flashinfer_moe_prebuild.py``: FlashInfer JIT-builds ~250 CUDA files on first
+use, which did not finish in four calls on the 16-core device). Autotuned it is 2-4% slower
+than ``triton_fused_moe`` at T = 8-512 and 4% faster at T = 4096, so it stays ``Priority.OPT_IN``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from dataclasses import dataclass
 from typing import Any
@@ -76,8 +84,8 @@ __all__ = [
     "ARCHS",
     "FEATURES",
     "FLASHINFER_ARCHS",
+    "NO_AUTOTUNE_ENV",
     "SWIGLU_OAI",
-    "UNVERIFIED_ENV",
     "FlashInferCutlassWeights",
     "available",
     "flashinfer_cutlass_moe",
@@ -97,22 +105,13 @@ ACTIVATION_TYPES = {"silu": "Swiglu", "gelu": "Geglu", "swiglu_oai": "SwigluBias
 # SwigluBias parameters of our swiglu_oai (per local expert, float32).
 SWIGLU_OAI = {"swiglu_alpha": 1.702, "swiglu_beta": 1.0, "swiglu_limit": 7.0}
 ALIGNMENT = 8  # 128-bit TMA rows of 16-bit values
-UNVERIFIED_ENV = "TOKENSPEED_KERNEL_NVIDIA_UNVERIFIED"
-UNVERIFIED = (
-    f"never run on a GPU by tokenspeed-kernel (FlashInfer's CUTLASS MoE JIT build did not finish in "
-    f"3 x 540 s on an H100 machine); set {UNVERIFIED_ENV}=1 to offer it anyway"
-)
+# Set to 1 to skip the autotuning of a plan's first call (FlashInfer's default tactic then runs).
+NO_AUTOTUNE_ENV = "TOKENSPEED_KERNEL_FLASHINFER_NO_AUTOTUNE"
 
 
 def available() -> str | None:
-    """``available`` hook: flashinfer-python importable, and the user's explicit consent to an
-    unverified kernel (:data:`UNVERIFIED_ENV`), read at each selection."""
-    missing = flashinfer_missing()
-    if missing:
-        return missing
-    if not config.env_flag(UNVERIFIED_ENV):
-        return UNVERIFIED
-    return None
+    """``available`` hook: flashinfer-python importable."""
+    return flashinfer_missing()
 
 
 def predicate(request: Request) -> str | None:
@@ -125,15 +124,17 @@ def predicate(request: Request) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass
 class FlashInferCutlassWeights:
     """What :func:`prepare` makes of the public weights: FlashInfer's ``[up; gate]`` fc1,
-    fc2 as is, both biases (or neither) in the weights' (= x's) dtype."""
+    fc2 as is, both biases (or neither) in the weights' (= x's) dtype; ``tuned`` once the
+    plan's first call has run under FlashInfer's autotuner."""
 
     fc1: torch.Tensor
     fc2: torch.Tensor
     fc1_bias: torch.Tensor | None
     fc2_bias: torch.Tensor | None
+    tuned: bool = False
 
 
 def _up_gate(t: torch.Tensor, inter: int, dim: int) -> torch.Tensor:
@@ -203,7 +204,7 @@ def local_ids(topk_ids: torch.Tensor, expert_map: torch.Tensor | None, num_local
     graph_safe=False,
 )
 def flashinfer_cutlass_moe(args: MoEApplyArgs) -> None:
-    """Plain bf16/fp16 weights only (FlashInfer's MXFP4 W4A16 needs its interleaved layout; its fp8 paths want fp8 activations); JIT-built on first call.
+    """Plain bf16/fp16 weights only (FlashInfer's MXFP4 W4A16 needs its interleaved layout; its fp8 paths want fp8 activations); a plan's first call autotunes.
 
     ``flashinfer.cutlass_fused_moe`` on our layouts (see the module docstring)."""
     prepared = args.prepared
@@ -216,6 +217,25 @@ def flashinfer_cutlass_moe(args: MoEApplyArgs) -> None:
     x = args.x if args.x.is_contiguous() else args.x.contiguous()
     out = args.out if args.out.is_contiguous() else torch.empty_like(x)
     extra = _swiglu_oai_params(x.device, num_local) if args.activation == "swiglu_oai" else {}
+    tune = args.prepared is not None and not prepared.tuned and not config.env_flag(NO_AUTOTUNE_ENV)
+    with fi.autotune(True) if tune else contextlib.nullcontext():
+        _run(fi, x, ids, weights, prepared, out, args.activation, extra)
+    if tune:
+        prepared.tuned = True
+    if out is not args.out:
+        args.out.copy_(out)
+
+
+def _run(
+    fi: Any,
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    prepared: FlashInferCutlassWeights,
+    out: torch.Tensor,
+    activation: str,
+    extra: dict[str, torch.Tensor],
+) -> None:
     fi.cutlass_fused_moe(
         x,
         ids,
@@ -229,8 +249,6 @@ def flashinfer_cutlass_moe(args: MoEApplyArgs) -> None:
         ep_size=1,
         ep_rank=0,
         output=out,
-        activation_type=getattr(fi.ActivationType, ACTIVATION_TYPES[args.activation]),
+        activation_type=getattr(fi.ActivationType, ACTIVATION_TYPES[activation]),
         **extra,
     )
-    if out is not args.out:
-        args.out.copy_(out)
