@@ -59,14 +59,14 @@ def test_window_128_tile_counts_at_gpt_oss_shapes():
     # 16 tokens x 8 heads per program, 64-key tiles: 143 keys in the band -> 3 tiles, and a
     # program in the steady state masks only the window-edge and the diagonal tile.
     cfg = gp.prefill_config(64, 8)
-    assert (cfg.block_t, cfg.block_n, cfg.group_pad, cfg.num_warps) == (16, 64, 8, 4)
+    assert (cfg.block_t, cfg.block_n, cfg.group_pad, cfg.num_warps) == (16, 64, 8, 8)  # 8 warps: H100, 3% faster
     tiles = gp.band_tiles(8192, 8192, 100, cfg.block_t, cfg.block_n, 127)
     assert [m for _, m in tiles] == [True, False, True]
     assert gp.grid(8192, 8, 1, cfg.block_t) == (512, 8, 1)
 
 
 def test_config_table():
-    for d, g, t, warps in ((64, 8, 16, 4), (64, 4, 32, 4), (64, 6, 16, 4), (64, 1, 128, 4), (128, 8, 16, 8)):
+    for d, g, t, warps in ((64, 8, 16, 8), (64, 4, 32, 8), (64, 6, 16, 8), (64, 1, 128, 8), (128, 8, 16, 8)):
         cfg = gp.prefill_config(d, g)
         assert cfg.block_t * cfg.group_pad == gp.BLOCK_M
         assert (cfg.block_t, cfg.num_warps) == (t, warps)

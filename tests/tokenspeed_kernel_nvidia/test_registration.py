@@ -143,7 +143,7 @@ def _prefill_request(
     return Request.make("attention.prefill", {"q": dtype, "kv": dtype}, shapes, features)
 
 
-def test_gluon_prefill_window_serves_sm90_windows_and_ranks_below_triton():
+def test_gluon_prefill_window_serves_sm90_windows_and_ranks_first_at_gpt_oss_window():
     spec = registry.get_kernel("gluon_prefill_window_sm90")
     assert spec.archs == frozenset({"sm_90"}) and spec.capabilities == frozenset({"tma", "wgmma"})
     assert spec.features == frozenset({"sinks", "sliding_window", "logit_cap", "return_lse"})
@@ -153,8 +153,12 @@ def test_gluon_prefill_window_serves_sm90_windows_and_ranks_below_triton():
         assert selection.winner.name == "triton_prefill"
     reasons, _ = _verdict(_prefill_request(head_dim=128, dtype=torch.float16), "sm_90")
     assert reasons["gluon_prefill_window_sm90"] == ()
-    reasons, _ = _verdict(_prefill_request(window_left=127), "sm_90")  # what the public call asks
+    reasons, selection = _verdict(_prefill_request(window_left=127), "sm_90")  # what the public call asks
     assert reasons["gluon_prefill_window_sm90"] == ()
+    assert selection.winner.name == "gluon_prefill_window_sm90"  # GPT-OSS's window: measured faster
+    for other in ({"window_left": 255}, {"window_left": 127, "head_dim": 128, "dtype": torch.float16}):
+        _, selection = _verdict(_prefill_request(**other), "sm_90")
+        assert selection.winner.name == "triton_prefill", other
     for arch in ("sm_100", "sm_80", "gfx942", "cpu"):
         reasons, _ = _verdict(_prefill_request(), arch)
         assert reasons["gluon_prefill_window_sm90"], arch

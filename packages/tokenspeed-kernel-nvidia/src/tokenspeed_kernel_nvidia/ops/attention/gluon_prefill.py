@@ -85,7 +85,9 @@ def prefill_config(head_dim: int, group: int) -> GluonPrefillConfig:
     """The launch configuration for a head dim and GQA group size (metadata as data)."""
     group_pad = triton.next_power_of_2(group)
     if head_dim <= 64:
-        return GluonPrefillConfig(head_dim=head_dim, group_pad=group_pad, block_n=64, stages=3, num_warps=4)
+        # 8 warps (two warpgroups): 115.5 vs 119.5 µs for 4 at GPT-OSS's window-128 S = 8192
+        # (H100, docs/benchmarks.md "Run of 2026-11-23 (later)", the best of 6 configurations)
+        return GluonPrefillConfig(head_dim=head_dim, group_pad=group_pad, block_n=64, stages=3, num_warps=8)
     return GluonPrefillConfig(head_dim=head_dim, group_pad=group_pad, block_n=64, stages=2, num_warps=8)
 
 
@@ -161,6 +163,9 @@ def _kv_descriptor(x: torch.Tensor, cfg: GluonPrefillConfig, layout):
     shapes={"head_dim": HEAD_DIMS},
     features=("sinks", "sliding_window", "logit_cap", "return_lse"),
     priority=Priority.OPT_IN,
+    # First at GPT-OSS's 128-token window and head dim 64, where it was measured faster than
+    # triton_prefill on the H100 (docs/benchmarks.md, "Prefill: does the selector pick the fastest?").
+    rank_when=({"window_left": (127,), "head_dim": (64,)}, Priority.PERFORMANT),
     predicate=_supported,
 )
 def gluon_prefill_window(args: PrefillArgs) -> None:
