@@ -60,8 +60,9 @@ Status: **verified on the H100** (2026-11-24, docs/benchmarks.md "FlashInfer CUT
 plan and functional paths) and ``tokenspeed-kernel check moe.apply --preset awkward`` 22 passed,
 0 failed, with FlashInfer's own module built off the device for sm_90
 (``ci/device/flashinfer_moe_prebuild.py``: FlashInfer JIT-builds ~250 CUDA files on first
-use, which did not finish in four calls on the 16-core device). Autotuned it is 2-4% slower
-than ``triton_fused_moe`` at T = 8-512 and 4% faster at T = 4096, so it stays ``Priority.OPT_IN``.
+use, which did not finish in four calls on the 16-core device). Autotuned it is 18% slower
+than ``triton_fused_moe`` at T = 1, 2-4% slower at T = 8-512 and 2% faster at T = 4096 (the
+public bench; FlashInfer timed eagerly, Triton by graph replay), so it stays ``Priority.OPT_IN``.
 """
 
 from __future__ import annotations
