@@ -173,14 +173,13 @@ def bench(
                 report.rows.append(BenchRow(op, case.describe(), impl, "kernel", note=str(exc).split(": ", 1)[-1]))
                 continue
             spec = registry.get_kernel(impl)
-            # A kernel with a weight-preparation hook is timed the way an engine runs it: planned
-            # once, outside the timing (the functional call would repack the weights every call).
-            run = (
-                cases.planned_call(case, inputs, kname)
-                if spec.prepare is not None
-                else functools.partial(cases.call, case, inputs, override=kname)
-            )
-            run()  # untimed: a plan's first call may do one-time work (a kernel's autotuning)
+            run = functools.partial(cases.call, case, inputs, override=kname)  # warmed up by the call above
+            if spec.prepare is not None:
+                # A kernel with a weight-preparation hook is timed the way an engine runs it: planned
+                # once, outside the timing (the functional call would repack the weights every call),
+                # and its plan's first call untimed too (one-time work such as a kernel's autotuning).
+                run = cases.planned_call(case, inputs, kname)
+                run()
             timing = time_fn(run, dev, graph=spec.graph_safe)  # no capture attempt for a kernel that refuses it
             row = _row(case, impl, "kernel", timing.median_ms, ceil)
             row.selected = impl == selected
