@@ -11,6 +11,9 @@
 #   moefp8: moe_bench.py --fp8-act --combine (activation_quant="fp8", combine="atomic", ~6 min)
 #   gluonmoe: gluon_moe_decode_mx_sm90 GPU tests, then ci/device/gluon_moe_bench.py (T <= 8, ~3 min)
 #   gluonmma: both Gluon MoE decode kernels' GPU tests, then gluon_moe_bench.py --mma-sweep --breakdown (~2 min)
+#   prefill: FlashInfer prefill JIT warm-up (first calls timed apart), then
+#           `bench attention.prefill --kernel triton_prefill,flashinfer_prefill --preset prefill-lengths`
+#           (the length sweep behind flashinfer_prefill's rank rule; needs .whl-nvidia) (~6 min on a fresh machine)
 #   decode: gluon_decode_sm90 GPU tests, `check --preset awkward`, decode_splits_sweep.py --quick, then
 #           `bench attention.decode --kernel all --preset gpt-oss-120b` (does the selector pick the fastest?) (~5 min)
 # Each step has its own time budget and never stops the next one; results land in $OUT.
@@ -19,7 +22,7 @@
 #             packages/tokenspeed-kernel-triton packages/tokenspeed-kernel-nvidia
 #         (optional) bash ci/device/flashinfer_bundle.sh
 # Device: carry [".whl"] (and ".whl-nvidia"), command: bash ci/device/verify_pending.sh STEP...
-# with STEP in moe, moequick, moegemv, moefp8, gluonmoe, gluonmma, decode, nvidia, flashinfer, e2e, host (default: moe nvidia e2e). A call may run 10 minutes at most:
+# with STEP in moe, moequick, moegemv, moefp8, gluonmoe, gluonmma, decode, prefill, nvidia, flashinfer, e2e, host (default: moe nvidia e2e). A call may run 10 minutes at most:
 # `moe e2e` fits one call (~7 min), `nvidia` another (~6 min, longer with FlashInfer JIT).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -108,6 +111,17 @@ timeout 200 python3 -W ignore -m tokenspeed_kernel bench attention.decode --kern
   --device cuda --json "$OUT/decode_bench_all.json" 2>&1 | tail -70 || status=1
 }
 
+prefill() {
+echo "== prefill length sweep: FlashInfer JIT warm-up, then triton_prefill vs flashinfer_prefill by length"
+timeout "${PREFILL_WARM_S:-300}" python3 -W ignore ci/device/flashinfer_prefill_warm.py 2>&1 | grep -v "INFO" | tail -8 \
+  || status=1
+# the bench gets what is left of the call's 600 s ($SECONDS counts from this script's start)
+timeout "$(( ${PREFILL_END_S:-575} - SECONDS ))" python3 -W ignore -m tokenspeed_kernel bench attention.prefill \
+  --kernel triton_prefill,flashinfer_prefill --preset prefill-lengths --device cuda --json "$OUT/prefill_lengths.json" \
+  > "$OUT/prefill_lengths.txt" 2>&1 || status=1
+grep -v "INFO" "$OUT/prefill_lengths.txt" | tail -130
+}
+
 moequick() {
 echo "== triton_fused_moe_mx numerics + table (no sweep)"
 timeout 200 python3 ci/device/moe_bench.py --mx --no-sweep --budget 170 --json "$OUT/moe_mx.json" 2>&1 | tail -16 \
@@ -116,8 +130,8 @@ timeout 200 python3 ci/device/moe_bench.py --mx --no-sweep --budget 170 --json "
 
 for step in $steps; do
   case $step in
-    moe | moequick | moegemv | moefp8 | gluonmoe | gluonmma | decode | nvidia | flashinfer | e2e | host) "$step" ;;
-    *) echo "unknown step $step (expected moe, moequick, moegemv, moefp8, gluonmoe, gluonmma, decode, nvidia, flashinfer, e2e, host)"; status=2 ;;
+    moe | moequick | moegemv | moefp8 | gluonmoe | gluonmma | decode | prefill | nvidia | flashinfer | e2e | host) "$step" ;;
+    *) echo "unknown step $step (expected moe, moequick, moegemv, moefp8, gluonmoe, gluonmma, decode, prefill, nvidia, flashinfer, e2e, host)"; status=2 ;;
   esac
 done
 exit $status

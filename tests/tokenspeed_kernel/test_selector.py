@@ -68,6 +68,29 @@ def test_rank_when_ranks_by_shape_and_never_rejects(temp_kernels):
     assert "ranks=performant(200) when batch_bucket in {1,2,4,8}" in listed
 
 
+def test_rank_when_none_accepts_requests_without_the_key(temp_kernels):
+    """``None`` in a ``rank_when`` set stands for "key absent": here long, unwindowed
+    prefills only (a windowed request carries ``window_left``, a dense one does not)."""
+    feats = ("sinks", "sliding_window")
+    temp_kernels("attention.prefill", name="t_prefill_default", vendors=("cuda",), features=feats)
+    temp_kernels(
+        "attention.prefill", name="t_long_dense", vendors=("cuda",), features=feats, priority=Priority.OPT_IN,
+        rank_when=({"max_seqlen_q_bucket": (4096, 8192), "window_left": (None,)}, Priority.PERFORMANT),
+    )  # fmt: skip
+    base = {"head_dim": 64, "head_dim_v": 64, "num_q_heads": 8, "num_kv_heads": 2}
+    dtypes = {"q": torch.bfloat16, "kv": torch.bfloat16}
+
+    def winner(features=("sinks",), **shapes):
+        return select(Request.make("attention.prefill", dtypes, {**base, **shapes}, features), H100).name
+
+    assert winner(max_seqlen_q_bucket=8192) == "t_long_dense"
+    assert winner(max_seqlen_q_bucket=1024) == "t_prefill_default"
+    assert winner(feats, max_seqlen_q_bucket=8192, window_left=127) == "t_prefill_default"
+    assert winner() == "t_prefill_default"  # no length key: None accepts absence of window_left only
+    listed = registry.get_kernel("t_long_dense").summary()
+    assert "max_seqlen_q_bucket in {4096,8192} and window_left in {absent}" in listed
+
+
 def test_rank_when_is_checked_at_registration(temp_kernels):
     with pytest.raises(ValueError, match="unknown shape key 'batch'"):
         temp_kernels("attention.decode", name="t_bad_rank", rank_when=({"batch": (1,)}, Priority.PERFORMANT))

@@ -37,6 +37,21 @@ def test_bench_all_kernels_and_uniform_decode_baselines():
     assert set(rows["torch_decode"].speedups) == {"gather_sdpa", "sdpa_contiguous"}
 
 
+def test_bench_a_comma_separated_list_of_kernels():
+    case = AttentionCase("attention.decode", (1,), (24,), 4, 2, 16, page_size=8, dtype=torch.float32, name="u")
+    from tokenspeed_kernel.tools import presets
+
+    presets.PRESETS["_test"] = lambda op: [case]
+    try:
+        report = bench("attention.decode", kernel="torch_decode, no_such_kernel", preset="_test", device="cpu",
+                       baselines=False, quiet=True)  # fmt: skip
+    finally:
+        del presets.PRESETS["_test"]
+    rows = {r.impl: r for r in report.rows}
+    assert set(rows) == {"torch_decode", "no_such_kernel"}
+    assert rows["torch_decode"].ms > 0 and rows["no_such_kernel"].ms is None and rows["no_such_kernel"].note
+
+
 def test_counted_work():
     prefill = AttentionCase("attention.prefill", (4,), (4,), 2, 1, 8, dtype=torch.float32)
     # causal 4x4: 10 visible pairs x 2 heads x 2*(8+8) flops

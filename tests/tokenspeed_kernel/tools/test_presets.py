@@ -75,10 +75,21 @@ def test_names_unique_and_counted_work():
     for preset in PRESETS:
         for op in cases.OPS:
             found = preset_cases(preset, op)
-            assert found, (preset, op)
-            if preset == "gpt-oss-120b":
+            assert bool(found) == (preset != "prefill-lengths" or op == "attention.prefill"), (preset, op)
+            if preset in ("gpt-oss-120b", "prefill-lengths"):
                 assert len({c.name for c in found}) == len(found), (preset, op)
             assert all(c.op == op and c.bytes_moved() > 0 for c in found)
+
+
+def test_prefill_lengths_sweeps_the_length_bucket_of_full_attention_layers():
+    sweep = preset_cases("prefill-lengths", "attention.prefill")
+    buckets = {cases.request(c).shape("max_seqlen_q_bucket") for c in sweep}
+    assert buckets == {512, 1024, 2048, 4096, 8192, 16384}
+    for c in sweep:
+        assert (c.num_q_heads, c.num_kv_heads, c.head_dim, c.window_left) == (64, 8, 64, -1)
+        assert c.seqlens_q == c.seqlens_k and c.dtype == torch.bfloat16
+    assert {(c.sinks, c.causal) for c in sweep} == {(True, True), (False, True), (True, False)}
+    assert any(len(set(c.seqlens_q)) > 1 for c in sweep)  # a ragged batch
 
 
 def test_small_is_one_cheap_case_and_awkward_is_the_case_modules_list():

@@ -10,7 +10,7 @@ tokenspeed-kernel explain OP [--dtype D|ROLE=D,...] [--head-dim N] [--shape KEY=
                                                   (--capturable: for CUDA-graph capture)
 tokenspeed-kernel check OP|all [--kernel K] [--preset P] [--device D]
                                                   numerics vs the float64 reference (exit 1 on failure)
-tokenspeed-kernel bench OP|all [--kernel K|all] [--preset P | --replay FILE] [--json FILE]
+tokenspeed-kernel bench OP|all [--kernel K[,K...]|all] [--preset P | --replay FILE] [--json FILE]
                                                   timings, ceilings, same-run baselines
 tokenspeed-kernel profile OP [--preset P] [--kernel K] [--out FILE]
                                                   a torch.profiler Chrome trace
@@ -221,7 +221,11 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="timings vs same-run baselines and the device's ceilings")
     p.add_argument("op", choices=[*ops, "all"])
-    p.add_argument("--kernel", default=None, help="a kernel name, or 'all' (default: the selector's choice)")
+    p.add_argument(
+        "--kernel",
+        default=None,
+        help="a kernel name, several comma-separated, or 'all' (default: the selector's choice)",
+    )
     p.add_argument("--preset", default="gpt-oss-120b")
     p.add_argument("--replay", default=None, help="a TOKENSPEED_KERNEL_CAPTURE file to benchmark instead of a preset")
     p.add_argument("--json", default=None, help="also write every row as JSON")

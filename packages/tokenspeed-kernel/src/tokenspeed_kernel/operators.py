@@ -44,7 +44,8 @@ OPERATORS: dict[str, OperatorSchema] = {
         OperatorSchema(
             "attention.prefill",
             dtype_roles=("q", "kv"),
-            shape_keys=_ATTENTION_SHAPES,
+            # max_seqlen_q_bucket: the next power of two >= max_seqlen_q (ranked by length)
+            shape_keys=(*_ATTENTION_SHAPES, "max_seqlen_q_bucket"),
             features=(*_ATTENTION_FEATURES, "non_causal"),
             summary="ragged-batch attention over contiguous q/k/v (mha_prefill)",
         ),

@@ -26,7 +26,9 @@ the stream is capturing raises ``RuntimeError`` before launching it.
 
 ``rank_when=({"batch_bucket": (1, 2, 4, 8)}, Priority.PERFORMANT)`` ranks a kernel at another
 priority for the requests whose shapes all fall in the given sets (a kernel measured fastest
-at small batches only, still reachable by override everywhere else); it never rejects.
+at small batches only, still reachable by override everywhere else); it never rejects. A
+``None`` in a set accepts a request without that key: ``{"window_left": (None,)}`` means
+unwindowed calls only.
 
 The decorated function is returned unchanged. It receives the operator's typed argument
 object (see ``tokenspeed_kernel.ops.<family>``) and writes its outputs into it.
@@ -168,8 +170,9 @@ class KernelSpec:
     tensors changed (``mha_decode_plan``, ``DecodePlan.update``). ``graph_safe`` says
     whether a call can be captured in a CUDA graph: False for kernels that read device
     values on the host or plan per call. ``rank_shapes``/``rank_priority``: for a request
-    whose shapes are all present and in these sets, the kernel ranks at ``rank_priority``
-    instead of ``priority`` (:meth:`priority_for`); ranking only, never a rejection.
+    whose shapes are all in these sets (``None`` in a set: the key may be absent), the
+    kernel ranks at ``rank_priority`` instead of ``priority`` (:meth:`priority_for`);
+    ranking only, never a rejection.
     """
 
     op: str
@@ -190,7 +193,7 @@ class KernelSpec:
     prepare_layout: Callable[[Any], None] | None = None
     graph_safe: bool = True
     description: str = ""
-    rank_shapes: tuple[tuple[str, frozenset[int]], ...] = ()
+    rank_shapes: tuple[tuple[str, frozenset[int | None]], ...] = ()
     rank_priority: int | None = None
 
     @property
@@ -199,7 +202,8 @@ class KernelSpec:
 
     def priority_for(self, request: Request) -> int:
         """The priority this kernel ranks at for ``request``: ``rank_priority`` when every
-        ``rank_shapes`` key is in the request with an accepted value, else ``priority``."""
+        ``rank_shapes`` key has an accepted value in the request (``None``: absent), else
+        ``priority``."""
         if self.rank_priority is not None and all(request.shape(k) in values for k, values in self.rank_shapes):
             return self.rank_priority
         return self.priority
@@ -232,7 +236,9 @@ class KernelSpec:
         """``band(priority) when key in {...}``, or "" without a ``rank_when``."""
         if self.rank_priority is None:
             return ""
-        when = " and ".join(f"{k} in {{{','.join(map(str, sorted(v)))}}}" for k, v in self.rank_shapes)
+        when = " and ".join(
+            f"{k} in {{{','.join(map(_shown, sorted(v, key=_absent_first)))}}}" for k, v in self.rank_shapes
+        )
         return f"{Priority.band(self.rank_priority).name.lower()}({self.rank_priority}) when {when}"
 
 
@@ -268,12 +274,24 @@ def _frozen_dtypes(dtypes: Mapping[str, Iterable[torch.dtype]] | None, roles: tu
     return tuple(out)
 
 
-def _frozen_shapes(shapes: Mapping[str, Iterable[int]] | None, keys: tuple[str, ...], name: str):
+def _absent_first(value: int | None) -> tuple[bool, int]:
+    return (value is not None, value or 0)
+
+
+def _shown(value: int | None) -> str:
+    return "absent" if value is None else str(value)
+
+
+def _frozen_shapes(
+    shapes: Mapping[str, Iterable[int | None]] | None, keys: tuple[str, ...], name: str, *, absent: bool = False
+):
+    """``shapes`` as sorted ``(key, frozenset)`` pairs; ``absent``: ``None`` may be a value
+    (a ``rank_when`` set accepting requests without the key)."""
     out = []
     for key, values in sorted((shapes or {}).items()):
         if key not in keys:
             raise ValueError(f"kernel {name!r}: unknown shape key {key!r}; expected one of {keys}")
-        out.append((key, frozenset(int(v) for v in values)))
+        out.append((key, frozenset(None if v is None and absent else int(v) for v in values)))
     return tuple(out)
 
 
@@ -294,7 +312,7 @@ def register_kernel(
     prepare: Callable[..., Any] | None = None,
     prepare_layout: Callable[[Any], None] | None = None,
     graph_safe: bool = True,
-    rank_when: tuple[Mapping[str, Iterable[int]], int] | None = None,
+    rank_when: tuple[Mapping[str, Iterable[int | None]], int] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as a kernel for ``op`` (see the module docstring).
 
@@ -304,7 +322,8 @@ def register_kernel(
     must say ``graph_safe=False``.
 
     ``rank_when=(shapes, priority)``: rank at ``priority`` for requests whose ``shapes``
-    keys are all present with accepted values (``KernelSpec.priority_for``).
+    keys all have accepted values, ``None`` accepting an absent key
+    (``KernelSpec.priority_for``).
 
     Raises ``ValueError`` for an unknown operator, dtype role, shape key or feature, for a
     ``prepare_layout`` hook on an operator without a layout plan step, for a ``rank_when``
@@ -329,7 +348,7 @@ def register_kernel(
     rank_shapes, rank_priority = (), None
     if rank_when is not None:
         when, rank_priority = rank_when
-        rank_shapes = _frozen_shapes(when, schema.shape_keys, name)
+        rank_shapes = _frozen_shapes(when, schema.shape_keys, name, absent=True)
         if not rank_shapes:
             raise ValueError(f"kernel {name!r}: rank_when needs at least one shape key, got {when!r}")
         rank_priority = int(rank_priority)

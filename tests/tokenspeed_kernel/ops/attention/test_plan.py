@@ -321,6 +321,26 @@ def test_plan_run_under_torch_compile(inputs):
         torch._dynamo.reset()
 
 
+def test_prefill_request_carries_the_length_bucket_of_each_call():
+    """``max_seqlen_q`` changes per call while the tensors stay the same: the remembered
+    checks are keyed on its power-of-two bucket, so each call selects for its own length."""
+    case = cases.AttentionCase("attention.prefill", (5, 3), (5, 3), 4, 2, 16, dtype=torch.float32, sinks=True)
+    inputs = cases.make_inputs(case)
+    args = [inputs[n] for n in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")]
+    buckets = []
+    for max_seqlen_q in (5, 9, 5, 40):  # a host bound: any value >= the longest sequence
+        tokenspeed_kernel.mha_prefill(*args, max_seqlen_q, 5, sinks=inputs["sinks"])
+        buckets.append(_dispatch.last_request().shape("max_seqlen_q_bucket"))
+    assert buckets == [8, 16, 8, 64]
+    heads = Heads(4, 2, 16, 16)
+    built = attention_request(
+        "attention.prefill", q_dtype=torch.float32, kv_dtype=torch.float32, heads=heads, sinks=True, max_seqlen_q=5
+    )
+    assert built == cases.request(case)  # what check/bench select with
+    tokenspeed_kernel.mha_prefill(*args, 5, 5, sinks=inputs["sinks"])
+    assert _dispatch.last_request() == built
+
+
 def test_attention_request_carries_the_window_only_when_windowed():
     heads = Heads(8, 2, 64, 64)
     windowed = attention_request(

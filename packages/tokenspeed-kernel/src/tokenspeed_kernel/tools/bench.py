@@ -104,12 +104,13 @@ class BenchReport:
 
 
 def _kernel_names(op: str, kernel: str | None) -> list[str | None]:
-    """``None`` = the selector's choice; ``"all"`` = every registered kernel; else one name."""
+    """``None`` = the selector's choice; ``"all"`` = every registered kernel; else one name
+    or several, comma-separated (``"triton_prefill,flashinfer_prefill"``)."""
     if kernel is None:
         return [None]
     if kernel == "all":
         return [spec.name for spec in registry.kernels(op)]
-    return [kernel]
+    return [name.strip() for name in kernel.split(",") if name.strip()]
 
 
 def _row(case: cases.Case, impl: str, kind: str, ms: float, ceil: Ceilings | None) -> BenchRow:

@@ -5,9 +5,11 @@ call signature (``{"op", "kernel", "signature"}``; shapes, dtypes and options, n
 ``bench --replay shapes.jsonl`` benchmarks exactly those signatures.
 
 Signatures hold totals and maxima, not per-sequence lengths (those live in device tensors
-and reading them would synchronize). Replay therefore spreads totals evenly over the batch
-(the remainder to the first sequences) and gives every paged sequence ``max_seqlen_k``
-keys: an upper bound of the work the engine's call did.
+and reading them would synchronize). Replay therefore gives a prefill's first sequence the
+longest lengths (``max_seqlen_q``/``max_seqlen_k``, so the selector sees the call's length
+bucket) and spreads the rest evenly over the others (the remainder to the first ones), and
+gives every paged sequence ``max_seqlen_k`` keys: an upper bound of the work the engine's
+call did.
 """
 
 from __future__ import annotations
@@ -35,6 +37,15 @@ def _split(total: int, parts: int) -> tuple[int, ...]:
     return tuple(base + (1 if i < extra else 0) for i in range(parts))
 
 
+def _split_longest(total: int, parts: int, longest: int) -> tuple[int, ...]:
+    """``total`` over ``parts`` sequences, the first one ``longest`` long (as far as the
+    total allows), the rest spread evenly."""
+    if parts == 1:
+        return (total,)
+    first = min(longest, total)
+    return (first, *_split(total - first, parts - 1))
+
+
 def _heads(sig: dict[str, Any]) -> dict[str, Any]:
     kv = _DTYPES[sig["kv_dtype"]]
     dtype = _DTYPES[sig["dtype"]]
@@ -55,7 +66,11 @@ def _options(sig: dict[str, Any]) -> dict[str, Any]:
 def _prefill(sig: dict[str, Any]) -> Case:
     b = sig["batch"]
     return AttentionCase(
-        "attention.prefill", _split(sig["total_q"], b), _split(sig["total_k"], b), **_heads(sig), **_options(sig)
+        "attention.prefill",
+        _split_longest(sig["total_q"], b, sig["max_seqlen_q"]),
+        _split_longest(sig["total_k"], b, sig["max_seqlen_k"]),
+        **_heads(sig),
+        **_options(sig),
     )
 
 

@@ -7,6 +7,10 @@
                   experts top-4, hidden = intermediate = 2880, biases, swiglu_oai, at
                   T = 1, 8, 64, 512, 4096 tokens, with MXFP4 weights (the model's format),
                   bf16 and fp8 (per-channel) weights.
+``prefill-lengths``  ``attention.prefill`` only (no cases for the other operators): GPT-OSS
+                  heads, bf16, full-attention layers, at query lengths 512 to 16384, one
+                  sequence or several, a ragged batch, without sinks, non-causal. The sweep
+                  behind the ``max_seqlen_q_bucket`` ranking rules.
 ``small``         one tiny case per operator (CPU-cheap; the first awkward case in bf16).
 ``awkward``       the awkward-shape cases of the case modules (ragged lengths, partial
                   pages, GQA ratios, windows, sinks, ...) in bf16 and fp16.
@@ -127,6 +131,36 @@ def _gpt_oss(op: str) -> list[Case]:
     return _GPT_OSS[op](op)
 
 
+_SWEEP_FIELDS: dict[str, Any] = {"num_q_heads": _HQ, "sinks": True}
+# (name, query = key lengths per sequence, options): the prefill length sweep.
+_LENGTH_SWEEP: tuple[tuple[str, tuple[int, ...], tuple[tuple[str, Any], ...]], ...] = (
+    ("prefill_b1_s512", (512,), ()),
+    ("prefill_b1_s1024", (1024,), ()),
+    ("prefill_b1_s2048", (2048,), ()),
+    ("prefill_b1_s4096", (4096,), ()),
+    ("prefill_b1_s8192", (8192,), ()),
+    ("prefill_b1_s16384", (16384,), ()),
+    ("prefill_b8_s1024", (1024,) * 8, ()),
+    ("prefill_b4_s4096", (4096,) * 4, ()),
+    ("prefill_ragged_8192_2000_300_37", (8192, 2000, 300, 37), ()),
+    ("prefill_b1_s2048_nosinks", (2048,), (("sinks", False),)),
+    ("prefill_b1_s8192_nosinks", (8192,), (("sinks", False),)),
+    ("prefill_b1_s8192_noncausal", (8192,), (("causal", False),)),
+)
+
+
+def _prefill_lengths(op: str) -> list[Case]:
+    """The length sweep (``prefill-lengths``): prefill only, no cases for the other operators."""
+    if op != "attention.prefill":
+        return []
+    return [
+        AttentionCase(
+            op, lengths, lengths, num_kv_heads=_HKV, head_dim=_D, name=name, **{**_SWEEP_FIELDS, **dict(options)}
+        )
+        for name, lengths, options in _LENGTH_SWEEP
+    ]
+
+
 def _small(op: str) -> list[Case]:
     return cases.awkward_cases(op, torch.bfloat16)[:1]
 
@@ -137,6 +171,7 @@ def _awkward(op: str) -> list[Case]:
 
 PRESETS: dict[str, Callable[[str], list[Case]]] = {
     "gpt-oss-120b": _gpt_oss,
+    "prefill-lengths": _prefill_lengths,
     "small": _small,
     "awkward": _awkward,
 }

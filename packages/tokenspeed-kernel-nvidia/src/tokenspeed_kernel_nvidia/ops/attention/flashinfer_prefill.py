@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
-from tokenspeed_kernel.registry import register_kernel
+from tokenspeed_kernel.registry import Priority, register_kernel
 from tokenspeed_kernel_nvidia.ops.attention._common import (
     FLASHINFER_FEATURES,
     FLASHINFER_HEAD_DIMS,
@@ -11,6 +11,12 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
 )
 from tokenspeed_kernel_nvidia.ops.attention._flashinfer import flashinfer_registration
 from tokenspeed_kernel_nvidia.ops.attention._flashinfer_prefill import prefill_call, run_paged_prefill
+
+# Request max_seqlen_q_bucket values (the longest query length rounded up to a power of two)
+# where this kernel ranks first, for unwindowed calls at head dim 64: TRIAL, pending the H100
+# length sweep (`tokenspeed-kernel bench attention.prefill --kernel all --preset prefill-lengths`).
+FIRST_FROM_LENGTH = 4096
+FIRST_AT_LENGTHS = tuple(1 << n for n in range(FIRST_FROM_LENGTH.bit_length() - 1, 21))
 
 
 @register_kernel(
@@ -21,6 +27,10 @@ from tokenspeed_kernel_nvidia.ops.attention._flashinfer_prefill import prefill_c
     features=(*FLASHINFER_FEATURES, "non_causal"),
     # not graph-safe: plans per cu_seqlens layout on the host; wrapper not in graph mode
     **flashinfer_registration(graph_safe=False),
+    rank_when=(
+        {"max_seqlen_q_bucket": FIRST_AT_LENGTHS, "head_dim": (64,), "window_left": (None,)},
+        Priority.PERFORMANT,
+    ),
 )
 def flashinfer_prefill(args: PrefillArgs) -> None:
     """FlashInfer prefill: contiguous K/V served as a page-size-1 paged cache (so sinks

@@ -66,6 +66,7 @@ def attention_request(
     q_len: int | None = None,
     capturable: bool = False,
     batch: int | None = None,
+    max_seqlen_q: int | None = None,
 ) -> Request:
     """The selector request of an attention call, built from plain shapes (public: ask
     ``select``/``explain`` which kernel would serve a model's calls before making them).
@@ -81,12 +82,14 @@ def attention_request(
         capturable: only kernels that can be captured in a CUDA graph may serve it.
         batch: sequences in the batch (decode): adds ``batch_bucket``, the next power of
             two >= ``batch``, which kernels may be ranked by (``rank_when``).
+        max_seqlen_q: the longest query length (prefill): adds ``max_seqlen_q_bucket``, the
+            next power of two >= ``max_seqlen_q``, which kernels may be ranked by.
 
     Features: ``non_causal``, ``sliding_window``, ``sinks``, ``logit_cap``, ``return_lse``,
     ``fp8_kv`` (an fp8 cache), ``spec_decode`` (``q_len > 1``). Shapes: head dims, head
     counts, ``window_left`` when windowed, and ``page_size`` / ``q_len`` where the operator
-    has them, ``batch_bucket`` when ``batch`` is given. It is exactly the request the public
-    call builds for the same arguments.
+    has them, ``batch_bucket`` / ``max_seqlen_q_bucket`` when ``batch`` / ``max_seqlen_q`` is
+    given. It is exactly the request the public call builds for the same arguments.
     """
     flags = (
         ("non_causal", not causal),
@@ -108,6 +111,8 @@ def attention_request(
         shapes.append(("window_left", window_left))
     if batch is not None:
         shapes.append(("batch_bucket", pow2_bucket(batch)))
+    if max_seqlen_q is not None:
+        shapes.append(("max_seqlen_q_bucket", pow2_bucket(max_seqlen_q)))
     return Request(
         op,
         (("kv", kv_dtype), ("q", q_dtype)),
@@ -172,6 +177,7 @@ def _checked(
     page_size: int = 0,
     q_len: int | None = None,
     batch: int | None = None,
+    max_seqlen_q: int | None = None,
 ) -> _Checked:
     """The check every attention operator's full checks end with (``out`` against
     ``out_shape``), then the facts its call key remembers: the derived ``heads``/``scale``,
@@ -183,7 +189,7 @@ def _checked(
         request = attention_request(
             op, q_dtype=q.dtype, kv_dtype=kv_dtype, heads=heads, causal=causal, window_left=window_left,
             sinks=sinks is not None, logit_cap=logit_cap, return_lse=return_lse, page_size=page_size or None, q_len=q_len,
-            batch=batch,
+            batch=batch, max_seqlen_q=max_seqlen_q,
         )  # fmt: skip
     return _Checked(heads, scale, request, page_size, kv_dtype == torch.float8_e4m3fn, q_len or 1)
 
@@ -195,7 +201,7 @@ def _check_ragged_rest(
 ) -> _Checked:  # fmt: skip
     """The checks :func:`mha_prefill` and :func:`mha_extend_with_kvcache` end with, after
     their tensors: host bounds and ``causal``, the options, ``out`` ``[total_q, Hq, Dv]``;
-    then :func:`_checked`'s facts."""
+    then :func:`_checked`'s facts (prefill's request carries ``max_seqlen_q_bucket``)."""
     check_ragged(max_seqlen_q, max_seqlen_k, causal)
     scale = check_options(
         q, heads, softmax_scale=softmax_scale, window_left=window_left, logit_cap=logit_cap, return_lse=return_lse,
@@ -204,7 +210,7 @@ def _check_ragged_rest(
     return _checked(
         op, q, kv_dtype, heads, scale, out, (q.shape[0], heads.num_q_heads, heads.head_dim_v), compiling=compiling,
         causal=causal, window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse,
-        page_size=page_size,
+        page_size=page_size, max_seqlen_q=max_seqlen_q if op == "attention.prefill" else None,
     )  # fmt: skip
 
 
@@ -245,12 +251,14 @@ def mha_prefill(
         ``out [total_q, Hq, Dv]`` in q's dtype, or ``(out, lse)``.
     """
     compiling = torch.compiler.is_compiling()
+    lengths_ok = at_least(max_seqlen_q, 0) and at_least(max_seqlen_k, 0)
+    # The request's max_seqlen_q_bucket is part of the key (the length itself varies per call).
     key = call_key(
         compiling, (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, out),
-        (causal, softmax_scale, window_left, logit_cap, return_lse, override),
+        (causal, softmax_scale, window_left, logit_cap, return_lse, override, pow2_bucket(max_seqlen_q) if lengths_ok else -1),
     )  # fmt: skip
     checked = _PREFILL_CALLS.get(key)
-    if checked is None or not (at_least(max_seqlen_q, 0) and at_least(max_seqlen_k, 0)):
+    if checked is None or not lengths_ok:
         checked = _check_prefill(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
             softmax_scale=softmax_scale, window_left=window_left, sinks=sinks, logit_cap=logit_cap,

@@ -169,6 +169,7 @@ def request(case: AttentionCase) -> Request:
         page_size=case.page_size if case.op != "attention.prefill" else None,
         q_len=case.seqlens_q[0] if case.op == "attention.decode" else None,
         batch=len(case.seqlens_q) if case.op == "attention.decode" else None,
+        max_seqlen_q=max(case.seqlens_q, default=0) if case.op == "attention.prefill" else None,
     )
 
 
