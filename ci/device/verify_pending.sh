@@ -119,7 +119,12 @@ timeout "${PREFILL_WARM_S:-300}" python3 -W ignore ci/device/flashinfer_prefill_
 timeout "$(( ${PREFILL_END_S:-575} - SECONDS ))" python3 -W ignore -m tokenspeed_kernel bench attention.prefill \
   --kernel triton_prefill,flashinfer_prefill --preset prefill-lengths --device cuda --json "$OUT/prefill_lengths.json" \
   > "$OUT/prefill_lengths.txt" 2>&1 || status=1
-grep -v "INFO" "$OUT/prefill_lengths.txt" | tail -130
+grep -v "INFO" "$OUT/prefill_lengths.txt" | grep -v "^W1" | tail -130
+# The JIT-built modules, so a later call can carry them back (FLASHINFER_WORKSPACE_BASE=.fi-ws)
+if [ -n "${FLASHINFER_WORKSPACE_BASE:-}" ]; then
+  (cd "$FLASHINFER_WORKSPACE_BASE" && find . -name "*.so" -print0 | tar --null -T - -cf - | xz -T0 -6 \
+    > "$OUT/fi-ws-so.tar.xz") && ls -la "$OUT/fi-ws-so.tar.xz"
+fi
 }
 
 moequick() {

@@ -141,6 +141,7 @@ _LENGTH_SWEEP: tuple[tuple[str, tuple[int, ...], tuple[tuple[str, Any], ...]], .
     ("prefill_b1_s8192", (8192,), ()),
     ("prefill_b1_s16384", (16384,), ()),
     ("prefill_b8_s1024", (1024,) * 8, ()),
+    ("prefill_b8_s2048", (2048,) * 8, ()),
     ("prefill_b4_s4096", (4096,) * 4, ()),
     ("prefill_ragged_8192_2000_300_37", (8192, 2000, 300, 37), ()),
     ("prefill_b1_s2048_nosinks", (2048,), (("sinks", False),)),

@@ -13,9 +13,11 @@ from tokenspeed_kernel_nvidia.ops.attention._flashinfer import flashinfer_regist
 from tokenspeed_kernel_nvidia.ops.attention._flashinfer_prefill import prefill_call, run_paged_prefill
 
 # Request max_seqlen_q_bucket values (the longest query length rounded up to a power of two)
-# where this kernel ranks first, for unwindowed calls at head dim 64: TRIAL, pending the H100
-# length sweep (`tokenspeed-kernel bench attention.prefill --kernel all --preset prefill-lengths`).
-FIRST_FROM_LENGTH = 4096
+# where this kernel ranks first, for unwindowed calls at head dim 64. H100 length sweep
+# (docs/benchmarks.md, "Prefill by length"): 8-16% faster than triton_prefill from 2048 tokens
+# up (16384 measured; with or without sinks, causal or not, batched or ragged); at 1024 it
+# depends on the batch (B=1 7% faster, B=8 2% slower) and at 512 it is 16% slower.
+FIRST_FROM_LENGTH = 2048
 FIRST_AT_LENGTHS = tuple(1 << n for n in range(FIRST_FROM_LENGTH.bit_length() - 1, 21))
 
 
