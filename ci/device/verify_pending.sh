@@ -13,7 +13,11 @@
 #   gluonmma: both Gluon MoE decode kernels' GPU tests, then gluon_moe_bench.py --mma-sweep --breakdown (~2 min)
 #   prefill: FlashInfer prefill JIT warm-up (first calls timed apart), then
 #           `bench attention.prefill --kernel triton_prefill,flashinfer_prefill --preset prefill-lengths`
-#           (the length sweep behind flashinfer_prefill's rank rule; needs .whl-nvidia) (~6 min on a fresh machine)
+#           (the length sweep behind flashinfer_prefill's ranking; needs .whl-nvidia) (~6 min on a fresh machine,
+#           ~3 min with .whl-nvidia/fi-prefill-so.tar.xz)
+#   prefillplan: ci/device/prefill_plan_cost.py, flashinfer_prefill vs triton_prefill per eager call with
+#           FlashInfer's per-layout plan included (needs .whl-nvidia; ~1 min with fi-prefill-so.tar.xz, else
+#           ~4 min of JIT first)
 #   decode: gluon_decode_sm90 GPU tests, `check --preset awkward`, decode_splits_sweep.py --quick, then
 #           `bench attention.decode --kernel all --preset gpt-oss-120b` (does the selector pick the fastest?) (~5 min)
 # Each step has its own time budget and never stops the next one; results land in $OUT.
@@ -22,7 +26,7 @@
 #             packages/tokenspeed-kernel-triton packages/tokenspeed-kernel-nvidia
 #         (optional) bash ci/device/flashinfer_bundle.sh
 # Device: carry [".whl"] (and ".whl-nvidia"), command: bash ci/device/verify_pending.sh STEP...
-# with STEP in moe, moequick, moegemv, moefp8, gluonmoe, gluonmma, decode, prefill, nvidia, flashinfer, e2e, host (default: moe nvidia e2e). A call may run 10 minutes at most:
+# with STEP in moe, moequick, moegemv, moefp8, gluonmoe, gluonmma, decode, prefill, prefillplan, nvidia, flashinfer, e2e, host (default: moe nvidia e2e). A call may run 10 minutes at most:
 # `moe e2e` fits one call (~7 min), `nvidia` another (~6 min, longer with FlashInfer JIT).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -34,6 +38,24 @@ if [ -f .whl-nvidia/flashinfer-python.tar.xz ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl-nvidia/*.whl
   export PYTHONPATH=/tmp/site
 fi
+# The two FlashInfer prefill modules (bf16, head dim 64, no window; with and without sinks) an
+# earlier `prefill` step built and returned as fi-ws-so.tar.xz, carried back as
+# .whl-nvidia/fi-prefill-so.tar.xz: installed where FlashInfer loads AOT modules, so no JIT.
+# FlashInfer trusts an AOT module by its name, and the sink module's name carries neither head
+# dim nor KV dtype (docs/nvidia.md, "JIT module name hazard"): only steps at head dim 64 with
+# bf16 KV may run with it, so it is installed by those steps and removed after them.
+_FI_AOT=/tmp/site/flashinfer/data/aot
+aot_prefill_on() {
+  [ -f .whl-nvidia/fi-prefill-so.tar.xz ] || return 0
+  mkdir -p /tmp/fi-so && tar -xJf .whl-nvidia/fi-prefill-so.tar.xz -C /tmp/fi-so
+  find /tmp/fi-so -name "*.so" | while read -r so; do
+    name=$(basename "$so" .so); mkdir -p "$_FI_AOT/$name" && cp "$so" "$_FI_AOT/$name/" && echo "AOT module: $name"
+  done
+}
+aot_prefill_off() {
+  [ -d /tmp/fi-so ] || return 0
+  find /tmp/fi-so -name "*.so" | while read -r so; do rm -rf "${_FI_AOT:?}/$(basename "$so" .so)"; done
+}
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 status=0
 steps=${*:-moe nvidia e2e}
@@ -113,6 +135,7 @@ timeout 200 python3 -W ignore -m tokenspeed_kernel bench attention.decode --kern
 
 prefill() {
 echo "== prefill length sweep: FlashInfer JIT warm-up, then triton_prefill vs flashinfer_prefill by length"
+aot_prefill_on
 timeout "${PREFILL_WARM_S:-300}" python3 -W ignore ci/device/flashinfer_prefill_warm.py 2>&1 | grep -v "INFO" | tail -8 \
   || status=1
 # the bench gets what is left of the call's 600 s ($SECONDS counts from this script's start)
@@ -120,11 +143,20 @@ timeout "$(( ${PREFILL_END_S:-575} - SECONDS ))" python3 -W ignore -m tokenspeed
   --kernel triton_prefill,flashinfer_prefill --preset prefill-lengths --device cuda --json "$OUT/prefill_lengths.json" \
   > "$OUT/prefill_lengths.txt" 2>&1 || status=1
 grep -v "INFO" "$OUT/prefill_lengths.txt" | grep -v "^W1" | tail -130
+aot_prefill_off
 # The JIT-built modules, so a later call can carry them back (FLASHINFER_WORKSPACE_BASE=.fi-ws)
 if [ -n "${FLASHINFER_WORKSPACE_BASE:-}" ]; then
   (cd "$FLASHINFER_WORKSPACE_BASE" && find . -name "*.so" -print0 | tar --null -T - -cf - | xz -T0 -6 \
     > "$OUT/fi-ws-so.tar.xz") && ls -la "$OUT/fi-ws-so.tar.xz"
 fi
+}
+
+prefillplan() {
+echo "== flashinfer_prefill vs triton_prefill per eager call, FlashInfer's plan per layout included"
+aot_prefill_on
+timeout "${PLAN_S:-400}" python3 -W ignore ci/device/prefill_plan_cost.py --json "$OUT/prefill_plan_cost.json" \
+  2>&1 | grep -v "INFO" | tee "$OUT/prefill_plan_cost.txt" | tail -40 || status=1
+aot_prefill_off
 }
 
 moequick() {
@@ -135,8 +167,8 @@ timeout 200 python3 ci/device/moe_bench.py --mx --no-sweep --budget 170 --json "
 
 for step in $steps; do
   case $step in
-    moe | moequick | moegemv | moefp8 | gluonmoe | gluonmma | decode | prefill | nvidia | flashinfer | e2e | host) "$step" ;;
-    *) echo "unknown step $step (expected moe, moequick, moegemv, moefp8, gluonmoe, gluonmma, decode, prefill, nvidia, flashinfer, e2e, host)"; status=2 ;;
+    moe | moequick | moegemv | moefp8 | gluonmoe | gluonmma | decode | prefill | prefillplan | nvidia | flashinfer | e2e | host) "$step" ;;
+    *) echo "unknown step $step (expected moe, moequick, moegemv, moefp8, gluonmoe, gluonmma, decode, prefill, prefillplan, nvidia, flashinfer, e2e, host)"; status=2 ;;
   esac
 done
 exit $status

@@ -1,5 +1,6 @@
 """The bench tool on CPU: rows, counted work, baselines, selection mark, JSON output."""
 
+import itertools
 import json
 
 import pytest
@@ -199,7 +200,9 @@ def test_kernels_that_refuse_capture_are_timed_without_a_graph_attempt(monkeypat
 
     monkeypatch.setattr(bench_module, "time_fn", recording)
     bench(["moe.topk", "attention.decode"], preset="small", baselines=False, device="cpu", quiet=True)
-    assert graphs == [True, False]  # torch_moe_topk is graph-safe, torch_decode reads lengths on the host
+    # torch_moe_topk is graph-safe; torch_decode reads lengths on the host: timed eagerly, then
+    # eagerly again with a new layout every call
+    assert graphs == [True, False, False]
 
 
 def test_kernels_with_a_prepare_hook_are_timed_through_their_plan():
@@ -231,3 +234,42 @@ def test_kernels_with_a_prepare_hook_are_timed_through_their_plan():
     # two untimed functional calls (the selector's pick, the override check), then only the plan
     # (its first call untimed too)
     assert calls[:2] == [None, None] and len(calls) > 3 and set(calls[2:]) == {"repacked"}
+
+
+def test_kernels_that_plan_per_layout_are_also_timed_with_a_new_layout_every_call():
+    """A kernel that cannot be captured may plan per batch layout; the row then also gives the
+    time when every call brings new layout tensors (so it plans every call)."""
+    from tokenspeed_kernel import registry
+    from tokenspeed_kernel.reference import attention as reference_attention
+    from tokenspeed_kernel.registry import Priority
+
+    layouts, plans = [], []
+
+    def kernel(args):
+        token = (id(args.cu_seqlens_q), id(args.cu_seqlens_k))
+        if not layouts or layouts[-1] != token:
+            plans.append(token)  # what a planning kernel would do: plan when the layout changed
+        layouts.append(token)
+        reference_attention.torch_prefill(args)
+
+    case = AttentionCase("attention.prefill", (5, 3), (5, 3), 4, 2, 8, dtype=torch.float32, sinks=True, name="p")
+    from tokenspeed_kernel.tools import presets
+
+    presets.PRESETS["_test"] = lambda op: [case] if op == "attention.prefill" else []
+    try:
+        with registry.isolated():
+            registry.register_kernel(
+                "attention.prefill", name="test_planning_prefill", solution="test", vendors=("cpu",),
+                features=("sinks",), priority=Priority.PLUGIN, graph_safe=False,
+            )(kernel)  # fmt: skip
+            report = bench(["attention.prefill", "moe.topk"], kernel="all", preset="_test", baselines=False,
+                           device="cpu", quiet=True)  # fmt: skip
+    finally:
+        del presets.PRESETS["_test"]
+    rows = {r.impl: r for r in report.rows}
+    planning = rows["test_planning_prefill"]
+    assert planning.relayout_ms > 0 and "with a new layout every call" in planning.note
+    assert rows["torch_prefill"].relayout_ms is not None  # reads lengths on the host: not graph-safe either
+    # the alternating phase saw two layouts, one after the other: a plan per call there
+    tail = layouts[-6:]
+    assert len(set(tail)) == 2 and all(a != b for a, b in itertools.pairwise(tail)) and len(plans) > 6

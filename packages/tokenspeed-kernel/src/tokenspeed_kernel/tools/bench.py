@@ -11,12 +11,21 @@ captured (device time, as an engine's decode step runs; a kernel registered
 ``graph_safe=False`` is not tried); the rows say when it could not. A kernel with a
 ``prepare`` hook (weight repacking) is timed through its plan (``moe_plan`` once, then
 ``plan.apply``), as an engine runs it; the others through the functional call.
+
+A kernel that cannot be captured may plan per batch layout on the host (a device-to-host
+copy of the ``cu_seqlens``/page table, then host scheduling), and the timing above reuses
+one layout, so it plans once. For such a kernel on an operator with a
+layout (attention), the row also gives ``relayout_ms``: the time per call when every call
+brings new layout tensors (same values), so every call plans: the cost to an engine that
+does not share one step's layout tensors across its layers. The pick ``*`` is the
+selector's, which ranks by registration, not by this table.
 """
 
 from __future__ import annotations
 
 import datetime
 import functools
+import itertools
 import json
 import platform as _host
 import sys
@@ -56,6 +65,7 @@ class BenchRow:
     selected: bool = False
     speedups: dict[str, float] = field(default_factory=dict)
     note: str = ""
+    relayout_ms: float | None = None
 
 
 @dataclass
@@ -126,6 +136,17 @@ def _timing_note(timing: Timing, device: torch.device) -> str:
     return "" if timing.graph or device.type != "cuda" else "eager (not graph-capturable)"
 
 
+def _relayout_ms(case: cases.Case, inputs: dict, name: str | None, device: torch.device) -> float | None:
+    """Median time per call when each call brings new layout tensors: the calls alternate
+    between ``inputs`` and a copy with fresh layout tensors, so a kernel that plans per layout
+    plans every call. None when the operator takes no layout."""
+    moved = cases.relayout(case, inputs)
+    if moved is None:
+        return None
+    pool = itertools.cycle((moved, inputs))
+    return time_fn(lambda: cases.call(case, next(pool), override=name), device, graph=False).median_ms
+
+
 def _selected_name(case: cases.Case, inputs: dict) -> str | None:
     """Which kernel the selector picks for this case (one untimed call, no override)."""
     cases.call(case, {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
@@ -185,6 +206,12 @@ def bench(
             row = _row(case, impl, "kernel", timing.median_ms, ceil)
             row.selected = impl == selected
             row.note = _timing_note(timing, dev)
+            if not spec.graph_safe and spec.prepare is None:
+                row.relayout_ms = _relayout_ms(case, inputs, kname, dev)
+                if row.relayout_ms is not None:
+                    row.note = "; ".join(
+                        filter(None, (row.note, f"{row.relayout_ms:.4f} ms with a new layout every call"))
+                    )
             kernel_rows.append(row)
         base_rows: list[BenchRow] = []
         for baseline in baselines_for(op) if baselines else ():

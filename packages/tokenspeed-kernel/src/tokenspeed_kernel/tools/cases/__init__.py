@@ -29,6 +29,7 @@ __all__ = [
     "module_for",
     "planned_call",
     "reference",
+    "relayout",
     "request",
 ]
 
@@ -59,6 +60,12 @@ def planned_call(case: Case, inputs: dict[str, Any], override: str | None = None
     """A no-argument callable running ``case`` as an engine does every step: weights planned
     once (``moe_plan`` and the kernel's ``prepare`` hook) where the operator has a plan."""
     return module_for(case.op).planned_call(case, inputs, override)
+
+
+def relayout(case: Case, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """``inputs`` with new batch-layout tensors of the same values (the next step of an
+    engine), or None when the operator takes no layout."""
+    return module_for(case.op).relayout(case, inputs)
 
 
 def request(case: Case) -> Request:

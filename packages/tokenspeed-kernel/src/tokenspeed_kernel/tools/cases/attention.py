@@ -23,7 +23,7 @@ from tokenspeed_kernel.ops.kvcache.api import store_request
 from tokenspeed_kernel.ops.kvcache.args import StoreArgs
 from tokenspeed_kernel.registry import Request
 
-__all__ = ["OPS", "AttentionCase", "awkward_cases", "call", "make_inputs", "reference", "request"]
+__all__ = ["OPS", "AttentionCase", "awkward_cases", "call", "make_inputs", "reference", "relayout", "request"]
 
 OPS = ("attention.prefill", "attention.extend", "attention.decode", "kvcache.store")
 _PAGED = ("attention.extend", "attention.decode", "kvcache.store")
@@ -303,6 +303,19 @@ def planned_call(case: AttentionCase, inputs: dict[str, Any], override: str | No
     """The call an engine makes every step; attention kernels keep no weights to plan, so it
     is the public call."""
     return functools.partial(call, case, inputs, override)
+
+
+# The tensors that describe a batch's layout: what a kernel that plans per layout keys on.
+_LAYOUT_KEYS = ("cu_seqlens_q", "cu_seqlens_k", "page_table", "cache_seqlens")
+
+
+def relayout(case: AttentionCase, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """``inputs`` with new layout tensors (``cu_seqlens_*``, ``page_table``,
+    ``cache_seqlens``) holding the same values, as an engine's next step would pass; None for
+    the KV store, which takes no layout."""
+    if case.op == "kvcache.store":
+        return None
+    return {key: value.clone() if key in _LAYOUT_KEYS else value for key, value in inputs.items()}
 
 
 def _f64(t: torch.Tensor | None) -> torch.Tensor | None:

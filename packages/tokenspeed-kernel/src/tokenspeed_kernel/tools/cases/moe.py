@@ -37,6 +37,7 @@ __all__ = [
     "make_inputs",
     "planned_call",
     "reference",
+    "relayout",
     "request",
 ]
 
@@ -297,6 +298,11 @@ def make_inputs(case: MoECase, device: torch.device | str = "cpu", seed: int = 0
     if case.activation_quant is not None:
         inputs["activation_quant"] = case.activation_quant
     return inputs
+
+
+def relayout(case: MoECase, inputs: dict[str, Any]) -> None:
+    """MoE calls take no batch-layout tensors: nothing to renew (see ``attention.relayout``)."""
+    return None
 
 
 def call(case: MoECase, inputs: dict[str, Any], override: str | None = None, out: torch.Tensor | None = None) -> Any:
