@@ -57,12 +57,9 @@ class Row:
     max_abs_diff: float
 
 
-def _fresh(inputs: dict, n: int) -> list[dict]:
-    """``n`` copies of ``inputs`` whose ``cu_seqlens`` are new tensors (same values)."""
-    return [
-        {**inputs, "cu_seqlens_q": inputs["cu_seqlens_q"].clone(), "cu_seqlens_k": inputs["cu_seqlens_k"].clone()}
-        for _ in range(n)
-    ]
+def _fresh(case: AttentionCase, inputs: dict, n: int) -> list[dict]:
+    """``n`` copies of ``inputs`` with new layout tensors of the same values (``cases.relayout``)."""
+    return [cases.relayout(case, inputs) for _ in range(n)]
 
 
 def _wall_us(make, calls: int, repeats: int = 5) -> float:
@@ -85,7 +82,7 @@ def _measure(case: AttentionCase, inputs: dict, kernel: str, calls: int) -> tupl
             cases.call(case, inputs, override=kernel)
 
     def new_layout():
-        layouts = _fresh(inputs, calls)
+        layouts = _fresh(case, inputs, calls)
 
         def loop() -> None:
             for fresh in layouts:
@@ -96,7 +93,7 @@ def _measure(case: AttentionCase, inputs: dict, kernel: str, calls: int) -> tupl
     steps = max(3, calls // LAYERS)
 
     def per_layer():
-        layouts = _fresh(inputs, steps)
+        layouts = _fresh(case, inputs, steps)
 
         def loop() -> None:
             for fresh in layouts:
@@ -114,7 +111,7 @@ def _host_us(case: AttentionCase, inputs: dict, kernel: str, fresh: bool, repeat
     the kernel ends; with ``fresh``, new ``cu_seqlens`` tensors (FlashInfer plans)."""
     times = []
     for _ in range(repeats):
-        args = _fresh(inputs, 1)[0] if fresh else inputs
+        args = _fresh(case, inputs, 1)[0] if fresh else inputs
         torch.cuda.synchronize()
         start = time.perf_counter()
         cases.call(case, args, override=kernel)
@@ -128,7 +125,7 @@ def _profile_plan(case: AttentionCase, inputs: dict, kernel: str) -> None:
     import cProfile
     import pstats
 
-    layouts = _fresh(inputs, 3)
+    layouts = _fresh(case, inputs, 3)
     torch.cuda.synchronize()
     profiler = cProfile.Profile()
     profiler.enable()
@@ -161,10 +158,10 @@ def main() -> None:
             "x".join(map(str, sorted(set(lengths)))) if len(set(lengths)) == 1 else "+".join(map(str, lengths))
         )
         inputs = cases.make_inputs(case, dev, seed=0)
-        ref = cases.call(case, _fresh(inputs, 1)[0], override=KERNELS[0]).float()
+        ref = cases.call(case, _fresh(case, inputs, 1)[0], override=KERNELS[0]).float()
         calls = max(18, min(200, int(2e5 / sum(n * n for n in lengths) * 1e3)))
         for kernel in KERNELS:
-            out = cases.call(case, _fresh(inputs, 1)[0], override=kernel).float()
+            out = cases.call(case, _fresh(case, inputs, 1)[0], override=kernel).float()
             diff = (out - ref).abs().max().item()
             run_us, new_us, layer_us = _measure(case, inputs, kernel, calls)
             host, host_new = _host_us(case, inputs, kernel, False), _host_us(case, inputs, kernel, True)
