@@ -11,9 +11,10 @@ value) and keeps the facts its full validation derived (head geometry, resolved 
 selector request) in a bounded table per op (:func:`remember`). A key is remembered only
 after the full checks passed for a call with that key, and every outcome of those checks is
 a function of the key, so a hit means the same checks would pass again. Values that
-change per call (``max_seqlen_*``, pointers for aliasing) are not in keys (only a power-of-two
-bucket of one, where the selector request carries it): they are checked on every call, and any doubt (a miss, an inline check failing, an argument of another
-kind, tracing under ``torch.compile``) runs the full checks, which raise the precise error.
+change per call (``max_seqlen_*``, pointers for aliasing) are not in keys (only a
+power-of-two bucket of one, where the selector request carries it): they are checked on
+every call, and any doubt (a miss, an inline check failing, an argument of another kind,
+tracing under ``torch.compile``) runs the full checks, which raise the precise error.
 """
 
 from __future__ import annotations

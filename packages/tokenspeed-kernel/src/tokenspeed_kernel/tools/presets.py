@@ -10,7 +10,7 @@
 ``prefill-lengths``  ``attention.prefill`` only (no cases for the other operators): GPT-OSS
                   heads, bf16, full-attention layers, at query lengths 512 to 16384, one
                   sequence or several, a ragged batch, without sinks, non-causal. The sweep
-                  behind the ``max_seqlen_q_bucket`` ranking rules.
+                  for ranking prefill kernels by length (``max_seqlen_q_bucket``).
 ``small``         one tiny case per operator (CPU-cheap; the first awkward case in bf16).
 ``awkward``       the awkward-shape cases of the case modules (ragged lengths, partial
                   pages, GQA ratios, windows, sinks, ...) in bf16 and fp16.

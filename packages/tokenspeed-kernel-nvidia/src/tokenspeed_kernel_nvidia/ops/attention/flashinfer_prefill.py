@@ -13,13 +13,13 @@ from tokenspeed_kernel_nvidia.ops.attention._flashinfer import flashinfer_regist
 from tokenspeed_kernel_nvidia.ops.attention._flashinfer_prefill import prefill_call, run_paged_prefill
 
 
-# Opt-in at every length (no rank_when), from two H100 runs (docs/benchmarks.md, "Prefill by
-# length"): the kernel alone is 8-16% faster than triton_prefill from 2048 tokens up, but each
-# new batch layout costs a FlashInfer plan: 0.3-2.4 ms of host work behind a device-to-host
-# sync. Planned once per step and shared by GPT-OSS's 18 full-attention layers it wins only
-# from 8192 tokens (4-10%) and loses at 2048 and on mixed batches (0.72-0.94x); planned per
-# call it loses everywhere (0.11-0.84x); and its first call at a new variant is a ~2-minute
-# JIT build. Reach it with override= or TOKENSPEED_KERNEL_OVERRIDE.
+# Opt-in at every length (no rank_when), from the H100 runs of docs/benchmarks.md ("Prefill by
+# length"): the kernel alone is 8-17% faster than triton_prefill from ~2048 tokens up, but each
+# new batch layout costs a FlashInfer plan: 0.3-3 ms of host work behind a device-to-host sync.
+# With a plan per call it is slower everywhere (0.05-0.89x); planned once per step and shared
+# by GPT-OSS's 18 full-attention layers it wins only from 8192 tokens (1.04-1.10x) and loses at
+# 2048-4096 tokens and on batched or mixed prefills (0.67-0.98x); and its first call at a new
+# variant is a ~2-minute JIT build. Reach it with override= or TOKENSPEED_KERNEL_OVERRIDE.
 @register_kernel(
     "attention.prefill",
     name="flashinfer_prefill",
