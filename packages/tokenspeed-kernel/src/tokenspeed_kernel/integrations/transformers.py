@@ -21,17 +21,20 @@ dropout, sliding_window, s_aux, ...)`` with ``query [B, Hq, Lq, D]`` and ``key``
 [B, Hkv, Lk, D]``: with a ``DynamicCache`` the keys are the cached ones followed by the new
 ones, so the queries are the last ``Lq`` of ``Lk`` positions (for a sliding layer the cache
 holds only the last ``window - 1`` tokens; positions keep their differences, which is all a
-window needs). That is exactly ``mha_prefill``'s bottom-right causal alignment, so every
-call — the prompt and each generated token — is one ``mha_prefill`` over the batch as a
-ragged batch. This is the simple correct choice: the paged calls would need the cache in
-pages, which transformers' ``DynamicCache`` does not keep (its tensors are copied to the
-ragged layout on each call). GPT-OSS specifics: sinks come from ``s_aux`` or
-``module.sinks`` (cast to float32), the window from ``sliding_window`` or
-``module.sliding_window`` (transformers' window ``w`` lets a query see the ``w`` positions
-ending at itself, i.e. ``window_left = w - 1``), the scale from ``scaling``. ``softcap``
-maps to ``logit_cap``. Padding: the mask builder gives ``None`` when no row is padded, else
-the 2-D boolean key mask; each row's valid keys must be one contiguous run (left or right
-padding), its padded queries get zeros.
+window needs). That is ``mha_prefill``'s bottom-right causal alignment, so the prompt (and
+any call with ``Lq > 1`` or padding) is one ``mha_prefill`` over the batch as a ragged
+batch. A generated token (``Lq == 1``, no padding) is one ``mha_decode_with_kvcache`` over
+the same keys laid out as a paged cache of page size 1 (the decode kernels split long
+contexts; a prefill kernel would spend a whole query tile on one row). transformers'
+``DynamicCache`` keeps no pages, so both calls copy the keys and values to our layout on
+each call (``O(B·Lk)`` per layer per step): the simple correct choice, not the fastest; a
+cache that writes straight into pages (``store_kvcache``) would remove the copy. GPT-OSS
+specifics: sinks come from ``s_aux`` or ``module.sinks`` (cast to float32), the window from
+``sliding_window`` or ``module.sliding_window`` (transformers' window ``w`` lets a query
+see the ``w`` positions ending at itself, i.e. ``window_left = w - 1``), the scale from
+``scaling``. ``softcap`` maps to ``logit_cap``. Padding: the mask builder gives ``None``
+when no row is padded, else the 2-D boolean key mask; each row's valid keys must be one
+contiguous run (left or right padding), its padded queries get zeros.
 
 Experts. transformers calls ``fn(module, hidden_states [T, H], top_k_index [T, k],
 top_k_weights [T, k])``. The module's weights are converted once to ``moe_apply``'s layout
@@ -78,7 +81,7 @@ except ImportError:  # pragma: no cover - an older transformers without the inte
     ExpertsInterface = None
     _default_apply_gate = None
 
-from tokenspeed_kernel import MoEPlan, last_kernel, mha_prefill, moe_plan, moe_topk
+from tokenspeed_kernel import MoEPlan, last_kernel, mha_decode_with_kvcache, mha_prefill, moe_plan, moe_topk
 
 __all__ = [
     "NAME",
@@ -106,7 +109,8 @@ def _count(op: str) -> None:
 
 def kernel_counts() -> dict[tuple[str, str], int]:
     """``{(op, kernel): calls}`` of the calls this integration made since the last
-    :func:`reset_kernel_counts` (ops ``attention.prefill``, ``moe.apply``, ``moe.topk``)."""
+    :func:`reset_kernel_counts` (ops ``attention.prefill``, ``attention.decode``,
+    ``moe.apply``, ``moe.topk``)."""
     with _counts_lock:
         return dict(_counts)
 
@@ -206,7 +210,8 @@ def tokenspeed_attention_forward(
     is_causal: bool | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function contract, served by ``mha_prefill``.
+    """transformers' attention-function contract, served by ``mha_prefill`` (or
+    ``mha_decode_with_kvcache`` for one unpadded query per sequence).
 
     Args:
         module: the attention module (read: ``sinks``, ``sliding_window``, ``scaling``,
@@ -251,6 +256,8 @@ def tokenspeed_attention_forward(
     q = query.transpose(1, 2)  # [B, Lq, Hq, D]
     k = key.transpose(1, 2)
     v = value.transpose(1, 2)
+    if attention_mask is None and q_len == 1:
+        return _decode(q.reshape(batch, num_q_heads, -1).contiguous(), k, v, options), None
     if attention_mask is None:
         seq = torch.arange(batch + 1, device=query.device, dtype=torch.int32)
         out = mha_prefill(
@@ -291,6 +298,22 @@ def tokenspeed_attention_forward(
         out[b, end - n - first_q : end - first_q] = packed[offset : offset + n]
         offset += n
     return out, None
+
+
+def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: dict[str, Any]) -> torch.Tensor:
+    """One new token per sequence: ``mha_decode_with_kvcache`` over the keys laid out as a
+    paged cache of page size 1 (``k``/``v [B, Lk, Hkv, D]`` copied to ``[B·Lk, 1, Hkv, D]``,
+    page table ``[B, Lk]`` = 0, 1, …). The one query is the last position, so causal or not
+    is the same call. Returns ``[B, 1, Hq, Dv]``."""
+    batch, kv_len, num_kv_heads = k.shape[:3]
+    k_cache = k.reshape(batch * kv_len, 1, num_kv_heads, -1).contiguous()
+    v_cache = v.reshape(batch * kv_len, 1, num_kv_heads, -1).contiguous()
+    pages = torch.arange(batch * kv_len, device=q.device, dtype=torch.int32).view(batch, kv_len)
+    lengths = torch.full((batch,), kv_len, device=q.device, dtype=torch.int32)
+    options = {name: value for name, value in options.items() if name != "causal"}
+    out = mha_decode_with_kvcache(q, k_cache, v_cache, pages, lengths, kv_len, **options)
+    _count("attention.decode")
+    return out.unsqueeze(1)
 
 
 def _cumsum(values: list[int]) -> list[int]:
