@@ -338,6 +338,9 @@ def test_bad_input_raises(weights):
         ts_hf.tokenspeed_attention_forward(attn, q, k, k, holes)
     with torch.no_grad(), pytest.raises(ValueError, match="StaticCache"):
         ts_hf.tokenspeed_attention_forward(attn, q, k, k, torch.ones(2, 7, dtype=torch.bool))
+    packed = torch.tensor([[0, 1, 2, 0, 1], [0, 1, 2, 3, 4]])
+    with torch.no_grad(), pytest.raises(ValueError, match="packed"):
+        ts_hf.tokenspeed_attention_forward(attn, q, k, k, None, position_ids=packed)
     experts = ours.model.layers[0].mlp.experts
     experts.alpha = 1.5
     with torch.no_grad(), pytest.raises(ValueError, match="alpha"):

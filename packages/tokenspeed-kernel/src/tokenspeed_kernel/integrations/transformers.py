@@ -34,7 +34,8 @@ specifics: sinks come from ``s_aux`` or ``module.sinks`` (cast to float32), the 
 see the ``w`` positions ending at itself, i.e. ``window_left = w - 1``), the scale from
 ``scaling``. ``softcap`` maps to ``logit_cap``. Padding: the mask builder gives ``None``
 when no row is padded, else the 2-D boolean key mask; each row's valid keys must be one
-contiguous run (left or right padding), its padded queries get zeros.
+contiguous run (left or right padding), its padded queries get zeros. Several sequences
+packed into one row (``position_ids`` restarting inside a row) raise ``ValueError``.
 
 Experts. transformers calls ``fn(module, hidden_states [T, H], top_k_index [T, k],
 top_k_weights [T, k])``. The module's weights are converted once to ``moe_apply``'s layout
@@ -172,6 +173,26 @@ def _window_left(module: torch.nn.Module, sliding_window: int | None) -> int:
     return window - 1
 
 
+_checked_positions: list[tuple[int, tuple[int, ...], int]] = []
+
+
+def _check_not_packed(position_ids: object) -> None:
+    """``ValueError`` when ``position_ids [B, L]`` restart inside a row (several sequences
+    packed in one row, which transformers' mask builders detect and our mask builder does
+    not serve). Reads the device once per distinct tensor (not once per layer)."""
+    if not isinstance(position_ids, torch.Tensor) or position_ids.ndim != 2 or position_ids.shape[1] < 2:
+        return
+    key = (position_ids.data_ptr(), tuple(position_ids.shape), position_ids._version)
+    if _checked_positions and _checked_positions[0] == key:
+        return
+    if bool((position_ids[:, 1:] - position_ids[:, :-1] != 1).any()):
+        raise ValueError(
+            "position_ids restart inside a row (packed sequences): the tokenspeed attention serves one "
+            "sequence per row; pass an attention_mask with padding instead"
+        )
+    _checked_positions[:] = [key]
+
+
 def _packed_rows(mask: torch.Tensor, q_len: int) -> list[tuple[int, int, int, int]]:
     """``(row, key_start, key_end, num_queries)`` per row with a valid query, from the bool
     key mask ``[B, Lk]`` (host read). The valid queries of a row are its last positions that
@@ -253,6 +274,8 @@ def tokenspeed_attention_forward(
         "sinks": _sinks(module, s_aux, num_q_heads),
         "logit_cap": float(softcap) if softcap else 0.0,
     }
+    if attention_mask is None and q_len > 1:
+        _check_not_packed(kwargs.get("position_ids"))
     q = query.transpose(1, 2)  # [B, Lq, Hq, D]
     k = key.transpose(1, 2)
     v = value.transpose(1, 2)
