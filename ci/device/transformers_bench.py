@@ -18,10 +18,11 @@ own experts implementations, in the same run.
    - ``eager/grouped_mm``: transformers' default for GPT-OSS (grouped GEMMs, torch._grouped_mm);
    - ``tokenspeed/tokenspeed``: ours (mha_prefill per layer, a moe_plan per experts module);
    - ``tokenspeed/tokenspeed+topk``: ours plus the router through moe_topk.
-   Per batch B and prompt P: prefill = a ``generate`` of 1 token; decode tokens/s =
-   B·(N − 1) / (t(N) − t(1)) with N = ``--new-tokens``; end-to-end tokens/s = B·N / t(N).
-   Each row is warmed up first (Triton JIT). Timings: wall clock around ``generate`` with a
-   device synchronize, best of ``--reps``.
+   Per batch B and prompt P, ``generate`` of N = ``--new-tokens`` greedy tokens with a logits
+   processor that only reads the clock after a device synchronize (once per token): prefill
+   = start to first reading (best of ``--reps``), decode step = median difference between
+   readings (all reps), decode tokens/s = B / step, end-to-end tokens/s = B·N / total (best).
+   Each row is warmed up first (Triton JIT, plans).
 
 Every check and row is in its own try/except: one failure never ends the run. A short table
 is printed last; JSON goes to ``--json`` (default ``$OUT/transformers.json`` when OUT is set).
@@ -381,15 +382,47 @@ def full_checks(model, a: argparse.Namespace, device: torch.device, results: lis
 # --------------------------------------------------------------------------- throughput
 
 
-def timed_generate(model, ids: torch.Tensor, new: int, reps: int, device: torch.device) -> float:
-    best = float("inf")
+class StepClock:
+    """A logits processor that only reads the clock (after a device synchronize): transformers
+    calls it once per generated token, right after that step's forward, so the first reading
+    ends the prefill and the differences between readings are the decode steps."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.times = device, []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        sync(self.device)
+        self.times.append(time.perf_counter())
+        return scores
+
+
+def timed_generate(model, ids: torch.Tensor, new: int, reps: int, device: torch.device) -> dict:
+    """Prefill ms (best of ``reps``), median decode step over all reps, end-to-end seconds (best)."""
+    from transformers import LogitsProcessorList
+
+    prefill, steps, total = [], [], []
     for _ in range(reps):
+        clock = StepClock(device)
         sync(device)
         t0 = time.perf_counter()
-        greedy(model, ids, new)
+        with torch.no_grad():
+            model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                logits_processor=LogitsProcessorList([clock]),
+            )  # fmt: skip
         sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return best
+        total.append(time.perf_counter() - t0)
+        prefill.append(clock.times[0] - t0)
+        steps += [b - a for a, b in zip(clock.times, clock.times[1:])]
+    steps.sort()
+    batch = ids.shape[0]
+    step = steps[len(steps) // 2] if steps else float("nan")
+    return {
+        "prefill_ms": 1e3 * min(prefill),
+        "decode_step_ms": 1e3 * step,
+        "decode_tok_s": batch / step,
+        "e2e_tok_s": batch * new / min(total),
+    }
 
 
 def throughput(model, a: argparse.Namespace, device: torch.device) -> list[dict]:
@@ -409,17 +442,11 @@ def throughput(model, a: argparse.Namespace, device: torch.device) -> list[dict]
                 ids = prompt(batch, a.prompt, a.vocab, device)
                 greedy(model, ids, 2)  # warm-up: JIT, plans
                 ts_hf.reset_kernel_counts()
-                t1 = timed_generate(model, ids, 1, a.reps, device)
-                tn = timed_generate(model, ids, a.new_tokens, a.reps, device)
-                rec.update(
-                    prefill_ms=1e3 * t1,
-                    decode_tok_s=batch * (a.new_tokens - 1) / max(tn - t1, 1e-9),
-                    e2e_tok_s=batch * a.new_tokens / tn,
-                    kernels=sorted({k for (_, k) in ts_hf.kernel_counts()}),
-                )
+                rec.update(timed_generate(model, ids, a.new_tokens, a.reps, device))
+                rec["kernels"] = sorted({k for (_, k) in ts_hf.kernel_counts()})
                 log(
-                    f"{row} B={batch}: prefill {rec['prefill_ms']:.1f} ms, decode {rec['decode_tok_s']:.1f} tok/s, "
-                    f"e2e {rec['e2e_tok_s']:.1f} tok/s, kernels {rec['kernels']}"
+                    f"{row} B={batch}: prefill {rec['prefill_ms']:.1f} ms, decode step {rec['decode_step_ms']:.2f} ms "
+                    f"= {rec['decode_tok_s']:.1f} tok/s, e2e {rec['e2e_tok_s']:.1f} tok/s, kernels {rec['kernels']}"
                 )
             except Exception as exc:  # one row's failure never ends the run
                 rec["error"] = short_error(exc)
@@ -433,18 +460,21 @@ def throughput(model, a: argparse.Namespace, device: torch.device) -> list[dict]
 def table(checks: list[dict], rows: list[dict]) -> str:
     lines = ["", "| check | result |", "| --- | --- |"]
     lines += [f"| {c['check']} | {'PASS' if c.get('pass') else 'FAIL ' + c.get('error', '')} |" for c in checks]
-    lines += ["", "| row (attn/experts) | B | prompt | prefill ms | decode tok/s | e2e tok/s | vs eager/eager |"]
-    lines += ["| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "| row (attn/experts) | B | prompt | prefill ms | decode step ms | decode tok/s | e2e tok/s | "
+              "decode vs eager/eager |"]  # fmt: skip
+    lines += ["| --- | --- | --- | --- | --- | --- | --- | --- |"]
     base = {r["batch"]: r for r in rows if r["row"] == "eager/eager" and "decode_tok_s" in r}
     for r in rows:
         if "decode_tok_s" not in r:
-            lines.append(f"| {r['row']} | {r['batch']} | {r['prompt']} | {r.get('error') or r.get('skipped')} | | | |")
+            lines.append(
+                f"| {r['row']} | {r['batch']} | {r['prompt']} | {r.get('error') or r.get('skipped')} | | | | |"
+            )
             continue
         ref = base.get(r["batch"])
         speed = f"{r['decode_tok_s'] / ref['decode_tok_s']:.2f}x" if ref else "-"
         lines.append(
-            f"| {r['row']} | {r['batch']} | {r['prompt']} | {r['prefill_ms']:.1f} | {r['decode_tok_s']:.1f} | "
-            f"{r['e2e_tok_s']:.1f} | {speed} |"
+            f"| {r['row']} | {r['batch']} | {r['prompt']} | {r['prefill_ms']:.1f} | {r['decode_step_ms']:.2f} | "
+            f"{r['decode_tok_s']:.1f} | {r['e2e_tok_s']:.1f} | {speed} |"
         )
     return "\n".join(lines)
 
@@ -484,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = throughput(model, a, device) if model is not None else []
     out = {"env": env, "args": vars(a), "checks": checks, "rows": rows}
     if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1, default=str)
         log(f"wrote {a.json}")
