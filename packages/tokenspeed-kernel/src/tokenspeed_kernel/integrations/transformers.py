@@ -182,7 +182,7 @@ def _check_not_packed(position_ids: object) -> None:
     not serve). Reads the device once per distinct tensor (not once per layer)."""
     if not isinstance(position_ids, torch.Tensor) or position_ids.ndim != 2 or position_ids.shape[1] < 2:
         return
-    key = (position_ids.data_ptr(), tuple(position_ids.shape), position_ids._version)
+    key = (position_ids.data_ptr(), tuple(position_ids.shape), _version(position_ids))
     if _checked_positions and _checked_positions[0] == key:
         return
     if bool((position_ids[:, 1:] - position_ids[:, :-1] != 1).any()):
@@ -416,11 +416,19 @@ def moe_weights(
     return tuple(None if t is None else t.to(dtype).contiguous() for t in (gate_up, down, b13, b2))  # type: ignore[return-value]
 
 
+def _version(t: torch.Tensor) -> int:
+    """The in-place version counter (0 for an inference tensor, which has none)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return 0
+
+
 def _plan(module: torch.nn.Module, x_dtype: torch.dtype, top_k: int) -> MoEPlan:
     """The module's cached plan, rebuilt when its weights change (pointer or version)."""
     names = ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias")
     params = [getattr(module, n, None) for n in names]
-    key = (x_dtype, top_k, *((p.data_ptr(), p._version, p.device) for p in params if p is not None))
+    key = (x_dtype, top_k, *((p.data_ptr(), _version(p), p.device) for p in params if p is not None))
     cached = getattr(module, "_tokenspeed_plan", None)
     if cached is not None and cached[0] == key:
         return cached[1]
