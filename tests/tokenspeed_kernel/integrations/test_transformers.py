@@ -339,7 +339,9 @@ def test_bad_input_raises(weights):
     with torch.no_grad(), pytest.raises(ValueError, match="StaticCache"):
         ts_hf.tokenspeed_attention_forward(attn, q, k, k, torch.ones(2, 7, dtype=torch.bool))
     packed = torch.tensor([[0, 1, 2, 0, 1], [0, 1, 2, 3, 4]])
-    with torch.no_grad(), pytest.raises(ValueError, match="packed"):
+    with torch.no_grad():  # one sequence per row passes (and is remembered as checked) ...
+        ts_hf.tokenspeed_attention_forward(attn, q, k, k, None, position_ids=torch.arange(5).expand(2, 5))
+    with torch.no_grad(), pytest.raises(ValueError, match="packed"):  # ... which does not hide the next
         ts_hf.tokenspeed_attention_forward(attn, q, k, k, None, position_ids=packed)
     experts = ours.model.layers[0].mlp.experts
     experts.alpha = 1.5

@@ -62,6 +62,7 @@ from __future__ import annotations
 import collections
 import threading
 import types
+import weakref
 from typing import Any
 
 import torch
@@ -173,24 +174,24 @@ def _window_left(module: torch.nn.Module, sliding_window: int | None) -> int:
     return window - 1
 
 
-_checked_positions: list[tuple[int, tuple[int, ...], int]] = []
+_checked_positions: list[weakref.ref] = []  # the last position_ids tensor found unpacked
 
 
 def _check_not_packed(position_ids: object) -> None:
     """``ValueError`` when ``position_ids [B, L]`` restart inside a row (several sequences
     packed in one row, which transformers' mask builders detect and our mask builder does
-    not serve). Reads the device once per distinct tensor (not once per layer)."""
+    not serve). Reads the device once per position_ids tensor (the layers of one forward
+    share it), not once per layer."""
     if not isinstance(position_ids, torch.Tensor) or position_ids.ndim != 2 or position_ids.shape[1] < 2:
         return
-    key = (position_ids.data_ptr(), tuple(position_ids.shape), _version(position_ids))
-    if _checked_positions and _checked_positions[0] == key:
+    if _checked_positions and _checked_positions[0]() is position_ids:
         return
     if bool((position_ids[:, 1:] - position_ids[:, :-1] != 1).any()):
         raise ValueError(
             "position_ids restart inside a row (packed sequences): the tokenspeed attention serves one "
             "sequence per row; pass an attention_mask with padding instead"
         )
-    _checked_positions[:] = [key]
+    _checked_positions[:] = [weakref.ref(position_ids)]
 
 
 def _packed_rows(mask: torch.Tensor, q_len: int) -> list[tuple[int, int, int, int]]:
