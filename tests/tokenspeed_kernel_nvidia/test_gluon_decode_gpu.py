@@ -131,3 +131,23 @@ def test_fused_merge_repeats_and_replays(forced):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, first)
+
+
+@pytest.mark.parametrize("layout", ["vllm", "hnd", "stacked"])
+@pytest.mark.parametrize("name", ["gqa8-ragged-sinks-lse", "window127-sinks", "gqa4-d128-fp16-lse"])
+def test_strided_caches_give_the_contiguous_bits(name, layout):
+    """Engines' cache views (vLLM's interleaved rows, HND, a stacked pool) are read through
+    their strides: the same bits as the contiguous cache, and the float64 reference."""
+    from tokenspeed_kernel.tools.cases.attention import lay_out_caches
+
+    lens, _, _, _, _, window, _, _, dtype = CASES[name]
+    (q, k, v, table, seqlens, sk), (ref, _) = _case(name)
+    k_view, v_view = lay_out_caches(k, v, layout)
+    assert not k_view.is_contiguous()
+    flat = mha_decode_with_kvcache(q, k, v, table, seqlens, max(lens), window_left=window, sinks=sk, override=KERNEL)
+    out = torch.full_like(q, float("nan"))
+    mha_decode_with_kvcache(
+        q, k_view, v_view, table, seqlens, max(lens), window_left=window, sinks=sk, out=out, override=KERNEL
+    )
+    assert torch.equal(out, flat)
+    assert _rel(out.cpu(), ref) < (2e-2 if dtype == torch.bfloat16 else 5e-3)

@@ -157,7 +157,8 @@ def compile_decode(
     signature = {
         "q_ptr": t, "k_ptr": t, "v_ptr": t, "page_table_ptr": "*i32", "seqlens_ptr": "*i32",
         "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "sinks_ptr": "*fp32", "out_ptr": t, "lse_ptr": "*fp32",
-        "count_ptr": "*i32", "pt_stride": "i32", "sm_scale": "fp32", "logit_cap": "fp32", "window_left": "i32",
+        "count_ptr": "*i32", "pt_stride": "i32", "k_stride_p": "i32", "k_stride_t": "i32", "k_stride_h": "i32",
+        "v_stride_p": "i32", "v_stride_t": "i32", "v_stride_h": "i32", "sm_scale": "fp32", "logit_cap": "fp32", "window_left": "i32",
     }  # fmt: skip
     constexprs = {
         "HQ": 8 * group, "HKV": 8, "G": group, "D": head_dim, "PAGE": page_size, "SPLITS": splits,

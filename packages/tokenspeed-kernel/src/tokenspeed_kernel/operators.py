@@ -37,6 +37,11 @@ class OperatorSchema:
 _ATTENTION_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
 # window_left is present only for windowed calls (>= 0), so a predicate can bound it.
 _ATTENTION_SHAPES = ("head_dim", "head_dim_v", "num_q_heads", "num_kv_heads", "window_left")
+# Paged caches: ``strided_kv`` when either cache is not contiguous (a strided view, e.g.
+# vLLM's interleaved K|V rows); then ``kv_align``, the largest power of two <= 16 dividing
+# the caches' byte offsets and byte strides (a kernel with 16-byte copies restricts it to
+# {16}; absent for contiguous caches, whose alignment follows from head dim and dtype).
+_PAGED_SHAPES = ("page_size", "kv_align")
 
 OPERATORS: dict[str, OperatorSchema] = {
     schema.name: schema
@@ -52,24 +57,24 @@ OPERATORS: dict[str, OperatorSchema] = {
         OperatorSchema(
             "attention.extend",
             dtype_roles=("q", "kv"),
-            shape_keys=(*_ATTENTION_SHAPES, "page_size"),
-            features=(*_ATTENTION_FEATURES, "non_causal", "fp8_kv"),
+            shape_keys=(*_ATTENTION_SHAPES, *_PAGED_SHAPES),
+            features=(*_ATTENTION_FEATURES, "non_causal", "fp8_kv", "strided_kv"),
             summary="chunked prefill against a paged KV cache (mha_extend_with_kvcache)",
         ),
         OperatorSchema(
             "attention.decode",
             dtype_roles=("q", "kv"),
             # batch_bucket: the next power of two >= the batch (kernels ranked by batch size)
-            shape_keys=(*_ATTENTION_SHAPES, "page_size", "q_len", "batch_bucket"),
-            features=(*_ATTENTION_FEATURES, "fp8_kv", "spec_decode"),
+            shape_keys=(*_ATTENTION_SHAPES, *_PAGED_SHAPES, "q_len", "batch_bucket"),
+            features=(*_ATTENTION_FEATURES, "fp8_kv", "spec_decode", "strided_kv"),
             summary="decode against a paged KV cache (mha_decode_with_kvcache, mha_decode_plan)",
             layout_hook=True,
         ),
         OperatorSchema(
             "kvcache.store",
             dtype_roles=("kv", "cache"),
-            shape_keys=("head_dim", "head_dim_v", "num_kv_heads", "page_size"),
-            features=("fp8_kv",),
+            shape_keys=("head_dim", "head_dim_v", "num_kv_heads", *_PAGED_SHAPES),
+            features=("fp8_kv", "strided_kv"),
             summary="write new K/V rows into a paged cache (store_kvcache)",
         ),
         OperatorSchema(

@@ -39,7 +39,18 @@ BAD = [
     ("slot_mapping", ValueError, r"slot_mapping must have shape \[22\]", lambda t: t[:3]),
     ("k_scale", ValueError, "apply to a float8_e4m3fn cache only", 1.0),
     ("k", ValueError, "k must be contiguous", lambda t: t.transpose(0, 1).contiguous().transpose(0, 1)),
-    ("k_cache", ValueError, "k_cache must be contiguous", lambda t: t.transpose(0, 1).contiguous().transpose(0, 1)),
+    (
+        "k_cache",
+        ValueError,
+        "k_cache must have stride 1 in its last",
+        lambda t: t.transpose(2, 3).contiguous().transpose(2, 3),
+    ),
+    (
+        "v_cache",
+        ValueError,
+        "v_cache must have stride 1 in its last",
+        lambda t: t.transpose(2, 3).contiguous().transpose(2, 3),
+    ),
 ]
 
 

@@ -6,7 +6,7 @@ device memory: checks that would need a sync live behind ``config.debug()`` in e
 
 The hot path (per layer, per step) does not re-run them for a call it has seen: each op
 builds a **call key** from what its checks read (:func:`arg_key`, :func:`options_key`:
-a tensor's exact type, shape, dtype, device and contiguity; an option's exact type and
+a tensor's exact type, shape, dtype, device, strides and storage offset; an option's exact type and
 value) and keeps the facts its full validation derived (head geometry, resolved scale,
 selector request) in a bounded table per op (:func:`remember`). A key is remembered only
 after the full checks passed for a call with that key, and every outcome of those checks is
@@ -40,10 +40,12 @@ __all__ = [
     "check_int",
     "check_optional_tensor",
     "check_override",
+    "check_paged_layout",
     "check_same_device",
     "check_tensor",
     "clear_call_tables",
     "dtype_name",
+    "kv_align",
     "options_key",
     "pow2_bucket",
     "remember",
@@ -75,7 +77,8 @@ def check_tensor(
     shape: Sequence[int | None] | None = None,
     contiguous: bool = True,
 ) -> torch.Tensor:
-    """Check that ``t`` is a tensor of the given rank, dtype, shape (None = any) and layout."""
+    """Check that ``t`` is a tensor of the given rank, dtype, shape (None = any) and layout
+    (``contiguous=False``: any strides)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     got = t.shape  # read once: every access crosses into C++
@@ -91,6 +94,32 @@ def check_tensor(
     if contiguous and not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (got strides {t.stride()} for shape {tuple(t.shape)})")
     return t
+
+
+def check_paged_layout(name: str, t: torch.Tensor) -> torch.Tensor:
+    """A paged KV cache's layout: any page/token/head strides, but the last (head-dim) axis
+    must have stride 1 (each row of ``D`` values contiguous), so kernels load whole rows."""
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ValueError(
+            f"{name} must have stride 1 in its last (head-dim) dimension, got strides {t.stride()} for shape "
+            f"{list(t.shape)}; any page/token/head strides are accepted"
+        )
+    return t
+
+
+def kv_align(*caches: torch.Tensor) -> int:
+    """The largest power of two <= 16 dividing the byte offset and every byte stride but the
+    last of each cache: what a kernel with 16-byte vector or bulk copies needs of a strided
+    cache (request shape key ``kv_align``). The storage's own base is taken as 16-byte
+    aligned, as every torch allocator returns it."""
+    align = 16
+    for t in caches:
+        size = t.element_size()
+        for value in (t.storage_offset(), *t.stride()[:-1]):
+            value *= size
+            if value:
+                align = min(align, value & -value)
+    return align
 
 
 def check_optional_tensor(name: str, t: object, **kwargs) -> torch.Tensor | None:
@@ -161,13 +190,14 @@ class Uncacheable(Exception):
 
 
 def arg_key(x: object) -> Hashable:
-    """What the checks read of one argument: a plain tensor's shape, dtype, device and
-    contiguity; a quantized weight container's type and its tensors' keys; a None, bool,
+    """What the checks read of one argument: a plain tensor's shape, dtype, device, strides
+    and storage offset (contiguity and a strided cache's alignment follow from them); a
+    quantized weight container's type and its tensors' keys; a None, bool,
     int, float or str with its exact type (``1`` and ``True`` differ). ``Uncacheable``
     for anything else."""
     kind = type(x)
     if kind is _Tensor:
-        return (x.shape, x.dtype, x.device, x.is_contiguous())  # type: ignore[attr-defined]
+        return (x.shape, x.dtype, x.device, x.stride(), x.storage_offset())  # type: ignore[attr-defined]
     if kind in _SCALAR_TYPES:
         return (kind, x)
     if kind is MXFP4Weight:

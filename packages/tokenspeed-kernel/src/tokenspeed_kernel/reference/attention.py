@@ -129,7 +129,7 @@ def torch_prefill(args: PrefillArgs) -> None:
     name="torch_extend",
     solution="torch",
     dtypes={"q": _DTYPES, "kv": _KV_DTYPES},
-    features=(*_COMMON, "non_causal", "fp8_kv"),
+    features=(*_COMMON, "non_causal", "fp8_kv", "strided_kv"),
     priority=Priority.REFERENCE,
     graph_safe=False,  # reads the lengths on the host (.tolist())
 )
@@ -162,7 +162,7 @@ def torch_extend(args: ExtendArgs) -> None:
     name="torch_decode",
     solution="torch",
     dtypes={"q": _DTYPES, "kv": _KV_DTYPES},
-    features=(*_COMMON, "fp8_kv", "spec_decode"),
+    features=(*_COMMON, "fp8_kv", "spec_decode", "strided_kv"),
     priority=Priority.REFERENCE,
     graph_safe=False,  # reads the lengths on the host (.tolist())
 )

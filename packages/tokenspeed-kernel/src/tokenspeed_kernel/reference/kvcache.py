@@ -23,7 +23,7 @@ def _encode(rows: torch.Tensor, cache: torch.Tensor, scale: torch.Tensor | None)
     name="torch_store_kvcache",
     solution="torch",
     dtypes={"kv": _DTYPES, "cache": (*_DTYPES, torch.float8_e4m3fn)},
-    features=("fp8_kv",),
+    features=("fp8_kv", "strided_kv"),
     priority=Priority.REFERENCE,
     graph_safe=False,  # boolean-mask indexing has a data-dependent shape (a host sync)
 )
@@ -31,6 +31,7 @@ def torch_store_kvcache(args: StoreArgs) -> None:
     """Scatter K/V rows to their slots (negative slots skipped) with index_put."""
     valid = args.slot_mapping >= 0
     slots = args.slot_mapping[valid]
+    page_size = args.k_cache.shape[1]
+    pages, offsets = slots // page_size, slots % page_size  # (page, offset) indexing writes through strided views
     for rows, cache, scale in ((args.k, args.k_cache, args.k_scale), (args.v, args.v_cache, args.v_scale)):
-        flat = cache.view(-1, *cache.shape[2:])  # [num_pages * P, Hkv, D]
-        flat.index_put_((slots,), _encode(rows[valid], cache, scale))
+        cache.index_put_((pages, offsets), _encode(rows[valid], cache, scale))

@@ -81,7 +81,7 @@ def compile_attention(cfg: AotAttention, arch: str) -> CompileReport:
         "Q": q, "K": kv, "V": kv, "Out": q, "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32",
         "Sinks": "*fp32", "KScale": "*fp32", "VScale": "*fp32", "PageTable": "*i32", "CuSeqlensQ": "*i32",
         "CuSeqlensK": "*i32", "CacheSeqlens": "*i32", "stride_qt": "i32", "stride_kp": "i32", "stride_kt": "i32",
-        "stride_vp": "i32", "stride_vt": "i32", "stride_ot": "i32", "stride_pt": "i32", "num_tokens": "i32",
+        "stride_kh": "i32", "stride_vp": "i32", "stride_vt": "i32", "stride_vh": "i32", "stride_ot": "i32", "stride_pt": "i32", "num_tokens": "i32",
         "sm_scale": "fp32", "logit_cap": "fp32", "window_left": "i32",
     }  # fmt: skip
     return compile_kernel(attention_kernel, types, launch.constexprs, arch, num_warps=launch.num_warps, name=cfg.name)

@@ -48,7 +48,7 @@ def _kv_rows(
 @gluon.jit
 def attention_kernel(
     Q, K, V, Out, Lse, PartOut, PartLse, Sinks, KScale, VScale, PageTable, CuSeqlensQ, CuSeqlensK, CacheSeqlens,
-    stride_qt, stride_kp, stride_kt, stride_vp, stride_vt, stride_ot, stride_pt, num_tokens,
+    stride_qt, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ot, stride_pt, num_tokens,
     sm_scale, logit_cap, window_left,
     HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, GROUP: gl.constexpr, NUM_KV_HEADS: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MODE: gl.constexpr, Q_LEN: gl.constexpr,
@@ -133,11 +133,11 @@ def attention_kernel(
     ck = lo + nk
     okk = ck < hi
     k_rows = _kv_rows(PageTable, b, stride_pt, k_start, ck, okk, stride_kp, stride_kt, PAGED, PAGE_SIZE)
-    k_next = gl.load(K + k_rows[:, None] + kvh * HEAD_DIM + dk[None, :], mask=okk[:, None], other=0.0)
+    k_next = gl.load(K + k_rows[:, None] + kvh * stride_kh + dk[None, :], mask=okk[:, None], other=0.0)
     cv = lo + nv
     okv = cv < hi
     v_rows = _kv_rows(PageTable, b, stride_pt, k_start, cv, okv, stride_vp, stride_vt, PAGED, PAGE_SIZE)
-    v_next = gl.load(V + v_rows[:, None] + kvh * HEAD_DIM_V + dv[None, :], mask=okv[:, None], other=0.0)
+    v_next = gl.load(V + v_rows[:, None] + kvh * stride_vh + dv[None, :], mask=okv[:, None], other=0.0)
 
     for start in range(lo, hi, BLOCK_N):
         k_smem.store(k_next.to(dtype))
@@ -146,11 +146,11 @@ def attention_kernel(
         ck = start + BLOCK_N + nk
         okk = ck < hi
         k_rows = _kv_rows(PageTable, b, stride_pt, k_start, ck, okk, stride_kp, stride_kt, PAGED, PAGE_SIZE)
-        k_next = gl.load(K + k_rows[:, None] + kvh * HEAD_DIM + dk[None, :], mask=okk[:, None], other=0.0)
+        k_next = gl.load(K + k_rows[:, None] + kvh * stride_kh + dk[None, :], mask=okk[:, None], other=0.0)
         cv = start + BLOCK_N + nv
         okv = cv < hi
         v_rows = _kv_rows(PageTable, b, stride_pt, k_start, cv, okv, stride_vp, stride_vt, PAGED, PAGE_SIZE)
-        v_next = gl.load(V + v_rows[:, None] + kvh * HEAD_DIM_V + dv[None, :], mask=okv[:, None], other=0.0)
+        v_next = gl.load(V + v_rows[:, None] + kvh * stride_vh + dv[None, :], mask=okv[:, None], other=0.0)
 
         kt = k_smem.permute([1, 0]).load(DOT_B)
         s = gl.amd.cdna3.mfma(q, kt, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=MMA))

@@ -27,7 +27,7 @@ from tokenspeed_kernel_amd.ops.attention._launch import launch
     capabilities=CAPABILITIES,
     dtypes={"q": Q_DTYPES, "kv": KV_DTYPES},
     shapes={"head_dim": HEAD_DIMS, "head_dim_v": HEAD_DIMS, "page_size": PAGE_SIZES},
-    features=(*FEATURES, "fp8_kv", "spec_decode"),
+    features=(*FEATURES, "fp8_kv", "spec_decode", "strided_kv"),
     priority=Priority.PERFORMANT,
     predicate=supported,
 )

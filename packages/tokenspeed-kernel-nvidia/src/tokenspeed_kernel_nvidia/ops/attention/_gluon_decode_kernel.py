@@ -27,22 +27,33 @@ LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
+def _row_offsets(page, slot, kv_head, offs_d, stride_p, stride_t, stride_h):
+    """Element offsets ``[BLOCK_N, D]`` of one KV head's rows in a (possibly strided) cache.
+    The registration admits only 16-byte aligned caches (``kv_align`` 16), so every row
+    starts on a multiple of 8 elements: the copies stay 16 bytes wide."""
+    row = page * stride_p + slot * stride_t + kv_head * stride_h
+    offs = gl.expand_dims(row, 1) + gl.expand_dims(offs_d, 0)
+    return gl.max_contiguous(gl.multiple_of(offs, [1, 8]), [1, 8])
+
+
+@gluon.jit
 def _issue_tile(
     k_smem, v_smem, k_ptr, v_ptr, pt_row_ptr, kv_head, tile_start, kv_end,
-    PAGE: gl.constexpr, HKV: gl.constexpr, D: gl.constexpr, BLOCK_N: gl.constexpr, LOAD: gl.constexpr,
+    k_stride_p, k_stride_t, k_stride_h, v_stride_p, v_stride_t, v_stride_h,
+    PAGE: gl.constexpr, D: gl.constexpr, BLOCK_N: gl.constexpr, LOAD: gl.constexpr,
 ):  # fmt: skip
     """Gather keys ``[tile_start, tile_start + BLOCK_N)`` (masked at ``kv_end``) of one KV
-    head into the given shared-memory slots with cp.async."""
+    head into the given shared-memory slots with cp.async (masked rows are zero-filled)."""
     offs_n = tile_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, LOAD))
     valid = offs_n < kv_end
     page = gl.load(pt_row_ptr + offs_n // PAGE, mask=valid, other=0).to(gl.int64)
-    row = (page * PAGE + offs_n % PAGE) * HKV + kv_head
-    offs = gl.expand_dims(row * D, 1) + gl.expand_dims(offs_d, 0)
-    offs = gl.max_contiguous(gl.multiple_of(offs, [1, 8]), [1, 8])
+    slot = offs_n % PAGE
+    k_offs = _row_offsets(page, slot, kv_head, offs_d, k_stride_p, k_stride_t, k_stride_h)
+    v_offs = _row_offsets(page, slot, kv_head, offs_d, v_stride_p, v_stride_t, v_stride_h)
     mask = gl.expand_dims(valid, 1)
-    async_copy.async_copy_global_to_shared(k_smem, k_ptr + offs, mask=mask)
-    async_copy.async_copy_global_to_shared(v_smem, v_ptr + offs, mask=mask)
+    async_copy.async_copy_global_to_shared(k_smem, k_ptr + k_offs, mask=mask)
+    async_copy.async_copy_global_to_shared(v_smem, v_ptr + v_offs, mask=mask)
 
 
 @gluon.jit
@@ -89,7 +100,8 @@ def _combine_group(
 def decode_kernel(
     q_ptr, k_ptr, v_ptr, page_table_ptr, seqlens_ptr, part_out_ptr, part_lse_ptr,
     sinks_ptr, out_ptr, lse_ptr, count_ptr,
-    pt_stride, sm_scale, logit_cap, window_left,
+    pt_stride, k_stride_p, k_stride_t, k_stride_h, v_stride_p, v_stride_t, v_stride_h,
+    sm_scale, logit_cap, window_left,
     HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_CAP: gl.constexpr,
     LOAD: gl.constexpr, SMEM: gl.constexpr, MMA: gl.constexpr,
@@ -98,7 +110,8 @@ def decode_kernel(
     """Partial attention of one (sequence, KV head, split); with ``FUSED`` the last split
     of the (sequence, KV head) to finish also merges them into ``out``.
 
-    q: ``[B, HQ, D]``; k/v: ``[pages, PAGE, HKV, D]``; page_table int32 ``[B, pt_stride]``;
+    q: ``[B, HQ, D]``; k/v: ``[pages, PAGE, HKV, D]`` with element strides
+    ``(k|v)_stride_(p|t|h)`` (any, 16-byte multiples) and 1; page_table int32 ``[B, pt_stride]``;
     seqlens int32 ``[B]``; part_out float32 ``[B, HQ, SPLITS, D]``; part_lse float32
     ``[B, HQ, SPLITS]`` (``-inf`` for an empty split). ``FUSED`` only: sinks float32
     ``[HQ]`` (``HAS_SINKS``), out ``[B, HQ, D]`` in q's dtype, lse float32 ``[B, HQ]``
@@ -135,8 +148,8 @@ def decode_kernel(
 
     for st in gl.static_range(STAGES - 1):
         _issue_tile(k_smem.index(st), v_smem.index(st), k_ptr, v_ptr, pt_row_ptr, kv_head,
-                    start + st * BLOCK_N, end,
-                    PAGE, HKV, D, BLOCK_N, LOAD)  # fmt: skip
+                    start + st * BLOCK_N, end, k_stride_p, k_stride_t, k_stride_h, v_stride_p, v_stride_t,
+                    v_stride_h, PAGE, D, BLOCK_N, LOAD)  # fmt: skip
         async_copy.commit_group()
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, MMA))
@@ -151,8 +164,8 @@ def decode_kernel(
         nxt = t + STAGES - 1
         slot_n = nxt % STAGES
         _issue_tile(k_smem.index(slot_n), v_smem.index(slot_n), k_ptr, v_ptr, pt_row_ptr, kv_head,
-                    start + nxt * BLOCK_N, end,
-                    PAGE, HKV, D, BLOCK_N, LOAD)  # fmt: skip
+                    start + nxt * BLOCK_N, end, k_stride_p, k_stride_t, k_stride_h, v_stride_p, v_stride_t,
+                    v_stride_h, PAGE, D, BLOCK_N, LOAD)  # fmt: skip
         async_copy.commit_group()
 
         slot = t % STAGES

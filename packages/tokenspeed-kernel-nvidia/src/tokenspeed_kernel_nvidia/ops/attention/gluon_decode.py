@@ -134,8 +134,9 @@ def _partials(device: torch.device, batch: int, heads: int, splits: int, head_di
     archs=("sm_90",),
     capabilities=("cp_async",),
     dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
-    shapes={"head_dim": HEAD_DIMS, "page_size": PAGE_SIZES},
-    features=("sinks", "sliding_window", "logit_cap", "return_lse"),
+    # Strided caches too, when 16-byte aligned (the cp.async copies are 16 bytes wide).
+    shapes={"head_dim": HEAD_DIMS, "page_size": PAGE_SIZES, "kv_align": (16,)},
+    features=("sinks", "sliding_window", "logit_cap", "return_lse", "strided_kv"),
     priority=Priority.OPT_IN,
     # First where it was measured faster, at GPT-OSS's head dim (FIRST_AT_BATCHES).
     rank_when=({"batch_bucket": FIRST_AT_BATCHES, "head_dim": (64,)}, Priority.PERFORMANT),
@@ -170,7 +171,7 @@ def gluon_decode(args: DecodeArgs) -> None:
     decode_kernel[(batch, num_kv_heads, splits)](
         args.q, args.k_cache, args.v_cache, args.page_table, args.cache_seqlens, part_out, part_lse,
         sinks, args.out, lse, count,
-        args.page_table.stride(0), float(args.softmax_scale), float(args.logit_cap) or 1.0, window,
+        args.page_table.stride(0), *args.k_cache.stride()[:3], *args.v_cache.stride()[:3], float(args.softmax_scale), float(args.logit_cap) or 1.0, window,
         HQ=num_q_heads, HKV=num_kv_heads, G=num_q_heads // num_kv_heads, D=head_dim, PAGE=page_size,
         SPLITS=splits, BLOCK_N=cfg.block_n, STAGES=cfg.stages, HAS_CAP=args.logit_cap > 0,
         LOAD=load, SMEM=smem, MMA=mma, FUSED=fused, HAS_SINKS=args.sinks is not None,

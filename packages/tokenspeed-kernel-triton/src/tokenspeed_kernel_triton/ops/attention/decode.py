@@ -23,7 +23,7 @@ from tokenspeed_kernel_triton.ops.attention._launch import launch, num_splits
     vendors=VENDORS,
     dtypes={"q": Q_DTYPES, "kv": KV_DTYPES},
     shapes={"head_dim": HEAD_DIMS, "page_size": PAGE_SIZES},
-    features=(*COMMON_FEATURES, "fp8_kv", "spec_decode"),
+    features=(*COMMON_FEATURES, "fp8_kv", "spec_decode", "strided_kv"),
     priority=Priority.PORTABLE,
     predicate=same_head_dims,
 )

@@ -65,7 +65,7 @@ def _store_rows(
     vendors=VENDORS,
     dtypes={"kv": Q_DTYPES, "cache": (*Q_DTYPES, torch.float8_e4m3fn)},
     shapes={"page_size": PAGE_SIZES},
-    features=("fp8_kv",),
+    features=("fp8_kv", "strided_kv"),  # any cache strides (the head dim has stride 1)
     priority=Priority.PORTABLE,
 )
 def triton_store_kvcache(args: StoreArgs) -> None:

@@ -20,9 +20,20 @@ weights are streamed by enough programs to fill the GPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-__all__ = ["MAX_SPLITS", "MIN_SPLIT_STEPS", "SPLIT_PROGRAMS_PER_SM", "Tile", "pick_tile", "split_k", "tiles_for"]
+__all__ = [
+    "MAX_SPLITS",
+    "MIN_SPLIT_STEPS",
+    "SMEM_BUDGET",
+    "SPLIT_PROGRAMS_PER_SM",
+    "Tile",
+    "fit_shared",
+    "pick_tile",
+    "split_k",
+    "staged_bytes",
+    "tiles_for",
+]
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,30 @@ _TABLE: tuple[tuple[str, str, float, Tile], ...] = (
     ("rocm", "mx_dot", float("inf"), Tile(64, 64, 128, 8, 4, 2)),
 )
 
+# Shared memory a tile may stage (bytes): the table's rows are sized for 16-bit activations;
+# float32 x doubles the staged bytes, so a row is shrunk (fewer stages, then a shorter K
+# step) until it fits. H100: 227 KiB per block, some kept for the epilogue; gfx942: 64 KiB.
+SMEM_BUDGET = {"cuda": 200 * 1024, "rocm": 64 * 1024}
+
+
+def staged_bytes(tile: Tile, elem_bytes: int) -> int:
+    """Shared memory of the layer-1 main loop: ``num_stages - 1`` buffered K steps of the x
+    tile and the two weight tiles (gate and up), in the activations' element size (the
+    weights are converted to it; MXFP4/fp8 weights stage fewer bytes, so this bounds them)."""
+    return (tile.num_stages - 1) * (tile.block_m + 2 * tile.block_n) * tile.block_k * elem_bytes
+
+
+def fit_shared(tile: Tile, elem_bytes: int, vendor: str) -> Tile:
+    """``tile`` shrunk until :func:`staged_bytes` fits ``SMEM_BUDGET``: stages down to 2,
+    then the K step down to 16; unchanged when it fits (every 16-bit row of the table)."""
+    budget = SMEM_BUDGET["rocm" if vendor == "rocm" else "cuda"]
+    while staged_bytes(tile, elem_bytes) > budget and tile.num_stages > 2:
+        tile = replace(tile, num_stages=tile.num_stages - 1)
+    while staged_bytes(tile, elem_bytes) > budget and tile.block_k > 16:
+        tile = replace(tile, block_k=tile.block_k // 2)
+    return tile
+
+
 # Split-K (the dot_scaled kernel only): split while the grid has fewer than
 # SPLIT_PROGRAMS_PER_SM programs per SM, each split keeping >= MIN_SPLIT_STEPS K steps.
 SPLIT_PROGRAMS_PER_SM = 8
@@ -80,14 +115,15 @@ def _keys(vendor: str, weight_format: str) -> tuple[str, str]:
     return ("rocm" if vendor == "rocm" else "cuda", _KINDS.get(weight_format, "dense"))
 
 
-def pick_tile(num_pairs: int, num_experts: int, vendor: str, weight_format: str = "plain") -> Tile:
+def pick_tile(num_pairs: int, num_experts: int, vendor: str, weight_format: str = "plain", elem_bytes: int = 2) -> Tile:
     """The tile for ``num_pairs = T * top_k`` rows over ``num_experts`` local experts on
     ``vendor`` (``"cpu"``, i.e. the interpreter, uses the NVIDIA table) for weights of
     ``weight_format`` (``"mxfp4"``, ``"mxfp4_dot"`` for the dot_scaled kernel, or anything
-    else)."""
+    else) and activations of ``elem_bytes`` bytes (:func:`fit_shared`)."""
     table, kind = _keys(vendor, weight_format)
     rows = num_pairs / max(num_experts, 1)
-    return next(tile for v, w, bound, tile in _TABLE if (v, w) == (table, kind) and rows <= bound)
+    tile = next(tile for v, w, bound, tile in _TABLE if (v, w) == (table, kind) and rows <= bound)
+    return fit_shared(tile, elem_bytes, table)
 
 
 def tiles_for(vendor: str, weight_format: str = "plain") -> tuple[Tile, ...]:

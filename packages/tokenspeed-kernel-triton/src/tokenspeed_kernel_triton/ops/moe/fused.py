@@ -187,7 +187,9 @@ def fused_moe(args: MoEApplyArgs, tile: Tile | None = None, combine: str = "redu
     prepared = args.prepared if isinstance(args.prepared, PreparedMoE) else None
     ops = prepared or PreparedMoE(_operand(args.w13), _operand(args.w2))
     weights = "mxfp4" if ops.w13.fmt == MXFP4 else "plain"
-    tile = tile or pick_tile(args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), weights)
+    tile = tile or pick_tile(
+        args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), weights, args.x.element_size()
+    )
     layer = functools.partial(_gemm, fp8_act=True) if args.activation_quant == "fp8" else _gemm
     run_moe(args, ops.w13, ops.w2, tile, layer, combine)
 

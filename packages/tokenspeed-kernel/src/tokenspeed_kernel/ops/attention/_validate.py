@@ -18,9 +18,11 @@ from tokenspeed_kernel.ops._checks import (
     check_int,
     check_optional_tensor,
     check_override,
+    check_paged_layout,
     check_same_device,
     check_tensor,
     dtype_name,
+    kv_align,
 )
 from tokenspeed_kernel.ops.attention.args import Heads
 
@@ -164,6 +166,24 @@ def check_kv_scales(
     return None, None
 
 
+def cache_layout(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[bool, int | None]:
+    """A checked cache pair's layout facts for the selector: whether either cache is strided
+    (not contiguous; request feature ``strided_kv``) and, for strided caches only, their byte
+    alignment (shape key ``kv_align``). A contiguous cache's alignment follows from its head
+    dims and dtype, which the request already carries, so it has no ``kv_align``."""
+    if k_cache.is_contiguous() and v_cache.is_contiguous():
+        return False, None
+    return True, kv_align(k_cache, v_cache)
+
+
+def check_paged_cache_pair(k_cache: object, v_cache: object) -> None:
+    """Both caches 4-D, of a KV dtype, stride 1 in the head dim (other strides free)."""
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES, contiguous=False)
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=KV_CACHE_DTYPES, contiguous=False)
+    check_paged_layout("k_cache", k_cache)  # type: ignore[arg-type]
+    check_paged_layout("v_cache", v_cache)  # type: ignore[arg-type]
+
+
 def check_paged_cache(
     q: torch.Tensor,
     k_cache: object,
@@ -174,9 +194,12 @@ def check_paged_cache(
     v_scale: object,
     batch: int,
 ) -> tuple[Heads, int, torch.Tensor | None, torch.Tensor | None]:
-    """Check a paged cache and its tables; return heads, page size and the fp8 scales."""
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES)
-    check_tensor("v_cache", v_cache, ndim=4, dtypes=KV_CACHE_DTYPES)
+    """Check a paged cache and its tables; return heads, page size and the fp8 scales.
+
+    ``k_cache``/``v_cache`` may be strided views (vLLM's interleaved K|V rows, an HND cache
+    transposed, one half of a stacked K/V pool): any page/token/head strides, stride 1 in
+    the head dim (:func:`~tokenspeed_kernel.ops._checks.check_paged_layout`)."""
+    check_paged_cache_pair(k_cache, v_cache)
     assert isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor)
     if v_cache.dtype != k_cache.dtype:
         raise TypeError(

@@ -34,6 +34,7 @@ from tokenspeed_kernel.ops._checks import (
 from tokenspeed_kernel.ops._dispatch import dispatch
 from tokenspeed_kernel.ops.attention import _custom_ops  # noqa: F401  (defines torch.ops.tokenspeed_kernel.mha_*)
 from tokenspeed_kernel.ops.attention._validate import (
+    cache_layout,
     check_cu_seqlens,
     check_decode,
     check_heads,
@@ -67,6 +68,8 @@ def attention_request(
     capturable: bool = False,
     batch: int | None = None,
     max_seqlen_q: int | None = None,
+    strided_kv: bool = False,
+    kv_align: int | None = None,
 ) -> Request:
     """The selector request of an attention call, built from plain shapes (public: ask
     ``select``/``explain`` which kernel would serve a model's calls before making them).
@@ -84,11 +87,15 @@ def attention_request(
             two >= ``batch``, which kernels may be ranked by (``rank_when``).
         max_seqlen_q: the longest query length (prefill): adds ``max_seqlen_q_bucket``, the
             next power of two >= ``max_seqlen_q``, which kernels may be ranked by.
+        strided_kv: the paged caches are strided views, not contiguous (extend, decode).
+        kv_align: the strided caches' byte alignment, a power of two <= 16 (see
+            ``tokenspeed_kernel.ops._checks.kv_align``); the public call gives it with
+            ``strided_kv`` only.
 
     Features: ``non_causal``, ``sliding_window``, ``sinks``, ``logit_cap``, ``return_lse``,
-    ``fp8_kv`` (an fp8 cache), ``spec_decode`` (``q_len > 1``). Shapes: head dims, head
-    counts, ``window_left`` when windowed, and ``page_size`` / ``q_len`` where the operator
-    has them, ``batch_bucket`` / ``max_seqlen_q_bucket`` when ``batch`` / ``max_seqlen_q`` is
+    ``fp8_kv`` (an fp8 cache), ``spec_decode`` (``q_len > 1``), ``strided_kv``. Shapes: head
+    dims, head counts, ``window_left`` when windowed, and ``page_size`` / ``kv_align`` /
+    ``q_len`` where the operator has them, ``batch_bucket`` / ``max_seqlen_q_bucket`` when ``batch`` / ``max_seqlen_q`` is
     given. It is exactly the request the public call builds for the same arguments.
     """
     flags = (
@@ -99,6 +106,7 @@ def attention_request(
         ("return_lse", return_lse),
         ("fp8_kv", kv_dtype == torch.float8_e4m3fn),
         ("spec_decode", q_len is not None and q_len > 1),
+        ("strided_kv", strided_kv),
     )
     shapes = [
         ("head_dim", heads.head_dim),
@@ -106,7 +114,8 @@ def attention_request(
         ("num_kv_heads", heads.num_kv_heads),
         ("num_q_heads", heads.num_q_heads),
     ]
-    shapes += [(key, value) for key, value in (("page_size", page_size), ("q_len", q_len)) if value is not None]
+    optional = (("page_size", page_size), ("kv_align", kv_align), ("q_len", q_len))
+    shapes += [(key, value) for key, value in optional if value is not None]
     if window_left >= 0:
         shapes.append(("window_left", window_left))
     if batch is not None:
@@ -178,18 +187,21 @@ def _checked(
     q_len: int | None = None,
     batch: int | None = None,
     max_seqlen_q: int | None = None,
+    caches: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> _Checked:
     """The check every attention operator's full checks end with (``out`` against
     ``out_shape``), then the facts its call key remembers: the derived ``heads``/``scale``,
-    the selector request of ``op`` (None while tracing: the custom op selects when it runs),
-    the page size (0 for prefill), whether the cache is fp8, ``q_len`` (decode)."""
+    the selector request of ``op`` (None while tracing: the custom op selects when it runs;
+    ``caches``: the paged K/V whose layout it carries), the page size (0 for prefill),
+    whether the cache is fp8, ``q_len`` (decode)."""
     check_out(out, out_shape, q)
     request = None
     if not compiling:
+        strided, align = (False, None) if caches is None else cache_layout(*caches)
         request = attention_request(
             op, q_dtype=q.dtype, kv_dtype=kv_dtype, heads=heads, causal=causal, window_left=window_left,
             sinks=sinks is not None, logit_cap=logit_cap, return_lse=return_lse, page_size=page_size or None, q_len=q_len,
-            batch=batch, max_seqlen_q=max_seqlen_q,
+            batch=batch, max_seqlen_q=max_seqlen_q, strided_kv=strided, kv_align=align,
         )  # fmt: skip
     return _Checked(heads, scale, request, page_size, kv_dtype == torch.float8_e4m3fn, q_len or 1)
 
@@ -198,6 +210,7 @@ def _check_ragged_rest(
     op: str, q: torch.Tensor, kv_dtype: torch.dtype, heads: Heads, max_seqlen_q: object, max_seqlen_k: object, *,
     causal: object, softmax_scale: object, window_left: object, sinks: object, logit_cap: object, return_lse: object,
     out: object, override: object, compiling: bool, page_size: int = 0,
+    caches: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> _Checked:  # fmt: skip
     """The checks :func:`mha_prefill` and :func:`mha_extend_with_kvcache` end with, after
     their tensors: host bounds and ``causal``, the options, ``out`` ``[total_q, Hq, Dv]``;
@@ -210,7 +223,7 @@ def _check_ragged_rest(
     return _checked(
         op, q, kv_dtype, heads, scale, out, (q.shape[0], heads.num_q_heads, heads.head_dim_v), compiling=compiling,
         causal=causal, window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse,
-        page_size=page_size, max_seqlen_q=max_seqlen_q if op == "attention.prefill" else None,
+        page_size=page_size, max_seqlen_q=max_seqlen_q if op == "attention.prefill" else None, caches=caches,
     )  # fmt: skip
 
 
@@ -388,8 +401,10 @@ def mha_extend_with_kvcache(
     Args:
         q: ``[total_q, Hq, D]`` bf16/fp16/fp32; the chunk of sequence ``b`` is rows
             ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and sits at the END of the sequence.
-        k_cache: ``[num_pages, page_size, Hkv, D]``, q's dtype or float8_e4m3fn.
-        v_cache: ``[num_pages, page_size, Hkv, Dv]``, k_cache's dtype.
+        k_cache: ``[num_pages, page_size, Hkv, D]``, q's dtype or float8_e4m3fn; any
+            page/token/head strides (a strided view of an engine's cache is served in place,
+            never copied), stride 1 in the head dim.
+        v_cache: ``[num_pages, page_size, Hkv, Dv]``, k_cache's dtype, same rules.
         page_table: int32 ``[batch, max_pages_per_seq]``: token ``j`` of sequence ``b`` is at
             ``cache[page_table[b, j // page_size], j % page_size]``.
         cu_seqlens_q: int32 ``[batch + 1]``.
@@ -508,7 +523,7 @@ def _check_extend(
     return _check_ragged_rest(
         "attention.extend", q, k_cache.dtype, heads, max_seqlen_q, max_seqlen_k, causal=causal,
         softmax_scale=softmax_scale, window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse,
-        out=out, override=override, compiling=compiling, page_size=page_size,
+        out=out, override=override, compiling=compiling, page_size=page_size, caches=(k_cache, v_cache),
     )  # fmt: skip
 
 
@@ -648,5 +663,5 @@ def _check_decode_call(
     return _checked(
         "attention.decode", q, k_cache.dtype, heads, scale, out, (*q.shape[:-1], heads.head_dim_v),
         compiling=compiling, window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse,
-        page_size=page_size, q_len=q_len, batch=q4.shape[0],
+        page_size=page_size, q_len=q_len, batch=q4.shape[0], caches=(k_cache, v_cache),
     )  # fmt: skip

@@ -7,7 +7,11 @@ and hand a kernel one of these objects. A kernel reads the inputs and writes ``o
 
 Notation: ``Hq`` query heads, ``Hkv`` KV heads (``Hq % Hkv == 0``; query head ``h`` reads
 KV head ``h // (Hq // Hkv)``), ``D`` the q/k head dim, ``Dv`` the v head dim, ``P`` the
-page size. Every tensor is contiguous and on one device.
+page size. Every tensor is on one device and contiguous, except the paged caches: a
+``k_cache``/``v_cache`` may be a strided view (any page, token and head strides; stride 1 in
+the head dim), to be read or written through its strides. A kernel that needs contiguous
+caches omits the ``strided_kv`` feature; one that needs 16-byte aligned strides restricts
+the ``kv_align`` shape key to ``(16,)``.
 
 Shared semantics: ``logits = softmax_scale * q.k``; if ``logit_cap > 0`` logits become
 ``logit_cap * tanh(logits / logit_cap)``; a query at absolute position ``i`` sees key ``j``
@@ -88,8 +92,11 @@ class ExtendArgs:
         q: ``[total_q, Hq, D]``; sequence ``b`` owns rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``
             and they are its LAST positions: query ``t`` of the chunk sits at absolute
             position ``cache_seqlens[b] - q_len_b + t``.
-        k_cache: ``[num_pages, P, Hkv, D]``, q's dtype or float8_e4m3fn.
-        v_cache: ``[num_pages, P, Hkv, Dv]``, k_cache's dtype.
+        k_cache: ``[num_pages, P, Hkv, D]``, q's dtype or float8_e4m3fn; possibly strided
+            (see the module docstring): address ``k_cache.stride(0..2)``, never assume
+            ``Hkv * D`` rows.
+        v_cache: ``[num_pages, P, Hkv, Dv]``, k_cache's dtype; its strides may differ from
+            k_cache's.
         page_table: int32 ``[batch, max_pages_per_seq]``; token ``j`` of sequence ``b`` lives
             at ``k_cache[page_table[b, j // P], j % P]``. Entries past the sequence are unused.
         cu_seqlens_q: int32 ``[batch + 1]``.

@@ -37,9 +37,10 @@ from tokenspeed_kernel import config
 from tokenspeed_kernel.ops._checks import ACT_DTYPES, check_int, check_tensor, dtype_name
 from tokenspeed_kernel.ops._dispatch import capture_signature, check_capturable, is_capturing, record
 from tokenspeed_kernel.ops.attention._validate import (
-    KV_CACHE_DTYPES,
+    cache_layout,
     check_decode,
     check_out,
+    check_paged_cache_pair,
     debug_check_pages,
 )
 from tokenspeed_kernel.ops.attention.api import _result, _signature, attention_request
@@ -65,7 +66,8 @@ class DecodePlan:
         kernel: the selected kernel's name.
         spec: the selected :class:`~tokenspeed_kernel.registry.KernelSpec`.
         request: the selection request (``capturable`` as asked).
-        k_cache: ``[num_pages, P, Hkv, D]``. v_cache: ``[num_pages, P, Hkv, Dv]``.
+        k_cache: ``[num_pages, P, Hkv, D]``. v_cache: ``[num_pages, P, Hkv, Dv]``. Either
+            may be a strided view (stride 1 in the head dim), as in the functional call.
         page_table: int32 ``[batch, max_pages_per_seq]``; cache_seqlens: int32 ``[batch]``,
             tokens in the cache INCLUDING the ``q_len`` new ones. The engine rewrites both in
             place (same tensors, same addresses) and calls :meth:`update` before each run
@@ -229,8 +231,9 @@ def mha_decode_plan(
     passed, since it only exists inside the step:
 
     Args:
-        k_cache: ``[num_pages, P, Hkv, D]`` bf16/fp16/fp32 or float8_e4m3fn.
-        v_cache: ``[num_pages, P, Hkv, Dv]``, k_cache's dtype.
+        k_cache: ``[num_pages, P, Hkv, D]`` bf16/fp16/fp32 or float8_e4m3fn; any
+            page/token/head strides, stride 1 in the head dim (never copied).
+        v_cache: ``[num_pages, P, Hkv, Dv]``, k_cache's dtype, same layout rules.
         page_table: int32 ``[batch, max_pages_per_seq]``; cache_seqlens: int32 ``[batch]``.
             Both are kept by the plan: rewrite them in place, then call ``plan.update()``.
         max_seqlen_k: host bound of ``cache_seqlens`` (for a captured step, the capacity).
@@ -246,7 +249,7 @@ def mha_decode_plan(
     Returns:
         A :class:`DecodePlan`; ``plan.run(q)`` is the per-step call.
     """
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES)
+    check_paged_cache_pair(k_cache, v_cache)
     check_tensor("page_table", page_table, ndim=2, dtypes=(torch.int32,))
     check_int("num_q_heads", num_q_heads, min_value=1)
     check_int("q_len", q_len, min_value=1)
@@ -268,10 +271,11 @@ def mha_decode_plan(
     )  # fmt: skip
     if config.debug():
         debug_check_pages(page_table, cache_seqlens, [q_len] * batch, page_size, k_cache.shape[0], max_seqlen_k)
+    strided, align = cache_layout(k_cache, v_cache)
     request = attention_request(
         "attention.decode", q_dtype=q_dtype, kv_dtype=k_cache.dtype, heads=heads, window_left=window_left,
         sinks=sinks is not None, logit_cap=logit_cap, return_lse=return_lse, page_size=page_size, q_len=q_len,
-        capturable=capturable, batch=batch,
+        capturable=capturable, batch=batch, strided_kv=strided, kv_align=align,
     )  # fmt: skip
     spec = select(request, platform_for(device), override)
     out_like = _placeholder((batch, q_len, heads.num_q_heads, heads.head_dim_v), q_dtype, device)

@@ -12,13 +12,14 @@ from tokenspeed_kernel.ops._checks import (
     call_key,
     call_table,
     check_override,
+    check_paged_layout,
     check_same_device,
     check_tensor,
     dtype_name,
     remember,
 )
 from tokenspeed_kernel.ops._dispatch import dispatch
-from tokenspeed_kernel.ops.attention._validate import KV_CACHE_DTYPES, check_kv_scales, kv_scales
+from tokenspeed_kernel.ops.attention._validate import KV_CACHE_DTYPES, cache_layout, check_kv_scales, kv_scales
 from tokenspeed_kernel.ops.kvcache import _custom_ops  # noqa: F401  (defines torch.ops.tokenspeed_kernel.store_kvcache)
 from tokenspeed_kernel.ops.kvcache.args import StoreArgs
 from tokenspeed_kernel.registry import Request
@@ -35,16 +36,23 @@ def store_request(
     head_dim_v: int,
     page_size: int,
     capturable: bool = False,
+    strided_kv: bool = False,
+    kv_align: int | None = None,
 ) -> Request:
     """The selector request of a ``store_kvcache`` call, built from plain shapes (public):
     ``kv_dtype`` of the new k/v rows, ``cache_dtype`` of the paged cache (feature ``fp8_kv``
     for float8_e4m3fn), ``Hkv``, ``D``, ``Dv``, ``P``; ``capturable`` admits only kernels
-    that can be captured in a CUDA graph."""
+    that can be captured in a CUDA graph; ``strided_kv``: the caches are strided views
+    (feature ``strided_kv``); ``kv_align``: their byte alignment (shape key, given by the
+    public call for strided caches only)."""
+    shapes = [("head_dim", head_dim), ("head_dim_v", head_dim_v), ("num_kv_heads", num_kv_heads)]
+    shapes += [("page_size", page_size)] + ([("kv_align", kv_align)] if kv_align is not None else [])
+    flags = (("fp8_kv", cache_dtype == torch.float8_e4m3fn), ("strided_kv", strided_kv))
     return Request(
         "kvcache.store",
         (("cache", cache_dtype), ("kv", kv_dtype)),
-        (("head_dim", head_dim), ("head_dim_v", head_dim_v), ("num_kv_heads", num_kv_heads), ("page_size", page_size)),
-        frozenset(("fp8_kv",)) if cache_dtype == torch.float8_e4m3fn else frozenset(),
+        tuple(sorted(shapes)),
+        frozenset(name for name, on in flags if on),
         capturable,
     )
 
@@ -64,8 +72,10 @@ def store_kvcache(
 
     Args:
         k: ``[num_tokens, Hkv, D]`` bf16/fp16/fp32. v: ``[num_tokens, Hkv, Dv]``, k's dtype.
-        k_cache: ``[num_pages, page_size, Hkv, D]``, k's dtype or float8_e4m3fn.
-        v_cache: ``[num_pages, page_size, Hkv, Dv]``, k_cache's dtype.
+        k_cache: ``[num_pages, page_size, Hkv, D]``, k's dtype or float8_e4m3fn; any
+            page/token/head strides, stride 1 in the head dim: a strided view of an engine's
+            cache is written in place.
+        v_cache: ``[num_pages, page_size, Hkv, Dv]``, k_cache's dtype, same layout rules.
         slot_mapping: int64 ``[num_tokens]``; slot = page * page_size + offset; a negative
             slot is padding and is skipped.
         k_scale, v_scale: required for an fp8 cache (float or one-element float32 tensor);
@@ -130,8 +140,14 @@ def _check_store(
     (None while tracing: the custom op selects when it runs)."""
     check_tensor("k", k, ndim=3, dtypes=ACT_DTYPES)
     check_tensor("v", v, ndim=3, dtypes=(k.dtype,), shape=(k.shape[0], k.shape[1], None))
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES, shape=(None, None, k.shape[1], k.shape[2]))
-    check_tensor("v_cache", v_cache, ndim=4, dtypes=(k_cache.dtype,), shape=(*k_cache.shape[:3], v.shape[2]))
+    check_tensor(
+        "k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES, shape=(None, None, k.shape[1], k.shape[2]), contiguous=False
+    )
+    check_tensor(
+        "v_cache", v_cache, ndim=4, dtypes=(k_cache.dtype,), shape=(*k_cache.shape[:3], v.shape[2]), contiguous=False
+    )
+    check_paged_layout("k_cache", k_cache)
+    check_paged_layout("v_cache", v_cache)
     check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int64,), shape=(k.shape[0],))
     check_same_device("k", k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
     if k_cache.dtype not in (k.dtype, torch.float8_e4m3fn):
@@ -142,6 +158,7 @@ def _check_store(
     check_override(override)
     if compiling:
         return None
+    strided, align = cache_layout(k_cache, v_cache)
     return store_request(
         kv_dtype=k.dtype,
         cache_dtype=k_cache.dtype,
@@ -149,4 +166,6 @@ def _check_store(
         head_dim=k.shape[2],
         head_dim_v=v.shape[2],
         page_size=k_cache.shape[1],
+        strided_kv=strided,
+        kv_align=align,
     )

@@ -16,8 +16,11 @@ class StoreArgs:
     Attributes:
         k: ``[num_tokens, Hkv, D]``, bf16/fp16/fp32.
         v: ``[num_tokens, Hkv, Dv]``, k's dtype.
-        k_cache: ``[num_pages, P, Hkv, D]``, k's dtype or float8_e4m3fn; written in place.
-        v_cache: ``[num_pages, P, Hkv, Dv]``, k_cache's dtype; written in place.
+        k_cache: ``[num_pages, P, Hkv, D]``, k's dtype or float8_e4m3fn; written in place,
+            possibly a strided view (any page/token/head strides, stride 1 in the head dim;
+            kernels without the ``strided_kv`` feature get contiguous caches only).
+        v_cache: ``[num_pages, P, Hkv, Dv]``, k_cache's dtype; written in place; its strides
+            may differ from k_cache's.
         slot_mapping: int64 ``[num_tokens]``; token ``t`` goes to page ``slot // P``, offset
             ``slot % P``; a negative slot means padding and is skipped.
         k_scale / v_scale: float32 ``[1]`` for an fp8 cache (stored = value / scale,

@@ -17,15 +17,34 @@ from typing import Any
 
 import torch
 
+from tokenspeed_kernel.ops.attention._validate import cache_layout
 from tokenspeed_kernel.ops.attention.api import attention_request
 from tokenspeed_kernel.ops.attention.args import DecodeArgs, ExtendArgs, Heads, PrefillArgs
 from tokenspeed_kernel.ops.kvcache.api import store_request
 from tokenspeed_kernel.ops.kvcache.args import StoreArgs
 from tokenspeed_kernel.registry import Request
 
-__all__ = ["OPS", "AttentionCase", "awkward_cases", "call", "make_inputs", "reference", "relayout", "request"]
+__all__ = [
+    "CACHE_LAYOUTS",
+    "OPS",
+    "AttentionCase",
+    "awkward_cases",
+    "call",
+    "make_inputs",
+    "reference",
+    "relayout",
+    "request",
+]
 
 OPS = ("attention.prefill", "attention.extend", "attention.decode", "kvcache.store")
+# How a paged case stores its caches (the views the public call receives; same values):
+#   nhd      contiguous [num_pages, P, Hkv, D] K and V
+#   hnd      [num_pages, Hkv, P, D] storage, passed as its transpose(1, 2)
+#   vllm     one [num_pages, Hkv, P, D + Dv] tensor, K = .transpose(1, 2)[..., :D] and
+#            V = [..., D:] (vLLM's interleaved rows)
+#   stacked  one [num_pages, 2, P, Hkv, max(D, Dv)] pool, K = pool[:, 0, ..., :D] and
+#            V = pool[:, 1, ..., :Dv] (a stacked NHD K/V pool, split in two)
+CACHE_LAYOUTS = ("nhd", "hnd", "vllm", "stacked")
 _PAGED = ("attention.extend", "attention.decode", "kvcache.store")
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float8_e4m3fn: "fp8"}
 _FP8_SCALE = 0.05  # stored = value / scale: unit-variance K/V use a good part of e4m3's range
@@ -51,6 +70,7 @@ class AttentionCase:
     logit_cap: float = 0.0
     return_lse: bool = False
     name: str = ""
+    cache_layout: str = "nhd"
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -63,6 +83,8 @@ class AttentionCase:
             raise ValueError("AttentionCase: the cache must hold the new tokens (seqlens_q <= seqlens_k)")
         if self.op == "attention.decode" and len(set(self.seqlens_q)) != 1:
             raise ValueError("AttentionCase: decode needs the same q_len for every sequence")
+        if self.cache_layout not in CACHE_LAYOUTS or (self.cache_layout != "nhd" and self.op not in _PAGED):
+            raise ValueError(f"AttentionCase.cache_layout must be one of {CACHE_LAYOUTS} (paged operators only)")
 
     @property
     def batch(self) -> int:
@@ -87,7 +109,7 @@ class AttentionCase:
             _DTYPE_NAMES.get(self.dtype, str(self.dtype)),
         ]
         if self.op in _PAGED:
-            parts.append(f"P={self.page_size}")
+            parts.append(f"P={self.page_size}" + ("" if self.cache_layout == "nhd" else f" {self.cache_layout}"))
         if self.kv_dtype is not None:
             parts.append(f"kv={_DTYPE_NAMES.get(self.kv_dtype, str(self.kv_dtype))}")
         if not self.causal:
@@ -145,8 +167,20 @@ class AttentionCase:
         return float(q_bytes + out_bytes + kv_bytes)
 
 
+def _layout_facts(case: AttentionCase) -> tuple[bool, int | None]:
+    """``(strided_kv, kv_align)`` of the case's caches, from views of meta tensors (no memory)."""
+    if case.op not in _PAGED:
+        return False, None
+    shape = (2, case.page_size, case.num_kv_heads)  # two pages: a page stride that matters
+    meta = torch.device("meta")
+    k = torch.empty(*shape, case.head_dim, dtype=case.cache_dtype, device=meta)
+    v = torch.empty(*shape, case.dv, dtype=case.cache_dtype, device=meta)
+    return cache_layout(*lay_out_caches(k, v, case.cache_layout))
+
+
 def request(case: AttentionCase) -> Request:
     """The selector request the public operator builds for this case (no tensors needed)."""
+    strided, align = _layout_facts(case)
     if case.op == "kvcache.store":
         return store_request(
             kv_dtype=case.dtype,
@@ -155,6 +189,8 @@ def request(case: AttentionCase) -> Request:
             head_dim=case.head_dim,
             head_dim_v=case.dv,
             page_size=case.page_size,
+            strided_kv=strided,
+            kv_align=align,
         )
     return attention_request(
         case.op,
@@ -170,11 +206,34 @@ def request(case: AttentionCase) -> Request:
         q_len=case.seqlens_q[0] if case.op == "attention.decode" else None,
         batch=len(case.seqlens_q) if case.op == "attention.decode" else None,
         max_seqlen_q=max(case.seqlens_q, default=0) if case.op == "attention.prefill" else None,
+        strided_kv=strided,
+        kv_align=align,
     )
 
 
 def _cu(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+
+def lay_out_caches(k: torch.Tensor, v: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contiguous caches ``k [num_pages, P, Hkv, D]``, ``v [num_pages, P, Hkv, Dv]`` as the
+    strided views of ``layout`` (:data:`CACHE_LAYOUTS`), holding the same values (public:
+    tests and tools build engine-shaped caches with it). The stacked pool's padding past
+    ``D``/``Dv`` holds NaN, which no kernel may read."""
+    d, dv = k.shape[-1], v.shape[-1]
+    if layout == "nhd":
+        return k, v
+    if layout == "hnd":
+        return k.transpose(1, 2).contiguous().transpose(1, 2), v.transpose(1, 2).contiguous().transpose(1, 2)
+    if layout == "vllm":
+        rows = torch.cat([k, v], dim=-1).transpose(1, 2).contiguous().transpose(1, 2)
+        return rows[..., :d], rows[..., d:]
+    if layout == "stacked":
+        pool = torch.full((k.shape[0], 2, *k.shape[1:3], max(d, dv)), float("nan"), dtype=k.dtype, device=k.device)
+        pool[:, 0, ..., :d] = k
+        pool[:, 1, ..., :dv] = v
+        return pool[:, 0, ..., :d], pool[:, 1, ..., :dv]
+    raise ValueError(f"cache layout must be one of {CACHE_LAYOUTS}, got {layout!r}")
 
 
 def _paged(case: AttentionCase, gen: torch.Generator, device: torch.device) -> dict[str, Any]:
@@ -199,6 +258,7 @@ def _paged(case: AttentionCase, gen: torch.Generator, device: torch.device) -> d
         k, v = (k / _FP8_SCALE).to(torch.float8_e4m3fn), (v / _FP8_SCALE).to(torch.float8_e4m3fn)
     else:
         k, v = k.to(case.cache_dtype), v.to(case.cache_dtype)
+    k, v = lay_out_caches(k, v, case.cache_layout)
     inputs |= {"k_cache": k, "v_cache": v}
     return inputs
 
@@ -425,7 +485,8 @@ def awkward_cases(op: str, dtype: torch.dtype = torch.bfloat16) -> list[Attentio
     """Small awkward shapes (CPU / interpreter sized, <= ~300 tokens) covering every option:
     ragged lengths including 1, partial pages, page sizes 1/16/64, GQA 1/4/8 and MQA,
     windows (incl. 0), sinks, logit cap, LSE, Dv != D, non-causal, speculative decode, fp8 KV,
-    and empty sequences (no queries, or no keys: a row that sees only the sink). New cases are
+    empty sequences (no queries, or no keys: a row that sees only the sink), and strided
+    caches (every :data:`CACHE_LAYOUTS` layout but ``nhd``). New cases are
     appended, so the index of an existing case stays put."""
     fp8 = torch.float8_e4m3fn
     if op == "attention.prefill":
@@ -512,6 +573,34 @@ def awkward_cases(op: str, dtype: torch.dtype = torch.bfloat16) -> list[Attentio
             AttentionCase(
                 op, (0, 5, 1), (12, 5, 1), 4, 1, 32, page_size=8, dtype=dtype, return_lse=True, name="empty_chunk"
             ),
+            AttentionCase(
+                op,
+                (9, 1),
+                (40, 23),
+                8,
+                2,
+                64,
+                page_size=16,
+                dtype=dtype,
+                window_left=15,
+                sinks=True,
+                name="vllm_interleaved",
+                cache_layout="vllm",
+            ),
+            AttentionCase(
+                op,
+                (5, 12),
+                (21, 12),
+                4,
+                2,
+                64,
+                32,
+                page_size=8,
+                dtype=dtype,
+                return_lse=True,
+                name="stacked_dv",
+                cache_layout="stacked",
+            ),
         ]
     if op == "attention.decode":
         return [
@@ -560,11 +649,62 @@ def awkward_cases(op: str, dtype: torch.dtype = torch.bfloat16) -> list[Attentio
             AttentionCase(
                 op, (1,) * 3, (9, 16, 45), 16, 2, 64, 32, page_size=8, dtype=dtype, return_lse=True, name="gqa8_dv32"
             ),
+            AttentionCase(
+                op,
+                (1,) * 3,
+                (1, 40, 70),
+                8,
+                2,
+                64,
+                page_size=16,
+                dtype=dtype,
+                sinks=True,
+                window_left=20,
+                return_lse=True,
+                name="vllm_interleaved_sinks_window",
+                cache_layout="vllm",
+            ),
+            AttentionCase(
+                op, (1,) * 2, (33, 7), 8, 2, 64, page_size=8, dtype=dtype, name="hnd_gqa4", cache_layout="hnd"
+            ),
+            AttentionCase(
+                op,
+                (2,) * 2,
+                (18, 30),
+                4,
+                2,
+                64,
+                page_size=16,
+                dtype=dtype,
+                kv_dtype=fp8,
+                sinks=True,
+                name="stacked_fp8_spec",
+                cache_layout="stacked",
+            ),
         ]
     if op == "kvcache.store":
         return [
             AttentionCase(op, (5, 1, 16), (20, 1, 40), 2, 2, 64, page_size=16, dtype=dtype, name="store_ragged"),
             AttentionCase(op, (7, 3), (7, 9), 1, 1, 32, 16, page_size=1, dtype=dtype, name="store_page1_dv"),
             AttentionCase(op, (9,), (30,), 2, 2, 64, page_size=4, dtype=dtype, kv_dtype=fp8, name="store_fp8"),
+            AttentionCase(
+                op, (6, 2), (20, 9), 2, 2, 64, page_size=16, dtype=dtype, name="store_vllm", cache_layout="vllm"
+            ),
+            AttentionCase(
+                op, (4,), (11,), 2, 1, 32, 16, page_size=4, dtype=dtype, name="store_stacked_dv", cache_layout="stacked"
+            ),
+            AttentionCase(
+                op,
+                (5,),
+                (13,),
+                2,
+                2,
+                64,
+                page_size=8,
+                dtype=dtype,
+                kv_dtype=fp8,
+                name="store_hnd_fp8",
+                cache_layout="hnd",
+            ),
         ]
     raise ValueError(f"no attention cases for operator {op!r}; expected one of {OPS}")
