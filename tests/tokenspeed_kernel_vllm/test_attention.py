@@ -26,6 +26,8 @@ from support.vllm_attention import (
 )
 from support.vllm_env import make_vllm_config
 
+from tokenspeed_kernel import last_kernel
+
 NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK = 8, 2, 32, 16
 TOL = 1.6e-2  # bfloat16 activations and cache
 _names = itertools.count()
@@ -131,6 +133,7 @@ def test_mixed_batch_matches_float64(vllm_config, layout, window, sinks, logit_c
     )  # fmt: skip
     write_prefixes(step, kv_cache, HEAD_SIZE)
     metadata, output = _run(layer, builder, step, kv_cache)
+    assert last_kernel() == "triton_extend"  # strided vLLM caches served in place, not by the reference
     assert (metadata.num_decodes, metadata.num_prefills) == (2, 3)
     assert metadata.num_decode_tokens == 2 and metadata.num_prefill_tokens == 22
     assert metadata.decode_plans is None  # eager vLLM config: the functional decode call
@@ -180,6 +183,7 @@ def test_full_cudagraph_decode_runs_through_plans(tiny_model_dir):
     write_prefixes(step, kv_cache, HEAD_SIZE)
     metadata, output = _run(layer, builder, step, kv_cache)
     assert metadata.decode_plans is not None and len(metadata.decode_plans) == 1
+    assert last_kernel() == "triton_decode"  # a capturable kernel, on vLLM's strided cache
     _check(step, output, kv_cache, layer, window=None, sinks=True, logit_cap=None)
 
     # Next step: each sequence grew by the token just decoded; vLLM rewrites the same
@@ -266,3 +270,37 @@ def test_through_vllm_attention_forward(vllm_config):
         out = layer(step.q.flatten(1), step.k_new.flatten(1), step.v_new.flatten(1))
     out = out.view(-1, NUM_HEADS, HEAD_SIZE)
     _check(step, out, kv_cache, layer, window=8, sinks=True, logit_cap=None)
+
+
+def test_padded_full_graph_decode_batch(tiny_model_dir):
+    """A captured decode graph replays at its capture size: vLLM pads the batch with requests
+    of query length 0, seq_len 0, the null block and slot -1. The real rows match float64,
+    the padding rows come out finite (zeros) and nothing is written for them."""
+    from vllm.config import CUDAGraphMode
+
+    config = make_vllm_config(tiny_model_dir)
+    config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+    layer = _layer(config, window=8, sinks=True, logit_cap=None)
+    spec, builder = _builder(config, layer)
+    kv_cache = kv_cache_view(spec, 16, "LBNHC", torch.bfloat16)
+    real = [(9, 1), (20, 1), (2, 1)]
+    step = make_step(
+        real, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, block_size=BLOCK,
+        num_blocks=16, dtype=torch.bfloat16, seed=6, pad_reqs=1,
+    )  # fmt: skip
+    write_prefixes(step, kv_cache, HEAD_SIZE)
+    null_page = kv_cache[0].clone()
+    padded = 4  # capture size: 3 requests + 1 padding request, one token each
+    step.common.num_actual_tokens = padded
+    step.common.slot_mapping = torch.cat((step.common.slot_mapping, torch.tensor([-1])))
+    gen = torch.Generator().manual_seed(7)
+    step.q = torch.cat((step.q, torch.randn(1, NUM_HEADS, HEAD_SIZE, generator=gen).to(torch.bfloat16)))
+    step.k_new = torch.cat((step.k_new, torch.randn(1, NUM_KV_HEADS, HEAD_SIZE, generator=gen).to(torch.bfloat16)))
+    step.v_new = torch.cat((step.v_new, torch.randn(1, NUM_KV_HEADS, HEAD_SIZE, generator=gen).to(torch.bfloat16)))
+    metadata, output = _run(layer, builder, step, kv_cache)
+    assert (metadata.num_decodes, metadata.num_decode_tokens, metadata.decode_q_len) == (4, 4, 1)
+    assert metadata.decode_plans is not None
+    assert torch.isfinite(output[3].float()).all()
+    torch.testing.assert_close(kv_cache[0], null_page, equal_nan=True)  # the null block untouched
+    step.q, step.k_new, step.v_new = step.q[:3], step.k_new[:3], step.v_new[:3]
+    _check(step, output[:3], kv_cache, layer, window=8, sinks=True, logit_cap=None)

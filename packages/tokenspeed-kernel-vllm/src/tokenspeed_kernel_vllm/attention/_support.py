@@ -94,6 +94,17 @@ def kernel_page_size(block_size: int | None) -> int:
     return max(fitting) if fitting else block_size
 
 
+def vllm_kv_align(kv_dtype: torch.dtype, head_size: int, head_size_v: int) -> int:
+    """The byte alignment (a power of two <= 16) of the K and V views of vLLM's cache: V
+    starts ``D`` elements into each ``D + Dv`` row, and every other stride is a multiple of
+    that row (the selector's shape key ``kv_align`` for strided caches)."""
+    elem = torch.empty((), dtype=kv_dtype).element_size()
+    align = 16
+    for value in (head_size * elem, (head_size + head_size_v) * elem):
+        align = min(align, value & -value)
+    return align
+
+
 def kernel_reason(
     *,
     dtype: torch.dtype,
@@ -137,7 +148,9 @@ def _kernel_reason(
     overrides: str,
 ) -> str | None:
     heads = Heads(num_q_heads, num_kv_heads, head_size, head_size_v)
-    common = {"q_dtype": dtype, "kv_dtype": kv_dtype, "heads": heads, "page_size": page_size}
+    # vLLM's K and V are always strided views (K|V side by side in each row).
+    layout = {"strided_kv": True, "kv_align": vllm_kv_align(kv_dtype, head_size, head_size_v)}
+    common = {"q_dtype": dtype, "kv_dtype": kv_dtype, "heads": heads, "page_size": page_size, **layout}
     common |= {"window_left": window_left, "sinks": sinks, "logit_cap": logit_cap}
     requests = {
         "attention.decode": attention_request("attention.decode", q_len=q_len, **common),
@@ -149,6 +162,7 @@ def _kernel_reason(
             head_dim=head_size,
             head_dim_v=head_size_v,
             page_size=page_size,
+            **layout,
         ),
     }
     overridden = {item.split("=", 1)[0].strip() for item in overrides.split(",") if "=" in item}
@@ -183,7 +197,7 @@ def capturable_decode_reason(
     heads = Heads(num_q_heads, num_kv_heads, head_size, head_size_v)
     request = attention_request(
         "attention.decode", q_dtype=dtype, kv_dtype=kv_dtype, heads=heads, page_size=page_size, q_len=q_len,
-        capturable=True,
+        capturable=True, strided_kv=True, kv_align=vllm_kv_align(kv_dtype, head_size, head_size_v),
     )  # fmt: skip
     try:
         select(request)
