@@ -3,8 +3,8 @@
 vLLM 0.33.0 is installed with ``--no-deps`` next to torch 2.13 (CPU) plus the pure-Python
 packages in ``packages/tokenspeed-kernel-vllm/ci-requirements.txt``; ``vllm._C`` is absent
 and nothing here needs it. Without a GPU vLLM is told it runs on the CPU platform
-(``VLLM_TARGET_DEVICE=cpu``) before anything imports it. The tests skip, saying why, when
-vLLM cannot be imported.
+(``VLLM_TARGET_DEVICE=cpu``) before anything imports it; vLLM is imported when the first of
+these tests runs. The tests skip, saying why, when vLLM cannot be imported.
 """
 
 from __future__ import annotations
@@ -14,31 +14,32 @@ import os
 
 import pytest
 import torch
+from support.vllm_env import TINY_GPT_OSS, make_vllm_config
 
 if not torch.cuda.is_available():
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-try:
-    import vllm.config  # noqa: F401
 
-    VLLM_ERROR: str | None = None
-except Exception as exc:  # any import failure means: not installed the way the tests need
-    VLLM_ERROR = f"{type(exc).__name__}: {exc}"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if VLLM_ERROR is None:
-        return
-    reason = f"vllm is not importable ({VLLM_ERROR}); see packages/tokenspeed-kernel-vllm/README.md, 'CI install'"
-    print(f"\ntests/tokenspeed_kernel_vllm skipped: {reason}")
-    here = os.path.dirname(__file__)
-    for item in items:
-        if str(item.fspath).startswith(here):
-            item.add_marker(pytest.mark.skip(reason=reason))
+@pytest.fixture(scope="session")
+def _vllm_importable() -> None:
+    """Import vLLM when the first plugin test runs, not at collection: importing it sets
+    process-wide variables (TORCHINDUCTOR_COMPILE_THREADS, TORCHINDUCTOR_CACHE_DIR, ...) that
+    the rest of the suite, collected first and run first, should not see."""
+    try:
+        import vllm.config  # noqa: F401
+    except Exception as exc:  # any import failure means: not installed the way the tests need
+        reason = (
+            f"vllm is not importable ({type(exc).__name__}: {exc}); "
+            "see packages/tokenspeed-kernel-vllm/README.md, 'CI install'"
+        )
+        print(f"\ntests/tokenspeed_kernel_vllm skipped: {reason}")
+        pytest.skip(reason)
 
 
-from support.vllm_env import TINY_GPT_OSS, make_vllm_config  # noqa: E402
+@pytest.fixture(autouse=True)
+def _needs_vllm(_vllm_importable: None) -> None:
+    """Every test here needs vLLM (skipped, saying why, without it)."""
 
 
 @pytest.fixture(scope="session")
@@ -49,5 +50,5 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
-def vllm_config(tiny_model_dir: str):
+def vllm_config(_vllm_importable: None, tiny_model_dir: str):
     return make_vllm_config(tiny_model_dir)

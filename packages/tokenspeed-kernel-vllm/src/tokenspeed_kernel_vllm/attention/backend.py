@@ -72,6 +72,12 @@ class TokenspeedAttentionBackend(AttentionBackend):
         return True
 
     @classmethod
+    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
+        # The builder splits the batch and shapes the decode call (uniform q_len) from the
+        # host query_start_loc; adaptive verification's device-trimmed drafts would not match.
+        return False
+
+    @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
 
