@@ -141,12 +141,7 @@ def attention_kernel(
 
     for start in range(lo, hi, BLOCK_N):
         k_smem.store(k_next.to(dtype))
-        # Keys some row cannot see (causally later, before its window, stale cache slots)
-        # get p = 0, but 0 * NaN is NaN in the product: masking is by selection, so
-        # non-finite V values are zeroed before the MFMA (K needs nothing: its logits are
-        # replaced by -inf). A NaN/inf a row can see is then unspecified (docs/api.md).
-        v_tile = v_next.to(dtype)
-        v_smem.store(gl.where(gl.abs(v_tile) < float("inf"), v_tile, gl.zeros_like(v_tile)))
+        v_smem.store(v_next.to(dtype))
         # Issue the next tile's loads before this tile's math (masked off past the range).
         ck = start + BLOCK_N + nk
         okk = ck < hi
