@@ -1,0 +1,1 @@
+"""MoE methods served by tokenspeed-kernel: unquantized experts and GPT-OSS MXFP4 experts."""
