@@ -134,7 +134,10 @@ def test_extend_rejects_mismatched_batch():
         cu_seqlens_q=torch.tensor([0, 3, 5, 7], dtype=torch.int32),
     )
     _bad(
-        EXTEND, ValueError, "cu_seqlens_q must hold at least 2 entries", cu_seqlens_q=torch.zeros(1, dtype=torch.int32)
+        EXTEND,
+        ValueError,
+        r"cu_seqlens_q must hold batch \+ 1 >= 1 entries",
+        cu_seqlens_q=torch.zeros(0, dtype=torch.int32),
     )
 
 

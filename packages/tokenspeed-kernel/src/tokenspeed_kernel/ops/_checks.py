@@ -29,6 +29,7 @@ from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 __all__ = [
     "ACT_DTYPES",
     "CALL_CACHE_LIMIT",
+    "INT32_MAX",
     "Uncacheable",
     "arg_key",
     "at_least",
@@ -52,6 +53,8 @@ __all__ = [
 ]
 
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Integer arguments (lengths, bounds, windows, head counts) reach the kernels as int32.
+INT32_MAX = 2**31 - 1
 
 
 def pow2_bucket(n: int) -> int:
@@ -134,12 +137,15 @@ def check_same_device(reference_name: str, reference: torch.Tensor, **tensors: t
             raise ValueError(f"{name} is on {t.device} but {reference_name} is on {reference.device}")
 
 
-def check_int(name: str, value: object, *, min_value: int | None = None) -> int:
-    """``value`` must be a Python int (not bool) at least ``min_value``."""
+def check_int(name: str, value: object, *, min_value: int | None = None, max_value: int = INT32_MAX) -> int:
+    """``value`` must be a Python int (not bool) in ``[min_value, max_value]``; the default
+    upper bound is :data:`INT32_MAX` (kernels take integer arguments as int32)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if min_value is not None and value < min_value:
         raise ValueError(f"{name} must be >= {min_value}, got {value}")
+    if value > max_value:
+        raise ValueError(f"{name} must be <= {max_value} (it is passed to kernels as int32), got {value}")
     return value
 
 
@@ -208,9 +214,10 @@ def arg_key(x: object) -> Hashable:
 
 
 def at_least(value: object, lo: int) -> bool:
-    """``value`` is a plain int ``>= lo`` (the fast form of :func:`check_int`; False sends the
-    call to the full checks, which accept int subclasses and raise the precise error)."""
-    return type(value) is int and value >= lo
+    """``value`` is a plain int in ``[lo, INT32_MAX]`` (the fast form of :func:`check_int`;
+    False sends the call to the full checks, which accept int subclasses and raise the
+    precise error)."""
+    return type(value) is int and lo <= value <= INT32_MAX
 
 
 def options_key(*values: object) -> Hashable:

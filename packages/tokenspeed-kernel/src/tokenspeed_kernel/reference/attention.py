@@ -69,7 +69,18 @@ def _attend(
     if sinks is not None:
         denom = denom + torch.exp(sink - safe_max)
     safe_denom = torch.where(denom > 0, denom, torch.ones_like(denom))  # a row that sees nothing: out 0
+    # Masking is by selection, never by a zero weight: 0 * NaN is NaN, and a NaN or inf
+    # value of a key no query sees (outside its window, causally later) must not reach
+    # it. Non-finite values are zeroed for the product; a query that does see one gets NaN
+    # in that column (the rule of docs/api.md), whatever its probability.
+    bad_v = ~torch.isfinite(v)  # [Lk, Hkv, Dv]
+    seen_bad = None
+    if bool(bad_v.any()):  # the reference synchronizes anyway
+        seen_bad = torch.einsum("qk,khd->qhd", visible.to(v.dtype), bad_v.to(v.dtype)) > 0  # [Lq, Hkv, Dv]
+        v = v.masked_fill(bad_v, 0.0)
     out = torch.einsum("hgqk,khd->qhgd", probs, v) / safe_denom.permute(2, 0, 1).unsqueeze(-1)
+    if seen_bad is not None:
+        out = out.masked_fill(seen_bad.unsqueeze(2), float("nan"))
     lse = torch.where(denom > 0, torch.log(denom) + safe_max, torch.full_like(denom, float("-inf")))
     return out.reshape(num_q, num_q_heads, head_dim_v), lse.permute(2, 0, 1).reshape(num_q, num_q_heads)
 

@@ -47,14 +47,22 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     priority=Priority.REFERENCE,
 )
 def torch_moe_topk(args: TopKArgs) -> None:
-    """Reference router top-k: softmax/sigmoid scores, stable descending sort, renormalize."""
+    """Reference router top-k: softmax/sigmoid scores, stable descending sort, renormalize.
+
+    A padding row (a NaN or +inf logit, or every logit -inf) is scored as all zeros, so it
+    picks ids ``0..k-1`` (ties -> lower id), and gets weight 0; renormalizing weights that
+    sum to 0 leaves them 0 (docs/api.md)."""
     logits = args.router_logits.to(_compute_dtype(args.router_logits))
+    pad = torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1) | torch.isneginf(logits).all(-1)
+    logits = logits.masked_fill(pad[:, None], 0.0)
     scores = torch.softmax(logits, dim=-1) if args.scoring == "softmax" else torch.sigmoid(logits)
     # A stable descending sort keeps equal scores in ascending id order (ties -> lower id).
     values, ids = torch.sort(scores, dim=-1, descending=True, stable=True)
     values, ids = values[:, : args.top_k], ids[:, : args.top_k]
     if args.renormalize:
-        values = values / values.sum(dim=-1, keepdim=True)
+        total = values.sum(dim=-1, keepdim=True)
+        values = values / torch.where(total > 0, total, torch.ones_like(total))
+    values = values.masked_fill(pad[:, None], 0.0)
     args.topk_weights.copy_(values)
     args.topk_ids.copy_(ids)
 

@@ -146,7 +146,8 @@ def prefill_window_kernel(
             s = s * qk_scale
         # Boundary tiles only: keep key j for row position p iff 0 <= p - j <= window_left
         # (one unsigned compare covers the causal and the window bound).
-        if (start < p1 - window_left) | (start + BLOCK_N - 1 > p0):
+        edge = (start < p1 - window_left) | (start + BLOCK_N - 1 > p0)
+        if edge:
             dist = gl.expand_dims(row_pos - start, 1) - gl.expand_dims(s_cols, 0)
             s = gl.where(dist.to(gl.uint32, bitcast=True) <= window_left.to(gl.uint32), s, float("-inf"))
 
@@ -159,6 +160,17 @@ def prefill_window_kernel(
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O_MMA)), 1)
 
         mbarrier.wait(v_bars.index(slot), phase)
+        if edge:
+            # A boundary tile holds keys some row cannot see (causally later, before its
+            # window, the next sequence's): their p is 0, but 0 * NaN is NaN in the product.
+            # Masking is by selection: non-finite V values are zeroed in shared memory first
+            # (a NaN/inf a row can see is then unspecified, as docs/api.md allows). Middle
+            # tiles are seen by every row and are not touched.
+            v_reg = v_smem.index(slot).load(IO)
+            v_reg = gl.where(gl.abs(v_reg) < float("inf"), v_reg, gl.zeros_like(v_reg))
+            v_smem.index(slot).store(v_reg)
+            fence_async_shared()  # the generic-proxy stores visible to wgmma (async proxy)
+            gl.thread_barrier()
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
         acc, _ = warpgroup_mma_wait(0, deps=[acc_tok, v_smem.index(slot)])

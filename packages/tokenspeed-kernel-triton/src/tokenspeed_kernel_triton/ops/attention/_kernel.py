@@ -65,6 +65,13 @@ def _tile(
     else:
         k = k.to(q.dtype)
         v = v.to(q.dtype)
+    if MASKED:
+        # Some row may not see some key of this tile (window edge, causal diagonal), and
+        # such a key may hold NaN/inf (a stale cache slot): its probability is 0 for that
+        # row, but 0 * NaN is NaN. Masking is by selection: non-finite values are zeroed
+        # (K needs nothing: its logits are replaced by -inf below). Middle tiles are seen
+        # by every row and keep their values.
+        v = tl.where(tl.abs(v) < float("inf"), v, 0.0)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
     if HAS_CAP:
         s = logit_cap * _tanh(s * (qk_scale / logit_cap))

@@ -236,6 +236,9 @@ def launch(
     ``q_len_uniform`` queries stored back to back (decode).
     """
     total_q, num_q_heads, head_dim = q.shape
+    if total_q == 0 or batch == 0:  # an empty batch: nothing to launch
+        return
+    max_q = min(max_q, total_q)  # the grid follows real rows, not a loose bound
     paged = page_table is not None
     cfg = kernel_config(
         q_dtype=q.dtype,

@@ -37,7 +37,7 @@ def triton_decode(args: DecodeArgs) -> None:
     launch(
         q=args.q.view(batch * q_len, num_q_heads, head_dim),
         k=args.k_cache, v=args.v_cache,
-        out=args.out.view(batch * q_len, num_q_heads, -1),
+        out=args.out.view(batch * q_len, num_q_heads, args.out.shape[-1]),
         lse=None if args.lse is None else args.lse.view(batch * q_len, num_q_heads),
         sinks=args.sinks, k_scale=args.k_scale, v_scale=args.v_scale, page_table=args.page_table,
         cu_seqlens_q=None, cu_seqlens_k=None, cache_seqlens=args.cache_seqlens,

@@ -50,12 +50,19 @@ def _store_rows(
     d = tl.arange(0, BLOCK_D)
     mask = (h[:, None] < num_heads) & (d[None, :] < DIM)
     rows = tl.load(Src + token * stride_st + h[:, None] * stride_sh + d[None, :], mask=mask)
+    dst = Cache + page.to(tl.int64) * stride_cp + offset * stride_ct + h[:, None] * stride_ch + d[None, :]
     if FP8:
-        rows = tl.clamp(rows.to(tl.float32) / tl.load(Scale), -448.0, 448.0)
+        scaled = rows.to(tl.float32) / tl.load(Scale)
+        rows = tl.clamp(scaled, -448.0, 448.0)
         if INTERPRET:
             rows = _round_e4m3(rows)
-    dst = Cache + page.to(tl.int64) * stride_cp + offset * stride_ct + h[:, None] * stride_ch + d[None, :]
-    tl.store(dst, rows.to(Cache.dtype.element_ty, fp_downcast_rounding="rtne" if FP8 else None), mask=mask)
+        # NaN stays NaN (e4m3fn 0x7F), as in the reference: the clamp and some backends'
+        # saturating casts would turn it into a finite value. ±inf saturate to ±448 above.
+        bits = rows.to(Cache.dtype.element_ty, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        bits = tl.where(scaled != scaled, tl.full((BLOCK_H, BLOCK_D), 0x7F, tl.uint8), bits)
+        tl.store(dst, bits.to(Cache.dtype.element_ty, bitcast=True), mask=mask)
+    else:
+        tl.store(dst, rows.to(Cache.dtype.element_ty), mask=mask)
 
 
 @register_kernel(

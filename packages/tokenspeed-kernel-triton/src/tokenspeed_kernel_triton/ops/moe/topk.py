@@ -20,7 +20,8 @@ def topk_kernel(
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """``BLOCK_T`` tokens per program. Logits ``[T, E]`` (row stride ``stride_lt``) → float32
-    Weights ``[T, TOP_K]`` and int32 Ids ``[T, TOP_K]``, descending score, ties → lower id."""
+    Weights ``[T, TOP_K]`` and int32 Ids ``[T, TOP_K]``, descending score, ties → lower id;
+    a padding row (a NaN or +inf logit, or all -inf) gets ids ``0..TOP_K-1`` and weight 0."""
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_E)
     row_ok = rows < num_tokens
@@ -30,7 +31,12 @@ def topk_kernel(
         mask=row_ok[:, None] & col_ok[None, :],
         other=float("-inf"),
     ).to(tl.float32)
-    x = tl.where(row_ok[:, None], x, 0.0)  # rows past the end: finite, never stored
+    # Padding rows (docs/api.md): a NaN or +inf logit, or every logit -inf. They are scored
+    # as all-zero logits (ties: ids 0..k-1) and get weight 0 below.
+    is_nan = x != x
+    row_max = tl.max(tl.where(is_nan, float("-inf"), x), axis=1)  # masked columns hold -inf
+    pad = (tl.max(is_nan.to(tl.int32), axis=1) > 0) | (row_max == float("inf")) | (row_max == float("-inf"))
+    x = tl.where(row_ok[:, None] & ~pad[:, None], x, 0.0)  # rows past the end: finite, never stored
     if SIGMOID:
         scores = 1.0 / (1.0 + tl.exp(-x))
     else:
@@ -48,7 +54,9 @@ def topk_kernel(
         chosen_i = tl.where(ks[None, :] == j, idx[:, None], chosen_i)
         scores = tl.where(cols[None, :] == idx[:, None], -2.0, scores)
     if RENORMALIZE:
-        chosen_w = chosen_w / tl.sum(chosen_w, axis=1)[:, None]
+        total = tl.sum(chosen_w, axis=1)
+        chosen_w = chosen_w / tl.where(total > 0, total, 1.0)[:, None]  # all-zero weights stay 0
+    chosen_w = tl.where(pad[:, None], 0.0, chosen_w)
     out_mask = row_ok[:, None] & (ks[None, :] < TOP_K)
     offs = rows[:, None].to(tl.int64) * TOP_K + ks[None, :]
     tl.store(Weights + offs, chosen_w, mask=out_mask)

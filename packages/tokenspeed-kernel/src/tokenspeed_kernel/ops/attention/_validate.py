@@ -68,9 +68,13 @@ def check_heads(q_name: str, q: torch.Tensor, k_name: str, k: torch.Tensor, v_na
     """Hq % Hkv == 0, k/v agree on Hkv, q/k agree on D. Head axes are the last two."""
     num_q_heads, head_dim = q.shape[-2], q.shape[-1]
     num_kv_heads = k.shape[-2]
+    if num_q_heads == 0:
+        raise ValueError(f"{q_name} must have at least one query head (its dim -2 is 0)")
+    if num_kv_heads == 0:
+        raise ValueError(f"{k_name} must have at least one KV head (its dim -2 is 0)")
     if v.shape[-2] != num_kv_heads:
         raise ValueError(f"{v_name} has {v.shape[-2]} KV heads but {k_name} has {num_kv_heads}")
-    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
+    if num_q_heads % num_kv_heads:
         raise ValueError(
             f"the query heads of {q_name} ({num_q_heads}) must be a multiple of the KV heads of {k_name} ({num_kv_heads})"
         )
@@ -88,12 +92,12 @@ def check_sinks(sinks: object, num_q_heads: int, q: torch.Tensor) -> torch.Tenso
 
 
 def check_cu_seqlens(name: str, t: object, batch: int | None, q: torch.Tensor) -> torch.Tensor:
-    """int32 ``[batch + 1]`` on q's device (batch inferred when None)."""
+    """int32 ``[batch + 1]`` on q's device (batch inferred when None; batch 0 is ``[0]``)."""
     shape = None if batch is None else (batch + 1,)
     check_tensor(name, t, ndim=1, dtypes=(torch.int32,), shape=shape)
     assert isinstance(t, torch.Tensor)
-    if t.shape[0] < 2:
-        raise ValueError(f"{name} must hold at least 2 entries (batch + 1), got {t.shape[0]}")
+    if t.shape[0] < 1:
+        raise ValueError(f"{name} must hold batch + 1 >= 1 entries (it starts at 0), got an empty tensor")
     check_same_device("q", q, **{name: t})
     return t
 
@@ -267,6 +271,8 @@ def debug_check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_len: int
     if values[0] != 0 or values[-1] != total:
         _fail(f"{name} must start at 0 and end at {total}, got {values[0]} .. {values[-1]}")
     lengths = [b - a for a, b in itertools.pairwise(values)]
+    if not lengths:  # batch 0
+        return lengths
     if min(lengths) < 0:
         _fail(f"{name} must be non-decreasing, got {values}")
     if max(lengths) > max_len:

@@ -147,6 +147,14 @@ def _result(out: torch.Tensor, lse: torch.Tensor | None, return_lse: bool):
     return (out, lse) if return_lse else out
 
 
+def _kernel_window(window_left: int, max_keys: int) -> int:
+    """The window a kernel receives: ``window_left`` capped at ``max_keys``, the most keys a
+    sequence can hold (prefill: ``total_k``; paged: page-table columns x page size). A query
+    never sits ``max_keys`` or more positions after a key it could see, so the cap changes no
+    result; it keeps ``position - window_left`` inside int32 in the kernels."""
+    return min(window_left, max_keys)
+
+
 @dataclass(frozen=True, slots=True)
 class _Checked:
     """What the full checks of one call derived, remembered per call key (see
@@ -333,6 +341,10 @@ def mha_prefill(
     if out is None:
         out = q.new_empty((total_q, heads.num_q_heads, heads.head_dim_v))
     lse = torch.empty((total_q, heads.num_q_heads), dtype=torch.float32, device=q.device) if return_lse else None
+    if not total_q:  # no queries (an empty batch): nothing to compute, nothing launched
+        return _result(out, lse, return_lse)
+    # Kernels get bounds no looser than the tensors: a sequence holds at most total_q
+    # queries and total_k keys (grids sized by max_seqlen_q stay real; see docs/api.md).
     spec.fn(
         PrefillArgs(
             q,
@@ -340,11 +352,11 @@ def mha_prefill(
             v,
             cu_seqlens_q,
             cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
+            min(max_seqlen_q, total_q),
+            min(max_seqlen_k, k.shape[0]),
             causal,
             scale,
-            window_left,
+            _kernel_window(window_left, k.shape[0]),
             sinks,
             float(logit_cap),
             out,
@@ -487,6 +499,8 @@ def mha_extend_with_kvcache(
     if out is None:
         out = q.new_empty((total_q, heads.num_q_heads, heads.head_dim_v))
     lse = torch.empty((total_q, heads.num_q_heads), dtype=torch.float32, device=q.device) if return_lse else None
+    if not total_q:  # no queries (an empty batch): nothing to compute, nothing launched
+        return _result(out, lse, return_lse)
     spec.fn(
         ExtendArgs(
             q,
@@ -495,11 +509,11 @@ def mha_extend_with_kvcache(
             page_table,
             cu_seqlens_q,
             cache_seqlens,
-            max_seqlen_q,
+            min(max_seqlen_q, total_q),  # a chunk holds at most total_q queries
             max_seqlen_k,
             causal,
             scale,
-            window_left,
+            _kernel_window(window_left, page_table.shape[1] * page_size),
             sinks,
             float(logit_cap),
             ks,
@@ -624,6 +638,8 @@ def mha_decode_with_kvcache(
     if out is None:
         out = q.new_empty(out_shape)
     lse = torch.empty((batch * q_len, heads.num_q_heads), dtype=torch.float32, device=q.device) if return_lse else None
+    if not batch:  # a step without decodes: nothing to compute, nothing launched
+        return _result(out, lse, return_lse)
     spec.fn(
         DecodeArgs(
             q4,
@@ -633,7 +649,7 @@ def mha_decode_with_kvcache(
             cache_seqlens,
             max_seqlen_k,
             scale,
-            window_left,
+            _kernel_window(window_left, page_table.shape[1] * page_size),
             sinks,
             float(logit_cap),
             ks,

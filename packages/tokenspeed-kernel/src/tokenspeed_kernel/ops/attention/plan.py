@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tokenspeed_kernel import config
-from tokenspeed_kernel.ops._checks import ACT_DTYPES, check_int, check_tensor, dtype_name
+from tokenspeed_kernel.ops._checks import ACT_DTYPES, check_int, check_same_device, check_tensor, dtype_name
 from tokenspeed_kernel.ops._dispatch import capture_signature, check_capturable, is_capturing, record
 from tokenspeed_kernel.ops.attention._validate import (
     cache_layout,
@@ -43,7 +43,7 @@ from tokenspeed_kernel.ops.attention._validate import (
     check_paged_cache_pair,
     debug_check_pages,
 )
-from tokenspeed_kernel.ops.attention.api import _result, _signature, attention_request
+from tokenspeed_kernel.ops.attention.api import _kernel_window, _result, _signature, attention_request
 from tokenspeed_kernel.ops.attention.args import DecodeArgs, Heads
 from tokenspeed_kernel.platform import platform_for
 from tokenspeed_kernel.registry import KernelSpec, Request
@@ -125,7 +125,7 @@ class DecodePlan:
                 f"DecodePlan.update() ({self.kernel}) must run outside CUDA-graph capture: plan after "
                 "rewriting page_table/cache_seqlens and before capturing or replaying"
             )
-        if self.spec.prepare_layout is not None:
+        if self.spec.prepare_layout is not None and self.batch:  # an empty batch has no layout
             self.spec.prepare_layout(self._layout_args)
 
     def run(self, q: torch.Tensor, *, out: torch.Tensor | None = None):
@@ -182,6 +182,8 @@ class DecodePlan:
             out = q.new_empty(out_shape)
         rows = self.batch * self.q_len
         lse = torch.empty((rows, heads.num_q_heads), dtype=torch.float32, device=q.device) if self.return_lse else None
+        if not rows:  # a step without decodes: nothing to compute, nothing launched
+            return _result(out, lse, self.return_lse)
         planned = self._layout_args  # the planned caches, tables and options; this run's q/out/lse
         self.spec.fn(
             DecodeArgs(  # built field by field: dataclasses.replace costs microseconds per call
@@ -263,6 +265,14 @@ def mha_decode_plan(
     if not isinstance(capturable, bool):
         raise TypeError(f"capturable must be a bool, got {type(capturable).__name__}")
     batch, device = page_table.shape[0], k_cache.device
+    # q does not exist yet: its placeholder sits on k_cache's device, so the tensors are
+    # compared with k_cache here, by name (check_decode would blame "q" instead).
+    check_same_device(
+        "k_cache", k_cache, **{n: t for n, t in (("v_cache", v_cache), ("page_table", page_table),
+                                                 ("cache_seqlens", cache_seqlens), ("sinks", sinks),
+                                                 ("k_scale", k_scale), ("v_scale", v_scale))
+                               if isinstance(t, torch.Tensor)},
+    )  # fmt: skip
     q_like = _placeholder((batch, q_len, num_q_heads, k_cache.shape[-1]), q_dtype, device)
     heads, page_size, ks, vs, scale = check_decode(
         q_like, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, q_len=q_len, k_scale=k_scale,
@@ -281,7 +291,8 @@ def mha_decode_plan(
     out_like = _placeholder((batch, q_len, heads.num_q_heads, heads.head_dim_v), q_dtype, device)
     lse_like = _placeholder((batch, q_len, heads.num_q_heads), torch.float32, device) if return_lse else None
     layout_args = DecodeArgs(
-        q_like, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, scale, window_left, sinks,
+        q_like, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, scale,
+        _kernel_window(window_left, page_table.shape[1] * page_size), sinks,
         float(logit_cap), ks, vs, out_like, lse_like,
     )  # fmt: skip
     plan = DecodePlan(

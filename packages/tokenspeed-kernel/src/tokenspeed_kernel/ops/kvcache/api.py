@@ -95,10 +95,13 @@ def store_kvcache(
         return
 
     num_slots = k_cache.shape[0] * k_cache.shape[1]
-    if config.debug() and slot_mapping.numel() and int(slot_mapping.max()) >= num_slots:
+    # Slots on the host are checked on every call (no device sync), elsewhere under debug:
+    # a call that raises has written nothing.
+    host = slot_mapping.device.type == "cpu"
+    if (host or config.debug()) and slot_mapping.numel() and int(slot_mapping.max()) >= num_slots:
         raise ValueError(
-            f"slot_mapping holds slot {int(slot_mapping.max())} but the cache has {num_slots} slots "
-            "(TOKENSPEED_KERNEL_DEBUG check)"
+            f"slot_mapping holds slot {int(slot_mapping.max())} but the cache has {num_slots} slots"
+            + ("" if host else " (TOKENSPEED_KERNEL_DEBUG check)")
         )
     page_size = k_cache.shape[1]
     assert request is not None
@@ -139,7 +142,11 @@ def _check_store(
     """Every host check of :func:`store_kvcache`, in order; the call's selector request
     (None while tracing: the custom op selects when it runs)."""
     check_tensor("k", k, ndim=3, dtypes=ACT_DTYPES)
+    if k.shape[1] == 0 or k.shape[2] == 0:
+        raise ValueError(f"k must have at least one KV head and a head dim >= 1, got shape {list(k.shape)}")
     check_tensor("v", v, ndim=3, dtypes=(k.dtype,), shape=(k.shape[0], k.shape[1], None))
+    if v.shape[2] == 0:
+        raise ValueError(f"v must have a head dim >= 1, got shape {list(v.shape)}")
     check_tensor(
         "k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES, shape=(None, None, k.shape[1], k.shape[2]), contiguous=False
     )

@@ -146,7 +146,9 @@ def moe_topk(
 
     Returns:
         ``(topk_weights, topk_ids)``: float32 ``[T, top_k]`` and int32 ``[T, top_k]``, each
-        row in descending weight order, ties broken towards the lower expert id.
+        row in descending weight order, ties broken towards the lower expert id. A padding
+        row (a NaN or +inf logit, or every logit -inf) gets ids ``0..top_k-1`` and weight 0;
+        renormalized weights summing to 0 stay 0 (docs/api.md). ``T = 0`` launches nothing.
     """
     compiling = torch.compiler.is_compiling()
     key = call_key(compiling, (router_logits,), (top_k, scoring, renormalize, override))
