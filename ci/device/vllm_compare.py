@@ -151,7 +151,7 @@ def _layers(config, window: int | None, sinks: torch.Tensor, device: torch.devic
     try:
         with set_current_vllm_config(config), torch.device(device):
             for backend in (TokenspeedAttentionBackend, TritonAttentionBackend):
-                sink = torch.nn.Parameter(sinks.clone(), requires_grad=False)
+                sink = torch.nn.Parameter(sinks.to(device), requires_grad=False)
                 layer = Attention(
                     HQ, D, D**-0.5, num_kv_heads=HKV, cache_config=config.cache_config,
                     per_layer_sliding_window=window, prefix=f"model.layers.{next(_names)}.self_attn.attn",
@@ -228,7 +228,7 @@ def _reference(common, q, kv_cache, window: int | None, sinks: torch.Tensor) -> 
     seq = common.seq_lens.cpu().tolist()
     table = common.block_table_tensor
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
-    sink = sinks.double().view(HKV, HQ // HKV, 1)
+    sink = sinks.to(q.device, torch.float64).view(HKV, HQ // HKV, 1)
     for b in range(len(seq)):
         q_b = q[qsl[b] : qsl[b + 1]].double()  # [Lq, HQ, D]
         n = seq[b]
