@@ -39,7 +39,7 @@ def test_attention_uses_matrix_instructions_and_fits_shared_memory(results, targ
 # ROCm tile rows that still spill (see _launch.ROCM_TILES): key -> {target: most spills}.
 # Every other ROCm row must compile with zero spills and no scratch on gfx942 and gfx950.
 ROCM_KNOWN_SPILLS = {
-    "prefill_window": {"hip:gfx942": 11, "hip:gfx950": 12},
+    "prefill_window": {"hip:gfx942": 13, "hip:gfx950": 13},
     "decode_d128": {"hip:gfx942": 2, "hip:gfx950": 0},
 }
 

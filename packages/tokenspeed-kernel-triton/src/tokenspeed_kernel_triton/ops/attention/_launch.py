@@ -73,16 +73,18 @@ TILES = CUDA_TILES
 # SPILLS do not meet the zero-spill goal yet (the sweep ran out of time or found no fit); the
 # AOT test bounds their spills so they cannot get worse (ROCM_KNOWN_SPILLS there).
 ROCM_TILES: dict[str, Tile] = {
-    # zero spills: gfx942 248 VGPRs, 0 spills, 16 KiB LDS / gfx950 323, 0, 16 KiB (first candidate)
-    "prefill": Tile(rows=128, block_n=64, num_warps=4, num_stages=2),
-    # zero spills (swept: the first of 128x64 w4/w8, 128x32 w4 to fit both): gfx942 292 VGPRs, 0, 32 KiB /
-    # gfx950 336, 0, 32 KiB
-    "prefill_d128": Tile(rows=128, block_n=32, num_warps=4, num_stages=2),
+    # zero spills: gfx942 184 VGPRs, 0 spills, 16 KiB LDS / gfx950 243, 0, 32 KiB. Was 4 warps until
+    # masked tiles zeroed non-finite V (issue 27): gfx950 then spilled 16 at 4 warps (333 VGPRs).
+    "prefill": Tile(rows=128, block_n=64, num_warps=8, num_stages=2),
+    # zero spills (swept again after issue 27's V masking, which made 128x32 w4 spill 21 on gfx950):
+    # gfx942 239 VGPRs, 0, 32 KiB / gfx950 244, 0, 32 KiB
+    "prefill_d128": Tile(rows=128, block_n=32, num_warps=8, num_stages=2),
     # zero spills (provisional pick, not swept for larger): gfx942 184, 0, 32 KiB / gfx950 186, 0, 32 KiB
     "prefill_d256": Tile(rows=64, block_n=16, num_warps=8, num_stages=2),
     # SPILLS, no zero-spill candidate: the fp8 paged extend configuration spills 6-12 SGPRs (to
     # VGPR lanes, no scratch) at every tile tried down to 32 x 32 (106 SGPRs in use: scalar
-    # state, not the tile). gfx942 168 VGPRs, 11 spills, 8 KiB / gfx950 200, 12, 12 KiB.
+    # state, not the tile); 16 x 32 is spill-free but a quarter of the rows per K/V load, so the
+    # row stays. gfx942 168 VGPRs, 13 spills, 8 KiB / gfx950 196, 13, 12 KiB (issue 27's V masking).
     "prefill_window": Tile(rows=64, block_n=32, num_warps=4, num_stages=2),
     # zero spills (swept 128..16 rows x 64/32 keys x 4/8 warps; every larger tile spills 6-27 on one
     # chip): gfx942 140 VGPRs, 0, 8 KiB / gfx950 176, 0, 16 KiB
