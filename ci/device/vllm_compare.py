@@ -37,7 +37,6 @@ import statistics
 import sys
 import tempfile
 import time
-import types
 from dataclasses import dataclass, field
 
 import torch
@@ -85,15 +84,28 @@ class Report:
     failures: list[str] = field(default_factory=list)
 
 
-_PLATFORM_PROBE = """
-import sys, types
+# Every Python process of the run (vLLM inspects model classes in a subprocess) imports this
+# first: an empty stand-in for vLLM's torch-2.14 extension, only where the real one is absent.
+_STAND_IN = """
+import importlib.util, sys, types
 try:
-    import vllm._C_stable_libtorch
+    _found = importlib.util.find_spec("vllm._C_stable_libtorch") is not None
 except ImportError:
+    _found = False
+if not _found:
     sys.modules["vllm._C_stable_libtorch"] = types.ModuleType("vllm._C_stable_libtorch")
-from vllm.platforms import current_platform
-print(current_platform.device_type)
 """
+_PLATFORM_PROBE = "from vllm.platforms import current_platform; print(current_platform.device_type)"
+
+
+def _install_stand_in() -> None:
+    """Writes :data:`_STAND_IN` as a ``sitecustomize`` module on ``PYTHONPATH`` (for this
+    process's children) and runs it here."""
+    site = tempfile.mkdtemp(prefix="vllm-stand-in-")
+    with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+        f.write(_STAND_IN)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
+    exec(compile(_STAND_IN, "sitecustomize", "exec"), {})
 
 
 def _prepare_vllm(smoke: bool) -> str:
@@ -101,11 +113,12 @@ def _prepare_vllm(smoke: bool) -> str:
 
     vLLM's CUDA platform module imports its torch-2.14 extension ``vllm._C_stable_libtorch``
     only to register ops this script never calls (the .so is not carried: the image has torch
-    2.11). An empty stand-in lets the real CUDA platform class load; nothing here calls
-    ``torch.ops._C``. If the CUDA platform still cannot load (probed in a subprocess), vLLM
-    is told it runs on its CPU platform: its config and layer classes, its Triton kernels and
-    ours still run on the GPU tensors, only the platform validation step is skipped. The CPU
-    smoke run uses the CPU platform too."""
+    2.11). An empty stand-in, installed in this process and (as ``sitecustomize``) in every
+    child (vLLM inspects model classes in a subprocess), lets the real CUDA platform class
+    load; nothing here calls ``torch.ops._C``. If the CUDA platform still cannot load (probed
+    in a subprocess), vLLM is told it runs on its CPU platform: its config and layer classes,
+    its Triton kernels and ours still run on the GPU tensors, only the platform validation step
+    is skipped. The CPU smoke run uses the CPU platform too."""
     import subprocess
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -113,13 +126,10 @@ def _prepare_vllm(smoke: bool) -> str:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         os.environ.setdefault("TRITON_INTERPRET", "1")
         return "cpu platform (smoke)"
+    _install_stand_in()
     probe = subprocess.run([sys.executable, "-c", _PLATFORM_PROBE], capture_output=True, text=True, timeout=300)
     device_type = probe.stdout.strip().splitlines()[-1] if probe.stdout.strip() else ""
     if probe.returncode == 0 and device_type == "cuda":
-        try:
-            import vllm._C_stable_libtorch  # noqa: F401
-        except ImportError:
-            sys.modules["vllm._C_stable_libtorch"] = types.ModuleType("vllm._C_stable_libtorch")
         return "cuda platform"
     os.environ["VLLM_TARGET_DEVICE"] = "cpu"
     tail = (probe.stderr.strip().splitlines() or ["?"])[-1]

@@ -45,12 +45,22 @@ from tokenspeed_kernel.operators import OPERATORS
 from tokenspeed_kernel.ops._dispatch import last_kernel
 from tokenspeed_kernel.registry import Priority
 
-__all__ = ["CATEGORIES", "NOOP_PREFIX", "OverheadCase", "OverheadRow", "cases", "main", "measure", "noop_kernels"]
+__all__ = [
+    "CATEGORIES",
+    "NOOP_PREFIX",
+    "OverheadCase",
+    "OverheadRow",
+    "breakdown",
+    "cases",
+    "main",
+    "measure",
+    "noop_kernels",
+]
 
 NOOP_PREFIX = "_overhead_noop."
 # Above every band, so the no-op wins selection without an override (the engine's path).
 _NOOP_PRIORITY = Priority.PLUGIN + 100_000
-CATEGORIES = ("validation", "request", "select", "launch", "body")
+CATEGORIES = ("validation", "request", "select", "launch", "body", "kernel")
 
 
 def _noop(args: object) -> None:
@@ -219,6 +229,10 @@ _BY_FILE = (
 )
 
 
+# Code outside the core: vendor wheels' kernel modules and compiler runtimes (device mode).
+_KERNEL_PATHS = ("tokenspeed_kernel_", "/triton/", "/flashinfer/")
+
+
 def _label(code: object) -> tuple[str, str]:
     """``(filename, name)`` of a profiled code object; ``("~", "new_empty")`` for a builtin
     (cProfile names those ``<method 'new_empty' of ... objects>`` or
@@ -238,6 +252,8 @@ def _own_category(code: object) -> str | None:
     filename, name = _label(code)
     if filename == "~" or filename.startswith("<"):
         return None
+    if any(part in filename for part in _KERNEL_PATHS):
+        return "kernel"
     if name in _BY_NAME:
         return _BY_NAME[name]
     if name.startswith(("check_", "_check", "debug_check")):
@@ -254,7 +270,7 @@ def _is_harness(code: object) -> bool:
     return (filename.endswith("overhead.py") and name != "_noop") or name == "disable"
 
 
-def _breakdown(call: Callable[[], object], calls: int = 2000) -> dict[str, float]:
+def breakdown(call: Callable[[], object], calls: int = 2000) -> dict[str, float]:
     """Shares of self time per category in a cProfile run. A builtin's or generated
     method's time goes to the category of the caller it was called from (the main caller's,
     recursively, when that caller is itself a builtin or generated)."""
@@ -306,7 +322,7 @@ def measure(case: OverheadCase, *, number: int = 2000, repeats: int = 7, profile
     runs = timeit.repeat(call, number=number, repeat=repeats)
     per_call = [t / number * 1e6 for t in runs]
     median = statistics.median(per_call)
-    shares = _breakdown(call) if profile else {}
+    shares = breakdown(call) if profile else {}
     return OverheadRow(
         case.name,
         case.op,
@@ -349,14 +365,26 @@ def main(argv: list[str] | None = None) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--op", action="append", choices=list(OPERATORS), help="only these operators (repeatable)")
-    parser.add_argument("--number", type=int, default=2000, help="calls per timed run (default 2000)")
+    parser.add_argument("--number", type=int, default=None, help="calls per timed run (default 2000; 300 on a GPU)")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs; the median is reported (default 7)")
     parser.add_argument("--no-breakdown", action="store_true", help="skip the cProfile breakdown")
     parser.add_argument("--json", default=None, help="also write the rows as JSON")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu: the core behind no-op kernels (default); cuda[:N]: the real kernels on a GPU",
+    )
+    parser.add_argument(
+        "--top", type=int, default=0, help="with --device cuda: also print each case's N slowest functions"
+    )
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    rows = run(args.op, number=args.number, repeats=args.repeats, profile=not args.no_breakdown)
+    if args.device != "cpu":
+        from tokenspeed_kernel.tools.overhead_device import run_device_cli
+
+        return run_device_cli(args)
+    rows = run(args.op, number=args.number or 2000, repeats=args.repeats, profile=not args.no_breakdown)
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, no-op kernels, median of {args.repeats}")
     print(table(rows))
     if args.json:
