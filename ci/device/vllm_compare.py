@@ -85,17 +85,47 @@ class Report:
 
 
 # Every Python process of the run (vLLM inspects model classes in a subprocess) imports this
-# first: an empty stand-in for vLLM's torch-2.14 extension, only where the real one is absent.
+# first: empty stand-ins for vLLM's compiled extensions that are not carried (they target
+# torch 2.14): its op library and its FlashAttention package, which vLLM's attention layer
+# imports on a CUDA platform. A stand-in attribute raises when called; "is_*" answers False.
 _STAND_IN = """
 import importlib.util, sys, types
-try:
-    _found = importlib.util.find_spec("vllm._C_stable_libtorch") is not None
-except ImportError:
-    _found = False
-if not _found:
-    sys.modules["vllm._C_stable_libtorch"] = types.ModuleType("vllm._C_stable_libtorch")
+
+
+class _NotCarried(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name.isupper():
+            return False
+        if name.startswith("is_"):
+            return lambda *a, **k: False
+        if name.endswith("_reason"):
+            return lambda *a, **k: "not carried to this machine"
+
+        def missing(*args, **kwargs):
+            raise RuntimeError(f"{self.__name__}.{name}: compiled extension not carried to this machine")
+
+        return missing
+
+
+def _absent(name):
+    try:
+        return importlib.util.find_spec(name) is None
+    except ImportError:
+        return True
+
+
+if _absent("vllm._C_stable_libtorch"):
+    sys.modules["vllm._C_stable_libtorch"] = _NotCarried("vllm._C_stable_libtorch")
+if _absent("vllm._vllm_fa2_C") and _absent("vllm._vllm_fa3_C"):
+    sys.modules["vllm.vllm_flash_attn"] = _NotCarried("vllm.vllm_flash_attn")
 """
-_PLATFORM_PROBE = "from vllm.platforms import current_platform; print(current_platform.device_type)"
+# The platform, and the model module vLLM's config inspects in a child process.
+_PLATFORM_PROBE = (
+    "from vllm.platforms import current_platform; import vllm.model_executor.models.gpt_oss; "
+    "print(current_platform.device_type)"
+)
 
 
 def _install_stand_in() -> None:
