@@ -1,8 +1,10 @@
 """Inputs engines really send (issue 27), across EVERY kernel that serves each op here.
 
-Each test asks the selector which registered kernels can serve its request on this machine
-(the reference kernels, and the Triton kernels under ``TRITON_INTERPRET=1``) and drives all
-of them through the public call with ``override=``:
+Each test asks the selector which registered kernels can serve its request on this machine's
+device (``DEVICE``: the GPU when torch sees one, else the CPU) and drives all of them through
+the public call with ``override=``: on the CPU the reference kernels and the Triton kernels
+under ``TRITON_INTERPRET=1``; on a GPU the reference kernels, the compiled Triton kernels and
+any vendor kernel that serves the request. Every input lives on ``DEVICE``.
 
 - padding rows of ``moe_topk`` (all ``-inf``, NaN, ``+inf``): ids ``0..k-1``, weight 0,
   the same in every kernel; ``moe_apply`` consumes them in range;
@@ -39,13 +41,18 @@ from tokenspeed_kernel.platform import platform_for
 from tokenspeed_kernel.selector import evaluate
 from tokenspeed_kernel.tools.cases import attention as cases
 
-CPU = torch.device("cpu")
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 NAN, INF = float("nan"), float("inf")
 
 
 def serving(request) -> list[str]:
-    """Every kernel that can serve ``request`` on this machine (CPU platform)."""
-    return [c.spec.name for c in evaluate(request, platform_for(CPU)) if c.accepted]
+    """Every kernel that can serve ``request`` for tensors on ``DEVICE``."""
+    return [c.spec.name for c in evaluate(request, platform_for(DEVICE)) if c.accepted]
+
+
+def _inputs(case: cases.AttentionCase, seed: int = 0) -> dict:
+    """``case``'s public-call arguments, drawn on ``DEVICE``."""
+    return cases.make_inputs(case, DEVICE, seed=seed)
 
 
 def _triton_present() -> bool:
@@ -64,7 +71,8 @@ E, K = 8, 3
 
 
 def _router_logits(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router logits [12, E] mixing normal rows and padding rows; the padding mask [12]."""
+    """Router logits [12, E] mixing normal rows and padding rows; the padding mask [12]; both
+    on ``DEVICE`` (drawn on the CPU, so every machine tests the same values)."""
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(12, E, generator=gen)
     pad = torch.zeros(12, dtype=torch.bool)
@@ -76,7 +84,7 @@ def _router_logits(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     logits[9, :4], logits[9, 4:] = -INF, NAN  # -inf and NaN
     logits[10, 0], logits[10, 1] = INF, -INF  # +inf next to -inf
     pad[[1, 3, 5, 7, 9, 10]] = True
-    return logits.to(dtype), pad
+    return logits.to(dtype).to(DEVICE), pad.to(DEVICE)
 
 
 @pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
@@ -90,8 +98,8 @@ def test_moe_topk_padding_rows_every_kernel(scoring, renormalize, dtype):
     _expect_all(names, ("torch_moe_topk", "triton_moe_topk"))
     results = {name: moe_topk(logits, K, scoring=scoring, renormalize=renormalize, override=name) for name in names}
     ref_w, ref_ids = results["torch_moe_topk"]
-    assert torch.equal(ref_ids[pad], torch.arange(K, dtype=torch.int32).expand(int(pad.sum()), K))
-    assert torch.equal(ref_w[pad], torch.zeros(int(pad.sum()), K))
+    assert torch.equal(ref_ids[pad], torch.arange(K, dtype=torch.int32, device=DEVICE).expand(int(pad.sum()), K))
+    assert torch.equal(ref_w[pad], torch.zeros(int(pad.sum()), K, device=DEVICE))
     for name, (w, ids) in results.items():
         assert torch.isfinite(w).all(), name
         assert ((ids >= 0) & (ids < E)).all(), f"{name} returned expert ids outside [0, {E})"
@@ -104,14 +112,15 @@ def test_moe_topk_padding_rows_every_kernel(scoring, renormalize, dtype):
 def test_moe_topk_zero_weight_sum_stays_zero_every_kernel():
     # Sigmoid of very negative logits underflows to 0 in float32: renormalizing 0 / 0 would
     # give NaN; the rule keeps the weights 0.
-    logits = torch.full((2, E), -200.0)
-    logits[1] = torch.linspace(-1, 1, E)
+    logits = torch.full((2, E), -200.0, device=DEVICE)
+    logits[1] = torch.linspace(-1, 1, E, device=DEVICE)
     names = serving(moe_topk_request(logits_dtype=torch.float32, num_experts=E, top_k=K, scoring="sigmoid"))
     _expect_all(names, ("torch_moe_topk", "triton_moe_topk"))
     for name in names:
         w, ids = moe_topk(logits, K, scoring="sigmoid", override=name)
-        assert torch.equal(w[0], torch.zeros(K)) and torch.equal(ids[0], torch.arange(K, dtype=torch.int32)), name
-        torch.testing.assert_close(w[1].sum(), torch.tensor(1.0), msg=name)
+        assert torch.equal(w[0], torch.zeros(K, device=DEVICE)), name
+        assert torch.equal(ids[0], torch.arange(K, dtype=torch.int32, device=DEVICE)), name
+        torch.testing.assert_close(w[1].sum(), torch.tensor(1.0, device=DEVICE), msg=name)
 
 
 def test_moe_apply_consumes_padding_rows_in_range_every_kernel(monkeypatch):
@@ -123,22 +132,23 @@ def test_moe_apply_consumes_padding_rows_in_range_every_kernel(monkeypatch):
         logits, pad = _router_logits(torch.float32)
         hidden, inter = 32, 16
         gen = torch.Generator().manual_seed(2)
-        x = torch.randn(12, hidden, generator=gen)
-        w13 = torch.randn(E, 2 * inter, hidden, generator=gen) / 8
-        w2 = torch.randn(E, hidden, inter, generator=gen) / 8
+        x = torch.randn(12, hidden, generator=gen).to(DEVICE)
+        w13 = (torch.randn(E, 2 * inter, hidden, generator=gen) / 8).to(DEVICE)
+        w2 = (torch.randn(E, hidden, inter, generator=gen) / 8).to(DEVICE)
         request = moe_apply_request(
             x_dtype=torch.float32, num_experts=E, top_k=K, hidden=hidden, intermediate=inter, num_tokens=12
         )
         apply_names = serving(request)
         _expect_all(apply_names, ("torch_moe", "triton_fused_moe"))
         topk_names = serving(moe_topk_request(logits_dtype=torch.float32, num_experts=E, top_k=K))
-        expected = None
+        ref_weights, ref_ids = moe_topk(logits, K, override="torch_moe_topk")
+        expected = moe_apply(x, w13, w2, ref_weights, ref_ids, override="torch_moe")  # the reference pair
         for topk_name in topk_names:
             weights, ids = moe_topk(logits, K, override=topk_name)
             for name in apply_names:
                 y = moe_apply(x, w13, w2, weights, ids, override=name)
-                assert torch.equal(y[pad], torch.zeros(int(pad.sum()), hidden)), f"{topk_name} -> {name}"
-                expected = y if expected is None else expected
+                assert torch.equal(y[pad], torch.zeros(int(pad.sum()), hidden, device=DEVICE)), f"{topk_name} -> {name}"
+                # float32 everywhere (Triton's fp32 dots are IEEE): 1e-4 covers a GPU's summation order
                 torch.testing.assert_close(y, expected, atol=1e-4, rtol=1e-4, msg=f"{topk_name} -> {name}")
     finally:
         monkeypatch.undo()
@@ -185,13 +195,14 @@ def _poison(case: cases.AttentionCase, inputs: dict, value: float) -> dict:
     k_cache, v_cache = inputs["k_cache"].float(), inputs["v_cache"].float()  # fp8 -> fp32 -> fp8 is exact
     page = case.page_size
     live = torch.zeros(k_cache.shape[0] * page, dtype=torch.bool)
-    table = inputs["page_table"]
+    table = inputs["page_table"].cpu()  # read on the host: no sync per slot
     for b, lk in enumerate(case.seqlens_k):
         for j in range(lk):
             live[int(table[b, j // page]) * page + j % page] = True
+    stale = (~live).to(k_cache.device)
     kf, vf = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
-    kf[~live] = value
-    vf[~live] = value
+    kf[stale] = value
+    vf[stale] = value
     for b, keys in poisoned.items():
         for j in keys:
             slot = int(table[b, j // page]) * page + j % page
@@ -241,26 +252,27 @@ def test_invisible_nan_keys_and_values_never_reach_a_query_every_kernel(case, va
     case = cases.AttentionCase(**{**case.__dict__, "return_lse": True, "dtype": torch.float32})
     names = serving(cases.request(case))
     _expect_all(names, (REFERENCE[case.op], TRITON[case.op]))
-    inputs = cases.make_inputs(case, seed=4)
+    inputs = _inputs(case, seed=4)
     bad = _poison(case, inputs, value)
     _, row_sees = _poison_plan(case)
-    clean_rows = ~torch.tensor(row_sees)
+    clean_rows = ~torch.tensor(row_sees, device=DEVICE)
     assert clean_rows.any(), "the case must have rows that see no poisoned key"
     for name in names:
         out, lse = cases.call(case, inputs, override=name)
         bad_out, bad_lse = cases.call(case, bad, override=name)
         out, bad_out = out.reshape(-1, *out.shape[-2:]), bad_out.reshape(-1, *bad_out.shape[-2:])
         assert torch.isfinite(bad_out[clean_rows]).all(), f"{name}: a NaN/inf no query can see leaked"
-        torch.testing.assert_close(bad_out[clean_rows], out[clean_rows], atol=1e-6, rtol=1e-6, msg=name)
-        torch.testing.assert_close(bad_lse[clean_rows], lse[clean_rows], atol=1e-6, rtol=1e-6, msg=name)
+        # The same kernel on the same shapes: a key it masks changes no bit of those rows.
+        assert torch.equal(bad_out[clean_rows], out[clean_rows]), f"{name}: output changed by an unseen key"
+        assert torch.equal(bad_lse[clean_rows], lse[clean_rows]), f"{name}: LSE changed by an unseen key"
 
 
 def test_reference_gives_nan_to_a_query_that_sees_a_nan_value():
     case = ATTENTION_CASES[0]
-    inputs = cases.make_inputs(case, seed=4)
+    inputs = _inputs(case, seed=4)
     out = cases.call(case, _poison(case, inputs, NAN), override="torch_prefill")
     _, row_sees = _poison_plan(case)
-    assert torch.isnan(out[torch.tensor(row_sees)]).all(-1).all(-1).all()
+    assert torch.isnan(out[torch.tensor(row_sees, device=DEVICE)]).all(-1).all(-1).all()
 
 
 # --- 3. the fp8 store keeps NaN --------------------------------------------------------------------
@@ -270,13 +282,13 @@ def test_fp8_store_keeps_nan_and_saturates_inf_every_kernel():
     case = cases.AttentionCase("kvcache.store", (6,), (6,), 2, 2, 16, page_size=4, kv_dtype=torch.float8_e4m3fn)
     names = serving(cases.request(case))
     _expect_all(names, ("torch_store_kvcache", "triton_store_kvcache"))
-    base = cases.make_inputs(case, seed=1)
+    base = _inputs(case, seed=1)
     k = base["k"].clone()
-    k[0, 0, :4] = torch.tensor([NAN, INF, -INF, -NAN])
+    k[0, 0, :4] = torch.tensor([NAN, INF, -INF, -NAN], device=DEVICE)
     k[2, 1, 5] = NAN
     v = base["v"].clone()
     v[1, 0, 0] = NAN
-    slots = torch.arange(6, dtype=torch.int64)  # every row written
+    slots = torch.arange(6, dtype=torch.int64, device=DEVICE)  # every row written
     written = {}
     for name in names:
         inputs = {**base, "k": k, "v": v, "slot_mapping": slots}
@@ -298,27 +310,32 @@ def test_fp8_store_keeps_nan_and_saturates_inf_every_kernel():
 
 
 @pytest.fixture
-def launches(monkeypatch):
-    """``launches(names)`` wraps those kernels so each call is recorded; restored afterwards."""
-    saved: list[tuple[object, object]] = []
+def launches():
+    """``launches(names)`` wraps those kernels' launch function and, where a kernel has one,
+    its ``prepare_layout`` hook (a vendor kernel's per-batch plan, which may launch work on a
+    GPU), so each call is recorded in the returned list; restored afterwards."""
+    saved: list[tuple[object, str, object]] = []
     calls: list[str] = []
 
     def wrap(names):
         for name in names:
             spec = registry.get_kernel(name)
-            fn = spec.fn
-            saved.append((spec, fn))
+            for attr in ("fn", "prepare_layout"):
+                fn = getattr(spec, attr)
+                if fn is None:
+                    continue
+                saved.append((spec, attr, fn))
 
-            def recorder(*args, _name=name, _fn=fn, **kwargs):
-                calls.append(_name)
-                return _fn(*args, **kwargs)
+                def recorder(*args, _label=f"{name}.{attr}", _fn=fn, **kwargs):
+                    calls.append(_label)
+                    return _fn(*args, **kwargs)
 
-            object.__setattr__(spec, "fn", recorder)
+                object.__setattr__(spec, attr, recorder)
         return calls
 
     yield wrap
-    for spec, fn in saved:
-        object.__setattr__(spec, "fn", fn)
+    for spec, attr, fn in reversed(saved):
+        object.__setattr__(spec, attr, fn)
 
 
 EMPTY_CASES = {
@@ -331,8 +348,8 @@ EMPTY_CASES = {
 def _empty_inputs(op: str, batch: int) -> dict:
     """Inputs of ``op`` with zero query tokens: ``batch`` sequences without queries (prefill,
     extend) or zero sequences (decode when ``batch`` is 0)."""
-    inputs = cases.make_inputs(EMPTY_CASES[op], seed=0)
-    cu = torch.zeros(batch + 1, dtype=torch.int32)
+    inputs = _inputs(EMPTY_CASES[op], seed=0)
+    cu = torch.zeros(batch + 1, dtype=torch.int32, device=DEVICE)
     q = inputs["q"][:0]
     if op == "attention.prefill":
         return inputs | {"q": q, "k": inputs["k"][:0], "v": inputs["v"][:0], "cu_seqlens_q": cu, "cu_seqlens_k": cu}
@@ -342,7 +359,7 @@ def _empty_inputs(op: str, batch: int) -> dict:
             "q": q,
             "cu_seqlens_q": cu,
             "page_table": table,
-            "cache_seqlens": torch.zeros(batch, dtype=torch.int32),
+            "cache_seqlens": torch.zeros(batch, dtype=torch.int32, device=DEVICE),
         }
     return inputs | {"q": q, "page_table": inputs["page_table"][:0], "cache_seqlens": inputs["cache_seqlens"][:0]}
 
@@ -396,7 +413,7 @@ def test_empty_store_every_kernel(launches):
     names = serving(cases.request(case))
     _expect_all(names, ("torch_store_kvcache", "triton_store_kvcache"))
     calls = launches(names)
-    inputs = cases.make_inputs(case)
+    inputs = _inputs(case)
     before = inputs["k_cache"].clone()
     empty = inputs | {"k": inputs["k"][:0], "v": inputs["v"][:0], "slot_mapping": inputs["slot_mapping"][:0]}
     for name in names:
@@ -415,10 +432,11 @@ def test_empty_moe_every_kernel(launches):
     _expect_all(topk_names, ("torch_moe_topk", "triton_moe_topk"))
     _expect_all(apply_names, ("torch_moe", "triton_fused_moe"))
     calls = launches(topk_names + apply_names)
-    w13, w2 = torch.randn(E, 2 * inter, hidden), torch.randn(E, hidden, inter)
-    x = torch.randn(0, hidden)
+    w13 = torch.randn(E, 2 * inter, hidden, device=DEVICE)
+    w2 = torch.randn(E, hidden, inter, device=DEVICE)
+    x = torch.randn(0, hidden, device=DEVICE)
     for name in topk_names:
-        weights, ids = moe_topk(torch.randn(0, E), K, override=name)
+        weights, ids = moe_topk(torch.randn(0, E, device=DEVICE), K, override=name)
         assert weights.shape == ids.shape == (0, K)
     for name in apply_names:
         assert moe_apply(x, w13, w2, weights, ids, override=name).shape == (0, hidden)
@@ -432,7 +450,7 @@ def test_empty_moe_every_kernel(launches):
 
 def _attention_inputs(op: str) -> tuple[cases.AttentionCase, dict]:
     case = EMPTY_CASES[op]
-    return case, cases.make_inputs(case, seed=0)
+    return case, _inputs(case, seed=0)
 
 
 ZERO_HEADS = [
@@ -469,7 +487,7 @@ def test_zero_heads_in_plan_and_store_are_value_errors():
     with pytest.raises(ValueError, match="num_q_heads must be >= 1, got 0"):
         mha_decode_plan(*tables, num_q_heads=0)
     store = cases.AttentionCase("kvcache.store", (3,), (3,), 2, 2, 16, page_size=4)
-    s = cases.make_inputs(store)
+    s = _inputs(store)
     for name in serving(cases.request(store)):
         with pytest.raises(ValueError, match="k must have at least one KV head"):
             store_kvcache(s["k"][:, :0], s["v"][:, :0], s["k_cache"][:, :, :0], s["v_cache"][:, :, :0],
@@ -521,7 +539,7 @@ def test_the_largest_int32_window_is_no_window_every_kernel(op):
     # keys a sequence can hold, so position - window never wraps around in int32.
     lengths_q = (1, 1) if op == "attention.decode" else (2, 1)
     case = cases.AttentionCase(**{**EMPTY_CASES[op].__dict__, "seqlens_q": lengths_q, "seqlens_k": (2, 6)})
-    inputs = cases.make_inputs(case, seed=3)
+    inputs = _inputs(case, seed=3)
     windowed = cases.AttentionCase(**{**case.__dict__, "window_left": 2**31 - 1})
     for name in serving(cases.request(windowed)):
         wide = cases.call(windowed, inputs | {"window_left": 2**31 - 1}, override=name)
@@ -531,7 +549,7 @@ def test_the_largest_int32_window_is_no_window_every_kernel(op):
 def test_noncausal_prefill_with_more_queries_than_keys_and_widest_window_every_kernel():
     case = cases.AttentionCase("attention.prefill", (9,), (3,), 4, 2, 16, causal=False)
     windowed = cases.AttentionCase(**{**case.__dict__, "window_left": 2**31 - 1})
-    inputs = cases.make_inputs(case, seed=3)
+    inputs = _inputs(case, seed=3)
     for name in serving(cases.request(windowed)):
         wide = cases.call(windowed, inputs | {"window_left": 2**31 - 1}, override=name)
         torch.testing.assert_close(wide, cases.call(case, inputs, override=name), msg=name)
@@ -540,42 +558,57 @@ def test_noncausal_prefill_with_more_queries_than_keys_and_widest_window_every_k
 # --- 6. device errors name the argument on the wrong device -------------------------------------
 
 
-def test_device_errors_name_the_right_argument():
+# The wrong device: meta everywhere (no memory, and a kernel cannot read it); on a GPU machine
+# also the CPU (an engine that left a table on the host).
+WRONG_DEVICES = ["meta", "cpu"]
+
+
+@pytest.mark.parametrize("wrong", WRONG_DEVICES)
+def test_device_errors_name_the_right_argument(wrong):
+    if torch.device(wrong) == DEVICE:
+        pytest.skip(f"the tensors already live on {wrong}: it is no wrong device on this machine (no GPU)")
     _, inputs = _attention_inputs("attention.decode")
-    meta = {name: inputs[name].to("meta") for name in ("k_cache", "v_cache", "page_table", "cache_seqlens")}
+    home = str(inputs["q"].device)  # e.g. "cpu" or "cuda:0", as the messages spell it
     tables = ("k_cache", "v_cache", "page_table", "cache_seqlens")
+    moved = {name: inputs[name].to(wrong) for name in tables}
 
     def plan(**changed):
         args = [changed.get(n, inputs[n]) for n in tables]
         return mha_decode_plan(*args, 5, num_q_heads=4)
 
-    with pytest.raises(ValueError, match="^v_cache is on cpu but k_cache is on meta$"):
-        plan(k_cache=meta["k_cache"])
+    with pytest.raises(ValueError, match=f"^v_cache is on {home} but k_cache is on {wrong}$"):
+        plan(k_cache=moved["k_cache"])
     for name in ("v_cache", "page_table", "cache_seqlens"):
-        with pytest.raises(ValueError, match=f"^{name} is on meta but k_cache is on cpu$"):
-            plan(**{name: meta[name]})
+        with pytest.raises(ValueError, match=f"^{name} is on {wrong} but k_cache is on {home}$"):
+            plan(**{name: moved[name]})
     for name in tables:
-        with pytest.raises(ValueError, match=f"^{name} is on meta but q is on cpu$"):
-            mha_decode_with_kvcache(**(inputs | {name: meta[name]}))
+        with pytest.raises(ValueError, match=f"^{name} is on {wrong} but q is on {home}$"):
+            mha_decode_with_kvcache(**(inputs | {name: moved[name]}))
     store = cases.AttentionCase("kvcache.store", (3,), (3,), 2, 2, 16, page_size=4)
-    s = cases.make_inputs(store)
+    s = _inputs(store)
     for name in ("v", "k_cache", "v_cache", "slot_mapping"):
-        with pytest.raises(ValueError, match=f"^{name} is on meta but k is on cpu$"):
-            store_kvcache(**(s | {name: s[name].to("meta")}))
+        with pytest.raises(ValueError, match=f"^{name} is on {wrong} but k is on {home}$"):
+            store_kvcache(**(s | {name: s[name].to(wrong)}))
 
 
 # --- 7. a store that raises has written nothing --------------------------------------------------
 
 
 @pytest.mark.parametrize("slot", [16, 2**40])
-def test_out_of_range_slot_writes_nothing_every_kernel(slot):
+def test_out_of_range_slot_writes_nothing_every_kernel(slot, env):
+    if DEVICE.type != "cpu":
+        # Slots on the host are range-checked on every call; on a GPU only under debug (the
+        # check is a device sync), which is what an engine turns on to catch a bad slot.
+        from tokenspeed_kernel import config
+
+        env(config.DEBUG_ENV, "1")
     case = cases.AttentionCase("kvcache.store", (3,), (3,), 2, 2, 16, page_size=4)  # 4 pages x 4 = 16 slots
     names = serving(cases.request(case))
     _expect_all(names, ("torch_store_kvcache", "triton_store_kvcache"))
     for name in names:
-        inputs = cases.make_inputs(case, seed=2)
+        inputs = _inputs(case, seed=2)
         assert inputs["k_cache"].shape[0] * 4 == 16
-        inputs["slot_mapping"] = torch.tensor([0, 1, slot], dtype=torch.int64)
+        inputs["slot_mapping"] = torch.tensor([0, 1, slot], dtype=torch.int64, device=DEVICE)
         before = inputs["k_cache"].clone(), inputs["v_cache"].clone()
         with pytest.raises(ValueError, match=f"slot_mapping holds slot {slot} but the cache has 16 slots"):
             store_kvcache(**inputs, override=name)
@@ -588,10 +621,10 @@ def test_reference_store_checks_every_slot_before_writing():
     from tokenspeed_kernel.ops.kvcache.args import StoreArgs
 
     case = cases.AttentionCase("kvcache.store", (3,), (3,), 2, 2, 16, page_size=4)
-    inputs = cases.make_inputs(case, seed=2)
+    inputs = _inputs(case, seed=2)
     before = inputs["k_cache"].clone()
     args = StoreArgs(inputs["k"], inputs["v"], inputs["k_cache"], inputs["v_cache"],
-                     torch.tensor([0, 1, 2**40]), None, None)  # fmt: skip
+                     torch.tensor([0, 1, 2**40], device=DEVICE), None, None)  # fmt: skip
     with pytest.raises(ValueError, match="slot_mapping holds slot"):
         registry.get_kernel("torch_store_kvcache").fn(args)
     assert torch.equal(inputs["k_cache"], before)
@@ -603,7 +636,7 @@ def test_reference_store_checks_every_slot_before_writing():
 @pytest.mark.parametrize("op", ["attention.prefill", "attention.extend"])
 def test_largest_max_seqlen_q_bound_runs_like_the_tight_one_every_kernel(op):
     case = cases.AttentionCase(**{**EMPTY_CASES[op].__dict__, "seqlens_q": (3, 2), "seqlens_k": (3, 5)})
-    inputs = cases.make_inputs(case, seed=6)
+    inputs = _inputs(case, seed=6)
     loose = inputs | {"max_seqlen_q": 2**31 - 1, "max_seqlen_k": 2**31 - 1}
     names = serving(cases.request(case))
     _expect_all(names, (REFERENCE[op], TRITON[op]))

@@ -17,20 +17,24 @@ from tokenspeed_kernel import (
 )
 from tokenspeed_kernel.ops._checks import kv_align
 from tokenspeed_kernel.ops.attention.args import Heads
-from tokenspeed_kernel.platform import Platform
+from tokenspeed_kernel.platform import Platform, platform_for
 from tokenspeed_kernel.registry import Priority, kernels
 from tokenspeed_kernel.tools.cases import attention as cases
 
+# Where the every-kernel tests put their tensors (and ask the selector for): the GPU when
+# torch sees one, else the CPU.
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PAGED = ("attention.extend", "attention.decode", "kvcache.store")
 STRIDED = ("hnd", "vllm", "stacked")
 
 
 def _runnable(op: str) -> list[str]:
-    """The kernels of ``op`` that claim strided caches and run on this machine (the reference
-    everywhere; Triton under the interpreter)."""
+    """The kernels of ``op`` that claim strided caches and serve tensors on ``DEVICE`` (the
+    reference everywhere; Triton under the interpreter or compiled; vendor kernels)."""
     names = []
+    selection = explain(cases.request(_case(op, "vllm")), platform=platform_for(DEVICE))
     for spec in kernels(op):
-        reasons = [r for c in explain(cases.request(_case(op, "vllm"))).candidates if c.spec is spec for r in c.reasons]
+        reasons = [r for c in selection.candidates if c.spec is spec for r in c.reasons]
         if not reasons:
             names.append(spec.name)
     return names
@@ -58,7 +62,7 @@ def test_every_strided_kernel_matches_its_contiguous_copy_and_the_reference(op, 
     names = _runnable(op)
     assert "torch_" + op.split(".")[1].replace("store", "store_kvcache") in names
     for name in names:
-        inputs = cases.make_inputs(case, seed=11)
+        inputs = cases.make_inputs(case, DEVICE, seed=11)
         assert not inputs["k_cache"].is_contiguous()
         flat = _contiguous(inputs)
         if op == "kvcache.store":
@@ -66,7 +70,7 @@ def test_every_strided_kernel_matches_its_contiguous_copy_and_the_reference(op, 
             before = base.clone()
             k_view, v_view = cases.call(case, inputs, override=name)
             k_flat, v_flat = cases.call(case, flat, override=name)
-            expected_k, expected_v = cases.reference(case, _contiguous(cases.make_inputs(case, seed=11)))
+            expected_k, expected_v = cases.reference(case, _contiguous(cases.make_inputs(case, DEVICE, seed=11)))
             assert torch.equal(k_view, k_flat) and torch.equal(v_view, v_flat), name
             assert torch.equal(k_view, expected_k) and torch.equal(v_view, expected_v), name
             untouched = torch.ones_like(base, dtype=torch.bool)
@@ -84,15 +88,15 @@ def test_every_strided_kernel_matches_its_contiguous_copy_and_the_reference(op, 
 
 def _offsets(view: torch.Tensor) -> torch.Tensor:
     """Flat storage offsets (from the base's start) of every element of ``view``."""
-    index = torch.zeros((), dtype=torch.int64)
+    index = torch.zeros((), dtype=torch.int64, device=view.device)
     for size, stride in zip(view.shape, view.stride()):
-        index = index.unsqueeze(-1) + torch.arange(size) * stride
+        index = index.unsqueeze(-1) + torch.arange(size, device=view.device) * stride
     return (index + view.storage_offset()).flatten()
 
 
 def test_fp8_strided_cache_matches_the_reference():
     case = _case("attention.decode", "vllm", kv_dtype=torch.float8_e4m3fn)
-    inputs = cases.make_inputs(case, seed=3)
+    inputs = cases.make_inputs(case, DEVICE, seed=3)
     expected, _ = cases.reference(case, _contiguous(inputs))
     for name in _runnable("attention.decode"):
         out = cases.call(case, inputs, override=name)
