@@ -120,6 +120,15 @@ if _absent("vllm._C_stable_libtorch"):
     sys.modules["vllm._C_stable_libtorch"] = _NotCarried("vllm._C_stable_libtorch")
 if _absent("vllm._vllm_fa2_C") and _absent("vllm._vllm_fa3_C"):
     sys.modules["vllm.vllm_flash_attn"] = _NotCarried("vllm.vllm_flash_attn")
+if _absent("vllm._C"):  # capability queries some modules make at import: "not supported"
+    import torch
+
+    _LIB = torch.library.Library("_C", "FRAGMENT")
+    for _name in ("fp4", "fp8", "block_fp8"):
+        _LIB.define(f"cutlass_scaled_mm_supports_{_name}(int cuda_device_capability) -> bool")
+        _LIB.impl(f"cutlass_scaled_mm_supports_{_name}", lambda cap: False, "CompositeExplicitAutograd")
+    _LIB.define("cutlass_group_gemm_supported(int cuda_device_capability) -> bool")
+    _LIB.impl("cutlass_group_gemm_supported", lambda cap: False, "CompositeExplicitAutograd")
 """
 # The platform, and the model module vLLM's config inspects in a child process.
 _PLATFORM_PROBE = (
@@ -172,6 +181,8 @@ def _vllm_config(model_dir: str, max_model_len: int, cudagraph: bool):
     model = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=max_model_len)
     config = VllmConfig(model_config=model, cache_config=CacheConfig(block_size=PAGE))
     config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE if cudagraph else CUDAGraphMode.NONE
+    if cudagraph and not config.compilation_config.cudagraph_capture_sizes:  # vLLM's CPU platform sets none
+        config.compilation_config.cudagraph_capture_sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
     return config
 
 
