@@ -220,12 +220,7 @@ class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
                 md.prefill_max_query_len,
                 md.max_seq_len,
                 causal=True,
-                softmax_scale=self.scale,
-                window_left=self.window_left,
-                sinks=sinks,
-                logit_cap=self.logit_cap,
-                k_scale=k_scale,
-                v_scale=v_scale,
+                **self._options(sinks, k_scale, v_scale),
                 out=output[rows],
             )
         return output
@@ -256,14 +251,22 @@ class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
             md.decode_page_table,
             md.decode_seqlens,
             md.max_seq_len,
-            softmax_scale=self.scale,
-            window_left=self.window_left,
-            sinks=sinks,
-            logit_cap=self.logit_cap,
-            k_scale=k_scale,
-            v_scale=v_scale,
+            **self._options(sinks, k_scale, v_scale),
             out=out,
         )
+
+    def _options(
+        self, sinks: torch.Tensor | None, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None
+    ) -> dict[str, object]:
+        """The keyword options every attention call of this layer passes (decode, extend, plan)."""
+        return {
+            "softmax_scale": self.scale,
+            "window_left": self.window_left,
+            "sinks": sinks,
+            "logit_cap": self.logit_cap,
+            "k_scale": k_scale,
+            "v_scale": v_scale,
+        }
 
     def _plan(
         self,
@@ -295,12 +298,7 @@ class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
                 num_q_heads=self.num_heads,
                 q_len=md.decode_q_len,
                 q_dtype=q_dtype,
-                softmax_scale=self.scale,
-                window_left=self.window_left,
-                sinks=sinks,
-                logit_cap=self.logit_cap,
-                k_scale=k_scale,
-                v_scale=v_scale,
+                **self._options(sinks, k_scale, v_scale),
                 capturable=md.plan_capturable,
             )
             md.decode_plans.add(md.decode_plan_key, owner, plan)
