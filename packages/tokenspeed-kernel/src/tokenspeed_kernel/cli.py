@@ -14,8 +14,8 @@ tokenspeed-kernel bench OP|all [--kernel K[,K...]|all] [--preset P | --replay FI
                                                   timings, ceilings, same-run baselines
 tokenspeed-kernel profile OP [--preset P] [--kernel K] [--out FILE]
                                                   a torch.profiler Chrome trace
-tokenspeed-kernel overhead [--op OP ...] [--json FILE]
-                                                  host µs per eager public call (no-op kernels)
+tokenspeed-kernel overhead [--op OP ...] [--device cuda] [--top N] [--json FILE]
+                                                  host µs per eager public call (no-op kernels; real ones on a GPU)
 """
 
 from __future__ import annotations
@@ -241,7 +241,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None)
     p.set_defaults(fn=_cmd_profile)
 
-    p = sub.add_parser("overhead", help="host µs per eager public call, with no-op kernels (CPU is enough)")
+    p = sub.add_parser(
+        "overhead", help="host µs per eager public call: no-op kernels on CPU, or the real kernels with --device cuda"
+    )
     overhead_arguments(p)
     p.set_defaults(fn=_cmd_overhead)
     return parser

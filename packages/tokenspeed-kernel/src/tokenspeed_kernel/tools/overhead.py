@@ -86,107 +86,124 @@ def noop_kernels(ops: tuple[str, ...] = tuple(OPERATORS)) -> Iterator[dict[str, 
 
 @dataclass(frozen=True)
 class OverheadCase:
-    """One timed call: ``make()`` builds the inputs once and returns the call to time."""
+    """One timed call: ``make(device)`` builds the inputs once and returns the call to time."""
 
     name: str
     op: str
-    make: Callable[[], Callable[[], object]]
+    make: Callable[[torch.device], Callable[[], object]]
 
 
-def _prefill() -> Callable[[], object]:
-    from tokenspeed_kernel import mha_prefill
-
-    q = torch.zeros(16, 8, 64, dtype=torch.bfloat16)
-    k = torch.zeros(16, 2, 64, dtype=torch.bfloat16)
-    v = torch.zeros(16, 2, 64, dtype=torch.bfloat16)
-    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
-    return lambda: mha_prefill(q, k, v, cu, cu, 8, 8)
+HEADS, KV_HEADS, HEAD_DIM, PAGE = 64, 8, 64, 16  # GPT-OSS-120B attention
+DTYPE = torch.bfloat16
 
 
-def _paged(batch: int = 2, pages: int = 8, page_size: int = 16) -> dict[str, torch.Tensor]:
+def _randn(*shape: int, device: torch.device, dtype: torch.dtype = DTYPE) -> torch.Tensor:
+    return torch.randn(*shape, device=device, dtype=dtype)
+
+
+def _paged(device: torch.device, batch: int = 1, tokens: int = 256) -> dict[str, torch.Tensor]:
+    """A contiguous paged cache holding ``tokens`` keys per sequence, pages in order."""
+    per_seq = -(-tokens // PAGE) + 1
+    pages = batch * per_seq
     return {
-        "k_cache": torch.zeros(pages, page_size, 2, 64, dtype=torch.bfloat16),
-        "v_cache": torch.zeros(pages, page_size, 2, 64, dtype=torch.bfloat16),
-        "page_table": torch.arange(batch * 4, dtype=torch.int32).reshape(batch, 4),
-        "cache_seqlens": torch.full((batch,), 40, dtype=torch.int32),
+        "k_cache": _randn(pages, PAGE, KV_HEADS, HEAD_DIM, device=device),
+        "v_cache": _randn(pages, PAGE, KV_HEADS, HEAD_DIM, device=device),
+        "page_table": torch.arange(pages, dtype=torch.int32, device=device).reshape(batch, per_seq),
+        "cache_seqlens": torch.full((batch,), tokens, dtype=torch.int32, device=device),
+        "sinks": torch.randn(HEADS, device=device, dtype=torch.float32),
     }
 
 
-def _extend() -> Callable[[], object]:
+def _prefill(device: torch.device) -> Callable[[], object]:
+    from tokenspeed_kernel import mha_prefill
+
+    q, k, v = (_randn(64, h, HEAD_DIM, device=device) for h in (HEADS, KV_HEADS, KV_HEADS))
+    cu = torch.tensor([0, 64], dtype=torch.int32, device=device)
+    sinks = torch.randn(HEADS, device=device, dtype=torch.float32)
+    return lambda: mha_prefill(q, k, v, cu, cu, 64, 64, window_left=127, sinks=sinks)
+
+
+def _extend(device: torch.device) -> Callable[[], object]:
     from tokenspeed_kernel import mha_extend_with_kvcache
 
-    c = _paged()
-    q = torch.zeros(16, 8, 64, dtype=torch.bfloat16)
-    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    c = _paged(device)
+    q = _randn(16, HEADS, HEAD_DIM, device=device)
+    cu = torch.tensor([0, 16], dtype=torch.int32, device=device)
     return lambda: mha_extend_with_kvcache(
-        q, c["k_cache"], c["v_cache"], c["page_table"], cu, c["cache_seqlens"], 8, 40
+        q, c["k_cache"], c["v_cache"], c["page_table"], cu, c["cache_seqlens"], 16, 256, sinks=c["sinks"]
     )
 
 
-def _decode() -> Callable[[], object]:
+def _decode(device: torch.device) -> Callable[[], object]:
     from tokenspeed_kernel import mha_decode_with_kvcache
 
-    c = _paged()
-    q = torch.zeros(2, 8, 64, dtype=torch.bfloat16)
-    return lambda: mha_decode_with_kvcache(q, c["k_cache"], c["v_cache"], c["page_table"], c["cache_seqlens"], 40)
+    c = _paged(device)
+    q = _randn(1, HEADS, HEAD_DIM, device=device)
+    return lambda: mha_decode_with_kvcache(
+        q, c["k_cache"], c["v_cache"], c["page_table"], c["cache_seqlens"], 256, sinks=c["sinks"]
+    )
 
 
-def _decode_plan() -> Callable[[], object]:
+def _decode_plan(device: torch.device) -> Callable[[], object]:
     from tokenspeed_kernel import mha_decode_plan
 
-    c = _paged()
+    c = _paged(device)
     plan = mha_decode_plan(
-        c["k_cache"], c["v_cache"], c["page_table"], c["cache_seqlens"], 40, q_dtype=torch.bfloat16, num_q_heads=8
-    )
-    q = torch.zeros(2, 8, 64, dtype=torch.bfloat16)
+        c["k_cache"], c["v_cache"], c["page_table"], c["cache_seqlens"], 256,
+        q_dtype=DTYPE, num_q_heads=HEADS, sinks=c["sinks"],
+    )  # fmt: skip
+    q = _randn(1, HEADS, HEAD_DIM, device=device)
     return lambda: plan.run(q)
 
 
-def _store() -> Callable[[], object]:
+def _store(device: torch.device) -> Callable[[], object]:
     from tokenspeed_kernel import store_kvcache
 
-    c = _paged()
-    k = torch.zeros(4, 2, 64, dtype=torch.bfloat16)
-    v = torch.zeros(4, 2, 64, dtype=torch.bfloat16)
-    slots = torch.arange(4, dtype=torch.int64)
+    c = _paged(device)
+    k, v = (_randn(1, KV_HEADS, HEAD_DIM, device=device) for _ in range(2))
+    slots = torch.tensor([256], dtype=torch.int64, device=device)
     return lambda: store_kvcache(k, v, c["k_cache"], c["v_cache"], slots)
 
 
-def _topk() -> Callable[[], object]:
+def _topk(device: torch.device) -> Callable[[], object]:
     from tokenspeed_kernel import moe_topk
 
-    logits = torch.zeros(4, 8, dtype=torch.bfloat16)
-    return lambda: moe_topk(logits, 2)
+    logits = _randn(4, 128, device=device)
+    return lambda: moe_topk(logits, 4)
 
 
-def _moe_inputs() -> dict[str, torch.Tensor]:
+def _moe(device: torch.device) -> dict[str, torch.Tensor]:
+    """4 tokens, 32 experts of hidden 512 / intermediate 512 (bf16), top-4."""
+    experts, hidden, inter, tokens, top_k = 32, 512, 512, 4, 4
     return {
-        "x": torch.zeros(4, 32, dtype=torch.bfloat16),
-        "w13": torch.zeros(8, 64, 32, dtype=torch.bfloat16),
-        "w2": torch.zeros(8, 32, 32, dtype=torch.bfloat16),
-        "topk_weights": torch.zeros(4, 2, dtype=torch.float32),
-        "topk_ids": torch.zeros(4, 2, dtype=torch.int32),
+        "x": _randn(tokens, hidden, device=device),
+        "w13": _randn(experts, 2 * inter, hidden, device=device) / hidden**0.5,
+        "w2": _randn(experts, hidden, inter, device=device) / inter**0.5,
+        "topk_weights": torch.rand(tokens, top_k, device=device),
+        "topk_ids": torch.randperm(experts, device=device)[: tokens * top_k].reshape(tokens, top_k).int(),
     }
 
 
-def _apply() -> Callable[[], object]:
+def _apply(device: torch.device) -> Callable[[], object]:
     from tokenspeed_kernel import moe_apply
 
-    m = _moe_inputs()
+    m = _moe(device)
     return lambda: moe_apply(m["x"], m["w13"], m["w2"], m["topk_weights"], m["topk_ids"])
 
 
-def _apply_plan() -> Callable[[], object]:
+def _apply_plan(device: torch.device) -> Callable[[], object]:
     from tokenspeed_kernel import moe_plan
 
-    m = _moe_inputs()
-    plan = moe_plan(m["w13"], m["w2"], x_dtype=torch.bfloat16, top_k=2)
+    m = _moe(device)
+    plan = moe_plan(m["w13"], m["w2"], x_dtype=DTYPE, top_k=4)
     return lambda: plan.apply(m["x"], m["topk_weights"], m["topk_ids"])
 
 
 def cases() -> tuple[OverheadCase, ...]:
-    """The timed calls: every public operator and each plan's per-step call, small shapes
-    (bf16, 8 query / 2 KV heads, D 64, 2 sequences, page 16; MoE 4 tokens, E 8, top-2)."""
+    """The timed calls: every public operator and each plan's per-step call, at GPT-OSS-120B's
+    attention heads (64 query / 8 KV heads of dim 64, bf16, sinks): prefill 64 tokens with
+    window 128; extend 16 onto 256 cached; decode B=1 over 256 keys; store 1 token; top-4 of
+    128 over 4 tokens; MoE 4 tokens, 32 experts of 512 x 512, top-4."""
     return (
         OverheadCase("mha_prefill", "attention.prefill", _prefill),
         OverheadCase("mha_extend_with_kvcache", "attention.extend", _extend),
@@ -315,7 +332,7 @@ def breakdown(call: Callable[[], object], calls: int = 2000) -> dict[str, float]
 
 def measure(case: OverheadCase, *, number: int = 2000, repeats: int = 7, profile: bool = True) -> OverheadRow:
     """Time ``case`` (call the no-op kernels must be registered: see :func:`noop_kernels`)."""
-    call = case.make()
+    call = case.make(torch.device("cpu"))
     for _ in range(200):  # warm: selection cache, lazy imports, allocator
         call()
     kernel = last_kernel() or "?"

@@ -32,20 +32,9 @@ from dataclasses import dataclass
 import torch
 
 from tokenspeed_kernel.ops._dispatch import last_kernel
+from tokenspeed_kernel.tools.overhead import CATEGORIES, HEAD_DIM, HEADS, KV_HEADS, OverheadCase, breakdown, cases
 
-__all__ = ["DeviceCase", "DeviceRow", "baselines", "device_cases", "measure_device", "top_functions"]
-
-HEADS, KV_HEADS, HEAD_DIM, PAGE = 64, 8, 64, 16  # GPT-OSS-120B attention
-DTYPE = torch.bfloat16
-
-
-@dataclass(frozen=True)
-class DeviceCase:
-    """One timed call on ``device``: ``make(device)`` builds inputs once, returns the call."""
-
-    name: str
-    op: str
-    make: Callable[[torch.device], Callable[[], object]]
+__all__ = ["DeviceRow", "baselines", "measure_device", "run_device", "top_functions"]
 
 
 @dataclass(frozen=True)
@@ -60,122 +49,8 @@ class DeviceRow:
     breakdown_us: dict[str, float]
 
 
-def _randn(*shape: int, device: torch.device, dtype: torch.dtype = DTYPE) -> torch.Tensor:
-    return torch.randn(*shape, device=device, dtype=dtype)
-
-
-def _paged(device: torch.device, batch: int = 1, tokens: int = 256) -> dict[str, torch.Tensor]:
-    """A contiguous paged cache holding ``tokens`` keys per sequence, pages in order."""
-    per_seq = -(-tokens // PAGE) + 1
-    pages = batch * per_seq
-    return {
-        "k_cache": _randn(pages, PAGE, KV_HEADS, HEAD_DIM, device=device),
-        "v_cache": _randn(pages, PAGE, KV_HEADS, HEAD_DIM, device=device),
-        "page_table": torch.arange(pages, dtype=torch.int32, device=device).reshape(batch, per_seq),
-        "cache_seqlens": torch.full((batch,), tokens, dtype=torch.int32, device=device),
-        "sinks": torch.randn(HEADS, device=device, dtype=torch.float32),
-    }
-
-
-def _prefill(device: torch.device) -> Callable[[], object]:
-    from tokenspeed_kernel import mha_prefill
-
-    q, k, v = (_randn(64, h, HEAD_DIM, device=device) for h in (HEADS, KV_HEADS, KV_HEADS))
-    cu = torch.tensor([0, 64], dtype=torch.int32, device=device)
-    sinks = torch.randn(HEADS, device=device, dtype=torch.float32)
-    return lambda: mha_prefill(q, k, v, cu, cu, 64, 64, window_left=127, sinks=sinks)
-
-
-def _extend(device: torch.device) -> Callable[[], object]:
-    from tokenspeed_kernel import mha_extend_with_kvcache
-
-    c = _paged(device)
-    q = _randn(16, HEADS, HEAD_DIM, device=device)
-    cu = torch.tensor([0, 16], dtype=torch.int32, device=device)
-    return lambda: mha_extend_with_kvcache(
-        q, c["k_cache"], c["v_cache"], c["page_table"], cu, c["cache_seqlens"], 16, 256, sinks=c["sinks"]
-    )
-
-
-def _decode(device: torch.device) -> Callable[[], object]:
-    from tokenspeed_kernel import mha_decode_with_kvcache
-
-    c = _paged(device)
-    q = _randn(1, HEADS, HEAD_DIM, device=device)
-    return lambda: mha_decode_with_kvcache(
-        q, c["k_cache"], c["v_cache"], c["page_table"], c["cache_seqlens"], 256, sinks=c["sinks"]
-    )
-
-
-def _decode_plan(device: torch.device) -> Callable[[], object]:
-    from tokenspeed_kernel import mha_decode_plan
-
-    c = _paged(device)
-    plan = mha_decode_plan(
-        c["k_cache"], c["v_cache"], c["page_table"], c["cache_seqlens"], 256,
-        q_dtype=DTYPE, num_q_heads=HEADS, sinks=c["sinks"],
-    )  # fmt: skip
-    q = _randn(1, HEADS, HEAD_DIM, device=device)
-    return lambda: plan.run(q)
-
-
-def _store(device: torch.device) -> Callable[[], object]:
-    from tokenspeed_kernel import store_kvcache
-
-    c = _paged(device)
-    k, v = (_randn(1, KV_HEADS, HEAD_DIM, device=device) for _ in range(2))
-    slots = torch.tensor([256], dtype=torch.int64, device=device)
-    return lambda: store_kvcache(k, v, c["k_cache"], c["v_cache"], slots)
-
-
-def _topk(device: torch.device) -> Callable[[], object]:
-    from tokenspeed_kernel import moe_topk
-
-    logits = _randn(4, 128, device=device)
-    return lambda: moe_topk(logits, 4)
-
-
-def _moe(device: torch.device) -> dict[str, torch.Tensor]:
-    """4 tokens, 32 experts of hidden 512 / intermediate 512 (bf16), top-4."""
-    experts, hidden, inter, tokens, top_k = 32, 512, 512, 4, 4
-    return {
-        "x": _randn(tokens, hidden, device=device),
-        "w13": _randn(experts, 2 * inter, hidden, device=device) / hidden**0.5,
-        "w2": _randn(experts, hidden, inter, device=device) / inter**0.5,
-        "topk_weights": torch.rand(tokens, top_k, device=device),
-        "topk_ids": torch.randperm(experts, device=device)[: tokens * top_k].reshape(tokens, top_k).int(),
-    }
-
-
-def _apply(device: torch.device) -> Callable[[], object]:
-    from tokenspeed_kernel import moe_apply
-
-    m = _moe(device)
-    return lambda: moe_apply(m["x"], m["w13"], m["w2"], m["topk_weights"], m["topk_ids"])
-
-
-def _apply_plan(device: torch.device) -> Callable[[], object]:
-    from tokenspeed_kernel import moe_plan
-
-    m = _moe(device)
-    plan = moe_plan(m["w13"], m["w2"], x_dtype=DTYPE, top_k=4)
-    return lambda: plan.apply(m["x"], m["topk_weights"], m["topk_ids"])
-
-
-def device_cases() -> tuple[DeviceCase, ...]:
-    """Every public operator and each plan's per-step call (GPT-OSS attention heads, bf16:
-    prefill 64 tokens with window 128 and sinks; extend 16 onto 256 cached; decode B=1 over
-    256 keys; store 1 token; top-4 of 128 over 4 tokens; MoE 4 tokens, 32 experts)."""
-    return (
-        DeviceCase("mha_prefill", "attention.prefill", _prefill),
-        DeviceCase("mha_extend_with_kvcache", "attention.extend", _extend),
-        DeviceCase("mha_decode_with_kvcache", "attention.decode", _decode),
-        DeviceCase("DecodePlan.run", "attention.decode", _decode_plan),
-        DeviceCase("store_kvcache", "kvcache.store", _store),
-        DeviceCase("moe_topk", "moe.topk", _topk),
-        DeviceCase("moe_apply", "moe.apply", _apply),
-        DeviceCase("MoEPlan.apply", "moe.apply", _apply_plan),
-    )
+def _randn(*shape: int, device: torch.device) -> torch.Tensor:
+    return torch.randn(*shape, device=device, dtype=torch.bfloat16)
 
 
 def _sdpa(device: torch.device) -> Callable[[], object]:
@@ -190,11 +65,11 @@ def _matmul(device: torch.device) -> Callable[[], object]:
     return lambda: torch.matmul(a, b)
 
 
-def baselines() -> tuple[DeviceCase, ...]:
+def baselines() -> tuple[OverheadCase, ...]:
     """torch's own eager calls at comparable sizes: SDPA at the decode shape (GQA), matmul."""
     return (
-        DeviceCase("torch SDPA (baseline)", "torch", _sdpa),
-        DeviceCase("torch matmul (baseline)", "torch", _matmul),
+        OverheadCase("torch SDPA (baseline)", "torch", _sdpa),
+        OverheadCase("torch matmul (baseline)", "torch", _matmul),
     )
 
 
@@ -210,11 +85,9 @@ def _host_and_wall(call: Callable[[], object], device: torch.device, number: int
 
 
 def measure_device(
-    case: DeviceCase, device: torch.device, *, number: int = 300, repeats: int = 7, profile: bool = True
+    case: OverheadCase, device: torch.device, *, number: int = 300, repeats: int = 7, profile: bool = True
 ) -> DeviceRow:
     """Host and wall µs per call of ``case`` (medians over ``repeats`` runs of ``number``)."""
-    from tokenspeed_kernel.tools.overhead import breakdown
-
     call = case.make(device)
     for _ in range(20):  # warm: compilation, selection cache, allocator
         call()
@@ -227,7 +100,7 @@ def measure_device(
     return DeviceRow(case.name, case.op, kernel, host, wall, {k: s * host for k, s in shares.items()})
 
 
-def top_functions(case: DeviceCase, device: torch.device, *, calls: int = 300, top: int = 12) -> str:
+def top_functions(case: OverheadCase, device: torch.device, *, calls: int = 300, top: int = 12) -> str:
     """The ``top`` functions by self time over ``calls`` eager calls (cProfile), as text."""
     import io
 
@@ -251,7 +124,7 @@ def run_device(
     device: torch.device, ops: list[str] | None = None, *, number: int = 300, repeats: int = 7, profile: bool = True
 ) -> list[DeviceRow]:
     """Measure the baselines, then every case (of ``ops``, or all), on ``device``."""
-    chosen = [c for c in device_cases() if ops is None or c.op in ops]
+    chosen = [c for c in cases() if ops is None or c.op in ops]
     return [
         measure_device(c, device, number=number, repeats=repeats, profile=profile) for c in baselines() + tuple(chosen)
     ]
@@ -259,8 +132,6 @@ def run_device(
 
 def device_table(rows: list[DeviceRow]) -> str:
     """One line per row: host and wall µs, host over torch SDPA's, the breakdown."""
-    from tokenspeed_kernel.tools.overhead import CATEGORIES
-
     sdpa = next((r.host_us for r in rows if r.name.startswith("torch SDPA")), float("nan"))
     head = f"{'call':<26} {'kernel':<24} {'host µs':>8} {'wall µs':>8} {'×SDPA':>6}  " + " ".join(
         f"{c:>10}" for c in CATEGORIES
@@ -289,7 +160,7 @@ def run_device_cli(args: argparse.Namespace) -> int:
     torch.cuda.set_device(device)
     number = args.number or 300
     if args.top:
-        for case in device_cases():
+        for case in cases():
             if args.op is None or case.op in args.op:
                 print(f"== {case.name}: top {args.top} functions by self time over {number} calls")
                 print(top_functions(case, device, calls=number, top=args.top))
