@@ -17,9 +17,10 @@ A kernel author writes::
     )
     def my_decode(args: DecodeArgs) -> None: ...
 
-Two optional hooks ride along with the metadata: ``prepare`` (weights, called once by
-``moe_plan``) and ``prepare_layout`` (batch layout, called by ``mha_decode_plan`` and
-``DecodePlan.update`` outside CUDA-graph capture). ``graph_safe=False`` declares that the
+Optional hooks ride along with the metadata: ``prepare`` (weights, called once by
+``moe_plan``), ``prepare_layout`` (batch layout, called by ``mha_decode_plan`` and
+``DecodePlan.update`` outside CUDA-graph capture) and ``bind`` (called once by
+``mha_decode_plan``: returns the runner that serves the plan's runs, its launch work done). ``graph_safe=False`` declares that the
 kernel cannot be captured in a CUDA graph (it reads device values on the host, or plans
 per call): the selector then refuses it for a ``capturable`` request, and a call made while
 the stream is capturing raises ``RuntimeError`` before launching it.
@@ -167,7 +168,11 @@ class KernelSpec:
     (``moe_plan``). ``prepare_layout`` (optional, operators whose schema has
     ``layout_hook``) is the batch-layout plan hook: ``prepare_layout(args) -> None``, called
     with the operator's typed arguments outside CUDA-graph capture whenever the layout
-    tensors changed (``mha_decode_plan``, ``DecodePlan.update``). ``graph_safe`` says
+    tensors changed (``mha_decode_plan``, ``DecodePlan.update``). ``bind`` (optional, same
+    operators) is the run binder: ``bind(args) -> run``, called once per plan with the
+    arguments ``prepare_layout`` gets; ``run(args)`` then serves every ``DecodePlan.run`` in
+    place of ``fn``, with the launch work that depends only on the plan (grid, launch
+    configuration, workspaces, the compiled kernel) done once. ``graph_safe`` says
     whether a call can be captured in a CUDA graph: False for kernels that read device
     values on the host or plan per call. ``rank_shapes``/``rank_priority``: for a request
     whose shapes are all in these sets (``None`` in a set: the key may be absent), the
@@ -191,6 +196,7 @@ class KernelSpec:
     available: Availability | None = None
     prepare: Callable[..., Any] | None = None
     prepare_layout: Callable[[Any], None] | None = None
+    bind: Callable[[Any], Callable[[Any], None]] | None = None
     graph_safe: bool = True
     description: str = ""
     rank_shapes: tuple[tuple[str, frozenset[int | None]], ...] = ()
@@ -222,7 +228,7 @@ class KernelSpec:
             f"{role}: {','.join(sorted(str(d).removeprefix('torch.') for d in ds))}" for role, ds in self.dtypes
         )
         shp = "; ".join(f"{k}: {','.join(map(str, sorted(v)))}" for k, v in self.shapes)
-        hooks = ",".join(name for name in ("prepare", "prepare_layout") if getattr(self, name) is not None)
+        hooks = ",".join(name for name in ("prepare", "prepare_layout", "bind") if getattr(self, name) is not None)
         rank = self.describe_rank()
         return (
             f"{self.name} [{self.solution}, backend={self.backend}, priority={self.band.name.lower()}"
@@ -311,6 +317,7 @@ def register_kernel(
     available: Availability | None = None,
     prepare: Callable[..., Any] | None = None,
     prepare_layout: Callable[[Any], None] | None = None,
+    bind: Callable[[Any], Callable[[Any], None]] | None = None,
     graph_safe: bool = True,
     rank_when: tuple[Mapping[str, Iterable[int | None]], int] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -326,7 +333,7 @@ def register_kernel(
     (``KernelSpec.priority_for``).
 
     Raises ``ValueError`` for an unknown operator, dtype role, shape key or feature, for a
-    ``prepare_layout`` hook on an operator without a layout plan step, for a ``rank_when``
+    ``prepare_layout`` or ``bind`` hook on an operator without a layout plan step, for a ``rank_when``
     without shapes, and for a name already taken by another kernel; ``TypeError`` for a
     non-bool ``graph_safe``.
     """
@@ -352,12 +359,13 @@ def register_kernel(
         if not rank_shapes:
             raise ValueError(f"kernel {name!r}: rank_when needs at least one shape key, got {when!r}")
         rank_priority = int(rank_priority)
-    if prepare_layout is not None and not schema.layout_hook:
-        with_hook = ", ".join(s.name for s in OPERATORS.values() if s.layout_hook)
-        raise ValueError(
-            f"kernel {name!r}: {op} has no layout plan step, so prepare_layout would never be called "
-            f"(operators with one: {with_hook})"
-        )
+    for hook_name, hook in (("prepare_layout", prepare_layout), ("bind", bind)):
+        if hook is not None and not schema.layout_hook:
+            with_hook = ", ".join(s.name for s in OPERATORS.values() if s.layout_hook)
+            raise ValueError(
+                f"kernel {name!r}: {op} has no layout plan step, so {hook_name} would never be called "
+                f"(operators with one: {with_hook})"
+            )
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
         spec = KernelSpec(
@@ -377,6 +385,7 @@ def register_kernel(
             available=available,
             prepare=prepare,
             prepare_layout=prepare_layout,
+            bind=bind,
             graph_safe=graph_safe,
             description=((fn.__doc__ or "").strip().splitlines() or [""])[0],
             rank_shapes=rank_shapes,

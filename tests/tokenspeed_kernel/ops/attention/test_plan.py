@@ -192,6 +192,49 @@ def test_metadata_default_and_reference_audit():
     assert registry.get_kernel("torch_moe_topk").graph_safe  # softmax, sort, copy: no host read
 
 
+def test_bind_hook_is_called_once_after_the_layout_hook_and_its_runner_serves_every_run(inputs, temp_kernels):
+    """A kernel's ``bind`` hook: called once per plan (after ``prepare_layout``), with the
+    placeholder arguments; its runner, not ``fn``, gets each run's arguments (the run's q and
+    out, the plan's caches), and ``update`` does not bind again. The functional call still
+    goes to ``fn``."""
+    events: list[str] = []
+    runs: list[DecodeArgs] = []
+    reference = registry.get_kernel("torch_decode").fn
+
+    def bind(args: DecodeArgs):
+        events.append("bind")
+        assert args.q.shape == (3, 1, 4, 16) and args.page_table is inputs["page_table"]
+
+        def run(run_args: DecodeArgs) -> None:
+            runs.append(run_args)
+            reference(run_args)
+
+        return run
+
+    fn = temp_kernels("attention.decode", name="fake_bound_decode", vendors=("cpu",), features=FEATURES,
+                      priority=Priority.PLUGIN, prepare_layout=lambda args: events.append("layout"),
+                      bind=bind)  # fmt: skip
+    plan = _plan(inputs)
+    assert plan.kernel == "fake_bound_decode" and events == ["layout", "bind"]
+    assert "hooks=prepare_layout,bind" in registry.get_kernel("fake_bound_decode").summary()
+    want = mha_decode_with_kvcache(**inputs, override="torch_decode")
+    for _ in range(2):
+        q = inputs["q"].clone()
+        got = plan.run(q)
+        assert runs[-1].q.data_ptr() == q.data_ptr() and runs[-1].k_cache is inputs["k_cache"]
+        assert runs[-1].out.data_ptr() == got.data_ptr()
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        plan.update()
+    assert len(runs) == 2 and events == ["layout", "bind", "layout", "layout"] and fn.calls == []
+    mha_decode_with_kvcache(**inputs)  # the functional path calls fn, never the runner
+    assert len(fn.calls) == 1 and len(runs) == 2
+
+
+def test_bind_hook_needs_a_layout_plan_step(temp_kernels):
+    with pytest.raises(ValueError, match=r"moe.topk has no layout plan step, so bind would never be called"):
+        temp_kernels("moe.topk", name="fake_bad_bind", bind=lambda args: lambda run_args: None)
+
+
 def test_reference_moe_is_not_graph_safe():
     assert registry.get_kernel("torch_moe").graph_safe is False
 

@@ -13,7 +13,9 @@ a run step, the way :func:`~tokenspeed_kernel.moe_plan` fixes weights:
 - :meth:`DecodePlan.update` runs the hook again (no selection) after the engine rewrote the
   tables in place: outside capture, before every replay. A no-op for kernels without one;
 - :meth:`DecodePlan.run` is the decode itself with the plan's kernel: checks q (and out)
-  only, never selects, adds no host sync, and is capturable when the kernel is.
+  only, never selects, adds no host sync, and is capturable when the kernel is. A kernel
+  with a ``bind`` hook is bound once, after the first ``prepare_layout``: its runner, which
+  has its launch work (grid, configuration, workspaces, compiled kernel) done, serves the runs.
 
 The ``prepare_layout`` hook (``@register_kernel("attention.decode", prepare_layout=...)``)::
 
@@ -25,11 +27,22 @@ receives the typed arguments a run would receive: ``page_table``, ``cache_seqlen
 memory must be neither read nor written (broadcast views of one element). The hook may read
 the tables on the host and keep state keyed by them; it must not compute the attention. It
 is never called while a stream is capturing.
+
+The ``bind`` hook (``@register_kernel("attention.decode", bind=...)``)::
+
+    def bind(args: DecodeArgs) -> Callable[[DecodeArgs], None]
+
+receives the same arguments once per plan and returns the runner called for every run with
+that run's ``DecodeArgs`` (the plan's caches, tables and options; the run's q, out and lse:
+same shapes and dtypes as the placeholders, new memory). The runner may rely on everything
+but q, out and lse being the plan's own objects, and on the tables' contents changing only
+between runs (``update`` is called then). Never called while a stream is capturing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -106,6 +119,8 @@ class DecodePlan:
     capturable: bool
     device: torch.device
     _layout_args: DecodeArgs = field(repr=False)
+    # What serves each run: the kernel's bound runner (its ``bind`` hook), else its ``fn``.
+    _run: Callable[[DecodeArgs], None] = field(repr=False)
 
     @property
     def has_layout_hook(self) -> bool:
@@ -185,7 +200,7 @@ class DecodePlan:
         if not rows:  # a step without decodes: nothing to compute, nothing launched
             return _result(out, lse, self.return_lse)
         planned = self._layout_args  # the planned caches, tables and options; this run's q/out/lse
-        self.spec.fn(
+        self._run(
             DecodeArgs(  # built field by field: dataclasses.replace costs microseconds per call
                 q4,
                 planned.k_cache,
@@ -319,6 +334,7 @@ def mha_decode_plan(
         capturable=capturable,
         device=device,
         _layout_args=layout_args,
+        _run=spec.fn,
     )
     plan.update()
-    return plan
+    return replace(plan, _run=spec.bind(layout_args)) if spec.bind is not None else plan
