@@ -267,6 +267,36 @@ def test_invisible_nan_keys_and_values_never_reach_a_query_every_kernel(case, va
         assert torch.equal(bad_lse[clean_rows], lse[clean_rows]), f"{name}: LSE changed by an unseen key"
 
 
+# GPT-OSS's head layout (GQA 8, head dim 64, sinks, a window) in bf16: on an H100 the Gluon
+# decode and window-prefill kernels serve these too, so they meet the same poison.
+GPT_OSS_LAYOUT = [
+    cases.AttentionCase("attention.prefill", (40, 9), (40, 9), 16, 2, 64, window_left=5, sinks=True, name="prefill"),
+    cases.AttentionCase(
+        "attention.extend", (5, 3), (40, 70), 16, 2, 64, page_size=16, window_left=5, sinks=True, name="extend"
+    ),
+    cases.AttentionCase(
+        "attention.decode", (1,) * 3, (40, 70, 9), 16, 2, 64, page_size=16, window_left=5, sinks=True, name="decode"
+    ),
+]
+
+
+@pytest.mark.parametrize("case", GPT_OSS_LAYOUT, ids=lambda c: c.name)
+def test_invisible_nan_at_gpt_oss_head_layout_every_kernel(case):
+    case = cases.AttentionCase(**{**case.__dict__, "return_lse": True, "dtype": torch.bfloat16})
+    names = serving(cases.request(case))
+    _expect_all(names, (REFERENCE[case.op], TRITON[case.op]))
+    inputs = _inputs(case, seed=9)
+    bad = _poison(case, inputs, NAN)
+    clean_rows = ~torch.tensor(_poison_plan(case)[1], device=DEVICE)
+    for name in names:
+        out, lse = cases.call(case, inputs, override=name)
+        bad_out, bad_lse = cases.call(case, bad, override=name)
+        out, bad_out = out.reshape(-1, *out.shape[-2:]), bad_out.reshape(-1, *bad_out.shape[-2:])
+        assert torch.equal(bad_out[clean_rows], out[clean_rows]), f"{name}: output changed by an unseen key"
+        assert torch.equal(bad_lse[clean_rows], lse[clean_rows]), f"{name}: LSE changed by an unseen key"
+    print(f"{case.op}: {names}")
+
+
 def test_reference_gives_nan_to_a_query_that_sees_a_nan_value():
     case = ATTENTION_CASES[0]
     inputs = _inputs(case, seed=4)
