@@ -13,12 +13,12 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from tokenspeed_kernel.ops.attention.args import DecodeArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia._workspace import workspace
 from tokenspeed_kernel_nvidia.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS
+from tokenspeed_kernel_triton._host import cdiv, next_pow2
 
 __all__ = ["GluonDecodeConfig", "decode_config", "gluon_decode"]
 
@@ -93,11 +93,11 @@ def num_splits(batch: int, num_kv_heads: int, visible: int, num_sms: int, block_
     ctx 8192, 32 splits 15.3-15.4 µs (33, one of them empty, 15.8); window 128 (3 tiles),
     3 splits 9.1 µs against 9.6 for 2 and 10.3 for 1."""
     programs = batch * num_kv_heads
-    want = triton.cdiv(2 * num_sms, max(programs, 1))
-    tiles = max(1, triton.cdiv(visible, block_n))
+    want = cdiv(2 * num_sms, max(programs, 1))
+    tiles = max(1, cdiv(visible, block_n))
     least = 1 if tiles <= 4 else 2
-    splits = max(1, min(want, triton.cdiv(tiles, least), 64))
-    return int(triton.cdiv(tiles, triton.cdiv(tiles, splits)))
+    splits = max(1, min(want, cdiv(tiles, least), 64))
+    return int(cdiv(tiles, cdiv(tiles, splits)))
 
 
 def _group_fits(request: Request) -> str | None:
@@ -181,6 +181,6 @@ def gluon_decode(args: DecodeArgs) -> None:
         return
     combine_kernel[(batch, num_q_heads)](
         part_out, part_lse, sinks, args.out, lse,
-        HQ=num_q_heads, D=head_dim, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
+        HQ=num_q_heads, D=head_dim, SPLITS=splits, SPLITS_P2=next_pow2(splits),
         HAS_SINKS=args.sinks is not None, HAS_LSE=args.lse is not None, num_warps=2,
     )  # fmt: skip

@@ -15,11 +15,11 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia.ops.attention._common import Q_DTYPES, VENDORS
+from tokenspeed_kernel_triton._host import cdiv, next_pow2
 
 __all__ = [
     "MAX_WINDOW",
@@ -83,7 +83,7 @@ class GluonPrefillConfig:
 @functools.cache
 def prefill_config(head_dim: int, group: int) -> GluonPrefillConfig:
     """The launch configuration for a head dim and GQA group size (metadata as data)."""
-    group_pad = triton.next_power_of_2(group)
+    group_pad = next_pow2(group)
     if head_dim <= 64:
         # 8 warps (two warpgroups): 115.5 vs 119.5 µs for 4 at GPT-OSS's window-128 S = 8192
         # (H100, docs/benchmarks.md "Run of 2026-11-23 (later)", the best of 6 configurations)
@@ -93,7 +93,7 @@ def prefill_config(head_dim: int, group: int) -> GluonPrefillConfig:
 
 def grid(max_seqlen_q: int, num_kv_heads: int, batch: int, block_t: int) -> tuple[int, int, int]:
     """``(q_tiles, Hkv, batch)``: programs past a sequence's length exit at once."""
-    return (max(triton.cdiv(max_seqlen_q, block_t), 1), num_kv_heads, batch)
+    return (max(cdiv(max_seqlen_q, block_t), 1), num_kv_heads, batch)
 
 
 def band_tiles(len_q: int, len_k: int, tile: int, block_t: int, block_n: int, window_left: int):

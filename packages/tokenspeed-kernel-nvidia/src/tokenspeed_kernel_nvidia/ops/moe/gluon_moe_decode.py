@@ -41,7 +41,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
@@ -58,6 +57,7 @@ from tokenspeed_kernel_nvidia.ops.moe._common import (
     next_pow2,
     words,
 )
+from tokenspeed_kernel_triton._host import cdiv
 
 __all__ = [
     "CONFIGS",
@@ -139,7 +139,7 @@ def decode_config(num_tokens: int) -> GluonMoEDecodeConfig:
 
 def grids(num_tokens: int, top_k: int, hidden: int, inter: int, cfg: GluonMoEDecodeConfig):
     """(layer-1 grid, layer-2 grid): ``(T * top_k, cdiv(I, BN))`` and ``(cdiv(H, BN2), T)``."""
-    return (num_tokens * top_k, triton.cdiv(inter, cfg.block_n1)), (triton.cdiv(hidden, cfg.block_n2), num_tokens)
+    return (num_tokens * top_k, cdiv(inter, cfg.block_n1)), (cdiv(hidden, cfg.block_n2), num_tokens)
 
 
 predicate = decode_predicate("in-register E2M1 GEMV decode")

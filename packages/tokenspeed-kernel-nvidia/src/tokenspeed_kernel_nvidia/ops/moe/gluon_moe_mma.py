@@ -33,7 +33,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.registry import Priority, register_kernel
@@ -48,6 +47,7 @@ from tokenspeed_kernel_nvidia.ops.moe._common import (
     next_pow2,
     words,
 )
+from tokenspeed_kernel_triton._host import cdiv
 
 __all__ = ["FEATURES", "GluonMoEMMAConfig", "gluon_moe_mma", "grids", "mma_config", "predicate"]
 
@@ -145,7 +145,7 @@ def grids(
     num_tokens: int, top_k: int, hidden: int, inter: int, cfg: GluonMoEMMAConfig
 ) -> tuple[tuple[int, int], tuple[int, int]]:
     """(layer-1 grid, layer-2 grid): ``(T * top_k, I / 32)`` and ``(cdiv(H, 16 * rb2), T)``."""
-    return (num_tokens * top_k, inter // 32), (triton.cdiv(hidden, 16 * cfg.rb2), num_tokens)
+    return (num_tokens * top_k, inter // 32), (cdiv(hidden, 16 * cfg.rb2), num_tokens)
 
 
 predicate = decode_predicate("E2M1 decoded to fp16 for mma.sync")

@@ -21,11 +21,11 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, Weight
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
+from tokenspeed_kernel_triton._host import cdiv
 from tokenspeed_kernel_triton.ops.moe._common import (
     ACT_DTYPES,
     ACTIVATION_CODES,
@@ -133,7 +133,7 @@ def quantize_fp8_rows(a: torch.Tensor, group: int, routing: Routing | None = Non
     ``group``-value K group. With ``routing`` the rows are sorted slots and padding slots are
     skipped (their outputs are left uninitialized; the GEMM never reads them)."""
     rows, k = a.shape
-    groups = 1 if group == 0 else triton.cdiv(k, group)
+    groups = 1 if group == 0 else cdiv(k, group)
     q = torch.empty((rows, k), dtype=torch.float8_e4m3fn, device=a.device)
     s = torch.empty((rows, groups), dtype=torch.float32, device=a.device)
     if rows:
@@ -161,7 +161,7 @@ def _gemm(a, op: Operand, bias, routing: Routing, weights, *, n, k, top_k, tile:
         a, a_scale = quantize_fp8_rows(a, 128 if op.fmt == FP8_BLOCK else 0, None if gated else routing)
     mx = op.fmt == MXFP4
     block_k = 64 if mx else tile.block_k  # MXFP4 steps over 64-value groups
-    grid = (routing.tiles_bound * triton.cdiv(n, tile.block_n),)
+    grid = (routing.tiles_bound * cdiv(n, tile.block_n),)
     moe_gemm_kernel[grid](
         a, op.data, op.data if op.scale is None else op.scale, a if bias is None else bias, out,
         routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights, out if a_scale is None else a_scale,
