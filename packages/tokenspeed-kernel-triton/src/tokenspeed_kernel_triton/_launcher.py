@@ -1,4 +1,4 @@
-"""A launch cache for Triton and Gluon JIT kernels: ``launch(kernel, grid, *args, **kwargs)``.
+"""A launch cache for Triton and Gluon JIT kernels: ``jit_launch(kernel, grid, *args, **kwargs)``.
 
 Same arguments and semantics as ``kernel[grid](*args, **kwargs)``; cheaper per launch on a GPU.
 
@@ -47,7 +47,7 @@ from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-__all__ = ["clear", "launch", "launcher_stats"]
+__all__ = ["clear", "jit_launch", "launcher_stats"]
 
 # The JITFunction / CompiledKernel / CudaLauncher internals used here were read in this
 # version; any other runs the normal path.
@@ -99,10 +99,11 @@ class _Shape:
     """One call shape of a kernel (positional count and keyword names): its generated key
     function, the constant tail of the launch arguments, and the remembered launches."""
 
-    __slots__ = ("cache", "keep", "key", "nargs", "tail")
+    __slots__ = ("by_value", "cache", "keep", "key", "nargs", "tail")
 
-    def __init__(self, nargs: int, key, keep, tail: tuple) -> None:
+    def __init__(self, nargs: int, key, keep, tail: tuple, by_value: bool) -> None:
         self.nargs = nargs
+        self.by_value = by_value
         self.key = key
         self.keep = keep
         self.tail = tail
@@ -133,17 +134,20 @@ def _state(fn) -> _Kernel:
     return state
 
 
-def _key_expression(kp, local: str, value, descriptor, keep: list) -> str:
+def _key_expression(kp, local: str, value, descriptor, keep: list, by_value: bool) -> str:
     """The key expression of one argument, chosen from the kind of its first value."""
     if kp is None or kp.is_constexpr:  # a launch option, or a constexpr: its value
-        if type(value) in _PLAIN_TYPES:
+        if by_value or type(value) in _PLAIN_TYPES:
             return local
-        keep.append(local)  # hashing a Gluon layout costs ~0.5 us: identity, kept alive
+        # Hashing a Gluon layout costs ~0.2-0.7 us: keyed by identity instead, and kept alive
+        # by the entry (an identity in a key is never reused). Call sites build their
+        # layouts once (cached configs); a shape whose cache overflows is rebuilt by value.
+        keep.append(local)
         return f"_ts_id({local})"
     if descriptor is not None and type(value) is descriptor:
-        keep.append(f"{local}.layout")
+        # Triton's specialization of a descriptor: element type, block shape, layout.
         return (
-            f"(({local}.base.dtype, (*{local}.block_shape,), _ts_id({local}.layout)) "
+            f"(({local}.base.dtype, (*{local}.block_shape,), {local}.layout) "
             f"if _ts_type({local}) is _ts_TD else _ts_bad())"
         )
     if hasattr(value, "data_ptr") and hasattr(value, "dtype"):
@@ -155,7 +159,7 @@ def _key_expression(kp, local: str, value, descriptor, keep: list) -> str:
     return f"_ts_spec(_ts_backend, {local}, {kp.is_const}, {specialize}, {align})"
 
 
-def _build_shape(fn: JITFunction, args: tuple, kwargs: dict, backend) -> _Shape | None:
+def _build_shape(fn: JITFunction, args: tuple, kwargs: dict, backend, by_value: bool = False) -> _Shape | None:
     """Generate the key function of this call shape, or None when the shape is not cached
     (a runtime argument passed by keyword, a required parameter left out)."""
     from triton._C.libtriton import native_specialize_impl
@@ -182,11 +186,11 @@ def _build_shape(fn: JITFunction, args: tuple, kwargs: dict, backend) -> _Shape 
     for i, value in enumerate(args):
         local = f"_ts_a{i}"
         locals_.append(local)
-        parts.append(_key_expression(params[i], local, value, descriptor, keep))
+        parts.append(_key_expression(params[i], local, value, descriptor, keep, by_value))
     for j, (name, value) in enumerate(kwargs.items()):
         local = f"_ts_k{j}"
         locals_.append(local)
-        parts.append(_key_expression(by_name.get(name), local, value, descriptor, keep))
+        parts.append(_key_expression(by_name.get(name), local, value, descriptor, keep, by_value))
     parts += ["_ts_RT.debug", "_ts_FN.debug", "_ts_CO.instrumentation_mode"]
     head = ", ".join(["_ts_dev", *locals_])
     src = (
@@ -207,7 +211,7 @@ def _build_shape(fn: JITFunction, args: tuple, kwargs: dict, backend) -> _Shape 
         "_ts_id": id,
     }
     exec(compile(src, f"<launch key of {fn.__name__}>", "exec"), namespace)
-    return _Shape(len(args), namespace["key"], namespace["keep"], tuple(tail))
+    return _Shape(len(args), namespace["key"], namespace["keep"], tuple(tail), by_value)
 
 
 def _bad_kind():
@@ -246,7 +250,7 @@ def _entry(kernel, target, keep: tuple):
     return (direct, raw if direct else run, function, packed, coop, pdl, keep)
 
 
-def launch(fn, grid, *args, **kwargs):
+def jit_launch(fn, grid, *args, **kwargs):
     """``fn[grid](*args, **kwargs)`` through the launch cache (see the module docstring).
 
     ``fn`` is a ``triton.jit`` / ``gluon.jit`` kernel; ``grid`` a tuple of 1-3 ints (a
@@ -313,6 +317,10 @@ def _miss(state: _Kernel, fn, grid, args, kwargs, dev, shape, key):
         if shape is None or shape.nargs != len(args):
             state.fallbacks += 1
             return kernel
+        if len(shape.cache) >= _MAX_ENTRIES and not shape.by_value:
+            # Fresh constexpr objects at every launch (identities never repeat): key by value.
+            shape = state.shapes[names] = _build_shape(fn, args, kwargs, backend, by_value=True)
+            key = None
         if key is None:
             key = shape.key(dev, *args, *kwargs.values())
         hash(key)

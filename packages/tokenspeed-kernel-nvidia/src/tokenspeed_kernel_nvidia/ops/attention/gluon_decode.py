@@ -19,6 +19,7 @@ from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia._workspace import workspace
 from tokenspeed_kernel_nvidia.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS
 from tokenspeed_kernel_triton._host import cdiv, next_pow2
+from tokenspeed_kernel_triton._launcher import jit_launch
 
 __all__ = ["GluonDecodeConfig", "decode_config", "gluon_decode"]
 
@@ -168,7 +169,7 @@ def gluon_decode(args: DecodeArgs) -> None:
     )
     sinks = args.sinks if args.sinks is not None else part_lse
     lse = args.lse if args.lse is not None else part_lse
-    decode_kernel[(batch, num_kv_heads, splits)](
+    jit_launch(decode_kernel, (batch, num_kv_heads, splits),
         args.q, args.k_cache, args.v_cache, args.page_table, args.cache_seqlens, part_out, part_lse,
         sinks, args.out, lse, count,
         args.page_table.stride(0), *args.k_cache.stride()[:3], *args.v_cache.stride()[:3], float(args.softmax_scale), float(args.logit_cap) or 1.0, window,
@@ -179,7 +180,7 @@ def gluon_decode(args: DecodeArgs) -> None:
     )  # fmt: skip
     if fused:
         return
-    combine_kernel[(batch, num_q_heads)](
+    jit_launch(combine_kernel, (batch, num_q_heads),
         part_out, part_lse, sinks, args.out, lse,
         HQ=num_q_heads, D=head_dim, SPLITS=splits, SPLITS_P2=next_pow2(splits),
         HAS_SINKS=args.sinks is not None, HAS_LSE=args.lse is not None, num_warps=2,

@@ -20,6 +20,7 @@ from tokenspeed_kernel.ops.attention.args import PrefillArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia.ops.attention._common import Q_DTYPES, VENDORS
 from tokenspeed_kernel_triton._host import cdiv, next_pow2
+from tokenspeed_kernel_triton._launcher import jit_launch
 
 __all__ = [
     "MAX_WINDOW",
@@ -192,7 +193,7 @@ def launch(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> None:
     cfg = cfg or prefill_config(head_dim, group)
     io, q_smem, kv_smem, s_mma, o_mma = cfg.layouts
     dummy = args.cu_seqlens_q  # never read when the flag is off
-    prefill_window_kernel[grid(args.max_seqlen_q, num_kv_heads, batch, cfg.block_t)](
+    jit_launch(prefill_window_kernel, grid(args.max_seqlen_q, num_kv_heads, batch, cfg.block_t),
         args.q, args.out, args.lse if args.lse is not None else dummy,
         args.sinks if args.sinks is not None else dummy,
         _kv_descriptor(args.k, cfg, kv_smem), _kv_descriptor(args.v, cfg, kv_smem),

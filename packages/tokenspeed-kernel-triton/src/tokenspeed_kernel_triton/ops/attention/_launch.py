@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenspeed_kernel_triton._host import cdiv, next_pow2
+from tokenspeed_kernel_triton._launcher import jit_launch
 from tokenspeed_kernel_triton.ops.attention._common import vendor_of
 from tokenspeed_kernel_triton.ops.attention._kernel import attention_kernel, combine_kernel
 
@@ -270,7 +271,7 @@ def launch(
     else:
         part_out = part_lse = dummy
     grid = (batch * cfg.q_blocks, k.shape[-2], splits)
-    attention_kernel[grid](
+    jit_launch(attention_kernel, grid,
         q, k, v, out, lse if lse is not None else dummy, part_out, part_lse,
         sinks if sinks is not None else dummy,
         k_scale if k_scale is not None else dummy,
@@ -288,7 +289,7 @@ def launch(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **cfg.constexprs,
     )  # fmt: skip
     if splits > 1:
-        combine_kernel[(total_q, num_q_heads)](
+        jit_launch(combine_kernel, (total_q, num_q_heads),
             part_out, part_lse, out, lse if lse is not None else dummy,
             sinks if sinks is not None else dummy, v_scale if v_scale is not None else dummy,
             out.stride(0), out.stride(1), num_q_heads,

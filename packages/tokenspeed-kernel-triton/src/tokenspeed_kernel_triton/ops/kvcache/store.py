@@ -9,6 +9,7 @@ import triton.language as tl
 from tokenspeed_kernel.ops.kvcache.args import StoreArgs
 from tokenspeed_kernel.registry import Priority, register_kernel
 from tokenspeed_kernel_triton._host import next_pow2
+from tokenspeed_kernel_triton._launcher import jit_launch
 from tokenspeed_kernel_triton.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS
 from tokenspeed_kernel_triton.ops.attention._launch import INTERPRET
 
@@ -82,7 +83,7 @@ def triton_store_kvcache(args: StoreArgs) -> None:
     num_tokens, num_heads = args.k.shape[:2]
     dummy = args.k.new_empty(1, dtype=torch.float32)
     for src, cache, scale in ((args.k, args.k_cache, args.k_scale), (args.v, args.v_cache, args.v_scale)):
-        _store_rows[(num_tokens,)](
+        jit_launch(_store_rows, (num_tokens,),
             src, cache, args.slot_mapping, scale if scale is not None else dummy,
             src.stride(0), src.stride(1), cache.stride(0), cache.stride(1), cache.stride(2),
             num_heads, PAGE_SIZE=cache.shape[1], DIM=src.shape[2],
