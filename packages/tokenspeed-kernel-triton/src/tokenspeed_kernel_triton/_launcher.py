@@ -47,12 +47,15 @@ from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-__all__ = ["clear", "jit_launch", "launcher_stats"]
+__all__ = ["clear", "jit_launch", "launcher_stats", "set_enabled"]
 
 # The JITFunction / CompiledKernel / CudaLauncher internals used here were read in this
 # version; any other runs the normal path.
 _SUPPORTED_TRITON = ((3, 6),)
 _TRITON_OK = tuple(int(x) for x in triton.__version__.split(".")[:2]) in _SUPPORTED_TRITON
+# TOKENSPEED_KERNEL_LAUNCH_CACHE=0 turns the cache off (every launch takes Triton's path):
+# for A/B timing and as an escape hatch. set_enabled() flips it at run time.
+_enabled = os.environ.get("TOKENSPEED_KERNEL_LAUNCH_CACHE", "1") != "0"
 _MAX_ENTRIES = 256  # per kernel; on overflow the kernel's cache is cleared (only a cost)
 # Constexpr values keyed by value (and type); any other type is keyed by identity.
 _PLAIN_TYPES = frozenset({int, bool, float, str, type(None)})
@@ -259,7 +262,7 @@ def jit_launch(fn, grid, *args, **kwargs):
     state = _KERNELS.get(id(fn))
     if state is None:
         state = _state(fn)
-    if state.plain:
+    if state.plain or not _enabled:
         return fn[grid](*args, **kwargs)
     drv = driver.active
     if drv is not _DEVICE[0]:
@@ -350,6 +353,13 @@ def launcher_stats(fn) -> dict[str, int]:
     state = _state(fn)
     entries = sum(len(shape.cache) for shape in state.shapes.values() if shape is not None)
     return {"hits": state.hits, "misses": state.misses, "fallbacks": state.fallbacks, "entries": entries}
+
+
+def set_enabled(enabled: bool) -> bool:
+    """Turn the cache on or off for every kernel; returns the previous setting."""
+    global _enabled
+    previous, _enabled = _enabled, bool(enabled)
+    return previous
 
 
 def clear() -> None:
