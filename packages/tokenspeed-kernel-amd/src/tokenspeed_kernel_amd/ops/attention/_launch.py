@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import triton
 
 from tokenspeed_kernel_amd._arch import arch_config, device_arch
 from tokenspeed_kernel_amd.ops.attention._config import (
@@ -14,6 +13,7 @@ from tokenspeed_kernel_amd.ops.attention._config import (
     decode_splits,
 )
 from tokenspeed_kernel_amd.ops.attention._kernel import attention_kernel, combine_kernel
+from tokenspeed_kernel_triton._host import cdiv
 
 __all__ = ["check_shapes", "launch", "num_m_blocks"]
 
@@ -36,7 +36,7 @@ def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: int =
 
 def num_m_blocks(max_q: int, group: int, block_m: int) -> int:
     """Programs along the query axis: ``block_m // group`` query tokens each."""
-    return triton.cdiv(max(max_q, 1), block_m // group)
+    return cdiv(max(max_q, 1), block_m // group)
 
 
 def launch(

@@ -24,7 +24,6 @@ the scaled-MFMA kernel (:mod:`.fused_scaled`) outranks this one for that feature
 from __future__ import annotations
 
 import torch
-import triton
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
@@ -35,6 +34,7 @@ from tokenspeed_kernel_amd.ops.moe._kernels import moe_gemm_kernel, moe_gemv2_ke
 from tokenspeed_kernel_amd.ops.moe._mxfp8 import mxfp8_quant_kernel
 from tokenspeed_kernel_amd.ops.moe._prepare import PreparedMoE, prepare_moe
 from tokenspeed_kernel_amd.ops.moe._routing import sort_pairs
+from tokenspeed_kernel_triton._host import cdiv
 
 __all__ = ["amd_gluon_moe_mxfp4", "check_args", "moe_mxfp4", "quantize_x"]
 
@@ -78,7 +78,7 @@ def quantize_x(x: torch.Tensor, *, fake: bool) -> tuple[torch.Tensor, torch.Tens
     q = torch.empty_like(x) if fake else torch.empty((num_rows, k), dtype=torch.uint8, device=x.device)
     scales = None if fake else torch.empty((num_rows, k // 32), dtype=torch.uint8, device=x.device)
     dummy = q if scales is None else scales
-    mxfp8_quant_kernel[(triton.cdiv(num_rows, cfg.block), k // 32)](
+    mxfp8_quant_kernel[(cdiv(num_rows, cfg.block), k // 32)](
         x, q, dummy, num_rows, x.stride(0), q.stride(0), dummy.stride(0), num_warps=cfg.num_warps, **cfg.constexprs
     )
     return q, scales
@@ -114,13 +114,13 @@ def moe_mxfp4(args: MoEApplyArgs, *, force_gemm: bool = False) -> None:
         a = torch.empty((num_tokens * top_k, inter), dtype=torch.float32, device=x.device)
         c1 = gemv13_config(hidden=hidden, inter=inter, top_k=top_k, activation=act, bias=has_bias,
                            expert_map=args.expert_map is not None, halves=halves, quant_out=quant)  # fmt: skip
-        moe_gemv13_kernel[(num_tokens * top_k, triton.cdiv(inter, c1.block))](
+        moe_gemv13_kernel[(num_tokens * top_k, cdiv(inter, c1.block))](
             x, w13, s13, b13, ids, emap, a, x.stride(0), *strides13, a.stride(0), num_warps=c1.num_warps,
             **c1.constexprs,
         )  # fmt: skip
         c2 = gemv2_config(hidden=hidden, inter=inter, top_k=top_k, bias=has_bias,
                           expert_map=args.expert_map is not None, halves=halves)  # fmt: skip
-        moe_gemv2_kernel[(num_tokens, triton.cdiv(hidden, c2.block))](
+        moe_gemv2_kernel[(num_tokens, cdiv(hidden, c2.block))](
             a, w2, s2, b2, ids, weights, emap, args.out, a.stride(0), *strides2, args.out.stride(0),
             num_warps=c2.num_warps, **c2.constexprs,
         )  # fmt: skip
@@ -134,12 +134,12 @@ def moe_mxfp4(args: MoEApplyArgs, *, force_gemm: bool = False) -> None:
     tiles = (routing.sorted_pairs, routing.tile_expert, routing.tile_row, routing.tile_rows, weights, emap)
     c1 = gemm_config(arch, n=inter, k=hidden, top_k=top_k, gated=True, activation=act, bias=has_bias, halves=halves,
                      rows_sorted=False, block_m=block_m, quant_out=quant)  # fmt: skip
-    moe_gemm_kernel[(routing.num_tiles, triton.cdiv(inter, c1.block_n))](
+    moe_gemm_kernel[(routing.num_tiles, cdiv(inter, c1.block_n))](
         x, w13, s13, b13, *tiles, h, x.stride(0), *strides13, h.stride(0), num_warps=c1.num_warps, **c1.constexprs,
     )  # fmt: skip
     c2 = gemm_config(arch, n=hidden, k=inter, top_k=top_k, gated=False, activation=act, bias=has_bias, halves=halves,
                      rows_sorted=True, block_m=block_m)  # fmt: skip
-    moe_gemm_kernel[(routing.num_tiles, triton.cdiv(hidden, c2.block_n))](
+    moe_gemm_kernel[(routing.num_tiles, cdiv(hidden, c2.block_n))](
         h, w2, s2, b2, *tiles, y, h.stride(0), *strides2, y.stride(0), num_warps=c2.num_warps, **c2.constexprs,
     )  # fmt: skip
     args.out.copy_(y.view(num_tokens, top_k, hidden).sum(dim=1))

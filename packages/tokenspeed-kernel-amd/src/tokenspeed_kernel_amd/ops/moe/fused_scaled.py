@@ -21,7 +21,6 @@ flavour): there ``amd_gluon_moe_mxfp4`` serves the feature by quantize-dequantiz
 from __future__ import annotations
 
 import torch
-import triton
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
@@ -29,6 +28,7 @@ from tokenspeed_kernel_amd.ops.moe._config import scaled_gemm_config, use_gemv
 from tokenspeed_kernel_amd.ops.moe._routing import sort_pairs
 from tokenspeed_kernel_amd.ops.moe._scaled_gemm import moe_scaled_gemm_kernel
 from tokenspeed_kernel_amd.ops.moe.fused import ACTIVATION_CODES, _supported, check_args, moe_mxfp4, quantize_x
+from tokenspeed_kernel_triton._host import cdiv
 
 __all__ = ["amd_gluon_moe_mxfp4_scaled", "moe_mxfp4_scaled"]
 
@@ -67,14 +67,14 @@ def moe_mxfp4_scaled(args: MoEApplyArgs, *, force_gemm: bool = False) -> None:
     tiles = (routing.sorted_pairs, routing.tile_expert, routing.tile_row, routing.tile_rows, weights)
     c1 = scaled_gemm_config(n=inter, k=hidden, top_k=top_k, gated=True, activation=act, bias=has_bias,
                             rows_sorted=False)  # fmt: skip
-    moe_scaled_gemm_kernel[(routing.num_tiles, triton.cdiv(inter, c1.block_n))](
+    moe_scaled_gemm_kernel[(routing.num_tiles, cdiv(inter, c1.block_n))](
         xq, xs, w13, s13, b13, *tiles, hq, hs, xq.stride(0), xs.stride(0), w13.stride(0), w13.stride(1),
         s13.stride(0), s13.stride(1), b13.stride(0), hq.stride(0), hs.stride(0), num_warps=c1.num_warps,
         **c1.constexprs,
     )  # fmt: skip
     c2 = scaled_gemm_config(n=hidden, k=inter, top_k=top_k, gated=False, activation=act, bias=has_bias,
                             rows_sorted=True)  # fmt: skip
-    moe_scaled_gemm_kernel[(routing.num_tiles, triton.cdiv(hidden, c2.block_n))](
+    moe_scaled_gemm_kernel[(routing.num_tiles, cdiv(hidden, c2.block_n))](
         hq, hs, w2, s2, b2, *tiles, y, hs, hq.stride(0), hs.stride(0), w2.stride(0), w2.stride(1),
         s2.stride(0), s2.stride(1), b2.stride(0), y.stride(0), hs.stride(0), num_warps=c2.num_warps,
         **c2.constexprs,

@@ -13,12 +13,13 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from tokenspeed_kernel.ops.attention.args import DecodeArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia._workspace import workspace
 from tokenspeed_kernel_nvidia.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS
+from tokenspeed_kernel_triton._host import cdiv, next_pow2
+from tokenspeed_kernel_triton._launcher import jit_launch
 
 __all__ = ["GluonDecodeConfig", "decode_config", "gluon_decode"]
 
@@ -93,11 +94,11 @@ def num_splits(batch: int, num_kv_heads: int, visible: int, num_sms: int, block_
     ctx 8192, 32 splits 15.3-15.4 µs (33, one of them empty, 15.8); window 128 (3 tiles),
     3 splits 9.1 µs against 9.6 for 2 and 10.3 for 1."""
     programs = batch * num_kv_heads
-    want = triton.cdiv(2 * num_sms, max(programs, 1))
-    tiles = max(1, triton.cdiv(visible, block_n))
+    want = cdiv(2 * num_sms, max(programs, 1))
+    tiles = max(1, cdiv(visible, block_n))
     least = 1 if tiles <= 4 else 2
-    splits = max(1, min(want, triton.cdiv(tiles, least), 64))
-    return int(triton.cdiv(tiles, triton.cdiv(tiles, splits)))
+    splits = max(1, min(want, cdiv(tiles, least), 64))
+    return int(cdiv(tiles, cdiv(tiles, splits)))
 
 
 def _group_fits(request: Request) -> str | None:
@@ -168,7 +169,7 @@ def gluon_decode(args: DecodeArgs) -> None:
     )
     sinks = args.sinks if args.sinks is not None else part_lse
     lse = args.lse if args.lse is not None else part_lse
-    decode_kernel[(batch, num_kv_heads, splits)](
+    jit_launch(decode_kernel, (batch, num_kv_heads, splits),
         args.q, args.k_cache, args.v_cache, args.page_table, args.cache_seqlens, part_out, part_lse,
         sinks, args.out, lse, count,
         args.page_table.stride(0), *args.k_cache.stride()[:3], *args.v_cache.stride()[:3], float(args.softmax_scale), float(args.logit_cap) or 1.0, window,
@@ -179,8 +180,8 @@ def gluon_decode(args: DecodeArgs) -> None:
     )  # fmt: skip
     if fused:
         return
-    combine_kernel[(batch, num_q_heads)](
+    jit_launch(combine_kernel, (batch, num_q_heads),
         part_out, part_lse, sinks, args.out, lse,
-        HQ=num_q_heads, D=head_dim, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
+        HQ=num_q_heads, D=head_dim, SPLITS=splits, SPLITS_P2=next_pow2(splits),
         HAS_SINKS=args.sinks is not None, HAS_LSE=args.lse is not None, num_warps=2,
     )  # fmt: skip

@@ -15,11 +15,12 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia.ops.attention._common import Q_DTYPES, VENDORS
+from tokenspeed_kernel_triton._host import cdiv, next_pow2
+from tokenspeed_kernel_triton._launcher import jit_launch
 
 __all__ = [
     "MAX_WINDOW",
@@ -83,7 +84,7 @@ class GluonPrefillConfig:
 @functools.cache
 def prefill_config(head_dim: int, group: int) -> GluonPrefillConfig:
     """The launch configuration for a head dim and GQA group size (metadata as data)."""
-    group_pad = triton.next_power_of_2(group)
+    group_pad = next_pow2(group)
     if head_dim <= 64:
         # 8 warps (two warpgroups): 115.5 vs 119.5 µs for 4 at GPT-OSS's window-128 S = 8192
         # (H100, docs/benchmarks.md "Run of 2026-11-23 (later)", the best of 6 configurations)
@@ -93,7 +94,7 @@ def prefill_config(head_dim: int, group: int) -> GluonPrefillConfig:
 
 def grid(max_seqlen_q: int, num_kv_heads: int, batch: int, block_t: int) -> tuple[int, int, int]:
     """``(q_tiles, Hkv, batch)``: programs past a sequence's length exit at once."""
-    return (max(triton.cdiv(max_seqlen_q, block_t), 1), num_kv_heads, batch)
+    return (max(cdiv(max_seqlen_q, block_t), 1), num_kv_heads, batch)
 
 
 def band_tiles(len_q: int, len_k: int, tile: int, block_t: int, block_n: int, window_left: int):
@@ -192,7 +193,7 @@ def launch(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> None:
     cfg = cfg or prefill_config(head_dim, group)
     io, q_smem, kv_smem, s_mma, o_mma = cfg.layouts
     dummy = args.cu_seqlens_q  # never read when the flag is off
-    prefill_window_kernel[grid(args.max_seqlen_q, num_kv_heads, batch, cfg.block_t)](
+    jit_launch(prefill_window_kernel, grid(args.max_seqlen_q, num_kv_heads, batch, cfg.block_t),
         args.q, args.out, args.lse if args.lse is not None else dummy,
         args.sinks if args.sinks is not None else dummy,
         _kv_descriptor(args.k, cfg, kv_smem), _kv_descriptor(args.v, cfg, kv_smem),

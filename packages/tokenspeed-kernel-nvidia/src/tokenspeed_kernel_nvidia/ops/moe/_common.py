@@ -9,17 +9,13 @@ import torch
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Predicate, Request
+from tokenspeed_kernel_triton._host import next_pow2  # noqa: F401  (re-exported)
 
 VENDORS = ("cuda",)
 ACTIVATION_CODES = {"silu": 0, "gelu": 1, "swiglu_oai": 2}
 FEATURES = ("silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4")
 MAX_TOKENS = 8
 MAX_TOP_K = 8
-
-
-def next_pow2(n: int) -> int:
-    """The smallest power of two >= ``n`` (1 for ``n <= 1``)."""
-    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 def words(w: MXFP4Weight) -> tuple[torch.Tensor, torch.Tensor]:

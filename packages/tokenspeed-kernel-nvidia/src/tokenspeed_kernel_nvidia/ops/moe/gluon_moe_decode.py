@@ -41,7 +41,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
@@ -58,6 +57,8 @@ from tokenspeed_kernel_nvidia.ops.moe._common import (
     next_pow2,
     words,
 )
+from tokenspeed_kernel_triton._host import cdiv
+from tokenspeed_kernel_triton._launcher import jit_launch
 
 __all__ = [
     "CONFIGS",
@@ -139,7 +140,7 @@ def decode_config(num_tokens: int) -> GluonMoEDecodeConfig:
 
 def grids(num_tokens: int, top_k: int, hidden: int, inter: int, cfg: GluonMoEDecodeConfig):
     """(layer-1 grid, layer-2 grid): ``(T * top_k, cdiv(I, BN))`` and ``(cdiv(H, BN2), T)``."""
-    return (num_tokens * top_k, triton.cdiv(inter, cfg.block_n1)), (triton.cdiv(hidden, cfg.block_n2), num_tokens)
+    return (num_tokens * top_k, cdiv(inter, cfg.block_n1)), (cdiv(hidden, cfg.block_n2), num_tokens)
 
 
 predicate = decode_predicate("in-register E2M1 GEMV decode")
@@ -159,7 +160,7 @@ def _launch(
     p13, s13 = words(w13)
     p2, s2 = words(w2)
     hid = workspace(x.device, "hid", (num_tokens * top_k, inter), torch.float32)
-    w13_kernel[g1](
+    jit_launch(w13_kernel, g1,
         x, p13, s13, x if b13 is None else b13, hid, ids, tw, ids if emap is None else emap,
         logits if route else x,
         x.stride(0), logits.stride(0) if route else 0, 0 if b13 is None else b13.stride(0),
@@ -168,7 +169,7 @@ def _launch(
         ACTIVATION=ACTIVATION_CODES[activation], BN=cfg.block_n1, NW=cfg.warps1, W3=w3, RL=rl,
         num_warps=cfg.warps1,
     )  # fmt: skip
-    w2_kernel[g2](
+    jit_launch(w2_kernel, g2,
         hid, p2, s2, x if b2 is None else b2, out, ids, tw, ids if emap is None else emap,
         0 if b2 is None else b2.stride(0), out.stride(0),
         N=hidden, KG=inter // 32, TOP_K=top_k, KP=next_pow2(top_k), HAS_MAP=emap is not None,

@@ -33,7 +33,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.registry import Priority, register_kernel
@@ -48,6 +47,8 @@ from tokenspeed_kernel_nvidia.ops.moe._common import (
     next_pow2,
     words,
 )
+from tokenspeed_kernel_triton._host import cdiv
+from tokenspeed_kernel_triton._launcher import jit_launch
 
 __all__ = ["FEATURES", "GluonMoEMMAConfig", "gluon_moe_mma", "grids", "mma_config", "predicate"]
 
@@ -145,7 +146,7 @@ def grids(
     num_tokens: int, top_k: int, hidden: int, inter: int, cfg: GluonMoEMMAConfig
 ) -> tuple[tuple[int, int], tuple[int, int]]:
     """(layer-1 grid, layer-2 grid): ``(T * top_k, I / 32)`` and ``(cdiv(H, 16 * rb2), T)``."""
-    return (num_tokens * top_k, inter // 32), (triton.cdiv(hidden, 16 * cfg.rb2), num_tokens)
+    return (num_tokens * top_k, inter // 32), (cdiv(hidden, 16 * cfg.rb2), num_tokens)
 
 
 predicate = decode_predicate("E2M1 decoded to fp16 for mma.sync")
@@ -231,15 +232,15 @@ def launch(
     if 1 in layers and cfg.tma1:
         from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w13_mma_tma_kernel
 
-        w13_mma_tma_kernel[g1](x, _descriptor(p13, cfg, 1), *rest1, STAGES=cfg.stages1, **meta1)
+        jit_launch(w13_mma_tma_kernel, g1, x, _descriptor(p13, cfg, 1), *rest1, STAGES=cfg.stages1, **meta1)
     elif 1 in layers:
-        w13_mma_kernel[g1](x, p13, *rest1, L=l1, PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint, **meta1)
+        jit_launch(w13_mma_kernel, g1, x, p13, *rest1, L=l1, PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint, **meta1)
     if 2 in layers and cfg.tma2:
         from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w2_mma_tma_kernel
 
-        w2_mma_tma_kernel[g2](hid, hs, _descriptor(p2, cfg, 2), *rest2, STAGES=cfg.stages2, **meta2)
+        jit_launch(w2_mma_tma_kernel, g2, hid, hs, _descriptor(p2, cfg, 2), *rest2, STAGES=cfg.stages2, **meta2)
     elif 2 in layers:
-        w2_mma_kernel[g2](
+        jit_launch(w2_mma_kernel, g2,
             hid, hs, p2, *rest2, R=cfg.rb2, L=l2, PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint, **meta2
         )  # fmt: skip
 

@@ -20,8 +20,9 @@ import os
 from dataclasses import dataclass
 
 import torch
-import triton
 
+from tokenspeed_kernel_triton._host import cdiv, next_pow2
+from tokenspeed_kernel_triton._launcher import jit_launch
 from tokenspeed_kernel_triton.ops.attention._common import vendor_of
 from tokenspeed_kernel_triton.ops.attention._kernel import attention_kernel, combine_kernel
 
@@ -111,7 +112,7 @@ NARROW_WINDOW = 512
 def tile_key(regime: str, head_dim: int, window: bool = False) -> str:
     """The table key of a call: ``regime`` (``"prefill"`` also serves extend, ``"decode"``),
     ``_window`` for a narrow-window prefill, then the head-dim bucket's suffix."""
-    bucket = min(max(triton.next_power_of_2(head_dim), 64), 256)
+    bucket = min(max(next_pow2(head_dim), 64), 256)
     return f"{regime}{'_window' * (regime == 'prefill' and window)}{HEAD_DIM_SUFFIX[bucket]}"
 
 
@@ -128,7 +129,7 @@ def _sm_count(device: torch.device) -> int:
 def num_splits(batch: int, num_kv_heads: int, max_keys: int, device: torch.device) -> int:
     """Key-range splits for decode: fill ~2 programs per SM, >= MIN_SPLIT_KEYS keys each."""
     programs = batch * num_kv_heads
-    want = triton.cdiv(2 * _sm_count(device), programs)
+    want = cdiv(2 * _sm_count(device), programs)
     most = max(1, max_keys // MIN_SPLIT_KEYS)
     return max(1, min(want, most, MAX_SPLITS))
 
@@ -170,14 +171,14 @@ def kernel_config(
     """The tile choice of :data:`VENDOR_TILES` applied to one call (see the module docstring);
     ``tile`` overrides the table (the ahead-of-time candidate sweep)."""
     group = num_q_heads // num_kv_heads
-    g_pad = triton.next_power_of_2(group)
+    g_pad = next_pow2(group)
     tile = tile or _tile(regime, head_dim, window=narrow_window, vendor=vendor)
     if regime == "decode":
-        rows = max(16, triton.next_power_of_2(max(max_q, 1)) * g_pad)
+        rows = max(16, next_pow2(max(max_q, 1)) * g_pad)
     else:
         rows = max(tile.rows, g_pad)
     block_t = max(1, rows // g_pad)
-    q_blocks = triton.cdiv(max(max_q, 1), block_t)
+    q_blocks = cdiv(max(max_q, 1), block_t)
     constexprs = {
         "G": group,
         "G_PAD": g_pad,
@@ -185,8 +186,8 @@ def kernel_config(
         "BLOCK_N": tile.block_n,
         "HEAD_DIM": head_dim,
         "HEAD_DIM_V": head_dim_v,
-        "BLOCK_D": max(16, triton.next_power_of_2(head_dim)),
-        "BLOCK_DV": max(16, triton.next_power_of_2(head_dim_v)),
+        "BLOCK_D": max(16, next_pow2(head_dim)),
+        "BLOCK_DV": max(16, next_pow2(head_dim_v)),
         "PAGE_SIZE": page_size or 1,
         "PAGED": page_size is not None,
         "UNIFORM_Q": uniform_q,
@@ -270,7 +271,7 @@ def launch(
     else:
         part_out = part_lse = dummy
     grid = (batch * cfg.q_blocks, k.shape[-2], splits)
-    attention_kernel[grid](
+    jit_launch(attention_kernel, grid,
         q, k, v, out, lse if lse is not None else dummy, part_out, part_lse,
         sinks if sinks is not None else dummy,
         k_scale if k_scale is not None else dummy,
@@ -288,11 +289,11 @@ def launch(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **cfg.constexprs,
     )  # fmt: skip
     if splits > 1:
-        combine_kernel[(total_q, num_q_heads)](
+        jit_launch(combine_kernel, (total_q, num_q_heads),
             part_out, part_lse, out, lse if lse is not None else dummy,
             sinks if sinks is not None else dummy, v_scale if v_scale is not None else dummy,
             out.stride(0), out.stride(1), num_q_heads,
-            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM_V=v.shape[-1], BLOCK_DV=block_dv,
+            NUM_SPLITS=splits, SPLITS_PAD=next_pow2(splits), HEAD_DIM_V=v.shape[-1], BLOCK_DV=block_dv,
             HAS_SINKS=sinks is not None, HAS_SCALES=v_scale is not None, WRITE_LSE=lse is not None,
             num_warps=1,
         )  # fmt: skip

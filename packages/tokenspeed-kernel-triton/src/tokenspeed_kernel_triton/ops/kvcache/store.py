@@ -8,6 +8,8 @@ import triton.language as tl
 
 from tokenspeed_kernel.ops.kvcache.args import StoreArgs
 from tokenspeed_kernel.registry import Priority, register_kernel
+from tokenspeed_kernel_triton._host import next_pow2
+from tokenspeed_kernel_triton._launcher import jit_launch
 from tokenspeed_kernel_triton.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS
 from tokenspeed_kernel_triton.ops.attention._launch import INTERPRET
 
@@ -81,11 +83,11 @@ def triton_store_kvcache(args: StoreArgs) -> None:
     num_tokens, num_heads = args.k.shape[:2]
     dummy = args.k.new_empty(1, dtype=torch.float32)
     for src, cache, scale in ((args.k, args.k_cache, args.k_scale), (args.v, args.v_cache, args.v_scale)):
-        _store_rows[(num_tokens,)](
+        jit_launch(_store_rows, (num_tokens,),
             src, cache, args.slot_mapping, scale if scale is not None else dummy,
             src.stride(0), src.stride(1), cache.stride(0), cache.stride(1), cache.stride(2),
             num_heads, PAGE_SIZE=cache.shape[1], DIM=src.shape[2],
-            BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_D=triton.next_power_of_2(src.shape[2]), FP8=fp8,
+            BLOCK_H=next_pow2(num_heads), BLOCK_D=next_pow2(src.shape[2]), FP8=fp8,
             INTERPRET=INTERPRET,
             num_warps=1,
         )  # fmt: skip

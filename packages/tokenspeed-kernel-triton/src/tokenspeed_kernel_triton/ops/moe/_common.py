@@ -6,6 +6,8 @@ import os
 
 import torch
 
+from tokenspeed_kernel_triton._host import next_pow2  # noqa: F401  (re-exported for the MoE modules)
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Under the Triton interpreter the kernels run on CPU tensors, so they serve the CPU
 # platform too (and outrank the reference there: tests and `check` exercise them).
@@ -14,10 +16,6 @@ ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 WEIGHT_DTYPES = (*ACT_DTYPES, torch.float8_e4m3fn, torch.uint8)
 ACTIVATION_CODES = {"silu": 0, "gelu": 1, "swiglu_oai": 2}
 MAX_EXPERTS = 1024  # the routing kernels hold one histogram bin per expert in registers
-
-
-def next_pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 def dot_precision(dtype: torch.dtype) -> str | None:

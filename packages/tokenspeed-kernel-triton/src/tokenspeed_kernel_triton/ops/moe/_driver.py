@@ -16,9 +16,10 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import torch
-import triton
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
+from tokenspeed_kernel_triton._host import cdiv
+from tokenspeed_kernel_triton._launcher import jit_launch
 from tokenspeed_kernel_triton.ops.moe._common import next_pow2
 from tokenspeed_kernel_triton.ops.moe._config import Tile
 from tokenspeed_kernel_triton.ops.moe._gemm import combine_kernel
@@ -75,7 +76,7 @@ def combine(y: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor | 
     num_tokens, top_k = topk_ids.shape
     hidden = y.shape[-1]
     block_h = min(1024, next_pow2(hidden))
-    combine_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
+    jit_launch(combine_kernel, (num_tokens, cdiv(hidden, block_h)),
         y, topk_ids, topk_ids if expert_map is None else expert_map, out, hidden, out.stride(0), y.stride(0),
         TOP_K=top_k, HAS_MAP=expert_map is not None, BLOCK_H=block_h, SPLITS=y.shape[0], num_warps=4,
     )  # fmt: skip

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel_triton._launcher import jit_launch
 from tokenspeed_kernel_triton.ops.moe._common import next_pow2
 
 __all__ = ["Routing", "align_kernel", "max_tiles", "sort_by_expert"]
@@ -104,7 +105,7 @@ def sort_by_expert(topk_ids: torch.Tensor, expert_map: torch.Tensor | None, num_
     tile_expert = torch.empty(bound, dtype=torch.int32, device=device)
     num_tiles = torch.empty(1, dtype=torch.int32, device=device)
     block_p = min(1024, max(next_pow2(num_pairs), 16))
-    align_kernel[(num_experts,)](
+    jit_launch(align_kernel, (num_experts,),
         topk_ids, topk_ids if expert_map is None else expert_map, sorted_ids, tile_expert, num_tiles,
         num_pairs,
         HAS_MAP=expert_map is not None, BLOCK_M=block_m, BLOCK_E=max(next_pow2(num_experts), 2), BLOCK_P=block_p,

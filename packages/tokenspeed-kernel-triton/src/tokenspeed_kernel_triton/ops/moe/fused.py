@@ -21,11 +21,12 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, Weight
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
+from tokenspeed_kernel_triton._host import cdiv
+from tokenspeed_kernel_triton._launcher import jit_launch
 from tokenspeed_kernel_triton.ops.moe._common import (
     ACT_DTYPES,
     ACTIVATION_CODES,
@@ -133,12 +134,12 @@ def quantize_fp8_rows(a: torch.Tensor, group: int, routing: Routing | None = Non
     ``group``-value K group. With ``routing`` the rows are sorted slots and padding slots are
     skipped (their outputs are left uninitialized; the GEMM never reads them)."""
     rows, k = a.shape
-    groups = 1 if group == 0 else triton.cdiv(k, group)
+    groups = 1 if group == 0 else cdiv(k, group)
     q = torch.empty((rows, k), dtype=torch.float8_e4m3fn, device=a.device)
     s = torch.empty((rows, groups), dtype=torch.float32, device=a.device)
     if rows:
         ids = routing.sorted_ids if routing is not None else s
-        fp8_quant_kernel[(rows, groups)](
+        jit_launch(fp8_quant_kernel, (rows, groups),
             a, q, s, ids, 0 if routing is None else routing.num_pairs, k, a.stride(0), q.stride(0), s.stride(0),
             GROUP=group, BLOCK=group or min(1024, next_pow2(k)), HAS_IDS=routing is not None,
             INTERPRET=INTERPRET, num_warps=4,
@@ -161,8 +162,8 @@ def _gemm(a, op: Operand, bias, routing: Routing, weights, *, n, k, top_k, tile:
         a, a_scale = quantize_fp8_rows(a, 128 if op.fmt == FP8_BLOCK else 0, None if gated else routing)
     mx = op.fmt == MXFP4
     block_k = 64 if mx else tile.block_k  # MXFP4 steps over 64-value groups
-    grid = (routing.tiles_bound * triton.cdiv(n, tile.block_n),)
-    moe_gemm_kernel[grid](
+    grid = (routing.tiles_bound * cdiv(n, tile.block_n),)
+    jit_launch(moe_gemm_kernel, grid,
         a, op.data, op.data if op.scale is None else op.scale, a if bias is None else bias, out,
         routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights, out if a_scale is None else a_scale,
         routing.num_pairs, n, k, routing.tiles_bound,

@@ -36,6 +36,8 @@ import triton.language as tl
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
+from tokenspeed_kernel_triton._host import cdiv
+from tokenspeed_kernel_triton._launcher import jit_launch
 from tokenspeed_kernel_triton.ops.moe._common import ACTIVATION_CODES, INTERPRET, VENDORS, vendor_of
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile, split_k
 from tokenspeed_kernel_triton.ops.moe._driver import layer_output, run_moe
@@ -123,14 +125,14 @@ def sm_count(device: torch.device) -> int:
 
 def plan_splits(routing: Routing, n: int, k: int, tile: Tile, num_sms: int) -> int:
     """K splits of one layer: :func:`._config.split_k` over the layer's grid."""
-    programs = routing.tiles_bound * triton.cdiv(n, tile.block_n)
-    return split_k(programs, triton.cdiv(k, tile.block_k), num_sms)
+    programs = routing.tiles_bound * cdiv(n, tile.block_n)
+    return split_k(programs, cdiv(k, tile.block_k), num_sms)
 
 
 def split_size(k: int, block_k: int, splits: int) -> int:
     """K values per split (a multiple of ``block_k``): split s walks ``[s * size, (s + 1) * size)``
     clipped to K; trailing splits may be empty (they store zeros)."""
-    return triton.cdiv(triton.cdiv(k, block_k), splits) * block_k
+    return cdiv(cdiv(k, block_k), splits) * block_k
 
 
 def _mx_gemm(
@@ -147,7 +149,7 @@ def _mx_gemm(
     else:
         out = layer_output(a, routing, n, tile, gated=gated, splits=splits)
     act = ACTIVATION_CODES[activation]
-    moe_mx_gemm_kernel[(routing.tiles_bound * triton.cdiv(n, tile.block_n), splits)](
+    jit_launch(moe_mx_gemm_kernel, (routing.tiles_bound * cdiv(n, tile.block_n), splits),
         a, op.packed, op.scales, a if bias is None else bias, out,
         routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights,
         routing.num_pairs, n, k, routing.tiles_bound, k_split,
@@ -161,7 +163,7 @@ def _mx_gemm(
     if not partial:
         return out
     h = layer_output(a, routing, n, tile, gated=True)
-    split_finish_kernel[(routing.tiles_bound, triton.cdiv(n, FINISH_BLOCK_N))](
+    jit_launch(split_finish_kernel, (routing.tiles_bound, cdiv(n, FINISH_BLOCK_N)),
         out, out if bias is None else bias, h, routing.sorted_ids, routing.tile_expert, routing.num_tiles,
         routing.num_pairs, n, out.stride(0), out.stride(1), 0 if bias is None else bias.stride(0), h.stride(0),
         SPLITS=splits, ACTIVATION=act, HAS_BIAS=bias is not None, BLOCK_M=tile.block_m, BLOCK_N=FINISH_BLOCK_N,

@@ -62,6 +62,8 @@ import triton.language as tl
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
+from tokenspeed_kernel_triton._host import cdiv
+from tokenspeed_kernel_triton._launcher import jit_launch
 from tokenspeed_kernel_triton.ops.moe._common import ACT_DTYPES, ACTIVATION_CODES, VENDORS, next_pow2, vendor_of
 from tokenspeed_kernel_triton.ops.moe._gemm import activate
 
@@ -290,7 +292,7 @@ def gemv_moe(args: MoEApplyArgs, tiles: tuple[GemvTile, GemvTile] | None = None)
     emap = args.expert_map
     b13, b2 = args.w13_bias, args.w2_bias
     p13, s13, p2, s2 = w13.packed, w13.scales, w2.packed, w2.scales
-    gemv_w13_kernel[(num_tokens * top_k, triton.cdiv(inter, t13.block_n))](
+    jit_launch(gemv_w13_kernel, (num_tokens * top_k, cdiv(inter, t13.block_n)),
         x, p13, s13, x if b13 is None else b13, hid, ids, ids if emap is None else emap,
         inter, hidden,
         x.stride(0), *p13.stride(), *s13.stride(), 0 if b13 is None else b13.stride(0), hid.stride(0),
@@ -298,7 +300,7 @@ def gemv_moe(args: MoEApplyArgs, tiles: tuple[GemvTile, GemvTile] | None = None)
         ACTIVATION=ACTIVATION_CODES[args.activation], BLOCK_N=t13.block_n, BLOCK_K=t13.block_k,
         EVEN_K=hidden % t13.block_k == 0, num_warps=t13.num_warps,
     )  # fmt: skip
-    gemv_w2_kernel[(num_tokens, triton.cdiv(hidden, t2.block_n))](
+    jit_launch(gemv_w2_kernel, (num_tokens, cdiv(hidden, t2.block_n)),
         hid, p2, s2, x if b2 is None else b2, args.out, ids, ids if emap is None else emap, args.topk_weights,
         hidden, inter,
         hid.stride(0), *p2.stride(), *s2.stride(), 0 if b2 is None else b2.stride(0), args.out.stride(0),

@@ -7,6 +7,8 @@ import triton.language as tl
 
 from tokenspeed_kernel.ops.moe.args import TopKArgs
 from tokenspeed_kernel.registry import Priority, register_kernel
+from tokenspeed_kernel_triton._host import cdiv
+from tokenspeed_kernel_triton._launcher import jit_launch
 from tokenspeed_kernel_triton.ops.moe._common import ACT_DTYPES, MAX_EXPERTS, VENDORS, next_pow2
 
 __all__ = ["topk_kernel", "triton_moe_topk"]
@@ -91,7 +93,7 @@ def triton_moe_topk(args: TopKArgs) -> None:
     block_t = max(1, min(16, 4096 // block_e, next_pow2(num_tokens)))
     tile = block_t * block_e
     num_warps = 1 if tile <= 512 else (4 if block_e >= 256 else 2)
-    topk_kernel[(triton.cdiv(num_tokens, block_t),)](
+    jit_launch(topk_kernel, (cdiv(num_tokens, block_t),),
         logits, args.topk_weights, args.topk_ids,
         num_tokens, num_experts, logits.stride(0),
         TOP_K=args.top_k, SIGMOID=args.scoring == "sigmoid", RENORMALIZE=args.renormalize,

@@ -1,0 +1,367 @@
+"""A launch cache for Triton and Gluon JIT kernels: ``jit_launch(kernel, grid, *args, **kwargs)``.
+
+Same arguments and semantics as ``kernel[grid](*args, **kwargs)``; cheaper per launch on a GPU.
+
+Why: ``JITFunction.run`` (Triton 3.6) spends tens of microseconds of host time per launch
+before the C launcher runs: it binds the arguments through a generated function that calls
+the native specializer on every argument, formats ``str(options)`` for its cache key, reads
+knobs, builds launch metadata and calls two (empty) launch hooks. Here the first launch of a
+*key* goes through ``JITFunction.run`` (compiling if Triton has to) and remembers the
+compiled kernel; later launches with the same key call the compiled kernel's C launcher
+directly with the arguments in signature order.
+
+The key (built by a function generated once per kernel from its signature) covers
+everything that selects the compiled binary in Triton's own cache, and more:
+
+- the current device (Triton keeps one cache per device);
+- every ``tl.constexpr`` argument's value and type (``True``, ``1`` and ``1.0`` differ), or
+  its identity for values of other types (Gluon layouts: hashing them costs microseconds;
+  the cache entry holds a reference, so an identity is never reused while it is a key);
+- each tensor argument's dtype and, unless the parameter is ``do_not_specialize`` /
+  ``do_not_specialize_on_alignment``, whether its data pointer is 16-byte aligned;
+- each Gluon ``TensorDescriptor``'s element dtype, block shape and layout (identity);
+- any other argument (ints, floats, bools, None, tuples): Triton's own native
+  specialization of it (``== 1``, divisible by 16, i32/i64/u64 range; bool; float; None),
+  with the parameter's own specialize/alignment flags;
+- the launch options passed (``num_warps``, ``num_stages``, ...) and the debug and
+  instrumentation knobs that Triton folds into its options.
+
+Anything else takes Triton's normal path, unchanged: the interpreter (``TRITON_INTERPRET=1``:
+the kernel is an ``InterpretedFunction``; nothing here runs), Triton versions other than the
+one this was written against, non-CUDA backends (ROCm's buffer-op specialization depends on
+the tensor's address range; not covered), a callable grid, launch hooks set in
+``triton.knobs.runtime`` (profilers), ``pre_run_hooks`` on the kernel, a changed kernel
+source (its hash), changed globals the kernel read, an argument of a kind not seen at the
+first launch (the generated key raises; the call falls back), and unhashable arguments.
+The stream is read at every launch (Triton's current stream: torch's current CUDA stream),
+so launches go to the caller's stream and are captured by CUDA graphs like any other.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+from triton import knobs
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
+
+__all__ = ["clear", "jit_launch", "launcher_stats", "set_enabled"]
+
+# The JITFunction / CompiledKernel / CudaLauncher internals used here were read in this
+# version; any other runs the normal path.
+_SUPPORTED_TRITON = ((3, 6),)
+_TRITON_OK = tuple(int(x) for x in triton.__version__.split(".")[:2]) in _SUPPORTED_TRITON
+# TOKENSPEED_KERNEL_LAUNCH_CACHE=0 turns the cache off (every launch takes Triton's path):
+# for A/B timing and as an escape hatch. set_enabled() flips it at run time.
+_enabled = os.environ.get("TOKENSPEED_KERNEL_LAUNCH_CACHE", "1") != "0"
+_MAX_ENTRIES = 256  # per kernel; on overflow the kernel's cache is cleared (only a cost)
+# Constexpr values keyed by value (and type); any other type is keyed by identity.
+_PLAIN_TYPES = frozenset({int, bool, float, str, type(None)})
+_RUNTIME = knobs.runtime
+_COMPILATION = knobs.compilation
+_ENTER_HOOK = _RUNTIME.launch_enter_hook  # the HookChains Triton installs (3.6)
+_EXIT_HOOK = _RUNTIME.launch_exit_hook
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _hooks_idle() -> bool:
+    """No launch hook is installed (Triton's empty chains, or None)."""
+    enter, exit_ = _RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook
+    return (enter is None or (enter is _ENTER_HOOK and not enter.calls)) and (
+        exit_ is None or (exit_ is _EXIT_HOOK and not exit_.calls)
+    )
+
+
+# (driver, current device, current stream): Triton's getters of the active driver, except
+# that torch.cuda.current_device (a Python function that checks lazy init; the first launch
+# went through Triton and initialized CUDA) is replaced by the C call it ends in.
+_DEVICE: list = [None, None, None]
+
+
+def _refresh_device_functions(drv) -> None:
+    get_device = drv.get_current_device
+    if get_device is getattr(torch.cuda, "current_device", None) and torch.cuda.is_initialized():
+        get_device = torch._C._cuda_getDevice
+    _DEVICE[:] = [drv, get_device, drv.get_current_stream]
+
+
+def _descriptor_type():
+    try:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    except ImportError:  # pragma: no cover - no Gluon in this Triton
+        return None
+    return TensorDescriptor
+
+
+class _Shape:
+    """One call shape of a kernel (positional count and keyword names): its generated key
+    function, the constant tail of the launch arguments, and the remembered launches."""
+
+    __slots__ = ("by_value", "cache", "keep", "key", "nargs", "tail")
+
+    def __init__(self, nargs: int, key, keep, tail: tuple, by_value: bool) -> None:
+        self.nargs = nargs
+        self.by_value = by_value
+        self.key = key
+        self.keep = keep
+        self.tail = tail
+        self.cache: dict = {}
+
+
+class _Kernel:
+    """Per-kernel state: one :class:`_Shape` per keyword-name tuple seen, and counters."""
+
+    __slots__ = ("fallbacks", "fn", "hash", "hits", "misses", "plain", "shapes")
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        # The interpreter (and anything that is not a JITFunction) is never touched.
+        self.plain = not isinstance(fn, JITFunction) or _interpreting() or not _TRITON_OK
+        self.shapes: dict[tuple, _Shape | None] = {}  # None: a shape that is never cached
+        self.hash = None
+        self.hits = self.misses = self.fallbacks = 0
+
+
+_KERNELS: dict[int, _Kernel] = {}  # id(kernel) -> state; the state holds the kernel alive
+
+
+def _state(fn) -> _Kernel:
+    state = _KERNELS.get(id(fn))
+    if state is None:
+        state = _KERNELS[id(fn)] = _Kernel(fn)
+    return state
+
+
+def _key_expression(kp, local: str, value, descriptor, keep: list, by_value: bool) -> str:
+    """The key expression of one argument, chosen from the kind of its first value."""
+    if kp is None or kp.is_constexpr:  # a launch option, or a constexpr: its value
+        if by_value or type(value) in _PLAIN_TYPES:
+            return local
+        # Hashing a Gluon layout costs ~0.2-0.7 us: keyed by identity instead, and kept alive
+        # by the entry (an identity in a key is never reused). Call sites build their
+        # layouts once (cached configs); a shape whose cache overflows is rebuilt by value.
+        keep.append(local)
+        return f"_ts_id({local})"
+    if descriptor is not None and type(value) is descriptor:
+        # Triton's specialization of a descriptor: element type, block shape, layout.
+        return (
+            f"(({local}.base.dtype, (*{local}.block_shape,), {local}.layout) "
+            f"if _ts_type({local}) is _ts_TD else _ts_bad())"
+        )
+    if hasattr(value, "data_ptr") and hasattr(value, "dtype"):
+        if kp.do_not_specialize or kp.do_not_specialize_on_alignment:
+            return f"{local}.dtype"
+        return f"{local}.dtype, not {local}.data_ptr() & 15"
+    specialize = not kp.do_not_specialize
+    align = not kp.do_not_specialize_on_alignment
+    return f"_ts_spec(_ts_backend, {local}, {kp.is_const}, {specialize}, {align})"
+
+
+def _build_shape(fn: JITFunction, args: tuple, kwargs: dict, backend, by_value: bool = False) -> _Shape | None:
+    """Generate the key function of this call shape, or None when the shape is not cached
+    (a runtime argument passed by keyword, a required parameter left out)."""
+    from triton._C.libtriton import native_specialize_impl
+
+    params = fn.params
+    by_name = {kp.name: kp for kp in params}
+    if len(args) > len(params):
+        return None
+    for name in kwargs:
+        kp = by_name.get(name)
+        if kp is not None and (kp.num < len(args) or not kp.is_constexpr):
+            return None  # runtime arguments by keyword: not cached (would need reordering)
+    tail = []
+    for kp in params[len(args) :]:
+        if kp.name in kwargs:
+            tail.append(None)  # a constexpr: the C launcher skips its slot
+        elif kp.has_default:
+            tail.append(kp.default)
+        else:
+            return None
+    descriptor = _descriptor_type()
+    keep: list[str] = []
+    locals_, parts = [], ["_ts_dev"]
+    for i, value in enumerate(args):
+        local = f"_ts_a{i}"
+        locals_.append(local)
+        parts.append(_key_expression(params[i], local, value, descriptor, keep, by_value))
+    for j, (name, value) in enumerate(kwargs.items()):
+        local = f"_ts_k{j}"
+        locals_.append(local)
+        parts.append(_key_expression(by_name.get(name), local, value, descriptor, keep, by_value))
+    parts += ["_ts_RT.debug", "_ts_FN.debug", "_ts_CO.instrumentation_mode"]
+    head = ", ".join(["_ts_dev", *locals_])
+    src = (
+        f"def key({head}):\n"
+        f"    return ({', '.join(parts)},)\n"
+        f"def keep({head}):\n"
+        f"    return ({''.join(part + ', ' for part in keep)})\n"
+    )
+    namespace = {
+        "_ts_spec": native_specialize_impl,
+        "_ts_backend": backend,
+        "_ts_RT": _RUNTIME,
+        "_ts_CO": _COMPILATION,
+        "_ts_FN": fn,
+        "_ts_TD": descriptor,
+        "_ts_bad": _bad_kind,
+        "_ts_type": type,
+        "_ts_id": id,
+    }
+    exec(compile(src, f"<launch key of {fn.__name__}>", "exec"), namespace)
+    return _Shape(len(args), namespace["key"], namespace["keep"], tuple(tail), by_value)
+
+
+def _bad_kind():
+    raise TypeError("an argument of another kind than at the first launch")
+
+
+def _globals_unchanged(fn) -> bool:
+    missing = _globals_unchanged
+    for (name, _), (value, scope) in fn.used_global_vals.items():
+        if scope.get(name, missing) != value:
+            return False
+    return True
+
+
+def _entry(kernel, target, keep: tuple):
+    """What a direct launch needs, or None when this compiled kernel stays on the normal
+    path (another backend, scratch buffers to allocate, an unexpected object)."""
+    if getattr(target, "backend", None) != "cuda":
+        return None
+    function = getattr(kernel, "function", None)
+    packed = getattr(kernel, "packed_metadata", None)
+    if function is None or packed is None:
+        return None
+    run = kernel.run
+    raw = getattr(run, "launch", None)
+    try:
+        direct = (
+            raw is not None
+            and run.global_scratch_size == 0
+            and run.profile_scratch_size == 0
+            and getattr(run, "num_ctas", 1) == 1
+        )
+        coop, pdl = (run.launch_cooperative_grid, run.launch_pdl) if direct else (False, False)
+    except AttributeError:
+        direct, coop, pdl = False, False, False
+    return (direct, raw if direct else run, function, packed, coop, pdl, keep)
+
+
+def jit_launch(fn, grid, *args, **kwargs):
+    """``fn[grid](*args, **kwargs)`` through the launch cache (see the module docstring).
+
+    ``fn`` is a ``triton.jit`` / ``gluon.jit`` kernel; ``grid`` a tuple of 1-3 ints (a
+    callable grid takes the normal path). Returns what ``fn[grid]`` returns on the normal
+    path (the compiled kernel) or None on a cached launch."""
+    state = _KERNELS.get(id(fn))
+    if state is None:
+        state = _state(fn)
+    if state.plain or not _enabled:
+        return fn[grid](*args, **kwargs)
+    drv = driver.active
+    if drv is not _DEVICE[0]:
+        _refresh_device_functions(drv)
+    dev = _DEVICE[1]()
+    shape = state.shapes.get(tuple(kwargs))
+    if shape is not None and shape.nargs == len(args) and type(grid) is tuple:
+        try:
+            key = shape.key(dev, *args, *kwargs.values())
+            entry = shape.cache.get(key)
+        except (AttributeError, TypeError):
+            key = entry = None
+        if (
+            entry is not None
+            and fn.hash is state.hash
+            and not fn.pre_run_hooks
+            and _RUNTIME.launch_enter_hook is _ENTER_HOOK
+            and _RUNTIME.launch_exit_hook is _EXIT_HOOK
+            and not _ENTER_HOOK.calls
+            and not _EXIT_HOOK.calls
+            and (not fn.used_global_vals or _globals_unchanged(fn))
+        ):
+            state.hits += 1
+            direct, run, function, packed, coop, pdl, _ = entry
+            stream = _DEVICE[2](dev)
+            n = len(grid)
+            g0 = grid[0]
+            g1 = grid[1] if n > 1 else 1
+            g2 = grid[2] if n > 2 else 1
+            if direct:
+                run(g0, g1, g2, stream, function, coop, pdl, None, None, packed, None, None, None, *args, *shape.tail)
+            else:
+                run(g0, g1, g2, stream, function, packed, None, None, None, *args, *shape.tail)
+            return None
+        return _miss(state, fn, grid, args, kwargs, dev, shape, key)
+    return _miss(state, fn, grid, args, kwargs, dev, shape, None)
+
+
+def _miss(state: _Kernel, fn, grid, args, kwargs, dev, shape, key):
+    """The normal path; remembers the compiled kernel under ``key`` when it can."""
+    kernel = fn.run(*args, grid=grid, warmup=False, **kwargs)
+    _DEVICE[0] = None  # CUDA is initialized now: take the C device getter at the next launch
+    if type(grid) is not tuple or fn.pre_run_hooks or not _hooks_idle() or kernel is None:
+        state.fallbacks += 1
+        return kernel
+    names = tuple(kwargs)
+    try:
+        _, _, target, backend, _ = fn.device_caches[dev]
+        if getattr(target, "backend", None) != "cuda":
+            state.plain = True  # ROCm and others: the normal path, always
+            return kernel
+        if names not in state.shapes:
+            state.shapes[names] = _build_shape(fn, args, kwargs, backend)
+        shape = state.shapes[names]
+        if shape is None or shape.nargs != len(args):
+            state.fallbacks += 1
+            return kernel
+        if len(shape.cache) >= _MAX_ENTRIES and not shape.by_value:
+            # Fresh constexpr objects at every launch (identities never repeat): key by value.
+            shape = state.shapes[names] = _build_shape(fn, args, kwargs, backend, by_value=True)
+            key = None
+        if key is None:
+            key = shape.key(dev, *args, *kwargs.values())
+        hash(key)
+        keep = shape.keep(dev, *args, *kwargs.values())
+    except (AttributeError, TypeError):
+        state.fallbacks += 1
+        return kernel
+    if fn.hash is not state.hash:  # first launch, or the source changed: drop stale launches
+        for other in state.shapes.values():
+            if other is not None:
+                other.cache.clear()
+        state.hash = fn.hash
+    entry = _entry(kernel, target, keep)
+    if entry is None:
+        state.fallbacks += 1
+        return kernel
+    if len(shape.cache) >= _MAX_ENTRIES:
+        shape.cache.clear()
+    shape.cache[key] = entry
+    state.misses += 1
+    return kernel
+
+
+def launcher_stats(fn) -> dict[str, int]:
+    """Cached launches (``hits``), launches that filled the cache (``misses``), launches
+    that took the normal path without caching (``fallbacks``), and ``entries``."""
+    state = _state(fn)
+    entries = sum(len(shape.cache) for shape in state.shapes.values() if shape is not None)
+    return {"hits": state.hits, "misses": state.misses, "fallbacks": state.fallbacks, "entries": entries}
+
+
+def set_enabled(enabled: bool) -> bool:
+    """Turn the cache on or off for every kernel; returns the previous setting."""
+    global _enabled
+    previous, _enabled = _enabled, bool(enabled)
+    return previous
+
+
+def clear() -> None:
+    """Forget every remembered launch (Triton's own caches are untouched)."""
+    _KERNELS.clear()

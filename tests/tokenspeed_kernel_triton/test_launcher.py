@@ -1,0 +1,331 @@
+"""The launch cache (``tokenspeed_kernel_triton._launcher``) on CPU, with a fake CUDA driver.
+
+No GPU here, so Triton's compile is replaced by a fake that records what Triton asked to
+compile and returns a stand-in compiled kernel whose C launcher records each launch. The
+JIT function, its binder, Triton's own kernel cache and ``JITFunction.run`` are the real
+ones: a launch that Triton would compile anew must miss the launch cache (and compile), and
+a launch that hits must use the binary Triton compiled for that key, on the current stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.driver import CudaLauncher
+from triton.compiler.compiler import CompiledKernel
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
+
+from tokenspeed_kernel_triton import _host, _launcher
+
+
+def _toy(X, Y, n, scale, FLAG: tl.constexpr, BLOCK: tl.constexpr = 16):
+    pass
+
+
+def _toy_nospec(X, n, m, BLOCK: tl.constexpr):
+    pass
+
+
+class _FakeDriver:
+    """The few driver calls JITFunction.run and the launcher make."""
+
+    def __init__(self) -> None:
+        self.device = 0
+        self.stream = 7
+        self.launches: list = []
+
+    def get_current_device(self):
+        return self.device
+
+    def get_current_stream(self, device):
+        return self.stream + 1000 * device
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+
+def _fake_compiled(drv: _FakeDriver, number: int) -> CompiledKernel:
+    kernel = object.__new__(CompiledKernel)
+    kernel.module = "fake"  # handles "loaded": _init_handles returns at once
+    kernel.function = 1000 + number
+    kernel.packed_metadata = (4, 1, 0)
+    kernel.name = f"fake{number}"
+    kernel.src = None
+    runner = object.__new__(CudaLauncher)
+    runner.num_ctas = 1
+    runner.global_scratch_size = runner.profile_scratch_size = 0
+    runner.global_scratch_align = runner.profile_scratch_align = 1
+    runner.launch_cooperative_grid = runner.launch_pdl = False
+
+    def c_launch(gx, gy, gz, stream, function, coop, pdl, scratch, profile, packed, meta, enter, exit_, *args):
+        drv.launches.append({"grid": (gx, gy, gz), "stream": stream, "function": function, "args": args})
+
+    runner.launch = c_launch
+    kernel._run = runner
+    return kernel
+
+
+@contextlib.contextmanager
+def _fake_gpu(fn: JITFunction):
+    drv = _FakeDriver()
+    compiled: list = []
+    previous = driver._active
+    driver.set_active(drv)
+
+    def do_compile(key, signature, device, constexprs, options, attrs, warmup):
+        kernel = _fake_compiled(drv, len(compiled))
+        compiled.append({"key": key, "signature": signature, "constexprs": constexprs, "device": device})
+        fn.device_caches[device][0][key] = kernel
+        fn.hash = fn.hash or "source-hash"
+        return kernel
+
+    fn._do_compile = do_compile
+    try:
+        yield drv, compiled
+    finally:
+        driver._active = previous
+        del fn._do_compile
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """A fresh JITFunction (built directly: under TRITON_INTERPRET=1 ``triton.jit`` would
+    give an interpreter function) with the launch cache on, and the fake GPU."""
+    monkeypatch.setattr(_launcher, "_interpreting", lambda: False)
+    _launcher.clear()
+    fn = JITFunction(_toy)
+    with _fake_gpu(fn) as (drv, compiled):
+        yield fn, drv, compiled
+    _launcher.clear()
+
+
+def _tensors(dtype=torch.float32, offset=0):
+    base = torch.randn(64 + offset, dtype=torch.float32).to(dtype)
+    return base[offset:], torch.randn(64).to(dtype)
+
+
+def _go(fn, x, y, n=32, scale=0.5, flag=True, **opts):
+    return _launcher.jit_launch(fn, (3, 2), x, y, n, scale, FLAG=flag, **opts)
+
+
+def test_equal_keys_reuse_the_binary_on_the_current_stream(toy):
+    fn, drv, compiled = toy
+    x, y = _tensors()
+    _go(fn, x, y)
+    x2, y2 = _tensors()  # other tensors, same dtypes and alignment
+    drv.stream = 9
+    assert _go(fn, x2, y2, n=48) is None  # a cached launch returns None
+    assert len(compiled) == 1
+    assert _launcher.launcher_stats(fn) == {"hits": 1, "misses": 1, "fallbacks": 0, "entries": 1}
+    last = drv.launches[-1]
+    assert last["stream"] == 9 and last["grid"] == (3, 2, 1) and last["function"] == 1000
+    # signature order, then the constexpr slots (skipped by the C launcher): FLAG, BLOCK default
+    assert last["args"][:4] == (x2, y2, 48, 0.5) and len(last["args"]) == 6
+    assert last["args"][5] == 16
+
+
+# Each variant changes one thing that Triton specializes on: Triton compiles a new binary,
+# and the launch cache must miss, then use that new binary.
+VARIANTS = {
+    "dtype": dict(x=lambda: _tensors(torch.bfloat16)[0]),
+    "misaligned pointer": dict(x=lambda: _tensors(offset=1)[0]),
+    "int == 1": dict(n=1),
+    "int not divisible by 16": dict(n=33),
+    "int64 range": dict(n=2**40),
+    "uint64 range": dict(n=2**63 + 16),
+    "constexpr value": dict(flag=False),
+    "num_warps": dict(num_warps=8),
+    "num_stages": dict(num_stages=2),
+    "None for a runtime arg": dict(y=lambda: None),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_a_changed_key_recompiles(toy, name):
+    fn, drv, compiled = toy
+    x, y = _tensors()
+    _go(fn, x, y)
+    _go(fn, x, y)
+    assert len(compiled) == 1
+    change = {k: (v() if callable(v) else v) for k, v in VARIANTS[name].items()}
+    args = {"x": x, "y": y, "n": 32, "flag": True}
+    opts = {k: change.pop(k) for k in ("num_warps", "num_stages") if k in change}
+    args.update(change)
+    _go(fn, args["x"], args["y"], args["n"], flag=args["flag"], **opts)
+    assert len(compiled) == 2, "Triton compiled a new binary"
+    _go(fn, args["x"], args["y"], args["n"], flag=args["flag"], **opts)  # now cached (or normal path)
+    assert len(compiled) == 2
+    assert drv.launches[-1]["function"] == 1001, "the launch used the new binary"
+    _go(fn, x, y)  # the first key still launches the first binary
+    assert drv.launches[-1]["function"] == 1000
+
+
+def test_device_is_part_of_the_key(toy):
+    fn, drv, compiled = toy
+    x, y = _tensors()
+    _go(fn, x, y)
+    drv.device = 1
+    _go(fn, x, y)
+    _go(fn, x, y)
+    assert len(compiled) == 2 and compiled[1]["device"] == 1
+    assert drv.launches[-1]["function"] == 1001 and drv.launches[-1]["stream"] == 1007
+
+
+def test_key_function_distinguishes_what_triton_does():
+    """The generated key on its own: equal kinds give equal keys; a change in dtype,
+    alignment, int class, constexpr or option gives a different key."""
+    fn = JITFunction(_toy)
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    backend = CUDABackend(GPUTarget("cuda", 90, 32))
+    x, y = _tensors()
+    shape = _launcher._build_shape(fn, (x, y, 32, 0.5), {"FLAG": True, "num_warps": 4}, backend)
+
+    def key(x=x, y=y, n=32, scale=0.5, flag=True, warps=4, dev=0):
+        return shape.key(dev, x, y, n, scale, flag, warps)
+
+    same = key(x=_tensors()[0], y=_tensors()[1], n=64, scale=2.0)
+    assert key() == same
+    for changed in (
+        key(x=_tensors(torch.float16)[0]),
+        key(x=_tensors(offset=1)[0]),
+        key(n=1),
+        key(n=31),
+        key(n=2**33),
+        key(flag=False),
+        key(warps=8),
+        key(dev=1),
+    ):
+        assert changed != key()
+
+
+def test_do_not_specialize_is_respected(monkeypatch):
+    """A do_not_specialize int: Triton compiles one binary for 16 and 17, and so the key
+    must not split them (only the i32/i64 range still matters)."""
+    monkeypatch.setattr(_launcher, "_interpreting", lambda: False)
+    _launcher.clear()
+    fn = JITFunction(_toy_nospec, do_not_specialize=["n"], do_not_specialize_on_alignment=["X"])
+    with _fake_gpu(fn) as (_drv, compiled):
+        a = torch.randn(65)
+        _launcher.jit_launch(fn, (1,), a[1:], 16, 16, BLOCK=8)
+        _launcher.jit_launch(fn, (1,), a[:64], 17, 16, BLOCK=8)  # aligned X, n % 16 != 0: same binary
+        assert len(compiled) == 1
+        assert _launcher.launcher_stats(fn)["hits"] == 1
+        _launcher.jit_launch(fn, (1,), a[:64], 17, 17, BLOCK=8)  # m is specialized
+        assert len(compiled) == 2
+    _launcher.clear()
+
+
+def test_runtime_arg_by_keyword_takes_the_normal_path(toy):
+    fn, drv, compiled = toy
+    x, y = _tensors()
+    for _ in range(2):
+        _launcher.jit_launch(fn, (1,), x, y, 32, scale=0.5, FLAG=True)
+    stats = _launcher.launcher_stats(fn)
+    assert stats["hits"] == 0 and stats["entries"] == 0 and stats["fallbacks"] == 2
+    assert len(drv.launches) == 2 and len(compiled) == 1
+
+
+def test_a_kind_change_falls_back_and_stays_correct(toy):
+    """A tensor at the first launch, a float later for the same parameter: the generated key
+    raises, the launch takes Triton's path (which compiles for the float)."""
+    fn, drv, compiled = toy
+    x, y = _tensors()
+    _go(fn, x, y)
+    _launcher.jit_launch(fn, (1,), x, 2.0, 32, 0.5, FLAG=True)
+    assert len(compiled) == 2 and drv.launches[-1]["function"] == 1001
+
+
+def test_launch_hooks_take_the_normal_path(toy):
+    fn, _drv, _compiled = toy
+    x, y = _tensors()
+    seen = []
+    hook = seen.append
+    _launcher._ENTER_HOOK.add(hook)
+    try:
+        _go(fn, x, y)
+        _go(fn, x, y)
+    finally:
+        _launcher._ENTER_HOOK.remove(hook)
+    assert _launcher.launcher_stats(fn)["hits"] == 0
+    _go(fn, x, y)
+    _go(fn, x, y)
+    assert _launcher.launcher_stats(fn)["hits"] == 1
+
+
+def test_changed_source_hash_drops_the_cache(toy):
+    fn, _drv, _compiled = toy
+    x, y = _tensors()
+    _go(fn, x, y)
+    fn.hash = "edited"  # what _unsafe_update_src + recompiling would leave
+    _go(fn, x, y)
+    assert _launcher.launcher_stats(fn)["hits"] == 0
+    _go(fn, x, y)
+    assert _launcher.launcher_stats(fn)["hits"] == 1
+
+
+def test_fresh_constexpr_objects_switch_the_shape_to_values(toy, monkeypatch):
+    """Identity keys for non-plain constexprs; a call site that builds a new object at every
+    launch overflows its shape, which is rebuilt to key by value."""
+    fn, _drv, _compiled = toy
+    monkeypatch.setattr(_launcher, "_MAX_ENTRIES", 4)
+
+    class Layout(tuple):
+        pass
+
+    x, y = _tensors()
+    for _ in range(6):
+        _go(fn, x, y, flag=Layout((1, 2)))
+    shape = _launcher._KERNELS[id(fn)].shapes[("FLAG",)]
+    assert shape.by_value
+    _go(fn, x, y, flag=Layout((1, 2)))
+    assert _launcher.launcher_stats(fn)["hits"] >= 1
+
+
+def test_interpreter_and_disabled_take_the_plain_path(monkeypatch):
+    """Under TRITON_INTERPRET=1 nothing is cached: the kernel's own ``[grid]`` path runs."""
+    _launcher.clear()
+    fn = JITFunction(_toy)
+    monkeypatch.setattr(_launcher, "_interpreting", lambda: True)
+    with _fake_gpu(fn) as (drv, compiled):
+        x, y = _tensors()
+        _go(fn, x, y)
+        _go(fn, x, y)
+        assert len(drv.launches) == 2 and len(compiled) == 1
+        assert _launcher.launcher_stats(fn) == {"hits": 0, "misses": 0, "fallbacks": 0, "entries": 0}
+    _launcher.clear()
+    monkeypatch.setattr(_launcher, "_interpreting", lambda: False)
+    previous = _launcher.set_enabled(False)
+    fn = JITFunction(_toy)
+    try:
+        with _fake_gpu(fn) as (drv, _compiled):
+            _go(fn, x, y)
+            _go(fn, x, y)
+            assert _launcher.launcher_stats(fn)["hits"] == 0 and len(drv.launches) == 2
+    finally:
+        _launcher.set_enabled(previous)
+        _launcher.clear()
+
+
+def test_interpreted_kernels_are_never_cached():
+    """The real test setup: kernels built by triton.jit under the interpreter."""
+    from tokenspeed_kernel_triton.ops.kvcache.store import _store_rows
+
+    if isinstance(_store_rows, JITFunction):
+        pytest.skip("not under the Triton interpreter (a GPU run): nothing to check here")
+    assert _launcher._state(_store_rows).plain
+
+
+def test_host_helpers_match_triton():
+    import triton
+
+    for n in range(1, 3000):
+        assert _host.next_pow2(n) == triton.next_power_of_2(n)
+    for a in range(-40, 200):
+        for b in range(1, 33):
+            assert _host.cdiv(a, b) == triton.cdiv(a, b)
