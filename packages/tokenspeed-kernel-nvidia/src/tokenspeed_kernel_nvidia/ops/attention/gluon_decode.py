@@ -10,6 +10,7 @@ registered for ``sm_90`` alone.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -127,6 +128,60 @@ def _partials(device: torch.device, batch: int, heads: int, splits: int, head_di
     )
 
 
+def bind_decode(args: DecodeArgs) -> Callable[[DecodeArgs], None]:
+    """The ``bind`` hook: everything a launch needs but q, out and lse, worked out once
+    (configuration, split count, workspaces, strides, constexprs); the returned runner only
+    launches. ``args`` may hold placeholders for q/out/lse (a plan's): only their shapes,
+    dtypes and device are read here."""
+    from tokenspeed_kernel_nvidia.ops.attention._gluon_decode_kernel import combine_kernel, decode_kernel
+
+    batch, _, num_q_heads, head_dim = args.q.shape
+    _, page_size, num_kv_heads, _ = args.k_cache.shape
+    device = args.q.device
+    cfg = decode_config(head_dim, page_size)
+    window = args.window_left if args.window_left >= 0 else NO_WINDOW
+    visible = args.max_seqlen_k if args.window_left < 0 else min(args.max_seqlen_k, args.window_left + 1)
+    splits = num_splits(batch, num_kv_heads, visible, _num_sms(device), cfg.block_n)
+    cfg = decode_config(head_dim, page_size, batch * num_kv_heads * splits)
+    part_out, part_lse = _partials(device, batch, num_q_heads, splits, head_dim)
+    load, smem, mma = cfg.layouts
+    fused = splits <= cfg.fused_max_splits
+    # The fused merge's per-(sequence, KV head) arrival counters: zeroed once, and reset to
+    # 0 by the program that merges, so every call (and graph replay) starts from 0. Absent
+    # operands get a placeholder pointer the kernel never dereferences.
+    count = (
+        workspace(device, "decode_count", (batch * num_kv_heads,), torch.int32, zero=True)
+        if fused
+        else args.cache_seqlens
+    )
+    sinks = args.sinks if args.sinks is not None else part_lse
+    has_lse = args.lse is not None
+    tables = (args.k_cache, args.v_cache, args.page_table, args.cache_seqlens, part_out, part_lse, sinks)
+    scalars = (
+        args.page_table.stride(0), *args.k_cache.stride()[:3], *args.v_cache.stride()[:3],
+        float(args.softmax_scale), float(args.logit_cap) or 1.0, window,
+    )  # fmt: skip
+    grid = (batch, num_kv_heads, splits)
+    constexprs = dict(
+        HQ=num_q_heads, HKV=num_kv_heads, G=num_q_heads // num_kv_heads, D=head_dim, PAGE=page_size,
+        SPLITS=splits, BLOCK_N=cfg.block_n, STAGES=cfg.stages, HAS_CAP=args.logit_cap > 0,
+        LOAD=load, SMEM=smem, MMA=mma, FUSED=fused, HAS_SINKS=args.sinks is not None,
+        HAS_LSE=has_lse, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    combine = dict(
+        HQ=num_q_heads, D=head_dim, SPLITS=splits, SPLITS_P2=next_pow2(splits),
+        HAS_SINKS=args.sinks is not None, HAS_LSE=has_lse, num_warps=2,
+    )  # fmt: skip
+
+    def run(a: DecodeArgs) -> None:
+        lse = a.lse if has_lse else part_lse
+        jit_launch(decode_kernel, grid, a.q, *tables, a.out, lse, count, *scalars, **constexprs)
+        if not fused:
+            jit_launch(combine_kernel, (batch, num_q_heads), part_out, part_lse, sinks, a.out, lse, **combine)
+
+    return run
+
+
 @register_kernel(
     "attention.decode",
     name="gluon_decode_sm90",
@@ -142,46 +197,10 @@ def _partials(device: torch.device, batch: int, heads: int, splits: int, head_di
     # First where it was measured faster, at GPT-OSS's head dim (FIRST_AT_BATCHES).
     rank_when=({"batch_bucket": FIRST_AT_BATCHES, "head_dim": (64,)}, Priority.PERFORMANT),
     predicate=_group_fits,
+    bind=bind_decode,
 )
 def gluon_decode(args: DecodeArgs) -> None:
     """Gluon Hopper decode: cp.async multi-stage gather of paged K/V, GQA group on
-    mma.sync, split-KV with a combine that adds the sink."""
-    from tokenspeed_kernel_nvidia.ops.attention._gluon_decode_kernel import combine_kernel, decode_kernel
-
-    batch, _, num_q_heads, head_dim = args.q.shape
-    _, page_size, num_kv_heads, _ = args.k_cache.shape
-    cfg = decode_config(head_dim, page_size)
-    window = args.window_left if args.window_left >= 0 else NO_WINDOW
-    visible = args.max_seqlen_k if args.window_left < 0 else min(args.max_seqlen_k, args.window_left + 1)
-    num_sms = _num_sms(args.q.device)
-    splits = num_splits(batch, num_kv_heads, visible, num_sms, cfg.block_n)
-    cfg = decode_config(head_dim, page_size, batch * num_kv_heads * splits)
-    part_out, part_lse = _partials(args.q.device, batch, num_q_heads, splits, head_dim)
-    load, smem, mma = cfg.layouts
-    fused = splits <= cfg.fused_max_splits
-    # The fused merge's per-(sequence, KV head) arrival counters: zeroed once, and reset to
-    # 0 by the program that merges, so every call (and graph replay) starts from 0. Absent
-    # operands get a placeholder pointer the kernel never dereferences.
-    count = (
-        workspace(args.q.device, "decode_count", (batch * num_kv_heads,), torch.int32, zero=True)
-        if fused
-        else args.cache_seqlens
-    )
-    sinks = args.sinks if args.sinks is not None else part_lse
-    lse = args.lse if args.lse is not None else part_lse
-    jit_launch(decode_kernel, (batch, num_kv_heads, splits),
-        args.q, args.k_cache, args.v_cache, args.page_table, args.cache_seqlens, part_out, part_lse,
-        sinks, args.out, lse, count,
-        args.page_table.stride(0), *args.k_cache.stride()[:3], *args.v_cache.stride()[:3], float(args.softmax_scale), float(args.logit_cap) or 1.0, window,
-        HQ=num_q_heads, HKV=num_kv_heads, G=num_q_heads // num_kv_heads, D=head_dim, PAGE=page_size,
-        SPLITS=splits, BLOCK_N=cfg.block_n, STAGES=cfg.stages, HAS_CAP=args.logit_cap > 0,
-        LOAD=load, SMEM=smem, MMA=mma, FUSED=fused, HAS_SINKS=args.sinks is not None,
-        HAS_LSE=args.lse is not None, num_warps=cfg.num_warps,
-    )  # fmt: skip
-    if fused:
-        return
-    jit_launch(combine_kernel, (batch, num_q_heads),
-        part_out, part_lse, sinks, args.out, lse,
-        HQ=num_q_heads, D=head_dim, SPLITS=splits, SPLITS_P2=next_pow2(splits),
-        HAS_SINKS=args.sinks is not None, HAS_LSE=args.lse is not None, num_warps=2,
-    )  # fmt: skip
+    mma.sync, split-KV with a combine that adds the sink. A plan binds it once
+    (:func:`bind_decode`); a functional call binds and runs."""
+    bind_decode(args)(args)
