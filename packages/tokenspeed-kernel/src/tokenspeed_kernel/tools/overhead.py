@@ -32,8 +32,10 @@ import argparse
 import contextlib
 import cProfile
 import json
+import os
 import statistics
 import sys
+import sysconfig
 import timeit
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -246,8 +248,14 @@ _BY_FILE = (
 )
 
 
-# Code outside the core: vendor wheels' kernel modules and compiler runtimes (device mode).
-_KERNEL_PATHS = ("tokenspeed_kernel_", "/triton/", "/flashinfer/")
+# Code outside the core, torch and the standard library: the backend wheels' kernel modules
+# and the compilers' runtimes they call (what the device mode's kernels run on the host).
+_CORE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_NOT_KERNEL_DIRS = (_CORE_DIR, os.path.dirname(os.path.abspath(torch.__file__)), sysconfig.get_paths()["stdlib"])
+
+
+def _is_kernel_code(filename: str) -> bool:
+    return not os.path.abspath(filename).startswith(_NOT_KERNEL_DIRS)
 
 
 def _label(code: object) -> tuple[str, str]:
@@ -269,7 +277,7 @@ def _own_category(code: object) -> str | None:
     filename, name = _label(code)
     if filename == "~" or filename.startswith("<"):
         return None
-    if any(part in filename for part in _KERNEL_PATHS):
+    if _is_kernel_code(filename):
         return "kernel"
     if name in _BY_NAME:
         return _BY_NAME[name]

@@ -13,8 +13,9 @@ closing synchronize, divided by ``number``; the median of ``repeats`` runs. The 
 tiny, so the GPU drains its queue faster than the host fills it and the figure is the host's
 own work per call: validation, selection, allocation, argument binding and every launch.
 ``wall`` (after the synchronize) is printed too; a wall far above host means the GPU, not the
-host, bounded the run. The breakdown adds ``kernel`` (the vendor wheel's launch code and the
-compiler runtime: Triton's argument binding and launcher) to the CPU mode's categories.
+host, bounded the run. The breakdown adds ``kernel`` (code outside the core, torch and the
+standard library: the backend wheel's launch code and its compiler's runtime, argument
+binding and launcher) to the CPU mode's categories.
 
     tokenspeed-kernel overhead --device cuda [--op OP] [--top 12] [--json FILE]
 """
