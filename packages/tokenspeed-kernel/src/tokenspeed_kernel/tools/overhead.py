@@ -251,7 +251,10 @@ _BY_FILE = (
 # Code outside the core, torch and the standard library: the backend wheels' kernel modules
 # and the compilers' runtimes they call (what the device mode's kernels run on the host).
 _CORE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_NOT_KERNEL_DIRS = (_CORE_DIR, os.path.dirname(os.path.abspath(torch.__file__)), sysconfig.get_paths()["stdlib"])
+_NOT_KERNEL_DIRS = tuple(  # with the separator: the core's dir is a prefix of its wheels' names
+    os.path.join(d, "")
+    for d in (_CORE_DIR, os.path.dirname(os.path.abspath(torch.__file__)), sysconfig.get_paths()["stdlib"])
+)
 
 
 def _is_kernel_code(filename: str) -> bool:
