@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from tokenspeed_kernel import registry
 from tokenspeed_kernel.cli import main
@@ -42,3 +43,16 @@ def test_cli(tmp_path, capsys):
     assert main(argv) == 0
     assert "moe_topk" in capsys.readouterr().out
     assert [r["name"] for r in json.loads(path.read_text())] == ["moe_topk"]
+
+
+def test_kernel_category_is_code_outside_the_core_torch_and_stdlib():
+    import functools
+
+    triton = pytest.importorskip("triton", reason="the check needs a compiler runtime installed")
+    _host = pytest.importorskip("tokenspeed_kernel_triton._host", reason="the check needs a backend wheel installed")
+
+    assert overhead._own_category(_host.cdiv.__code__) == "kernel"  # a backend wheel
+    assert overhead._own_category(triton.runtime.jit.JITFunction.run.__code__) == "kernel"  # its compiler
+    assert overhead._own_category(overhead.measure.__code__) != "kernel"  # the core
+    assert overhead._own_category(functools.cached_property.__init__.__code__) != "kernel"  # the stdlib
+    assert overhead._own_category(torch.nn.Module.__init__.__code__) != "kernel"  # torch

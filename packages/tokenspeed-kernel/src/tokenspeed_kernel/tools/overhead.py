@@ -251,14 +251,18 @@ _BY_FILE = (
 # Code outside the core, torch and the standard library: the backend wheels' kernel modules
 # and the compilers' runtimes they call (what the device mode's kernels run on the host).
 _CORE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_NOT_KERNEL_DIRS = tuple(  # with the separator: the core's dir is a prefix of its wheels' names
-    os.path.join(d, "")
-    for d in (_CORE_DIR, os.path.dirname(os.path.abspath(torch.__file__)), sysconfig.get_paths()["stdlib"])
-)
+_paths = sysconfig.get_paths()
+# With the separator: the core's directory is a prefix of its wheels' names.
+_NOT_KERNEL_DIRS = tuple(os.path.join(d, "") for d in (_CORE_DIR, os.path.dirname(os.path.abspath(torch.__file__))))
+_STDLIB = os.path.join(_paths["stdlib"], "")
+_SITE = tuple(os.path.join(_paths[k], "") for k in ("purelib", "platlib"))  # may lie inside the stdlib's
 
 
 def _is_kernel_code(filename: str) -> bool:
-    return not os.path.abspath(filename).startswith(_NOT_KERNEL_DIRS)
+    path = os.path.abspath(filename)
+    if path.startswith(_NOT_KERNEL_DIRS):
+        return False
+    return not path.startswith(_STDLIB) or path.startswith(_SITE)
 
 
 def _label(code: object) -> tuple[str, str]:
