@@ -218,6 +218,27 @@ def cases() -> tuple[OverheadCase, ...]:
     )
 
 
+def _sdpa(device: torch.device) -> Callable[[], object]:
+    q = _randn(1, HEADS, 1, HEAD_DIM, device=device)
+    k, v = (_randn(1, KV_HEADS, 256, HEAD_DIM, device=device) for _ in range(2))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return lambda: sdpa(q, k, v, enable_gqa=True)
+
+
+def _matmul(device: torch.device) -> Callable[[], object]:
+    a, b = _randn(64, 64, device=device), _randn(64, 64, device=device)
+    return lambda: torch.matmul(a, b)
+
+
+def baselines() -> tuple[OverheadCase, ...]:
+    """torch's own eager calls at comparable sizes (``--device cuda``): SDPA at the decode
+    shape (GQA) and a 64 x 64 matmul."""
+    return (
+        OverheadCase("torch SDPA (baseline)", "torch", _sdpa),
+        OverheadCase("torch matmul (baseline)", "torch", _matmul),
+    )
+
+
 @dataclass(frozen=True)
 class OverheadRow:
     """One case's result: median/min µs per call and the per-category breakdown (µs)."""
@@ -302,15 +323,25 @@ def _is_harness(code: object) -> bool:
     return (filename.endswith("overhead.py") and name != "_noop") or name == "disable"
 
 
-def breakdown(call: Callable[[], object], calls: int = 2000) -> dict[str, float]:
-    """Shares of self time per category in a cProfile run. A builtin's or generated
-    method's time goes to the category of the caller it was called from (the main caller's,
-    recursively, when that caller is itself a builtin or generated)."""
+def profile_calls(call: Callable[[], object], calls: int = 2000) -> cProfile.Profile:
+    """A cProfile run of ``calls`` calls of ``call``."""
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(calls):
         call()
     profiler.disable()
+    return profiler
+
+
+def breakdown(call: Callable[[], object], calls: int = 2000) -> dict[str, float]:
+    """Shares of self time per category in a cProfile run (:func:`shares`)."""
+    return shares(profile_calls(call, calls))
+
+
+def shares(profiler: cProfile.Profile) -> dict[str, float]:
+    """Shares of self time per category in ``profiler``'s run. A builtin's or generated
+    method's time goes to the category of the caller it was called from (the main caller's,
+    recursively, when that caller is itself a builtin or generated)."""
     entries = profiler.getstats()
     callers: dict[object, dict[object, float]] = {}
     for entry in entries:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import io
 import pstats
 import statistics
 import time
@@ -33,9 +34,9 @@ from dataclasses import dataclass
 import torch
 
 from tokenspeed_kernel.ops._dispatch import last_kernel
-from tokenspeed_kernel.tools.overhead import CATEGORIES, HEAD_DIM, HEADS, KV_HEADS, OverheadCase, breakdown, cases
+from tokenspeed_kernel.tools.overhead import CATEGORIES, OverheadCase, baselines, cases, profile_calls, shares
 
-__all__ = ["DeviceRow", "baselines", "measure_device", "run_device", "top_functions"]
+__all__ = ["DeviceRow", "measure_device", "run_device"]
 
 
 @dataclass(frozen=True)
@@ -48,30 +49,7 @@ class DeviceRow:
     host_us: float
     wall_us: float
     breakdown_us: dict[str, float]
-
-
-def _randn(*shape: int, device: torch.device) -> torch.Tensor:
-    return torch.randn(*shape, device=device, dtype=torch.bfloat16)
-
-
-def _sdpa(device: torch.device) -> Callable[[], object]:
-    q = _randn(1, HEADS, 1, HEAD_DIM, device=device)
-    k, v = (_randn(1, KV_HEADS, 256, HEAD_DIM, device=device) for _ in range(2))
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    return lambda: sdpa(q, k, v, enable_gqa=True)
-
-
-def _matmul(device: torch.device) -> Callable[[], object]:
-    a, b = _randn(64, 64, device=device), _randn(64, 64, device=device)
-    return lambda: torch.matmul(a, b)
-
-
-def baselines() -> tuple[OverheadCase, ...]:
-    """torch's own eager calls at comparable sizes: SDPA at the decode shape (GQA), matmul."""
-    return (
-        OverheadCase("torch SDPA (baseline)", "torch", _sdpa),
-        OverheadCase("torch matmul (baseline)", "torch", _matmul),
-    )
+    top: str = ""  # with ``top``: the slowest functions of the profiled run, as text
 
 
 def _host_and_wall(call: Callable[[], object], device: torch.device, number: int) -> tuple[float, float]:
@@ -86,9 +64,16 @@ def _host_and_wall(call: Callable[[], object], device: torch.device, number: int
 
 
 def measure_device(
-    case: OverheadCase, device: torch.device, *, number: int = 300, repeats: int = 7, profile: bool = True
+    case: OverheadCase,
+    device: torch.device,
+    *,
+    number: int = 300,
+    repeats: int = 7,
+    profile: bool = True,
+    top: int = 0,
 ) -> DeviceRow:
-    """Host and wall µs per call of ``case`` (medians over ``repeats`` runs of ``number``)."""
+    """Host and wall µs per call of ``case`` (medians over ``repeats`` runs of ``number``);
+    one cProfile run of ``number`` calls gives the breakdown and (``top``) the slowest functions."""
     call = case.make(device)
     for _ in range(20):  # warm: compilation, selection cache, allocator
         call()
@@ -96,25 +81,15 @@ def measure_device(
     runs = [_host_and_wall(call, device, number) for _ in range(repeats)]
     host = statistics.median(r[0] for r in runs)
     wall = statistics.median(r[1] for r in runs)
-    shares = breakdown(call, calls=number) if profile and case.op != "torch" else {}
+    profiler = profile_calls(call, number) if (profile or top) and case.op != "torch" else None
     torch.cuda.synchronize(device)
-    return DeviceRow(case.name, case.op, kernel, host, wall, {k: s * host for k, s in shares.items()})
+    split = shares(profiler) if profile and profiler is not None else {}
+    slowest = _top_text(profiler, top) if top and profiler is not None else ""
+    return DeviceRow(case.name, case.op, kernel, host, wall, {k: s * host for k, s in split.items()}, slowest)
 
 
-def top_functions(case: OverheadCase, device: torch.device, *, calls: int = 300, top: int = 12) -> str:
-    """The ``top`` functions by self time over ``calls`` eager calls (cProfile), as text."""
-    import io
-
-    call = case.make(device)
-    for _ in range(20):
-        call()
-    torch.cuda.synchronize(device)
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(calls):
-        call()
-    profiler.disable()
-    torch.cuda.synchronize(device)
+def _top_text(profiler: cProfile.Profile, top: int) -> str:
+    """The ``top`` functions of ``profiler``'s run by self time, as pstats prints them."""
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
     body = text.getvalue()
@@ -122,12 +97,19 @@ def top_functions(case: OverheadCase, device: torch.device, *, calls: int = 300,
 
 
 def run_device(
-    device: torch.device, ops: list[str] | None = None, *, number: int = 300, repeats: int = 7, profile: bool = True
+    device: torch.device,
+    ops: list[str] | None = None,
+    *,
+    number: int = 300,
+    repeats: int = 7,
+    profile: bool = True,
+    top: int = 0,
 ) -> list[DeviceRow]:
     """Measure the baselines, then every case (of ``ops``, or all), on ``device``."""
     chosen = [c for c in cases() if ops is None or c.op in ops]
     return [
-        measure_device(c, device, number=number, repeats=repeats, profile=profile) for c in baselines() + tuple(chosen)
+        measure_device(c, device, number=number, repeats=repeats, profile=profile, top=top)
+        for c in baselines() + tuple(chosen)
     ]
 
 
@@ -160,12 +142,11 @@ def run_device_cli(args: argparse.Namespace) -> int:
         device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(device)
     number = args.number or 300
-    if args.top:
-        for case in cases():
-            if args.op is None or case.op in args.op:
-                print(f"== {case.name}: top {args.top} functions by self time over {number} calls")
-                print(top_functions(case, device, calls=number, top=args.top))
-    rows = run_device(device, args.op, number=number, repeats=args.repeats, profile=not args.no_breakdown)
+    rows = run_device(device, args.op, number=number, repeats=args.repeats, profile=not args.no_breakdown, top=args.top)
+    for row in rows:
+        if row.top:
+            print(f"== {row.name}: top {args.top} functions by self time over {number} calls")
+            print(row.top)
     print(
         f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, python {sys.version.split()[0]}: host µs "
         f"per eager call, {number} calls per run, median of {args.repeats}"
