@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("only_reference")
 
 def test_platform_and_list(capsys):
     assert main(["platform"]) == 0
-    assert "cpu" in capsys.readouterr().out
+    assert ("cuda" if torch.cuda.is_available() else "cpu") in capsys.readouterr().out
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "reference    loaded" in out and "torch_moe [torch, backend=reference" in out

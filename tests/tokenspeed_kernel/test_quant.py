@@ -277,3 +277,13 @@ def test_mxfp8_rejects_a_ragged_last_dim():
 
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize_mxfp8(torch.zeros(2, 48))
+
+
+def test_pow2_is_exact_from_its_bits():
+    """The quantizers' powers of two are built from bits, not torch.pow/ldexp (inexact in float64
+    on an H100 for negative exponents: the per-token fp8 reference then rounded 0.78125 up)."""
+    from tokenspeed_kernel.quant import _pow2
+
+    exps = torch.arange(-1022, 1024)
+    assert _pow2(exps).tolist() == [math.ldexp(1.0, e) for e in exps.tolist()]
+    assert _pow2(exps.to(torch.int32)).dtype == torch.float64

@@ -166,6 +166,14 @@ class FP8Weight:
 QuantizedWeight = MXFP4Weight | FP8Weight
 
 
+def _pow2(exp: torch.Tensor) -> torch.Tensor:
+    """``2.0 ** exp`` in float64, exactly, for an integer tensor ``exp`` in ``[-1022, 1023]``,
+    built from its bits. torch.ldexp and torch.pow(2.0, e) are not exact on every device (on an
+    H100, ``pow(2.0, -4.0)`` in float64 is 0.06249999999999999), and these references must
+    give the same bytes on any device."""
+    return ((exp.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
 def _e2m1_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     mags = torch.tensor(E2M1_VALUES, dtype=dtype, device=device)
     return torch.cat([mags, -mags])
@@ -178,8 +186,7 @@ def dequantize_mxfp4(weight: MXFP4Weight, dtype: torch.dtype = torch.float32) ->
     packed = weight.packed
     codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(*packed.shape[:-1], -1)
     values = _e2m1_table(packed.device, compute)[codes.long()]
-    exps = weight.scales.to(torch.int32) - 127
-    scales = torch.pow(torch.tensor(2.0, dtype=compute, device=packed.device), exps.to(compute))
+    scales = _pow2(weight.scales.to(torch.int64) - 127).to(compute)  # exact: 2**-127 is a float32 subnormal
     scales = torch.where(weight.scales == 255, torch.full_like(scales, float("nan")), scales)
     values = values.unflatten(-1, (-1, MXFP4_BLOCK)) * scales.unsqueeze(-1)
     return values.flatten(-2).to(dtype)
@@ -195,9 +202,10 @@ def quantize_mxfp4(w: torch.Tensor) -> MXFP4Weight:
         raise ValueError(f"quantize_mxfp4: the last dim ({w.shape[-1]}) must be a multiple of {MXFP4_BLOCK}")
     blocks = w.detach().float().unflatten(-1, (-1, MXFP4_BLOCK))
     amax = blocks.abs().amax(dim=-1)
-    exp = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(2.0**-127))) - 2, torch.full_like(amax, -127))
-    exp = exp.clamp(-127, 127)
-    scaled = blocks / torch.pow(2.0, exp).unsqueeze(-1)
+    # frexp: amax = m * 2**p with m in [0.5, 1), so floor(log2(amax)) = p - 1 exactly.
+    _, p = torch.frexp(torch.where(amax > 0, amax, torch.ones_like(amax)))
+    exp = torch.where(amax > 0, p.to(torch.int64) - 3, torch.full_like(p, -127, dtype=torch.int64)).clamp(-127, 127)
+    scaled = (blocks.double() * _pow2(-exp).unsqueeze(-1)).float()  # exact: a power-of-two scaling
     mags = torch.tensor(E2M1_VALUES, device=w.device)
     # Nearest representable magnitude; a tie goes to the even code (mantissa bit 0), which
     # is round-to-nearest-even. Distinct candidates differ by >= 0.25, so the 1e-6 bias
@@ -278,10 +286,10 @@ def quantize_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _, p = torch.frexp(torch.where(finite & (amax > 0), amax, torch.ones_like(amax)))
     exp = torch.where(finite & (amax > 0), p.to(torch.int64) - 1 - E4M3_EMAX, torch.full_like(amax, -127).long())
     exp = exp.clamp(E8M0_MIN_EXP, E8M0_MAX_EXP)
-    scaled = torch.ldexp(v, (-exp).unsqueeze(-1).to(torch.float64))
+    scaled = v * _pow2(-exp).unsqueeze(-1)
     mag = scaled.abs().clamp(max=FP8_E4M3_MAX)
     _, pe = torch.frexp(mag)  # mag = m * 2**pe; its e4m3 exponent is pe - 1 (>= -6)
-    quantum = torch.ldexp(torch.ones_like(mag), ((pe.to(torch.int64) - 1).clamp(min=E4M3_MIN_EXP) - 3).to(mag.dtype))
+    quantum = _pow2((pe.to(torch.int64) - 1).clamp(min=E4M3_MIN_EXP) - 3)
     rounded = torch.round(mag / quantum) * quantum  # torch.round: half to even
     data = torch.copysign(rounded.clamp(max=FP8_E4M3_MAX), scaled)
     data = torch.where(finite.unsqueeze(-1), data, torch.full_like(data, float("nan")))
@@ -293,7 +301,7 @@ def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtyp
     """The real values of MXFP8 ``data [..., K]`` with E8M0 ``scales [..., K/32]``, in ``dtype``
     (computed in float64; scale byte 255 is NaN)."""
     values = data.to(torch.float64).unflatten(-1, (-1, MXFP8_BLOCK))
-    factor = torch.ldexp(torch.ones(scales.shape, dtype=torch.float64, device=scales.device), scales.double() - 127)
+    factor = _pow2(scales.to(torch.int64) - 127)
     factor = torch.where(scales == E8M0_NAN, torch.full_like(factor, float("nan")), factor)
     return (values * factor.unsqueeze(-1)).flatten(-2).to(dtype)
 
@@ -311,7 +319,7 @@ def _round_e4m3(v: torch.Tensor) -> torch.Tensor:
     subnormal quantum ``2**-9`` below ``2**-6``) and saturated to ±448, still float64."""
     mag = v.abs().clamp(max=FP8_E4M3_MAX)
     _, pe = torch.frexp(mag)  # mag = m * 2**pe; its e4m3 exponent is pe - 1 (>= -6)
-    quantum = torch.ldexp(torch.ones_like(mag), ((pe.to(torch.int64) - 1).clamp(min=E4M3_MIN_EXP) - 3).to(mag.dtype))
+    quantum = _pow2((pe.to(torch.int64) - 1).clamp(min=E4M3_MIN_EXP) - 3)
     rounded = torch.round(mag / quantum) * quantum  # torch.round: half to even
     return torch.copysign(rounded.clamp(max=FP8_E4M3_MAX), v)
 
@@ -345,8 +353,8 @@ def quantize_fp8_per_token(x: torch.Tensor, group_size: int | None = None) -> tu
     m, p = torch.frexp(amax)  # amax = m * 2**p, m in [0.5, 1)
     exp = torch.where(m <= FP8_E4M3_MAX / 512, p.to(torch.int64) - 9, p.to(torch.int64) - 8)
     exp = torch.where(amax > 0, exp, torch.full_like(exp, FP8_ACT_MIN_EXP)).clamp(FP8_ACT_MIN_EXP, FP8_ACT_MAX_EXP)
-    data = _round_e4m3(torch.ldexp(v, (-exp).unsqueeze(-1).to(torch.float64))).flatten(-2)[..., :k]
-    scales = torch.ldexp(torch.ones_like(amax), exp.to(torch.float64)).float()
+    data = _round_e4m3(v * _pow2(-exp).unsqueeze(-1)).flatten(-2)[..., :k]
+    scales = _pow2(exp).float()
     return data.to(torch.float8_e4m3fn).contiguous(), scales.contiguous()
 
 

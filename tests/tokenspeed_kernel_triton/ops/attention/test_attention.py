@@ -69,7 +69,7 @@ def test_rescale_when_the_max_grows_in_later_tiles(op):
     inputs = cases.make_inputs(case, DEVICE, seed=5)
     key = "k" if op == "attention.prefill" else "k_cache"
     k = inputs[key].float()
-    ramp = torch.linspace(0.2, 6.0, k.shape[0]).view(-1, *([1] * (k.dim() - 1)))
+    ramp = torch.linspace(0.2, 6.0, k.shape[0], device=k.device).view(-1, *([1] * (k.dim() - 1)))
     inputs[key] = (k * ramp).to(case.dtype)
     expected_out, expected_lse = _naive(case, inputs)
     out, lse = cases.call(case, inputs)

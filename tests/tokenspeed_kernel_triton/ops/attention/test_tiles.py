@@ -81,10 +81,11 @@ def test_launch_reads_the_vendor_table(monkeypatch):
 
     monkeypatch.setattr(_launch, "kernel_config", spy)
     monkeypatch.setattr(_launch, "vendor_of", lambda device: "rocm")
-    q = torch.randn(4, 2, 16)
-    k = torch.randn(4, 1, 16)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q = torch.randn(4, 2, 16, device=device)
+    k = torch.randn(4, 1, 16, device=device)
     out = torch.empty_like(q)
-    cu = torch.tensor([0, 4], dtype=torch.int32)
+    cu = torch.tensor([0, 4], dtype=torch.int32, device=device)
     _launch.launch(
         q=q, k=k, v=k, out=out, lse=None, sinks=None, k_scale=None, v_scale=None, page_table=None,
         cu_seqlens_q=cu, cu_seqlens_k=cu, cache_seqlens=None, batch=1, max_q=4, max_k=4, q_len_uniform=0,
