@@ -269,7 +269,9 @@ def test_fp8_activations_match_naive(case):
     float64 result of the same quantization, clearly closer than to the unquantized one."""
     inputs = cases.make_inputs(case, DEVICE, seed=1)
     expected = naive_moe(**inputs)
-    out = cases.call(case, inputs, out=torch.full((case.num_tokens, case.hidden), float("nan"), dtype=case.dtype, device=DEVICE))
+    out = cases.call(
+        case, inputs, out=torch.full((case.num_tokens, case.hidden), float("nan"), dtype=case.dtype, device=DEVICE)
+    )
     assert last_kernel() == "triton_fused_moe"
     assert not torch.isnan(out).any()
     err = _rel_err(out, expected)
