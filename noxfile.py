@@ -74,9 +74,11 @@ def nvidia(session: nox.Session) -> None:
 
 @nox.session
 def gpu(session: nox.Session) -> None:
-    """Everything on a GPU machine (set TORCH_SPEC=torch to keep its accelerator build)."""
+    """Everything on a GPU machine (set TORCH_SPEC=torch to keep its accelerator build): the
+    whole suite in shards (ci/device/gpu_suite.sh; SHARDS, SHARD_S, WORKERS), then ``check``."""
     _install(session, TRITON, NVIDIA, AMD)
-    session.run("pytest", *session.posargs)
+    session.install("pytest-xdist")
+    session.run("bash", "ci/device/gpu_suite.sh", env={"INSTALL": "0"}, external=True)
     session.run("tokenspeed-kernel", "check", "all", "--device", "cuda")
 
 
