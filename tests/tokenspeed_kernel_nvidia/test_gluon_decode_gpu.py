@@ -151,3 +151,49 @@ def test_strided_caches_give_the_contiguous_bits(name, layout):
     )
     assert torch.equal(out, flat)
     assert _rel(out.cpu(), ref) < (2e-2 if dtype == torch.bfloat16 else 5e-3)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "combine"])
+def test_plan_runs_bound_launches_match_float64(forced, fused):
+    """``DecodePlan.run`` launches through ``BoundLaunch`` (keyed once): a fresh q every run
+    (new contents, new address), then a 2-byte-misaligned q view (the alignment the binary
+    was keyed on changes: the full launch path compiles the matching binary), then q back in
+    an aligned buffer, then a graph capture of the run; each against float64, NaN-poisoned."""
+    from tokenspeed_kernel import mha_decode_plan
+
+    forced(fused, 5)
+    lens = [700, 33, 1]
+    q, k, v, table, seqlens, sk = _problem(lens, 64, 8, 64, 16, seed=9)
+    plan = mha_decode_plan(
+        k, v, table, seqlens, max(lens), q_dtype=q.dtype, num_q_heads=64, sinks=sk, return_lse=True,
+        override=KERNEL,
+    )  # fmt: skip
+    gen = torch.Generator(device="cuda").manual_seed(3)
+
+    def fresh(misaligned=False):
+        flat = torch.randn(q.numel() + 1, generator=gen, device="cuda").to(q.dtype)
+        return (flat[1:] if misaligned else flat[:-1]).view_as(q)
+
+    cpu = [t.cpu() for t in (k, v, table, seqlens, sk)]
+
+    def check(qi, out, lse):
+        ref, ref_lse = naive_decode(qi.cpu(), *cpu[:4], sinks=cpu[4])
+        assert not out.isnan().any() and _rel(out.cpu(), ref) < 2e-2
+        assert torch.allclose(lse.cpu().double().view_as(ref_lse), ref_lse, atol=1e-3, rtol=1e-3)
+
+    for misaligned in (False, False, False, True, False):
+        qi = fresh(misaligned)
+        out = torch.full_like(qi, float("nan"))
+        _, lse = plan.run(qi, out=out)
+        check(qi, out, lse)
+    qg = fresh()
+    out = torch.full_like(qg, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse_g = plan.run(qg, out=out)
+    for _ in range(3):
+        qg.copy_(fresh())
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(qg, out, lse_g)

@@ -287,6 +287,97 @@ def test_fresh_constexpr_objects_switch_the_shape_to_values(toy, monkeypatch):
     assert _launcher.launcher_stats(fn)["hits"] >= 1
 
 
+def _bound(fn, x, y, n=32):
+    """x varies per launch (position 0); y, n, scale, FLAG are bound."""
+    return _launcher.BoundLaunch(fn, (3, 2), (None, y, n, 0.5), {"FLAG": True}, varying=(0,))
+
+
+def test_bound_launch_is_direct_after_the_first(toy):
+    fn, drv, compiled = toy
+    x, y = _tensors()
+    launch = _bound(fn, x, y)
+    launch(x)  # through jit_launch: compiles, fills the cache
+    stats = _launcher.launcher_stats(fn)
+    x2, _ = _tensors()
+    drv.stream = 5
+    launch(x2)
+    launch(x2)
+    assert _launcher.launcher_stats(fn) == stats, "direct launches bypass jit_launch"
+    assert len(compiled) == 1
+    last = drv.launches[-1]
+    assert last["function"] == 1000 and last["stream"] == 5 and last["grid"] == (3, 2, 1)
+    assert last["args"][:4] == (x2, y, 32, 0.5) and len(last["args"]) == 6 and last["args"][5] == 16
+
+
+BOUND_CHANGES = {
+    "varying dtype": lambda x, y: (_tensors(torch.bfloat16)[0], y),
+    "varying misaligned": lambda x, y: (_tensors(offset=1)[0], y),
+    "bound tensor re-pointed misaligned": lambda x, y: (x, y.set_(torch.randn(65).untyped_storage(), 1, (64,))),
+}
+
+
+@pytest.mark.parametrize("name", list(BOUND_CHANGES))
+def test_bound_launch_takes_the_full_path_when_the_key_would_change(toy, name):
+    fn, drv, compiled = toy
+    x, y = _tensors()
+    launch = _bound(fn, x, y)
+    launch(x)
+    launch(x)
+    x2, _ = BOUND_CHANGES[name](x, y)
+    launch(x2)
+    assert len(compiled) == 2, "Triton compiled the binary for the new key"
+    assert drv.launches[-1]["function"] == 1001 and drv.launches[-1]["args"][0] is x2
+    launch(x)  # x again: the first binary, unless the bound y stays misaligned
+    assert drv.launches[-1]["function"] == (1001 if name == "bound tensor re-pointed misaligned" else 1000)
+
+
+def _through_jit_launch(fn) -> int:
+    """Launches that went through jit_launch (a direct bound launch counts nowhere)."""
+    stats = _launcher.launcher_stats(fn)
+    return stats["hits"] + stats["misses"] + stats["fallbacks"]
+
+
+def test_bound_launch_respects_hooks_hash_device_and_the_switch(toy):
+    fn, drv, compiled = toy
+    x, y = _tensors()
+    launch = _bound(fn, x, y)
+    launch(x)
+    launch(x)
+    assert _through_jit_launch(fn) == 1, "the second launch was direct"
+    hook = lambda *a: None  # noqa: E731
+    _launcher._ENTER_HOOK.add(hook)
+    try:
+        launch(x)
+    finally:
+        _launcher._ENTER_HOOK.remove(hook)
+    assert _through_jit_launch(fn) == 2 and _launcher.launcher_stats(fn)["fallbacks"] == 1
+    drv.device = 1
+    launch(x)
+    assert compiled[-1]["device"] == 1 and drv.launches[-1]["stream"] == 1007 and _through_jit_launch(fn) == 3
+    drv.device = 0
+    previous = _launcher.set_enabled(False)
+    try:
+        launch(x)  # Triton's own path: not even counted
+        assert len(drv.launches) == 5
+    finally:
+        _launcher.set_enabled(previous)
+    fn.hash = "edited"
+    launch(x)
+    assert _through_jit_launch(fn) == 4
+    assert drv.launches[-1]["function"] == 1000 and len(drv.launches) == 6
+
+
+def test_bound_launch_never_direct_for_a_varying_non_tensor(toy):
+    fn, drv, _compiled = toy
+    x, y = _tensors()
+    launch = _launcher.BoundLaunch(fn, (1,), (x, y, 32, None), {"FLAG": True}, varying=(3,))
+    launch(0.5)
+    launch(0.25)
+    assert launch._direct is None and drv.launches[-1]["args"][3] == 0.25
+    with pytest.raises(TypeError, match="grid"):
+        _launcher.BoundLaunch(fn, [1], (x,), {}, varying=())
+
+
 def test_interpreter_and_disabled_take_the_plain_path(monkeypatch):
     """Under TRITON_INTERPRET=1 nothing is cached: the kernel's own ``[grid]`` path runs."""
     _launcher.clear()

@@ -35,6 +35,12 @@ source (its hash), changed globals the kernel read, an argument of a kind not se
 first launch (the generated key raises; the call falls back), and unhashable arguments.
 The stream is read at every launch (Triton's current stream: torch's current CUDA stream),
 so launches go to the caller's stream and are captured by CUDA graphs like any other.
+
+``BoundLaunch(fn, grid, args, kwargs, varying)`` goes one step further for a plan, whose
+launches repeat with the same arguments except a few tensors (q, out, lse): the key is
+worked out once, at its first launch, and each later launch only checks what the key read
+of those tensors (dtype and 16-byte alignment) and of the bound tensors (alignment), then
+calls the C launcher. Any doubt takes :func:`jit_launch` with the full arguments.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-__all__ = ["clear", "jit_launch", "launcher_stats", "set_enabled"]
+__all__ = ["BoundLaunch", "clear", "jit_launch", "launcher_stats", "set_enabled"]
 
 # The JITFunction / CompiledKernel / CudaLauncher internals used here were read in this
 # version; any other runs the normal path.
@@ -365,3 +371,127 @@ def set_enabled(enabled: bool) -> bool:
 def clear() -> None:
     """Forget every remembered launch (Triton's own caches are untouched)."""
     _KERNELS.clear()
+
+
+class BoundLaunch:
+    """``fn[grid](*args, **kwargs)`` bound once; ``launch(*values)`` launches it with
+    ``values`` at the argument positions ``varying`` (tensors only; placeholders there in
+    ``args`` are replaced at every launch).
+
+    The first launch goes through :func:`jit_launch` (compiling if needed) and remembers the
+    compiled kernel, the launch arguments and, per tensor argument, its dtype and whether its
+    address is 16-byte aligned (for parameters Triton specializes on alignment). A later
+    launch is direct when nothing the key covers changed: same device, same kernel source
+    and globals, no launch hooks, the varying tensors plain ``torch.Tensor`` objects of the
+    remembered dtypes and alignment, and the bound tensors still as aligned as they were.
+    Otherwise it takes :func:`jit_launch` with the full arguments (correct, only slower).
+    The bound arguments are held by reference: their values (a plan's caches and tables,
+    scalars) must not change; their contents may.
+    """
+
+    __slots__ = ("_args", "_checks", "_dev", "_direct", "_fn", "_grid", "_hash", "_kwargs", "_tail", "_varying")
+
+    def __init__(self, fn, grid: tuple[int, ...], args: tuple, kwargs: dict, varying: tuple[int, ...]) -> None:
+        if type(grid) is not tuple or not 1 <= len(grid) <= 3:
+            raise TypeError(f"grid must be a tuple of 1-3 ints, got {grid!r}")
+        self._fn = fn
+        self._grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        self._args = list(args)
+        self._kwargs = dict(kwargs)
+        self._varying = tuple(varying)
+        self._direct = None  # (run is the raw C launcher, run, function, packed, coop, pdl)
+        self._checks: tuple = ()
+        self._tail: tuple = ()
+        self._dev = self._hash = None
+
+    def __call__(self, *values) -> None:
+        args = self._args.copy()
+        for position, value in zip(self._varying, values):
+            args[position] = value
+        direct = self._direct
+        if direct is not None and _enabled:
+            fn = self._fn
+            drv = driver.active
+            if drv is not _DEVICE[0]:
+                _refresh_device_functions(drv)
+            dev = _DEVICE[1]()
+            if (
+                dev == self._dev
+                and fn.hash is self._hash
+                and not fn.pre_run_hooks
+                and _RUNTIME.launch_enter_hook is _ENTER_HOOK
+                and _RUNTIME.launch_exit_hook is _EXIT_HOOK
+                and not _ENTER_HOOK.calls
+                and not _EXIT_HOOK.calls
+                and (not fn.used_global_vals or _globals_unchanged(fn))
+                and self._same_kind(args)
+            ):
+                raw, run, function, packed, coop, pdl = direct
+                g0, g1, g2 = self._grid
+                stream = _DEVICE[2](dev)
+                if raw:
+                    run(
+                        g0,
+                        g1,
+                        g2,
+                        stream,
+                        function,
+                        coop,
+                        pdl,
+                        None,
+                        None,
+                        packed,
+                        None,
+                        None,
+                        None,
+                        *args,
+                        *self._tail,
+                    )
+                else:
+                    run(g0, g1, g2, stream, function, packed, None, None, None, *args, *self._tail)
+                return
+        jit_launch(self._fn, self._grid, *args, **self._kwargs)
+        if direct is None:
+            self._remember(args)
+
+    def _same_kind(self, args: list) -> bool:
+        for position, dtype, aligned in self._checks:
+            t = args[position]
+            if type(t) is not _TENSOR or t.dtype is not dtype:
+                return False
+            if aligned is not None and (not t.data_ptr() & 15) is not aligned:
+                return False
+        return True
+
+    def _remember(self, args: list) -> None:
+        """After the first launch: the entry :func:`jit_launch` cached for these arguments."""
+        fn = self._fn
+        state = _KERNELS.get(id(fn))
+        if state is None or state.plain or not _enabled:
+            return
+        shape = state.shapes.get(tuple(self._kwargs))
+        if shape is None or shape.nargs != len(args):
+            return
+        dev = _DEVICE[1]()
+        try:
+            entry = shape.cache.get(shape.key(dev, *args, *self._kwargs.values()))
+        except (AttributeError, TypeError):
+            return
+        if entry is None:
+            return
+        checks = []
+        for position, value in enumerate(args):
+            if type(value) is _TENSOR:
+                kp = fn.params[position]
+                fixed = kp.do_not_specialize or kp.do_not_specialize_on_alignment
+                checks.append((position, value.dtype, None if fixed else not value.data_ptr() & 15))
+            elif position in self._varying:
+                return  # a varying argument that is not a plain tensor: never direct
+        direct, run, function, packed, coop, pdl, _ = entry
+        self._checks = tuple(checks)
+        self._tail = shape.tail
+        self._dev, self._hash = dev, state.hash
+        self._direct = (direct, run, function, packed, coop, pdl)
+
+
+_TENSOR = torch.Tensor

@@ -20,7 +20,7 @@ from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia._workspace import workspace
 from tokenspeed_kernel_nvidia.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS
 from tokenspeed_kernel_triton._host import cdiv, next_pow2
-from tokenspeed_kernel_triton._launcher import jit_launch
+from tokenspeed_kernel_triton._launcher import BoundLaunch, jit_launch
 
 __all__ = ["GluonDecodeConfig", "decode_config", "gluon_decode"]
 
@@ -128,11 +128,13 @@ def _partials(device: torch.device, batch: int, heads: int, splits: int, head_di
     )
 
 
-def bind_decode(args: DecodeArgs) -> Callable[[DecodeArgs], None]:
+def bind_decode(args: DecodeArgs, *, bound: bool = True) -> Callable[[DecodeArgs], None]:
     """The ``bind`` hook: everything a launch needs but q, out and lse, worked out once
     (configuration, split count, workspaces, strides, constexprs); the returned runner only
     launches. ``args`` may hold placeholders for q/out/lse (a plan's): only their shapes,
-    dtypes and device are read here."""
+    dtypes and device are read here. ``bound`` (a plan's runner, called many times): the
+    launches are :class:`BoundLaunch` objects, keyed once; a functional call, which runs
+    once, passes False and launches through ``jit_launch``."""
     from tokenspeed_kernel_nvidia.ops.attention._gluon_decode_kernel import combine_kernel, decode_kernel
 
     batch, _, num_q_heads, head_dim = args.q.shape
@@ -173,13 +175,27 @@ def bind_decode(args: DecodeArgs) -> Callable[[DecodeArgs], None]:
         HAS_SINKS=args.sinks is not None, HAS_LSE=has_lse, num_warps=2,
     )  # fmt: skip
 
-    def run(a: DecodeArgs) -> None:
-        lse = a.lse if has_lse else part_lse
-        jit_launch(decode_kernel, grid, a.q, *tables, a.out, lse, count, *scalars, **constexprs)
-        if not fused:
-            jit_launch(combine_kernel, (batch, num_q_heads), part_out, part_lse, sinks, a.out, lse, **combine)
+    if not bound:
 
-    return run
+        def run(a: DecodeArgs) -> None:
+            lse = a.lse if has_lse else part_lse
+            jit_launch(decode_kernel, grid, a.q, *tables, a.out, lse, count, *scalars, **constexprs)
+            if not fused:
+                jit_launch(combine_kernel, (batch, num_q_heads), part_out, part_lse, sinks, a.out, lse, **combine)
+
+        return run
+
+    # q, out and lse vary per run (positions 0, 8, 9 of the decode kernel; 3, 4 of the combine).
+    decode = BoundLaunch(decode_kernel, grid, (None, *tables, None, None, count, *scalars), constexprs, (0, 8, 9))
+    merge = BoundLaunch(combine_kernel, (batch, num_q_heads), (part_out, part_lse, sinks, None, None), combine, (3, 4))
+
+    def run_bound(a: DecodeArgs) -> None:
+        lse = a.lse if has_lse else part_lse
+        decode(a.q, a.out, lse)
+        if not fused:
+            merge(a.out, lse)
+
+    return run_bound
 
 
 @register_kernel(
@@ -203,4 +219,4 @@ def gluon_decode(args: DecodeArgs) -> None:
     """Gluon Hopper decode: cp.async multi-stage gather of paged K/V, GQA group on
     mma.sync, split-KV with a combine that adds the sink. A plan binds it once
     (:func:`bind_decode`); a functional call binds and runs."""
-    bind_decode(args)(args)
+    bind_decode(args, bound=False)(args)
