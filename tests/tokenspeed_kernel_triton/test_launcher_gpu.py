@@ -26,6 +26,8 @@ from tokenspeed_kernel import (
     store_kvcache,
 )
 
+# The Gluon kernels of the NVIDIA wheel launch through the same cache (conftest.py).
+ALL_BACKENDS = True
 SKIP = None
 if not torch.cuda.is_available():
     SKIP = "no CUDA device: the launch cache only serves compiled GPU launches (CPU: test_launcher.py)"
