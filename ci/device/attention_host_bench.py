@@ -1,6 +1,6 @@
 """Host overhead and graph-replayed timings of the attention calls (one device call, ~1 min).
 
-Answers two questions the 2026-11-23 ``nvidia_bench.py`` run left open (docs/benchmarks.md,
+Answers two questions the 2026-11-23 ``nvidia_bench.py`` run left open (docs/history.md,
 "NVIDIA wheel"): where the ~100 µs between a public ``mha_prefill`` call of the Gluon window
 prefill and a direct launch of the same kernel goes, and how fast the kernels are with the
 host taken out (CUDA-graph replay through ``tokenspeed_kernel.tools.timing.time_fn``).

@@ -1,7 +1,7 @@
 """Split count and launch configuration of ``gluon_decode_sm90`` at small batches (one call, ~2 min).
 
 The issue-5 goal B=1 ctx 8192 <= 15 µs was missed at 15.5 µs (graph replay, cold L2;
-docs/benchmarks.md). At B=1 the kernel's work is 8 KV heads x 8192 keys: the split count
+docs/history.md). At B=1 the kernel's work is 8 KV heads x 8192 keys: the split count
 (``num_splits``: about two programs per SM, never fewer than 4 tiles per split) and the tile
 pipeline decide how much memory is in flight. This sweep replaces ``num_splits`` and
 ``decode_config`` in the host module for each variant, checks the output against a float64

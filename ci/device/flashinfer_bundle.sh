@@ -6,7 +6,7 @@
 #
 # flashinfer-python's wheel (62 MB, zip) is repacked as tar.xz (17.5 MB): its CUDA/C++ sources
 # and headers compress ~25x with xz, so nothing has to be deleted to fit the 64 MiB carry limit
-# (deleting sources broke FlashInfer's lazy imports once: see docs/benchmarks.md, NVIDIA wheel).
+# (deleting sources broke FlashInfer's lazy imports once: see docs/history.md, NVIDIA wheel).
 # On the device:
 #   mkdir -p /tmp/site && tar -xJf .whl-nvidia/flashinfer-python.tar.xz -C /tmp/site
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl-nvidia/*.whl

@@ -2,7 +2,7 @@
 float64 reference on awkward GPU shapes, then a benchmark at GPT-OSS-120B shapes against the
 Triton kernels and torch baselines measured in the same run.
 
-Usage on the device (see docs/benchmarks.md, "NVIDIA wheel"):
+Usage on the device (see docs/history.md, "NVIDIA wheel"):
     python3 ci/device/nvidia_bench.py            # writes $OUT/nvidia_bench.json
 FlashInfer JIT-compiles each variant on first use; first-call times are reported separately
 and FlashInfer work stops at a time budget (BUDGET_S) so the call ends inside its limit.

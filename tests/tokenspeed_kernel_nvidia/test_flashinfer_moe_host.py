@@ -139,7 +139,7 @@ def test_selection_on_faked_platforms(fake):
 
 
 def test_offered_without_any_switch_once_verified(fake):
-    """Verified on the H100 (docs/benchmarks.md): flashinfer-python present is all it needs."""
+    """Verified on the H100 (docs/history.md): flashinfer-python present is all it needs."""
     request = _request(activation="swiglu_oai", bias=True)
     assert _reasons(request, "sm_90") == ()
 

@@ -29,7 +29,7 @@ def test_no_empty_split_and_bounded(batch, block_n):
 
 
 def test_measured_gpt_oss_choices():
-    """The counts the H100 sweep measured best (docs/benchmarks.md, decode split sweep)."""
+    """The counts the H100 sweep measured best (docs/history.md, decode split sweep)."""
     assert num_splits(1, 8, 8192, 132, 64) == 32
     assert num_splits(1, 8, 2048, 132, 64) == 16
     assert num_splits(1, 8, 129, 132, 64) == 3  # window 128: one tile per split
@@ -42,7 +42,7 @@ def test_measured_gpt_oss_choices():
     [(0, 3), (40, 3), (264, 3), (511, 3), (512, 2), (1024, 2), (1025, 3), (2048, 3)],
 )
 def test_ring_depth_follows_the_grid(programs, stages):
-    # H100 (docs/benchmarks.md): 2 stages faster at 512-1024 programs (B=64/128 ctx 8192),
+    # H100 (docs/history.md): 2 stages faster at 512-1024 programs (B=64/128 ctx 8192),
     # 3 stages at the small batches' split grids and at 2048 (B=256 ctx 2048).
     cfg = decode_config(64, 16, programs)
     assert cfg.stages == stages

@@ -31,7 +31,7 @@ def test_registration_metadata():
     spec = registry.get_kernel(NAME)
     assert spec.op == "moe.apply" and spec.backend == "nvidia" and spec.solution == "gluon"
     assert spec.archs == frozenset({"sm_90"}) and spec.vendors == frozenset({"cuda"})
-    # Above the FMA kernel: correct and faster on an H100 at T = 1..8 (docs/benchmarks.md)
+    # Above the FMA kernel: correct and faster on an H100 at T = 1..8 (docs/history.md)
     assert spec.priority == Priority.PERFORMANT + 10
     assert spec.priority > registry.get_kernel("gluon_moe_decode_mx_sm90").priority
     assert {"mxfp4", "bias", "expert_map", "silu", "gelu", "swiglu_oai"} <= spec.features

@@ -44,7 +44,7 @@ def test_backend_loads_and_registers_every_kernel():
 
 
 # Measured correct and faster than every portable kernel in their regime on an H100
-# (docs/benchmarks.md): ranked above the Triton kernels.
+# (docs/history.md): ranked above the Triton kernels.
 PROMOTED = {"gluon_moe_decode_mx_sm90", "gluon_moe_mma_sm90"}
 
 
@@ -83,7 +83,7 @@ def test_flashinfer_absent_reason(op):
 
 @pytest.mark.parametrize("batch", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
 def test_gluon_decode_ranks_first_where_measured_faster_at_head_dim_64(batch):
-    # H100 (docs/benchmarks.md): faster than triton_decode at these batch buckets, head dim 64.
+    # H100 (docs/history.md): faster than triton_decode at these batch buckets, head dim 64.
     reasons, selection = _verdict(_decode_request(batch=batch), "sm_90")
     assert reasons["gluon_decode_sm90"] == ()
     assert selection.winner.name == "gluon_decode_sm90"
@@ -165,7 +165,7 @@ def test_gluon_prefill_window_serves_sm90_windows_and_ranks_first_at_gpt_oss_win
 
 
 def test_flashinfer_prefill_stays_opt_in_at_every_length():
-    """Faster alone from 2048 tokens, but not once its per-layout plan is paid (benchmarks.md)."""
+    """Faster alone from 2048 tokens, but not once its per-layout plan is paid (history.md)."""
     spec = registry.get_kernel("flashinfer_prefill")
 
     def rank(bucket, **kw):

@@ -14,7 +14,7 @@ after other kernels have streamed their weights. ``flush="write"`` zeroes it ins
 usual GPU benchmark helpers do; that leaves the L2 full of dirty lines which the timed
 call must write back before its own reads can allocate (on an H100: ~50 MB, ~10 µs), a cost
 no real workload pays before every kernel and one that swamps kernels of a few tens of µs
-(measured side by side in docs/benchmarks.md, 2026-11-23 evening). ``flush="none"`` keeps
+(measured side by side in docs/history.md, 2026-11-23 evening). ``flush="none"`` keeps
 the L2 warm.
 """
 

@@ -4,7 +4,7 @@ Every kernel of this wheel registers at ``Priority.OPT_IN``, below the portable 
 kernels: it is selected only where no Triton kernel serves the request, or when named by an
 override. The FlashInfer kernels and the Gluon prefill have not yet passed numerics on a
 GPU, and the Gluon decode measured 2.66 TB/s at B=64 ctx 8192, the Triton
-decode 2.73 TB/s in another run (docs/benchmarks.md). A kernel moves up to ``Priority.PERFORMANT`` once a
+decode 2.73 TB/s in another run (docs/history.md). A kernel moves up to ``Priority.PERFORMANT`` once a
 device run shows it correct and faster than Triton.
 """
 
@@ -23,7 +23,7 @@ PAGE_SIZES = tuple(2**i for i in range(9))  # 1 .. 256
 # FlashInfer's FA2 templates need Ampere-class features (bf16 MMA, cp.async): sm_80 and newer.
 FLASHINFER_CAPABILITIES = ("bf16", "cp_async")
 # ... but our wrappers (CSR translation, sink route, plan caching) have been compiled and run
-# against float64 only on sm_90 (H100, FlashInfer 0.7.2.post1; docs/benchmarks.md), where the
+# against float64 only on sm_90 (H100, FlashInfer 0.7.2.post1; docs/history.md), where the
 # sink route uses FA3. Other architectures take FlashInfer's FA2 path, which we have not run:
 # they are refused until a GPU of theirs passes test_flashinfer_gpu.py.
 FLASHINFER_ARCHS = ("sm_90",)

@@ -13,7 +13,7 @@ from tokenspeed_kernel_nvidia.ops.attention._flashinfer import flashinfer_regist
 from tokenspeed_kernel_nvidia.ops.attention._flashinfer_prefill import prefill_call, run_paged_prefill
 
 
-# Opt-in at every length (no rank_when), from the H100 runs of docs/benchmarks.md ("Prefill by
+# Opt-in at every length (no rank_when), from the H100 runs of docs/history.md ("Prefill by
 # length"): the kernel alone is 8-17% faster than triton_prefill from ~2048 tokens up, but each
 # new batch layout costs a FlashInfer plan: 0.3-3 ms of host work behind a device-to-host sync.
 # With a plan per call it is slower everywhere (0.05-0.89x); planned once per step and shared

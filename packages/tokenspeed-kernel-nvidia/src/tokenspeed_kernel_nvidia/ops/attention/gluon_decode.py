@@ -26,7 +26,7 @@ __all__ = ["GluonDecodeConfig", "decode_config", "gluon_decode"]
 
 HEAD_DIMS = (64, 128)
 # Request batch_bucket values (batch rounded up to a power of two) where this kernel ranks
-# first: every bucket measured on the H100 (docs/benchmarks.md, "Gluon decode ranked first"),
+# first: every bucket measured on the H100 (docs/history.md, "Gluon decode ranked first"),
 # where it is 1-30% faster than triton_decode (B=64 ctx 8192 374.8 vs 377.7 µs, B=1 15.2 vs
 # 18.4); above 512 nothing was measured.
 FIRST_AT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -45,7 +45,7 @@ class GluonDecodeConfig:
     num_warps: int = 4
     # Up to this many splits, the last split program of each (sequence, KV head) merges them
     # (one launch; :mod:`._gluon_decode_kernel`); above it, a second combine launch does.
-    # H100, 2026-11-23 (docs/benchmarks.md, "Gluon decode split count"): the in-kernel
+    # H100, 2026-11-23 (docs/history.md, "Gluon decode split count"): the in-kernel
     # merge is a serial loop over the splits, 0.3-1.1 µs faster at 1-8 splits (window-128
     # decode 9.4 -> 8.7 µs, B=256 ctx 2048 400.9 -> 392.5 µs) and slower at 16 and more
     # (B=1 ctx 8192, 32 splits: 15.3 -> 22.2 µs). 0: never.
@@ -65,7 +65,7 @@ class GluonDecodeConfig:
 
 
 # Grids (programs = batch x KV heads x splits) that run faster with a 2-stage ring than a
-# 3-stage one. H100, 2026-11-23 (docs/benchmarks.md, "Gluon decode ranked first"; GPT-OSS
+# 3-stage one. H100, 2026-11-23 (docs/history.md, "Gluon decode ranked first"; GPT-OSS
 # shapes, one split each): 512 programs (B=64 ctx 8192) 376.8 vs 388.0 µs, window-128 14.4 vs
 # 15.2; 1024 (B=128 ctx 8192) 759.2 vs 768.9; but 2048 (B=256 ctx 2048) 405.9 vs 393.2, and
 # at the small batches' 40-320 split programs 0.4-1.8% slower.

@@ -87,7 +87,7 @@ def prefill_config(head_dim: int, group: int) -> GluonPrefillConfig:
     group_pad = next_pow2(group)
     if head_dim <= 64:
         # 8 warps (two warpgroups): 115.5 vs 119.5 µs for 4 at GPT-OSS's window-128 S = 8192
-        # (H100, docs/benchmarks.md "Run of 2026-11-23 (later)", the best of 6 configurations)
+        # (H100, docs/history.md "Run of 2026-11-23 (later)", the best of 6 configurations)
         return GluonPrefillConfig(head_dim=head_dim, group_pad=group_pad, block_n=64, stages=3, num_warps=8)
     return GluonPrefillConfig(head_dim=head_dim, group_pad=group_pad, block_n=64, stages=2, num_warps=8)
 
@@ -165,7 +165,7 @@ def _kv_descriptor(x: torch.Tensor, cfg: GluonPrefillConfig, layout):
     features=("sinks", "sliding_window", "logit_cap", "return_lse"),
     priority=Priority.OPT_IN,
     # First at GPT-OSS's 128-token window and head dim 64, where it was measured faster than
-    # triton_prefill on the H100 (docs/benchmarks.md, "Prefill: does the selector pick the fastest?").
+    # triton_prefill on the H100 (docs/history.md, "Prefill: does the selector pick the fastest?").
     rank_when=({"window_left": (127,), "head_dim": (64,)}, Priority.PERFORMANT),
     predicate=_supported,
 )

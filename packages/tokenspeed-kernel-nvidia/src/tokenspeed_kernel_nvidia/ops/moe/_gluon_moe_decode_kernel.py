@@ -222,7 +222,7 @@ def w13_kernel(
     acc_u = gl.zeros([BN, 32], gl.float32, layout=RG)
     # No software prefetch: loading the next step's words before this step's math was 1.2x
     # slower on an H100 at every T (register pressure; the loop is issue-bound, not
-    # latency-bound: docs/benchmarks.md, commit 87dce8e).
+    # latency-bound: docs/history.md, commit 87dce8e).
     for c0 in range(0, KG, 32):
         pg, pu, sg, su = _w13_step(w_gate, w_up, s_gate, s_up, row_ok, lane_g, word, c0, N, KG)
         acc_g, acc_u = _w13_math(acc_g, acc_u, pg, pu, sg, su, x_row, xg, word, c0, KG)

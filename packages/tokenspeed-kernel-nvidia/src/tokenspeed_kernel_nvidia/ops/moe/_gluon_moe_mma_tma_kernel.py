@@ -4,7 +4,7 @@
 Same inputs, outputs and numerics as ``w13_mma_kernel`` in :mod:`._gluon_moe_mma_kernel`
 (the decode, the two MMAs per MX group, the E8M0 scales, the activation and the fp16
 intermediate in pair order are the same helpers); only the weight words travel differently.
-The H100 profile of the register-loaded kernel (docs/benchmarks.md, MoE decode §7) shows it
+The H100 profile of the register-loaded kernel (docs/history.md, MoE decode §7) shows it
 waiting on loads with ~11 warps per SM and 161 registers: the bytes in flight cost
 registers. Here they cost shared memory instead:
 
@@ -24,7 +24,7 @@ Layer 2 (``w2_mma_tma_kernel``) does the same per choice: one ``[16, BW]`` box o
 choice's expert per step into ``[STAGES, KP * 16, BW]``, read as ``[KP, 8, BW]`` slices
 with warps ``[KP, 1, KS]`` (each choice's warps read its own box).
 
-On an H100 (2026-11-23, docs/benchmarks.md, MoE decode §8) both match float64. Layer 1
+On an H100 (2026-11-23, docs/history.md, MoE decode §8) both match float64. Layer 1
 with a 2-deep ring is 9-10% faster than the register kernel at T = 4 and 8 (more programs
 than one wave holds) and ships there; at T = 1 and 2 it is 2-7% slower. Layer 2 is 1.3-2x
 slower at every T and ships nowhere (``GluonMoEMMAConfig(tma2=True)`` keeps it reachable).

@@ -55,7 +55,7 @@ with it:
   shape set; later plans with the same shapes hit its cache), unless
   :data:`NO_AUTOTUNE_ENV` is set. The functional ``moe_apply`` path (no plan) never tunes.
 
-Status: **verified on the H100** (2026-11-24, docs/benchmarks.md "FlashInfer CUTLASS MoE"):
+Status: **verified on the H100** (2026-11-24, docs/history.md "FlashInfer CUTLASS MoE"):
 ``test_flashinfer_moe_gpu.py`` 27/27 (bf16 and fp16, every activation, biases, expert map,
 plan and functional paths) and ``tokenspeed-kernel check moe.apply --preset awkward`` 22 passed,
 0 failed, with FlashInfer's own module built off the device for sm_90

@@ -27,7 +27,7 @@ multiplied with the float32 activation and summed in-thread; the group sum is sc
 **Gating.** ``Priority.PERFORMANT``: on an H100 (2026-11-23) its GPU tests pass (36/36) and it
 is the fastest MXFP4 MoE we have at T <= 8: T = 1 50.7 µs vs ``triton_moe_gemv_mx`` 79.2 and
 ``triton_fused_moe_mx`` 86.1, T = 8 243 vs 350 and 384 (routing included, same run;
-docs/benchmarks.md). The predicate rejects non-MXFP4 weights and ``num_tokens_bucket > 8``;
+docs/history.md). The predicate rejects non-MXFP4 weights and ``num_tokens_bucket > 8``;
 ``moe_plan`` selects per token bucket, so a plan runs it for ``T <= 8`` only. Called with more
 tokens (an ``override``) it still runs correctly (each grid grows with T), only without the
 GEMV's advantage. ``top_k <= 8`` (layer 2 puts the choices on separate warps, at most 8 of

@@ -13,7 +13,7 @@ each operand keeps 11 significant bits (bf16 has 8; the FMA kernel keeps a float
 intermediate). float32 x is not served (it would lose 13 bits): the FMA kernel serves it.
 
 **Status.** ``Priority.PERFORMANT + 10``, above ``gluon_moe_decode_mx_sm90`` (which
-still serves float32 x): on an H100 (2026-11-23, docs/benchmarks.md, MoE decode §7) it
+still serves float32 x): on an H100 (2026-11-23, docs/history.md, MoE decode §7) it
 matched float64 as closely as the FMA kernel (rel. err 1.70e-3 vs 1.69e-3 at GPT-OSS-120B
 shapes, the bf16 output rounding) and was 1.11-1.19x faster at T = 1..8 (41.4 µs at T = 1,
 202.2 µs at T = 8, routing included); staging layer 1's weights through a TMA ring
@@ -124,7 +124,7 @@ def _layouts(cfg: GluonMoEMMAConfig, top_k: int):
     return l1, xl, l2
 
 
-# From the H100 sweeps of 2026-11-23 (docs/benchmarks.md, gluon_moe_bench.py --mma-sweep):
+# From the H100 sweeps of 2026-11-23 (docs/history.md, gluon_moe_bench.py --mma-sweep):
 # both register loops software-pipelined with the L2 256-byte hint; layer 2 splits K over 4
 # warps per choice at T = 1 and 4, over 2 at T = 2 and 8. At T = 4 and 8 layer 1 stages its
 # weights through a 2-deep TMA ring (layer 1 9-10% faster, the layer 5-6%); at T = 1 and 2,

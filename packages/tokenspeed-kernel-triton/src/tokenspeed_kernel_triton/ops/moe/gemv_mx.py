@@ -43,7 +43,7 @@ T = 2, 1.13x at T = 4 and 8. ROCm uses the same rows, unmeasured.
 **Gating.** ``Priority.PORTABLE + 20``, above ``triton_fused_moe_mx``: on an H100 its numerics
 pass (6/6 against float64, plan and CUDA-graph replay equal to eager) and, with the swept
 tiles, it is 1.24-1.37x faster than ``triton_fused_moe_mx`` at T = 1, 2, 4, 8 (T = 1: 55.6-59.1
-µs with routing; docs/benchmarks.md, "MoE decode (T <= 8)"). The predicate
+µs with routing; docs/history.md, "MoE decode (T <= 8)"). The predicate
 rejects ``T > 8`` (the request's ``num_tokens_bucket``, the next power of two >= T, so
 ``bucket <= 8`` is exactly ``T <= 8``); ``moe_plan`` selects per token bucket, so a plan runs
 it for ``T <= 8`` and the grouped GEMM above. Called directly with more than 8 tokens (an
