@@ -112,3 +112,124 @@ def test_module_entry_point_runs():
         [sys.executable, "-m", "tokenspeed_kernel", "list", "kvcache.store"], capture_output=True, text=True, check=True
     ).stdout
     assert "torch_store_kvcache" in out
+
+
+def _one_line_error(capsys, command: str) -> str:
+    """The stderr of a command that failed with a usage error: exactly one line, no traceback."""
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"tokenspeed-kernel {command}: error:") and "Traceback" not in captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["bench", "attention.decode", "--kernel", "nosuch_kernel", "--preset", "small"],
+            "no kernel named 'nosuch_kernel' is registered; attention.decode kernels: torch_decode",
+        ),
+        (
+            ["bench", "moe.topk", "--kernel", "torch_decode"],
+            "kernel 'torch_decode' is registered for attention.decode, not moe.topk; moe.topk kernels: torch_moe_topk",
+        ),
+        (["bench", "all", "--kernel", "nosuch"], "no kernel named 'nosuch' is registered for attention.prefill, "),
+        (["bench", "all", "--kernel", "torch_decode,nosuch"], "moe.topk: torch_moe_topk; moe.apply: torch_moe"),
+        (["profile", "moe.topk", "--kernel", "nosuch"], "moe.topk kernels: torch_moe_topk"),
+        (["check", "moe.apply", "--kernel", "torch_decode"], "not moe.apply; moe.apply kernels: torch_moe"),
+    ],
+)
+def test_an_unknown_or_foreign_kernel_exits_2_listing_the_operators_kernels(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in _one_line_error(capsys, argv[0])
+    assert capsys.readouterr().out == ""  # nothing was run, no table printed
+
+
+def test_bench_all_with_a_named_kernel_runs_it_on_its_operator_only(capsys):
+    assert main(["bench", "all", "--kernel", "torch_moe_topk", "--preset", "small", "--no-baselines"]) == 0
+    out = capsys.readouterr().out
+    assert "torch_moe_topk" in out and "moe.topk:" in out and "attention.decode:" not in out
+
+
+@pytest.mark.parametrize("command", ["check moe.topk", "bench moe.topk", "profile moe.topk", "overhead"])
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("cuda", "device 'cuda' is not available ("),
+        ("cuda:7", "device 'cuda:7' is not available ("),
+        ("tpu", "unknown device 'tpu'; available here: cpu"),
+        ("mps", "device 'mps': the tools run on cpu or cuda only; available here: cpu"),
+    ],
+)
+def test_a_device_not_available_exits_2_naming_it(command, device, message, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only machine, wherever this runs
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    argv = [*command.split(), "--device", device]
+    assert main(argv) == 2
+    assert message in _one_line_error(capsys, argv[0])
+
+
+@pytest.mark.parametrize("command", ["platform", "list", "explain moe.topk", "check moe.topk", "bench moe.topk"])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            "attention.decode=nosuch",
+            "TOKENSPEED_KERNEL_OVERRIDE: attention.decode=nosuch: no kernel named 'nosuch' is registered; "
+            "attention.decode kernels: torch_decode",
+        ),
+        (
+            "moe.topk=torch_decode",
+            "TOKENSPEED_KERNEL_OVERRIDE: moe.topk=torch_decode: 'torch_decode' is a kernel of attention.decode, "
+            "not of moe.topk; moe.topk kernels: torch_moe_topk",
+        ),
+        ("moe.topkk=torch_moe_topk", "TOKENSPEED_KERNEL_OVERRIDE names unknown operators ['moe.topkk']"),
+    ],
+)
+def test_an_invalid_env_override_fails_every_command_alike(command, value, message, capsys, env):
+    from tokenspeed_kernel import config
+
+    env(config.OVERRIDE_ENV, value)
+    argv = [*command.split(), "--preset", "small"] if command.startswith(("check", "bench")) else command.split()
+    assert main(argv) == 2
+    assert message in _one_line_error(capsys, argv[0])
+
+
+def test_an_invalid_env_override_is_a_clear_value_error_in_python(env):
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel import config
+
+    env(config.OVERRIDE_ENV, "attention.decode=nosuch")
+    logits = torch.randn(3, 8)
+    with pytest.raises(ValueError, match=r"^TOKENSPEED_KERNEL_OVERRIDE: attention.decode=nosuch: .* torch_decode$"):
+        tk.moe_topk(logits, 2)  # any operator: the whole variable is checked on the first selection
+    env(config.OVERRIDE_ENV, "moe.topk=torch_moe_topk")
+    weights, ids = tk.moe_topk(logits, 2)
+    assert ids.shape == (3, 2) and torch.isfinite(weights).all()
+
+
+def test_an_unknown_disabled_backend_is_warned_about_once(env, caplog):
+    from tokenspeed_kernel import config
+
+    env(config.DISABLE_BACKENDS_ENV, "nosuch_backend")
+    with caplog.at_level("WARNING", logger="tokenspeed_kernel"):
+        registry.load_backends(force=True)
+        registry.load_backends(force=True)
+    warned = [r.getMessage() for r in caplog.records if "nosuch_backend" in r.getMessage()]
+    assert len(warned) == 1
+    assert warned[0].startswith("tokenspeed_kernel: TOKENSPEED_KERNEL_DISABLE_BACKENDS names unknown backends")
+    assert "known backends: " in warned[0] and "reference" in warned[0]
+
+
+def test_an_unknown_disabled_backend_warns_from_the_command_line():
+    import os
+
+    run = subprocess.run(
+        [sys.executable, "-m", "tokenspeed_kernel", "list", "kvcache.store"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TOKENSPEED_KERNEL_DISABLE_BACKENDS": "nosuch_backend"},
+    )
+    assert run.returncode == 0 and "torch_store_kvcache" in run.stdout
+    assert "names unknown backends nosuch_backend (ignored); known backends: " in run.stderr

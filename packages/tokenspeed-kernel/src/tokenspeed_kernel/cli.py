@@ -32,6 +32,7 @@ from tokenspeed_kernel.operators import OPERATORS, operator_schema
 from tokenspeed_kernel.platform import KNOWN_ARCHS, current_platform, platform_from_arch
 from tokenspeed_kernel.registry import Request
 from tokenspeed_kernel.selector import NoKernelFoundError
+from tokenspeed_kernel.tools.common import resolve_device
 from tokenspeed_kernel.tools.overhead import add_arguments as overhead_arguments
 
 __all__ = ["main"]
@@ -251,9 +252,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 ok, 1 a check failed, 2 a usage error:
-    a bad argument, an unknown kernel or preset, a kernel that cannot serve the request)."""
+    a bad argument, an unknown kernel, preset or device, an invalid TOKENSPEED_KERNEL_OVERRIDE,
+    a kernel that cannot serve the request)."""
     args = _parser().parse_args(argv)
     try:
+        selector.env_overrides()  # an invalid TOKENSPEED_KERNEL_OVERRIDE fails every command alike
+        if getattr(args, "device", None) is not None:
+            resolve_device(args.device)
         return args.fn(args)
     except BrokenPipeError:  # output piped into `head` and the like: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

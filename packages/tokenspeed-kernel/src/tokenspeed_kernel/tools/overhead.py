@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
-import json
 import os
 import statistics
 import sys
@@ -46,6 +45,7 @@ from tokenspeed_kernel import registry
 from tokenspeed_kernel.operators import OPERATORS
 from tokenspeed_kernel.ops._dispatch import last_kernel
 from tokenspeed_kernel.registry import Priority
+from tokenspeed_kernel.tools.common import resolve_device, write_json
 
 __all__ = [
     "CATEGORIES",
@@ -443,7 +443,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    if args.device != "cpu":
+    if resolve_device(args.device).type != "cpu":
         from tokenspeed_kernel.tools.overhead_device import run_device_cli
 
         return run_device_cli(args)
@@ -451,8 +451,7 @@ def run_cli(args: argparse.Namespace) -> int:
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, no-op kernels, median of {args.repeats}")
     print(table(rows))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump([asdict(r) for r in rows], f, indent=1)
+        write_json(args.json, [asdict(r) for r in rows])
     return 0
 
 
