@@ -233,3 +233,28 @@ def test_an_unknown_disabled_backend_warns_from_the_command_line():
     )
     assert run.returncode == 0 and "torch_store_kvcache" in run.stdout
     assert "names unknown backends nosuch_backend (ignored); known backends: " in run.stderr
+
+
+def _help(command: str, capsys, monkeypatch) -> str:
+    monkeypatch.setenv("COLUMNS", "200")  # argparse wraps at the terminal width (and may break at a hyphen)
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("command", ["check", "bench", "profile", "explain"])
+def test_help_names_every_preset(command, capsys, monkeypatch):
+    from tokenspeed_kernel.tools.presets import PRESETS
+
+    text = _help(command, capsys, monkeypatch)
+    assert "--preset PRESET" in text and "prefill-lengths" in text
+    assert all(name in text for name in PRESETS)
+
+
+def test_help_gives_the_defaults(capsys, monkeypatch):
+    assert "(default: awkward)" in _help("check", capsys, monkeypatch)
+    assert "(default: gpt-oss-120b)" in _help("bench", capsys, monkeypatch)
+    text = _help("profile", capsys, monkeypatch)
+    assert "--out FILE the trace to write (default: tokenspeed_kernel_trace.json)" in text
+    assert "(default: gpt-oss-120b)" in text

@@ -12,7 +12,7 @@ tokenspeed-kernel check OP|all [--kernel K] [--preset P] [--device D]
                                                   numerics vs the float64 reference (exit 1 on failure)
 tokenspeed-kernel bench OP|all [--kernel K[,K...]|all] [--preset P | --replay FILE] [--json FILE]
                                                   timings, ceilings, same-run baselines
-tokenspeed-kernel profile OP [--preset P] [--kernel K] [--out FILE]
+tokenspeed-kernel profile OP [--preset P] [--kernel K] [--out FILE] [--device D]
                                                   a torch.profiler Chrome trace
 tokenspeed-kernel overhead [--op OP ...] [--device cuda] [--top N] [--json FILE]
                                                   host µs per eager public call (no-op kernels; real ones on a GPU)
@@ -188,7 +188,11 @@ def _cmd_overhead(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from tokenspeed_kernel.tools.presets import PRESETS
+
     ops = list(OPERATORS)
+    presets = ", ".join(PRESETS)
+    device_help = "cpu, cuda or cuda:N (default: cuda when available, else cpu)"
     parser = argparse.ArgumentParser(prog="tokenspeed-kernel", description="tokenspeed-kernel tools")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -200,7 +204,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("explain", help="why each kernel is (not) selected for a preset's cases or a request")
     p.add_argument("op", choices=ops)
-    p.add_argument("--preset", default=None, help="cases to explain (default: gpt-oss-120b)")
+    p.add_argument("--preset", default=None, help=f"cases to explain: {presets} (default: gpt-oss-120b)")
     p.add_argument("--case-index", "--case", dest="case_index", type=int, default=None, help="one case of the preset")
     p.add_argument("--dtype", action="append", default=[], help="DTYPE for every role, or ROLE=DTYPE[,...]")
     p.add_argument("--head-dim", type=int, default=None)
@@ -215,9 +219,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="numerics against the float64 reference")
     p.add_argument("op", choices=[*ops, "all"])
     p.add_argument("--kernel", default=None, help="one kernel (default: every registered kernel)")
-    p.add_argument("--preset", default="awkward", help="awkward (default), small or gpt-oss-120b")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--preset", default="awkward", help=f"cases to check: {presets} (default: %(default)s)")
+    p.add_argument("--device", default=None, help=device_help)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: %(default)s)")
     p.set_defaults(fn=_cmd_check)
 
     p = sub.add_parser("bench", help="timings vs same-run baselines and the device's ceilings")
@@ -227,19 +231,24 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="a kernel name, several comma-separated, or 'all' (default: the selector's choice)",
     )
-    p.add_argument("--preset", default="gpt-oss-120b")
+    p.add_argument("--preset", default="gpt-oss-120b", help=f"cases to time: {presets} (default: %(default)s)")
     p.add_argument("--replay", default=None, help="a TOKENSPEED_KERNEL_CAPTURE file to benchmark instead of a preset")
-    p.add_argument("--json", default=None, help="also write every row as JSON")
-    p.add_argument("--no-baselines", action="store_true")
-    p.add_argument("--device", default=None)
+    p.add_argument("--json", default=None, metavar="FILE", help="also write every row as JSON")
+    p.add_argument("--no-baselines", action="store_true", help="time the kernels only, not the torch baselines")
+    p.add_argument("--device", default=None, help=device_help)
     p.set_defaults(fn=_cmd_bench)
 
     p = sub.add_parser("profile", help="write a torch.profiler Chrome trace")
     p.add_argument("op", choices=ops)
-    p.add_argument("--preset", default="gpt-oss-120b")
-    p.add_argument("--kernel", default=None)
-    p.add_argument("--out", default="tokenspeed_kernel_trace.json")
-    p.add_argument("--device", default=None)
+    p.add_argument("--preset", default="gpt-oss-120b", help=f"cases to trace: {presets} (default: %(default)s)")
+    p.add_argument("--kernel", default=None, help="one kernel of OP (default: the selector's choice per case)")
+    p.add_argument(
+        "--out",
+        default="tokenspeed_kernel_trace.json",
+        metavar="FILE",
+        help="the trace to write (default: %(default)s)",
+    )
+    p.add_argument("--device", default=None, help=device_help)
     p.set_defaults(fn=_cmd_profile)
 
     p = sub.add_parser(
