@@ -258,3 +258,45 @@ def test_help_gives_the_defaults(capsys, monkeypatch):
     text = _help("profile", capsys, monkeypatch)
     assert "--out FILE the trace to write (default: tokenspeed_kernel_trace.json)" in text
     assert "(default: gpt-oss-120b)" in text
+
+
+def test_list_json(capsys, tmp_path):
+    path = tmp_path / "list.json"
+    assert main(["list", "moe.topk", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert data["platform"]["describe"] in capsys.readouterr().out
+    assert any(b["name"] == "reference" and b["state"] == "loaded" for b in data["backends"])
+    assert list(data["operators"]) == ["moe.topk"]
+    (spec,) = data["operators"]["moe.topk"]["kernels"]
+    assert spec["name"] == "torch_moe_topk" and spec["backend"] == "reference" and spec["band"] == "reference"
+    assert isinstance(spec["graph_safe"], bool) and isinstance(spec["vendors"], list)
+
+
+def test_check_json_has_pass_or_fail_per_kernel_and_case(capsys, tmp_path, temp_kernels):
+    registry.register_kernel("moe.topk", name="t_bad_topk", solution="test", features=("softmax", "renormalize"))(
+        lambda args: (args.topk_weights.fill_(0.5), args.topk_ids.fill_(0))
+    )
+    path = tmp_path / "check.json"
+    assert main(["check", "moe.topk", "--preset", "small", "--device", "cpu", "--json", str(path)]) == 1
+    capsys.readouterr()
+    data = json.loads(path.read_text())  # strict JSON: NaN errors of skipped rows would be null
+    assert data["device"] == "cpu" and data["ok"] is False and (data["passed"], data["failed"]) == (1, 1)
+    verdicts = {(r["kernel"], r["case"]): (r["status"], r["passed"]) for r in data["rows"]}
+    assert sorted(k for k, _ in verdicts) == ["t_bad_topk", "torch_moe_topk"]
+    assert {v for (k, _), v in verdicts.items() if k == "t_bad_topk"} == {("FAIL", False)}
+    assert {v for (k, _), v in verdicts.items() if k == "torch_moe_topk"} == {("PASS", True)}
+
+
+def test_explain_json(capsys, tmp_path):
+    path = tmp_path / "explain.json"
+    assert main(["explain", "attention.decode", "--case", "0", "--platform", "sm_90", "--json", str(path)]) == 0
+    capsys.readouterr()
+    data = json.loads(path.read_text())
+    assert data["op"] == "attention.decode" and data["preset"] == "gpt-oss-120b"
+    (sel,) = data["selections"]
+    assert sel["case"].startswith("decode_b64_ctx8192") and sel["winner"] == "torch_decode"
+    assert sel["request"]["dtypes"] == {"kv": "bfloat16", "q": "bfloat16"} and "sinks" in sel["request"]["features"]
+    assert sel["platform"].startswith("cuda/sm_90") and sel["candidates"][0]["kernel"] == "torch_decode"
+    assert main(["explain", "moe.topk", "--dtype", "bf16", "--features", "softmax", "--json", str(path)]) == 0
+    (sel,) = json.loads(path.read_text())["selections"]
+    assert sel["case"] is None and sel["winner"] == "torch_moe_topk" and sel["candidates"][0]["accepted"] is True

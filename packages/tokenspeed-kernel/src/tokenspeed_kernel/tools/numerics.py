@@ -74,6 +74,18 @@ class CheckReport:
         """No failure, and at least one kernel actually checked."""
         return not self.failed and bool(self.passed)
 
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON values: the device, ``ok``, the counts and every row (op, case,
+        kernel, status PASS/FAIL/SKIP, ``passed``, errors, tolerances, reason)."""
+        return {
+            "device": self.device,
+            "ok": self.ok,
+            "passed": len(self.passed),
+            "failed": len(self.failed),
+            "skipped": len(self.rows) - len(self.passed) - len(self.failed),
+            "rows": [{**dataclasses.asdict(r), "passed": r.passed} for r in self.rows],
+        }
+
     def table(self) -> str:
         """Each row with its errors and the tolerance they were held to (``tol l2/abs``:
         the ``rel_l2`` bound and the ``max_abs`` bound in units of ``1 + max|ref|``)."""
