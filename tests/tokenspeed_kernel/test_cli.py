@@ -112,3 +112,191 @@ def test_module_entry_point_runs():
         [sys.executable, "-m", "tokenspeed_kernel", "list", "kvcache.store"], capture_output=True, text=True, check=True
     ).stdout
     assert "torch_store_kvcache" in out
+
+
+def _one_line_error(capsys, command: str) -> str:
+    """The stderr of a command that failed with a usage error: exactly one line, no traceback."""
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"tokenspeed-kernel {command}: error:") and "Traceback" not in captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["bench", "attention.decode", "--kernel", "nosuch_kernel", "--preset", "small"],
+            "no kernel named 'nosuch_kernel' is registered; attention.decode kernels: torch_decode",
+        ),
+        (
+            ["bench", "moe.topk", "--kernel", "torch_decode"],
+            "kernel 'torch_decode' is registered for attention.decode, not moe.topk; moe.topk kernels: torch_moe_topk",
+        ),
+        (["bench", "all", "--kernel", "nosuch"], "no kernel named 'nosuch' is registered for attention.prefill, "),
+        (["bench", "all", "--kernel", "torch_decode,nosuch"], "moe.topk: torch_moe_topk; moe.apply: torch_moe"),
+        (["profile", "moe.topk", "--kernel", "nosuch"], "moe.topk kernels: torch_moe_topk"),
+        (["check", "moe.apply", "--kernel", "torch_decode"], "not moe.apply; moe.apply kernels: torch_moe"),
+    ],
+)
+def test_an_unknown_or_foreign_kernel_exits_2_listing_the_operators_kernels(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in _one_line_error(capsys, argv[0])
+    assert capsys.readouterr().out == ""  # nothing was run, no table printed
+
+
+def test_bench_all_with_a_named_kernel_runs_it_on_its_operator_only(capsys):
+    assert main(["bench", "all", "--kernel", "torch_moe_topk", "--preset", "small", "--no-baselines"]) == 0
+    out = capsys.readouterr().out
+    assert "torch_moe_topk" in out and "moe.topk:" in out and "attention.decode:" not in out
+
+
+@pytest.mark.parametrize("command", ["check moe.topk", "bench moe.topk", "profile moe.topk", "overhead"])
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("cuda", "device 'cuda' is not available ("),
+        ("cuda:7", "device 'cuda:7' is not available ("),
+        ("tpu", "unknown device 'tpu'; available here: cpu"),
+        ("mps", "device 'mps': the tools run on cpu or cuda only; available here: cpu"),
+    ],
+)
+def test_a_device_not_available_exits_2_naming_it(command, device, message, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only machine, wherever this runs
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    argv = [*command.split(), "--device", device]
+    assert main(argv) == 2
+    assert message in _one_line_error(capsys, argv[0])
+
+
+@pytest.mark.parametrize("command", ["platform", "list", "explain moe.topk", "check moe.topk", "bench moe.topk"])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            "attention.decode=nosuch",
+            "TOKENSPEED_KERNEL_OVERRIDE: attention.decode=nosuch: no kernel named 'nosuch' is registered; "
+            "attention.decode kernels: torch_decode",
+        ),
+        (
+            "moe.topk=torch_decode",
+            "TOKENSPEED_KERNEL_OVERRIDE: moe.topk=torch_decode: 'torch_decode' is a kernel of attention.decode, "
+            "not of moe.topk; moe.topk kernels: torch_moe_topk",
+        ),
+        ("moe.topkk=torch_moe_topk", "TOKENSPEED_KERNEL_OVERRIDE names unknown operators ['moe.topkk']"),
+    ],
+)
+def test_an_invalid_env_override_fails_every_command_alike(command, value, message, capsys, env):
+    from tokenspeed_kernel import config
+
+    env(config.OVERRIDE_ENV, value)
+    argv = [*command.split(), "--preset", "small"] if command.startswith(("check", "bench")) else command.split()
+    assert main(argv) == 2
+    assert message in _one_line_error(capsys, argv[0])
+
+
+def test_an_invalid_env_override_is_a_clear_value_error_in_python(env):
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel import config
+
+    env(config.OVERRIDE_ENV, "attention.decode=nosuch")
+    logits = torch.randn(3, 8)
+    with pytest.raises(ValueError, match=r"^TOKENSPEED_KERNEL_OVERRIDE: attention.decode=nosuch: .* torch_decode$"):
+        tk.moe_topk(logits, 2)  # any operator: the whole variable is checked on the first selection
+    env(config.OVERRIDE_ENV, "moe.topk=torch_moe_topk")
+    weights, ids = tk.moe_topk(logits, 2)
+    assert ids.shape == (3, 2) and torch.isfinite(weights).all()
+
+
+def test_an_unknown_disabled_backend_is_warned_about_once(env, caplog):
+    from tokenspeed_kernel import config
+
+    env(config.DISABLE_BACKENDS_ENV, "nosuch_backend")
+    with caplog.at_level("WARNING", logger="tokenspeed_kernel"):
+        registry.load_backends(force=True)
+        registry.load_backends(force=True)
+    warned = [r.getMessage() for r in caplog.records if "nosuch_backend" in r.getMessage()]
+    assert len(warned) == 1
+    assert warned[0].startswith("tokenspeed_kernel: TOKENSPEED_KERNEL_DISABLE_BACKENDS names unknown backends")
+    assert "known backends: " in warned[0] and "reference" in warned[0]
+
+
+def test_an_unknown_disabled_backend_warns_from_the_command_line():
+    import os
+
+    run = subprocess.run(
+        [sys.executable, "-m", "tokenspeed_kernel", "list", "kvcache.store"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TOKENSPEED_KERNEL_DISABLE_BACKENDS": "nosuch_backend"},
+    )
+    assert run.returncode == 0 and "torch_store_kvcache" in run.stdout
+    assert "names unknown backends nosuch_backend (ignored); known backends: " in run.stderr
+
+
+def _help(command: str, capsys, monkeypatch) -> str:
+    monkeypatch.setenv("COLUMNS", "200")  # argparse wraps at the terminal width (and may break at a hyphen)
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("command", ["check", "bench", "profile", "explain"])
+def test_help_names_every_preset(command, capsys, monkeypatch):
+    from tokenspeed_kernel.tools.presets import PRESETS
+
+    text = _help(command, capsys, monkeypatch)
+    assert "--preset PRESET" in text and "prefill-lengths" in text
+    assert all(name in text for name in PRESETS)
+
+
+def test_help_gives_the_defaults(capsys, monkeypatch):
+    assert "(default: awkward)" in _help("check", capsys, monkeypatch)
+    assert "(default: gpt-oss-120b)" in _help("bench", capsys, monkeypatch)
+    text = _help("profile", capsys, monkeypatch)
+    assert "--out FILE the trace to write (default: tokenspeed_kernel_trace.json)" in text
+    assert "(default: gpt-oss-120b)" in text
+
+
+def test_list_json(capsys, tmp_path):
+    path = tmp_path / "list.json"
+    assert main(["list", "moe.topk", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert data["platform"]["describe"] in capsys.readouterr().out
+    assert any(b["name"] == "reference" and b["state"] == "loaded" for b in data["backends"])
+    assert list(data["operators"]) == ["moe.topk"]
+    (spec,) = data["operators"]["moe.topk"]["kernels"]
+    assert spec["name"] == "torch_moe_topk" and spec["backend"] == "reference" and spec["band"] == "reference"
+    assert isinstance(spec["graph_safe"], bool) and isinstance(spec["vendors"], list)
+
+
+def test_check_json_has_pass_or_fail_per_kernel_and_case(capsys, tmp_path, temp_kernels):
+    registry.register_kernel("moe.topk", name="t_bad_topk", solution="test", features=("softmax", "renormalize"))(
+        lambda args: (args.topk_weights.fill_(0.5), args.topk_ids.fill_(0))
+    )
+    path = tmp_path / "check.json"
+    assert main(["check", "moe.topk", "--preset", "small", "--device", "cpu", "--json", str(path)]) == 1
+    capsys.readouterr()
+    data = json.loads(path.read_text())  # strict JSON: NaN errors of skipped rows would be null
+    assert data["device"] == "cpu" and data["ok"] is False and (data["passed"], data["failed"]) == (1, 1)
+    verdicts = {(r["kernel"], r["case"]): (r["status"], r["passed"]) for r in data["rows"]}
+    assert sorted(k for k, _ in verdicts) == ["t_bad_topk", "torch_moe_topk"]
+    assert {v for (k, _), v in verdicts.items() if k == "t_bad_topk"} == {("FAIL", False)}
+    assert {v for (k, _), v in verdicts.items() if k == "torch_moe_topk"} == {("PASS", True)}
+
+
+def test_explain_json(capsys, tmp_path):
+    path = tmp_path / "explain.json"
+    assert main(["explain", "attention.decode", "--case", "0", "--platform", "sm_90", "--json", str(path)]) == 0
+    capsys.readouterr()
+    data = json.loads(path.read_text())
+    assert data["op"] == "attention.decode" and data["preset"] == "gpt-oss-120b"
+    (sel,) = data["selections"]
+    assert sel["case"].startswith("decode_b64_ctx8192") and sel["winner"] == "torch_decode"
+    assert sel["request"]["dtypes"] == {"kv": "bfloat16", "q": "bfloat16"} and "sinks" in sel["request"]["features"]
+    assert sel["platform"].startswith("cuda/sm_90") and sel["candidates"][0]["kernel"] == "torch_decode"
+    assert main(["explain", "moe.topk", "--dtype", "bf16", "--features", "softmax", "--json", str(path)]) == 0
+    (sel,) = json.loads(path.read_text())["selections"]
+    assert sel["case"] is None and sel["winner"] == "torch_moe_topk" and sel["candidates"][0]["accepted"] is True

@@ -70,3 +70,33 @@ def test_capabilities_for_unknown_arch_name():
     assert "wgmma" in platform.capabilities_for_arch("sm_90a")
     with pytest.raises(ValueError, match="unknown architecture"):
         platform.capabilities_for_arch("tpu_v5")
+
+
+def test_cpu_line_gives_cores_and_ram(monkeypatch):
+    monkeypatch.setattr(platform.os, "cpu_count", lambda: 6)
+    monkeypatch.setattr(platform.os, "sysconf", lambda name: {"SC_PHYS_PAGES": 4 * 2**18, "SC_PAGE_SIZE": 4096}[name])
+    cpu = platform._detect_cpu()
+    assert cpu.memory_bytes == 4 * 2**30
+    assert cpu.describe() == "cpu/cpu CPU: 6 cores, 4 GiB RAM, caps=bf16,fp16,fp64"
+    gpu = platform.platform_from_arch("sm_90", overridden=False)
+    assert gpu.describe().startswith("cuda/sm_90 NVIDIA H100 80GB HBM3: 132 SMs, 80 GiB, caps=")
+
+
+def test_host_memory_falls_back_to_meminfo_then_unknown(monkeypatch, tmp_path):
+    def no_sysconf(name):
+        raise ValueError(f"unrecognized configuration name {name!r}")
+
+    monkeypatch.setattr(platform.os, "sysconf", no_sysconf)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:        2097152 kB\nMemFree:          1024 kB\n")
+    real_open = open
+    monkeypatch.setattr(
+        "builtins.open", lambda path, *a, **k: real_open(meminfo if path == "/proc/meminfo" else path, *a, **k)
+    )
+    assert platform._host_memory_bytes() == 2 * 2**30
+    meminfo.unlink()
+    assert platform._host_memory_bytes() == 0
+    assert (
+        platform._detect_cpu().describe().startswith("cpu/cpu CPU: ")
+        and "? GiB RAM" in platform._detect_cpu().describe()
+    )

@@ -216,3 +216,31 @@ def test_clear_cache_and_explain_by_keywords():
     )
     assert sel.winner is not None and sel.winner.name == "torch_decode"
     assert "request:  attention.decode" in str(sel)
+
+
+def test_env_override_naming_a_foreign_or_unknown_kernel_is_an_error_on_any_operator(env):
+    env(config.OVERRIDE_ENV, "moe.topk=torch_decode")
+    message = (
+        r"^TOKENSPEED_KERNEL_OVERRIDE: moe.topk=torch_decode: 'torch_decode' is a kernel of attention.decode, "
+        r"not of moe.topk; moe.topk kernels: .*torch_moe_topk$"
+    )
+    with pytest.raises(KernelOverrideError, match=message):
+        select(REQ, H100)  # an attention.decode request: the whole variable is checked
+    env(config.OVERRIDE_ENV, "attention.decode=nope")
+    with pytest.raises(
+        ValueError, match=r"attention.decode=nope: no kernel named 'nope' is registered; .*torch_decode"
+    ):
+        select(REQ, H100)
+
+
+def test_a_valid_env_override_is_checked_once_not_per_call(env, monkeypatch):
+    from tokenspeed_kernel import selector
+
+    env(config.OVERRIDE_ENV, "attention.decode=torch_decode")
+    assert selector.env_overrides() == {"attention.decode": "torch_decode"}
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("the registry was read again")
+
+    monkeypatch.setattr(selector.registry, "kernels", no_lookup)
+    assert selector.env_overrides() == {"attention.decode": "torch_decode"}  # cached for this value

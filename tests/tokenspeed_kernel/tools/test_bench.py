@@ -38,19 +38,24 @@ def test_bench_all_kernels_and_uniform_decode_baselines():
     assert set(rows["torch_decode"].speedups) == {"gather_sdpa", "sdpa_contiguous"}
 
 
-def test_bench_a_comma_separated_list_of_kernels():
+def test_bench_a_comma_separated_list_of_kernels(temp_kernels):
     case = AttentionCase("attention.decode", (1,), (24,), 4, 2, 16, page_size=8, dtype=torch.float32, name="u")
     from tokenspeed_kernel.tools import presets
 
+    temp_kernels("attention.decode", name="t_gpu_only", vendors=("cuda",))
     presets.PRESETS["_test"] = lambda op: [case]
     try:
-        report = bench("attention.decode", kernel="torch_decode, no_such_kernel", preset="_test", device="cpu",
+        report = bench("attention.decode", kernel="torch_decode, t_gpu_only", preset="_test", device="cpu",
                        baselines=False, quiet=True)  # fmt: skip
+        with pytest.raises(
+            ValueError, match="no kernel named 'no_such_kernel' is registered; attention.decode kernels"
+        ):
+            bench("attention.decode", kernel="torch_decode, no_such_kernel", preset="_test", device="cpu", quiet=True)
     finally:
         del presets.PRESETS["_test"]
     rows = {r.impl: r for r in report.rows}
-    assert set(rows) == {"torch_decode", "no_such_kernel"}
-    assert rows["torch_decode"].ms > 0 and rows["no_such_kernel"].ms is None and rows["no_such_kernel"].note
+    assert set(rows) == {"torch_decode", "t_gpu_only"}
+    assert rows["torch_decode"].ms > 0 and rows["t_gpu_only"].ms is None and "vendor" in rows["t_gpu_only"].note
 
 
 def test_counted_work():

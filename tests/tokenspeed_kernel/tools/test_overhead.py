@@ -56,3 +56,13 @@ def test_kernel_category_is_code_outside_the_core_torch_and_stdlib():
     assert overhead._own_category(overhead.measure.__code__) != "kernel"  # the core
     assert overhead._own_category(functools.cached_property.__init__.__code__) != "kernel"  # the stdlib
     assert overhead._own_category(torch.nn.Module.__init__.__code__) != "kernel"  # torch
+
+
+def test_the_standalone_command_rejects_a_bad_device_in_one_line(capsys):
+    from tokenspeed_kernel.tools.overhead import main
+
+    assert main(["--device", "tpu"]) == 2
+    err = capsys.readouterr().err
+    assert err == "tokenspeed-kernel overhead: error: unknown device 'tpu'; available here: cpu\n" or (
+        torch.cuda.is_available() and err.startswith("tokenspeed-kernel overhead: error: unknown device 'tpu'")
+    )

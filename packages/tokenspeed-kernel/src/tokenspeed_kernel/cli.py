@@ -1,18 +1,18 @@
 """The ``tokenspeed-kernel`` command (also ``python -m tokenspeed_kernel``).
 
 tokenspeed-kernel platform                        the detected (or overridden) platform
-tokenspeed-kernel list [OP]                       backends and registered kernels
-tokenspeed-kernel explain OP [--preset P] [--case-index I] [--platform ARCH] [--capturable]
+tokenspeed-kernel list [OP] [--json FILE]         backends and registered kernels
+tokenspeed-kernel explain OP [--preset P] [--case-index I] [--platform ARCH] [--capturable] [--json FILE]
                                                   the selection table for a preset's cases
 tokenspeed-kernel explain OP [--dtype D|ROLE=D,...] [--head-dim N] [--shape KEY=N ...]
                              [--features F,...] [--platform ARCH] [--capturable]
                                                   the selection table for a request spelled out
                                                   (--capturable: for CUDA-graph capture)
-tokenspeed-kernel check OP|all [--kernel K] [--preset P] [--device D]
+tokenspeed-kernel check OP|all [--kernel K] [--preset P] [--device D] [--json FILE]
                                                   numerics vs the float64 reference (exit 1 on failure)
 tokenspeed-kernel bench OP|all [--kernel K[,K...]|all] [--preset P | --replay FILE] [--json FILE]
                                                   timings, ceilings, same-run baselines
-tokenspeed-kernel profile OP [--preset P] [--kernel K] [--out FILE]
+tokenspeed-kernel profile OP [--preset P] [--kernel K] [--out FILE] [--device D]
                                                   a torch.profiler Chrome trace
 tokenspeed-kernel overhead [--op OP ...] [--device cuda] [--top N] [--json FILE]
                                                   host µs per eager public call (no-op kernels; real ones on a GPU)
@@ -24,14 +24,16 @@ import argparse
 import dataclasses
 import os
 import sys
+from typing import Any
 
 import torch
 
 from tokenspeed_kernel import registry, selector
 from tokenspeed_kernel.operators import OPERATORS, operator_schema
-from tokenspeed_kernel.platform import KNOWN_ARCHS, current_platform, platform_from_arch
-from tokenspeed_kernel.registry import Request
+from tokenspeed_kernel.platform import KNOWN_ARCHS, Platform, current_platform, platform_from_arch
+from tokenspeed_kernel.registry import KernelSpec, Request
 from tokenspeed_kernel.selector import NoKernelFoundError
+from tokenspeed_kernel.tools.common import resolve_device, write_json
 from tokenspeed_kernel.tools.overhead import add_arguments as overhead_arguments
 
 __all__ = ["main"]
@@ -42,13 +44,50 @@ def _cmd_platform(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _platform_json(platform: Platform) -> dict[str, Any]:
+    return {
+        **dataclasses.asdict(platform),
+        "capabilities": sorted(platform.capabilities),
+        "describe": platform.describe(),
+    }
+
+
+def _spec_json(spec: KernelSpec) -> dict[str, Any]:
+    """One kernel's registration metadata as JSON values (the fields ``list`` prints)."""
+    return {
+        "name": spec.name,
+        "op": spec.op,
+        "solution": spec.solution,
+        "backend": spec.backend,
+        "priority": spec.priority,
+        "band": spec.band.name.lower(),
+        "ranks": spec.describe_rank() or None,
+        "vendors": sorted(spec.vendors),
+        "archs": sorted(spec.archs) if spec.archs is not None else None,
+        "capabilities": sorted(spec.capabilities),
+        "dtypes": {role: sorted(map(_dtype_name, dtypes)) for role, dtypes in spec.dtypes},
+        "shapes": {key: sorted(values) for key, values in spec.shapes},
+        "features": sorted(spec.features),
+        "graph_safe": spec.graph_safe,
+        "hooks": [name for name in ("prepare", "prepare_layout", "bind") if getattr(spec, name) is not None],
+        "description": spec.description,
+    }
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
-    print(f"platform: {current_platform().describe()}")
+    platform = current_platform()
+    statuses = registry.backends()
+    ops = [args.op] if args.op else list(OPERATORS)
+    print(f"platform: {platform.describe()}")
     print("backends:")
-    for status in registry.backends():
+    for status in statuses:
         detail = f": {status.error}" if status.error else f" ({len(status.kernels)} kernels)"
         print(f"  {status.name:<12} {status.state:<9} {status.target}{detail}")
-    for op in [args.op] if args.op else list(OPERATORS):
+    for op in ops:
         print(f"\n{op}: {OPERATORS[op].summary}")
         specs = registry.kernels(op)
         if not specs:
@@ -57,6 +96,18 @@ def _cmd_list(args: argparse.Namespace) -> int:
             print(f"  {spec.summary()}")
             if spec.description:
                 print(f"      {spec.description}")
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "platform": _platform_json(platform),
+                "backends": [dataclasses.asdict(status) for status in statuses],
+                "operators": {
+                    op: {"summary": OPERATORS[op].summary, "kernels": [_spec_json(s) for s in registry.kernels(op)]}
+                    for op in ops
+                },
+            },
+        )
     return 0
 
 
@@ -128,7 +179,10 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     if args.dtype or args.shape or args.features or args.head_dim is not None:
         if args.preset is not None or args.case_index is not None:
             raise ValueError("explain: give either --preset/--case-index or --dtype/--head-dim/--shape/--features")
-        print(selector.explain(_request_from_flags(args), platform=platform).table())
+        selection = selector.explain(_request_from_flags(args), platform=platform)
+        print(selection.table())
+        if args.json:
+            write_json(args.json, {"op": args.op, "preset": None, "selections": [_selection_json(selection, None)]})
         return 0
 
     from tokenspeed_kernel.tools import cases
@@ -138,18 +192,55 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     if args.case_index is not None and not -len(found) <= args.case_index < len(found):
         raise ValueError(f"--case-index {args.case_index}: the preset has {len(found)} cases for {args.op}")
     chosen = found if args.case_index is None else [found[args.case_index]]
+    selections = []
     for case in chosen:
         print(f"== {case.describe()}")
         request = dataclasses.replace(cases.request(case), capturable=args.capturable)
-        print(selector.explain(request, platform=platform).table())
+        selection = selector.explain(request, platform=platform)
+        print(selection.table())
         print()
+        selections.append(_selection_json(selection, case.describe()))
+    if args.json:
+        write_json(args.json, {"op": args.op, "preset": args.preset or "gpt-oss-120b", "selections": selections})
     return 0
+
+
+def _selection_json(selection: selector.Selection, case: str | None) -> dict[str, Any]:
+    """One ``explain`` verdict as JSON values: the request, the platform, every candidate
+    with its reasons, the winner (None when no kernel can serve the request)."""
+    request = selection.request
+    return {
+        "case": case,
+        "request": {
+            "op": request.op,
+            "dtypes": {role: _dtype_name(dtype) for role, dtype in request.dtypes},
+            "shapes": dict(request.shapes),
+            "features": sorted(request.features),
+            "capturable": request.capturable,
+        },
+        "platform": selection.platform.describe(),
+        "override": selection.override,
+        "winner": selection.winner.name if selection.winner is not None else None,
+        "candidates": [
+            {
+                "kernel": c.spec.name,
+                "solution": c.spec.solution,
+                "priority": c.spec.priority_for(request),
+                "accepted": c.accepted,
+                "graph_safe": c.spec.graph_safe,
+                "reasons": list(c.reasons),
+            }
+            for c in selection.candidates
+        ],
+    }
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from tokenspeed_kernel.tools.numerics import check
 
     report = check(args.op, kernel=args.kernel, preset=args.preset, device=args.device, seed=args.seed)
+    if args.json:
+        write_json(args.json, report.to_json())
     if not report.passed:
         print("nothing was checked: no kernel could serve these cases", file=sys.stderr)
     return 0 if report.ok else 1
@@ -187,7 +278,11 @@ def _cmd_overhead(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from tokenspeed_kernel.tools.presets import PRESETS
+
     ops = list(OPERATORS)
+    presets = ", ".join(PRESETS)
+    device_help = "cpu, cuda or cuda:N (default: cuda when available, else cpu)"
     parser = argparse.ArgumentParser(prog="tokenspeed-kernel", description="tokenspeed-kernel tools")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -195,11 +290,12 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", help="backends and registered kernels")
     p.add_argument("op", nargs="?", choices=ops)
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the platform, backends and kernels as JSON")
     p.set_defaults(fn=_cmd_list)
 
     p = sub.add_parser("explain", help="why each kernel is (not) selected for a preset's cases or a request")
     p.add_argument("op", choices=ops)
-    p.add_argument("--preset", default=None, help="cases to explain (default: gpt-oss-120b)")
+    p.add_argument("--preset", default=None, help=f"cases to explain: {presets} (default: gpt-oss-120b)")
     p.add_argument("--case-index", "--case", dest="case_index", type=int, default=None, help="one case of the preset")
     p.add_argument("--dtype", action="append", default=[], help="DTYPE for every role, or ROLE=DTYPE[,...]")
     p.add_argument("--head-dim", type=int, default=None)
@@ -209,14 +305,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--capturable", action="store_true", help="the call is captured in a CUDA graph: graph-safe kernels only"
     )
+    p.add_argument("--json", default=None, metavar="FILE", help="also write every verdict as JSON")
     p.set_defaults(fn=_cmd_explain)
 
     p = sub.add_parser("check", help="numerics against the float64 reference")
     p.add_argument("op", choices=[*ops, "all"])
     p.add_argument("--kernel", default=None, help="one kernel (default: every registered kernel)")
-    p.add_argument("--preset", default="awkward", help="awkward (default), small or gpt-oss-120b")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--preset", default="awkward", help=f"cases to check: {presets} (default: %(default)s)")
+    p.add_argument("--device", default=None, help=device_help)
+    p.add_argument("--json", default=None, metavar="FILE", help="also write every row (PASS/FAIL/SKIP) as JSON")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: %(default)s)")
     p.set_defaults(fn=_cmd_check)
 
     p = sub.add_parser("bench", help="timings vs same-run baselines and the device's ceilings")
@@ -226,19 +324,24 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="a kernel name, several comma-separated, or 'all' (default: the selector's choice)",
     )
-    p.add_argument("--preset", default="gpt-oss-120b")
+    p.add_argument("--preset", default="gpt-oss-120b", help=f"cases to time: {presets} (default: %(default)s)")
     p.add_argument("--replay", default=None, help="a TOKENSPEED_KERNEL_CAPTURE file to benchmark instead of a preset")
-    p.add_argument("--json", default=None, help="also write every row as JSON")
-    p.add_argument("--no-baselines", action="store_true")
-    p.add_argument("--device", default=None)
+    p.add_argument("--json", default=None, metavar="FILE", help="also write every row as JSON")
+    p.add_argument("--no-baselines", action="store_true", help="time the kernels only, not the torch baselines")
+    p.add_argument("--device", default=None, help=device_help)
     p.set_defaults(fn=_cmd_bench)
 
     p = sub.add_parser("profile", help="write a torch.profiler Chrome trace")
     p.add_argument("op", choices=ops)
-    p.add_argument("--preset", default="gpt-oss-120b")
-    p.add_argument("--kernel", default=None)
-    p.add_argument("--out", default="tokenspeed_kernel_trace.json")
-    p.add_argument("--device", default=None)
+    p.add_argument("--preset", default="gpt-oss-120b", help=f"cases to trace: {presets} (default: %(default)s)")
+    p.add_argument("--kernel", default=None, help="one kernel of OP (default: the selector's choice per case)")
+    p.add_argument(
+        "--out",
+        default="tokenspeed_kernel_trace.json",
+        metavar="FILE",
+        help="the trace to write (default: %(default)s)",
+    )
+    p.add_argument("--device", default=None, help=device_help)
     p.set_defaults(fn=_cmd_profile)
 
     p = sub.add_parser(
@@ -251,9 +354,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 ok, 1 a check failed, 2 a usage error:
-    a bad argument, an unknown kernel or preset, a kernel that cannot serve the request)."""
+    a bad argument, an unknown kernel, preset or device, an invalid TOKENSPEED_KERNEL_OVERRIDE,
+    a kernel that cannot serve the request)."""
     args = _parser().parse_args(argv)
     try:
+        selector.env_overrides()  # an invalid TOKENSPEED_KERNEL_OVERRIDE fails every command alike
+        if getattr(args, "device", None) is not None:
+            resolve_device(args.device)
         return args.fn(args)
     except BrokenPipeError:  # output piped into `head` and the like: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

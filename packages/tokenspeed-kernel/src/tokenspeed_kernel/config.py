@@ -8,8 +8,10 @@ Every variable the library honours is named here, with what it does:
     selection can be tested on a CPU machine.
 ``TOKENSPEED_KERNEL_OVERRIDE``
     Force kernels per operator: ``"attention.decode=triton_decode,moe.apply=torch_moe"``.
+    Checked against the registry on the first selection (``selector.env_overrides``).
 ``TOKENSPEED_KERNEL_DISABLE_BACKENDS``
-    Comma-separated backend (entry-point) names not to load, e.g. ``"triton,nvidia"``.
+    Comma-separated backend (entry-point) names not to load, e.g. ``"triton,nvidia"``;
+    a name that matches no backend is logged as a warning once.
 ``TOKENSPEED_KERNEL_DEBUG``
     ``1`` turns on checks that need a device sync (page ids, slots, expert ids in range).
 ``TOKENSPEED_KERNEL_CAPTURE``

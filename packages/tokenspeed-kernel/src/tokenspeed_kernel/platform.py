@@ -12,6 +12,7 @@ can be exercised on a CPU-only machine.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -40,7 +41,7 @@ class Platform:
         arch: ``"sm_90"``, ``"sm_100"``, ``"gfx942"``, ``"gfx950"``, ... or ``"cpu"``.
         name: the device name torch reports (or a synthetic one for an override).
         num_sms: streaming multiprocessors / compute units (CPU: logical cores).
-        memory_bytes: device memory in bytes (0 when unknown).
+        memory_bytes: device memory in bytes (CPU: the machine's RAM; 0 when unknown).
         capabilities: tags such as ``bf16``, ``fp8_e4m3``, ``wgmma``, ``tma``, ``mfma``,
             ``mxfp4_mma`` that kernels may require.
         overridden: True when the platform came from ``TOKENSPEED_KERNEL_PLATFORM``.
@@ -59,10 +60,14 @@ class Platform:
         return self.vendor != "cpu"
 
     def describe(self) -> str:
+        """One line: ``cuda/sm_90 NVIDIA H100 80GB HBM3: 132 SMs, 80 GiB, caps=...``; on a CPU
+        ``cpu/cpu CPU: 8 cores, 31 GiB RAM, caps=...`` (``?`` for what is unknown)."""
         caps = ",".join(sorted(self.capabilities))
         mem = f"{self.memory_bytes / 2**30:.0f} GiB" if self.memory_bytes else "? GiB"
+        units = self.num_sms or "?"
+        size = f"{units} cores, {mem} RAM" if self.vendor == "cpu" else f"{units} SMs, {mem}"
         origin = " (override)" if self.overridden else ""
-        return f"{self.vendor}/{self.arch} {self.name}{origin}: {self.num_sms} SMs, {mem}, caps={caps}"
+        return f"{self.vendor}/{self.arch} {self.name}{origin}: {size}, caps={caps}"
 
 
 @dataclass(frozen=True)
@@ -155,15 +160,32 @@ def platform_from_arch(arch: str, *, overridden: bool = True) -> Platform:
     )
 
 
-def _detect_cpu() -> Platform:
-    import os
+def _host_memory_bytes() -> int:
+    """Physical memory of this machine in bytes, without dependencies: ``os.sysconf`` (POSIX),
+    else ``MemTotal`` of ``/proc/meminfo`` (Linux), else 0 (unknown)."""
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        if pages > 0 and page_size > 0:
+            return pages * page_size
+    except (AttributeError, OSError, ValueError):  # no sysconf (Windows) or no such name
+        pass
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
+
+def _detect_cpu() -> Platform:
     return Platform(
         vendor="cpu",
         arch="cpu",
         name="CPU",
         num_sms=os.cpu_count() or 1,
-        memory_bytes=0,
+        memory_bytes=_host_memory_bytes(),
         capabilities=_CPU_CAPABILITIES,
     )
 

@@ -507,10 +507,30 @@ def load_backends(*, force: bool = False) -> None:
         _loaded = True
         if BUILTIN_BACKEND not in _backends:
             _load_one(BUILTIN_BACKEND, _BUILTIN_MODULE, lambda: importlib.import_module(_BUILTIN_MODULE))
-        for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        found = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+        for ep in found:
             if ep.name in _backends or ep.name == BUILTIN_BACKEND:
                 continue
             _load_one(ep.name, ep.value, ep.load)
+        _warn_unknown_disabled([BUILTIN_BACKEND, *(ep.name for ep in found), *_backends])
+
+
+_warned_disabled: set[str] = set()
+
+
+def _warn_unknown_disabled(known: Iterable[str]) -> None:
+    """Log a warning, once per name, for each ``TOKENSPEED_KERNEL_DISABLE_BACKENDS`` entry
+    that names no backend (a misspelt name would otherwise leave that backend enabled)."""
+    names = sorted(set(known))
+    unknown = sorted(config.disabled_backends() - set(names) - _warned_disabled)
+    if unknown:
+        _warned_disabled.update(unknown)
+        log.warning(
+            "tokenspeed_kernel: %s names unknown backends %s (ignored); known backends: %s",
+            config.DISABLE_BACKENDS_ENV,
+            ", ".join(unknown),
+            ", ".join(names),
+        )
 
 
 def load_backend(name: str, target: str) -> BackendStatus:

@@ -10,7 +10,8 @@ priority for the requests whose shapes match it.
 Overrides: a per-call ``override="name"`` wins over ``TOKENSPEED_KERNEL_OVERRIDE``, which
 wins over ranking. An override naming a kernel that cannot serve the request raises
 :class:`KernelOverrideError` with that kernel's reasons; so does an environment override
-naming an operator that does not exist.
+naming an operator that does not exist, an unknown kernel or another operator's kernel
+(:func:`env_overrides`: checked on the first selection, not per call).
 
 Results are cached per (platform, request, override): a hot call pays one dict lookup.
 """
@@ -34,6 +35,7 @@ __all__ = [
     "NoKernelFoundError",
     "Selection",
     "clear_cache",
+    "env_overrides",
     "evaluate",
     "explain",
     "select",
@@ -145,21 +147,42 @@ def evaluate(request: Request, platform: Platform | None = None) -> tuple[Candid
     return tuple(Candidate(spec, _reasons(spec, request, platform)) for spec in specs)
 
 
-def _env_overrides() -> dict[str, str]:
-    """``TOKENSPEED_KERNEL_OVERRIDE`` as ``{operator: kernel}``; :class:`KernelOverrideError`
-    when it names an operator that does not exist (a misspelt key would otherwise be
-    silently ignored and the override never applied)."""
+_checked_env: dict[str, str] | None = None  # the config.kernel_overrides() value last found valid
+
+
+def env_overrides() -> dict[str, str]:
+    """``TOKENSPEED_KERNEL_OVERRIDE`` as ``{operator: kernel}``, checked against the registry.
+
+    Raises :class:`KernelOverrideError` (a ``ValueError``, one line naming the variable, the
+    operator and its kernels) for an unknown operator, an unknown kernel or a kernel of
+    another operator: a misspelt entry would otherwise be silently ignored, or fail only when
+    that operator is first called. Checked once per value of the variable
+    (:func:`tokenspeed_kernel.config.refresh`) and registry change, not per call.
+    """
+    global _checked_env
     overrides = config.kernel_overrides()
+    if overrides is _checked_env or not overrides:
+        return overrides
     unknown = sorted(set(overrides) - set(OPERATORS))
     if unknown:
         raise KernelOverrideError(
             f"{config.OVERRIDE_ENV} names unknown operators {unknown}; known operators: {', '.join(OPERATORS)}"
         )
+    for op, name in overrides.items():
+        mine = [spec.name for spec in registry.kernels(op)]
+        if name in mine:
+            continue
+        other = next((spec.op for spec in registry.kernels() if spec.name == name), None)
+        where = f"{name!r} is a kernel of {other}, not of {op}" if other else f"no kernel named {name!r} is registered"
+        raise KernelOverrideError(
+            f"{config.OVERRIDE_ENV}: {op}={name}: {where}; {op} kernels: {', '.join(mine) or 'none'}"
+        )
+    _checked_env = overrides
     return overrides
 
 
 def _override_for(request: Request, override: str | None) -> str | None:
-    return override or _env_overrides().get(request.op)
+    return override or env_overrides().get(request.op)
 
 
 def _decide(request: Request, platform: Platform, override: str | None) -> Selection:
@@ -186,7 +209,9 @@ _cache: dict[tuple[Platform, Request, str | None], KernelSpec] = {}
 
 def clear_cache() -> None:
     """Drop cached selections (done automatically when kernels are (un)registered)."""
+    global _checked_env
     _cache.clear()
+    _checked_env = None
 
 
 registry.on_change(clear_cache)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import datetime
 import functools
 import itertools
-import json
 import platform as _host
 import sys
 from collections.abc import Iterable
@@ -35,13 +34,14 @@ from typing import TextIO
 
 import torch
 
-from tokenspeed_kernel import registry
+from tokenspeed_kernel import registry, selector
 from tokenspeed_kernel.ops._dispatch import last_kernel
 from tokenspeed_kernel.selector import KernelOverrideError
 from tokenspeed_kernel.tools import cases
 from tokenspeed_kernel.tools.baselines import baselines_for
 from tokenspeed_kernel.tools.capture import read_capture
 from tokenspeed_kernel.tools.ceilings import Ceilings, ceilings
+from tokenspeed_kernel.tools.common import named_kernels, resolve_device, write_json
 from tokenspeed_kernel.tools.presets import preset_cases
 from tokenspeed_kernel.tools.progress import Progress
 from tokenspeed_kernel.tools.timing import Timing, time_fn
@@ -113,14 +113,28 @@ class BenchReport:
         }
 
 
-def _kernel_names(op: str, kernel: str | None) -> list[str | None]:
-    """``None`` = the selector's choice; ``"all"`` = every registered kernel; else one name
-    or several, comma-separated (``"triton_prefill,flashinfer_prefill"``)."""
+def _kernel_names(ops: list[str], kernel: str | None) -> dict[str, list[str | None]]:
+    """Per operator, the implementations to time: ``[None]`` = the selector's choice (no
+    ``kernel``); ``"all"`` = every registered kernel; else the named ones (comma-separated,
+    ``"triton_prefill,flashinfer_prefill"``) registered for that operator. With several
+    operators a named kernel runs on its own operator and the others are left out.
+
+    Raises ``ValueError`` (one line, listing the valid names) for a name registered for none
+    of ``ops``.
+    """
     if kernel is None:
-        return [None]
+        return {op: [None] for op in ops}
     if kernel == "all":
-        return [spec.name for spec in registry.kernels(op)]
-    return [name.strip() for name in kernel.split(",") if name.strip()]
+        return {op: [spec.name for spec in registry.kernels(op)] for op in ops}
+    names = [name.strip() for name in kernel.split(",") if name.strip()]
+    if len(ops) == 1:
+        return {ops[0]: named_kernels(ops[0], names)}
+    mine = {op: [spec.name for spec in registry.kernels(op)] for op in ops}
+    for name in names:
+        if not any(name in kernels for kernels in mine.values()):
+            listed = "; ".join(f"{op}: {', '.join(kernels) or 'none'}" for op, kernels in mine.items())
+            raise ValueError(f"no kernel named {name!r} is registered for {', '.join(ops)}; kernels: {listed}")
+    return {op: [name for name in names if name in mine[op]] for op in ops}
 
 
 def _row(case: cases.Case, impl: str, kind: str, ms: float, ceil: Ceilings | None) -> BenchRow:
@@ -171,23 +185,27 @@ def bench(
     quiet: bool = False,
 ) -> BenchReport:
     """Benchmark ``ops`` (a name, ``"all"`` or a list) on a preset or a capture file."""
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = resolve_device(device)
+    selector.env_overrides()  # an invalid TOKENSPEED_KERNEL_OVERRIDE is an error here, not a row
     ceil = ceilings(dev) if dev.type == "cuda" else None
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     report = BenchReport(name, torch.__version__, datetime.date.today().isoformat(), ceil)
     if replay is not None:
         wanted = set(cases.OPS) if ops == "all" else {ops} if isinstance(ops, str) else set(ops)
-        work = [(c.op, c) for c in read_capture(replay) if c.op in wanted]
+        op_list = [op for op in cases.OPS if op in wanted] + sorted(wanted - set(cases.OPS))
+        impls = _kernel_names(op_list, kernel)
+        work = [(c.op, c) for c in read_capture(replay) if c.op in wanted and impls[c.op]]
     else:
         op_list = list(cases.OPS) if ops == "all" else [ops] if isinstance(ops, str) else list(ops)
-        work = [(op, c) for op in op_list for c in preset_cases(preset, op)]
+        impls = _kernel_names(op_list, kernel)
+        work = [(op, c) for op in op_list if impls[op] for c in preset_cases(preset, op)]
     progress = Progress(len(work), stream=sys.stderr)
     for op, case in work:
         progress.step(case.describe())
         inputs = cases.make_inputs(case, dev, seed=0)
         selected = _selected_name(case, inputs)
         kernel_rows: list[BenchRow] = []
-        for kname in _kernel_names(op, kernel):
+        for kname in impls[op]:
             impl = kname or selected or "?"
             try:
                 cases.call(case, inputs, override=kname)
@@ -231,6 +249,5 @@ def bench(
     if not quiet:
         print(report.table(), file=stream or sys.stdout)
     if json_path is not None:
-        with open(json_path, "w", encoding="utf-8") as f:
-            json.dump(report.to_json(), f, indent=2)
+        write_json(json_path, report.to_json())
     return report

@@ -19,9 +19,10 @@ from typing import Any, TextIO
 
 import torch
 
-from tokenspeed_kernel import registry
+from tokenspeed_kernel import registry, selector
 from tokenspeed_kernel.selector import KernelOverrideError
 from tokenspeed_kernel.tools import cases
+from tokenspeed_kernel.tools.common import named_kernels, resolve_device
 from tokenspeed_kernel.tools.presets import preset_cases
 from tokenspeed_kernel.tools.tolerances import Comparison, compare, tolerance_for
 
@@ -72,6 +73,18 @@ class CheckReport:
     def ok(self) -> bool:
         """No failure, and at least one kernel actually checked."""
         return not self.failed and bool(self.passed)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON values: the device, ``ok``, the counts and every row (op, case,
+        kernel, status PASS/FAIL/SKIP, ``passed``, errors, tolerances, reason)."""
+        return {
+            "device": self.device,
+            "ok": self.ok,
+            "passed": len(self.passed),
+            "failed": len(self.failed),
+            "skipped": len(self.rows) - len(self.passed) - len(self.failed),
+            "rows": [{**dataclasses.asdict(r), "passed": r.passed} for r in self.rows],
+        }
 
     def table(self) -> str:
         """Each row with its errors and the tolerance they were held to (``tol l2/abs``:
@@ -143,10 +156,7 @@ def _ids_agree(ids: torch.Tensor, ref_ids: torch.Tensor, ref_weights: torch.Tens
 
 def _candidates(op: str, kernel: str | None) -> list[str]:
     if kernel is not None:
-        spec = registry.get_kernel(kernel)
-        if spec.op != op:
-            raise ValueError(f"kernel {kernel!r} is registered for {spec.op}, not {op}")
-        return [kernel]
+        return named_kernels(op, [kernel])
     return [spec.name for spec in registry.kernels(op)]
 
 
@@ -166,10 +176,12 @@ def check(
     ``report.ok`` is False on any failure or when nothing could be checked.
     """
     op_list = list(cases.OPS) if ops == "all" else [ops] if isinstance(ops, str) else list(ops)
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = resolve_device(device)
+    selector.env_overrides()  # an invalid TOKENSPEED_KERNEL_OVERRIDE is an error here, not SKIP rows
+    names_per_op = {op: _candidates(op, kernel) for op in op_list}  # every name checked before any run
     report = CheckReport(str(dev) if dev.type == "cpu" else f"{dev} ({torch.cuda.get_device_name(dev)})")
     for op in op_list:
-        names = _candidates(op, kernel)
+        names = names_per_op[op]
         for index, case in enumerate(preset_cases(preset, op)):
             inputs = cases.make_inputs(case, dev, seed + index)
             ref = cases.reference(case, inputs)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
-import json
 import os
 import statistics
 import sys
@@ -42,10 +41,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from tokenspeed_kernel import registry
+from tokenspeed_kernel import registry, selector
 from tokenspeed_kernel.operators import OPERATORS
 from tokenspeed_kernel.ops._dispatch import last_kernel
 from tokenspeed_kernel.registry import Priority
+from tokenspeed_kernel.tools.common import resolve_device, write_json
 
 __all__ = [
     "CATEGORIES",
@@ -423,7 +423,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="tokenspeed-kernel overhead", description="host µs per eager public call, with a no-op kernel"
     )
     add_arguments(parser)
-    return run_cli(parser.parse_args(argv))
+    try:
+        return run_cli(parser.parse_args(argv))
+    except ValueError as exc:  # a bad --device or TOKENSPEED_KERNEL_OVERRIDE: one line, exit 2, as the CLI does
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -443,7 +447,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    if args.device != "cpu":
+    """Run ``overhead`` for parsed arguments; ``ValueError`` (one line) for an unknown or
+    unavailable ``--device`` or an invalid ``TOKENSPEED_KERNEL_OVERRIDE``."""
+    selector.env_overrides()
+    if resolve_device(args.device).type != "cpu":
         from tokenspeed_kernel.tools.overhead_device import run_device_cli
 
         return run_device_cli(args)
@@ -451,8 +458,7 @@ def run_cli(args: argparse.Namespace) -> int:
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, no-op kernels, median of {args.repeats}")
     print(table(rows))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump([asdict(r) for r in rows], f, indent=1)
+        write_json(args.json, [asdict(r) for r in rows])
     return 0
 
 

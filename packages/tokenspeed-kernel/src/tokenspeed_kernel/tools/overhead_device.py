@@ -130,9 +130,10 @@ def device_table(rows: list[DeviceRow]) -> str:
 
 def run_device_cli(args: argparse.Namespace) -> int:
     """``tokenspeed-kernel overhead --device cuda``: the table, then (``--top N``) profiles."""
-    import json
     import sys
     from dataclasses import asdict
+
+    from tokenspeed_kernel.tools.common import write_json
 
     device = torch.device(args.device)
     if device.type != "cuda" or not torch.cuda.is_available():
@@ -153,6 +154,5 @@ def run_device_cli(args: argparse.Namespace) -> int:
     )
     print(device_table(rows))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump([asdict(r) for r in rows], f, indent=1)
+        write_json(args.json, [asdict(r) for r in rows])
     return 0

@@ -11,8 +11,10 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 from torch.profiler import profile as _profile
 
+from tokenspeed_kernel import selector
 from tokenspeed_kernel.ops._dispatch import last_kernel
 from tokenspeed_kernel.tools import cases
+from tokenspeed_kernel.tools.common import named_kernels, resolve_device
 from tokenspeed_kernel.tools.presets import preset_cases
 
 __all__ = ["profile"]
@@ -28,7 +30,10 @@ def profile(
     iterations: int = 3,
 ) -> list[str]:
     """Write a Chrome trace to ``out_path``; return the ``op:kernel`` names recorded."""
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = resolve_device(device)
+    selector.env_overrides()
+    if kernel is not None:
+        named_kernels(op, [kernel])
     work = [(case, cases.make_inputs(case, dev, seed=0)) for case in preset_cases(preset, op)]
     names = []
     for case, inputs in work:  # warm up (compilation, autotuning) outside the trace
