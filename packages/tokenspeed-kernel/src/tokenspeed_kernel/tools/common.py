@@ -22,7 +22,7 @@ _TOOL_DEVICE_TYPES = ("cpu", "cuda")
 
 def available_devices() -> list[str]:
     """The devices the tools can use here: ``cpu``, then ``cuda:0`` ... when torch sees a GPU
-    (NVIDIA or, on a ROCm build, AMD: both are ``cuda`` to torch)."""
+    (on a ROCm build of torch too: its GPUs are ``cuda`` devices to torch)."""
     gpus = [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     return ["cpu", *gpus]
 
