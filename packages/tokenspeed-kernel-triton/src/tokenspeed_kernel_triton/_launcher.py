@@ -235,6 +235,19 @@ def _globals_unchanged(fn) -> bool:
     return True
 
 
+def _nothing_else_changed(fn) -> bool:
+    """What a remembered launch relies on beyond its key: no pre-run hooks on the kernel, no
+    launch hooks installed, and the globals the kernel read unchanged since it compiled."""
+    return (
+        not fn.pre_run_hooks
+        and _RUNTIME.launch_enter_hook is _ENTER_HOOK
+        and _RUNTIME.launch_exit_hook is _EXIT_HOOK
+        and not _ENTER_HOOK.calls
+        and not _EXIT_HOOK.calls
+        and (not fn.used_global_vals or _globals_unchanged(fn))
+    )
+
+
 def _entry(kernel, target, keep: tuple):
     """What a direct launch needs, or None when this compiled kernel stays on the normal
     path (another backend, scratch buffers to allocate, an unexpected object)."""
@@ -281,16 +294,7 @@ def jit_launch(fn, grid, *args, **kwargs):
             entry = shape.cache.get(key)
         except (AttributeError, TypeError):
             key = entry = None
-        if (
-            entry is not None
-            and fn.hash is state.hash
-            and not fn.pre_run_hooks
-            and _RUNTIME.launch_enter_hook is _ENTER_HOOK
-            and _RUNTIME.launch_exit_hook is _EXIT_HOOK
-            and not _ENTER_HOOK.calls
-            and not _EXIT_HOOK.calls
-            and (not fn.used_global_vals or _globals_unchanged(fn))
-        ):
+        if entry is not None and fn.hash is state.hash and _nothing_else_changed(fn):
             state.hits += 1
             direct, run, function, packed, coop, pdl, _ = entry
             stream = _DEVICE[2](dev)
@@ -415,17 +419,7 @@ class BoundLaunch:
             if drv is not _DEVICE[0]:
                 _refresh_device_functions(drv)
             dev = _DEVICE[1]()
-            if (
-                dev == self._dev
-                and fn.hash is self._hash
-                and not fn.pre_run_hooks
-                and _RUNTIME.launch_enter_hook is _ENTER_HOOK
-                and _RUNTIME.launch_exit_hook is _EXIT_HOOK
-                and not _ENTER_HOOK.calls
-                and not _EXIT_HOOK.calls
-                and (not fn.used_global_vals or _globals_unchanged(fn))
-                and self._same_kind(args)
-            ):
+            if dev == self._dev and fn.hash is self._hash and _nothing_else_changed(fn) and self._same_kind(args):
                 raw, run, function, packed, coop, pdl = direct
                 g0, g1, g2 = self._grid
                 stream = _DEVICE[2](dev)
