@@ -30,6 +30,7 @@ import torch
 
 from tokenspeed_kernel import registry, selector
 from tokenspeed_kernel.operators import OPERATORS, operator_schema
+from tokenspeed_kernel.ops._checks import dtype_name
 from tokenspeed_kernel.platform import KNOWN_ARCHS, Platform, current_platform, platform_from_arch
 from tokenspeed_kernel.registry import KernelSpec, Request
 from tokenspeed_kernel.selector import NoKernelFoundError
@@ -42,10 +43,6 @@ __all__ = ["main"]
 def _cmd_platform(args: argparse.Namespace) -> int:
     print(current_platform().describe())
     return 0
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _platform_json(platform: Platform) -> dict[str, Any]:
@@ -69,7 +66,7 @@ def _spec_json(spec: KernelSpec) -> dict[str, Any]:
         "vendors": sorted(spec.vendors),
         "archs": sorted(spec.archs) if spec.archs is not None else None,
         "capabilities": sorted(spec.capabilities),
-        "dtypes": {role: sorted(map(_dtype_name, dtypes)) for role, dtypes in spec.dtypes},
+        "dtypes": {role: sorted(map(dtype_name, dtypes)) for role, dtypes in spec.dtypes},
         "shapes": {key: sorted(values) for key, values in spec.shapes},
         "features": sorted(spec.features),
         "graph_safe": spec.graph_safe,
@@ -213,7 +210,7 @@ def _selection_json(selection: selector.Selection, case: str | None) -> dict[str
         "case": case,
         "request": {
             "op": request.op,
-            "dtypes": {role: _dtype_name(dtype) for role, dtype in request.dtypes},
+            "dtypes": {role: dtype_name(dtype) for role, dtype in request.dtypes},
             "shapes": dict(request.shapes),
             "features": sorted(request.features),
             "capturable": request.capturable,

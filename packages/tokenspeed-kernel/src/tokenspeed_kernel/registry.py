@@ -20,9 +20,9 @@ A kernel author writes::
 Optional hooks ride along with the metadata: ``prepare`` (weights, called once by
 ``moe_plan``), ``prepare_layout`` (batch layout, called by ``mha_decode_plan`` and
 ``DecodePlan.update`` outside CUDA-graph capture) and ``bind`` (called once by
-``mha_decode_plan``: returns the runner that serves the plan's runs, its launch work done). ``graph_safe=False`` declares that the
-kernel cannot be captured in a CUDA graph (it reads device values on the host, or plans
-per call): the selector then refuses it for a ``capturable`` request, and a call made while
+``mha_decode_plan``: returns the runner that serves the plan's runs, its launch work done).
+``graph_safe=False`` declares that the kernel cannot be captured in a CUDA graph (it reads
+device values on the host, or plans per call): the selector then refuses it for a ``capturable`` request, and a call made while
 the stream is capturing raises ``RuntimeError`` before launching it.
 
 ``rank_when=({"batch_bucket": (1, 2, 4, 8)}, Priority.PERFORMANT)`` ranks a kernel at another
@@ -443,6 +443,13 @@ def get_kernel(name: str) -> KernelSpec:
         return _kernels[name]
     except KeyError:
         raise ValueError(f"no kernel named {name!r}; registered: {', '.join(sorted(_kernels))}") from None
+
+
+def kernel_op(name: str) -> str | None:
+    """The operator the kernel called ``name`` is registered for, or None when none is."""
+    load_backends()
+    spec = _kernels.get(name)
+    return spec.op if spec is not None else None
 
 
 def backends() -> list[BackendStatus]:

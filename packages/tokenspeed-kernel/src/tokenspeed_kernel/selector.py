@@ -172,7 +172,7 @@ def env_overrides() -> dict[str, str]:
         mine = [spec.name for spec in registry.kernels(op)]
         if name in mine:
             continue
-        other = next((spec.op for spec in registry.kernels() if spec.name == name), None)
+        other = registry.kernel_op(name)
         where = f"{name!r} is a kernel of {other}, not of {op}" if other else f"no kernel named {name!r} is registered"
         raise KernelOverrideError(
             f"{config.OVERRIDE_ENV}: {op}={name}: {where}; {op} kernels: {', '.join(mine) or 'none'}"

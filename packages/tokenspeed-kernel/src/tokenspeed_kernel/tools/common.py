@@ -67,12 +67,12 @@ def named_kernels(op: str, names: list[str]) -> list[str]:
     for name in names:
         if name in mine:
             continue
-        try:
-            other = registry.get_kernel(name).op
-        except ValueError:
-            where = f"no kernel named {name!r} is registered"
-        else:
-            where = f"kernel {name!r} is registered for {other}, not {op}"
+        other = registry.kernel_op(name)
+        where = (
+            f"kernel {name!r} is registered for {other}, not {op}"
+            if other
+            else f"no kernel named {name!r} is registered"
+        )
         raise ValueError(f"{where}; {op} kernels: {', '.join(mine) or 'none'}")
     return names
 
