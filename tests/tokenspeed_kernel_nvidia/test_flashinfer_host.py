@@ -180,8 +180,9 @@ def test_plan_step_and_run_share_the_sink_entry(fake):
 @pytest.mark.parametrize("op", ["attention.extend", "attention.prefill"])
 def test_extend_and_prefill_with_sinks_run_the_sink_wrapper(fake, op):
     name = "flashinfer_" + op.split(".")[1]
+    # Windows past the keys are capped.
     case = cases.AttentionCase(op, (3, 5), (7, 5), 8, 2, 64, page_size=16, sinks=True, return_lse=True,
-                               window_left=3, causal=False)  # fmt: skip  (windows past the keys are capped)
+                               window_left=3, causal=False)  # fmt: skip
     inputs = cases.make_inputs(case)
     _, lse = cases.call(case, inputs, override=name)
     cases.call(case, inputs, override=name)

@@ -100,6 +100,8 @@ def toy(monkeypatch):
     _launcher.clear()
     fn = JITFunction(_toy)
     with _fake_gpu(fn) as (drv, compiled):
+        # The tensors here are CPU tensors standing for the fake GPU's: on its device.
+        monkeypatch.setattr(_launcher, "_device_of", lambda t: drv.device if t.device.type == "cpu" else -2)
         yield fn, drv, compiled
     _launcher.clear()
 
@@ -306,7 +308,39 @@ def test_bound_launch_is_direct_after_the_first(toy):
     assert len(compiled) == 1
     last = drv.launches[-1]
     assert last["function"] == 1000 and last["stream"] == 5 and last["grid"] == (3, 2, 1)
-    assert last["args"][:4] == (x2, y, 32, 0.5) and len(last["args"]) == 6 and last["args"][5] == 16
+    # Tensors go to the C launcher as their addresses: no data_ptr() / driver query there.
+    assert last["args"][:4] == (x2.data_ptr(), y.data_ptr(), 32, 0.5)
+    assert len(last["args"]) == 6 and last["args"][5] == 16
+
+
+def test_bound_launch_follows_a_bound_tensor_that_moved(toy):
+    """A bound tensor re-pointed (``set_``) to aligned memory: same binary, new address,
+    never the stale one."""
+    fn, drv, compiled = toy
+    x, y = _tensors()
+    launch = _bound(fn, x, y)
+    launch(x)
+    launch(x)
+    y.set_(torch.randn(64).untyped_storage(), 0, (64,))
+    launch(x)  # the full path (tensors), then remembered anew
+    launch(x)
+    assert len(compiled) == 1
+    assert drv.launches[-1]["args"][:2] == (x.data_ptr(), y.data_ptr())
+
+
+def test_bound_launch_takes_the_full_path_for_another_device_or_count(toy):
+    fn, drv, _compiled = toy
+    x, y = _tensors()
+    launch = _bound(fn, x, y)
+    launch(x)
+    drv.device = 1  # the current device changed: nothing direct, Triton's own path
+    launch(x)
+    assert drv.launches[-1]["args"][0] is x and drv.launches[-1]["stream"] == 1007
+    drv.device = 0
+    launch(x)
+    assert drv.launches[-1]["args"][0] == x.data_ptr()
+    with pytest.raises(TypeError, match="expected 1 varying arguments, got 2"):
+        launch(x, x)
 
 
 BOUND_CHANGES = {

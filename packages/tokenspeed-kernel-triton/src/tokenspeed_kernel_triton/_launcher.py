@@ -383,17 +383,23 @@ class BoundLaunch:
     ``args`` are replaced at every launch).
 
     The first launch goes through :func:`jit_launch` (compiling if needed) and remembers the
-    compiled kernel, the launch arguments and, per tensor argument, its dtype and whether its
-    address is 16-byte aligned (for parameters Triton specializes on alignment). A later
-    launch is direct when nothing the key covers changed: same device, same kernel source
-    and globals, no launch hooks, the varying tensors plain ``torch.Tensor`` objects of the
-    remembered dtypes and alignment, and the bound tensors still as aligned as they were.
-    Otherwise it takes :func:`jit_launch` with the full arguments (correct, only slower).
-    The bound arguments are held by reference: their values (a plan's caches and tables,
-    scalars) must not change; their contents may.
+    compiled kernel and the launch arguments with every tensor as its device address: the
+    C launcher then neither calls ``data_ptr()`` nor asks the driver about the pointer
+    (``cuPointerGetAttribute``) at every launch. The first launch, through Triton, validated
+    the bound tensors; a varying tensor is checked here to be a plain ``torch.Tensor`` on the
+    current device, of the remembered dtype and, for parameters Triton specializes on
+    alignment, as 16-byte aligned as at the first launch. A later launch is direct when
+    nothing the key covers changed: same device, same kernel source and globals, no launch
+    hooks, those checks, and every bound tensor still at its remembered address. Otherwise
+    it takes :func:`jit_launch` with the full arguments (correct, only slower), and a bound
+    tensor that moved (``set_``) is remembered anew. The bound arguments are held by
+    reference: their values (a plan's caches and tables, scalars) should not change; their
+    contents may.
     """
 
-    __slots__ = ("_args", "_checks", "_dev", "_direct", "_fn", "_grid", "_hash", "_kwargs", "_tail", "_varying")
+    __slots__ = (
+        "_args", "_bound", "_checks", "_dev", "_direct", "_fast", "_fn", "_grid", "_hash", "_kwargs", "_varying",
+    )  # fmt: skip
 
     def __init__(self, fn, grid: tuple[int, ...], args: tuple, kwargs: dict, varying: tuple[int, ...]) -> None:
         if type(grid) is not tuple or not 1 <= len(grid) <= 3:
@@ -403,57 +409,54 @@ class BoundLaunch:
         self._args = list(args)
         self._kwargs = dict(kwargs)
         self._varying = tuple(varying)
-        self._direct = None  # (run is the raw C launcher, run, function, packed, coop, pdl)
-        self._checks: tuple = ()
-        self._tail: tuple = ()
+        # After the first launch: (run is the raw C launcher, run, function, packed, coop, pdl).
+        self._direct = None
+        self._checks: tuple = ()  # per varying position: (dtype, aligned or None)
+        self._fast: list = []  # the launch arguments: addresses for tensors, then the tail
+        self._bound: tuple = ()  # (bound tensor, its remembered address)
         self._dev = self._hash = None
 
     def __call__(self, *values) -> None:
-        args = self._args.copy()
-        for position, value in zip(self._varying, values):
-            args[position] = value
         direct = self._direct
-        if direct is not None and _enabled:
+        if direct is not None and _enabled and len(values) == len(self._varying):
             fn = self._fn
             drv = driver.active
             if drv is not _DEVICE[0]:
                 _refresh_device_functions(drv)
             dev = _DEVICE[1]()
-            if dev == self._dev and fn.hash is self._hash and _nothing_else_changed(fn) and self._same_kind(args):
-                raw, run, function, packed, coop, pdl = direct
-                g0, g1, g2 = self._grid
-                stream = _DEVICE[2](dev)
-                if raw:
-                    run(
-                        g0,
-                        g1,
-                        g2,
-                        stream,
-                        function,
-                        coop,
-                        pdl,
-                        None,
-                        None,
-                        packed,
-                        None,
-                        None,
-                        None,
-                        *args,
-                        *self._tail,
-                    )
+            if dev == self._dev and fn.hash is self._hash and _nothing_else_changed(fn) and self._unmoved():
+                fast = self._fast.copy()
+                for position, (dtype, aligned), t in zip(self._varying, self._checks, values):
+                    if type(t) is not _TENSOR or t.dtype is not dtype or _device_of(t) != dev:
+                        break
+                    ptr = t.data_ptr()
+                    if aligned is not None and (not ptr & 15) is not aligned:
+                        break
+                    fast[position] = ptr
                 else:
-                    run(g0, g1, g2, stream, function, packed, None, None, None, *args, *self._tail)
-                return
+                    raw, run, function, packed, coop, pdl = direct
+                    g0, g1, g2 = self._grid
+                    stream = _DEVICE[2](dev)
+                    if raw:
+                        run(g0, g1, g2, stream, function, coop, pdl, None, None, packed, None, None, None, *fast)
+                    else:
+                        run(g0, g1, g2, stream, function, packed, None, None, None, *fast)
+                    return
+        if len(values) != len(self._varying):
+            raise TypeError(f"{self._fn.__name__}: expected {len(self._varying)} varying arguments, got {len(values)}")
+        args = self._args.copy()
+        for position, value in zip(self._varying, values):
+            args[position] = value
         jit_launch(self._fn, self._grid, *args, **self._kwargs)
-        if direct is None:
+        if self._direct is None:
             self._remember(args)
 
-    def _same_kind(self, args: list) -> bool:
-        for position, dtype, aligned in self._checks:
-            t = args[position]
-            if type(t) is not _TENSOR or t.dtype is not dtype:
-                return False
-            if aligned is not None and (not t.data_ptr() & 15) is not aligned:
+    def _unmoved(self) -> bool:
+        """Every bound tensor is where it was remembered; else forget the direct launch (the
+        next full launch remembers the new addresses)."""
+        for t, ptr in self._bound:
+            if t.data_ptr() != ptr:
+                self._direct = None
                 return False
         return True
 
@@ -473,19 +476,29 @@ class BoundLaunch:
             return
         if entry is None:
             return
-        checks = []
+        fast, checks, bound = [], {}, []
         for position, value in enumerate(args):
-            if type(value) is _TENSOR:
+            if position in self._varying:
+                if type(value) is not _TENSOR:
+                    return  # a varying argument that is not a plain tensor: never direct
                 kp = fn.params[position]
                 fixed = kp.do_not_specialize or kp.do_not_specialize_on_alignment
-                checks.append((position, value.dtype, None if fixed else not value.data_ptr() & 15))
-            elif position in self._varying:
-                return  # a varying argument that is not a plain tensor: never direct
+                checks[position] = (value.dtype, None if fixed else not value.data_ptr() & 15)
+                fast.append(None)  # filled at each launch
+            elif isinstance(value, _TENSOR):
+                if type(value) is not _TENSOR or _device_of(value) != dev:
+                    return  # a subclass (its data_ptr may differ per call) or another device
+                fast.append(value.data_ptr())
+                bound.append((value, fast[-1]))
+            else:
+                fast.append(value)
         direct, run, function, packed, coop, pdl, _ = entry
-        self._checks = tuple(checks)
-        self._tail = shape.tail
+        self._checks = tuple(checks[position] for position in self._varying)
+        self._fast = fast + list(shape.tail)
+        self._bound = tuple(bound)
         self._dev, self._hash = dev, state.hash
         self._direct = (direct, run, function, packed, coop, pdl)
 
 
 _TENSOR = torch.Tensor
+_device_of = _TENSOR.get_device  # the CUDA device index of a tensor; -1 for a CPU tensor

@@ -212,10 +212,12 @@ def _store_signature(fp8: bool, target: GPUTarget) -> tuple[dict, dict]:
     if fp8 and target.backend == "hip":
         cache = _AMD_FP8.get(str(target.arch), cache)
     signature = {
-        "Src": "*bf16", "Cache": cache, "Slots": "*i64", "Scale": "*fp32", "stride_st": "i32", "stride_sh": "i32",
-        "stride_cp": "i32", "stride_ct": "i32", "stride_ch": "i32", "num_heads": "i32",
+        "K": "*bf16", "V": "*bf16", "KCache": cache, "VCache": cache, "Slots": "*i64", "KScale": "*fp32",
+        "VScale": "*fp32", "stride_kt": "i32", "stride_kh": "i32", "stride_vt": "i32", "stride_vh": "i32",
+        "stride_kcp": "i32", "stride_kct": "i32", "stride_kch": "i32", "stride_vcp": "i32", "stride_vct": "i32",
+        "stride_vch": "i32", "num_heads": "i32",
     }  # fmt: skip
-    consts = {"PAGE_SIZE": 16, "DIM": 64, "BLOCK_H": 8, "BLOCK_D": 64, "FP8": fp8, "INTERPRET": False,
+    consts = {"PAGE_SIZE": 16, "DIM_K": 64, "DIM_V": 64, "BLOCK_H": 8, "BLOCK_D": 64, "FP8": fp8, "INTERPRET": False,
               "_options": {"num_warps": 1}}  # fmt: skip
     signature |= {k: "constexpr" for k in consts if k != "_options"}
     return signature, consts

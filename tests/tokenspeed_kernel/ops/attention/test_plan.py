@@ -168,6 +168,11 @@ def test_plan_validates(inputs):
         plan.run(inputs["q"].bfloat16())
     with pytest.raises(ValueError, match=r"out must have shape \[3, 4, 16\]"):
         plan.run(inputs["q"], out=torch.empty(3, 4, 8))
+    # The quick path of a run (no out) hands anything unusual to the checked one.
+    with pytest.raises(ValueError, match="q must be contiguous"):
+        plan.run(torch.randn(3, 16, 4).transpose(1, 2))
+    with pytest.raises(ValueError, match="q is on meta but the plan's caches are on cpu"):
+        plan.run(torch.empty(3, 4, 16, device="meta"))
     with pytest.raises(TypeError, match="q_dtype is required for a float8_e4m3fn cache"):
         mha_decode_plan(
             inputs["k_cache"].to(torch.float8_e4m3fn), inputs["v_cache"].to(torch.float8_e4m3fn),

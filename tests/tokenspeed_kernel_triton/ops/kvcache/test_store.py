@@ -33,10 +33,11 @@ def test_fp8_store_keeps_the_sign_of_values_that_round_to_zero():
     block_d = 1 << (dim - 1).bit_length()
     cache = torch.full((1, 1, 1, dim), 0.5, dtype=torch.float32).to(torch.float8_e4m3fn).to(DEVICE)
     scale = torch.ones(1, device=DEVICE)
-    _store_rows[(1,)](
-        src.to(DEVICE), cache, torch.zeros(1, dtype=torch.int64, device=DEVICE), scale,
-        dim, dim, dim, dim, dim, 1, PAGE_SIZE=1, DIM=dim, BLOCK_H=1, BLOCK_D=block_d, FP8=True,
-        INTERPRET=DEVICE == "cpu", num_warps=1,
+    src = src.to(DEVICE)
+    _store_rows[(1, 1)](  # the K half only: program (0, 0)
+        src, src, cache, cache, torch.zeros(1, dtype=torch.int64, device=DEVICE), scale, scale,
+        dim, dim, dim, dim, dim, dim, dim, dim, dim, dim, 1, PAGE_SIZE=1, DIM_K=dim, DIM_V=dim,
+        BLOCK_H=1, BLOCK_D=block_d, FP8=True, INTERPRET=DEVICE == "cpu", num_warps=1,
     )  # fmt: skip
     expected = src.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).flatten()
     got = cache.cpu().flatten()

@@ -37,17 +37,10 @@ def _round_e4m3(x):
 
 
 @triton.jit
-def _store_rows(
-    Src, Cache, Slots, Scale, stride_st, stride_sh, stride_cp, stride_ct, stride_ch,
-    num_heads, PAGE_SIZE: tl.constexpr, DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    FP8: tl.constexpr, INTERPRET: tl.constexpr,
+def _store_one(
+    Src, Cache, Scale, token, page, offset, stride_st, stride_sh, stride_cp, stride_ct, stride_ch, num_heads,
+    DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, FP8: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
-    token = tl.program_id(0)
-    slot = tl.load(Slots + token)
-    if slot < 0:
-        return
-    page = slot // PAGE_SIZE
-    offset = slot % PAGE_SIZE
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
     mask = (h[:, None] < num_heads) & (d[None, :] < DIM)
@@ -67,6 +60,33 @@ def _store_rows(
         tl.store(dst, rows.to(Cache.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _store_rows(
+    K, V, KCache, VCache, Slots, KScale, VScale,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_kcp, stride_kct, stride_kch, stride_vcp, stride_vct, stride_vch,
+    num_heads, PAGE_SIZE: tl.constexpr, DIM_K: tl.constexpr, DIM_V: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, FP8: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """Program (token, 0) writes the token's K rows, (token, 1) its V rows: one launch."""
+    token = tl.program_id(0)
+    slot = tl.load(Slots + token)
+    if slot < 0:
+        return
+    page = slot // PAGE_SIZE
+    offset = slot % PAGE_SIZE
+    if tl.program_id(1) == 0:
+        _store_one(
+            K, KCache, KScale, token, page, offset, stride_kt, stride_kh, stride_kcp, stride_kct, stride_kch,
+            num_heads, DIM_K, BLOCK_H, BLOCK_D, FP8, INTERPRET,
+        )  # fmt: skip
+    else:
+        _store_one(
+            V, VCache, VScale, token, page, offset, stride_vt, stride_vh, stride_vcp, stride_vct, stride_vch,
+            num_heads, DIM_V, BLOCK_H, BLOCK_D, FP8, INTERPRET,
+        )  # fmt: skip
+
+
 @register_kernel(
     "kvcache.store",
     name="triton_store_kvcache",
@@ -78,16 +98,19 @@ def _store_rows(
     priority=Priority.PORTABLE,
 )
 def triton_store_kvcache(args: StoreArgs) -> None:
-    """Scatter K/V rows to their slots; negative slots are skipped in the kernel (no sync)."""
-    fp8 = args.k_cache.dtype == torch.float8_e4m3fn
-    num_tokens, num_heads = args.k.shape[:2]
-    dummy = args.k.new_empty(1, dtype=torch.float32)
-    for src, cache, scale in ((args.k, args.k_cache, args.k_scale), (args.v, args.v_cache, args.v_scale)):
-        jit_launch(_store_rows, (num_tokens,),
-            src, cache, args.slot_mapping, scale if scale is not None else dummy,
-            src.stride(0), src.stride(1), cache.stride(0), cache.stride(1), cache.stride(2),
-            num_heads, PAGE_SIZE=cache.shape[1], DIM=src.shape[2],
-            BLOCK_H=next_pow2(num_heads), BLOCK_D=next_pow2(src.shape[2]), FP8=fp8,
-            INTERPRET=INTERPRET,
-            num_warps=1,
-        )  # fmt: skip
+    """Scatter K/V rows to their slots in one launch; negative slots are skipped in the
+    kernel (no sync)."""
+    k, v, kc, vc = args.k, args.v, args.k_cache, args.v_cache
+    num_tokens, num_heads, dim_k = k.shape
+    dim_v = v.shape[2]
+    # Without fp8 the scale pointers are never read: k stands in (no allocation per call).
+    jit_launch(_store_rows, (num_tokens, 2),
+        k, v, kc, vc, args.slot_mapping,
+        args.k_scale if args.k_scale is not None else k, args.v_scale if args.v_scale is not None else k,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
+        num_heads, PAGE_SIZE=kc.shape[1], DIM_K=dim_k, DIM_V=dim_v,
+        BLOCK_H=next_pow2(num_heads), BLOCK_D=next_pow2(max(dim_k, dim_v)), FP8=kc.dtype == torch.float8_e4m3fn,
+        INTERPRET=INTERPRET,
+        num_warps=1,
+    )  # fmt: skip

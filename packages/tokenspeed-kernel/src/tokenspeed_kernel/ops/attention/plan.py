@@ -121,6 +121,10 @@ class DecodePlan:
     _layout_args: DecodeArgs = field(repr=False)
     # What serves each run: the kernel's bound runner (its ``bind`` hook), else its ``fn``.
     _run: Callable[[DecodeArgs], None] = field(repr=False)
+    # For :meth:`_quick_run`: (q's 3-D shape or None, q's 4-D shape, the device's index as
+    # ``Tensor.get_device`` gives it); None where a run must take the checked path (a kernel
+    # that is not graph-safe: the capture state is read at every run; an empty batch).
+    _quick: tuple[tuple[int, ...] | None, tuple[int, ...], int] | None = field(default=None, repr=False)
 
     @property
     def has_layout_hook(self) -> bool:
@@ -157,6 +161,52 @@ class DecodePlan:
 
         Raises ``RuntimeError`` while the stream is capturing if the kernel is not graph-safe.
         """
+        if out is None and type(q) is torch.Tensor and q.dtype is self.q_dtype and self._quick is not None:
+            run = self._quick_run(q)
+            if run is not None:
+                return run
+        return self._checked_run(q, out)
+
+    def _quick_run(self, q: torch.Tensor):
+        """The common step, checked with fewer calls: q of the plan's dtype, one of its two
+        shapes, contiguous and on its device, no ``out``, no compile/debug/capture-file mode,
+        a graph-safe kernel. None when anything differs: :meth:`_checked_run` then checks it
+        all and raises what is wrong."""
+        shape3, shape4, index = self._quick
+        shape = q.shape
+        if (shape != shape4 and shape != shape3) or q.get_device() != index or (index < 0 and not q.is_cpu):
+            return None
+        if not q.is_contiguous():
+            return None
+        if torch.compiler.is_compiling() or config.debug() or config.capture_path() is not None:
+            return None
+        record(self.spec, self.request)
+        out = q.new_empty(shape4)
+        lse = torch.empty(shape4[:3], dtype=torch.float32, device=q.device) if self.return_lse else None
+        planned = self._layout_args
+        self._run(
+            DecodeArgs(
+                q if len(shape) == 4 else q.view(shape4),
+                planned.k_cache,
+                planned.v_cache,
+                planned.page_table,
+                planned.cache_seqlens,
+                planned.max_seqlen_k,
+                planned.softmax_scale,
+                planned.window_left,
+                planned.sinks,
+                planned.logit_cap,
+                planned.k_scale,
+                planned.v_scale,
+                out,
+                lse,
+            )
+        )
+        if len(shape) == 3:
+            out = out.view(shape3)
+        return (out, lse.view(shape4[0] * shape4[1], shape4[2])) if self.return_lse else out
+
+    def _checked_run(self, q: torch.Tensor, out: torch.Tensor | None):
         heads = self.heads
         check_tensor("q", q, ndim=(3, 4), dtypes=(self.q_dtype,))
         q4 = q if q.dim() == 4 else q.unsqueeze(1)
@@ -337,4 +387,10 @@ def mha_decode_plan(
         _run=spec.fn,
     )
     plan.update()
-    return replace(plan, _run=spec.bind(layout_args)) if spec.bind is not None else plan
+    shape4 = (batch, q_len, heads.num_q_heads, heads.head_dim)
+    quick = None
+    if spec.graph_safe and batch and heads.head_dim_v == heads.head_dim:
+        index = -1 if device.type == "cpu" else (device.index if device.index is not None else 0)
+        quick = ((batch, heads.num_q_heads, heads.head_dim) if q_len == 1 else None, shape4, index)
+    run = spec.bind(layout_args) if spec.bind is not None else spec.fn
+    return replace(plan, _run=run, _quick=quick)
