@@ -481,19 +481,21 @@ def plot(report: SuiteReport, path: str) -> None:
     for (label, rows), ax_row in zip(groups, axes):
         ax = ax_row[0]
         peers = list(dict.fromkeys(peer for row in rows for peer in row.speedups))
-        width = 0.8 / len(peers)
+        width = min(0.8 / len(peers), 0.3)
         for j, peer in enumerate(peers):
             at = [(i, row.speedups[peer]) for i, row in enumerate(rows) if peer in row.speedups]
             offset = (j - (len(peers) - 1) / 2) * width
-            ax.bar([i + offset for i, _ in at], [ratio for _, ratio in at], width, label=peer)
+            bars = ax.bar([i + offset for i, _ in at], [ratio for _, ratio in at], width, label=peer)
+            ax.bar_label(bars, fmt="%.2f", fontsize=6)
         ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xlim(-0.6, len(rows) - 0.4)
         ax.set_xticks(list(range(len(rows))))
         ax.set_xticklabels([f"{row.case}\n({row.pick})" for row in rows], fontsize=7)
         ax.set_ylabel("peer time / pick time")
         ax.set_title(f"{label}: the pick's speedup over each peer", fontsize=9)
         ax.legend(fontsize=6, ncol=2)
     fig.suptitle(f"{report.suite.name} on {report.device}, {report.date}", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))  # room for the title above the charts
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
