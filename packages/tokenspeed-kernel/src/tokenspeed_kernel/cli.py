@@ -335,7 +335,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--preset",
         default=None,
-        help=f"cases to time: {presets} (default: gpt-oss-120b; with --suite: replaces each entry's preset)",
+        help=f"cases to time: {presets} (default: gpt-oss-120b); with --suite: replaces each entry's preset",
     )
     p.add_argument("--replay", default=None, help="a TOKENSPEED_KERNEL_CAPTURE file to benchmark instead of a preset")
     p.add_argument("--json", default=None, metavar="FILE", help="also write every row as JSON")
