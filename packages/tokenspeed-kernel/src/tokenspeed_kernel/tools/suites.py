@@ -345,11 +345,14 @@ def _summary_line(row: SuiteRow) -> str:
     return f"{head} {row.pick} {pick['ms']:.4f} ms  {peers or '(no peer timed)'}"
 
 
+_REQ = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")  # the distribution name at the start of a requirement
+
+
 def _versions() -> dict[str, str]:
     """torch, every installed distribution of ours (``tokenspeed-kernel*``), and each installed
     library those require or offer as an extra (e.g. the compiler a backend wheel builds with)."""
     found = {"torch": torch.__version__}
-    ours = {}
+    ours: dict[str, importlib.metadata.Distribution] = {}
     for dist in importlib.metadata.distributions():
         name = (dist.metadata["Name"] or "").lower()
         if name.startswith("tokenspeed-kernel") and name not in ours:
@@ -365,9 +368,6 @@ def _versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             continue
     return found
-
-
-_REQ = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def _git_commit() -> str | None:
