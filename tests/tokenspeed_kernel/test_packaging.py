@@ -58,8 +58,8 @@ def test_core_depends_on_torch_only_and_pins_siblings_to_our_version():
     assert project["dependencies"] == ["torch>=2.6"]
     version = project["version"]
     assert tokenspeed_kernel.__version__ == version
-    # Third-party integrations: a lower bound on a library that does not pull torch.
-    third_party = {"transformers": ["transformers>=5.0"]}
+    # Third-party integrations and the plot extra: a lower bound on a library that does not pull torch.
+    third_party = {"transformers": ["transformers>=5.0"], "plot": ["matplotlib>=3.5"]}
     for extra, reqs in project["optional-dependencies"].items():
         if extra in third_party:
             assert reqs == third_party[extra], f"extra {extra}: {reqs}"

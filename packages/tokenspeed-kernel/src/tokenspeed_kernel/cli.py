@@ -12,6 +12,8 @@ tokenspeed-kernel check OP|all [--kernel K] [--preset P] [--device D] [--json FI
                                                   numerics vs the float64 reference (exit 1 on failure)
 tokenspeed-kernel bench OP|all [--kernel K[,K...]|all] [--preset P | --replay FILE] [--json FILE]
                                                   timings, ceilings, same-run baselines
+tokenspeed-kernel bench --suite NAME [--preset P] [--budget-s S] [--json FILE] [--plot FILE.png]
+                                                  a named suite: check vs float64, then time each case
 tokenspeed-kernel profile OP [--preset P] [--kernel K] [--out FILE] [--device D]
                                                   a torch.profiler Chrome trace
 tokenspeed-kernel overhead [--op OP ...] [--device cuda] [--top N] [--json FILE]
@@ -244,12 +246,20 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.suite is not None:
+        from tokenspeed_kernel.tools.suites import run_cli
+
+        return run_cli(args)
+    if args.op is None:
+        raise ValueError("give an operator (or all), or --suite NAME")
+    if args.plot is not None or args.budget_s is not None:
+        raise ValueError("--plot and --budget-s go with --suite")
     from tokenspeed_kernel.tools.bench import bench
 
     bench(
         args.op,
         kernel=args.kernel,
-        preset=args.preset,
+        preset=args.preset or "gpt-oss-120b",
         replay=args.replay,
         json_path=args.json,
         baselines=not args.no_baselines,
@@ -276,6 +286,7 @@ def _cmd_overhead(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     from tokenspeed_kernel.tools.presets import PRESETS
+    from tokenspeed_kernel.tools.suites import PLOT_INSTALL, SUITES
 
     ops = list(OPERATORS)
     presets = ", ".join(PRESETS)
@@ -315,17 +326,34 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_cmd_check)
 
     p = sub.add_parser("bench", help="timings vs same-run baselines and the device's ceilings")
-    p.add_argument("op", choices=[*ops, "all"])
+    p.add_argument("op", nargs="?", choices=[*ops, "all"], help="the operator, or all (not with --suite)")
     p.add_argument(
         "--kernel",
         default=None,
         help="a kernel name, several comma-separated, or 'all' (default: the selector's choice)",
     )
-    p.add_argument("--preset", default="gpt-oss-120b", help=f"cases to time: {presets} (default: %(default)s)")
+    p.add_argument(
+        "--preset",
+        default=None,
+        help=f"cases to time: {presets} (default: gpt-oss-120b); with --suite: replaces each entry's preset",
+    )
     p.add_argument("--replay", default=None, help="a TOKENSPEED_KERNEL_CAPTURE file to benchmark instead of a preset")
     p.add_argument("--json", default=None, metavar="FILE", help="also write every row as JSON")
     p.add_argument("--no-baselines", action="store_true", help="time the kernels only, not the torch baselines")
     p.add_argument("--device", default=None, help=device_help)
+    p.add_argument(
+        "--suite",
+        default=None,
+        metavar="NAME",
+        help=f"run a named suite, each case checked against float64 first: {', '.join(SUITES)} "
+        "(--kernel then takes pick, peers or all)",
+    )
+    p.add_argument(
+        "--budget-s", type=float, default=None, metavar="S", help="with --suite: start no case that would end after S s"
+    )
+    p.add_argument(
+        "--plot", default=None, metavar="FILE.png", help=f"with --suite: a bar chart of the speedups ({PLOT_INSTALL})"
+    )
     p.set_defaults(fn=_cmd_bench)
 
     p = sub.add_parser("profile", help="write a torch.profiler Chrome trace")

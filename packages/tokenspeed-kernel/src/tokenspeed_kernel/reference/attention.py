@@ -11,6 +11,7 @@ correctness, not speed, and are registered ``graph_safe=False`` (not CUDA-graph 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -26,7 +27,31 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+# The queries of one sequence are attended in blocks whose logits, ``[Hq, block, Lk]``, hold
+# at most this many elements (1 GiB in float64), so the float64 ground truth of a long prefill
+# fits a GPU: one 8192-token sequence with 64 heads would otherwise build 32 GiB logits several
+# times over. Every query row is independent, so blocking changes no result.
+_MAX_LOGITS = 2**27
+
+
 def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    **options: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of one sequence (shapes as in :func:`_attend_block`), queries in blocks of
+    at most :data:`_MAX_LOGITS` logits."""
+    num_q, num_q_heads = q.shape[0], q.shape[1]
+    block = max(1, _MAX_LOGITS // max(1, num_q_heads * k.shape[0]))
+    if num_q <= block:
+        return _attend_block(q, k, v, q_pos, **options)
+    parts = [_attend_block(q[i : i + block], k, v, q_pos[i : i + block], **options) for i in range(0, num_q, block)]
+    return torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
+
+
+def _attend_block(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,

@@ -26,7 +26,7 @@ from tokenspeed_kernel.tools.common import named_kernels, resolve_device
 from tokenspeed_kernel.tools.presets import preset_cases
 from tokenspeed_kernel.tools.tolerances import Comparison, compare, tolerance_for
 
-__all__ = ["CheckReport", "CheckRow", "check"]
+__all__ = ["CheckReport", "CheckRow", "check", "check_case"]
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,59 @@ def _candidates(op: str, kernel: str | None) -> list[str]:
     return [spec.name for spec in registry.kernels(op)]
 
 
+def check_case(case: cases.Case, names: Iterable[str], device: torch.device, seed: int = 0) -> list[CheckRow]:
+    """Check each kernel of ``names`` (registered for ``case.op``) on ``case``: inputs drawn
+    with ``seed``, the float64 reference computed once, every kernel called on fresh copies
+    with its output poisoned. One row per kernel: PASS, FAIL (numbers out of tolerance, NaN,
+    or an exception) or SKIP (the selector's reason). :func:`check` runs this per case."""
+    op = case.op
+    rows: list[CheckRow] = []
+    inputs = cases.make_inputs(case, device, seed)
+    ref = cases.reference(case, inputs)
+    tol = tolerance_for(case)
+    for name in names:
+        fresh = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        out = _poisoned_out(case, ref[0], device)
+        try:
+            result = cases.call(case, fresh, override=name, out=out)
+        except KernelOverrideError as exc:
+            reason = str(exc).split(": ", 1)[-1]
+            rows.append(CheckRow(op, case.describe(), name, "SKIP", reason=reason))
+            continue
+        except Exception as exc:  # a crashing kernel is a failure of that row, not of the tool
+            reason = f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+            rows.append(
+                CheckRow(
+                    op,
+                    case.describe(),
+                    name,
+                    "FAIL",
+                    tolerance=tol.describe(),
+                    reason=reason,
+                    tol_rel_l2=tol.rel_l2,
+                    tol_max_abs=tol.max_abs,
+                )
+            )
+            continue
+        verdict = _judge(case, _outputs(case, result), ref)
+        rows.append(
+            CheckRow(
+                op,
+                case.describe(),
+                name,
+                "PASS" if verdict.passed else "FAIL",
+                verdict.max_abs,
+                verdict.rel_l2,
+                tol.describe(),
+                "NaN in output" if verdict.has_nan else "",
+                verdict.max_rel,
+                tol.rel_l2,
+                tol.max_abs,
+            )
+        )
+    return rows
+
+
 def check(
     ops: str | Iterable[str],
     *,
@@ -181,51 +234,8 @@ def check(
     names_per_op = {op: _candidates(op, kernel) for op in op_list}  # every name checked before any run
     report = CheckReport(str(dev) if dev.type == "cpu" else f"{dev} ({torch.cuda.get_device_name(dev)})")
     for op in op_list:
-        names = names_per_op[op]
         for index, case in enumerate(preset_cases(preset, op)):
-            inputs = cases.make_inputs(case, dev, seed + index)
-            ref = cases.reference(case, inputs)
-            tol = tolerance_for(case)
-            for name in names:
-                fresh = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-                out = _poisoned_out(case, ref[0], dev)
-                try:
-                    result = cases.call(case, fresh, override=name, out=out)
-                except KernelOverrideError as exc:
-                    reason = str(exc).split(": ", 1)[-1]
-                    report.rows.append(CheckRow(op, case.describe(), name, "SKIP", reason=reason))
-                    continue
-                except Exception as exc:  # a crashing kernel is a failure of that row, not of the tool
-                    reason = f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
-                    report.rows.append(
-                        CheckRow(
-                            op,
-                            case.describe(),
-                            name,
-                            "FAIL",
-                            tolerance=tol.describe(),
-                            reason=reason,
-                            tol_rel_l2=tol.rel_l2,
-                            tol_max_abs=tol.max_abs,
-                        )
-                    )
-                    continue
-                verdict = _judge(case, _outputs(case, result), ref)
-                report.rows.append(
-                    CheckRow(
-                        op,
-                        case.describe(),
-                        name,
-                        "PASS" if verdict.passed else "FAIL",
-                        verdict.max_abs,
-                        verdict.rel_l2,
-                        tol.describe(),
-                        "NaN in output" if verdict.has_nan else "",
-                        verdict.max_rel,
-                        tol.rel_l2,
-                        tol.max_abs,
-                    )
-                )
+            report.rows += check_case(case, names_per_op[op], dev, seed + index)
     if not quiet:
         print(report.table(), file=stream or sys.stdout)
     return report
