@@ -13,13 +13,19 @@
 set -euo pipefail
 OUT=${OUT:-/tmp/overhead_ab}
 mkdir -p "$OUT"
-python3 -m pip install -q --force-reinstall --no-deps --no-index .whl/*.whl
+# Both builds from their own target directory, the same wheels each (the baseline's set), so
+# the two sides differ only in our code (a first try with unequal sets measured torch's own
+# calls ~25 % slower on one side).
+wheels=()
+for w in .whl/old/*.whl; do wheels+=(".whl/$(basename "$w")"); done
+rm -rf /tmp/ab_new /tmp/ab_old
+python3 -m pip install -q --no-deps --no-index --target /tmp/ab_new "${wheels[@]}"
 python3 -m pip install -q --no-deps --no-index --target /tmp/ab_old .whl/old/*.whl
 ROUNDS=${ROUNDS:-3}
 CORE=${CORE:-3}
 for i in $(seq 1 "$ROUNDS"); do
   # shellcheck disable=SC2086
-  taskset -c "$CORE" python3 -m tokenspeed_kernel overhead --device cuda --no-breakdown ${OVERHEAD_ARGS:-} \
+  PYTHONPATH=/tmp/ab_new taskset -c "$CORE" python3 -m tokenspeed_kernel overhead --device cuda --no-breakdown ${OVERHEAD_ARGS:-} \
     --json "$OUT/new$i.json" > /dev/null
   # shellcheck disable=SC2086
   PYTHONPATH=/tmp/ab_old taskset -c "$CORE" python3 -m tokenspeed_kernel overhead --device cuda --no-breakdown \
