@@ -319,6 +319,9 @@ def test_check_uses_the_cpu_interpreter_only_when_no_gpu_and_not_set(monkeypatch
     monkeypatch.delenv(config.INTERPRETER_ENV)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU: the compiled kernels
     assert not config.use_cpu_interpreter() and config.INTERPRETER_ENV not in os.environ
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "triton", None)  # not installed: nothing to interpret, no note
+    assert not config.use_cpu_interpreter() and config.INTERPRETER_ENV not in os.environ
 
 
 def test_list_json(capsys, tmp_path):

@@ -94,12 +94,15 @@ def capture_path() -> str | None:
 
 def use_cpu_interpreter() -> bool:
     """Run the Triton kernels on the CPU under Triton's interpreter: set ``TRITON_INTERPRET=1``
-    when the user has not set it (to anything) and torch sees no CUDA or ROCm device. Returns
-    whether it was set. Must be called before the backends load (the Triton backend reads the
-    variable when it is imported); the command line calls it for ``check``."""
+    when the user has not set it (to anything), triton is installed and torch sees no CUDA or
+    ROCm device. Returns whether it was set. Must be called before the backends load (the
+    Triton backend reads the variable when it is imported); the command line calls it for
+    ``check``."""
+    import importlib.util
+
     import torch
 
-    if INTERPRETER_ENV in os.environ or torch.cuda.is_available():
+    if INTERPRETER_ENV in os.environ or importlib.util.find_spec("triton") is None or torch.cuda.is_available():
         return False
     os.environ[INTERPRETER_ENV] = "1"
     return True
