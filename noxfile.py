@@ -1,6 +1,7 @@
 """nox sessions, one per vendor, plus lint.
 
     nox -s tests    core + reference + Triton kernels under the interpreter + the GPT-OSS example (CPU)
+    nox -s quick    every wheel's tests but those marked slow (tests/conftest.py), about a minute
     nox -s amd      AMD wheel: ahead-of-time gfx942/gfx950 compile-and-inspect tests (CPU);
                     numerics too when a ROCm GPU is present
     nox -s nvidia   NVIDIA wheel: registration, capability gating, sm_90 compile tests (CPU);
@@ -34,7 +35,8 @@ AMD = "packages/tokenspeed-kernel-amd"
 
 def _install(session: nox.Session, *packages: str) -> None:
     session.install(TORCH_SPEC)
-    session.install(TRITON_SPEC, "numpy<2.4", "pytest")  # numpy 2.4 breaks the Triton 3.6 interpreter
+    # numpy 2.4 breaks the Triton 3.6 interpreter; hatchling builds the wheels in test_packaging
+    session.install(TRITON_SPEC, "numpy<2.4", "pytest", "hatchling")
     for package in (CORE, *packages):
         if os.path.isdir(package):
             session.install("--no-deps", "-e", package)
@@ -57,6 +59,13 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def quick(session: nox.Session) -> None:
+    """The quick subset of every wheel's CPU tests (pytest -m "not slow"): about a minute on 2 cores."""
+    _install(session, TRITON, NVIDIA, AMD)
+    session.run("pytest", "-m", "not slow", *session.posargs)
+
+
+@nox.session
 def amd(session: nox.Session) -> None:
     """The AMD wheel's tests: compile-and-inspect for gfx942/gfx950; numerics on ROCm GPUs."""
     _require(session, AMD)
@@ -74,8 +83,10 @@ def nvidia(session: nox.Session) -> None:
 
 @nox.session
 def gpu(session: nox.Session) -> None:
-    """Everything on a GPU machine (set TORCH_SPEC=torch to keep its accelerator build): the
-    whole suite in shards (ci/device/gpu_suite.sh; SHARDS, SHARD_S, WORKERS), then ``check``."""
+    """The whole suite on a GPU machine, in shards, then `tokenspeed-kernel check all` on it.
+
+    Set TORCH_SPEC=torch to keep the machine's accelerator build of torch; the shards are
+    ci/device/gpu_suite.sh's (SHARDS, SHARD_S, WORKERS)."""
     _install(session, TRITON, NVIDIA, AMD)
     session.install("pytest-xdist")
     session.run("bash", "ci/device/gpu_suite.sh", env={"INSTALL": "0"}, external=True)
@@ -84,6 +95,7 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the repository."""
     session.install("ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")

@@ -15,3 +15,31 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The quick subset is `pytest -m "not slow"`: these paths (relative to tests/) are marked slow
+# as a whole, besides single tests marked @pytest.mark.slow (wheel builds, inductor). They run
+# every kernel under the Triton interpreter at many shapes, compile kernels ahead of time or
+# through torch.compile, or drive the engines' integrations.
+_SLOW_PATHS = (
+    "tokenspeed_kernel_triton/ops/",
+    "tokenspeed_kernel_triton/test_aot_",
+    "tokenspeed_kernel_triton/test_check_cli.py",
+    "tokenspeed_kernel_amd/test_aot_",
+    "tokenspeed_kernel_nvidia/test_aot_",
+    "tokenspeed_kernel/integrations/",
+    "tokenspeed_kernel/ops/test_edge_inputs.py",
+    "tokenspeed_kernel/ops/attention/test_compile.py",
+    "tokenspeed_kernel/ops/moe/test_compile.py",
+    "tokenspeed_kernel_vllm/",
+    "examples/",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    root = os.path.dirname(os.path.abspath(__file__))
+    for item in items:
+        rel = os.path.relpath(str(item.path), root).replace(os.sep, "/")
+        if rel.startswith(_SLOW_PATHS):
+            item.add_marker(pytest.mark.slow)

@@ -1,6 +1,7 @@
 """The tokenspeed-kernel command line on CPU."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -104,7 +105,10 @@ def test_bench_replays_a_capture_without_baselines(capsys, tmp_path, monkeypatch
         ("attention.decode", "torch_decode", "kernel"),
         ("moe.topk", "torch_moe_topk", "kernel"),
     ]
-    assert "torch_decode" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "torch_decode" in captured.out
+    # progress on stderr, one line per case when it is not a terminal
+    assert captured.err.startswith("[1/2] ") and "\n[2/2] " in captured.err
 
 
 def test_module_entry_point_runs():
@@ -223,8 +227,6 @@ def test_an_unknown_disabled_backend_is_warned_about_once(env, caplog):
 
 
 def test_an_unknown_disabled_backend_warns_from_the_command_line():
-    import os
-
     run = subprocess.run(
         [sys.executable, "-m", "tokenspeed_kernel", "list", "kvcache.store"],
         capture_output=True,
@@ -254,10 +256,72 @@ def test_help_names_every_preset(command, capsys, monkeypatch):
 
 def test_help_gives_the_defaults(capsys, monkeypatch):
     assert "(default: awkward)" in _help("check", capsys, monkeypatch)
-    assert "(default: gpt-oss-120b)" in _help("bench", capsys, monkeypatch)
+    assert "(default: gpt-oss-120b; small on a CPU)" in _help("bench", capsys, monkeypatch)
     text = _help("profile", capsys, monkeypatch)
     assert "--out FILE the trace to write (default: tokenspeed_kernel_trace.json)" in text
-    assert "(default: gpt-oss-120b)" in text
+    assert "(default: gpt-oss-120b; small on a CPU)" in text
+
+
+@pytest.mark.parametrize(("command", "verb"), [("bench", "timed"), ("profile", "traced")])
+def test_bench_and_profile_take_the_small_preset_on_a_cpu_with_a_note(command, verb, capsys, tmp_path):
+    argv = [command, "moe.topk", "--device", "cpu"] + (
+        ["--out", str(tmp_path / "t.json")] if command == "profile" else []
+    )
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"tokenspeed-kernel {command}: on the CPU without --preset: {verb} the small preset "
+        "(--preset gpt-oss-120b for the serving sizes)\n"
+    )
+    assert "topk_softmax_renorm_t1" in captured.out and "gpt_oss_120b" not in captured.out
+    assert main([*argv, "--preset", "small"]) == 0  # a preset given: no note
+    assert capsys.readouterr().err == ""
+
+
+def test_profile_output_has_no_profiler_markers(tmp_path):
+    """torch's profiler library writes ``USDT: ... profiler_start``/``profiler_stop`` lines to
+    descriptor 2 from C++; the command's output has none of them (a separate process: pytest's
+    capsys does not see descriptor 2)."""
+
+    trace = tmp_path / "trace.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "tokenspeed_kernel", "profile", "moe.topk", "--preset", "small", "--out", str(trace)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KINETO_LOG_LEVEL": "3"},  # also STAGE: lines, the most Kineto says unasked
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == "" and "profiler_start" not in run.stdout, run.stderr
+    assert run.stdout.startswith(f"wrote {trace} with 1 traced calls:") and trace.exists()
+
+
+def test_profiler_marker_filter_keeps_every_other_line(capfd):
+    from tokenspeed_kernel.tools.profile import _without_profiler_markers
+
+    with _without_profiler_markers():
+        os.write(2, b"USDT:2026-11-25 11:25:22 3884:3884 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"STAGE:2026-11-25 11:25:22 3884:3884 SyncActivityProfilerHandler.cpp:60] Completed Stage\n")
+        os.write(2, b"WARNING:2026-11-25 11:25:22 3884:3884 CuptiActivityApi.cpp:9] a real warning\n")
+        os.write(2, b"USDT: a line of someone else\n")
+    assert capfd.readouterr().err == (
+        "WARNING:2026-11-25 11:25:22 3884:3884 CuptiActivityApi.cpp:9] a real warning\nUSDT: a line of someone else\n"
+    )
+
+
+def test_check_uses_the_cpu_interpreter_only_when_no_gpu_and_not_set(monkeypatch):
+    from tokenspeed_kernel import config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv(config.INTERPRETER_ENV, raising=False)
+    assert config.use_cpu_interpreter() and os.environ[config.INTERPRETER_ENV] == "1"
+    monkeypatch.setenv(config.INTERPRETER_ENV, "0")  # the user's choice stands
+    assert not config.use_cpu_interpreter() and os.environ[config.INTERPRETER_ENV] == "0"
+    monkeypatch.delenv(config.INTERPRETER_ENV)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU: the compiled kernels
+    assert not config.use_cpu_interpreter() and config.INTERPRETER_ENV not in os.environ
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "triton", None)  # not installed: nothing to interpret, no note
+    assert not config.use_cpu_interpreter() and config.INTERPRETER_ENV not in os.environ
 
 
 def test_list_json(capsys, tmp_path):

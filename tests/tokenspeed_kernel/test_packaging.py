@@ -1,9 +1,14 @@
 """Packaging promises: our modules come from packages/, the core names no vendor, and the
 README's commands are the ones CI runs."""
 
+import importlib.metadata
+import json
 import pathlib
 import re
+import subprocess
 import sys
+
+import pytest
 
 import tokenspeed_kernel
 
@@ -107,3 +112,135 @@ def test_readme_commands_match_ci():
     for pkg in sorted(p.name for p in (REPO / "packages").iterdir()):
         assert f"-e packages/{pkg}" in ci_text, f".ci/run does not install {pkg} from its local path"
         assert f"-e packages/{pkg}" in "\n".join(first + tests), f"the README does not install {pkg}"
+
+
+# The README's wheel install: build our wheels into one directory, then install from it alone
+# (--no-index: same-named distributions on the public index belong to other projects).
+WHEELS = {
+    "tokenspeed-kernel": "tokenspeed_kernel",
+    "tokenspeed-kernel-triton": "tokenspeed_kernel_triton",
+    "tokenspeed-kernel-nvidia": "tokenspeed_kernel_nvidia",
+    "tokenspeed-kernel-amd": "tokenspeed_kernel_amd",
+}
+
+
+@pytest.fixture(scope="module")
+def wheel_env(tmp_path_factory):
+    """Our four wheels built as the README builds them, and an empty virtual environment that
+    sees only the *metadata* of the installed torch and triton and of what they require (their
+    .dist-info directories, linked): pip resolves against that torch and never looks for one
+    online, and our editable installs in this environment stay out of the way."""
+    pip_version = tuple(int(p) for p in importlib.metadata.version("pip").split(".")[:2])
+    if pip_version < (22, 3):
+        pytest.skip(f"pip {'.'.join(map(str, pip_version))} has no --python (22.3+)")
+    pytest.importorskip("hatchling", reason="the wheels build without isolation: pip install hatchling")
+    root = tmp_path_factory.mktemp("wheels")
+    dist = root / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist)]
+        + [str(REPO / "packages" / name) for name in WHEELS],
+        check=True,
+    )
+    view = root / "installed-metadata"
+    view.mkdir()
+    for path in _installed_closure(["torch", "triton"]):
+        (view / path.name).symlink_to(path)
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (pathlib.Path(purelib) / "installed_metadata.pth").write_text(f"{view}\n")
+    return dist, python
+
+
+def _installed_closure(names: list[str]) -> list[pathlib.Path]:
+    """The .dist-info directories of ``names`` and of everything they require, as installed."""
+    from packaging.requirements import Requirement
+
+    found: dict[str, pathlib.Path] = {}
+    todo = list(names)
+    while todo:
+        name = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+        if name in found:
+            continue
+        dist = importlib.metadata.distribution(name)
+        path = getattr(dist, "_path", None)  # PathDistribution: its .dist-info directory
+        assert path is not None, f"cannot locate the metadata of the installed {name}"
+        found[name] = pathlib.Path(path)
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return list(found.values())
+
+
+def _resolve(wheel_env, requirement: str) -> dict[str, str]:
+    """``pip install --dry-run --no-index --find-links DIST --report`` of ``requirement``:
+    ``{name: the file it would install}``."""
+    dist, python = wheel_env
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--dry-run", "--no-index"]
+    run = subprocess.run(
+        [*pip, "--find-links", str(dist), "--report", "-", requirement],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    return {item["metadata"]["name"]: item["download_info"]["url"].rsplit("/", 1)[-1] for item in report["install"]}
+
+
+RESOLVES = {
+    "tokenspeed-kernel[nvidia]": ["tokenspeed-kernel", "tokenspeed-kernel-triton", "tokenspeed-kernel-nvidia"],
+    "tokenspeed-kernel[all]": list(WHEELS),
+    "tokenspeed-kernel-amd": ["tokenspeed-kernel", "tokenspeed-kernel-triton", "tokenspeed-kernel-amd"],
+    "tokenspeed-kernel-triton": ["tokenspeed-kernel", "tokenspeed-kernel-triton"],
+}
+
+
+def test_readme_wheel_install_is_the_one_tested():
+    """The README's wheel block builds every wheel this test builds, the way it builds them,
+    and installs only requirements that the resolution test below covers."""
+    (block,) = [b for b in _bash_blocks((REPO / "README.md").read_text()) if any("pip wheel" in c for c in b)]
+    (build,) = [c for c in block if c.startswith("pip wheel ")]
+    assert build.startswith("pip wheel --no-deps --no-build-isolation -w dist ")
+    assert build.split()[6:] == [f"packages/{name}" for name in WHEELS]
+    installs = [c for c in block if c.startswith("pip install --no-index --find-links dist ")]
+    assert installs, block
+    for command in installs:
+        requirement = command.split()[-1].strip('"')
+        assert requirement in RESOLVES, f"{requirement!r} (README) is not resolved by the test"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("requirement", "expected"), list(RESOLVES.items()))
+def test_wheels_install_from_a_local_directory_against_the_installed_torch(wheel_env, requirement, expected):
+    """An extra of the core, or a vendor wheel alone, pulls exactly our wheels it needs from
+    the directory, each at our version; torch and triton are the installed ones (not listed)."""
+    version = tokenspeed_kernel.__version__
+    files = _resolve(wheel_env, requirement)
+    assert sorted(files) == sorted(expected), files
+    for name, file in files.items():
+        assert file == f"{WHEELS[name]}-{version}-py3-none-any.whl", (name, file)
+
+
+@pytest.mark.slow
+def test_each_wheel_holds_its_package_and_registers_its_backend(wheel_env):
+    import zipfile
+
+    dist, _ = wheel_env
+    version = tokenspeed_kernel.__version__
+    for name, module in WHEELS.items():
+        with zipfile.ZipFile(dist / f"{module}-{version}-py3-none-any.whl") as wheel:
+            names = wheel.namelist()
+            assert f"{module}/__init__.py" in names, name
+            entry_points = f"{module}-{version}.dist-info/entry_points.txt"
+            if name == "tokenspeed-kernel":
+                assert "tokenspeed-kernel = tokenspeed_kernel.cli:main" in wheel.read(entry_points).decode()
+            else:
+                text = wheel.read(entry_points).decode()
+                assert "[tokenspeed_kernel.backends]" in text and f"= {module}:register" in text, text

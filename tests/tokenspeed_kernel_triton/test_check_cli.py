@@ -2,9 +2,13 @@
 interpreter (the command the device scripts run on the GPU; bf16 and fp16, fp8 KV and every
 MoE weight format included)."""
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
+import torch
 
 from tokenspeed_kernel.cli import main
 
@@ -26,3 +30,31 @@ def test_check_passes_for_the_triton_kernel(op, capsys):
     assert code == 0, out[-3000:]
     summary = out.strip().splitlines()[-1]
     assert " 0 failed" in summary and not summary.startswith("0 passed"), summary
+
+
+def _check_in_a_fresh_process(tmp_path, **env: str) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+    """``python -m tokenspeed_kernel check moe.topk --preset small`` in a process whose
+    environment has no ``TRITON_INTERPRET`` (the test suite's own is set) plus ``env``; its
+    exit, stderr and ``{kernel: status}``."""
+    path = tmp_path / "check.json"
+    base = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-m", "tokenspeed_kernel", "check", "moe.topk", "--preset", "small", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        env={**base, **env},
+    )
+    assert run.returncode == 0, run.stderr
+    return run, {row["kernel"]: row["status"] for row in json.loads(path.read_text())["rows"]}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter default is for machines without a GPU")
+def test_check_without_a_gpu_runs_the_triton_kernels_under_the_interpreter(tmp_path):
+    run, status = _check_in_a_fresh_process(tmp_path)
+    assert status["triton_moe_topk"] == "PASS" and status["torch_moe_topk"] == "PASS"
+    assert run.stderr == (
+        "tokenspeed-kernel check: no GPU here: the Triton kernels run under Triton's CPU interpreter "
+        "(TRITON_INTERPRET=1; TRITON_INTERPRET=0 skips them)\n"
+    )
+    run, status = _check_in_a_fresh_process(tmp_path, TRITON_INTERPRET="0")  # the user's choice stands
+    assert status["triton_moe_topk"] == "SKIP" and status["torch_moe_topk"] == "PASS" and run.stderr == ""

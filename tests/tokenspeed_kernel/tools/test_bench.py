@@ -170,7 +170,7 @@ def test_rows_give_the_share_of_the_device_ceilings():
     assert _row(case, "k", "kernel", 0.5, None).pct_copy is None  # CPU: no ceilings
 
 
-def test_progress_bar_draws_on_a_terminal_only():
+def test_progress_is_a_bar_on_a_terminal_and_lines_in_a_pipe():
     import io
 
     from tokenspeed_kernel.tools.progress import Progress
@@ -187,8 +187,14 @@ def test_progress_bar_draws_on_a_terminal_only():
     drawn = tty.getvalue()
     assert "[........] 1/4 case a" in drawn and "[######..] 4/4 case d" in drawn and drawn.endswith("\r")
     piped = io.StringIO()
-    Progress(4, stream=piped).step("x")
-    assert piped.getvalue() == ""
+    lines = Progress(2, stream=piped)
+    for label in "ab":
+        lines.step(f"case {label}")
+    lines.done()
+    assert piped.getvalue() == "[1/2] case a\n[2/2] case b\n"  # a log shows how far a run got
+    single = io.StringIO()
+    Progress(1, stream=single).step("x")
+    assert single.getvalue() == ""
 
 
 def test_kernels_that_refuse_capture_are_timed_without_a_graph_attempt(monkeypatch):

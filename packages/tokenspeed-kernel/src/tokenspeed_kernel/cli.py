@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from tokenspeed_kernel import registry, selector
+from tokenspeed_kernel import config, registry, selector
 from tokenspeed_kernel.operators import OPERATORS, operator_schema
 from tokenspeed_kernel.ops._checks import dtype_name
 from tokenspeed_kernel.platform import KNOWN_ARCHS, Platform, current_platform, platform_from_arch
@@ -237,12 +237,38 @@ def _selection_json(selection: selector.Selection, case: str | None) -> dict[str
 def _cmd_check(args: argparse.Namespace) -> int:
     from tokenspeed_kernel.tools.numerics import check
 
+    if args.interpreting:
+        print(f"tokenspeed-kernel check: {config.INTERPRETER_NOTE}", file=sys.stderr)
     report = check(args.op, kernel=args.kernel, preset=args.preset, device=args.device, seed=args.seed)
     if args.json:
         write_json(args.json, report.to_json())
     if not report.passed:
         print("nothing was checked: no kernel could serve these cases", file=sys.stderr)
     return 0 if report.ok else 1
+
+
+_SERVING_PRESET = "gpt-oss-120b"
+_CPU_PRESET = "small"
+
+
+def _timing_preset(args: argparse.Namespace) -> str:
+    """The preset ``bench``/``profile`` run: the one given; else the serving sizes on a GPU
+    and the small preset on a CPU (the serving sizes would run for many minutes there and
+    time nothing a GPU would see)."""
+    if args.preset is not None:
+        return args.preset
+    return _SERVING_PRESET if resolve_device(args.device).type != "cpu" else _CPU_PRESET
+
+
+def _note_cpu_preset(args: argparse.Namespace, verb: str) -> None:
+    """After a run that took the CPU's default preset, say so on stderr (after, so that a
+    usage error stays the only line)."""
+    if args.preset is None and _timing_preset(args) == _CPU_PRESET:
+        print(
+            f"tokenspeed-kernel {args.command}: on the CPU without --preset: {verb} the {_CPU_PRESET} preset "
+            f"(--preset {_SERVING_PRESET} for the serving sizes)",
+            file=sys.stderr,
+        )
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -259,22 +285,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     bench(
         args.op,
         kernel=args.kernel,
-        preset=args.preset or "gpt-oss-120b",
+        preset=_timing_preset(args),
         replay=args.replay,
         json_path=args.json,
         baselines=not args.no_baselines,
         device=args.device,
     )
+    if args.replay is None:
+        _note_cpu_preset(args, "timed")
     return 0
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     from tokenspeed_kernel.tools.profile import profile
 
-    names = profile(args.op, args.out, preset=args.preset, kernel=args.kernel, device=args.device)
+    names = profile(args.op, args.out, preset=_timing_preset(args), kernel=args.kernel, device=args.device)
     print(f"wrote {args.out} with {len(names)} traced calls:")
     for name in names:
         print(f"  {name}")
+    _note_cpu_preset(args, "traced")
     return 0
 
 
@@ -335,7 +364,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--preset",
         default=None,
-        help=f"cases to time: {presets} (default: gpt-oss-120b); with --suite: replaces each entry's preset",
+        help=f"cases to time: {presets} (default: {_SERVING_PRESET}; {_CPU_PRESET} on a CPU); "
+        "with --suite: replaces each entry's preset",
     )
     p.add_argument("--replay", default=None, help="a TOKENSPEED_KERNEL_CAPTURE file to benchmark instead of a preset")
     p.add_argument("--json", default=None, metavar="FILE", help="also write every row as JSON")
@@ -358,7 +388,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="write a torch.profiler Chrome trace")
     p.add_argument("op", choices=ops)
-    p.add_argument("--preset", default="gpt-oss-120b", help=f"cases to trace: {presets} (default: %(default)s)")
+    p.add_argument(
+        "--preset", default=None, help=f"cases to trace: {presets} (default: {_SERVING_PRESET}; {_CPU_PRESET} on a CPU)"
+    )
     p.add_argument("--kernel", default=None, help="one kernel of OP (default: the selector's choice per case)")
     p.add_argument(
         "--out",
@@ -382,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     a bad argument, an unknown kernel, preset or device, an invalid TOKENSPEED_KERNEL_OVERRIDE,
     a kernel that cannot serve the request)."""
     args = _parser().parse_args(argv)
+    # Without a GPU, `check` runs the kernels that have a CPU interpreter under it; the switch
+    # must be set before the backends load (the override check below may load them).
+    args.interpreting = args.command == "check" and not registry.backends_loaded() and config.use_cpu_interpreter()
     try:
         selector.env_overrides()  # an invalid TOKENSPEED_KERNEL_OVERRIDE fails every command alike
         if getattr(args, "device", None) is not None:

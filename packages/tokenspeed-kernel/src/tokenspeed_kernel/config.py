@@ -18,6 +18,12 @@ Every variable the library honours is named here, with what it does:
     A JSONL file; every public call appends its operator, kernel and argument signature
     once per distinct signature (see :mod:`tokenspeed_kernel.tools.capture`).
 
+One variable of a backend is set by the command line: ``TRITON_INTERPRET``. On a machine
+without a CUDA or ROCm device, ``tokenspeed-kernel check`` sets it to ``1`` unless it is
+already set (``TRITON_INTERPRET=0`` keeps it off), so the Triton kernels register for the CPU
+and are checked under Triton's interpreter (:func:`use_cpu_interpreter`). The library itself
+never sets it.
+
 Values are read when first needed and cached; :func:`refresh` re-reads them (tests).
 """
 
@@ -31,6 +37,11 @@ OVERRIDE_ENV = "TOKENSPEED_KERNEL_OVERRIDE"
 DISABLE_BACKENDS_ENV = "TOKENSPEED_KERNEL_DISABLE_BACKENDS"
 DEBUG_ENV = "TOKENSPEED_KERNEL_DEBUG"
 CAPTURE_ENV = "TOKENSPEED_KERNEL_CAPTURE"
+INTERPRETER_ENV = "TRITON_INTERPRET"
+INTERPRETER_NOTE = (
+    f"no GPU here: the Triton kernels run under Triton's CPU interpreter ({INTERPRETER_ENV}=1; "
+    f"{INTERPRETER_ENV}=0 skips them)"
+)
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -79,6 +90,22 @@ def capture_path() -> str | None:
     """The JSONL file named by ``TOKENSPEED_KERNEL_CAPTURE``, or None."""
     value = os.environ.get(CAPTURE_ENV, "").strip()
     return value or None
+
+
+def use_cpu_interpreter() -> bool:
+    """Run the Triton kernels on the CPU under Triton's interpreter: set ``TRITON_INTERPRET=1``
+    when the user has not set it (to anything), triton is installed and torch sees no CUDA or
+    ROCm device. Returns whether it was set. Must be called before the backends load (the
+    Triton backend reads the variable when it is imported); the command line calls it for
+    ``check``."""
+    import importlib.util
+
+    import torch
+
+    if INTERPRETER_ENV in os.environ or importlib.util.find_spec("triton") is None or torch.cuda.is_available():
+        return False
+    os.environ[INTERPRETER_ENV] = "1"
+    return True
 
 
 def refresh() -> None:

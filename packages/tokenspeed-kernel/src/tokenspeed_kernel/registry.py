@@ -66,6 +66,7 @@ __all__ = [
     "Priority",
     "Request",
     "backends",
+    "backends_loaded",
     "get_kernel",
     "isolated",
     "kernels",
@@ -497,6 +498,12 @@ def _load_one(name: str, target: str, loader: Callable[[], Any]) -> None:
         return
     mine = sorted(kernel for kernel, spec in _kernels.items() if spec.backend == name)
     _backends[name] = BackendStatus(name, target, "loaded", kernels=mine)
+
+
+def backends_loaded() -> bool:
+    """Whether :func:`load_backends` has run (settings read at a backend's import, such as
+    an interpreter switch, must be made before)."""
+    return _loaded
 
 
 def load_backends(*, force: bool = False) -> None:

@@ -1,5 +1,5 @@
-"""A tiny progress bar on stderr for long tool runs (shown only on a terminal; with
-``lines=True``, a plain line per item elsewhere, e.g. in a device call's log)."""
+"""Progress of long tool runs on stderr: a bar redrawn in place on a terminal, one line per
+item when stderr is a file or a pipe (a log then shows how far a run got)."""
 
 from __future__ import annotations
 
@@ -8,31 +8,32 @@ from typing import TextIO
 
 
 class Progress:
-    """``step(label)`` before each of ``total`` items, ``done()`` at the end."""
+    """``step(label)`` before each of ``total`` items, ``note(text)`` for how an item ended
+    (a line of its own, off a terminal only), ``done()`` at the end. Silent for a single item."""
 
-    def __init__(self, total: int, stream: TextIO = sys.stderr, width: int = 24, lines: bool = False):
+    def __init__(self, total: int, stream: TextIO = sys.stderr, width: int = 24):
         self.total, self.stream, self.width, self.count = total, stream, width, 0
-        self.enabled = total > 1 and hasattr(stream, "isatty") and stream.isatty()
-        self.lines = lines and not self.enabled
+        self.enabled = total > 1
+        self.terminal = hasattr(stream, "isatty") and stream.isatty()
 
     def step(self, label: str) -> None:
         self.count += 1
-        if self.enabled:
+        if not self.enabled:
+            return
+        if self.terminal:
             filled = self.width * (self.count - 1) // self.total
             bar = "#" * filled + "." * (self.width - filled)
             self.stream.write(f"\r[{bar}] {self.count}/{self.total} {label[:60]:<60}")
-            self.stream.flush()
-        elif self.lines:
+        else:
             self.stream.write(f"[{self.count}/{self.total}] {label}\n")
-            self.stream.flush()
+        self.stream.flush()
 
     def note(self, text: str) -> None:
-        """How the current item ended, as a line of its own (``lines`` mode only)."""
-        if self.lines:
+        if self.enabled and not self.terminal:
             self.stream.write(f"    {text}\n")
             self.stream.flush()
 
     def done(self) -> None:
-        if self.enabled:
+        if self.enabled and self.terminal:
             self.stream.write("\r" + " " * (self.width + 80) + "\r")
             self.stream.flush()

@@ -546,7 +546,7 @@ def run_suite(
         kernels,
         budget_s,
     )
-    progress = Progress(len(work), stream=sys.stderr, lines=True)
+    progress = Progress(len(work), stream=sys.stderr)
     longest: dict[str | None, float] = {None: 0.0}
     for entry, case in work:
         name = case.name or case.describe()
