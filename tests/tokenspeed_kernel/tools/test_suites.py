@@ -257,3 +257,31 @@ def test_plot_with_matplotlib_writes_a_png(tmp_path):
     path = tmp_path / "suite.png"
     run_suite(H100, preset="small", device="cpu", plot_path=str(path), quiet=True)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_from_a_saved_run_draws_the_same_bars_without_running(monkeypatch, tmp_path):
+    saved = tmp_path / "suite.json"
+    report = run_suite(H100, preset="small", device="cpu", json_path=str(saved), quiet=True)
+    log = []
+    _fake_matplotlib(monkeypatch, log)
+    monkeypatch.setattr(suites, "_run_case", lambda *a: pytest.fail("a case ran"))
+    path = tmp_path / "again.png"
+    assert main(["bench", "--plot", str(path), "--from-json", str(saved)]) == 0
+    assert path.read_bytes() == b"fake image"
+    bars = [args for name, args, _ in log if name.endswith(".bar")]
+    timed = [row for row in report.rows if row.speedups]
+    assert [args[1] for args in bars] == [[row.speedups["torch_grouped_mm"]] for row in timed]
+
+
+def test_from_json_usage_errors(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main(["bench", "--from-json", str(bad)]) == 2
+    assert "--from-json FILE goes with --plot FILE.png only" in capsys.readouterr().err
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pytest.skip("matplotlib is not installed: the missing-file error comes after its own (tested above)")
+    assert main(["bench", "--plot", str(tmp_path / "x.png"), "--from-json", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a saved suite run (KeyError" in err

@@ -14,6 +14,8 @@ tokenspeed-kernel bench OP|all [--kernel K[,K...]|all] [--preset P | --replay FI
                                                   timings, ceilings, same-run baselines
 tokenspeed-kernel bench --suite NAME [--preset P] [--budget-s S] [--json FILE] [--plot FILE.png]
                                                   a named suite: check vs float64, then time each case
+tokenspeed-kernel bench --plot FILE.png --from-json FILE
+                                                  the chart of a saved suite run (its --json)
 tokenspeed-kernel profile OP [--preset P] [--kernel K] [--out FILE] [--device D]
                                                   a torch.profiler Chrome trace
 tokenspeed-kernel overhead [--op OP ...] [--device cuda] [--top N] [--json FILE]
@@ -272,6 +274,14 @@ def _note_cpu_preset(args: argparse.Namespace, verb: str) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.from_json is not None:
+        if args.plot is None or args.suite is not None or args.op is not None:
+            raise ValueError("--from-json FILE goes with --plot FILE.png only (it redraws a saved suite run)")
+        from tokenspeed_kernel.tools.suites import plot_json
+
+        plot_json(args.from_json, args.plot)
+        print(f"wrote plot to {os.path.abspath(args.plot)}", file=sys.stderr)
+        return 0
     if args.suite is not None:
         from tokenspeed_kernel.tools.suites import run_cli
 
@@ -383,6 +393,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--plot", default=None, metavar="FILE.png", help=f"with --suite: a bar chart of the speedups ({PLOT_INSTALL})"
+    )
+    p.add_argument(
+        "--from-json",
+        default=None,
+        metavar="FILE",
+        help="with --plot only: draw the chart of a saved suite run (its --json) instead of running",
     )
     p.set_defaults(fn=_cmd_bench)
 

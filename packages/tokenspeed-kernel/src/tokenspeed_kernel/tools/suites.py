@@ -28,6 +28,7 @@ import dataclasses
 import datetime
 import importlib.metadata
 import itertools
+import json
 import os
 import platform as _host
 import re
@@ -498,6 +499,26 @@ def plot(report: SuiteReport, path: str) -> None:
     fig.tight_layout(rect=(0, 0, 1, 0.97))  # room for the title above the charts
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_json(json_path: str, path: str) -> None:
+    """Draw the chart of a saved run (the ``--json`` of ``bench --suite``) to ``path``: a run
+    on a machine without matplotlib is plotted elsewhere, with no case run again."""
+    _pyplot()  # the one-line error first when matplotlib is missing
+    try:
+        with open(json_path) as f:
+            data = json.load(f)
+        entries = tuple(SuiteEntry(**{**e, "cases": tuple(e["cases"])}) for e in data["entries"])
+        suite = Suite(data["suite"], data["description"], entries, tuple(data["left_out"]))
+        rows = [
+            SuiteRow(r["entry"], r["op"], r["case"], r["describe"], r["status"], r["pick"], speedups=r["speedups"])
+            for r in data["rows"]
+        ]
+        report = SuiteReport(suite, data["device"], data["versions"], data["date"], data["started"], data["commit"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--from-json {json_path}: not a saved suite run ({type(exc).__name__}: {exc})") from None
+    report.rows = rows
+    plot(report, path)
 
 
 def run_suite(
