@@ -64,6 +64,11 @@ def test_rank_when_ranks_by_shape_and_never_rejects(temp_kernels):
     table = explain(small, platform=H100).table()
     assert "WINNER   t_small_batch" in table and "performant(200)" in table
     assert "opt_in(50)" in explain(large, platform=H100).table()
+    # explain says which rule did not hold, and why (the request's value and the rule's set)
+    missed = "opt_in(50) (not ranked performant(200): batch_bucket {} not in {{1,2,4,8}})"
+    assert missed.format(64) in explain(large, platform=H100).table()
+    assert missed.format("absent") in explain(REQ, platform=H100).table()
+    assert "not ranked" not in table
     listed = registry.get_kernel("t_small_batch").summary()  # what `tokenspeed-kernel list` prints
     assert "ranks=performant(200) when batch_bucket in {1,2,4,8}" in listed
 

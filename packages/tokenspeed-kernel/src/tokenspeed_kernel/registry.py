@@ -239,6 +239,21 @@ class KernelSpec:
             + (f" ranks={rank}" if rank else "")
         )
 
+    def rank_miss(self, request: Request) -> str:
+        """Why the ``rank_when`` rule does not hold for ``request`` ("" when it holds or there
+        is none): each key whose value in the request is not in the rule's set."""
+        if self.rank_priority is None:
+            return ""
+        misses = [
+            f"{k} {_shown(request.shape(k))} not in {{{','.join(map(_shown, sorted(v, key=_absent_first)))}}}"
+            for k, v in self.rank_shapes
+            if request.shape(k) not in v
+        ]
+        if not misses:
+            return ""
+        band = f"{Priority.band(self.rank_priority).name.lower()}({self.rank_priority})"
+        return f"not ranked {band}: " + "; ".join(misses)
+
     def describe_rank(self) -> str:
         """``band(priority) when key in {...}``, or "" without a ``rank_when``."""
         if self.rank_priority is None:
