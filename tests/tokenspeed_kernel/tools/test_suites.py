@@ -130,6 +130,9 @@ def test_budget_starts_no_case_that_would_end_after_it(monkeypatch):
     assert report.to_json()["not_run"][0] == "prefill: mha_ragged"
 
 
+CPU = torch.device("cpu")  # selection for the CPU platform, on a GPU machine too
+
+
 def _reference_decode(args):
     reference_attention.torch_decode(args)
 
@@ -145,10 +148,10 @@ def test_peers_are_the_pick_and_accepted_kernels_but_not_the_reference(temp_kern
     )(_reference_decode)
     small = SuiteEntry("decode", "attention.decode", "small")
     case = suites._entry_cases(small)[0]
-    pick, names, rejected = suites._kernel_set(case, "peers")
+    pick, names, rejected = suites._kernel_set(case, "peers", CPU)
     assert (pick, names) == ("t_fast", ["t_fast", "t_other"]) and "vendor" in rejected["t_gpu"]
-    assert suites._kernel_set(case, "pick")[1] == ["t_fast"]
-    assert set(suites._kernel_set(case, "all")[1]) == {"t_fast", "t_other", "t_gpu", "torch_decode"}
+    assert suites._kernel_set(case, "pick", CPU)[1] == ["t_fast"]
+    assert set(suites._kernel_set(case, "all", CPU)[1]) == {"t_fast", "t_other", "t_gpu", "torch_decode"}
     row, _ = suites._run_case(small, case, "peers", torch.device("cpu"), baselines=False)
     assert [(c.kernel, c.status) for c in row.check] == [("t_fast", "PASS"), ("t_other", "PASS")]
     assert set(row.speedups) == {"t_other"} and row.speedups["t_other"] > 0

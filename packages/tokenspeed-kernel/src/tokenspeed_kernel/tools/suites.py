@@ -43,6 +43,7 @@ from typing import Any, TextIO
 import torch
 
 from tokenspeed_kernel import registry, selector
+from tokenspeed_kernel.platform import platform_for
 from tokenspeed_kernel.registry import Priority
 from tokenspeed_kernel.tools import cases, presets
 from tokenspeed_kernel.tools.ceilings import Ceilings
@@ -388,10 +389,14 @@ def _git_commit() -> str | None:
     return None
 
 
-def _kernel_set(case: cases.Case, which: str) -> tuple[str | None, list[str], dict[str, str]]:
+def _kernel_set(
+    case: cases.Case, which: str, device: torch.device | None = None
+) -> tuple[str | None, list[str], dict[str, str]]:
     """(the selector's pick, the kernels to check and time, kernels the selector does not
-    accept here with their reasons) for ``case`` and a kernel set or names."""
-    selection = selector.explain(cases.request(case))
+    accept here with their reasons) for ``case`` and a kernel set or names, on the platform
+    of ``device`` (``--device cpu`` on a GPU machine selects for the CPU; None: the current)."""
+    where = platform_for(device) if device is not None else None
+    selection = selector.explain(cases.request(case), platform=where)
     pick = selection.winner.name if selection.winner is not None else None
     rejected = {c.spec.name: "; ".join(c.reasons) for c in selection.candidates if not c.accepted}
     if which == "all":
@@ -428,7 +433,7 @@ def _run_case(
     from tokenspeed_kernel.tools.bench import bench  # the bench module imports the timing stack
 
     row = SuiteRow(entry.label, case.op, case.name or case.describe(), case.describe())
-    row.pick, names, rejected = _kernel_set(case, which)
+    row.pick, names, rejected = _kernel_set(case, which, dev)
     row.not_accepted = {name: why for name, why in rejected.items() if which != "all" and name not in names}
     if row.pick is None and not names:
         row.status = "no kernel can serve it"
