@@ -167,6 +167,15 @@ class DecodePlan:
                 return run
         return self._checked_run(q, out)
 
+    def _args(self, q4: torch.Tensor, out4: torch.Tensor, lse3: torch.Tensor | None) -> DecodeArgs:
+        """The plan's caches, tables and options with this run's q, out and lse, built field by
+        field (``dataclasses.replace`` costs microseconds per call)."""
+        p = self._layout_args
+        return DecodeArgs(
+            q4, p.k_cache, p.v_cache, p.page_table, p.cache_seqlens, p.max_seqlen_k, p.softmax_scale,
+            p.window_left, p.sinks, p.logit_cap, p.k_scale, p.v_scale, out4, lse3,
+        )  # fmt: skip
+
     def _quick_run(self, q: torch.Tensor):
         """The common step, checked with fewer calls: q of the plan's dtype, one of its two
         shapes, contiguous and on its device, no ``out``, no compile/debug/capture-file mode,
@@ -183,25 +192,7 @@ class DecodePlan:
         record(self.spec, self.request)
         out = q.new_empty(shape4)
         lse = torch.empty(shape4[:3], dtype=torch.float32, device=q.device) if self.return_lse else None
-        planned = self._layout_args
-        self._run(
-            DecodeArgs(
-                q if len(shape) == 4 else q.view(shape4),
-                planned.k_cache,
-                planned.v_cache,
-                planned.page_table,
-                planned.cache_seqlens,
-                planned.max_seqlen_k,
-                planned.softmax_scale,
-                planned.window_left,
-                planned.sinks,
-                planned.logit_cap,
-                planned.k_scale,
-                planned.v_scale,
-                out,
-                lse,
-            )
-        )
+        self._run(self._args(q if len(shape) == 4 else q.view(shape4), out, lse))
         if len(shape) == 3:
             out = out.view(shape3)
         return (out, lse.view(shape4[0] * shape4[1], shape4[2])) if self.return_lse else out
@@ -249,21 +240,9 @@ class DecodePlan:
         lse = torch.empty((rows, heads.num_q_heads), dtype=torch.float32, device=q.device) if self.return_lse else None
         if not rows:  # a step without decodes: nothing to compute, nothing launched
             return _result(out, lse, self.return_lse)
-        planned = self._layout_args  # the planned caches, tables and options; this run's q/out/lse
         self._run(
-            DecodeArgs(  # built field by field: dataclasses.replace costs microseconds per call
+            self._args(
                 q4,
-                planned.k_cache,
-                planned.v_cache,
-                planned.page_table,
-                planned.cache_seqlens,
-                planned.max_seqlen_k,
-                planned.softmax_scale,
-                planned.window_left,
-                planned.sinks,
-                planned.logit_cap,
-                planned.k_scale,
-                planned.v_scale,
                 out.view(self.batch, self.q_len, heads.num_q_heads, heads.head_dim_v),
                 None if lse is None else lse.view(self.batch, self.q_len, heads.num_q_heads),
             )
