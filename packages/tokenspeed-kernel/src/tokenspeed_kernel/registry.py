@@ -245,7 +245,7 @@ class KernelSpec:
         if self.rank_priority is None:
             return ""
         misses = [
-            f"{k} {_shown(request.shape(k))} not in {{{','.join(map(_shown, sorted(v, key=_absent_first)))}}}"
+            f"{k} {_shown(request.shape(k))} not in {_shown_set(v)}"
             for k, v in self.rank_shapes
             if request.shape(k) not in v
         ]
@@ -258,9 +258,7 @@ class KernelSpec:
         """``band(priority) when key in {...}``, or "" without a ``rank_when``."""
         if self.rank_priority is None:
             return ""
-        when = " and ".join(
-            f"{k} in {{{','.join(map(_shown, sorted(v, key=_absent_first)))}}}" for k, v in self.rank_shapes
-        )
+        when = " and ".join(f"{k} in {_shown_set(v)}" for k, v in self.rank_shapes)
         return f"{Priority.band(self.rank_priority).name.lower()}({self.rank_priority}) when {when}"
 
 
@@ -302,6 +300,11 @@ def _absent_first(value: int | None) -> tuple[bool, int]:
 
 def _shown(value: int | None) -> str:
     return "absent" if value is None else str(value)
+
+
+def _shown_set(values: frozenset[int | None]) -> str:
+    """A ``rank_when`` set as ``{absent,1,2}``: absent first, then ascending."""
+    return "{" + ",".join(map(_shown, sorted(values, key=_absent_first))) + "}"
 
 
 def _frozen_shapes(

@@ -81,8 +81,9 @@ class Selection:
             head = f"  {mark} {spec.name:<32} {spec.solution:<10} {Priority.band(priority).name.lower()}({priority})"
             if cand.accepted and not spec.graph_safe:
                 head += " [not graph-safe]"
-            if cand.accepted and spec.rank_miss(self.request):
-                head += f" ({spec.rank_miss(self.request)})"
+            miss = spec.rank_miss(self.request) if cand.accepted else ""
+            if miss:
+                head += f" ({miss})"
             lines.append(head + ("" if cand.accepted else f": {'; '.join(cand.reasons)}"))
         if self.winner is None:
             lines.append("  => no kernel can serve this request")

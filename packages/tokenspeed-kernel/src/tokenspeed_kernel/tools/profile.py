@@ -55,11 +55,6 @@ def profile(
         names.append(f"{op}:{last_kernel()} [{case.describe()}]")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     prof = _profile(activities=activities)
-    # One cycle only: torch's advice about events cleared between cycles (printed with CUDA
-    # activity) does not apply, and would be the only stray line of the output.
-    quiet = warnings.catch_warnings()
-    quiet.__enter__()
-    warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
     with _without_profiler_markers():
         prof.start()
     try:
@@ -72,7 +67,6 @@ def profile(
     finally:
         with _without_profiler_markers():
             prof.stop()
-        quiet.__exit__(None, None, None)
     prof.export_chrome_trace(out_path)
     return names
 
@@ -84,10 +78,13 @@ _MARKER = re.compile(rb"^(USDT|STAGE):\S+ \S+ \d+:\d+ \S+:\d+\] ")
 @contextlib.contextmanager
 def _without_profiler_markers() -> Iterator[None]:
     """Capture file descriptor 2 for the block; afterwards write back every line but Kineto's
-    ``USDT:``/``STAGE:`` markers (warnings and errors pass through, only delayed)."""
+    ``USDT:``/``STAGE:`` markers (warnings and errors pass through, only delayed). Also drops
+    torch's advice that events are cleared between profiler cycles (warned at ``start`` with
+    CUDA activity): a trace here is one cycle."""
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
+    with tempfile.TemporaryFile() as captured, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
         os.dup2(captured.fileno(), 2)
         try:
             yield

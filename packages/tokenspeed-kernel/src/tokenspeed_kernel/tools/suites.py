@@ -519,10 +519,11 @@ def plot_json(json_path: str, path: str) -> None:
             SuiteRow(r["entry"], r["op"], r["case"], r["describe"], r["status"], r["pick"], speedups=r["speedups"])
             for r in data["rows"]
         ]
-        report = SuiteReport(suite, data["device"], data["versions"], data["date"], data["started"], data["commit"])
+        report = SuiteReport(
+            suite, data["device"], data["versions"], data["date"], data["started"], data["commit"], rows=rows
+        )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"--from-json {json_path}: not a saved suite run ({type(exc).__name__}: {exc})") from None
-    report.rows = rows
     plot(report, path)
 
 

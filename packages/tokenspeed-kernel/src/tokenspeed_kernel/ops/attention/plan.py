@@ -183,9 +183,12 @@ class DecodePlan:
         all and raises what is wrong."""
         shape3, shape4, index = self._quick
         shape = q.shape
-        if (shape != shape4 and shape != shape3) or q.get_device() != index or (index < 0 and not q.is_cpu):
-            return None
-        if not q.is_contiguous():
+        if (
+            (shape != shape4 and shape != shape3)
+            or q.get_device() != index
+            or (index < 0 and not q.is_cpu)
+            or not q.is_contiguous()
+        ):
             return None
         if torch.compiler.is_compiling() or config.debug() or config.capture_path() is not None:
             return None
@@ -193,9 +196,8 @@ class DecodePlan:
         out = q.new_empty(shape4)
         lse = torch.empty(shape4[:3], dtype=torch.float32, device=q.device) if self.return_lse else None
         self._run(self._args(q if len(shape) == 4 else q.view(shape4), out, lse))
-        if len(shape) == 3:
-            out = out.view(shape3)
-        return (out, lse.view(shape4[0] * shape4[1], shape4[2])) if self.return_lse else out
+        out = out.view(shape3) if len(shape) == 3 else out
+        return _result(out, None if lse is None else lse.view(shape4[0] * shape4[1], shape4[2]), self.return_lse)
 
     def _checked_run(self, q: torch.Tensor, out: torch.Tensor | None):
         heads = self.heads
