@@ -11,10 +11,9 @@ it reads git at run time from its own source directory.
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import re
 import shutil
-import subprocess
 import tempfile
 from typing import Any
 
@@ -23,22 +22,14 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 _TARGET = "tokenspeed_kernel/_build_info.py"
 
 
-def _git(root: str, *args: str) -> str | None:
-    try:
-        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def build_info(root: str) -> tuple[str | None, bool | None]:
-    """(the commit checked out at ``root``, whether its work tree has changes); (None, None)
-    outside a git checkout or without git."""
-    commit = (_git(root, "rev-parse", "HEAD") or "").strip()
-    if not re.fullmatch(r"[0-9a-f]{40}", commit):
-        return None, None
-    status = _git(root, "status", "--porcelain", "--untracked-files=no")
-    return commit, None if status is None else bool(status.strip())
+def _checkout_commit(root: str) -> tuple[str, bool | None] | None:
+    """``tokenspeed_kernel._git.checkout_commit(root)``, that module loaded by its path: the
+    build environment need not import the package (or torch)."""
+    path = os.path.join(root, "src", "tokenspeed_kernel", "_git.py")
+    spec = importlib.util.spec_from_file_location("_tokenspeed_kernel_git", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.checkout_commit(root)
 
 
 class CustomBuildHook(BuildHookInterface):
@@ -47,7 +38,7 @@ class CustomBuildHook(BuildHookInterface):
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         if version == "editable":
             return
-        commit, dirty = build_info(self.root)
+        commit, dirty = _checkout_commit(self.root) or (None, None)
         self._tmp = tempfile.mkdtemp(prefix="tokenspeed-build-info-")
         path = os.path.join(self._tmp, "_build_info.py")
         with open(path, "w", encoding="utf-8") as f:

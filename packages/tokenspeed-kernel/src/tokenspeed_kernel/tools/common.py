@@ -15,13 +15,13 @@ import math
 import os
 import platform as _host
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from tokenspeed_kernel import registry
+from tokenspeed_kernel._git import checkout_commit
 
 __all__ = [
     "COMMIT_ENV",
@@ -146,27 +146,6 @@ def versions() -> dict[str, str]:
     return found
 
 
-def _git(where: Path, *args: str) -> str | None:
-    try:
-        done = subprocess.run(["git", *args], cwd=where, capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def _checkout_commit(package_dir: Path) -> tuple[str, bool | None] | None:
-    """(HEAD, dirty) of the git checkout ``package_dir`` is tracked in (an editable install);
-    None when it is not tracked there: a wheel installed into a virtual environment that
-    happens to sit inside some checkout must not report that checkout's commit."""
-    if _git(package_dir, "ls-files", "--error-unmatch", "__init__.py") is None:
-        return None
-    commit = (_git(package_dir, "rev-parse", "HEAD") or "").strip()
-    if not _SHA.fullmatch(commit):
-        return None
-    status = _git(package_dir, "status", "--porcelain", "--untracked-files=no")
-    return commit, None if status is None else bool(status.strip())
-
-
 def source_commit(package_dir: Path | None = None, build_info: str = "tokenspeed_kernel._build_info") -> dict[str, Any]:
     """The commit of the tokenspeed-kernel code that runs: ``{"commit", "dirty", "from"}``.
 
@@ -183,7 +162,9 @@ def source_commit(package_dir: Path | None = None, build_info: str = "tokenspeed
     if given:
         commit, dirty = given.removesuffix("-dirty"), given.endswith("-dirty")
         return {"commit": commit, "dirty": dirty, "from": "env"}
-    found = _checkout_commit(package_dir or Path(__file__).resolve().parents[1])
+    # tracked: a wheel installed into a virtual environment that happens to sit inside some
+    # checkout must not report that checkout's commit
+    found = checkout_commit(package_dir or Path(__file__).resolve().parents[1], tracked="__init__.py")
     if found is not None:
         return {"commit": found[0], "dirty": found[1], "from": "git"}
     try:
