@@ -18,7 +18,7 @@
 3. A short table last: µs per call and TB/s over the MXFP4 weight bytes (packed + scales +
    biases) of the distinct experts the routing hits. The goal (issue 5): T = 1 <= 30 µs.
 
-Usage on the device machine (repo root, wheels carried as for ``moe_bench.py``)::
+Usage on the device machine (repo root, wheels carried as in ``ci/device/README.md``)::
 
     python3 ci/device/gluon_moe_bench.py --json $OUT/gluon_moe.json      # ~2 min on an H100
     python3 ci/device/gluon_moe_bench.py --mma-sweep --breakdown --json $OUT/gluon_moe_mma.json  # ~1.5 min

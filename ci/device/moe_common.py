@@ -1,41 +1,22 @@
-"""Helpers shared by the MoE device scripts (``moe_bench.py``, ``moe_mx_bench.py``,
-``moe_gemv_bench.py``, ``gluon_moe_bench.py``): weights and their float64 reference, the
-torch baseline, CUDA-graph timing with rotated routings, the run record and its guards.
-Imported as ``moe_common`` (the scripts run from this folder: ``python3 ci/device/...``).
+"""Helpers shared by the MoE device scripts that sweep and profile (``gluon_moe_bench.py``,
+``moe_decode_sweep.py``, ``gluon_moe_ncu.sh``): GPT-OSS-shaped weights and their float64
+reference, the torch pipeline baseline (routing included), the MXFP4 bytes per expert, and a
+guard that records one case's failure and goes on. Imported as ``moe_common`` (the scripts
+run from this folder: ``python3 ci/device/...``).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import time
 import traceback
 
 import torch
-import triton
 
-from tokenspeed_kernel.ops.moe import moe_plan, moe_topk
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight, quantize_fp8, quantize_mxfp4
-
-
-class Clock:
-    def __init__(self, budget: float) -> None:
-        self.budget = budget
-        self.end = time.time() + budget
-
-    def elapsed(self) -> float:
-        return self.budget - self.left()
-
-    def left(self) -> float:
-        return self.end - time.time()
 
 
 def log(*a) -> None:
     print(*a, flush=True)
-
-
-# ---------------------------------------------------------------- weights and reference
 
 
 def make_weights(e: int, h: int, i: int, device, seed: int = 0):
@@ -99,70 +80,6 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).norm() / ref.norm())
 
 
-# ---------------------------------------------------------------- timing
-
-
-def time_fn(fn, rot: int, device) -> tuple[float, str]:
-    """Milliseconds per call of ``fn`` (which runs ``rot`` calls), through a CUDA graph."""
-    if device.type != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3 / rot, "cpu"
-    from triton.testing import do_bench
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        ms = do_bench(graph.replay, warmup=20, rep=80, return_mode="median")
-        return ms / rot, "graph"
-    except Exception as exc:  # not capturable: eager
-        log(f"  (graph capture failed: {str(exc).splitlines()[0][:100]}; eager timing)")
-        torch.cuda.synchronize()
-        return do_bench(fn, warmup=20, rep=80, return_mode="median") / rot, "eager"
-
-
-def rotations(t: int) -> int:
-    """How many routings one timed replay at ``t`` tokens runs back to back (``ROT``)."""
-    return 8 if t <= 64 else 2 if t <= 512 else 1
-
-
-def rotated_inputs(t: int, h: int, e: int, gen, device) -> tuple[list, list]:
-    """``rotations(t)`` bf16 inputs ``[t, h]``, then as many bf16 router logits ``[t, e]``."""
-    rot = rotations(t)
-    xs = [torch.randn(t, h, generator=gen, device=device).bfloat16() for _ in range(rot)]
-    ls = [(2 * torch.randn(t, e, generator=gen, device=device)).bfloat16() for _ in range(rot)]
-    return xs, ls
-
-
-def bench_inputs(t: int, h: int, e: int, k: int, gen, device) -> tuple[int, list, list, float]:
-    """``rot`` different inputs and router logits for one timed replay at ``t`` tokens, and
-    the mean number of experts their top-``k`` hits."""
-    xs, ls = rotated_inputs(t, h, e, gen, device)
-    rot = len(xs)
-    hit = sum(int(torch.unique(torch.topk(l_.float(), k).indices).numel()) for l_ in ls) / rot
-    return rot, xs, ls, hit
-
-
-def copy_bandwidth(device) -> float:
-    """Bytes per second of a large device copy, counting bytes read plus written."""
-    if device.type != "cuda":
-        return float("nan")
-    from triton.testing import do_bench
-
-    src = torch.empty(2**30, dtype=torch.uint8, device=device).random_()
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=20, rep=100, return_mode="median")
-    return 2 * 2**30 / (ms * 1e-3)
-
-
 def torch_pipeline(x, logits, w13, w2, b13, b2, top_k: int, activation: str):
     """The baseline: torch routing, sort by expert, torch._grouped_mm (bf16), no host sync."""
     num_experts, inter = w13.shape[0], w2.shape[-1]
@@ -203,69 +120,6 @@ def expert_bytes(w, b13, b2) -> float:
     return total
 
 
-def vars_of(w):
-    return (w.packed, w.scales) if isinstance(w, MXFP4Weight) else (w.data, w.scale)
-
-
-# ---------------------------------------------------------------- run record and guards
-
-
-def add_run_args(p, budget: float, dry_help: str) -> None:
-    """The options every MoE bench takes: ``--budget``, ``--json``, ``--dry``, ``--no-sweep``."""
-    p.add_argument("--budget", type=float, default=budget, help="seconds; later steps are skipped past it")
-    p.add_argument("--json", default="")
-    p.add_argument("--dry", action="store_true", help=dry_help)
-    p.add_argument("--no-sweep", action="store_true")
-
-
-def mx_run_setup(dry: bool, mode: str, clock: Clock):
-    """Device, dims ``(E, top_k, H, I)`` (GPT-OSS-120B; tiny with ``dry``), the run record,
-    the bf16 weights and biases ``(w13, w2, b13, b2)`` and their MXFP4 ``(m13, m2)``."""
-    device = torch.device("cpu" if dry else "cuda")
-    dims = (8, 2, 64, 32) if dry else (128, 4, 2880, 2880)  # E, top_k, H, I
-    record = start_record(device, "numerics", "bench", "sweep", "errors", mode=mode)
-    e, _, h, i = dims
-    w13, w2, b13, b2 = make_weights(e, h, i, device)
-    m13, m2 = quantize(w13, "mxfp4"), quantize(w2, "mxfp4")
-    log(f"weights ready ({clock.elapsed():.0f}s)")
-    return device, dims, record, (w13, w2, b13, b2), (m13, m2)
-
-
-def numerics_ok(record: dict) -> bool:
-    return bool(record["numerics"]) and all(r["ok"] for r in record["numerics"])
-
-
-def start_record(device, *lists: str, mode: str | None = None) -> dict:
-    """The run's JSON record (device, ``mode``, versions, date, an empty list per name in
-    ``lists``), logged as one line."""
-    record: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
-    if mode is not None:
-        record["mode"] = mode
-    record |= {"torch": torch.__version__, "triton": triton.__version__, "date": time.strftime("%Y-%m-%d")}
-    record |= {name: [] for name in lists}
-    log("device", record["device"], "torch", record["torch"], "triton", record["triton"])
-    return record
-
-
-def write_record(record: dict, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(record, f, indent=1)
-
-
-def out_path(given: str, name: str) -> str:
-    """``given``, else ``name`` under ``$OUT`` (``/tmp`` without it)."""
-    return given or os.path.join(os.environ.get("OUT", "/tmp"), name)
-
-
-def within_budget(items, clock: Clock, reserve: float, what: str):
-    """``items`` while more than ``reserve`` seconds are left; then a log line and stop."""
-    for item in items:
-        if clock.left() < reserve:
-            log(f"{what}: out of time budget, skipping the rest")
-            return
-        yield item
-
-
 def attempt(errors: list, label: str, fn):
     """``fn()``; on an exception log it, record it under ``label`` and return None."""
     try:
@@ -274,88 +128,3 @@ def attempt(errors: list, label: str, fn):
         log(f"{label}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
         errors.append({"case": label, "error": traceback.format_exc()[-1500:]})
         return None
-
-
-def attempt_time(errors: list, label: str, fn, rot: int, device) -> float | None:
-    """``time_fn(fn, rot, device)``'s milliseconds per call through :func:`attempt`."""
-    return attempt(errors, label, lambda: time_fn(fn, rot, device)[0])
-
-
-def log_numerics(record: dict, kernel: str, detail) -> list:
-    """Log the numerics verdict of ``kernel`` (``detail(row)`` per failed row) and the error
-    count; return the failed rows."""
-    bad = [r for r in record["numerics"] if not r["ok"]]
-    log(f"\n== numerics ({kernel} vs float64): {len(record['numerics']) - len(bad)}/{len(record['numerics'])} PASS"
-        + "".join(f"; FAIL T={r['T']} {detail(r)} err={r['rel_err']:.1e}" for r in bad))  # fmt: skip
-    log(f"== errors: {len(record['errors'])}  device {record['device']}  triton {record['triton']}")
-    return bad
-
-
-def best_by(rows: list, key) -> dict:
-    """The fastest (least ``ms``) row of ``rows`` per ``key(row)``."""
-    best: dict = {}
-    for r in rows:
-        if key(r) not in best or r["ms"] < best[key(r)]["ms"]:
-            best[key(r)] = r
-    return best
-
-
-def us_or_na(row: dict, name: str) -> str:
-    """``row[name]`` (milliseconds) in µs, or ``n/a`` when it was not measured."""
-    return f"{row[name] * 1e3:.1f}" if row.get(name) else "n/a"
-
-
-# ---------------------------------------------------------------- inputs, plans and timed steps
-
-
-def route(t: int, e: int, h: int, k: int, gen, device):
-    """``t`` bf16 tokens and their top-``k`` routing over ``e`` experts (``moe_topk``)."""
-    x = torch.randn(t, h, generator=gen, device=device).bfloat16()
-    tw, ti = moe_topk((2 * torch.randn(t, e, generator=gen, device=device)).bfloat16(), k)
-    return x, tw, ti
-
-
-def mx_case(m13, m2, b13, b2, e: int, bias: bool, with_map: bool, device):
-    """(w13, w2, w13 bias, w2 bias, expert map) of one MXFP4 numerics case: with the map the
-    even experts are local, in reversed order, and the odd ones remote (-1)."""
-    w13, w2, emap = m13, m2, None
-    if with_map:
-        emap = torch.full((e,), -1, dtype=torch.int32, device=device)
-        emap[0::2] = torch.arange(e // 2 - 1, -1, -1, dtype=torch.int32, device=device)
-        w13 = MXFP4Weight(m13.packed[: e // 2], m13.scales[: e // 2])
-        w2 = MXFP4Weight(m2.packed[: e // 2], m2.scales[: e // 2])
-    bb13, bb2 = (b13[: w13.shape[0]], b2[: w13.shape[0]]) if bias else (None, None)
-    return w13, w2, bb13, bb2, emap
-
-
-def plan_each(errors: list, names, m13, m2, k: int, b13, b2) -> dict:
-    """``moe_plan`` (swiglu_oai, biases) per kernel name in ``names``; a failed one is left out."""
-    plans = {}
-    for name in names:
-        plan = attempt(errors, f"plan {name}", lambda name=name: moe_plan(
-            m13, m2, x_dtype=torch.bfloat16, top_k=k, activation="swiglu_oai", w13_bias=b13, w2_bias=b2,
-            override=name))  # fmt: skip
-        if plan is not None:
-            plans[name] = plan
-    return plans
-
-
-def routed_calls(xs, ls, plan, k: int):
-    """One timed step: ``moe_topk`` + ``plan.apply`` over every rotated input."""
-
-    def run():
-        for x_, l_ in zip(xs, ls):
-            tw_, ti_ = moe_topk(l_, k)
-            plan.apply(x_, tw_, ti_)
-
-    return run
-
-
-def torch_calls(xs, ls, w13, w2, b13, b2, k: int):
-    """One timed step of the torch baseline (swiglu_oai) over every rotated input."""
-
-    def run():
-        for x_, l_ in zip(xs, ls):
-            torch_pipeline(x_, l_, w13, w2, b13, b2, k, "swiglu_oai")
-
-    return run

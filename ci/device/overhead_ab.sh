@@ -34,9 +34,17 @@ done
 python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
-runs = {side: [{r["name"]: r for r in json.load(open(f"{out}/{side}{i}.json"))} for i in range(1, rounds + 1)]
+def rows(path):  # an object with "rows" and the build's commit; a bare list from builds before it
+    data = json.load(open(path))
+    return data["rows"] if isinstance(data, dict) else data
+runs = {side: [{r["name"]: r for r in rows(f"{out}/{side}{i}.json")} for i in range(1, rounds + 1)]
         for side in ("new", "old")}
-rows = []
+commits = {}
+for side in ("new", "old"):
+    data = json.load(open(f"{out}/{side}1.json"))
+    commits[side] = data.get("commit") if isinstance(data, dict) else None
+print(f"this build: commit {commits['new'] or 'unknown'}; older build: commit {commits['old'] or 'unknown'}")
+table = []
 print(f"{'call':26s} {'kernel (this build)':26s} {'this µs':>8s} {'older µs':>9s} {'ratio':>6s}   per round (this / older)")
 for name, row in runs["new"][0].items():
     new = [r[name]["host_us"] for r in runs["new"]]
@@ -44,7 +52,7 @@ for name, row in runs["new"][0].items():
     n, o = statistics.median(new), statistics.median(old)
     rounds_txt = " ".join(f"{a:.0f}/{b:.0f}" for a, b in zip(new, old))
     print(f"{name:26s} {row['kernel']:26s} {n:8.1f} {o:9.1f} {o / n:5.2f}x   {rounds_txt}")
-    rows.append({"name": name, "kernel": row["kernel"], "this_us": new, "older_us": old})
-json.dump(rows, open(f"{out}/overhead_ab.json", "w"), indent=1)
+    table.append({"name": name, "kernel": row["kernel"], "this_us": new, "older_us": old})
+json.dump({"commits": commits, "rows": table}, open(f"{out}/overhead_ab.json", "w"), indent=1)
 PY
 rm -f "$OUT"/new*.json "$OUT"/old*.json

@@ -1,23 +1,20 @@
 #!/usr/bin/env bash
-# One device call that verifies the opt-in kernels still waiting for a GPU (ci/device/README.md):
-#   1. triton_fused_moe_mx (tl.dot_scaled MXFP4 MoE): GPU numerics tests, then moe_bench.py --mx
-#   2. gluon_prefill_window_sm90 + gluon_decode_sm90: GPU numerics tests, then nvidia_bench.py
-#      (FlashInfer rows too when .whl-nvidia was carried and unpacked by this script)
-#   3. examples/gpt_oss end to end (short budget; E2E_ROWS picks rows, default torch,selector,nvidia)
-#   host: ci/device/attention_host_bench.py (host overhead of the public calls, graph-replayed timings)
-#   moequick: moe_bench.py --mx without the tile sweep (numerics + table, ~2 min)
+# One device call that re-verifies one kernel after a change, in named steps (ci/device/README.md):
+# its GPU tests, then `tokenspeed-kernel check` and `bench` of it, plus what needs more than the
+# CLI (FlashInfer's modules installed as AOT modules, a launch-configuration sweep, the example):
+#   moe: triton_fused_moe_mx (tl.dot_scaled MXFP4 MoE): GPU numerics tests, `check` on the awkward
+#        preset, `bench moe.apply` next to triton_fused_moe (~3 min)
+#   nvidia: gluon_prefill_window_sm90: GPU numerics tests, `check` on the awkward preset, `bench
+#        attention.prefill` next to triton_prefill (~3 min)
+#   e2e: examples/gpt_oss end to end (short budget; E2E_ROWS picks rows, default torch,selector,nvidia)
 #   flashinfer: tests/tokenspeed_kernel_nvidia/test_flashinfer_gpu.py (needs .whl-nvidia)
-#   moegemv: ci/device/moe_gemv_bench.py (triton_moe_gemv_mx, T <= 8, ~2 min)
-#   moefp8: moe_bench.py --fp8-act --combine (activation_quant="fp8", combine="atomic", ~6 min)
 #   gluonmoe: gluon_moe_decode_mx_sm90 GPU tests, then ci/device/gluon_moe_bench.py (T <= 8, ~3 min)
 #   gluonmma: both Gluon MoE decode kernels' GPU tests, then gluon_moe_bench.py --mma-sweep --breakdown (~2 min)
 #   prefill: FlashInfer prefill JIT warm-up (first calls timed apart), then
 #           `bench attention.prefill --kernel triton_prefill,flashinfer_prefill --preset prefill-lengths`
-#           (the length sweep behind flashinfer_prefill's ranking; needs .whl-nvidia) (~6 min on a fresh machine,
-#           ~3 min with .whl-nvidia/fi-prefill-so.tar.xz)
-#   prefillplan: ci/device/prefill_plan_cost.py, flashinfer_prefill vs triton_prefill per eager call with
-#           FlashInfer's per-layout plan included (needs .whl-nvidia; ~1 min with fi-prefill-so.tar.xz, else
-#           ~4 min of JIT first)
+#           (the length sweep behind flashinfer_prefill's ranking; its rows add the time with a new layout every
+#           call, FlashInfer's per-layout plan; needs .whl-nvidia) (~6 min on a fresh machine, ~3 min with
+#           .whl-nvidia/fi-prefill-so.tar.xz)
 #   decode: gluon_decode_sm90 GPU tests, `check --preset awkward`, decode_splits_sweep.py --quick, then
 #           `bench attention.decode --kernel all --preset gpt-oss-120b` (does the selector pick the fastest?) (~5 min)
 # Each step has its own time budget and never stops the next one; results land in $OUT.
@@ -26,8 +23,8 @@
 #             packages/tokenspeed-kernel-triton packages/tokenspeed-kernel-nvidia
 #         (optional) bash ci/device/flashinfer_bundle.sh
 # Device: carry [".whl"] (and ".whl-nvidia"), command: bash ci/device/verify_pending.sh STEP...
-# with STEP in moe, moequick, moegemv, moefp8, gluonmoe, gluonmma, decode, prefill, prefillplan, nvidia, flashinfer, e2e, host (default: moe nvidia e2e). A call may run 10 minutes at most:
-# `moe e2e` fits one call (~7 min), `nvidia` another (~6 min, longer with FlashInfer JIT).
+# with STEP in moe, gluonmoe, gluonmma, decode, prefill, nvidia, flashinfer, e2e (default: decode). A call may
+# run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -58,48 +55,39 @@ aot_prefill_off() {
 }
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 status=0
-steps=${*:-moe nvidia e2e}
+steps=${*:-decode}
+
+# GPU tests of one kernel, then `check` (awkward preset) and `bench` (GPT-OSS sizes, next to PEERS)
+kernel_step() {  # test_file pytest_k op kernel peers
+timeout 150 python3 -m pytest -q -rs -p no:cacheprovider "$1" ${2:+-k "$2"} 2>&1 | tail -15 || status=1
+timeout 150 python3 -W ignore -m tokenspeed_kernel check "$3" --kernel "$4" --preset awkward --device cuda \
+  2>&1 | tail -14 || status=1
+timeout 200 python3 -W ignore -m tokenspeed_kernel bench "$3" --kernel "$4,$5" --preset gpt-oss-120b --device cuda \
+  --json "$OUT/bench_$4.json" 2>&1 | tail -60 || status=1
+}
 
 moe() {
-echo "== 1. triton_fused_moe_mx"
-timeout 120 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_triton/ops/moe/test_moe_mx.py \
-  -k gpu_numerics 2>&1 | tail -15 || status=1
-timeout 260 python3 ci/device/moe_bench.py --mx --budget 230 --json "$OUT/moe_mx.json" 2>&1 | tail -40 || status=1
+echo "== triton_fused_moe_mx: GPU tests, check vs float64, bench next to triton_fused_moe"
+kernel_step tests/tokenspeed_kernel_triton/ops/moe/test_moe_mx.py gpu_numerics moe.apply triton_fused_moe_mx \
+  triton_fused_moe
 }
 
 nvidia() {
-echo "== 2. Gluon sm_90 kernels (and FlashInfer when present)"
-timeout 120 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_gluon_prefill_gpu.py \
-  2>&1 | tail -15 || status=1
-BUDGET_S=${NVIDIA_BUDGET_S:-240} timeout 400 python3 ci/device/nvidia_bench.py 2>&1 | tail -60 || status=1
+echo "== gluon_prefill_window_sm90: GPU tests, check vs float64, bench next to triton_prefill"
+kernel_step tests/tokenspeed_kernel_nvidia/test_gluon_prefill_gpu.py "" attention.prefill gluon_prefill_window_sm90 \
+  triton_prefill
 }
 
 e2e() {
-echo "== 3. examples/gpt_oss end to end"
+echo "== examples/gpt_oss end to end"
 timeout 200 python3 ci/device/e2e_bench.py --rows "${E2E_ROWS:-torch,selector,nvidia}" --budget-s 90 --rep-ms 60 \
   2>&1 | tail -30 || status=1
-}
-
-host() {
-echo "== attention host overhead and graph-replayed timings"
-timeout 200 python3 ci/device/attention_host_bench.py 2>&1 | tail -60 || status=1
 }
 
 flashinfer() {
 echo "== FlashInfer kernels vs float64 (JIT: 25-100 s per module on first use)"
 timeout "${FLASHINFER_TIMEOUT_S:-420}" python3 -m pytest -q -rs -p no:cacheprovider \
   tests/tokenspeed_kernel_nvidia/test_flashinfer_gpu.py 2>&1 | tail -40 || status=1
-}
-
-moegemv() {
-echo "== triton_moe_gemv_mx (T <= 8): numerics, graph replay, timings vs triton_fused_moe_mx"
-timeout 200 python3 ci/device/moe_gemv_bench.py --json "$OUT/moe_gemv.json" 2>&1 | tail -30 || status=1
-}
-
-moefp8() {
-echo "== triton_fused_moe: activation_quant=fp8 and combine=atomic vs the defaults"
-timeout 400 python3 ci/device/moe_bench.py --fp8-act --combine --no-sweep --budget 380 \
-  --json "$OUT/moe_fp8act_combine.json" 2>&1 | tail -40 || status=1
 }
 
 gluonmoe() {
@@ -151,24 +139,10 @@ if [ -n "${FLASHINFER_WORKSPACE_BASE:-}" ]; then
 fi
 }
 
-prefillplan() {
-echo "== flashinfer_prefill vs triton_prefill per eager call, FlashInfer's plan per layout included"
-aot_prefill_on
-timeout "${PLAN_S:-400}" python3 -W ignore ci/device/prefill_plan_cost.py --json "$OUT/prefill_plan_cost.json" \
-  2>&1 | grep -v "INFO" | tee "$OUT/prefill_plan_cost.txt" | tail -40 || status=1
-aot_prefill_off
-}
-
-moequick() {
-echo "== triton_fused_moe_mx numerics + table (no sweep)"
-timeout 200 python3 ci/device/moe_bench.py --mx --no-sweep --budget 170 --json "$OUT/moe_mx.json" 2>&1 | tail -16 \
-  || status=1
-}
-
 for step in $steps; do
   case $step in
-    moe | moequick | moegemv | moefp8 | gluonmoe | gluonmma | decode | prefill | prefillplan | nvidia | flashinfer | e2e | host) "$step" ;;
-    *) echo "unknown step $step (expected moe, moequick, moegemv, moefp8, gluonmoe, gluonmma, decode, prefill, prefillplan, nvidia, flashinfer, e2e, host)"; status=2 ;;
+    moe | gluonmoe | gluonmma | decode | prefill | nvidia | flashinfer | e2e) "$step" ;;
+    *) echo "unknown step $step (expected moe, gluonmoe, gluonmma, decode, prefill, nvidia, flashinfer, e2e)"; status=2 ;;
   esac
 done
 exit $status

@@ -10,6 +10,7 @@ import torch
 
 from tokenspeed_kernel import registry
 from tokenspeed_kernel.cli import main
+from tokenspeed_kernel.tools.common import PROVENANCE_KEYS
 
 pytestmark = pytest.mark.usefixtures("only_reference")
 
@@ -345,6 +346,7 @@ def test_check_json_has_pass_or_fail_per_kernel_and_case(capsys, tmp_path, temp_
     capsys.readouterr()
     data = json.loads(path.read_text())  # strict JSON: NaN errors of skipped rows would be null
     assert data["device"] == "cpu" and data["ok"] is False and (data["passed"], data["failed"]) == (1, 1)
+    assert set(PROVENANCE_KEYS) <= set(data) and data["versions"]["torch"] == torch.__version__
     verdicts = {(r["kernel"], r["case"]): (r["status"], r["passed"]) for r in data["rows"]}
     assert sorted(k for k, _ in verdicts) == ["t_bad_topk", "torch_moe_topk"]
     assert {v for (k, _), v in verdicts.items() if k == "t_bad_topk"} == {("FAIL", False)}

@@ -241,6 +241,19 @@ def test_each_wheel_holds_its_package_and_registers_its_backend(wheel_env):
             entry_points = f"{module}-{version}.dist-info/entry_points.txt"
             if name == "tokenspeed-kernel":
                 assert "tokenspeed-kernel = tokenspeed_kernel.cli:main" in wheel.read(entry_points).decode()
+                _assert_build_record(wheel.read("tokenspeed_kernel/_build_info.py").decode())
             else:
                 text = wheel.read(entry_points).decode()
                 assert "[tokenspeed_kernel.backends]" in text and f"= {module}:register" in text, text
+
+
+def _assert_build_record(text: str) -> None:
+    """The core wheel's ``_build_info.py`` (packages/tokenspeed-kernel/hatch_build.py) names
+    the commit checked out here, or None when this tree is not a git checkout."""
+    record: dict = {}
+    exec(compile(text, "_build_info.py", "exec"), record)
+    import shutil
+
+    head = shutil.which("git") and subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    expected = head.stdout.strip() if head and head.returncode == 0 else None
+    assert record["COMMIT"] == expected and isinstance(record["DIRTY"], bool) == (expected is not None), text

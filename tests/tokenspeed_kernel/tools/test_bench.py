@@ -9,6 +9,7 @@ import torch
 from tokenspeed_kernel.tools import cases
 from tokenspeed_kernel.tools.bench import bench
 from tokenspeed_kernel.tools.cases import AttentionCase, MoECase
+from tokenspeed_kernel.tools.common import PROVENANCE_KEYS
 
 pytestmark = pytest.mark.usefixtures("only_reference")
 
@@ -146,7 +147,7 @@ def test_bench_json_rows_hold_every_field(tmp_path):
     path = tmp_path / "rows.json"
     bench("moe.topk", preset="small", json_path=str(path), device="cpu", quiet=True)
     data = json.loads(path.read_text())
-    assert set(data) >= {"device", "torch", "date", "python", "ceilings", "rows"}
+    assert set(data) >= {"device", "torch", "date", "ceilings", "rows", *PROVENANCE_KEYS}
     fields = {"op", "case", "impl", "kind", "ms", "tflops", "tbps", "pct_copy", "pct_matmul", "selected", "speedups"}
     for row in data["rows"]:
         assert fields <= set(row)

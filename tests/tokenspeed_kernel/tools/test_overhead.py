@@ -8,6 +8,7 @@ import torch
 from tokenspeed_kernel import registry
 from tokenspeed_kernel.cli import main
 from tokenspeed_kernel.tools import overhead
+from tokenspeed_kernel.tools.common import PROVENANCE_KEYS
 
 pytestmark = pytest.mark.usefixtures("only_reference")
 
@@ -42,7 +43,9 @@ def test_cli(tmp_path, capsys):
     argv = ["overhead", "--op", "moe.topk", "--number", "20", "--repeats", "1", "--no-breakdown", "--json", str(path)]
     assert main(argv) == 0
     assert "moe_topk" in capsys.readouterr().out
-    assert [r["name"] for r in json.loads(path.read_text())] == ["moe_topk"]
+    data = json.loads(path.read_text())
+    assert [r["name"] for r in data["rows"]] == ["moe_topk"]
+    assert data["device"] == "cpu" and set(PROVENANCE_KEYS) <= set(data)
 
 
 def test_kernel_category_is_code_outside_the_core_torch_and_stdlib():

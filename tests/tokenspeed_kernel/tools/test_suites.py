@@ -14,6 +14,7 @@ from tokenspeed_kernel.cli import main
 from tokenspeed_kernel.reference import attention as reference_attention
 from tokenspeed_kernel.registry import Priority
 from tokenspeed_kernel.tools import cases, suites
+from tokenspeed_kernel.tools.common import PROVENANCE_KEYS, provenance
 from tokenspeed_kernel.tools.presets import PRESETS
 from tokenspeed_kernel.tools.suites import NOT_RUN_BUDGET, SUITES, Suite, SuiteEntry, run_suite, validate_suite
 
@@ -82,6 +83,9 @@ def test_cpu_run_at_tiny_shapes_writes_the_json(tmp_path, capsys):
     assert data["versions"]["torch"] == torch.__version__ and "tokenspeed-kernel" in data["versions"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\d", data["date"]) and data["started"].startswith(data["date"])
     assert data["commit"] is None or re.fullmatch(r"[0-9a-f]{40}", data["commit"])
+    assert {key: data[key] for key in PROVENANCE_KEYS if key != "versions"} == {
+        key: value for key, value in provenance().items() if key != "versions"
+    }  # the block every tool's JSON carries (test_provenance.py), read from the package, not the cwd
     assert (data["budget_s"], data["stopped_by_budget"], data["not_run"]) == (None, False, [])
     assert [e["label"] for e in data["entries"]] == [e.label for e in SUITES[H100].entries]
     assert [r["entry"] for r in data["rows"]] == [e.label for e in SUITES[H100].entries]  # small: one case each

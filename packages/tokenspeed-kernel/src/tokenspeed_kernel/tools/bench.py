@@ -26,7 +26,6 @@ from __future__ import annotations
 import datetime
 import functools
 import itertools
-import platform as _host
 import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -41,7 +40,7 @@ from tokenspeed_kernel.tools import cases
 from tokenspeed_kernel.tools.baselines import baselines_for
 from tokenspeed_kernel.tools.capture import read_capture
 from tokenspeed_kernel.tools.ceilings import Ceilings, ceilings
-from tokenspeed_kernel.tools.common import named_kernels, resolve_device, write_json
+from tokenspeed_kernel.tools.common import named_kernels, provenance, resolve_device, write_json
 from tokenspeed_kernel.tools.presets import preset_cases
 from tokenspeed_kernel.tools.progress import Progress
 from tokenspeed_kernel.tools.timing import Timing, time_fn
@@ -107,7 +106,7 @@ class BenchReport:
             "device": self.device,
             "torch": self.torch_version,
             "date": self.date,
-            "python": _host.python_version(),
+            **provenance(),
             "ceilings": asdict(self.ceilings) if self.ceilings else None,
             "rows": [asdict(r) for r in self.rows],
         }

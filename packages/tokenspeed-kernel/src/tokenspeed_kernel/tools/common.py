@@ -1,20 +1,46 @@
 """Argument checks and output shared by the tools (check, bench, profile, overhead) and the CLI.
 
 Each check raises ``ValueError`` with one line naming the bad value and what would be
-accepted; the CLI turns that into exit code 2 and one line on stderr.
+accepted; the CLI turns that into exit code 2 and one line on stderr. :func:`provenance` is
+the block every JSON the tools write starts with: the versions, Python, and the commit of
+the code that ran (:func:`source_commit`).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import json
 import math
+import os
+import platform as _host
+import re
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from tokenspeed_kernel import registry
+from tokenspeed_kernel._git import checkout_commit
 
-__all__ = ["available_devices", "named_kernels", "resolve_device", "write_json"]
+__all__ = [
+    "COMMIT_ENV",
+    "PROVENANCE_KEYS",
+    "available_devices",
+    "named_kernels",
+    "provenance",
+    "resolve_device",
+    "source_commit",
+    "versions",
+    "write_json",
+]
+
+# Names the commit of the code that runs, over everything source_commit reads (e.g. for a
+# wheel built outside git): a commit as git names it, "-dirty" appended for a changed tree.
+COMMIT_ENV = "TOKENSPEED_KERNEL_COMMIT"
+# The keys provenance() returns, in its order.
+PROVENANCE_KEYS = ("versions", "python", "commit", "dirty", "commit_from")
+_SHA = re.compile(r"[0-9a-f]{40}")
 
 # Device types the tools can run on (what torch.device accepts is wider: mps, xpu, meta, ...).
 _TOOL_DEVICE_TYPES = ("cpu", "cuda")
@@ -93,3 +119,67 @@ def write_json(path: str, data: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(_finite(data), f, indent=2)
         f.write("\n")
+
+
+_REQ = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")  # the distribution name at the start of a requirement
+
+
+def versions() -> dict[str, str]:
+    """torch, every installed distribution of ours (``tokenspeed-kernel*``), and each installed
+    library those require or offer as an extra (e.g. the compiler a backend wheel builds with)."""
+    found = {"torch": torch.__version__}
+    ours: dict[str, importlib.metadata.Distribution] = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith("tokenspeed-kernel") and name not in ours:
+            ours[name] = dist
+    wanted = sorted({m.group(0).lower() for d in ours.values() for r in d.requires or () if (m := _REQ.match(r))})
+    for name in sorted(ours):
+        found[name] = ours[name].version
+    for name in wanted:
+        if name in found or name.startswith("tokenspeed-kernel"):
+            continue
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def source_commit(package_dir: Path | None = None, build_info: str = "tokenspeed_kernel._build_info") -> dict[str, Any]:
+    """The commit of the tokenspeed-kernel code that runs: ``{"commit", "dirty", "from"}``.
+
+    In order: ``$TOKENSPEED_KERNEL_COMMIT`` (``from="env"``; a ``-dirty`` suffix sets
+    ``dirty``); the git checkout the package's own source is tracked in, i.e. an editable
+    install (``"git"``); the module a wheel build generated (``build_info``, written by
+    ``packages/tokenspeed-kernel/hatch_build.py``: ``"wheel"``). Never the current
+    directory: on a GPU machine that is a copy of some working tree, while the code that
+    runs is the installed wheel. ``commit`` and ``dirty`` are None when nothing says
+    (``from=None``: e.g. a wheel built outside git). ``package_dir`` (default: this
+    package's directory) and ``build_info`` are for tests.
+    """
+    given = os.environ.get(COMMIT_ENV, "").strip()
+    if given:
+        commit, dirty = given.removesuffix("-dirty"), given.endswith("-dirty")
+        return {"commit": commit, "dirty": dirty, "from": "env"}
+    # tracked: a wheel installed into a virtual environment that happens to sit inside some
+    # checkout must not report that checkout's commit
+    found = checkout_commit(package_dir or Path(__file__).resolve().parents[1], tracked="__init__.py")
+    if found is not None:
+        return {"commit": found[0], "dirty": found[1], "from": "git"}
+    try:
+        info = importlib.import_module(build_info)
+    except ImportError:
+        return {"commit": None, "dirty": None, "from": None}
+    commit = getattr(info, "COMMIT", None)
+    if not isinstance(commit, str) or not _SHA.fullmatch(commit):
+        return {"commit": None, "dirty": None, "from": None}
+    return {"commit": commit, "dirty": getattr(info, "DIRTY", None), "from": "wheel"}
+
+
+def provenance() -> dict[str, Any]:
+    """What every JSON the tools write carries: ``versions`` (:func:`versions`), ``python``
+    and ``commit``/``dirty``/``commit_from`` (:func:`source_commit`)."""
+    found = source_commit()
+    values = (versions(), _host.python_version(), found["commit"], found["dirty"], found["from"])
+    return dict(zip(PROVENANCE_KEYS, values))

@@ -22,7 +22,7 @@ import torch
 from tokenspeed_kernel import registry, selector
 from tokenspeed_kernel.selector import KernelOverrideError
 from tokenspeed_kernel.tools import cases
-from tokenspeed_kernel.tools.common import named_kernels, resolve_device
+from tokenspeed_kernel.tools.common import named_kernels, provenance, resolve_device
 from tokenspeed_kernel.tools.presets import preset_cases
 from tokenspeed_kernel.tools.tolerances import Comparison, compare, tolerance_for
 
@@ -75,10 +75,12 @@ class CheckReport:
         return not self.failed and bool(self.passed)
 
     def to_json(self) -> dict[str, Any]:
-        """The report as JSON values: the device, ``ok``, the counts and every row (op, case,
-        kernel, status PASS/FAIL/SKIP, ``passed``, errors, tolerances, reason)."""
+        """The report as JSON values: the device, the versions and commit
+        (:func:`.common.provenance`), ``ok``, the counts and every row (op, case, kernel,
+        status PASS/FAIL/SKIP, ``passed``, errors, tolerances, reason)."""
         return {
             "device": self.device,
+            **provenance(),
             "ok": self.ok,
             "passed": len(self.passed),
             "failed": len(self.failed),

@@ -45,7 +45,7 @@ from tokenspeed_kernel import registry, selector
 from tokenspeed_kernel.operators import OPERATORS
 from tokenspeed_kernel.ops._dispatch import last_kernel
 from tokenspeed_kernel.registry import Priority
-from tokenspeed_kernel.tools.common import resolve_device, write_json
+from tokenspeed_kernel.tools.common import provenance, resolve_device, write_json
 
 __all__ = [
     "CATEGORIES",
@@ -458,7 +458,7 @@ def run_cli(args: argparse.Namespace) -> int:
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, no-op kernels, median of {args.repeats}")
     print(table(rows))
     if args.json:
-        write_json(args.json, [asdict(r) for r in rows])
+        write_json(args.json, {"device": "cpu", **provenance(), "rows": [asdict(r) for r in rows]})
     return 0
 
 

@@ -133,7 +133,7 @@ def run_device_cli(args: argparse.Namespace) -> int:
     import sys
     from dataclasses import asdict
 
-    from tokenspeed_kernel.tools.common import write_json
+    from tokenspeed_kernel.tools.common import provenance, write_json
 
     device = torch.device(args.device)
     if device.type != "cuda" or not torch.cuda.is_available():
@@ -154,5 +154,7 @@ def run_device_cli(args: argparse.Namespace) -> int:
     )
     print(device_table(rows))
     if args.json:
-        write_json(args.json, [asdict(r) for r in rows])
+        write_json(
+            args.json, {"device": torch.cuda.get_device_name(device), **provenance(), "rows": [asdict(r) for r in rows]}
+        )
     return 0

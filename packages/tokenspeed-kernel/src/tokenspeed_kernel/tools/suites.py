@@ -26,18 +26,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import importlib.metadata
 import itertools
 import json
 import os
-import platform as _host
-import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TextIO
 
 import torch
@@ -47,7 +42,7 @@ from tokenspeed_kernel.platform import platform_for
 from tokenspeed_kernel.registry import Priority
 from tokenspeed_kernel.tools import cases, presets
 from tokenspeed_kernel.tools.ceilings import Ceilings
-from tokenspeed_kernel.tools.common import named_kernels, resolve_device, write_json
+from tokenspeed_kernel.tools.common import PROVENANCE_KEYS, named_kernels, provenance, resolve_device, write_json
 from tokenspeed_kernel.tools.numerics import CheckRow, check_case
 from tokenspeed_kernel.tools.progress import Progress
 
@@ -217,14 +212,14 @@ class SuiteRow:
 
 @dataclass
 class SuiteReport:
-    """A suite run: where and with what it ran, and one :class:`SuiteRow` per case."""
+    """A suite run: where and with what it ran (``provenance``: :func:`.common.provenance`,
+    read when the run starts), and one :class:`SuiteRow` per case."""
 
     suite: Suite
     device: str
-    versions: dict[str, str]
+    provenance: dict[str, Any]
     date: str
     started: str
-    commit: str | None
     preset: str | None = None
     kernels: str | None = None
     budget_s: float | None = None
@@ -246,11 +241,9 @@ class SuiteReport:
             "suite": self.suite.name,
             "description": self.suite.description,
             "device": self.device,
-            "versions": self.versions,
-            "python": _host.python_version(),
+            **self.provenance,
             "date": self.date,
             "started": self.started,
-            "commit": self.commit,
             "preset": self.preset,
             "kernels": self.kernels,
             "budget_s": self.budget_s,
@@ -265,10 +258,11 @@ class SuiteReport:
         }
 
     def table(self) -> str:
-        versions = ", ".join(f"{name} {version}" for name, version in self.versions.items())
+        versions = ", ".join(f"{name} {version}" for name, version in self.provenance.get("versions", {}).items())
+        commit = self.provenance.get("commit") or "unknown"
         lines = [
             f"suite {self.suite.name}: {self.suite.description}",
-            f"device: {self.device}  {self.date}  commit {self.commit or 'unknown'}"
+            f"device: {self.device}  {self.date}  commit {commit}{' (dirty)' if self.provenance.get('dirty') else ''}"
             + (f"  preset override {self.preset}" if self.preset else ""),
             f"versions: {versions}",
         ]
@@ -345,48 +339,6 @@ def _summary_line(row: SuiteRow) -> str:
         return f"{head} {row.pick or '?'}: not timed"
     peers = ", ".join(f"{impl} {ratio:.2f}x" for impl, ratio in row.speedups.items())
     return f"{head} {row.pick} {pick['ms']:.4f} ms  {peers or '(no peer timed)'}"
-
-
-_REQ = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")  # the distribution name at the start of a requirement
-
-
-def _versions() -> dict[str, str]:
-    """torch, every installed distribution of ours (``tokenspeed-kernel*``), and each installed
-    library those require or offer as an extra (e.g. the compiler a backend wheel builds with)."""
-    found = {"torch": torch.__version__}
-    ours: dict[str, importlib.metadata.Distribution] = {}
-    for dist in importlib.metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower()
-        if name.startswith("tokenspeed-kernel") and name not in ours:
-            ours[name] = dist
-    wanted = sorted({m.group(0).lower() for d in ours.values() for r in d.requires or () if (m := _REQ.match(r))})
-    for name in sorted(ours):
-        found[name] = ours[name].version
-    for name in wanted:
-        if name in found or name.startswith("tokenspeed-kernel"):
-            continue
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return found
-
-
-def _git_commit() -> str | None:
-    """``git rev-parse HEAD`` where the package's source lives (an editable install), else in
-    the current directory; None without git or outside a checkout."""
-    package_dir = Path(__file__).resolve().parent
-    for where in (package_dir, Path.cwd()):
-        try:
-            done = subprocess.run(
-                ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=False
-            )
-        except (OSError, subprocess.SubprocessError):
-            continue
-        commit = done.stdout.strip()
-        if done.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", commit):
-            return commit
-    return None
 
 
 def _kernel_set(
@@ -519,9 +471,8 @@ def plot_json(json_path: str, path: str) -> None:
             SuiteRow(r["entry"], r["op"], r["case"], r["describe"], r["status"], r["pick"], speedups=r["speedups"])
             for r in data["rows"]
         ]
-        report = SuiteReport(
-            suite, data["device"], data["versions"], data["date"], data["started"], data["commit"], rows=rows
-        )
+        kept = {key: data.get(key) for key in PROVENANCE_KEYS}
+        report = SuiteReport(suite, data["device"], kept, data["date"], data["started"], rows=rows)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"--from-json {json_path}: not a saved suite run ({type(exc).__name__}: {exc})") from None
     plot(report, path)
@@ -565,10 +516,9 @@ def run_suite(
     report = SuiteReport(
         suite,
         torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        _versions(),
+        provenance(),
         now.date().isoformat(),
         now.isoformat(timespec="seconds"),
-        _git_commit(),
         preset,
         kernels,
         budget_s,

@@ -39,7 +39,7 @@ class Tile:
     num_stages: int
 
 
-# CUDA rows. Measured on an H100 (ci/device/attention_bench.py --sweep, 2026-11-22, GPT-OSS
+# CUDA rows. Measured on an H100 (a tile sweep, 2026-11-22, docs/history.md; GPT-OSS
 # shapes, D=64, three device runs): causal prefill S=8192 with (128, 64, 4, 3): 1441, 1454,
 # 1446 us (~380 TFLOP/s, stable); (128, 64, 8, 3) measured 1369 us once, then 1827 us after an
 # unrelated change to the mask code (register pressure at 8 warps makes it fragile): not
@@ -49,7 +49,7 @@ class Tile:
 # repeat the d64 rows and a narrow window at d256 takes the d256 prefill tile (the table was
 # keyed by regime and "head dim > 128" only when these were measured): the launches are the
 # same as before the table was keyed by vendor. The ``TILES`` alias below is this dict
-# (ci/device/attention_bench.py --sweep edits ``TILES["prefill"]`` in place).
+# (ci/device/tiles_sweep.py re-measures the rows; it replaces ``_tile`` while a variant runs).
 CUDA_TILES: dict[str, Tile] = {
     "prefill": Tile(rows=128, block_n=64, num_warps=4, num_stages=3),
     "prefill_d128": Tile(rows=128, block_n=64, num_warps=4, num_stages=3),

@@ -66,8 +66,8 @@ _TABLE: tuple[tuple[str, str, float, Tile], ...] = (
     ("rocm", "dense", float("inf"), Tile(64, 64, 64, 8, 4, 2)),
     ("rocm", "mx", 4, Tile(16, 32, 64, 1, 4, 2)),
     ("rocm", "mx", float("inf"), Tile(64, 64, 64, 8, 4, 2)),
-    # tl.dot_scaled (bf16 x e2m1): the H100 sweep of ci/device/moe_bench.py --mx at GPT-OSS
-    # shapes (docs/history.md, 2026-11-23): 16 x 64 wins every decode T (T=1 74 vs 94 us
+    # tl.dot_scaled (bf16 x e2m1): the H100 sweep at GPT-OSS shapes (docs/history.md,
+    # 2026-11-23; ci/device/tiles_sweep.py re-measures): 16 x 64 wins every decode T (T=1 74 vs 94 us
     # for 16 x 32, T=8 375 vs 546, T=64 1302 vs 2000); 64 x 64 at T=512, 128 x 128 at 4096.
     ("cuda", "mx_dot", 4, Tile(16, 64, 128, 1, 4, 3)),
     ("cuda", "mx_dot", 16, Tile(16, 64, 128, 1, 4, 3)),

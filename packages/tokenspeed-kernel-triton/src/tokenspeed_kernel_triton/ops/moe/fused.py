@@ -183,8 +183,8 @@ def _gemm(a, op: Operand, bias, routing: Routing, weights, *, n, k, top_k, tile:
 def fused_moe(args: MoEApplyArgs, tile: Tile | None = None, combine: str = "reduce") -> None:
     """Run the four launches for ``args`` (writes ``args.out``); ``tile`` overrides the table.
     ``combine``: ``"reduce"`` (default: the deterministic combine kernel) or ``"atomic"`` (the
-    weighted combine fused into the w2 epilogue with float32 atomics; for timing both, see
-    ``ci/device/moe_bench.py --combine``)."""
+    weighted combine fused into the w2 epilogue with float32 atomics; both timed on an H100 in
+    docs/history.md, "fp8 activations and the two combine modes")."""
     prepared = args.prepared if isinstance(args.prepared, PreparedMoE) else None
     ops = prepared or PreparedMoE(_operand(args.w13), _operand(args.w2))
     weights = "mxfp4" if ops.w13.fmt == MXFP4 else "plain"

@@ -18,7 +18,7 @@ instead of decoding E2M1 with integer arithmetic. MXFP4 weights and bf16 activat
   Every launch size is a function of shapes: CUDA-graph capturable.
 - **Gating.** Ranked above ``triton_fused_moe`` for MXFP4 weights: on an H100 its GPU
   numerics pass and it is 1.21-1.44x faster at every T from 1 to 4096
-  (``ci/device/moe_bench.py --mx``, docs/history.md). Unavailable under the Triton
+  (docs/history.md, 2026-11-23). Unavailable under the Triton
   interpreter, which cannot run ``tl.dot_scaled``. ROCm is allowed but never measured: the
   kernel compiles for gfx942 (Triton emulates ``dot_scaled`` with bf16 MFMA) and gfx950
   (``test_aot_compile_moe.py``), and the AMD Gluon MoE kernels outrank it there.
