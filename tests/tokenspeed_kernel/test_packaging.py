@@ -254,6 +254,8 @@ def _assert_build_record(text: str) -> None:
     exec(compile(text, "_build_info.py", "exec"), record)
     import shutil
 
-    head = shutil.which("git") and subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    head = shutil.which("git") and subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
+    )
     expected = head.stdout.strip() if head and head.returncode == 0 else None
     assert record["COMMIT"] == expected and isinstance(record["DIRTY"], bool) == (expected is not None), text

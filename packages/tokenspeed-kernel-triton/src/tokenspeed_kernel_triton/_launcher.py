@@ -41,11 +41,16 @@ launches repeat with the same arguments except a few tensors (q, out, lse): the 
 worked out once, at its first launch, and each later launch only checks what the key read
 of those tensors (dtype and 16-byte alignment) and of the bound tensors (alignment), then
 calls the C launcher. Any doubt takes :func:`jit_launch` with the full arguments.
+
+``Launch(fn, grid, args, kwargs)`` is one launch as data, so that one function builds a
+kernel's argument list for both uses: ``launch()`` runs it once (:func:`jit_launch`),
+``launch.bound(*positions)`` makes the :class:`BoundLaunch` of a plan's runner.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -53,7 +58,7 @@ from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-__all__ = ["BoundLaunch", "clear", "jit_launch", "launcher_stats", "set_enabled"]
+__all__ = ["BoundLaunch", "Launch", "clear", "jit_launch", "launcher_stats", "set_enabled"]
 
 # The JITFunction / CompiledKernel / CudaLauncher internals used here were read in this
 # version; any other runs the normal path.
@@ -375,6 +380,23 @@ def set_enabled(enabled: bool) -> bool:
 def clear() -> None:
     """Forget every remembered launch (Triton's own caches are untouched)."""
     _KERNELS.clear()
+
+
+class Launch(NamedTuple):
+    """``fn[grid](*args, **kwargs)`` as data (a named tuple: cheap to build per call)."""
+
+    fn: Any
+    grid: tuple[int, ...]
+    args: tuple
+    kwargs: dict
+
+    def __call__(self) -> None:
+        """Launch it once, through :func:`jit_launch`."""
+        jit_launch(self.fn, self.grid, *self.args, **self.kwargs)
+
+    def bound(self, *varying: int) -> BoundLaunch:
+        """The :class:`BoundLaunch` whose launches take new tensors at positions ``varying``."""
+        return BoundLaunch(self.fn, self.grid, self.args, self.kwargs, varying)
 
 
 class BoundLaunch:

@@ -13,6 +13,8 @@ Vocabulary:
                   it supports every feature the request names.
     layout_hook   the operator has a layout plan step (``mha_decode_plan``), so its kernels
                   may register a ``prepare_layout`` hook.
+    binds         the operator's plan calls a kernel's ``bind`` hook (``DecodePlan`` once per
+                  layout, ``MoEPlan`` once per token count), so its kernels may register one.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class OperatorSchema:
     features: tuple[str, ...]
     summary: str
     layout_hook: bool = False
+    binds: bool = False
 
 
 _ATTENTION_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
@@ -69,6 +72,7 @@ OPERATORS: dict[str, OperatorSchema] = {
             features=(*_ATTENTION_FEATURES, "fp8_kv", "spec_decode", "strided_kv"),
             summary="decode against a paged KV cache (mha_decode_with_kvcache, mha_decode_plan)",
             layout_hook=True,
+            binds=True,
         ),
         OperatorSchema(
             "kvcache.store",
@@ -102,6 +106,7 @@ OPERATORS: dict[str, OperatorSchema] = {
                 "fp8_act",
             ),
             summary="mixture-of-experts expert computation and combine (moe_apply)",
+            binds=True,
         ),
     )
 }

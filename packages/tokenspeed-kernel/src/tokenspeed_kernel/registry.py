@@ -169,11 +169,14 @@ class KernelSpec:
     (``moe_plan``). ``prepare_layout`` (optional, operators whose schema has
     ``layout_hook``) is the batch-layout plan hook: ``prepare_layout(args) -> None``, called
     with the operator's typed arguments outside CUDA-graph capture whenever the layout
-    tensors changed (``mha_decode_plan``, ``DecodePlan.update``). ``bind`` (optional, same
-    operators) is the run binder: ``bind(args) -> run``, called once per plan with the
-    arguments ``prepare_layout`` gets; ``run(args)`` then serves every ``DecodePlan.run`` in
-    place of ``fn``, with the launch work that depends only on the plan (grid, launch
-    configuration, workspaces, the compiled kernel) done once. ``graph_safe`` says
+    tensors changed (``mha_decode_plan``, ``DecodePlan.update``). ``bind`` (optional,
+    operators whose schema ``binds``) is the run binder: ``bind(args) -> run``; ``run(args)``
+    then serves the plan's later calls in place of ``fn``, with the launch work that depends
+    only on the plan (grid, launch configuration, workspaces, the compiled kernel) done once.
+    ``DecodePlan`` binds once per layout, with the arguments ``prepare_layout`` gets;
+    ``MoEPlan`` binds once per token count, on the first eager ``apply`` with that count
+    outside CUDA-graph capture, and a MoE ``bind`` may return None to leave that count to
+    ``fn`` (see :mod:`tokenspeed_kernel.ops.moe.plan`). ``graph_safe`` says
     whether a call can be captured in a CUDA graph: False for kernels that read device
     values on the host or plan per call. ``rank_shapes``/``rank_priority``: for a request
     whose shapes are all in these sets (``None`` in a set: the key may be absent), the
@@ -352,7 +355,8 @@ def register_kernel(
     (``KernelSpec.priority_for``).
 
     Raises ``ValueError`` for an unknown operator, dtype role, shape key or feature, for a
-    ``prepare_layout`` or ``bind`` hook on an operator without a layout plan step, for a ``rank_when``
+    ``prepare_layout`` (``bind``) hook on an operator without a layout plan step (a plan that
+    binds), for a ``rank_when``
     without shapes, and for a name already taken by another kernel; ``TypeError`` for a
     non-bool ``graph_safe``.
     """
@@ -378,12 +382,14 @@ def register_kernel(
         if not rank_shapes:
             raise ValueError(f"kernel {name!r}: rank_when needs at least one shape key, got {when!r}")
         rank_priority = int(rank_priority)
-    for hook_name, hook in (("prepare_layout", prepare_layout), ("bind", bind)):
-        if hook is not None and not schema.layout_hook:
-            with_hook = ", ".join(s.name for s in OPERATORS.values() if s.layout_hook)
+    for hook_name, hook, allowed, step in (
+        ("prepare_layout", prepare_layout, "layout_hook", "no layout plan step"),
+        ("bind", bind, "binds", "no plan that binds a run"),
+    ):
+        if hook is not None and not getattr(schema, allowed):
+            with_hook = ", ".join(s.name for s in OPERATORS.values() if getattr(s, allowed))
             raise ValueError(
-                f"kernel {name!r}: {op} has no layout plan step, so {hook_name} would never be called "
-                f"(operators with one: {with_hook})"
+                f"kernel {name!r}: {op} has {step}, so {hook_name} would never be called (operators with one: {with_hook})"
             )
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:

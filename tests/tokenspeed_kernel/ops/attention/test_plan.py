@@ -235,8 +235,10 @@ def test_bind_hook_is_called_once_after_the_layout_hook_and_its_runner_serves_ev
     assert len(fn.calls) == 1 and len(runs) == 2
 
 
-def test_bind_hook_needs_a_layout_plan_step(temp_kernels):
-    with pytest.raises(ValueError, match=r"moe.topk has no layout plan step, so bind would never be called"):
+def test_bind_hook_needs_a_plan_that_binds(temp_kernels):
+    with pytest.raises(
+        ValueError, match=r"moe.topk has no plan that binds a run, so bind would never be called.*decode, moe.apply"
+    ):
         temp_kernels("moe.topk", name="fake_bad_bind", bind=lambda args: lambda run_args: None)
 
 

@@ -200,3 +200,75 @@ def test_plan_apply_records_its_kernel_and_refuses_capture_when_not_graph_safe(m
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(RuntimeError, match="not graph-safe"):
         plan.apply(d["x"], d["topk_weights"], d["topk_ids"])
+
+
+BOUND_KERNEL = "test_moe_with_bind"
+
+
+@pytest.fixture
+def bound_kernel():
+    """A kernel with a ``bind`` hook that declines 3-token calls; counts binds and runs."""
+    events = []
+    reference = registry.get_kernel(APPLY).fn
+
+    def bind(args):
+        count = args.x.shape[0]
+        events.append(("bind", count))
+        if count == 3:
+            return None
+
+        def run(a):
+            assert a.x.shape[0] == count
+            events.append(("run", count))
+            reference(a)
+
+        return run
+
+    def kernel(args):
+        events.append(("fn", args.x.shape[0]))
+        reference(args)
+
+    registry.register_kernel(
+        "moe.apply", name=BOUND_KERNEL, solution="test", vendors=("cpu",), features=ALL_FEATURES, bind=bind
+    )(kernel)
+    yield events
+    registry.unregister_kernel(BOUND_KERNEL)
+
+
+def test_plan_binds_once_per_token_count(bound_kernel, monkeypatch):
+    case = cases.MoECase("moe.apply", 5, 64, 32, 8, 2, torch.float32, bias=True, expert_map=True)
+    d, weights = _inputs(case, 0)
+    plan = moe_plan(**weights, x_dtype=torch.float32, top_k=2, activation="silu", override=BOUND_KERNEL)
+    for num_tokens, seed in ((5, 0), (5, 1), (3, 2), (3, 3), (2, 4), (5, 5)):
+        step = cases.make_inputs(dataclasses.replace(case, num_tokens=num_tokens), seed=seed)
+        out = torch.full_like(step["x"], float("nan"))
+        got = plan.apply(step["x"], step["topk_weights"], step["topk_ids"], out=out)
+        want = moe_apply(
+            step["x"], **weights, topk_weights=step["topk_weights"], topk_ids=step["topk_ids"], override=APPLY
+        )
+        assert got is out
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    assert bound_kernel == [
+        ("bind", 5), ("run", 5), ("run", 5), ("bind", 3), ("fn", 3), ("fn", 3), ("bind", 2), ("run", 2), ("run", 5),
+    ]  # fmt: skip
+    assert set(plan.runners) == {5, 3, 2} and plan.runners[3] is None
+    bound_kernel.clear()
+    moe_apply(**d, override=BOUND_KERNEL)  # the functional path never binds
+    assert bound_kernel == [("fn", 5)]
+
+
+def test_plan_does_not_bind_while_capturing_or_past_the_limit(bound_kernel, monkeypatch):
+    case = cases.MoECase("moe.apply", 4, 64, 32, 8, 2, torch.float32)
+    d, weights = _inputs(case, 1)
+    plan = moe_plan(**weights, x_dtype=torch.float32, top_k=2, override=BOUND_KERNEL)
+    monkeypatch.setattr(plan_module, "is_capturing", lambda: True)
+    plan.apply(d["x"], d["topk_weights"], d["topk_ids"])
+    assert bound_kernel == [("fn", 4)] and plan.runners == {}  # binds later, eagerly
+    monkeypatch.setattr(plan_module, "is_capturing", lambda: False)
+    monkeypatch.setattr(plan_module, "BIND_MAX_COUNTS", 0)
+    plan.apply(d["x"], d["topk_weights"], d["topk_ids"])
+    assert bound_kernel == [("fn", 4), ("fn", 4)] and plan.runners == {}
+    monkeypatch.setattr(plan_module, "BIND_MAX_COUNTS", 1)
+    plan.apply(d["x"], d["topk_weights"], d["topk_ids"])
+    plan.apply(d["x"], d["topk_weights"], d["topk_ids"])
+    assert bound_kernel[2:] == [("bind", 4), ("run", 4), ("run", 4)] and set(plan.runners) == {4}

@@ -175,6 +175,30 @@ def test_plan_repacks_mxfp4_scales_and_matches_functional_path():
     assert torch.equal(planned, functional), "plan and functional path must agree bit for bit"
 
 
+@pytest.mark.parametrize("name", ["gpt_oss_like", "expert_map", "plain_t1"])
+def test_plan_runs_bound_per_token_count(name):
+    """MoEPlan binds triton_fused_moe's four launches once per token count (fresh inputs
+    every call, outputs poisoned first); each call equals the functional path bit for bit
+    and matches float64; counts above BIND_MAX_TOKENS are left to fn."""
+    base = {c.name: c for c in cases.awkward_cases("moe.apply")}[name]
+    inputs = cases.make_inputs(base, DEVICE, seed=3)
+    weights = {k: inputs[k] for k in ("w13", "w2", "w13_bias", "w2_bias", "expert_map")}
+    plan = moe_plan(
+        **weights, x_dtype=base.dtype, top_k=base.top_k, activation=base.activation, override="triton_fused_moe"
+    )
+    counts = (1, 5, 1, 5, fused.BIND_MAX_TOKENS + 1)
+    for seed, num_tokens in enumerate(counts):
+        step = cases.make_inputs(dataclasses.replace(base, num_tokens=num_tokens), DEVICE, seed=20 + seed)
+        step.update(weights)
+        out = torch.full_like(step["x"], float("nan"))
+        planned = plan.apply(step["x"], step["topk_weights"], step["topk_ids"], out=out)
+        _check(planned, naive_moe(**step), base.dtype)
+        assert torch.equal(planned, cases.call(dataclasses.replace(base, num_tokens=num_tokens), step))
+    assert set(plan.runners) == {1, 5, fused.BIND_MAX_TOKENS + 1}
+    assert plan.runners[1] is not None and plan.runners[5] is not None
+    assert plan.runners[fused.BIND_MAX_TOKENS + 1] is None
+
+
 @pytest.mark.parametrize("with_map", [False, True])
 @pytest.mark.parametrize("block_m", [16, 64])
 def test_permutation_groups_pairs_by_expert(with_map, block_m):

@@ -201,11 +201,26 @@ def _apply_plan(device: torch.device) -> Callable[[], object]:
     return lambda: plan.apply(m["x"], m["topk_weights"], m["topk_ids"])
 
 
+def _apply_plan_mxfp4(device: torch.device) -> Callable[[], object]:
+    """The plan at GPT-OSS's MoE options: MXFP4 weights, biases, swiglu_oai (the decode path)."""
+    from tokenspeed_kernel import moe_plan
+    from tokenspeed_kernel.quant import quantize_mxfp4
+
+    m = _moe(device)
+    experts, hidden = m["w2"].shape[:2]
+    plan = moe_plan(
+        quantize_mxfp4(m["w13"]), quantize_mxfp4(m["w2"]), x_dtype=DTYPE, top_k=4, activation="swiglu_oai",
+        w13_bias=_randn(experts, m["w13"].shape[1], device=device), w2_bias=_randn(experts, hidden, device=device),
+    )  # fmt: skip
+    return lambda: plan.apply(m["x"], m["topk_weights"], m["topk_ids"])
+
+
 def cases() -> tuple[OverheadCase, ...]:
     """The timed calls: every public operator and each plan's per-step call, at GPT-OSS-120B's
     attention heads (64 query / 8 KV heads of dim 64, bf16, sinks): prefill 64 tokens with
     window 128; extend 16 onto 256 cached; decode B=1 over 256 keys; store 1 token; top-4 of
-    128 over 4 tokens; MoE 4 tokens, 32 experts of 512 x 512, top-4."""
+    128 over 4 tokens; MoE 4 tokens, 32 experts of 512 x 512, top-4 (bf16 weights; the plan
+    also with MXFP4 weights, biases and swiglu_oai)."""
     return (
         OverheadCase("mha_prefill", "attention.prefill", _prefill),
         OverheadCase("mha_extend_with_kvcache", "attention.extend", _extend),
@@ -215,6 +230,7 @@ def cases() -> tuple[OverheadCase, ...]:
         OverheadCase("moe_topk", "moe.topk", _topk),
         OverheadCase("moe_apply", "moe.apply", _apply),
         OverheadCase("MoEPlan.apply", "moe.apply", _apply_plan),
+        OverheadCase("MoEPlan.apply mxfp4", "moe.apply", _apply_plan_mxfp4),
     )
 
 

@@ -19,13 +19,13 @@ import torch
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel_triton._host import cdiv
-from tokenspeed_kernel_triton._launcher import jit_launch
+from tokenspeed_kernel_triton._launcher import Launch
 from tokenspeed_kernel_triton.ops.moe._common import next_pow2
 from tokenspeed_kernel_triton.ops.moe._config import Tile
 from tokenspeed_kernel_triton.ops.moe._gemm import combine_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing, sort_by_expert
 
-__all__ = ["COMBINES", "Layer", "combine", "layer_output", "run_moe"]
+__all__ = ["COMBINES", "Layer", "combine", "combine_launch", "layer_output", "run_moe"]
 
 COMBINES = ("reduce", "atomic")  # run_moe(combine=...): the deterministic kernel, or fused atomics
 
@@ -70,16 +70,22 @@ def layer_output(
     return torch.empty((splits, routing.num_pairs, n), dtype=torch.float32, device=a.device)
 
 
-def combine(y: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor | None, out: torch.Tensor) -> None:
-    """``out[t] = sum over j, s of y[s, t * k + j]`` (float32 ``y`` ``[S, P, H]``), skipping
-    pairs mapped to -1; a fixed order, so bit-reproducible."""
+def combine_launch(
+    y: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor | None, out: torch.Tensor
+) -> Launch:
+    """The launch of :func:`combine` (argument positions: ``topk_ids`` 1, ``out`` 3)."""
     num_tokens, top_k = topk_ids.shape
     hidden = y.shape[-1]
     block_h = min(1024, next_pow2(hidden))
-    jit_launch(combine_kernel, (num_tokens, cdiv(hidden, block_h)),
-        y, topk_ids, topk_ids if expert_map is None else expert_map, out, hidden, out.stride(0), y.stride(0),
-        TOP_K=top_k, HAS_MAP=expert_map is not None, BLOCK_H=block_h, SPLITS=y.shape[0], num_warps=4,
-    )  # fmt: skip
+    return Launch(combine_kernel, (num_tokens, cdiv(hidden, block_h)), (
+        y, topk_ids, y if expert_map is None else expert_map, out, hidden, out.stride(0), y.stride(0),
+    ), dict(TOP_K=top_k, HAS_MAP=expert_map is not None, BLOCK_H=block_h, SPLITS=y.shape[0], num_warps=4))  # fmt: skip
+
+
+def combine(y: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor | None, out: torch.Tensor) -> None:
+    """``out[t] = sum over j, s of y[s, t * k + j]`` (float32 ``y`` ``[S, P, H]``), skipping
+    pairs mapped to -1; a fixed order, so bit-reproducible."""
+    combine_launch(y, topk_ids, expert_map, out)()
 
 
 def run_moe(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: Layer, combine_mode: str = "reduce") -> None:

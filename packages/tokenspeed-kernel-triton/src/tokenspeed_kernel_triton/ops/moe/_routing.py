@@ -16,10 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel_triton._launcher import jit_launch
+from tokenspeed_kernel_triton._launcher import Launch
 from tokenspeed_kernel_triton.ops.moe._common import next_pow2
 
-__all__ = ["Routing", "align_kernel", "max_tiles", "sort_by_expert"]
+__all__ = ["Routing", "align_kernel", "align_launch", "max_tiles", "sort_by_expert"]
 
 
 @triton.jit
@@ -96,8 +96,11 @@ class Routing:
     num_pairs: int
 
 
-def sort_by_expert(topk_ids: torch.Tensor, expert_map: torch.Tensor | None, num_experts: int, block_m: int) -> Routing:
-    """Group the pairs of ``topk_ids`` (int32 ``[T, k]``) by local expert in one launch."""
+def align_launch(
+    topk_ids: torch.Tensor, expert_map: torch.Tensor | None, num_experts: int, block_m: int
+) -> tuple[Routing, Launch]:
+    """The permutation's buffers (uninitialized) and the launch of :func:`align_kernel` that
+    fills them from ``topk_ids`` (int32 ``[T, k]``, contiguous; argument position 0)."""
     num_pairs = topk_ids.numel()
     bound = max_tiles(num_pairs, num_experts, block_m)
     device = topk_ids.device
@@ -105,10 +108,17 @@ def sort_by_expert(topk_ids: torch.Tensor, expert_map: torch.Tensor | None, num_
     tile_expert = torch.empty(bound, dtype=torch.int32, device=device)
     num_tiles = torch.empty(1, dtype=torch.int32, device=device)
     block_p = min(1024, max(next_pow2(num_pairs), 16))
-    jit_launch(align_kernel, (num_experts,),
-        topk_ids, topk_ids if expert_map is None else expert_map, sorted_ids, tile_expert, num_tiles,
-        num_pairs,
+    launch = Launch(align_kernel, (num_experts,), (
+        topk_ids, sorted_ids if expert_map is None else expert_map, sorted_ids, tile_expert, num_tiles, num_pairs,
+    ), dict(
         HAS_MAP=expert_map is not None, BLOCK_M=block_m, BLOCK_E=max(next_pow2(num_experts), 2), BLOCK_P=block_p,
         num_warps=4,
-    )  # fmt: skip
-    return Routing(sorted_ids, tile_expert, num_tiles, bound, num_pairs)
+    ))  # fmt: skip
+    return Routing(sorted_ids, tile_expert, num_tiles, bound, num_pairs), launch
+
+
+def sort_by_expert(topk_ids: torch.Tensor, expert_map: torch.Tensor | None, num_experts: int, block_m: int) -> Routing:
+    """Group the pairs of ``topk_ids`` (int32 ``[T, k]``) by local expert in one launch."""
+    routing, launch = align_launch(topk_ids, expert_map, num_experts, block_m)
+    launch()
+    return routing

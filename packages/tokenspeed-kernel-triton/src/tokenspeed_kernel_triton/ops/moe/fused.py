@@ -18,6 +18,7 @@ even/odd-strided activation tiles instead) and stores the scales N-contiguous.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +27,7 @@ from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, Weight
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_triton._host import cdiv
-from tokenspeed_kernel_triton._launcher import jit_launch
+from tokenspeed_kernel_triton._launcher import Launch, jit_launch
 from tokenspeed_kernel_triton.ops.moe._common import (
     ACT_DTYPES,
     ACTIVATION_CODES,
@@ -39,11 +40,21 @@ from tokenspeed_kernel_triton.ops.moe._common import (
     vendor_of,
 )
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile
-from tokenspeed_kernel_triton.ops.moe._driver import layer_output, run_moe
+from tokenspeed_kernel_triton.ops.moe._driver import combine_launch, layer_output, run_moe
 from tokenspeed_kernel_triton.ops.moe._gemm import FP8_BLOCK, FP8_ROW, MXFP4, PLAIN, fp8_quant_kernel, moe_gemm_kernel
-from tokenspeed_kernel_triton.ops.moe._routing import Routing
+from tokenspeed_kernel_triton.ops.moe._routing import Routing, align_launch
 
-__all__ = ["FEATURES", "Operand", "PreparedMoE", "experts_predicate", "fused_moe", "prepare_moe", "triton_fused_moe"]
+__all__ = [
+    "BIND_MAX_TOKENS",
+    "FEATURES",
+    "Operand",
+    "PreparedMoE",
+    "bind_fused_moe",
+    "experts_predicate",
+    "fused_moe",
+    "prepare_moe",
+    "triton_fused_moe",
+]
 
 
 @dataclass(frozen=True)
@@ -147,6 +158,31 @@ def quantize_fp8_rows(a: torch.Tensor, group: int, routing: Routing | None = Non
     return q, s
 
 
+def _gemm_launch(a, op: Operand, bias, routing: Routing, weights, out, a_scale=None, *, n, k, top_k, tile: Tile,
+                 gated, activation, atomic=False) -> Launch:  # fmt: skip
+    """The launch of one grouped GEMM layer into ``out`` (argument positions: ``a`` 0,
+    ``weights`` 8); ``a_scale``: float32 per-row (group) scales of an fp8 ``a``."""
+    mx = op.fmt == MXFP4
+    block_k = 64 if mx else tile.block_k  # MXFP4 steps over 64-value groups
+    grid = (routing.tiles_bound * cdiv(n, tile.block_n),)
+    fp8_act = a_scale is not None
+    return Launch(moe_gemm_kernel, grid, (
+        a, op.data, op.data if op.scale is None else op.scale, op.data if bias is None else bias, out,
+        routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights, out if a_scale is None else a_scale,
+        routing.num_pairs, n, k, routing.tiles_bound,
+        a.stride(0), op.data.stride(0), op.data.stride(1), op.data.stride(2), *op.scale_strides,
+        0 if bias is None else bias.stride(0), out.stride(-2),
+        *((0, 0) if a_scale is None else a_scale.stride()),
+    ), dict(
+        TOP_K=top_k, FORMAT=op.fmt, GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k, GROUP_M=tile.group_m,
+        EVEN_K=k % (128 if op.mx_words else 64 if mx else block_k) == 0, INTERPRET=INTERPRET,
+        DOT_PREC=None if fp8_act else dot_precision(a.dtype),
+        MX_HALVES=op.mx_halves, MX_BF16=mx and a.dtype == torch.bfloat16, MX_WORDS=op.mx_words,
+        ATOMIC=atomic, A_FP8=fp8_act, num_warps=tile.num_warps, num_stages=tile.num_stages,
+    ))  # fmt: skip
+
+
 def _gemm(a, op: Operand, bias, routing: Routing, weights, *, n, k, top_k, tile: Tile, gated, activation,
           combine_into=None, fp8_act=False):  # fmt: skip
     """One grouped GEMM layer (a :data:`Layer`): the intermediate ``[tiles * BLOCK_M, n]`` in
@@ -160,24 +196,20 @@ def _gemm(a, op: Operand, bias, routing: Routing, weights, *, n, k, top_k, tile:
         if op.fmt not in (FP8_ROW, FP8_BLOCK):
             raise ValueError("activation_quant='fp8' needs FP8 weights")
         a, a_scale = quantize_fp8_rows(a, 128 if op.fmt == FP8_BLOCK else 0, None if gated else routing)
-    mx = op.fmt == MXFP4
-    block_k = 64 if mx else tile.block_k  # MXFP4 steps over 64-value groups
-    grid = (routing.tiles_bound * cdiv(n, tile.block_n),)
-    jit_launch(moe_gemm_kernel, grid,
-        a, op.data, op.data if op.scale is None else op.scale, a if bias is None else bias, out,
-        routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights, out if a_scale is None else a_scale,
-        routing.num_pairs, n, k, routing.tiles_bound,
-        a.stride(0), op.data.stride(0), op.data.stride(1), op.data.stride(2), *op.scale_strides,
-        0 if bias is None else bias.stride(0), out.stride(-2),
-        *((0, 0) if a_scale is None else a_scale.stride()),
-        TOP_K=top_k, FORMAT=op.fmt, GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k, GROUP_M=tile.group_m,
-        EVEN_K=k % (128 if op.mx_words else 64 if mx else block_k) == 0, INTERPRET=INTERPRET,
-        DOT_PREC=None if fp8_act else dot_precision(a.dtype),
-        MX_HALVES=op.mx_halves, MX_BF16=mx and a.dtype == torch.bfloat16, MX_WORDS=op.mx_words,
-        ATOMIC=combine_into is not None, A_FP8=fp8_act, num_warps=tile.num_warps, num_stages=tile.num_stages,
-    )  # fmt: skip
+    _gemm_launch(a, op, bias, routing, weights, out, a_scale, n=n, k=k, top_k=top_k, tile=tile, gated=gated,
+                 activation=activation, atomic=combine_into is not None)()  # fmt: skip
     return out
+
+
+def _operands(args: MoEApplyArgs) -> PreparedMoE:
+    """The plan's prepared operands, or the public weights as the kernel reads them."""
+    prepared = args.prepared if isinstance(args.prepared, PreparedMoE) else None
+    return prepared or PreparedMoE(_operand(args.w13), _operand(args.w2))
+
+
+def _tile(args: MoEApplyArgs, ops: PreparedMoE) -> Tile:
+    weights = "mxfp4" if ops.w13.fmt == MXFP4 else "plain"
+    return pick_tile(args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), weights, args.x.element_size())
 
 
 def fused_moe(args: MoEApplyArgs, tile: Tile | None = None, combine: str = "reduce") -> None:
@@ -185,14 +217,46 @@ def fused_moe(args: MoEApplyArgs, tile: Tile | None = None, combine: str = "redu
     ``combine``: ``"reduce"`` (default: the deterministic combine kernel) or ``"atomic"`` (the
     weighted combine fused into the w2 epilogue with float32 atomics; both timed on an H100 in
     docs/history.md, "fp8 activations and the two combine modes")."""
-    prepared = args.prepared if isinstance(args.prepared, PreparedMoE) else None
-    ops = prepared or PreparedMoE(_operand(args.w13), _operand(args.w2))
-    weights = "mxfp4" if ops.w13.fmt == MXFP4 else "plain"
-    tile = tile or pick_tile(
-        args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), weights, args.x.element_size()
-    )
+    ops = _operands(args)
+    tile = tile or _tile(args, ops)
     layer = functools.partial(_gemm, fp8_act=True) if args.activation_quant == "fp8" else _gemm
     run_moe(args, ops.w13, ops.w2, tile, layer, combine)
+
+
+# Plan runs are bound up to this many tokens (decode and small batches, where the host time of
+# four launches is most of a call); above it ``fn`` serves, as the workspaces a runner keeps
+# grow with T (the w2 rows alone are T * top_k * H float32).
+BIND_MAX_TOKENS = 64
+
+
+def bind_fused_moe(args: MoEApplyArgs) -> Callable[[MoEApplyArgs], None] | None:
+    """The ``bind`` hook (``MoEPlan``): the four launches of :func:`fused_moe` for this token
+    count, bound once with the permutation buffers, the intermediate and the w2 rows as
+    workspaces; a call then launches with its x, routing and out. None (``fn`` serves) above
+    :data:`BIND_MAX_TOKENS` tokens and with ``activation_quant`` (a quantization launch)."""
+    num_tokens, top_k = args.topk_ids.shape
+    if num_tokens > BIND_MAX_TOKENS or args.activation_quant is not None:
+        return None
+    ops = _operands(args)
+    tile = _tile(args, ops)
+    hidden, inter = args.x.shape[1], args.w2.shape[-1]
+    routing, align = align_launch(args.topk_ids, args.expert_map, args.w13.shape[0], tile.block_m)
+    h = layer_output(args.x, routing, inter, tile, gated=True)
+    y = layer_output(h, routing, hidden, tile, gated=False)
+    common = dict(top_k=top_k, tile=tile, activation=args.activation)
+    w13 = _gemm_launch(args.x, ops.w13, args.w13_bias, routing, args.topk_weights, h, n=inter, k=hidden, gated=True,
+                       **common).bound(0, 8)  # fmt: skip
+    w2 = _gemm_launch(h, ops.w2, args.w2_bias, routing, args.topk_weights, y, n=hidden, k=inter, gated=False,
+                      **common).bound(8)  # fmt: skip
+    sort, total = align.bound(0), combine_launch(y, args.topk_ids, args.expert_map, args.out).bound(1, 3)
+
+    def run(a: MoEApplyArgs) -> None:
+        sort(a.topk_ids)
+        w13(a.x, a.topk_weights)
+        w2(a.topk_weights)
+        total(a.topk_ids, a.out)
+
+    return run
 
 
 FEATURES = (
@@ -227,6 +291,7 @@ def experts_predicate(request: Request) -> str | None:
     priority=Priority.PORTABLE,
     predicate=experts_predicate,
     prepare=prepare_moe,
+    bind=bind_fused_moe,
 )
 def triton_fused_moe(args: MoEApplyArgs) -> None:
     """Grouped-GEMM MoE: device-side permutation, w13 GEMM + bias + activation, w2 GEMM + bias

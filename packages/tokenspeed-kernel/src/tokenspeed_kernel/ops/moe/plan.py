@@ -25,6 +25,21 @@ transposed weights, swizzled scales, ...) that the plan keeps and hands to the k
 ``MoEApplyArgs.prepared`` on every :meth:`MoEPlan.apply`. ``args.w13``/``args.w2`` etc. still
 carry the public weights. The kernel must also work with ``prepared=None`` (the functional
 ``moe_apply`` path). ``prepare`` must not modify its inputs; it may allocate on their device.
+
+**Bound runs.** A kernel may also register a ``bind`` hook (``@register_kernel(bind=...)``)::
+
+    def bind(args: MoEApplyArgs) -> Callable[[MoEApplyArgs], None] | None
+
+:meth:`MoEPlan.apply` calls it on the first eager call with a given token count (never while
+a stream is capturing: captured calls run ``fn``), with that call's arguments. The runner it
+returns serves every later call of the plan with that count in place of ``fn``: it holds what
+depends only on the plan and the count (tile choice, grids, workspaces, compiled launches),
+so a call only launches. x, topk_weights, topk_ids and out vary between calls (same shapes,
+dtypes and device, all contiguous: the plan's checks guarantee it); the plan's weights,
+biases, map and ``prepared`` do not. ``bind`` returns None to leave a count to ``fn`` (for
+example one whose workspaces would be too large to keep). A runner's workspaces are shared
+by the plan's calls with that count, which the stream orders: calls of one plan must not run
+concurrently on different streams. A plan keeps at most :data:`BIND_MAX_COUNTS` runners.
 """
 
 from __future__ import annotations
@@ -37,7 +52,7 @@ import torch
 
 from tokenspeed_kernel import config
 from tokenspeed_kernel.ops._checks import call_key, call_table, check_int, check_override, dtype_name, remember
-from tokenspeed_kernel.ops._dispatch import capture_signature, check_capturable, record
+from tokenspeed_kernel.ops._dispatch import capture_signature, check_capturable, is_capturing, record
 from tokenspeed_kernel.ops.moe import _custom_ops
 from tokenspeed_kernel.ops.moe._validate import (
     WeightInfo,
@@ -54,9 +69,11 @@ from tokenspeed_kernel.platform import Platform, platform_for
 from tokenspeed_kernel.registry import KernelSpec, Request
 from tokenspeed_kernel.selector import NoKernelFoundError, select
 
-__all__ = ["PLAN_MAX_TOKENS", "MoEPlan", "MoERegime", "moe_plan"]
+__all__ = ["BIND_MAX_COUNTS", "PLAN_MAX_TOKENS", "MoEPlan", "MoERegime", "moe_plan"]
 
 PLAN_MAX_TOKENS = 1 << 16  # the largest token bucket a plan selects for
+BIND_MAX_COUNTS = 64  # token counts a plan keeps bound runners for (later counts run ``fn``)
+Runner = Callable[[MoEApplyArgs], None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,6 +132,8 @@ class MoEPlan:
     regimes: tuple[MoERegime, ...]
     activation_quant: str | None = None
     handle: int = field(default=0, compare=False)
+    # Token count -> the bound runner (None: ``fn`` serves that count); see "Bound runs".
+    runners: dict[int, Runner | None] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def kernel(self) -> str:
@@ -220,9 +239,23 @@ class MoEPlan:
         check_capturable(regime.spec)
         record(regime.spec, regime.request)
         if num_tokens:
-            regime.spec.fn(args)
+            run = self.runners.get(num_tokens, _UNBOUND)
+            if run is _UNBOUND:
+                run = self._bind(regime.spec, args)
+            (run or regime.spec.fn)(args)
         return args.out
 
+    def _bind(self, spec: KernelSpec, args: MoEApplyArgs) -> Runner | None:
+        """The runner for ``args``' token count from ``spec.bind`` (None: ``fn`` serves it),
+        remembered (a None too); nothing is bound without a hook, while the stream is capturing
+        or once the plan holds :data:`BIND_MAX_COUNTS` counts."""
+        if spec.bind is None or is_capturing() or len(self.runners) >= BIND_MAX_COUNTS:
+            return None
+        run = self.runners[args.x.shape[0]] = spec.bind(args)
+        return run
+
+
+_UNBOUND = object()  # MoEPlan.runners has no entry for a count yet
 
 # Call keys (plan handle + activations; see ops/_checks.py) whose full checks passed.
 _PLAN_CALLS: dict[Hashable, bool] = call_table()
