@@ -224,3 +224,32 @@ def test_shipped_tma_config_falls_back_on_unaligned_weights():
     out = torch.empty_like(x)
     with pytest.raises(ValueError, match="w13's packed words 16-byte aligned"):
         gm.launch(x, w13, w2, b13, b2, None, out, ti, tw, 4, "swiglu_oai", gm.mma_config(5))
+
+
+@pytest.mark.parametrize("emap", [False, True])
+def test_plan_runs_bound_per_token_count(emap):
+    """MoEPlan binds the MMA kernel's two launches once per token count (TMA descriptors
+    built once): fresh x and routing every call, outputs poisoned, x rows sometimes 2 bytes
+    off alignment; each call matches float64 and equals the functional call bit for bit."""
+    from tokenspeed_kernel.ops.moe import moe_plan
+
+    x, w13, w2, b13, b2, _ = moe_problem(8, 8, 64, 96)
+    kw = dict(activation="swiglu_oai", w13_bias=b13, w2_bias=b2)
+    if emap:
+        kw["expert_map"] = torch.tensor([0, -1, 1, 2, -1, 3, 4, 5], dtype=torch.int32, device="cuda")
+        w13 = type(w13)(w13.packed[:6], w13.scales[:6])
+        w2 = type(w2)(w2.packed[:6], w2.scales[:6])
+        kw["w13_bias"], kw["w2_bias"] = b13[:6], b2[:6]
+    plan = moe_plan(w13, w2, x_dtype=x.dtype, top_k=4, override=MMA, **kw)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for step, t in enumerate((1, 5, 1, 8, 5)):
+        buf = torch.randn(t * 64 + 1, generator=gen, device="cuda").to(x.dtype)
+        xt = buf[step % 2 :][: t * 64].view(t, 64)  # odd steps: rows 2 bytes off 4-byte alignment
+        tw, ti = naive_topk(torch.randn(t, 8, generator=gen, device="cuda"), 4)
+        tw, ti = tw.float(), ti.int()
+        out = torch.full_like(xt, float("nan"))
+        plan.apply(xt, tw, ti, out=out)
+        assert not out.isnan().any()
+        assert rel_err(out, naive_moe(xt, w13, w2, tw, ti, **kw)) < 2e-2
+        assert torch.equal(out, moe_apply(xt, w13, w2, tw, ti, override=MMA, **kw))
+    assert set(plan.runners) == {1, 5, 8} and all(run is not None for run in plan.runners.values())

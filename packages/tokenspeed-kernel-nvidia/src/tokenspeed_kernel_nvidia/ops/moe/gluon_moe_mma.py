@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
+from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, register_kernel
 from tokenspeed_kernel_nvidia._workspace import workspace
 from tokenspeed_kernel_nvidia.ops.moe._common import (
@@ -48,9 +50,19 @@ from tokenspeed_kernel_nvidia.ops.moe._common import (
     words,
 )
 from tokenspeed_kernel_triton._host import cdiv
-from tokenspeed_kernel_triton._launcher import jit_launch
+from tokenspeed_kernel_triton._launcher import Launch
 
-__all__ = ["FEATURES", "GluonMoEMMAConfig", "gluon_moe_mma", "grids", "mma_config", "predicate"]
+__all__ = [
+    "FEATURES",
+    "GluonMoEMMAConfig",
+    "bind_moe_mma",
+    "gluon_moe_mma",
+    "grids",
+    "launch",
+    "launches",
+    "mma_config",
+    "predicate",
+]
 
 ACT_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -179,20 +191,14 @@ def _descriptor(packed: torch.Tensor, cfg: GluonMoEMMAConfig, layer: int):
     return TensorDescriptor(flat, list(flat.shape), [flat.shape[1], 1], box, layout)
 
 
-def launch(
-    x, w13, w2, b13, b2, emap, out, ids, tw, top_k, activation, cfg: GluonMoEMMAConfig | None = None,
-    layers: tuple[int, ...] = (1, 2),
-) -> None:  # fmt: skip
-    """Both layers on ``x [T, H]`` (bf16/fp16), MXFP4 ``w13 [E, 2I, H]``, ``w2 [E, H, I]``,
-    routing ``ids`` int32 / ``tw`` float32 ``[T, top_k]`` (contiguous), into ``out [T, H]``.
-    ``layers`` (benchmarking only): launch just these layers (layer 2 alone reads the
-    intermediate the last layer-1 launch of this shape left in the workspace). ``cfg``
-    defaults to :func:`mma_config`; where its TMA-staged layer cannot read the weights
-    (packed words not 16-byte aligned, e.g. an offset view) the register layers run instead,
-    while an explicit ``cfg`` asking for TMA raises a ValueError."""
+def launches(
+    x, w13, w2, b13, b2, emap, out, ids, tw, top_k, activation, cfg: GluonMoEMMAConfig | None = None
+) -> tuple[Launch, Launch]:  # fmt: skip
+    """The two launches of :func:`launch` (same arguments), as data. Argument positions that
+    change between calls of a plan: layer 1 ``x`` 0, ``ids`` 6; layer 2 ``out`` 5, ``ids``
+    6, ``tw`` 7 (x rows must be 4-byte aligned: :func:`launch` copies them if not)."""
     from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_kernel import w2_mma_kernel, w13_mma_kernel
 
-    x = _aligned_rows(x)
     num_tokens, hidden = x.shape
     inter = w2.shape[-1]
     chosen = cfg is None
@@ -215,34 +221,80 @@ def launch(
     hid = workspace(x.device, "mma_hid", (num_tokens * top_k, inter), torch.float16)
     hs = workspace(x.device, "mma_hs", (num_tokens * top_k, inter // 32), torch.float32)
     # What the register and the TMA-staged kernel of each layer share (arguments after the
-    # weight words or their descriptor, and constexprs).
-    rest1 = (s13, x if b13 is None else b13, hid, hs, ids, ids if emap is None else emap, x.stride(0),
+    # weight words or their descriptor, and constexprs). Absent bias and map: a placeholder
+    # pointer the kernel never reads (one that stays put between calls).
+    rest1 = (s13, s13 if b13 is None else b13, hid, hs, ids, hs if emap is None else emap, x.stride(0),
              0 if b13 is None else b13.stride(0))  # fmt: skip
     meta1 = dict(
         N=inter, KG=hidden // 32, TOP_K=top_k, HAS_MAP=emap is not None, HAS_BIAS=b13 is not None,
         ACTIVATION=ACTIVATION_CODES[activation], X_F16=x.dtype == torch.float16, KS=cfg.ks1, U=cfg.u1, XL=xl,
         HP=cfg.row_pad(hidden), NORMALIZE=cfg.normalize, num_warps=cfg.ks1,
     )  # fmt: skip
-    rest2 = (s2, x if b2 is None else b2, out, ids, tw, ids if emap is None else emap, 0 if b2 is None else b2.stride(0),
-             out.stride(0))  # fmt: skip
+    rest2 = (s2, s2 if b2 is None else b2, out, ids, tw, hs if emap is None else emap,
+             0 if b2 is None else b2.stride(0), out.stride(0))  # fmt: skip
     meta2 = dict(
         N=hidden, KG=inter // 32, TOP_K=top_k, KP=next_pow2(top_k), KS=cfg.ks2, U=cfg.u2, HAS_MAP=emap is not None,
         HAS_BIAS=b2 is not None, NORMALIZE=cfg.normalize, num_warps=next_pow2(top_k) * cfg.ks2,
     )  # fmt: skip
-    if 1 in layers and cfg.tma1:
+    if cfg.tma1:
         from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w13_mma_tma_kernel
 
-        jit_launch(w13_mma_tma_kernel, g1, x, _descriptor(p13, cfg, 1), *rest1, STAGES=cfg.stages1, **meta1)
-    elif 1 in layers:
-        jit_launch(w13_mma_kernel, g1, x, p13, *rest1, L=l1, PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint, **meta1)
-    if 2 in layers and cfg.tma2:
+        first = Launch(w13_mma_tma_kernel, g1, (x, _descriptor(p13, cfg, 1), *rest1), dict(STAGES=cfg.stages1, **meta1))
+    else:
+        first = Launch(w13_mma_kernel, g1, (x, p13, *rest1),
+                       dict(L=l1, PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint, **meta1))  # fmt: skip
+    if cfg.tma2:
         from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w2_mma_tma_kernel
 
-        jit_launch(w2_mma_tma_kernel, g2, hid, hs, _descriptor(p2, cfg, 2), *rest2, STAGES=cfg.stages2, **meta2)
-    elif 2 in layers:
-        jit_launch(w2_mma_kernel, g2,
-            hid, hs, p2, *rest2, R=cfg.rb2, L=l2, PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint, **meta2
-        )  # fmt: skip
+        second = Launch(w2_mma_tma_kernel, g2, (hid, hs, _descriptor(p2, cfg, 2), *rest2),
+                        dict(STAGES=cfg.stages2, **meta2))  # fmt: skip
+    else:
+        second = Launch(w2_mma_kernel, g2, (hid, hs, p2, *rest2),
+                        dict(R=cfg.rb2, L=l2, PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint, **meta2))  # fmt: skip
+    return first, second
+
+
+def launch(
+    x, w13, w2, b13, b2, emap, out, ids, tw, top_k, activation, cfg: GluonMoEMMAConfig | None = None,
+    layers: tuple[int, ...] = (1, 2),
+) -> None:  # fmt: skip
+    """Both layers on ``x [T, H]`` (bf16/fp16), MXFP4 ``w13 [E, 2I, H]``, ``w2 [E, H, I]``,
+    routing ``ids`` int32 / ``tw`` float32 ``[T, top_k]`` (contiguous), into ``out [T, H]``.
+    ``layers`` (benchmarking only): launch just these layers (layer 2 alone reads the
+    intermediate the last layer-1 launch of this shape left in the workspace). ``cfg``
+    defaults to :func:`mma_config`; where its TMA-staged layer cannot read the weights
+    (packed words not 16-byte aligned, e.g. an offset view) the register layers run instead,
+    while an explicit ``cfg`` asking for TMA raises a ValueError."""
+    first, second = launches(_aligned_rows(x), w13, w2, b13, b2, emap, out, ids, tw, top_k, activation, cfg)
+    if 1 in layers:
+        first()
+    if 2 in layers:
+        second()
+
+
+def bind_moe_mma(args: MoEApplyArgs) -> Callable[[MoEApplyArgs], None] | None:
+    """The ``bind`` hook (``MoEPlan``): both launches of this token count keyed once (the TMA
+    descriptors built once); a call launches with its x, routing and out. None (``fn``
+    serves, raising its own error) for weights other than MXFP4."""
+    routing = mxfp4_routing(args, "gluon_moe_mma_sm90") if isinstance(args.w13, MXFP4Weight) else None
+    if routing is None:
+        return None
+    ids, tw = routing
+    x = _aligned_rows(args.x)
+    first, second = launches(
+        x, args.w13, args.w2, args.w13_bias, args.w2_bias, args.expert_map, args.out, ids, tw, ids.shape[1],
+        args.activation,
+    )  # fmt: skip
+    layer1, layer2 = first.bound(0, 6), second.bound(5, 6, 7)
+
+    def run(a: MoEApplyArgs) -> None:
+        x = a.x
+        if x.data_ptr() & 3:  # rows must be 4-byte aligned (the kernel reads int32 pairs)
+            x = x.clone()
+        layer1(x, a.topk_ids)
+        layer2(a.out, a.topk_ids, a.topk_weights)
+
+    return run
 
 
 @register_kernel(
@@ -255,6 +307,7 @@ def launch(
     features=FEATURES,
     priority=Priority.PERFORMANT + 10,
     predicate=predicate,
+    bind=bind_moe_mma,
 )
 def gluon_moe_mma(args: MoEApplyArgs) -> None:
     """MXFP4 MoE for T <= 8 on Hopper with mma.sync dots: two Gluon launches (w13 + bias +
