@@ -48,10 +48,15 @@ table = []
 print(f"{'call':26s} {'kernel (this build)':26s} {'this µs':>8s} {'older µs':>9s} {'ratio':>6s}   per round (this / older)")
 for name, row in runs["new"][0].items():
     new = [r[name]["host_us"] for r in runs["new"]]
-    old = [r[name]["host_us"] for r in runs["old"] if name in r]
-    n, o = statistics.median(new), statistics.median(old)
-    rounds_txt = " ".join(f"{a:.0f}/{b:.0f}" for a, b in zip(new, old))
-    print(f"{name:26s} {row['kernel']:26s} {n:8.1f} {o:9.1f} {o / n:5.2f}x   {rounds_txt}")
+    old = [r[name]["host_us"] for r in runs["old"] if name in r]  # empty: a call the older build lacks
+    n = statistics.median(new)
+    if old:
+        o = statistics.median(old)
+        rounds_txt = " ".join(f"{a:.0f}/{b:.0f}" for a, b in zip(new, old))
+        print(f"{name:26s} {row['kernel']:26s} {n:8.1f} {o:9.1f} {o / n:5.2f}x   {rounds_txt}")
+    else:
+        rounds_txt = " ".join(f"{a:.0f}/-" for a in new)
+        print(f"{name:26s} {row['kernel']:26s} {n:8.1f} {'-':>9s} {'-':>6s}   {rounds_txt}")
     table.append({"name": name, "kernel": row["kernel"], "this_us": new, "older_us": old})
 json.dump({"commits": commits, "rows": table}, open(f"{out}/overhead_ab.json", "w"), indent=1)
 PY
