@@ -1,8 +1,11 @@
-"""Baselines for ``bench``: what a user without this library would run, in plain torch.
+"""Baselines for ``bench``: what a user without this library would run, in plain torch, and
+the peer an engine already has where it is installed (``matmul_ogs``, an optional import).
 
 Each baseline prepares, outside the timed region, whatever it needs from a case's inputs
 (gathering a paged cache into a contiguous one, dequantizing weights once) and returns the
-function to time, or a reason string when it cannot run this case. Baselines that cannot
+function to time, or a reason string when it cannot run this case; a function may carry a
+``note`` attribute (str), which its row shows (e.g. its agreement with float64, for a peer
+``bench`` would otherwise not check). Baselines that cannot
 express sinks or a logit cap run the same attention without them (their names say so in
 the bench output as ``-nosinks``): that is the work a user would compare against.
 
@@ -13,7 +16,9 @@ the bench output as ``-nosinks``): that is the work a user would compare against
     moe.topk           torch_topk (softmax/sigmoid + torch.topk)
     moe.apply          torch_grouped_mm (sort by expert + torch._grouped_mm, bf16 weights),
                        torch_expert_loop (the same with one matmul pair per expert, only
-                       where torch._grouped_mm cannot run)
+                       where torch._grouped_mm cannot run),
+                       matmul_ogs+sort, matmul_ogs-presorted (OpenAI's triton_kernels on the
+                       same MXFP4 weights, where importable: :mod:`._ogs`)
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch.nn.functional as F
 
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.reference.moe import ACTIVATION_FUNCTIONS
+from tokenspeed_kernel.tools import _ogs
 from tokenspeed_kernel.tools.cases import Case
 
 __all__ = ["BASELINES", "Baseline", "baselines_for"]
@@ -308,7 +314,12 @@ BASELINES: dict[str, tuple[Baseline, ...]] = {
     "attention.decode": (Baseline("gather_sdpa", _gather_sdpa), Baseline("sdpa_contiguous", _sdpa_contiguous)),
     "kvcache.store": (),
     "moe.topk": (Baseline("torch_topk", _torch_topk),),
-    "moe.apply": (Baseline("torch_grouped_mm", _torch_grouped_mm), Baseline("torch_expert_loop", _torch_expert_loop)),
+    "moe.apply": (
+        Baseline("torch_grouped_mm", _torch_grouped_mm),
+        Baseline("torch_expert_loop", _torch_expert_loop),
+        Baseline("matmul_ogs+sort", _ogs.prepare_sorting),
+        Baseline("matmul_ogs-presorted", _ogs.prepare_presorted),
+    ),
 }
 
 

@@ -239,7 +239,7 @@ def bench(
                 continue
             timing = time_fn(runner, dev)
             row = _row(case, label, "baseline", timing.median_ms, ceil)
-            row.note = _timing_note(timing, dev)
+            row.note = "; ".join(filter(None, (_timing_note(timing, dev), getattr(runner, "note", ""))))
             base_rows.append(row)
         for row in kernel_rows:
             row.speedups = {b.impl: b.ms / row.ms for b in base_rows if b.ms is not None}
