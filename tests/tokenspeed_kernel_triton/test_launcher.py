@@ -454,3 +454,39 @@ def test_host_helpers_match_triton():
     for a in range(-40, 200):
         for b in range(1, 33):
             assert _host.cdiv(a, b) == triton.cdiv(a, b)
+
+
+def _descriptor_wrapper(calls: list):
+    """Triton's own tensor-descriptor wrapper (``wrap_handle_tensordesc``) around a fake C
+    launch recording its arguments; the kernel's argument 1 is a descriptor."""
+    from triton.backends.nvidia.driver import wrap_handle_tensordesc
+
+    def c_launch(*args):
+        calls.append(args)
+
+    signature = {0: "*fp32", 1: "tensordesc<i32[32, 32]>", 2: "i32"}
+    return c_launch, wrap_handle_tensordesc(c_launch, signature, None)
+
+
+def test_bound_descriptors_are_expanded_once_as_triton_would():
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    base = torch.zeros(64, 32, dtype=torch.int32)
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+    desc = TensorDescriptor(base, [64, 32], [32, 1], [32, 32], layout)
+    calls: list = []
+    c_launch, wrapper = _descriptor_wrapper(calls)
+    head = (1, 1, 1, 7, 1000, False, False, None, None, (4, 1, 0), None, None, None)
+    fast = [1234, desc, 5]
+    launcher, expanded, slots, bases = _launcher._expand_descriptors(wrapper, fast, (0,))
+    assert launcher is c_launch and slots == (0,) and bases == [base]
+    wrapper(*head, *fast)
+    launcher(*head, *expanded)
+    assert len(calls) == 2 and len(calls[0]) == len(calls[1])
+    assert all(a is b or a == b for a, b in zip(calls[0], calls[1])), "the same arguments reach the C launch"
+    assert expanded[-1] == 5 and expanded[0] == 1234
+    assert _launcher._expand_descriptors(wrapper, fast, (2, 0))[2] == (len(expanded) - 1, 0)
+    # A varying descriptor, or a launcher without the wrapper: nothing to expand.
+    assert _launcher._expand_descriptors(wrapper, fast, (1,)) is None
+    assert _launcher._expand_descriptors(c_launch, fast, (0,)) is None

@@ -235,7 +235,9 @@ def _bad_kind():
 def _globals_unchanged(fn) -> bool:
     missing = _globals_unchanged
     for (name, _), (value, scope) in fn.used_global_vals.items():
-        if scope.get(name, missing) != value:
+        now = scope.get(name, missing)
+        # The same object first: comparing Triton constexprs with != builds new objects.
+        if now is not value and now != value:
             return False
     return True
 
@@ -420,7 +422,8 @@ class BoundLaunch:
     """
 
     __slots__ = (
-        "_args", "_bound", "_checks", "_dev", "_direct", "_fast", "_fn", "_grid", "_hash", "_kwargs", "_varying",
+        "_args", "_bound", "_checks", "_dev", "_direct", "_fast", "_fn", "_grid", "_hash", "_kwargs", "_slots",
+        "_varying",
     )  # fmt: skip
 
     def __init__(self, fn, grid: tuple[int, ...], args: tuple, kwargs: dict, varying: tuple[int, ...]) -> None:
@@ -435,6 +438,7 @@ class BoundLaunch:
         self._direct = None
         self._checks: tuple = ()  # per varying position: (dtype, aligned or None)
         self._fast: list = []  # the launch arguments: addresses for tensors, then the tail
+        self._slots: tuple[int, ...] = ()  # where each varying tensor's address goes in _fast
         self._bound: tuple = ()  # (bound tensor, its remembered address)
         self._dev = self._hash = None
 
@@ -448,7 +452,7 @@ class BoundLaunch:
             dev = _DEVICE[1]()
             if dev == self._dev and fn.hash is self._hash and _nothing_else_changed(fn) and self._unmoved():
                 fast = self._fast.copy()
-                for position, (dtype, aligned), t in zip(self._varying, self._checks, values):
+                for position, (dtype, aligned), t in zip(self._slots, self._checks, values):
                     if type(t) is not _TENSOR or t.dtype is not dtype or _device_of(t) != dev:
                         break
                     ptr = t.data_ptr()
@@ -515,11 +519,47 @@ class BoundLaunch:
             else:
                 fast.append(value)
         direct, run, function, packed, coop, pdl, _ = entry
+        fast, slots = fast + list(shape.tail), self._varying
+        if direct:
+            expanded = _expand_descriptors(run, fast, slots)
+            if expanded is not None:
+                run, fast, slots, bases = expanded
+                bound.extend((t, t.data_ptr()) for t in bases)
         self._checks = tuple(checks[position] for position in self._varying)
-        self._fast = fast + list(shape.tail)
+        self._fast, self._slots = fast, slots
         self._bound = tuple(bound)
         self._dev, self._hash = dev, state.hash
         self._direct = (direct, run, function, packed, coop, pdl)
+
+
+def _expand_descriptors(run, fast: list, slots: tuple[int, ...]):
+    """For a kernel with Gluon ``TensorDescriptor`` arguments, Triton 3.6's raw launcher is a
+    Python wrapper (``wrap_handle_tensordesc``) that encodes each descriptor into a CUDA
+    tensor map at every launch. A bound launch whose descriptors are all bound encodes them
+    once here: returns (the C launcher under the wrapper, the arguments with each descriptor
+    expanded as the wrapper would, the varying slots in them, the descriptors' base tensors),
+    or None (no wrapper, a varying descriptor, another Triton)."""
+    code, cells = getattr(run, "__code__", None), getattr(run, "__closure__", None)
+    if code is None or cells is None:
+        return None
+    free = dict(zip(code.co_freevars, cells))
+    needed = ("launcher", "tensordesc_indices", "tensordesc_meta")
+    make = run.__globals__.get("make_tensordesc_arg")
+    if make is None or any(name not in free for name in needed):
+        return None
+    launcher, indices, meta = (free[name].cell_contents for name in needed)
+    if any(slot in indices for slot in slots):
+        return None
+    expanded, where, bases, k = [], {}, [], 0
+    for i, value in enumerate(fast):
+        if i in indices:
+            expanded.extend(make(value, meta[k]))
+            bases.append(value.base)
+            k += 1
+        else:
+            where[i] = len(expanded)
+            expanded.append(value)
+    return launcher, expanded, tuple(where[slot] for slot in slots), bases
 
 
 _TENSOR = torch.Tensor
