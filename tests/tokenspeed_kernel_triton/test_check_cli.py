@@ -1,6 +1,7 @@
 """``tokenspeed-kernel check --preset awkward`` passes for every Triton kernel under the
 interpreter (the command the device scripts run on the GPU; bf16 and fp16, fp8 KV and every
-MoE weight format included)."""
+MoE weight format included), and the derived check (every claim of every kernel that runs
+here) finds no false claim."""
 
 import json
 import os
@@ -30,6 +31,26 @@ def test_check_passes_for_the_triton_kernel(op, capsys):
     assert code == 0, out[-3000:]
     summary = out.strip().splitlines()[-1]
     assert " 0 failed" in summary and not summary.startswith("0 passed"), summary
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU form (on a GPU: check all --device cuda)")
+def test_no_kernel_that_runs_here_fails_a_claim(tmp_path):
+    """``check all`` in its default (derived) mode over every in-tree kernel: the reference
+    and Triton kernels run (the Triton ones under the interpreter) and none fails a claim;
+    the GPU-only kernels are ``not run here``, never passed. About 60 s on 2 cores."""
+    path = tmp_path / "claims.json"
+    assert main(["check", "all", "--device", "cpu", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    failed = [
+        f"{c['kernel']}: {c['kind']} {c['claim']} ({c['note']})" for c in data["claims"] if c["status"] == "failed"
+    ]
+    assert not failed and data["failed"] == 0, failed
+    status = {(c["kernel"], c["kind"], c["claim"]): c["status"] for c in data["claims"]}
+    for kernel in KERNELS.values():  # every claim of each Triton kernel is checked
+        assert {s for (k, _, _), s in status.items() if k == kernel} == {"checked"}, kernel
+    gpu_only = {k for (k, _, _), s in status.items() if s == "not run here"}
+    assert {"gluon_decode_sm90", "amd_gluon_decode", "triton_fused_moe_mx"} <= gpu_only
+    assert not any(s == "checked" for (k, _, _), s in status.items() if k in gpu_only)
 
 
 def _check_in_a_fresh_process(tmp_path, **env: str) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
