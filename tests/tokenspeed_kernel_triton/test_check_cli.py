@@ -47,7 +47,9 @@ def test_no_kernel_that_runs_here_fails_a_claim(tmp_path):
     path = tmp_path / "claims.json"
     assert main(["check", "all", "--device", "cpu", "--json", str(path)]) == 0
     data = json.loads(path.read_text())
-    failed = [f"{c['kernel']}: {c['kind']} {c['claim']} ({c['note']})" for c in data["claims"] if c["status"] == "failed"]
+    failed = [
+        f"{c['kernel']}: {c['kind']} {c['claim']} ({c['note']})" for c in data["claims"] if c["status"] == "failed"
+    ]
     assert not failed and data["failed"] == 0, failed
     status: dict[str, set[str]] = {}
     for c in data["claims"]:
