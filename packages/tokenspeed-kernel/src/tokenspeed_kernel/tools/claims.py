@@ -25,8 +25,8 @@ predicate), so that none is refused for lack of support:
 ``batch-1``, ``batch-padded``  MoE: one token; a batch ending in padding tokens.
 
 Lengths and the other free choices are drawn from ``seed`` and the case id, so a case
-reproduces from ``(kernel, seed, id)``: ``check OP --kernel K --seed S --case ID``. On the CPU
-sizes stay small for a CPU interpreter (keys per sequence <= 48); a listed shape value
+reproduces from ``(kernel, seed, id)``: ``check OP --kernel K --seed S --case ID``. On the CPU,
+sizes stay small for the interpreter (keys per sequence <= 48); a listed shape value
 above the CPU's cap (:data:`CPU_CAPS`) is left to a GPU and reported ``not run here``. On a
 GPU the sequences are longer (<= 640 keys) and every listed edge runs.
 
