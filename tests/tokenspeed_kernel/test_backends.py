@@ -157,6 +157,19 @@ def test_example_plugin_computes_decode(plugin_path):
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 
 
+def test_example_plugin_proves_every_claim_of_its_registration(plugin_path):
+    from tokenspeed_kernel.tools.numerics import check
+
+    _fake_install(
+        plugin_path, "tokenspeed_kernel_example_plugin", {"example": "tokenspeed_kernel_example_plugin:register"}
+    )
+    registry.load_backends(force=True)
+    report = check("attention.decode", kernel="example_sdpa_decode", device="cpu", quiet=True)
+    assert report.ok and report.claims
+    assert {(c.claim, c.status) for c in report.claims if c.status != "checked"} == set()
+    assert {c.claim for c in report.claims if c.kind == "feature"} == {"sliding_window"}
+
+
 def test_failing_backend_is_skipped_and_rolled_back(plugin_path, caplog, capsys):
     _fake_install(
         plugin_path,

@@ -256,7 +256,7 @@ def test_help_names_every_preset(command, capsys, monkeypatch):
 
 
 def test_help_gives_the_defaults(capsys, monkeypatch):
-    assert "(default: awkward)" in _help("check", capsys, monkeypatch)
+    assert "(default: derived)" in _help("check", capsys, monkeypatch)
     assert "(default: gpt-oss-120b; small on a CPU)" in _help("bench", capsys, monkeypatch)
     text = _help("profile", capsys, monkeypatch)
     assert "--out FILE the trace to write (default: tokenspeed_kernel_trace.json)" in text

@@ -1,6 +1,7 @@
 """``tokenspeed-kernel check --preset awkward`` passes for every Triton kernel under the
 interpreter (the command the device scripts run on the GPU; bf16 and fp16, fp8 KV and every
-MoE weight format included)."""
+MoE weight format included), and the derived check (every claim of every kernel that runs
+here) finds no false claim."""
 
 import json
 import os
@@ -11,6 +12,8 @@ import pytest
 import torch
 
 from tokenspeed_kernel.cli import main
+
+ALL_BACKENDS = True  # the derived check covers every installed wheel's kernels (the others pass --kernel)
 
 KERNELS = {
     "kvcache.store": "triton_store_kvcache",
@@ -30,6 +33,35 @@ def test_check_passes_for_the_triton_kernel(op, capsys):
     assert code == 0, out[-3000:]
     summary = out.strip().splitlines()[-1]
     assert " 0 failed" in summary and not summary.startswith("0 passed"), summary
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU form (on a GPU: check all --device cuda)")
+def test_no_kernel_that_runs_here_fails_a_claim(tmp_path):
+    """``check all`` in its default (derived) mode over every installed kernel: the reference
+    and Triton kernels run (the Triton ones under the interpreter) and none fails a claim;
+    the GPU-only kernels (the NVIDIA and AMD wheels' where installed, the ``tl.dot_scaled``
+    MoE) are ``not run here``, never passed. About 30-60 s on 2 cores."""
+    from tokenspeed_kernel import registry, selector
+    from tokenspeed_kernel.platform import platform_for
+
+    path = tmp_path / "claims.json"
+    assert main(["check", "all", "--device", "cpu", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    failed = [
+        f"{c['kernel']}: {c['kind']} {c['claim']} ({c['note']})" for c in data["claims"] if c["status"] == "failed"
+    ]
+    assert not failed and data["failed"] == 0, failed
+    status: dict[str, set[str]] = {}
+    for c in data["claims"]:
+        status.setdefault(c["kernel"], set()).add(c["status"])
+    for kernel in KERNELS.values():  # every claim of each Triton kernel that runs here is checked
+        assert status[kernel] == {"checked"}, kernel
+    here = platform_for(torch.device("cpu"))
+    gpu_only = {s.name for s in registry.kernels() if selector.platform_reasons(s, here)}
+    assert "triton_fused_moe_mx" in gpu_only  # tl.dot_scaled: no interpreter
+    assert set(status) == {s.name for s in registry.kernels()}
+    for kernel in gpu_only:
+        assert status[kernel] <= {"not run here", "not exercised"}, kernel
 
 
 def _check_in_a_fresh_process(tmp_path, **env: str) -> tuple[subprocess.CompletedProcess, dict[str, str]]:

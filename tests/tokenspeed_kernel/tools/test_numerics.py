@@ -76,10 +76,10 @@ def test_compare_rules():
     assert verdict.has_nan and not verdict.passed
 
 
-def test_default_preset_is_awkward_and_rows_are_typed():
+def test_awkward_preset_rows_are_typed():
     from tokenspeed_kernel.tools import cases
 
-    report = check("kvcache.store", device="cpu", quiet=True)
+    report = check("kvcache.store", preset="awkward", device="cpu", quiet=True)
     awkward = cases.awkward_cases("kvcache.store", torch.bfloat16) + cases.awkward_cases("kvcache.store", torch.float16)
     assert len(report.rows) == len(awkward) and report.ok
     row = report.rows[0]

@@ -8,8 +8,10 @@ tokenspeed-kernel explain OP [--dtype D|ROLE=D,...] [--head-dim N] [--shape KEY=
                              [--features F,...] [--platform ARCH] [--capturable]
                                                   the selection table for a request spelled out
                                                   (--capturable: for CUDA-graph capture)
-tokenspeed-kernel check OP|all [--kernel K] [--preset P] [--device D] [--json FILE]
-                                                  numerics vs the float64 reference (exit 1 on failure)
+tokenspeed-kernel check OP|all [--kernel K] [--preset P] [--seed S] [--case ID] [--device D] [--json FILE]
+                                                  numerics vs the float64 reference on cases derived from
+                                                  each kernel's registration (or a preset's), with the
+                                                  claims coverage (exit 1 on failure)
 tokenspeed-kernel bench OP|all [--kernel K[,K...]|all] [--preset P | --replay FILE] [--json FILE]
                                                   timings, ceilings, same-run baselines
 tokenspeed-kernel bench --suite NAME [--preset P] [--budget-s S] [--json FILE] [--plot FILE.png]
@@ -38,6 +40,7 @@ from tokenspeed_kernel.ops._checks import dtype_name
 from tokenspeed_kernel.platform import KNOWN_ARCHS, Platform, current_platform, platform_from_arch
 from tokenspeed_kernel.registry import KernelSpec, Request
 from tokenspeed_kernel.selector import NoKernelFoundError
+from tokenspeed_kernel.tools.claims import DERIVED
 from tokenspeed_kernel.tools.common import resolve_device, write_json
 from tokenspeed_kernel.tools.overhead import add_arguments as overhead_arguments
 
@@ -241,11 +244,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     if args.interpreting:
         print(f"tokenspeed-kernel check: {config.INTERPRETER_NOTE}", file=sys.stderr)
-    report = check(args.op, kernel=args.kernel, preset=args.preset, device=args.device, seed=args.seed)
+    report = check(args.op, kernel=args.kernel, preset=args.preset, device=args.device, seed=args.seed, case=args.case)
     if args.json:
         write_json(args.json, report.to_json())
     if not report.passed:
-        print("nothing was checked: no kernel could serve these cases", file=sys.stderr)
+        why = "no kernel could run here" if args.preset == DERIVED else "no kernel could serve these cases"
+        print(f"nothing was checked: {why}", file=sys.stderr)
     return 0 if report.ok else 1
 
 
@@ -355,13 +359,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="FILE", help="also write every verdict as JSON")
     p.set_defaults(fn=_cmd_explain)
 
-    p = sub.add_parser("check", help="numerics against the float64 reference")
+    p = sub.add_parser("check", help="numerics against the float64 reference, and the claims coverage")
     p.add_argument("op", choices=[*ops, "all"])
-    p.add_argument("--kernel", default=None, help="one kernel (default: every registered kernel)")
-    p.add_argument("--preset", default="awkward", help=f"cases to check: {presets} (default: %(default)s)")
+    p.add_argument(
+        "--kernel", default=None, help="one kernel (default: every registered kernel; with all: on its own operator)"
+    )
+    p.add_argument(
+        "--preset",
+        default=DERIVED,
+        help=f"cases to check: {DERIVED} (each kernel's own, from its registration), {presets} (default: %(default)s)",
+    )
     p.add_argument("--device", default=None, help=device_help)
-    p.add_argument("--json", default=None, metavar="FILE", help="also write every row (PASS/FAIL/SKIP) as JSON")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: %(default)s)")
+    p.add_argument(
+        "--json", default=None, metavar="FILE", help="also write every row (PASS/FAIL/SKIP) and claim as JSON"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the derived cases and of the random inputs (default: %(default)s)"
+    )
+    p.add_argument(
+        "--case",
+        default=None,
+        metavar="ID",
+        help="one derived case of --kernel, by the id its row shows (a failure's reproduce line)",
+    )
     p.set_defaults(fn=_cmd_check)
 
     p = sub.add_parser("bench", help="timings vs same-run baselines and the device's ceilings")

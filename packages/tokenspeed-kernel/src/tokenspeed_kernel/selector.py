@@ -38,6 +38,8 @@ __all__ = [
     "env_overrides",
     "evaluate",
     "explain",
+    "platform_reasons",
+    "request_reasons",
     "select",
 ]
 
@@ -107,12 +109,12 @@ class KernelOverrideError(ValueError):
     """An override named an unknown kernel or one that cannot serve the request."""
 
 
-def _reasons(spec: KernelSpec, request: Request, platform: Platform) -> tuple[str, ...]:
+def _unavailable(spec: KernelSpec) -> str | None:
+    return spec.available() if spec.available is not None else None
+
+
+def _platform_misses(spec: KernelSpec, platform: Platform) -> tuple[str, ...]:
     reasons: list[str] = []
-    if spec.available is not None:
-        missing = spec.available()
-        if missing:
-            return (missing,)
     if platform.vendor not in spec.vendors:
         reasons.append(f"vendor {platform.vendor} not in {{{', '.join(sorted(spec.vendors))}}}")
     if spec.archs is not None and platform.arch not in spec.archs:
@@ -120,6 +122,22 @@ def _reasons(spec: KernelSpec, request: Request, platform: Platform) -> tuple[st
     missing_caps = spec.capabilities - platform.capabilities
     if missing_caps:
         reasons.append(f"platform lacks capabilities {{{', '.join(sorted(missing_caps))}}}")
+    return tuple(reasons)
+
+
+def platform_reasons(spec: KernelSpec, platform: Platform) -> tuple[str, ...]:
+    """Why ``spec`` cannot run on ``platform`` at all, whatever the request: the reason its
+    ``available`` hook gives (alone), else vendor, architecture and missing capabilities;
+    ``()`` when it can run there."""
+    missing = _unavailable(spec)
+    return (missing,) if missing else _platform_misses(spec, platform)
+
+
+def request_reasons(spec: KernelSpec, request: Request, *, predicate: bool = True) -> tuple[str, ...]:
+    """Why ``spec``'s metadata refuses ``request`` on any platform: dtypes, shapes, features,
+    graph safety, then (``predicate``, and only when nothing else failed) its predicate;
+    ``()`` when the registration claims to serve it."""
+    reasons: list[str] = []
     for role, allowed in spec.dtypes:
         dtype = request.dtype(role)
         if dtype is not None and dtype not in allowed:
@@ -135,11 +153,19 @@ def _reasons(spec: KernelSpec, request: Request, platform: Platform) -> tuple[st
         reasons.append(f"does not support {{{', '.join(sorted(unsupported))}}}")
     if request.capturable and not spec.graph_safe:
         reasons.append(NOT_GRAPH_SAFE)
-    if not reasons and spec.predicate is not None:
+    if predicate and not reasons and spec.predicate is not None:
         why = spec.predicate(request)
         if why:
             reasons.append(why)
     return tuple(reasons)
+
+
+def _reasons(spec: KernelSpec, request: Request, platform: Platform) -> tuple[str, ...]:
+    missing = _unavailable(spec)
+    if missing:
+        return (missing,)  # a missing library or device: that reason alone
+    where = _platform_misses(spec, platform)
+    return where + request_reasons(spec, request, predicate=not where)
 
 
 def evaluate(request: Request, platform: Platform | None = None) -> tuple[Candidate, ...]:

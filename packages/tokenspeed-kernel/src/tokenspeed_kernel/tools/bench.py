@@ -40,7 +40,7 @@ from tokenspeed_kernel.tools import cases
 from tokenspeed_kernel.tools.baselines import baselines_for
 from tokenspeed_kernel.tools.capture import read_capture
 from tokenspeed_kernel.tools.ceilings import Ceilings, ceilings
-from tokenspeed_kernel.tools.common import named_kernels, provenance, resolve_device, write_json
+from tokenspeed_kernel.tools.common import kernels_per_op, provenance, resolve_device, write_json
 from tokenspeed_kernel.tools.presets import preset_cases
 from tokenspeed_kernel.tools.progress import Progress
 from tokenspeed_kernel.tools.timing import Timing, time_fn
@@ -125,15 +125,7 @@ def _kernel_names(ops: list[str], kernel: str | None) -> dict[str, list[str | No
         return {op: [None] for op in ops}
     if kernel == "all":
         return {op: [spec.name for spec in registry.kernels(op)] for op in ops}
-    names = [name.strip() for name in kernel.split(",") if name.strip()]
-    if len(ops) == 1:
-        return {ops[0]: named_kernels(ops[0], names)}
-    mine = {op: [spec.name for spec in registry.kernels(op)] for op in ops}
-    for name in names:
-        if not any(name in kernels for kernels in mine.values()):
-            listed = "; ".join(f"{op}: {', '.join(kernels) or 'none'}" for op, kernels in mine.items())
-            raise ValueError(f"no kernel named {name!r} is registered for {', '.join(ops)}; kernels: {listed}")
-    return {op: [name for name in names if name in mine[op]] for op in ops}
+    return kernels_per_op(ops, [name.strip() for name in kernel.split(",") if name.strip()])
 
 
 def _row(case: cases.Case, impl: str, kind: str, ms: float, ceil: Ceilings | None) -> BenchRow:

@@ -27,6 +27,7 @@ __all__ = [
     "COMMIT_ENV",
     "PROVENANCE_KEYS",
     "available_devices",
+    "kernels_per_op",
     "named_kernels",
     "provenance",
     "resolve_device",
@@ -101,6 +102,24 @@ def named_kernels(op: str, names: list[str]) -> list[str]:
         )
         raise ValueError(f"{where}; {op} kernels: {', '.join(mine) or 'none'}")
     return names
+
+
+def kernels_per_op(ops: list[str], names: list[str]) -> dict[str, list[str]]:
+    """Per operator of ``ops``, the kernels of ``names`` registered for it. With one operator
+    every name must be one of its kernels (:func:`named_kernels`); with several, a name runs
+    on its own operator and the others are left without it.
+
+    Raises ``ValueError`` (one line, listing the valid names) for a name registered for none
+    of ``ops``.
+    """
+    if len(ops) == 1:
+        return {ops[0]: named_kernels(ops[0], names)}
+    mine = {op: [spec.name for spec in registry.kernels(op)] for op in ops}
+    for name in names:
+        if not any(name in kernels for kernels in mine.values()):
+            listed = "; ".join(f"{op}: {', '.join(kernels) or 'none'}" for op, kernels in mine.items())
+            raise ValueError(f"no kernel named {name!r} is registered for {', '.join(ops)}; kernels: {listed}")
+    return {op: [name for name in names if name in mine[op]] for op in ops}
 
 
 def _finite(value: Any) -> Any:

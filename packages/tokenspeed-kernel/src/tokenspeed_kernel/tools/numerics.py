@@ -1,12 +1,20 @@
 """``check``: run kernels on fresh random inputs and compare with the float64 reference.
 
-For every case of a preset and every candidate kernel (all registered for the operator, or
-one named), the public operator is called with ``override=<kernel>`` on inputs drawn for
-that case, outputs poisoned with NaN first where the operator takes ``out=``, and the
-result is compared with the reference kernels run in float64 (:mod:`.tolerances`). A
-kernel that cannot serve a case (the selector rejects the override on this device's
-platform) is reported as SKIP with the selector's reason; one that raises is a FAIL with
-the exception, and the remaining kernels and cases still run.
+Two sources of cases. By default (``preset="derived"``) each kernel gets the cases derived
+from its own registration (:mod:`.claims`): every listed dtype combination, each feature
+alone and all together, each listed shape range at its edges, ragged batches with length-1
+and padding rows; and the report ends with the claims coverage of each kernel. A named
+preset (``awkward``, ``small``, ...) instead runs the same cases on every candidate, for
+comparing kernels.
+
+For every case and kernel, the public operator is called with ``override=<kernel>`` on
+inputs drawn for that case, outputs poisoned with NaN first where the operator takes
+``out=``, and the result is compared with the reference kernels run in float64
+(:mod:`.tolerances`). A kernel that cannot serve a case (the selector rejects the override
+on this device's platform) is reported as SKIP with the selector's reason; one that raises
+is a FAIL with the exception, and the remaining kernels and cases still run. In derived mode
+a kernel that cannot run on this platform at all (vendor, architecture, capabilities, a
+missing library) is one SKIP row, "not run here", and its claims are ``not run here``.
 """
 
 from __future__ import annotations
@@ -20,9 +28,10 @@ from typing import Any, TextIO
 import torch
 
 from tokenspeed_kernel import registry, selector
+from tokenspeed_kernel.platform import platform_for
 from tokenspeed_kernel.selector import KernelOverrideError
-from tokenspeed_kernel.tools import cases
-from tokenspeed_kernel.tools.common import named_kernels, provenance, resolve_device
+from tokenspeed_kernel.tools import cases, claims
+from tokenspeed_kernel.tools.common import kernels_per_op, provenance, resolve_device
 from tokenspeed_kernel.tools.presets import preset_cases
 from tokenspeed_kernel.tools.tolerances import Comparison, compare, tolerance_for
 
@@ -58,8 +67,15 @@ class CheckRow:
 
 @dataclass
 class CheckReport:
+    """The rows of a run; in derived mode also the seed, the claims coverage and one command
+    line per failing (kernel, case) that reproduces it."""
+
     device: str
     rows: list[CheckRow] = field(default_factory=list)
+    preset: str = claims.DERIVED
+    seed: int = 0
+    claims: list[claims.ClaimRow] = field(default_factory=list)
+    reproduce: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> list[CheckRow]:
@@ -74,18 +90,29 @@ class CheckReport:
         """No failure, and at least one kernel actually checked."""
         return not self.failed and bool(self.passed)
 
+    @property
+    def failed_claims(self) -> list[claims.ClaimRow]:
+        return [c for c in self.claims if c.status == "failed"]
+
     def to_json(self) -> dict[str, Any]:
         """The report as JSON values: the device, the versions and commit
-        (:func:`.common.provenance`), ``ok``, the counts and every row (op, case, kernel,
-        status PASS/FAIL/SKIP, ``passed``, errors, tolerances, reason)."""
+        (:func:`.common.provenance`), the preset, the seed, ``ok``, the counts, every row (op,
+        case, kernel, status PASS/FAIL/SKIP, ``passed``, errors, tolerances, reason), and in
+        derived mode the claims (op, kernel, kind, claim, status, cases, note) with their
+        counts per status and the reproducing command lines."""
         return {
             "device": self.device,
             **provenance(),
+            "preset": self.preset,
+            "seed": self.seed,
             "ok": self.ok,
             "passed": len(self.passed),
             "failed": len(self.failed),
             "skipped": len(self.rows) - len(self.passed) - len(self.failed),
             "rows": [{**dataclasses.asdict(r), "passed": r.passed} for r in self.rows],
+            "claims": [dataclasses.asdict(c) for c in self.claims],
+            "claim_counts": {s: sum(c.status == s for c in self.claims) for s in claims.STATUSES},
+            "reproduce": list(self.reproduce),
         }
 
     def table(self) -> str:
@@ -95,7 +122,11 @@ class CheckReport:
             f"{'status':<6} {'op':<18} {'kernel':<28} {'max_abs':>10} {'rel_l2':>10} {'max_rel':>10} "
             f"{'tol l2/abs':>13}  case"
         )
-        lines = [f"device: {self.device}", head, "-" * len(head)]
+        derived = self.preset == claims.DERIVED
+        first = f"device: {self.device}" + (
+            f"  seed: {self.seed}  cases: derived from each kernel's registration" if derived else ""
+        )
+        lines = [first, head, "-" * len(head)]
         for r in self.rows:
             if r.status == "SKIP":
                 nums = " " * 46
@@ -105,9 +136,17 @@ class CheckReport:
             tail = f"  ({r.reason})" if r.reason else ""
             lines.append(f"{r.status:<6} {r.op:<18} {r.kernel:<28} {nums}  {r.case}{tail}")
         lines.append("pass: no NaN, rel_l2 <= tol l2 and max_abs <= tol abs * (1 + max|ref|) (tools/tolerances.py)")
-        lines.append(  # the summary stays the last line (scripts read it)
-            f"{len(self.passed)} passed, {len(self.failed)} failed, {len(self.rows) - len(self.passed) - len(self.failed)} skipped"
+        summary = (
+            f"{len(self.passed)} passed, {len(self.failed)} failed, "
+            f"{len(self.rows) - len(self.passed) - len(self.failed)} skipped"
         )
+        if derived:
+            lines += ["", f"claims coverage (seed {self.seed}; {' / '.join(claims.STATUSES)}):"]
+            lines += claims.render(self.claims)
+            lines += [f"reproduce: {command}" for command in self.reproduce]
+            counts = ", ".join(f"{sum(c.status == s for c in self.claims)} {s}" for s in claims.STATUSES)
+            summary += f"; claims: {counts}"
+        lines.append(summary)  # the summary stays the last line (scripts read it)
         return "\n".join(lines)
 
 
@@ -156,10 +195,12 @@ def _ids_agree(ids: torch.Tensor, ref_ids: torch.Tensor, ref_weights: torch.Tens
     return bool((~differ | near_prev | near_next).all())
 
 
-def _candidates(op: str, kernel: str | None) -> list[str]:
-    if kernel is not None:
-        return named_kernels(op, [kernel])
-    return [spec.name for spec in registry.kernels(op)]
+def _candidates(ops: list[str], kernel: str | None) -> dict[str, list[str]]:
+    """Per operator, the kernels to check: all registered, or the one named (on its own
+    operator only when several are checked)."""
+    if kernel is None:
+        return {op: [spec.name for spec in registry.kernels(op)] for op in ops}
+    return kernels_per_op(ops, [kernel])
 
 
 def check_case(case: cases.Case, names: Iterable[str], device: torch.device, seed: int = 0) -> list[CheckRow]:
@@ -215,29 +256,67 @@ def check_case(case: cases.Case, names: Iterable[str], device: torch.device, see
     return rows
 
 
+def _check_derived(report: CheckReport, op: str, name: str, dev: torch.device, seed: int, case_id: str | None) -> None:
+    """One kernel on the cases derived from its registration: its rows, claims and the
+    command lines reproducing its failures, added to ``report``."""
+    spec = registry.get_kernel(name)
+    derivation = claims.derive(spec, dev.type, seed)
+    chosen = derivation.cases if case_id is None else [derivation.case(case_id)]
+    not_run = "; ".join(selector.platform_reasons(spec, platform_for(dev)))
+    verdicts: dict[str, str] = {}
+    if not_run:
+        count = f"({len(chosen)} derived case{'s' if len(chosen) != 1 else ''})"
+        report.rows.append(CheckRow(op, count, name, "SKIP", reason=f"not run here: {not_run}"))
+    for derived in [] if not_run else chosen:
+        (row,) = check_case(derived.case, [name], dev, seed + derived.index)
+        report.rows.append(row)
+        verdicts[derived.id] = row.status
+        if row.status == "FAIL":
+            report.reproduce.append(
+                f"tokenspeed-kernel check {op} --kernel {name} --seed {seed} --case {derived.id} --device {dev.type}"
+            )
+    report.claims += claims.coverage(derivation, verdicts, not_run)
+
+
 def check(
     ops: str | Iterable[str],
     *,
     kernel: str | None = None,
-    preset: str = "awkward",
+    preset: str = claims.DERIVED,
     device: str | torch.device | None = None,
     seed: int = 0,
     stream: TextIO | None = None,
     quiet: bool = False,
+    case: str | None = None,
 ) -> CheckReport:
-    """Check kernels of ``ops`` (a name, ``"all"`` or a list) on ``preset``'s cases.
+    """Check kernels of ``ops`` (a name, ``"all"`` or a list): on the cases derived from each
+    kernel's registration (``preset="derived"``, the default; ``case`` runs one of them by
+    id, with one ``kernel``) or on a preset's cases.
 
     Prints the table to ``stream`` (default: stdout) unless ``quiet`` and returns the report;
-    ``report.ok`` is False on any failure or when nothing could be checked.
+    ``report.ok`` is False on any failure (in derived mode: a failed claim) or when nothing
+    could be checked. ``ValueError`` for an unknown preset, kernel or case id, and for
+    ``case`` without ``kernel`` or with a preset.
     """
     op_list = list(cases.OPS) if ops == "all" else [ops] if isinstance(ops, str) else list(ops)
+    derived = preset == claims.DERIVED
+    if case is not None and (not derived or kernel is None):
+        raise ValueError("--case ID picks one derived case of one kernel: give --kernel, and no --preset")
+    if not derived:
+        for op in op_list:
+            preset_cases(preset, op)  # an unknown preset is an error before anything runs
     dev = resolve_device(device)
     selector.env_overrides()  # an invalid TOKENSPEED_KERNEL_OVERRIDE is an error here, not SKIP rows
-    names_per_op = {op: _candidates(op, kernel) for op in op_list}  # every name checked before any run
-    report = CheckReport(str(dev) if dev.type == "cpu" else f"{dev} ({torch.cuda.get_device_name(dev)})")
+    names_per_op = _candidates(op_list, kernel)  # every name checked before any run
+    name = str(dev) if dev.type == "cpu" else f"{dev} ({torch.cuda.get_device_name(dev)})"
+    report = CheckReport(name, preset=preset, seed=seed)
     for op in op_list:
-        for index, case in enumerate(preset_cases(preset, op)):
-            report.rows += check_case(case, names_per_op[op], dev, seed + index)
+        if derived:
+            for kernel_name in names_per_op[op]:
+                _check_derived(report, op, kernel_name, dev, seed, case)
+            continue
+        for index, preset_case in enumerate(preset_cases(preset, op)):
+            report.rows += check_case(preset_case, names_per_op[op], dev, seed + index)
     if not quiet:
         print(report.table(), file=stream or sys.stdout)
     return report

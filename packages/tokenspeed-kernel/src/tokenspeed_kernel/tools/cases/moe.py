@@ -52,7 +52,10 @@ class MoECase:
     """One MoE problem. ``hidden``/``intermediate`` are unused (0 is fine) for ``moe.topk``;
     ``weight_format``/``activation``/``bias``/``expert_map``/``activation_quant`` (None,
     ``"mxfp8"`` with MXFP4 weights or ``"fp8"`` with fp8 weights) apply to ``moe.apply`` and
-    ``scoring``/``renormalize`` to ``moe.topk`` (and to how ``moe.apply`` routing is drawn)."""
+    ``scoring``/``renormalize`` to ``moe.topk`` (and to how ``moe.apply`` routing is drawn).
+    ``padding_rows``: the last rows are padding tokens as the API defines them (``moe.topk``:
+    logits with a NaN, a ``+inf``, or all ``-inf``, in turn; ``moe.apply``: routing weights 0
+    on experts ``0..k-1``)."""
 
     op: str
     num_tokens: int
@@ -69,6 +72,7 @@ class MoECase:
     renormalize: bool = True
     name: str = ""
     activation_quant: str | None = None
+    padding_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -79,6 +83,8 @@ class MoECase:
             raise ValueError(f"MoECase.activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if not 1 <= self.top_k <= self.num_experts or self.num_tokens < 0:
             raise ValueError(f"MoECase: need 1 <= top_k <= num_experts and num_tokens >= 0: {self}")
+        if not 0 <= self.padding_rows <= self.num_tokens:
+            raise ValueError(f"MoECase: need 0 <= padding_rows <= num_tokens: {self}")
         if self.op == "moe.apply":
             if self.hidden < 1 or self.intermediate < 1:
                 raise ValueError("MoECase: moe.apply needs hidden >= 1 and intermediate >= 1")
@@ -105,10 +111,12 @@ class MoECase:
     def describe(self) -> str:
         dt = _DTYPE_NAMES.get(self.dtype, str(self.dtype))
         prefix = f"{self.name}: " if self.name else ""
+        pad = f" +pad{self.padding_rows}" if self.padding_rows else ""
         if self.op == "moe.topk":
             renorm = " renorm" if self.renormalize else ""
             return (
                 f"{prefix}moe.topk T={self.num_tokens} E={self.num_experts} k={self.top_k} {dt} {self.scoring}{renorm}"
+                f"{pad}"
             )
         experts = f"E={self.num_experts}" + (f"(local {self.num_local_experts})" if self.expert_map else "")
         extras = "".join(
@@ -116,6 +124,7 @@ class MoECase:
                 " +bias" if self.bias else "",
                 " +map" if self.expert_map else "",
                 f" +{self.activation_quant}_act" if self.activation_quant else "",
+                pad,
             )
         )
         return (
@@ -258,6 +267,11 @@ def request(case: MoECase) -> Request:
     )
 
 
+# The padding rows of a ``moe.topk`` case, in turn (the API's three kinds): (columns, value)
+# written into the row: a NaN logit, every logit -inf, a +inf logit.
+_PADDING_LOGITS = ((0, float("nan")), (slice(None), float("-inf")), (-1, float("inf")))
+
+
 def make_inputs(case: MoECase, device: torch.device | str = "cpu", seed: int = 0) -> dict[str, Any]:
     """Keyword arguments for the public function of ``case.op`` (without ``override``).
 
@@ -273,12 +287,18 @@ def make_inputs(case: MoECase, device: torch.device | str = "cpu", seed: int = 0
     t, e, k = case.num_tokens, case.num_experts, case.top_k
     if case.op == "moe.topk":
         logits = (2.0 * torch.randn(t, e, generator=gen, device=device)).to(case.dtype)
+        for i, row in enumerate(range(t - case.padding_rows, t)):
+            columns, value = _PADDING_LOGITS[i % len(_PADDING_LOGITS)]
+            logits[row, columns] = value
         return {"router_logits": logits, "top_k": k, "scoring": case.scoring, "renormalize": case.renormalize}
     h, i, n = case.hidden, case.intermediate, case.num_local_experts
     x = torch.randn(t, h, generator=gen, device=device).to(case.dtype)
     w13 = _weight(case, 2 * i, h, gen, device)
     w2 = _weight(case, h, i, gen, device)
     topk_weights, topk_ids = _routing(case, gen, device)
+    if case.padding_rows:  # what moe_topk returns for a padding token
+        topk_weights[t - case.padding_rows :] = 0.0
+        topk_ids[t - case.padding_rows :] = torch.arange(k, dtype=torch.int32, device=device)
     inputs: dict[str, Any] = {
         "x": x,
         "w13": w13,
