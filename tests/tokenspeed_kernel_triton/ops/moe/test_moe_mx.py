@@ -17,6 +17,7 @@ import dataclasses
 import pytest
 import torch
 from support import interpret_dot_scaled
+from support.gpu_moe import awkward_gpu_inputs
 from support.naive_moe import naive_moe
 
 from tokenspeed_kernel import config, explain, platform
@@ -240,34 +241,6 @@ def test_every_tile_of_the_table_with_emulated_dot_scaled(emulated, vendor):
 # ---------------------------------------------------------------- GPU numerics
 
 
-def _gpu_inputs(tokens: int, experts: int, hot: int, activation: str, bias: bool, with_map: bool, seed: int):
-    """Awkward GPU-sized inputs: H = 576 and I = 416 (multiples of 32, not of 128: masked K
-    tails), routing concentrated on ``hot`` experts (ragged loads, empty experts)."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    hidden, inter, top_k = 576, 416, 4
-    num_local = experts // 2 if with_map else experts
-    w13 = quantize_mxfp4(torch.randn(num_local, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5)
-    w2 = quantize_mxfp4(torch.randn(num_local, hidden, inter, device="cuda", generator=gen) / inter**0.5)
-    logits = torch.randn(tokens, experts, device="cuda", generator=gen)
-    logits[:, :hot] += 6.0
-    weights, ids = torch.topk(torch.softmax(logits, -1), top_k, dim=-1)
-    expert_map = None
-    if with_map:  # the odd experts are remote (-1), the even ones local in reversed order
-        expert_map = torch.full((experts,), -1, dtype=torch.int32, device="cuda")
-        expert_map[0::2] = torch.arange(num_local - 1, -1, -1, dtype=torch.int32, device="cuda")
-    return {
-        "x": torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16(),
-        "w13": w13,
-        "w2": w2,
-        "topk_weights": (weights / weights.sum(-1, keepdim=True)).float(),
-        "topk_ids": ids.int(),
-        "activation": activation,
-        "w13_bias": torch.randn(num_local, 2 * inter, device="cuda", generator=gen) if bias else None,
-        "w2_bias": torch.randn(num_local, hidden, device="cuda", generator=gen).bfloat16() if bias else None,
-        "expert_map": expert_map,
-    }
-
-
 GPU_CASES = [(t, hot, act, bias, emap) for t in (1, 3, 17, 300) for hot, act, bias, emap in
              ((2, "swiglu_oai", True, True), (16, "silu", False, False), (3, "swiglu_oai", True, False))]  # fmt: skip
 
@@ -280,7 +253,7 @@ def test_gpu_numerics(case):
     from tokenspeed_kernel.ops.moe import moe_apply, moe_plan
 
     tokens, hot, activation, bias, with_map = case
-    inputs = _gpu_inputs(tokens, 32, hot, activation, bias, with_map, seed=tokens + hot)
+    inputs = awkward_gpu_inputs(tokens, 32, hot, activation, bias, with_map, seed=tokens + hot)
     ref = naive_moe(**inputs)
     out = torch.full_like(inputs["x"], float("nan"))
     moe_apply(**inputs, out=out, override=NAME)

@@ -15,7 +15,7 @@ from tokenspeed_kernel import config
 from tokenspeed_kernel.ops.moe import moe_apply, moe_plan, moe_topk
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.tools import cases
-from tokenspeed_kernel_triton.ops.moe import _driver, _routing, fused, fused_mx, topk
+from tokenspeed_kernel_triton.ops.moe import _driver, _routing, fused, fused_mx, fused_mx_swap, topk
 
 HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy")
 LAUNCHES = ((topk, "topk_kernel"), (_routing, "align_kernel"), (fused, "moe_gemm_kernel"), (_driver, "combine_kernel"))
@@ -119,6 +119,42 @@ def test_dot_scaled_launches_depend_on_shapes_only(monkeypatch, tokens, planned)
     names = [entry[0] for entry in uniform]
     assert names[0] == "align_kernel" and names[-1] == "combine_kernel" and names.count("moe_mx_gemm_kernel") == 2
     assert ("split_finish_kernel" in names) == (tokens == 1), names
+    assert uniform == skewed
+
+
+def _swap_launches(monkeypatch, tokens, skewed, planned):
+    """The swapped MXFP4 kernel's host path (the per-call repack of the functional path too)
+    with its launches recorded; no host read and no tensor built from host data (a host to
+    device copy, which CUDA-graph capture refuses)."""
+    inputs, logits = _inputs("mxfp4", tokens, skewed)
+    weights_, ids = (t.contiguous() for t in torch.topk(torch.softmax(logits, -1), 2))
+    prepared = fused_mx_swap.prepare_moe_mx_swap(w13=inputs["w13"], w2=inputs["w2"]) if planned else None
+    log = []
+    with monkeypatch.context() as m:
+        for module, name in (*LAUNCHES[1:], (fused_mx_swap, "moe_mx_swap_gemm_kernel"),
+                             (fused_mx, "split_finish_kernel")):  # fmt: skip
+            m.setattr(module, name, _Recorder(name, log))
+        _forbid_host_reads(m)
+        for name in ("tensor", "as_tensor", "from_numpy"):
+            m.setattr(torch, name, lambda *a, _name=name, **k: pytest.fail(f"torch.{_name} in the call path"))
+        args = MoEApplyArgs(
+            x=inputs["x"], w13=inputs["w13"], w2=inputs["w2"], topk_weights=weights_.float(),
+            topk_ids=ids.int(), activation="swiglu_oai", w13_bias=inputs["w13_bias"], w2_bias=inputs["w2_bias"],
+            expert_map=inputs["expert_map"], out=torch.empty_like(inputs["x"]), prepared=prepared,
+        )  # fmt: skip
+        fused_mx_swap.fused_moe_mx_swap(args, splits=None if tokens > 1 else 2)
+    return log
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU form; the GPU form captures a real graph")
+@pytest.mark.parametrize("planned", [False, True], ids=["functional", "plan"])
+@pytest.mark.parametrize("tokens", [1, 33])
+def test_swapped_launches_depend_on_shapes_only(monkeypatch, tokens, planned):
+    uniform = _swap_launches(monkeypatch, tokens, skewed=False, planned=planned)
+    skewed = _swap_launches(monkeypatch, tokens, skewed=True, planned=planned)
+    names = [entry[0] for entry in uniform]
+    assert names[0] == "align_kernel" and names[-1] == "combine_kernel"
+    assert names.count("moe_mx_swap_gemm_kernel") == 2 and ("split_finish_kernel" in names) == (tokens == 1), names
     assert uniform == skewed
 
 

@@ -74,8 +74,26 @@ SLOT_BITS: tuple[tuple[int, ...], ...] = (
     *(tuple(b - 3 * t for b in (6, 7, 8, 15, 22, 23, 24, 31)) for t in range(3)),
     (10, 11, 13, 14, 26, 27, 29, 30),
 )
-# The public byte (of a step's 64) in word 4 q + i, slot t = 2 tj + h: b = 8 (2 i + tj) + q + 4 h.
-_WORD_BYTES = tuple(16 * i + 8 * (t >> 1) + q + 4 * (t & 1) for q in range(4) for i in range(4) for t in range(4))
+
+
+def _word_bytes(device: torch.device) -> torch.Tensor:
+    """The public byte (of a step's 64) in word ``4 q + i``, slot ``t = 2 tj + h``:
+    ``b = 8 (2 i + tj) + q + 4 h``, int64 ``[64]`` word-major. Built by device ops (no host
+    copy: the functional path may run under CUDA-graph capture)."""
+    q = torch.arange(4, device=device).view(4, 1, 1)
+    i = torch.arange(4, device=device).view(1, 4, 1)
+    t = torch.arange(4, device=device).view(1, 1, 4)
+    return (16 * i + 8 * (t >> 1) + q + 4 * (t & 1)).flatten()
+
+
+def _slot_bits(device: torch.device) -> torch.Tensor:
+    """:data:`SLOT_BITS` as an int64 ``[4, 8]`` tensor, built by device ops."""
+    bit = torch.arange(8, device=device)
+    low, high = bit % 4, bit // 4
+    t = torch.arange(4, device=device).view(4, 1)
+    placed = torch.where(low < 3, low + 6, 15) + 16 * high - 3 * t
+    last = low + 10 + (low >= 2).long() + 16 * high
+    return torch.where(t < 3, placed, last)
 
 
 @dataclass(frozen=True)
@@ -104,18 +122,20 @@ class PreparedSwap:
 def swap_words(packed: torch.Tensor) -> torch.Tensor:
     """MXFP4 bytes uint8 ``[E, N, K/2]`` (low nibble = even k) → int32 words ``[E, S, N, 16]``
     (module docstring of :mod:`._mx_swap_gemm`); K is padded to ``128 S`` with zero codes.
-    One expert at a time (int64 temporaries of ~8 bytes per weight byte)."""
+    One expert at a time (int64 temporaries of ~24 bytes per weight byte); device operations
+    only, no host sync."""
     e, n, half_k = packed.shape
     steps = cdiv(2 * half_k, STEP_K)
-    order = torch.tensor(_WORD_BYTES, device=packed.device)
-    dest = torch.tensor(SLOT_BITS, dtype=torch.int64, device=packed.device).repeat(WORDS_PER_ROW, 1)  # [64, 8]
-    bit = torch.arange(8, device=packed.device)
+    order = _word_bytes(packed.device)
+    dest = _slot_bits(packed.device).repeat(WORDS_PER_ROW, 1)  # [64 slots, 8 bits]
     words = torch.empty((e, steps, n, WORDS_PER_ROW), dtype=torch.int32, device=packed.device)
     for expert in range(e):
         rows = torch.nn.functional.pad(packed[expert], (0, steps * STEP_K // 2 - half_k)).view(n, steps, STEP_K // 2)
         slots = rows[..., order].long()  # [n, S, 64]: word-major (4 q + i), then slot
-        bits = ((slots.unsqueeze(-1) >> bit) & 1) << dest  # [n, S, 64, 8], distinct destinations
-        word = bits.view(n, steps, WORDS_PER_ROW, 32).sum(-1)
+        bits = torch.zeros_like(slots)
+        for b in range(8):  # every destination is distinct: OR = sum
+            bits |= ((slots >> b) & 1) << dest[:, b]
+        word = bits.view(n, steps, WORDS_PER_ROW, 4).sum(-1)
         words[expert] = torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32).transpose(0, 1)
     return words
 
