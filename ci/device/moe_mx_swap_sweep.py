@@ -28,6 +28,7 @@ interpreter (the swapped kernel only; a smoke test of this script).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -99,7 +100,7 @@ def _check(record: dict, label: str, out: torch.Tensor, ref: torch.Tensor, **row
 def run(a) -> int:
     clock = Clock(a.budget)
     device, dims, record, (_, _, b13, b2), (m13, m2) = mx_run_setup(a.dry, "mx_swap", clock)
-    e, k, h, i = dims
+    e, k, h, _ = dims
     prepared = fused_mx_swap.prepare_moe_mx_swap(w13=m13, w2=m2, w13_bias=b13, w2_bias=b2)
     record["big_scales"] = [prepared.w13.big_scales, prepared.w2.big_scales]
     plans = {} if a.dry else plan_each(record["errors"], (MX,), m13, m2, k, b13, b2)
@@ -117,8 +118,9 @@ def run(a) -> int:
             row["mx_ok"] = _check(record, f"T={t} {MX} (plan)", out, ref, T=t, kernel=MX)
         if not a.dry:
             out = torch.full_like(x, float("nan"))
-            attempt(record["errors"], f"T={t} {SWAP} functional", lambda out=out: moe_apply(
-                x, m13, m2, tw, ti, activation="swiglu_oai", w13_bias=b13, w2_bias=b2, out=out, override=SWAP))  # fmt: skip
+            kw = {"activation": "swiglu_oai", "w13_bias": b13, "w2_bias": b2, "out": out, "override": SWAP}
+            call = functools.partial(moe_apply, x, m13, m2, tw, ti, **kw)
+            attempt(record["errors"], f"T={t} {SWAP} functional", call)
             _check(record, f"T={t} {SWAP} functional", out, ref, T=t, kernel=SWAP, config="functional")
         rot, xs, ls, hit = bench_inputs(t, h, e, k, gen, device)
         routes, outs = list(zip(xs, ls)), [torch.empty_like(x_) for x_ in xs]
@@ -158,18 +160,20 @@ def _summary(record: dict) -> None:
         mx = r.get(MX)
         picks = [c for c in r["configs"] if c["pick"] and c["splits"] is None]
         best = min(r["configs"], key=lambda c: c["ms"], default=None)
-        pick_ms = picks[0]["ms"] if picks else None
-
-        def us(ms):
-            return f"{ms * 1e3:.1f}" if ms else "n/a"
-
-        def ratio(ms):
-            return f"{mx / ms:.2f}x" if mx and ms else "n/a"
-
-        gbs = f"{r['weight_bytes'] / best['ms'] / 1e6:.0f}" if best else "n/a"
+        pick_ms, best_ms = picks[0]["ms"] if picks else None, best["ms"] if best else None
+        gbs = f"{r['weight_bytes'] / best_ms / 1e6:.0f}" if best else "n/a"
         where = f"({best['tile']}, {best['splits']})" if best else "-"
-        log(f"{r['T']:<5d} {us(mx):>7}  {us(pick_ms):>12}  {ratio(pick_ms):>7}  {us(best and best['ms']):>7}  "
-            f"{ratio(best and best['ms']):>7}  {gbs:>9}  {where}")  # fmt: skip
+        log(f"{r['T']:<5d} {_us(mx):>7}  {_us(pick_ms):>12}  {_ratio(mx, pick_ms):>7}  {_us(best_ms):>7}  "
+            f"{_ratio(mx, best_ms):>7}  {gbs:>9}  {where}")  # fmt: skip
+
+
+def _us(ms: float | None) -> str:
+    return f"{ms * 1e3:.1f}" if ms else "n/a"
+
+
+def _ratio(base: float | None, ms: float | None) -> str:
+    """How many times faster than ``base`` (both milliseconds)."""
+    return f"{base / ms:.2f}x" if base and ms else "n/a"
 
 
 def main() -> int:
