@@ -214,7 +214,7 @@ def swap_predicate(request: Request) -> str | None:
 
 
 # Registration metadata (data). Opt-in until an H100 run shows it correct and faster than
-# triton_fused_moe_mx (ci/device/moe_mx_swap_sweep.py).
+# triton_fused_moe_mx (bench moe.apply; its tiles: ci/device/tiles_sweep.py --kernel triton_fused_moe_mx_swap).
 SWAP_REGISTRATION = {
     "solution": "triton",
     "vendors": ("cuda",),
