@@ -18,6 +18,15 @@ import dataclasses
 import pytest
 import torch
 from support.gpu_moe import awkward_gpu_inputs
+from support.moe_checks import (
+    GPU_CASES,
+    awkward_apply_cases,
+    candidate,
+    capture,
+    check_rel_err,
+    gpu_case_id,
+    gpu_public_calls,
+)
 from support.naive_moe import naive_moe
 
 from tokenspeed_kernel import explain
@@ -35,14 +44,6 @@ NAME = "triton_fused_moe_mx_swap"
 TOL = 2e-2  # relative Frobenius error: the intermediate is rounded to bf16
 
 
-def _cases() -> dict:
-    return {c.name: c for c in cases.awkward_cases("moe.apply", torch.bfloat16)}
-
-
-def _candidate(selection, name: str):
-    return next(c for c in selection.candidates if c.spec.name == name)
-
-
 # ---------------------------------------------------------------- registration and gating
 
 
@@ -56,18 +57,18 @@ def test_registration_is_opt_in_below_the_dot_scaled_kernel():
 
 @pytest.mark.skipif(not INTERPRET, reason="only under TRITON_INTERPRET=1")
 def test_rejected_under_the_interpreter_with_the_reason():
-    selection = explain(cases.request(_cases()["gpt_oss_like"]), platform=platform_from_arch("sm_90"))
-    assert _candidate(selection, NAME).reasons == (fused_mx_swap.swap_missing(),)
+    selection = explain(cases.request(awkward_apply_cases()["gpt_oss_like"]), platform=platform_from_arch("sm_90"))
+    assert candidate(selection, NAME).reasons == (fused_mx_swap.swap_missing(),)
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80", "sm_100", "gfx950"])
 def test_opt_in_on_sm90_only(monkeypatch, arch):
     monkeypatch.setattr(fused_mx_swap, "INTERPRET", False)  # as on a GPU
     monkeypatch.setattr(fused_mx, "INTERPRET", False)
-    request = cases.request(_cases()["mxfp4_t33"])
+    request = cases.request(awkward_apply_cases()["mxfp4_t33"])
     platform = platform_from_arch(arch)
     selection = explain(request, platform=platform)
-    accepted = _candidate(selection, NAME).accepted
+    accepted = candidate(selection, NAME).accepted
     assert accepted == (arch == "sm_90") and selection.winner.name != NAME
     if accepted:  # ranked below triton_fused_moe_mx, chosen by an override
         names = [c.spec.name for c in selection.candidates if c.accepted]
@@ -78,13 +79,13 @@ def test_opt_in_on_sm90_only(monkeypatch, arch):
 def test_serves_mxfp4_bf16_only(monkeypatch):
     monkeypatch.setattr(fused_mx_swap, "INTERPRET", False)
     sm90 = platform_from_arch("sm_90")
-    by_name = _cases()
+    by_name = awkward_apply_cases()
     for name, reason in (("plain_t5", "weight dtype bfloat16 not in {uint8}"),
                          ("mxfp8_act_t1", "does not support {mxfp8_act}")):  # fmt: skip
-        reasons = _candidate(explain(cases.request(by_name[name]), platform=sm90), NAME).reasons
+        reasons = candidate(explain(cases.request(by_name[name]), platform=sm90), NAME).reasons
         assert any(reason in r for r in reasons), (name, reasons)
     fp16 = cases.request(dataclasses.replace(by_name["mxfp4_t1"], dtype=torch.float16))
-    assert any("x dtype float16" in r for r in _candidate(explain(fp16, platform=sm90), NAME).reasons)
+    assert any("x dtype float16" in r for r in candidate(explain(fp16, platform=sm90), NAME).reasons)
 
 
 # ---------------------------------------------------------------- the plan's weight layout
@@ -161,7 +162,7 @@ def test_plan_checks_the_scales_once():
 
 
 def test_wrong_step_is_rejected_before_any_launch():
-    inputs = cases.make_inputs(_cases()["mxfp4_t1"], DEVICE, seed=0)
+    inputs = cases.make_inputs(awkward_apply_cases()["mxfp4_t1"], DEVICE, seed=0)
     args = MoEApplyArgs(**inputs, out=torch.empty_like(inputs["x"]))
     with pytest.raises(ValueError, match="tile.block_k must be 128"):
         fused_mx_swap.fused_moe_mx_swap(args, tile=Tile(16, 64, 64, 1, 4, 2))
@@ -177,12 +178,6 @@ def test_tile_table_steps_by_128_and_fits_wgmma():
 
 
 # ---------------------------------------------------------------- CPU numerics (the interpreter)
-
-
-def _check(out: torch.Tensor, ref: torch.Tensor) -> None:
-    assert not torch.isnan(out).any(), "an output element was never written"
-    err = float((out.double() - ref.to(out.device).double()).norm() / ref.double().norm())
-    assert err < TOL, f"relative error {err:.2e}"
 
 
 def _run(inputs, prepared=None, tile=None, splits=None) -> torch.Tensor:
@@ -206,22 +201,22 @@ NUMERIC_CASES = {  # name: (awkward case, changes, forced K splits)
 @pytest.mark.parametrize("name", list(NUMERIC_CASES))
 def test_kernel_matches_naive_under_the_interpreter(name):
     base, changes, forced = NUMERIC_CASES[name]
-    case = dataclasses.replace(_cases()[base], name=name, **changes)
+    case = dataclasses.replace(awkward_apply_cases()[base], name=name, **changes)
     inputs = cases.make_inputs(case, DEVICE, seed=len(name))
     ref = naive_moe(**inputs)
     plan = fused_mx_swap.prepare_moe_mx_swap(w13=inputs["w13"], w2=inputs["w2"])
     assert not plan.w13.big_scales  # the one-multiply decode; the functional path takes the other
     functional = _run(inputs, tile=SMALL)
-    _check(functional, ref)
+    check_rel_err(functional, ref, TOL)
     assert torch.equal(_run(inputs, plan, tile=SMALL), functional), "both decodes give the same products"
     for splits in forced:  # split-K: partial buffer + finish kernel (w13), per-split rows (w2)
-        _check(_run(inputs, plan, tile=SMALL, splits=splits), ref)
+        check_rel_err(_run(inputs, plan, tile=SMALL, splits=splits), ref, TOL)
 
 
 @interpreter_only
 def test_large_scales_under_the_interpreter():
     """Weights scaled by 2**40: every E8M0 scale above 128, the plan's two-multiply decode."""
-    case = dataclasses.replace(_cases()["gpt_oss_like"], name="big", num_tokens=5)
+    case = dataclasses.replace(awkward_apply_cases()["gpt_oss_like"], name="big", num_tokens=5)
     inputs = cases.make_inputs(case, DEVICE, seed=4)
     for key in ("w13", "w2"):
         w = inputs[key]
@@ -229,56 +224,41 @@ def test_large_scales_under_the_interpreter():
     inputs["x"] = inputs["x"] * 2.0**-40
     plan = fused_mx_swap.prepare_moe_mx_swap(w13=inputs["w13"], w2=inputs["w2"])
     assert plan.w13.big_scales and plan.w2.big_scales
-    _check(_run(inputs, plan, tile=SMALL), naive_moe(**inputs))
+    check_rel_err(_run(inputs, plan, tile=SMALL), naive_moe(**inputs), TOL)
 
 
 @interpreter_only
 def test_every_tile_of_the_table_under_the_interpreter():
-    case = dataclasses.replace(_cases()["gpt_oss_like"], num_tokens=9, hidden=160, intermediate=64, name="tiles")
+    case = dataclasses.replace(
+        awkward_apply_cases()["gpt_oss_like"], num_tokens=9, hidden=160, intermediate=64, name="tiles"
+    )
     inputs = cases.make_inputs(case, DEVICE, seed=3)
     ref = naive_moe(**inputs)
     plan = fused_mx_swap.prepare_moe_mx_swap(w13=inputs["w13"], w2=inputs["w2"])
     for tile in tiles_for("cuda", "mxfp4_swap"):
-        _check(_run(inputs, plan, tile=dataclasses.replace(tile, num_stages=1)), ref)
+        check_rel_err(_run(inputs, plan, tile=dataclasses.replace(tile, num_stages=1)), ref, TOL)
 
 
 # ---------------------------------------------------------------- GPU numerics
 
 
-GPU_CASES = [(t, hot, act, bias, emap) for t in (1, 3, 17, 300) for hot, act, bias, emap in
-             ((2, "swiglu_oai", True, True), (16, "silu", False, False), (3, "swiglu_oai", True, False))]  # fmt: skip
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-    reason="GPU numerics: needs an sm_90 device (inline PTX bf16x2 multiplies, wgmma)",
-)
-@pytest.mark.parametrize(
-    "case", GPU_CASES, ids=lambda c: f"T{c[0]}-hot{c[1]}-{c[2]}{'-bias' if c[3] else ''}{'-map' if c[4] else ''}"
-)
+@pytest.mark.skipif(not SM90, reason="GPU numerics: needs an sm_90 device (inline PTX bf16x2 multiplies, wgmma)")
+@pytest.mark.parametrize("case", GPU_CASES, ids=gpu_case_id)
 def test_gpu_numerics(case):
-    from tokenspeed_kernel.ops.moe import moe_apply, moe_plan
-
-    tokens, hot, activation, bias, with_map = case
-    inputs = awkward_gpu_inputs(tokens, 32, hot, activation, bias, with_map, seed=tokens + hot)
-    ref = naive_moe(**inputs)
-    out = torch.full_like(inputs["x"], float("nan"))
-    moe_apply(**inputs, out=out, override=NAME)  # functional: repacked per call, two-multiply decode
-    _check(out, ref)
-    plan = moe_plan(inputs["w13"], inputs["w2"], x_dtype=torch.bfloat16, top_k=4, activation=activation,
-                    w13_bias=inputs["w13_bias"], w2_bias=inputs["w2_bias"], expert_map=inputs["expert_map"],
-                    override=NAME)  # fmt: skip
-    _check(plan.apply(inputs["x"], inputs["topk_weights"], inputs["topk_ids"]), ref)
+    """Functional path (repacked per call, two-multiply decode) through ``moe_apply``, then the
+    plan (one-multiply decode), every table tile and forced splits, against float64."""
+    inputs, ref, _, plan = gpu_public_calls(case, NAME, TOL)
+    check_rel_err(plan.apply(inputs["x"], inputs["topk_weights"], inputs["topk_ids"]), ref, TOL)
     for tile in tiles_for("cuda", "mxfp4_swap"):
-        _check(_run(inputs, plan.prepared, tile=tile), ref)
+        check_rel_err(_run(inputs, plan.prepared, tile=tile), ref, TOL)
     for splits in (2, 4):
-        _check(_run(inputs, plan.prepared, splits=splits), ref)
+        check_rel_err(_run(inputs, plan.prepared, splits=splits), ref, TOL)
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-    reason="CUDA-graph capture: needs an sm_90 device",
-)
+@pytest.mark.skipif(not SM90, reason="CUDA-graph capture: needs an sm_90 device")
 @pytest.mark.parametrize("planned", [False, True], ids=["functional", "plan"])
 def test_cuda_graph_capture_matches_eager(planned):
     inputs = awkward_gpu_inputs(33, 32, 3, "swiglu_oai", True, False, seed=7)
@@ -290,13 +270,7 @@ def test_cuda_graph_capture_matches_eager(planned):
         return out.clone()
 
     eager = step()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        step()  # warm-up: compile outside capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture(step)
     out.zero_()
     graph.replay()
     torch.cuda.synchronize()

@@ -88,18 +88,27 @@ def _hinted(fn, pointers: dict, consts: dict, aligned: set, options: dict) -> tu
     return signature, consts | {"_options": options, "_attrs": attrs}
 
 
+def _mx_pointers(gated: bool, split: bool, weight_type: str) -> dict:
+    """Pointer types of the MXFP4 grouped GEMMs (weights and scales as ``weight_type``)."""
+    return {
+        "A": "*bf16", "W": weight_type, "S": weight_type, "Bias": "*fp32",
+        "Out": "*bf16" if gated and not split else "*fp32", "SortedIds": "*i32", "TileExpert": "*i32",
+        "NumTiles": "*i32", "TopkWeights": "*fp32",
+    }  # fmt: skip
+
+
+def _mx_consts(gated: bool, tile: Tile, split: bool) -> dict:
+    """The constexprs both MXFP4 grouped GEMMs take (GPT-OSS: top-4, swiglu_oai, biases)."""
+    return {"TOP_K": 4, "GATED": gated, "ACTIVATION": 2, "HAS_BIAS": True, "BLOCK_M": tile.block_m,
+            "BLOCK_N": tile.block_n, "GROUP_M": tile.group_m, "SPLIT": split}  # fmt: skip
+
+
 def mx_gemm_signature(gated: bool, tile: Tile, *, split: bool, planned: bool) -> tuple[dict, dict]:
     """The dot_scaled GEMM as the launcher specializes it at GPT-OSS shapes (K = 2880: not a
     multiple of 128, so ``EVEN_K`` is off; unit strides constant; 16-divisible sizes)."""
-    pointers = {
-        "A": "*bf16", "W": "*u8", "S": "*u8", "Bias": "*fp32", "Out": "*bf16" if gated and not split else "*fp32",
-        "SortedIds": "*i32", "TileExpert": "*i32", "NumTiles": "*i32", "TopkWeights": "*fp32",
-    }  # fmt: skip
-    consts = {
-        "TOP_K": 4, "GATED": gated, "ACTIVATION": 2, "HAS_BIAS": True, "BLOCK_M": tile.block_m,
-        "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "GROUP_M": tile.group_m, "EVEN_K": False,
-        "SPLIT": split, "A_FMT": "bf16", "stride_wk": 1,
-    }  # fmt: skip
+    pointers = _mx_pointers(gated, split, "*u8")
+    consts = _mx_consts(gated, tile, split) | {"BLOCK_K": tile.block_k, "EVEN_K": False, "A_FMT": "bf16"}
+    consts["stride_wk"] = 1  # the launcher specializes a unit stride to a constant, as here
     consts["stride_sn" if planned else "stride_sk"] = 1  # planned scales are N-contiguous
     aligned = {"N", "K", "k_split", "stride_am", "stride_we", "stride_wn", "stride_be", "stride_om", "stride_os"}
     aligned |= {"stride_se", "stride_sk"} if planned else set()
@@ -130,14 +139,8 @@ def _mx_configs(vendor: str) -> list[tuple[str, object, dict, dict]]:
 def swap_gemm_signature(gated: bool, tile: Tile, *, split: bool, big: bool) -> tuple[dict, dict]:
     """The swapped MXFP4 GEMM as the launcher specializes it at GPT-OSS shapes (16-divisible
     sizes and strides; the K step is fixed)."""
-    pointers = {
-        "A": "*bf16", "W": "*i32", "S": "*i32", "Bias": "*fp32", "Out": "*bf16" if gated and not split else "*fp32",
-        "SortedIds": "*i32", "TileExpert": "*i32", "NumTiles": "*i32", "TopkWeights": "*fp32",
-    }  # fmt: skip
-    consts = {
-        "TOP_K": 4, "GATED": gated, "ACTIVATION": 2, "HAS_BIAS": True, "BLOCK_M": tile.block_m,
-        "BLOCK_N": tile.block_n, "GROUP_M": tile.group_m, "SPLIT": split, "BIG_SCALES": big, "INTERPRET": False,
-    }  # fmt: skip
+    pointers = _mx_pointers(gated, split, "*i32")
+    consts = _mx_consts(gated, tile, split) | {"BIG_SCALES": big, "INTERPRET": False}
     aligned = {"N", "K", "stride_am", "stride_we", "stride_ws", "stride_se", "stride_ss", "stride_be", "stride_om",
                "stride_os"}  # fmt: skip
     options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}

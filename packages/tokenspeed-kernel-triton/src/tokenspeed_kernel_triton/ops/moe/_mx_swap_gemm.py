@@ -47,7 +47,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel_triton.ops.moe._gemm import epilogue, tile_coords, tile_rows
+from tokenspeed_kernel_triton.ops.moe._gemm import epilogue, program_tile, tile_block
 
 __all__ = ["STEP_K", "WORDS_PER_ROW", "moe_mx_swap_gemm_kernel"]
 
@@ -151,14 +151,12 @@ def moe_mx_swap_gemm_kernel(
     as :func:`._mx_gemm.moe_mx_gemm_kernel` (GATED: the intermediate ``[tiles_bound * BLOCK_M,
     N]`` at sorted rows, or with SPLIT float32 raw partials ``[S, rows, 2N]``; else float32
     ``[S, P, N]`` at pair rows times the routing weight)."""
-    pid_m, pid_n = tile_coords(tl.program_id(0), N, tiles_bound, BLOCK_N, GROUP_M)
+    pid_m, pid_n, used = program_tile(NumTiles, N, tiles_bound, BLOCK_N, GROUP_M)
     split = tl.program_id(1)
-    if pid_m >= tl.load(NumTiles):
+    if not used:
         return
-    expert, slots, pairs, m_ok, a_rows = tile_rows(SortedIds, TileExpert, pid_m, num_pairs, stride_am, TOP_K,
-                                                   GATED, BLOCK_M)  # fmt: skip
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
+    expert, slots, pairs, m_ok, a_rows, offs_n, n_ok = tile_block(SortedIds, TileExpert, pid_m, pid_n, num_pairs, N,
+                                                                  stride_am, TOP_K, GATED, BLOCK_M, BLOCK_N)  # fmt: skip
     rows = offs_n.to(tl.int64)
     word = tl.arange(0, 4)[:, None] * 4 + tl.arange(0, 4)[None, :]  # [q, i] → 4 q + i
     w_ptr = W + expert * stride_we + (rows * 16)[:, None, None] + word[None, :, :]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -41,7 +42,7 @@ from tokenspeed_kernel_triton._host import cdiv
 from tokenspeed_kernel_triton._launcher import jit_launch
 from tokenspeed_kernel_triton.ops.moe._common import ACTIVATION_CODES, INTERPRET, VENDORS, vendor_of
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile, split_k
-from tokenspeed_kernel_triton.ops.moe._driver import layer_output, run_moe
+from tokenspeed_kernel_triton.ops.moe._driver import Layer, layer_output, run_moe
 from tokenspeed_kernel_triton.ops.moe._mx_gemm import moe_mx_gemm_kernel, split_finish_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing
 from tokenspeed_kernel_triton.ops.moe.fused import experts_predicate
@@ -54,9 +55,11 @@ __all__ = [
     "fused_moe_mx",
     "mx_operand",
     "mx_predicate",
+    "mxfp4_predicate",
     "n_contiguous_scales",
     "plan_splits",
     "prepare_moe_mx",
+    "run_layers",
     "sm_count",
     "split_layer",
     "split_size",
@@ -195,8 +198,13 @@ def fused_moe_mx(args: MoEApplyArgs, tile: Tile | None = None, splits: int | Non
     prepared = args.prepared if isinstance(args.prepared, PreparedMx) else None
     ops = prepared or PreparedMx(mx_operand(args.w13), mx_operand(args.w2))
     tile = tile or pick_tile(args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), "mxfp4_dot")
-    layer = _mx_gemm if splits is None else functools.partial(_mx_gemm, splits=splits)
-    run_moe(args, ops.w13, ops.w2, tile, layer)
+    run_layers(args, ops, tile, _mx_gemm, splits)
+
+
+def run_layers(args: MoEApplyArgs, ops: Any, tile: Tile, layer: Layer, splits: int | None) -> None:
+    """:func:`._driver.run_moe` on the operands ``ops.w13`` / ``ops.w2`` with ``layer``, its K
+    splits forced to ``splits`` unless None (the rule)."""
+    run_moe(args, ops.w13, ops.w2, tile, layer if splits is None else functools.partial(layer, splits=splits))
 
 
 def dot_scaled_missing() -> str | None:
@@ -208,11 +216,17 @@ def dot_scaled_missing() -> str | None:
     return None
 
 
-def mx_predicate(request: Request) -> str | None:
-    """MXFP4 weights only; the expert bound of the permutation."""
-    if "mxfp4" not in request.features:
-        return "MXFP4 weights only (tl.dot_scaled e2m1 main loop)"
-    return experts_predicate(request)
+def mxfp4_predicate(reason: str) -> Callable[[Request], str | None]:
+    """A predicate for MXFP4 weights only (``reason`` when the request has others) within the
+    expert bound of the permutation."""
+
+    def predicate(request: Request) -> str | None:
+        return experts_predicate(request) if "mxfp4" in request.features else reason
+
+    return predicate
+
+
+mx_predicate = mxfp4_predicate("MXFP4 weights only (tl.dot_scaled e2m1 main loop)")
 
 
 # Registration metadata (data). Above triton_fused_moe: measured correct and faster (H100).

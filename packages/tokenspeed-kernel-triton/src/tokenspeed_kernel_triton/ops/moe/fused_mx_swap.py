@@ -33,23 +33,20 @@ bf16x2 pattern (:mod:`._mx_swap_gemm`), with the 4 scales of a step in one pipel
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
-from tokenspeed_kernel.registry import Priority, Request, register_kernel
+from tokenspeed_kernel.registry import Priority, register_kernel
 from tokenspeed_kernel_triton._host import cdiv
 from tokenspeed_kernel_triton._launcher import jit_launch
 from tokenspeed_kernel_triton.ops.moe._common import ACTIVATION_CODES, INTERPRET, vendor_of
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile
-from tokenspeed_kernel_triton.ops.moe._driver import run_moe
 from tokenspeed_kernel_triton.ops.moe._mx_swap_gemm import STEP_K, WORDS_PER_ROW, moe_mx_swap_gemm_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing
-from tokenspeed_kernel_triton.ops.moe.fused import experts_predicate
-from tokenspeed_kernel_triton.ops.moe.fused_mx import MX_REGISTRATION, split_layer
+from tokenspeed_kernel_triton.ops.moe.fused_mx import MX_REGISTRATION, mxfp4_predicate, run_layers, split_layer
 
 __all__ = [
     "SLOT_BITS",
@@ -195,8 +192,7 @@ def fused_moe_mx_swap(args: MoEApplyArgs, tile: Tile | None = None, splits: int 
     prepared = args.prepared if isinstance(args.prepared, PreparedSwap) else None
     ops = prepared or PreparedSwap(swap_operand(args.w13), swap_operand(args.w2))
     tile = tile or pick_tile(args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), "mxfp4_swap")
-    layer = _swap_gemm if splits is None else functools.partial(_swap_gemm, splits=splits)
-    run_moe(args, ops.w13, ops.w2, tile, layer)
+    run_layers(args, ops, tile, _swap_gemm, splits)
 
 
 def swap_missing() -> str | None:
@@ -206,11 +202,7 @@ def swap_missing() -> str | None:
     return None
 
 
-def swap_predicate(request: Request) -> str | None:
-    """MXFP4 weights only; the expert bound of the permutation."""
-    if "mxfp4" not in request.features:
-        return "MXFP4 weights only (in-register E2M1 decode)"
-    return experts_predicate(request)
+swap_predicate = mxfp4_predicate("MXFP4 weights only (in-register E2M1 decode)")
 
 
 # Registration metadata (data). Opt-in until an H100 run shows it correct and faster than
