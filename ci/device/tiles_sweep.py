@@ -2,11 +2,12 @@
 
 The tables: the attention tiles (``tokenspeed_kernel_triton.ops.attention._launch``:
 ``CUDA_TILES`` for causal and window-128 prefill and decode) and the MoE GEMM tiles
-(``ops.moe._config``: ``triton_fused_moe`` with bf16 weights, ``triton_fused_moe_mx`` with
-MXFP4 weights and its K splits). For each point (a ``gpt-oss-120b`` preset case and a
-kernel, :data:`POINTS`) the shipped choice is row 0; every other variant replaces the
-choice while it runs (the module-level function the kernel reads its tile from:
-``_launch._tile``, ``fused.pick_tile``, ``fused_mx.pick_tile``/``split_k``). Each is then
+(``ops.moe._config``: ``triton_fused_moe`` with bf16 weights, ``triton_fused_moe_mx`` and the
+opt-in ``triton_fused_moe_mx_swap`` with MXFP4 weights and their K splits). For each point
+(a ``gpt-oss-120b`` preset case and a kernel, :data:`POINTS`) the shipped choice is row 0;
+every other variant replaces the choice while it runs (the module-level function the kernel
+reads its tile from: ``_launch._tile``, ``fused.pick_tile``, ``fused_mx.pick_tile``,
+``fused_mx_swap.pick_tile``, and ``fused_mx.split_k`` for both MXFP4 kernels). Each is then
 checked against the float64 reference exactly as ``tokenspeed-kernel check`` does
 (``tools.numerics.check_case``) and, only if it passes, timed exactly as ``bench`` does
 (``tools.timing.time_fn``: CUDA-graph replay, L2 flushed, median; the MoE through its plan).
@@ -15,7 +16,7 @@ rows (docs/history.md); change a row only with this script's numbers.
 
 Usage (repository root, our wheels carried as ``.whl`` and installed)::
 
-    python3 ci/device/tiles_sweep.py [--only attention|moe] [--budget-s 480] --json $OUT/tiles_sweep.json
+    python3 ci/device/tiles_sweep.py [--only attention|moe] [--kernel NAME,...] [--budget-s 480] --json $OUT/tiles_sweep.json
 
 CPU smoke test (each point's operator at the ``small`` preset under the Triton interpreter;
 the ``tl.dot_scaled`` kernel skips there)::
@@ -44,7 +45,7 @@ from tokenspeed_kernel import config
 @dataclass(frozen=True)
 class Point:
     """``kernel`` on the ``gpt-oss-120b`` case ``case`` of ``op``; each variant a tile of
-    the kernel's table type (and, for ``triton_fused_moe_mx``, ``splits``: K splits, None =
+    the kernel's table type (and, for the MXFP4 grouped GEMMs, ``splits``: K splits, None =
     the shipped rule)."""
 
     family: str
@@ -76,6 +77,18 @@ POINTS = (
           ((64, 64, 128, 8, 4, 3), (64, 128, 128, 8, 4, 3), (128, 128, 128, 8, 8, 3))),
     Point("moe", "moe.apply", "gpt_oss_120b_t4096", "triton_fused_moe_mx",
           ((128, 128, 128, 8, 8, 3), (128, 128, 64, 8, 8, 4), (64, 128, 128, 8, 4, 3))),
+    # triton_fused_moe_mx_swap (opt-in, issue 21): block_m = token rows, block_n = weight rows,
+    # block_k always 128; every variant compiles for sm_90 without spills (ptxas -v).
+    Point("moe", "moe.apply", "gpt_oss_120b_t1", "triton_fused_moe_mx_swap",
+          ((16, 64, 128, 1, 4, 4), (16, 256, 128, 1, 8, 4)), (None, 1, 2, 8)),
+    Point("moe", "moe.apply", "gpt_oss_120b_t8", "triton_fused_moe_mx_swap",
+          ((16, 64, 128, 1, 4, 4), (16, 256, 128, 1, 8, 4)), (None, 1, 4)),
+    Point("moe", "moe.apply", "gpt_oss_120b_t64", "triton_fused_moe_mx_swap",
+          ((16, 64, 128, 1, 4, 4), (16, 256, 128, 4, 8, 4), (16, 128, 128, 4, 4, 3))),
+    Point("moe", "moe.apply", "gpt_oss_120b_t512", "triton_fused_moe_mx_swap",
+          ((16, 128, 128, 4, 4, 4), (32, 256, 128, 8, 8, 4), (32, 128, 128, 8, 4, 4), (16, 256, 128, 4, 8, 3))),
+    Point("moe", "moe.apply", "gpt_oss_120b_t4096", "triton_fused_moe_mx_swap",
+          ((64, 128, 128, 8, 8, 3), (64, 256, 128, 8, 8, 2), (128, 128, 128, 8, 8, 2), (128, 128, 128, 8, 8, 4))),
 )  # fmt: skip
 
 # Where each kernel reads its tile (and K splits) when it runs: (module, function name).
@@ -84,8 +97,11 @@ _TILE_HOOK = {
     "triton_decode": ("tokenspeed_kernel_triton.ops.attention._launch", "_tile"),
     "triton_fused_moe": ("tokenspeed_kernel_triton.ops.moe.fused", "pick_tile"),
     "triton_fused_moe_mx": ("tokenspeed_kernel_triton.ops.moe.fused_mx", "pick_tile"),
+    "triton_fused_moe_mx_swap": ("tokenspeed_kernel_triton.ops.moe.fused_mx_swap", "pick_tile"),
 }
-_SPLITS_HOOK = {"triton_fused_moe_mx": ("tokenspeed_kernel_triton.ops.moe.fused_mx", "split_k")}
+# Both MXFP4 grouped GEMMs take their K splits from fused_mx's rule (fused_mx.split_layer).
+_SPLITS_HOOK = {name: ("tokenspeed_kernel_triton.ops.moe.fused_mx", "split_k")
+                for name in ("triton_fused_moe_mx", "triton_fused_moe_mx_swap")}  # fmt: skip
 _TILE_TYPE = {
     "attention": ("tokenspeed_kernel_triton.ops.attention._launch", "Tile"),
     "moe": ("tokenspeed_kernel_triton.ops.moe._config", "Tile"),
@@ -161,6 +177,7 @@ def _variant(point: Point, case, tile: tuple[int, ...] | None, splits: int | Non
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=("attention", "moe"), help="one family of tables")
+    parser.add_argument("--kernel", help="only the points of these kernels (comma-separated)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--preset", help="another preset (its first case of each point's operator): small on a CPU")
     parser.add_argument("--budget-s", type=float, default=480.0, help="no variant starts after this many seconds")
@@ -172,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     results = []
     for point in POINTS:
-        if args.only and point.family != args.only:
+        wanted = args.kernel.split(",") if args.kernel else [point.kernel]
+        if (args.only and point.family != args.only) or point.kernel not in wanted:
             continue
         case = _case(point, args.preset)
         print(f"== {point.kernel}: {case.describe()}", flush=True)

@@ -4,6 +4,9 @@
 # CLI (FlashInfer's modules installed as AOT modules, a launch-configuration sweep, the example):
 #   moe: triton_fused_moe_mx (tl.dot_scaled MXFP4 MoE): GPU numerics tests, `check` on the awkward
 #        preset, `bench moe.apply` next to triton_fused_moe (~3 min)
+#   mxswap: triton_fused_moe_mx_swap (opt-in, issue 21): GPU numerics and graph-capture tests, `check` on
+#        the awkward preset, `bench moe.apply` next to triton_fused_moe_mx (and matmul_ogs with .whl-ogs
+#        carried), then ci/device/tiles_sweep.py on its points until the call's 10 minutes are nearly up
 #   nvidia: gluon_prefill_window_sm90: GPU numerics tests, `check` on the awkward preset, `bench
 #        attention.prefill` next to triton_prefill (~3 min)
 #   e2e: examples/gpt_oss end to end (short budget; E2E_ROWS picks rows, default torch,selector,nvidia)
@@ -22,9 +25,10 @@
 # Here:   rm -rf .whl && pip wheel -q --no-deps --no-build-isolation -w .whl packages/tokenspeed-kernel \
 #             packages/tokenspeed-kernel-triton packages/tokenspeed-kernel-nvidia
 #         (optional) bash ci/device/flashinfer_bundle.sh
-# Device: carry [".whl"] (and ".whl-nvidia"), command: bash ci/device/verify_pending.sh STEP...
-# with STEP in moe, gluonmoe, gluonmma, decode, prefill, nvidia, flashinfer, e2e (default: decode). A call may
-# run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either.
+#         (optional) bash ci/device/triton_kernels_bundle.sh   # .whl-ogs: matmul_ogs rows in `bench moe.apply`
+# Device: carry [".whl"] (and ".whl-nvidia", ".whl-ogs"), command: bash ci/device/verify_pending.sh STEP...
+# with STEP in moe, mxswap, gluonmoe, gluonmma, decode, prefill, nvidia, flashinfer, e2e (default: decode). A
+# call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap` alone.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -34,6 +38,10 @@ if [ -f .whl-nvidia/flashinfer-python.tar.xz ]; then
   mkdir -p /tmp/site && tar -xJf .whl-nvidia/flashinfer-python.tar.xz -C /tmp/site
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl-nvidia/*.whl
   export PYTHONPATH=/tmp/site
+fi
+if [ -f .whl-ogs/triton_kernels.tar.xz ]; then  # OpenAI's triton_kernels: the matmul_ogs baselines of bench
+  mkdir -p /tmp/ogs && tar -xJf .whl-ogs/triton_kernels.tar.xz -C /tmp/ogs
+  export PYTHONPATH=/tmp/ogs${PYTHONPATH:+:$PYTHONPATH}
 fi
 # The two FlashInfer prefill modules (bf16, head dim 64, no window; with and without sinks) an
 # earlier `prefill` step built and returned as fi-ws-so.tar.xz, carried back as
@@ -70,6 +78,16 @@ moe() {
 echo "== triton_fused_moe_mx: GPU tests, check vs float64, bench next to triton_fused_moe"
 kernel_step tests/tokenspeed_kernel_triton/ops/moe/test_moe_mx.py gpu_numerics moe.apply triton_fused_moe_mx \
   triton_fused_moe
+}
+
+mxswap() {
+echo "== triton_fused_moe_mx_swap: GPU tests, check vs float64, bench next to triton_fused_moe_mx, tile sweep"
+kernel_step tests/tokenspeed_kernel_triton/ops/moe/test_moe_mx_swap.py "" moe.apply triton_fused_moe_mx_swap \
+  triton_fused_moe_mx
+# the sweep gets what is left of the call's 600 s ($SECONDS counts from this script's start)
+timeout "$(( ${MXSWAP_END_S:-590} - SECONDS ))" python3 -W ignore ci/device/tiles_sweep.py \
+  --kernel triton_fused_moe_mx_swap --budget-s "$(( ${MXSWAP_END_S:-590} - 60 - SECONDS ))" \
+  --json "$OUT/tiles_mx_swap.json" 2>&1 | tail -45 || status=1
 }
 
 nvidia() {
@@ -141,8 +159,9 @@ fi
 
 for step in $steps; do
   case $step in
-    moe | gluonmoe | gluonmma | decode | prefill | nvidia | flashinfer | e2e) "$step" ;;
-    *) echo "unknown step $step (expected moe, gluonmoe, gluonmma, decode, prefill, nvidia, flashinfer, e2e)"; status=2 ;;
+    moe | mxswap | gluonmoe | gluonmma | decode | prefill | nvidia | flashinfer | e2e) "$step" ;;
+    *) echo "unknown step $step (expected moe, mxswap, gluonmoe, gluonmma, decode, prefill, nvidia, flashinfer, e2e)"
+       status=2 ;;
   esac
 done
 exit $status

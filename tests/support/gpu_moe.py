@@ -1,4 +1,5 @@
-"""Random MXFP4 MoE problems on the GPU for the Gluon MoE decode tests."""
+"""Random MXFP4 MoE problems on the GPU for the Gluon MoE decode tests and the Triton MXFP4
+kernels' GPU numerics."""
 
 import torch
 
@@ -27,3 +28,31 @@ def moe_problem(t, e, h, i, dtype=torch.bfloat16, seed=0, x_scale=1.0):
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """Relative Frobenius error of ``out`` against the float64 ``ref``."""
     return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-12))
+
+
+def awkward_gpu_inputs(tokens: int, experts: int, hot: int, activation: str, bias: bool, with_map: bool, seed: int):
+    """Awkward GPU-sized inputs: H = 576 and I = 416 (multiples of 32, not of 128: masked K
+    tails), routing concentrated on ``hot`` experts (ragged loads, empty experts)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    hidden, inter, top_k = 576, 416, 4
+    num_local = experts // 2 if with_map else experts
+    w13 = quantize_mxfp4(torch.randn(num_local, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5)
+    w2 = quantize_mxfp4(torch.randn(num_local, hidden, inter, device="cuda", generator=gen) / inter**0.5)
+    logits = torch.randn(tokens, experts, device="cuda", generator=gen)
+    logits[:, :hot] += 6.0
+    weights, ids = torch.topk(torch.softmax(logits, -1), top_k, dim=-1)
+    expert_map = None
+    if with_map:  # the odd experts are remote (-1), the even ones local in reversed order
+        expert_map = torch.full((experts,), -1, dtype=torch.int32, device="cuda")
+        expert_map[0::2] = torch.arange(num_local - 1, -1, -1, dtype=torch.int32, device="cuda")
+    return {
+        "x": torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16(),
+        "w13": w13,
+        "w2": w2,
+        "topk_weights": (weights / weights.sum(-1, keepdim=True)).float(),
+        "topk_ids": ids.int(),
+        "activation": activation,
+        "w13_bias": torch.randn(num_local, 2 * inter, device="cuda", generator=gen) if bias else None,
+        "w2_bias": torch.randn(num_local, hidden, device="cuda", generator=gen).bfloat16() if bias else None,
+        "expert_map": expert_map,
+    }

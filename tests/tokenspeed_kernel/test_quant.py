@@ -4,8 +4,10 @@ import math
 
 import pytest
 import torch
+from support.memory import PeakTracker
 from support.naive_moe import decode_e2m1, decode_fp8, decode_mxfp4
 
+from tokenspeed_kernel import quant
 from tokenspeed_kernel.quant import (
     E2M1_VALUES,
     FP8Weight,
@@ -15,6 +17,59 @@ from tokenspeed_kernel.quant import (
     quantize_fp8,
     quantize_mxfp4,
 )
+
+# ---------------------------------------------------------------- quantize_mxfp4 memory
+
+# GPT-OSS-120B expert stacks: w13 [E, 2I, H] and w2 [E, H, I] (E = 128, H = I = 2880). On the
+# meta device (support.memory.PeakTracker counts the bytes of every tensor the ops create).
+GPT_OSS_STACKS = [(128, 5760, 2880), (128, 2880, 2880)]
+
+
+def _peak_ratio(w: torch.Tensor) -> float:
+    with PeakTracker(w) as tracker:
+        out = quantize_mxfp4(w)
+    assert out.packed.shape == (*w.shape[:-1], w.shape[-1] // 2)
+    return tracker.peak / (w.numel() * w.element_size())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [*GPT_OSS_STACKS, (3, 40, 96), (64, 64)])
+def test_quantize_mxfp4_extra_memory_within_the_input_size(shape, dtype):
+    assert _peak_ratio(torch.empty(shape, dtype=dtype, device="meta")) <= 1.0
+
+
+def test_quantize_mxfp4_single_row_is_bounded_by_its_working_set():
+    """A row is never split: a tiny input (two rows of 64 values, 512 bytes) may use one row's
+    working set."""
+    w = torch.empty(2, 64, device="meta")
+    assert _peak_ratio(w) * w.numel() * 4 <= 64 * quant.MXFP4_QUANT_BYTES_PER_VALUE
+
+
+def test_quantize_mxfp4_extra_memory_bound_holds_for_a_non_contiguous_stack():
+    w = torch.empty(5760, 128, 2880, device="meta").transpose(0, 1)  # [E, N, K], not flattenable
+    assert _peak_ratio(w) <= 1.0
+
+
+def test_peak_tracker_sees_the_unchunked_working_set(monkeypatch):
+    """The tracker is not blind: one chunk for the whole GPT-OSS w13 stack (what quantize_mxfp4
+    did before chunking: 63 GiB asked for 8.5 GB on an H100) is ~10x the input."""
+    monkeypatch.setattr(quant, "MXFP4_QUANT_BYTES_PER_VALUE", 1)
+    assert _peak_ratio(torch.empty(GPT_OSS_STACKS[0], device="meta")) > 8.0
+
+
+@pytest.mark.parametrize("bytes_per_value", [10**9, quant.MXFP4_QUANT_BYTES_PER_VALUE, 1])
+def test_quantize_mxfp4_result_does_not_depend_on_chunking(monkeypatch, bytes_per_value):
+    """One row per chunk, the default chunks and a single chunk give the same bytes, also for a
+    non-contiguous input (quantized one [N, K] matrix at a time)."""
+    gen = torch.Generator().manual_seed(5)
+    w = (torch.randn(7, 3, 9, 96, generator=gen) * 4).transpose(0, 1)
+    expected = quantize_mxfp4(w.contiguous())
+    monkeypatch.setattr(quant, "MXFP4_QUANT_BYTES_PER_VALUE", bytes_per_value)
+    for got in (quantize_mxfp4(w), quantize_mxfp4(w.contiguous().bfloat16().float())):
+        assert got.packed.is_contiguous() and got.scales.is_contiguous()
+    got = quantize_mxfp4(w)
+    assert torch.equal(got.packed, expected.packed) and torch.equal(got.scales, expected.scales)
+
 
 # ---------------------------------------------------------------- MXFP4 layout
 

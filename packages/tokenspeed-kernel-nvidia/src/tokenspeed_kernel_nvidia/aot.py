@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
@@ -38,6 +35,7 @@ from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_mma as gmma
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_decode_kernel import w2_kernel, w13_kernel
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_kernel import w2_mma_kernel, w13_mma_kernel
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w2_mma_tma_kernel, w13_mma_tma_kernel
+from tokenspeed_kernel_triton._aot_common import SASS_OPCODE, disassemble, ptxas_stats, sass_loops
 
 _TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 SM90 = GPUTarget("cuda", 90, 32)
@@ -68,37 +66,7 @@ def _count(pattern: str, text: str) -> int:
     return len(re.findall(pattern, text))
 
 
-def _ptxas_stats(ptx: str) -> tuple[int, int]:
-    """(registers, spill bytes) from Triton's bundled ``ptxas -v`` for sm_90a."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "k.ptx")
-        with open(src, "w") as f:
-            f.write(ptx)
-        cmd = [get_ptxas(90).path, "-v", "--gpu-name=sm_90a", src, "-o", os.path.join(tmp, "k.cubin")]
-        log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
-    regs = max((int(x) for x in re.findall(r"Used (\d+) registers", log)), default=0)
-    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
-    return regs, spills
-
-
 SASS_OPS = ("LDG.128", "LDG", "LDS", "STS", "LOP3", "SHF", "HADD2.F32", "F2F", "FFMA", "SHFL", "BAR")
-
-
-def _disassemble(cubin: bytes) -> str:
-    """``nvdisasm -c`` of a cubin (the ptxas that Triton bundles ships it alongside)."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    nvdisasm = os.path.join(os.path.dirname(get_ptxas(90).path), "nvdisasm")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(cubin)
-        return subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True).stdout
-
-
-_OPCODE = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 
 
 def _sass_counts(text: str) -> dict[str, int]:
@@ -106,7 +74,7 @@ def _sass_counts(text: str) -> dict[str, int]:
     ``LDG.128`` = 16-byte global loads, ``LDG`` = all global loads, ``HADD2.F32`` / ``F2F``
     = the two ways ``cvt.f32.f16`` can be lowered. ``LOOP`` = the instructions of the first
     loop (a label to a backward branch), the main K loop of the MoE decode kernels."""
-    ops = Counter(_OPCODE.findall(text))
+    ops = Counter(SASS_OPCODE.findall(text))
     out = {}
     for name in SASS_OPS:
         if name == "LDG.128":
@@ -121,15 +89,7 @@ def _first_loop_length(text: str) -> int:
     """Instructions from the first label that a later branch jumps back to, through that
     branch; 0 when there is no loop (the one-instruction self-branch ptxas puts after the
     last ``EXIT`` is not a loop)."""
-    lines = text.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^\s*(\.L_x_\d+):", line))}
-    for i, line in enumerate(lines):
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", line)
-        if m and labels.get(m.group(1), i) < i:
-            length = len(_OPCODE.findall("\n".join(lines[labels[m.group(1)] : i + 1])))
-            if length > 1:
-                return length
-    return 0
+    return next((len(ops) for ops in sass_loops(text) if len(ops) > 1), 0)
 
 
 def _attrs(signature: dict[str, str]) -> dict:
@@ -428,7 +388,7 @@ def run(kinds: tuple[str, ...] = ("decode", "prefill", "moe", "moe_mma")) -> lis
             try:
                 name, compiled = build(*params)
                 ptx = compiled.asm.get("ptx", "")
-                registers, spills = _ptxas_stats(ptx)
+                registers, spills = ptxas_stats(ptx)
                 results.append(
                     CompileResult(
                         kernel=name,
@@ -446,7 +406,7 @@ def run(kinds: tuple[str, ...] = ("decode", "prefill", "moe", "moe_mma")) -> lis
                         cvt_f16=_count(r"\bcvt\.f32\.f16\b", ptx),
                         atom_acq_rel_gpu=_count(r"\batom\.global\.gpu\.acq_rel\.", ptx),
                         ld_cg=_count(r"\bld\.global\.cg\b", ptx),
-                        sass=_sass_counts(_disassemble(compiled.asm["cubin"])) if "cubin" in compiled.asm else {},
+                        sass=_sass_counts(disassemble(compiled.asm["cubin"])) if "cubin" in compiled.asm else {},
                     )
                 )
             except Exception as exc:  # report every configuration, not only the first failure

@@ -38,6 +38,7 @@ __all__ = [
     "E2M1_VALUES",
     "FP8_E4M3_MAX",
     "FP8_GRANULARITIES",
+    "MXFP4_QUANT_BYTES_PER_VALUE",
     "MXFP8_BLOCK",
     "FP8Weight",
     "MXFP4Weight",
@@ -192,30 +193,74 @@ def dequantize_mxfp4(weight: MXFP4Weight, dtype: torch.dtype = torch.float32) ->
     return values.flatten(-2).to(dtype)
 
 
+# Working set of one quantize_mxfp4 chunk, in bytes per input value: measured 41.4 for float32,
+# bfloat16 and float16 inputs (the [values, 8] float32 distance table dominates), with margin.
+# Chunks are sized so that this times the chunk plus the outputs stays within the input's own
+# bytes (tests/tokenspeed_kernel/test_quant.py bounds the peak).
+MXFP4_QUANT_BYTES_PER_VALUE = 56
+
+
+def _mxfp4_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes and scales of ``rows [R, K]`` (any float dtype and strides): packed uint8
+    ``[R, K/2]`` and E8M0 uint8 ``[R, K/32]`` (the rule of :func:`quantize_mxfp4`)."""
+    blocks = rows.float().unflatten(-1, (-1, MXFP4_BLOCK))
+    amax = blocks.abs().amax(dim=-1)
+    # frexp: amax = m * 2**p with m in [0.5, 1), so floor(log2(amax)) = p - 1 exactly.
+    _, p = torch.frexp(torch.where(amax > 0, amax, torch.ones_like(amax)))
+    exp = torch.where(amax > 0, p.to(torch.int64) - 3, torch.full_like(p, -127, dtype=torch.int64)).clamp(-127, 127)
+    scaled = blocks.double()
+    del blocks
+    scaled = scaled.mul_(_pow2(-exp).unsqueeze(-1)).float()  # exact: a power-of-two scaling
+    mags = torch.tensor(E2M1_VALUES, device=rows.device)
+    # Nearest representable magnitude; a tie goes to the even code (mantissa bit 0), which
+    # is round-to-nearest-even. Distinct candidates differ by >= 0.25, so the 1e-6 bias
+    # only decides exact ties.
+    dist = scaled.abs().clamp_(max=6.0).unsqueeze(-1) - mags
+    odd = (torch.arange(len(E2M1_VALUES), device=rows.device) % 2).float()
+    idx = dist.abs_().add_(odd * 1e-6).argmin(dim=-1)
+    del dist
+    codes = (idx | ((scaled < 0) & (idx > 0)).to(idx.dtype) << 3).to(torch.uint8).flatten(-2)
+    return codes[..., 0::2] | (codes[..., 1::2] << 4), (exp + 127).to(torch.uint8)
+
+
+def _row_prefixes(w: torch.Tensor, prefix: tuple[int, ...] = ()) -> list[tuple[int, ...]]:
+    """Leading indices ``p`` such that every ``w[p]`` can be viewed as rows ``[-1, K]``
+    without a copy and together they cover ``w`` in order (``[()]`` for a contiguous ``w``)."""
+    sub = w[prefix]
+    try:
+        sub.view(-1, sub.shape[-1])
+        return [prefix]
+    except RuntimeError:  # not flattenable: one prefix per index of the next leading dim
+        return [p for i in range(sub.shape[0]) for p in _row_prefixes(w, (*prefix, i))]
+
+
 def quantize_mxfp4(w: torch.Tensor) -> MXFP4Weight:
     """Quantize ``w [..., N, K]`` (``K % 32 == 0``) to MXFP4, round-to-nearest-even per value.
 
     The shared exponent of a block is ``floor(log2(amax)) - 2`` (E2M1's largest exponent),
     as the OCP MX specification describes; values beyond ±6·scale saturate.
+
+    Memory: rows are quantized in chunks, so the extra memory (outputs included) stays
+    within the input's own size (``w.numel() * w.element_size()`` bytes) whenever that holds
+    a row's working set several times (``K * MXFP4_QUANT_BYTES_PER_VALUE`` bytes; any input
+    of a few dozen rows or more); a tiny input goes one row at a time. The result does not
+    depend on the chunking (every 32-value block is quantized on its own).
     """
     if w.shape[-1] % MXFP4_BLOCK:
         raise ValueError(f"quantize_mxfp4: the last dim ({w.shape[-1]}) must be a multiple of {MXFP4_BLOCK}")
-    blocks = w.detach().float().unflatten(-1, (-1, MXFP4_BLOCK))
-    amax = blocks.abs().amax(dim=-1)
-    # frexp: amax = m * 2**p with m in [0.5, 1), so floor(log2(amax)) = p - 1 exactly.
-    _, p = torch.frexp(torch.where(amax > 0, amax, torch.ones_like(amax)))
-    exp = torch.where(amax > 0, p.to(torch.int64) - 3, torch.full_like(p, -127, dtype=torch.int64)).clamp(-127, 127)
-    scaled = (blocks.double() * _pow2(-exp).unsqueeze(-1)).float()  # exact: a power-of-two scaling
-    mags = torch.tensor(E2M1_VALUES, device=w.device)
-    # Nearest representable magnitude; a tie goes to the even code (mantissa bit 0), which
-    # is round-to-nearest-even. Distinct candidates differ by >= 0.25, so the 1e-6 bias
-    # only decides exact ties.
-    dist = (scaled.abs().clamp(max=6.0).unsqueeze(-1) - mags).abs()
-    odd = (torch.arange(len(E2M1_VALUES), device=w.device) % 2).float()
-    idx = (dist + odd * 1e-6).argmin(dim=-1)
-    codes = (idx | ((scaled < 0) & (idx > 0)).to(idx.dtype) << 3).to(torch.uint8).flatten(-2)
-    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    return MXFP4Weight(packed.contiguous(), (exp + 127).to(torch.uint8).contiguous())
+    w = w.detach()
+    k = w.shape[-1]
+    packed = torch.empty((*w.shape[:-1], k // 2), dtype=torch.uint8, device=w.device)
+    scales = torch.empty((*w.shape[:-1], k // MXFP4_BLOCK), dtype=torch.uint8, device=w.device)
+    out_bytes = packed.numel() + scales.numel()
+    budget = w.numel() * w.element_size() - out_bytes
+    rows_per_chunk = max(1, budget // (k * MXFP4_QUANT_BYTES_PER_VALUE)) if k else 1
+    for prefix in _row_prefixes(w):
+        rows, packed_rows, scale_rows = (t[prefix].view(-1, t.shape[-1]) for t in (w, packed, scales))
+        for start in range(0, rows.shape[0], rows_per_chunk):
+            chunk = slice(start, start + rows_per_chunk)
+            packed_rows[chunk], scale_rows[chunk] = _mxfp4_rows(rows[chunk])
+    return MXFP4Weight(packed, scales)
 
 
 def _expand_scale(scale: torch.Tensor, n: int, k: int) -> torch.Tensor:

@@ -17,6 +17,7 @@ import dataclasses
 import pytest
 import torch
 from support import interpret_dot_scaled
+from support.moe_checks import GPU_CASES, awkward_apply_cases, candidate, check_rel_err, gpu_case_id, gpu_public_calls
 from support.naive_moe import naive_moe
 
 from tokenspeed_kernel import config, explain, platform
@@ -37,14 +38,6 @@ REASON = "tl.dot_scaled is not supported by the Triton interpreter"
 TOL = 2e-2  # relative Frobenius error: the intermediate is rounded to bf16
 
 
-def _cases() -> dict:
-    return {c.name: c for c in cases.awkward_cases("moe.apply", torch.bfloat16)}
-
-
-def _candidate(selection, name: str):
-    return next(c for c in selection.candidates if c.spec.name == name)
-
-
 # ---------------------------------------------------------------- registration and gating
 
 
@@ -60,9 +53,9 @@ def test_registration_ranks_above_triton_fused_moe_in_the_portable_band():
 @pytest.mark.parametrize("arch", [None, "sm_90", "gfx950"])
 def test_rejected_under_the_interpreter_with_the_reason(arch):
     platform = current_platform() if arch is None else platform_from_arch(arch)
-    request = cases.request(_cases()["gpt_oss_like"])
+    request = cases.request(awkward_apply_cases()["gpt_oss_like"])
     selection = explain(request, platform=platform)
-    assert _candidate(selection, NAME).reasons == (REASON,)
+    assert candidate(selection, NAME).reasons == (REASON,)
     assert selection.winner is not None and selection.winner.name != NAME
     with pytest.raises(KernelOverrideError, match="not supported by the Triton interpreter"):
         explain(request, platform=platform, override=NAME)
@@ -71,7 +64,7 @@ def test_rejected_under_the_interpreter_with_the_reason(arch):
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80", "sm_100", "gfx942", "gfx950"])
 def test_wins_over_triton_fused_moe_for_mxfp4_when_available(monkeypatch, arch):
     monkeypatch.setattr(fused_mx, "INTERPRET", False)  # as on a GPU: the hook finds dot_scaled
-    request = cases.request(_cases()["gpt_oss_like"])
+    request = cases.request(awkward_apply_cases()["gpt_oss_like"])
     selection = explain(request, platform=platform_from_arch(arch))
     names = [c.spec.name for c in selection.candidates if c.accepted]
     assert names.index(NAME) < names.index("triton_fused_moe") < names.index("torch_moe")
@@ -88,9 +81,9 @@ def test_platform_override_env(monkeypatch):
     config.refresh()
     platform.refresh()
     try:
-        selection = explain(cases.request(_cases()["mxfp4_t33"]))  # above the GEMV kernels' T <= 8
+        selection = explain(cases.request(awkward_apply_cases()["mxfp4_t33"]))  # above the GEMV kernels' T <= 8
         assert selection.platform.arch == "sm_90"
-        assert selection.winner.name == NAME and _candidate(selection, "triton_fused_moe").accepted
+        assert selection.winner.name == NAME and candidate(selection, "triton_fused_moe").accepted
     finally:
         monkeypatch.delenv(config.PLATFORM_ENV)
         config.refresh()
@@ -100,18 +93,18 @@ def test_platform_override_env(monkeypatch):
 def test_serves_mxfp4_bf16_only(monkeypatch):
     monkeypatch.setattr(fused_mx, "INTERPRET", False)
     sm90 = platform_from_arch("sm_90")
-    by_name = _cases()
+    by_name = awkward_apply_cases()
     for name, reason in (("plain_t5", "weight dtype bfloat16 not in {uint8}"),
                          ("fp8_per_channel", "weight dtype float8_e4m3fn not in {uint8}"),
                          ("mxfp8_act_t1", "does not support {mxfp8_act}")):  # fmt: skip
-        reasons = _candidate(explain(cases.request(by_name[name]), platform=sm90), NAME).reasons
+        reasons = candidate(explain(cases.request(by_name[name]), platform=sm90), NAME).reasons
         assert any(reason in r for r in reasons), (name, reasons)
     uint8_not_mx = Request.make("moe.apply", {"x": torch.bfloat16, "weight": torch.uint8}, {}, {"silu"})
-    assert _candidate(explain(uint8_not_mx, platform=sm90), NAME).reasons == (
+    assert candidate(explain(uint8_not_mx, platform=sm90), NAME).reasons == (
         "MXFP4 weights only (tl.dot_scaled e2m1 main loop)",
     )
     fp16 = cases.request(dataclasses.replace(by_name["mxfp4_t1"], dtype=torch.float16))
-    assert any("x dtype float16" in r for r in _candidate(explain(fp16, platform=sm90), NAME).reasons)
+    assert any("x dtype float16" in r for r in candidate(explain(fp16, platform=sm90), NAME).reasons)
 
 
 # ---------------------------------------------------------------- host logic (no dot_scaled)
@@ -195,9 +188,7 @@ def emulated(monkeypatch):
 
 
 def _check(out: torch.Tensor, ref: torch.Tensor) -> None:
-    assert not torch.isnan(out).any(), "an output element was never written"
-    err = float((out.double().cpu() - ref.cpu()).norm() / ref.cpu().norm())
-    assert err < TOL, f"relative error {err:.2e}"
+    check_rel_err(out, ref, TOL)
 
 
 def _run(inputs, prepared=None, tile=None, splits=None) -> torch.Tensor:
@@ -217,7 +208,7 @@ NUMERIC_CASES = {  # name: (awkward case, changes, forced K splits)
 @pytest.mark.parametrize("name", list(NUMERIC_CASES))
 def test_kernel_matches_naive_with_emulated_dot_scaled(emulated, name):
     base, changes, forced = NUMERIC_CASES[name]
-    case = dataclasses.replace(_cases()[base], name=name, **changes)
+    case = dataclasses.replace(awkward_apply_cases()[base], name=name, **changes)
     inputs = cases.make_inputs(case, DEVICE, seed=len(name))
     ref = naive_moe(**inputs)
     plan = fused_mx.prepare_moe_mx(w13=inputs["w13"], w2=inputs["w2"])
@@ -230,7 +221,9 @@ def test_kernel_matches_naive_with_emulated_dot_scaled(emulated, name):
 
 @pytest.mark.parametrize("vendor", ["cuda"])  # the AMD rows are the same shapes (16x32, 64x64)
 def test_every_tile_of_the_table_with_emulated_dot_scaled(emulated, vendor):
-    case = dataclasses.replace(_cases()["gpt_oss_like"], num_tokens=9, hidden=160, intermediate=64, name="tiles")
+    case = dataclasses.replace(
+        awkward_apply_cases()["gpt_oss_like"], num_tokens=9, hidden=160, intermediate=64, name="tiles"
+    )
     inputs = cases.make_inputs(case, DEVICE, seed=3)
     ref = naive_moe(**inputs)
     for tile in tiles_for(vendor, "mxfp4_dot"):
@@ -240,54 +233,10 @@ def test_every_tile_of_the_table_with_emulated_dot_scaled(emulated, vendor):
 # ---------------------------------------------------------------- GPU numerics
 
 
-def _gpu_inputs(tokens: int, experts: int, hot: int, activation: str, bias: bool, with_map: bool, seed: int):
-    """Awkward GPU-sized inputs: H = 576 and I = 416 (multiples of 32, not of 128: masked K
-    tails), routing concentrated on ``hot`` experts (ragged loads, empty experts)."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    hidden, inter, top_k = 576, 416, 4
-    num_local = experts // 2 if with_map else experts
-    w13 = quantize_mxfp4(torch.randn(num_local, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5)
-    w2 = quantize_mxfp4(torch.randn(num_local, hidden, inter, device="cuda", generator=gen) / inter**0.5)
-    logits = torch.randn(tokens, experts, device="cuda", generator=gen)
-    logits[:, :hot] += 6.0
-    weights, ids = torch.topk(torch.softmax(logits, -1), top_k, dim=-1)
-    expert_map = None
-    if with_map:  # the odd experts are remote (-1), the even ones local in reversed order
-        expert_map = torch.full((experts,), -1, dtype=torch.int32, device="cuda")
-        expert_map[0::2] = torch.arange(num_local - 1, -1, -1, dtype=torch.int32, device="cuda")
-    return {
-        "x": torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16(),
-        "w13": w13,
-        "w2": w2,
-        "topk_weights": (weights / weights.sum(-1, keepdim=True)).float(),
-        "topk_ids": ids.int(),
-        "activation": activation,
-        "w13_bias": torch.randn(num_local, 2 * inter, device="cuda", generator=gen) if bias else None,
-        "w2_bias": torch.randn(num_local, hidden, device="cuda", generator=gen).bfloat16() if bias else None,
-        "expert_map": expert_map,
-    }
-
-
-GPU_CASES = [(t, hot, act, bias, emap) for t in (1, 3, 17, 300) for hot, act, bias, emap in
-             ((2, "swiglu_oai", True, True), (16, "silu", False, False), (3, "swiglu_oai", True, False))]  # fmt: skip
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU numerics: no CUDA device (tl.dot_scaled needs a GPU)")
-@pytest.mark.parametrize(
-    "case", GPU_CASES, ids=lambda c: f"T{c[0]}-hot{c[1]}-{c[2]}{'-bias' if c[3] else ''}{'-map' if c[4] else ''}"
-)
+@pytest.mark.parametrize("case", GPU_CASES, ids=gpu_case_id)
 def test_gpu_numerics(case):
-    from tokenspeed_kernel.ops.moe import moe_apply, moe_plan
-
-    tokens, hot, activation, bias, with_map = case
-    inputs = _gpu_inputs(tokens, 32, hot, activation, bias, with_map, seed=tokens + hot)
-    ref = naive_moe(**inputs)
-    out = torch.full_like(inputs["x"], float("nan"))
-    moe_apply(**inputs, out=out, override=NAME)
-    _check(out, ref)
-    plan = moe_plan(inputs["w13"], inputs["w2"], x_dtype=torch.bfloat16, top_k=4, activation=activation,
-                    w13_bias=inputs["w13_bias"], w2_bias=inputs["w2_bias"], expert_map=inputs["expert_map"],
-                    override=NAME)  # fmt: skip
+    inputs, ref, out, plan = gpu_public_calls(case, NAME, TOL)
     assert torch.equal(plan.apply(inputs["x"], inputs["topk_weights"], inputs["topk_ids"]), out)
     for splits in (2, 4):
         _check(_run(inputs, plan.prepared, splits=splits), ref)

@@ -10,12 +10,13 @@ GPU, the calls are captured in a CUDA graph and replayed against eager results.
 
 import pytest
 import torch
+from support.moe_checks import capture
 
 from tokenspeed_kernel import config
 from tokenspeed_kernel.ops.moe import moe_apply, moe_plan, moe_topk
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.tools import cases
-from tokenspeed_kernel_triton.ops.moe import _driver, _routing, fused, fused_mx, topk
+from tokenspeed_kernel_triton.ops.moe import _driver, _routing, fused, fused_mx, fused_mx_swap, topk
 
 HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy")
 LAUNCHES = ((topk, "topk_kernel"), (_routing, "align_kernel"), (fused, "moe_gemm_kernel"), (_driver, "combine_kernel"))
@@ -90,34 +91,48 @@ def test_launches_depend_on_shapes_only(monkeypatch, fmt, tokens, planned):
     assert uniform == skewed
 
 
-def _mx_launches(monkeypatch, tokens, skewed, planned):
-    """The ``tl.dot_scaled`` kernel's host path (split-K rule, finish kernel) with its
-    launches recorded: it cannot run under the interpreter, but its host code can."""
+# The MXFP4 grouped GEMMs: (module, GEMM kernel name, prepare hook, run), split-K at T = 1.
+MX_KERNELS = {
+    "dot_scaled": (fused_mx, "moe_mx_gemm_kernel", fused_mx.prepare_moe_mx, fused_mx.fused_moe_mx),
+    "swap": (fused_mx_swap, "moe_mx_swap_gemm_kernel", fused_mx_swap.prepare_moe_mx_swap,
+             fused_mx_swap.fused_moe_mx_swap),
+}  # fmt: skip
+
+
+def _mx_launches(monkeypatch, kernel, tokens, skewed, planned):
+    """An MXFP4 grouped GEMM's host path (split-K rule, finish kernel, the swapped kernel's
+    per-call repack) with its launches recorded: it cannot run under the interpreter (or is
+    not selected there), but its host code can. No host read, and no tensor built from host
+    data (a host-to-device copy, which CUDA-graph capture refuses)."""
+    module, gemm, prepare, run = MX_KERNELS[kernel]
     inputs, logits = _inputs("mxfp4", tokens, skewed)
     weights_, ids = (t.contiguous() for t in torch.topk(torch.softmax(logits, -1), 2))
-    prepared = fused_mx.prepare_moe_mx(w13=inputs["w13"], w2=inputs["w2"]) if planned else None
+    prepared = prepare(w13=inputs["w13"], w2=inputs["w2"]) if planned else None
     log = []
     with monkeypatch.context() as m:
-        for module, name in (*LAUNCHES[1:], (fused_mx, "moe_mx_gemm_kernel"), (fused_mx, "split_finish_kernel")):
-            m.setattr(module, name, _Recorder(name, log))
+        for owner, name in (*LAUNCHES[1:], (module, gemm), (fused_mx, "split_finish_kernel")):
+            m.setattr(owner, name, _Recorder(name, log))
         _forbid_host_reads(m)
+        for name in ("tensor", "as_tensor", "from_numpy"):
+            m.setattr(torch, name, lambda *a, _name=name, **k: pytest.fail(f"torch.{_name} in the call path"))
         args = MoEApplyArgs(
             x=inputs["x"], w13=inputs["w13"], w2=inputs["w2"], topk_weights=weights_.float(),
             topk_ids=ids.int(), activation="swiglu_oai", w13_bias=inputs["w13_bias"], w2_bias=inputs["w2_bias"],
             expert_map=inputs["expert_map"], out=torch.empty_like(inputs["x"]), prepared=prepared,
         )  # fmt: skip
-        fused_mx.fused_moe_mx(args, splits=None if tokens > 1 else 2)
+        run(args, splits=None if tokens > 1 else 2)
     return log
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU form; the GPU form captures a real graph")
 @pytest.mark.parametrize("planned", [False, True], ids=["functional", "plan"])
 @pytest.mark.parametrize("tokens", [1, 33])
-def test_dot_scaled_launches_depend_on_shapes_only(monkeypatch, tokens, planned):
-    uniform = _mx_launches(monkeypatch, tokens, skewed=False, planned=planned)
-    skewed = _mx_launches(monkeypatch, tokens, skewed=True, planned=planned)
+@pytest.mark.parametrize("kernel", list(MX_KERNELS))
+def test_mxfp4_gemm_launches_depend_on_shapes_only(monkeypatch, kernel, tokens, planned):
+    uniform = _mx_launches(monkeypatch, kernel, tokens, skewed=False, planned=planned)
+    skewed = _mx_launches(monkeypatch, kernel, tokens, skewed=True, planned=planned)
     names = [entry[0] for entry in uniform]
-    assert names[0] == "align_kernel" and names[-1] == "combine_kernel" and names.count("moe_mx_gemm_kernel") == 2
+    assert names[0] == "align_kernel" and names[-1] == "combine_kernel" and names.count(MX_KERNELS[kernel][1]) == 2
     assert ("split_finish_kernel" in names) == (tokens == 1), names
     assert uniform == skewed
 
@@ -137,13 +152,7 @@ def test_cuda_graph_capture_matches_eager(fmt):
         return moe_apply(inputs["x"], inputs["w13"], inputs["w2"], w, ids, activation="swiglu_oai", **extra)
 
     eager = step()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        step()  # warm-up: compile outside capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture(step)
     logits.copy_(logits.flip(0))
     graph.replay()
     torch.cuda.synchronize()

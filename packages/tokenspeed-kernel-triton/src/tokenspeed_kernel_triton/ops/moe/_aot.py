@@ -6,7 +6,9 @@ largest tile of the target's table (and the layer-1 MXFP4 GEMM at every tile), t
 ``tl.dot_scaled`` GEMM at every tile of its table (split-K and public scales at the decode
 tile) and its split-K finish, plus the permutation, combine and top-k kernels, and prints one JSON line per compile: whether it
 built, how many matrix instructions the assembly holds (``mma``/``wgmma`` in PTX,
-``v_mfma`` in AMDGCN), shared memory and spills. Must run without ``TRITON_INTERPRET``.
+``v_mfma`` in AMDGCN), shared memory and spills. The MXFP4 GEMMs for sm_90 (``moe_mx_gemm``,
+``moe_mx_swap``) also report the registers and spill bytes of ``ptxas -v`` and the opcodes of
+their main loop in SASS (:func:`main_loop`). Must run without ``TRITON_INTERPRET``.
 """
 
 from __future__ import annotations
@@ -14,11 +16,21 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 
 from triton.backends.compiler import GPUTarget
 
-from tokenspeed_kernel_triton._aot_common import amd_spills, compile_config, parse_target, target_label
+from tokenspeed_kernel_triton._aot_common import (
+    SASS_OPCODE,
+    amd_spills,
+    compile_config,
+    disassemble,
+    parse_target,
+    ptxas_stats,
+    sass_loops,
+    target_label,
+)
 from tokenspeed_kernel_triton.ops.moe._config import Tile, tiles_for
 from tokenspeed_kernel_triton.ops.moe._gemm import (
     FP8_BLOCK,
@@ -30,6 +42,7 @@ from tokenspeed_kernel_triton.ops.moe._gemm import (
     moe_gemm_kernel,
 )
 from tokenspeed_kernel_triton.ops.moe._mx_gemm import moe_mx_gemm_kernel, split_finish_kernel
+from tokenspeed_kernel_triton.ops.moe._mx_swap_gemm import moe_mx_swap_gemm_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import align_kernel
 from tokenspeed_kernel_triton.ops.moe.topk import topk_kernel
 
@@ -75,18 +88,27 @@ def _hinted(fn, pointers: dict, consts: dict, aligned: set, options: dict) -> tu
     return signature, consts | {"_options": options, "_attrs": attrs}
 
 
+def _mx_pointers(gated: bool, split: bool, weight_type: str) -> dict:
+    """Pointer types of the MXFP4 grouped GEMMs (weights and scales as ``weight_type``)."""
+    return {
+        "A": "*bf16", "W": weight_type, "S": weight_type, "Bias": "*fp32",
+        "Out": "*bf16" if gated and not split else "*fp32", "SortedIds": "*i32", "TileExpert": "*i32",
+        "NumTiles": "*i32", "TopkWeights": "*fp32",
+    }  # fmt: skip
+
+
+def _mx_consts(gated: bool, tile: Tile, split: bool) -> dict:
+    """The constexprs both MXFP4 grouped GEMMs take (GPT-OSS: top-4, swiglu_oai, biases)."""
+    return {"TOP_K": 4, "GATED": gated, "ACTIVATION": 2, "HAS_BIAS": True, "BLOCK_M": tile.block_m,
+            "BLOCK_N": tile.block_n, "GROUP_M": tile.group_m, "SPLIT": split}  # fmt: skip
+
+
 def mx_gemm_signature(gated: bool, tile: Tile, *, split: bool, planned: bool) -> tuple[dict, dict]:
     """The dot_scaled GEMM as the launcher specializes it at GPT-OSS shapes (K = 2880: not a
     multiple of 128, so ``EVEN_K`` is off; unit strides constant; 16-divisible sizes)."""
-    pointers = {
-        "A": "*bf16", "W": "*u8", "S": "*u8", "Bias": "*fp32", "Out": "*bf16" if gated and not split else "*fp32",
-        "SortedIds": "*i32", "TileExpert": "*i32", "NumTiles": "*i32", "TopkWeights": "*fp32",
-    }  # fmt: skip
-    consts = {
-        "TOP_K": 4, "GATED": gated, "ACTIVATION": 2, "HAS_BIAS": True, "BLOCK_M": tile.block_m,
-        "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "GROUP_M": tile.group_m, "EVEN_K": False,
-        "SPLIT": split, "A_FMT": "bf16", "stride_wk": 1,
-    }  # fmt: skip
+    pointers = _mx_pointers(gated, split, "*u8")
+    consts = _mx_consts(gated, tile, split) | {"BLOCK_K": tile.block_k, "EVEN_K": False, "A_FMT": "bf16"}
+    consts["stride_wk"] = 1  # the launcher specializes a unit stride to a constant, as here
     consts["stride_sn" if planned else "stride_sk"] = 1  # planned scales are N-contiguous
     aligned = {"N", "K", "k_split", "stride_am", "stride_we", "stride_wn", "stride_be", "stride_om", "stride_os"}
     aligned |= {"stride_se", "stride_sk"} if planned else set()
@@ -112,6 +134,39 @@ def _mx_configs(vendor: str) -> list[tuple[str, object, dict, dict]]:
     aligned = {"N", "stride_ps", "stride_pm", "stride_be", "stride_om"}
     sig, consts = _hinted(split_finish_kernel, pointers, consts, aligned, {"num_warps": 4})
     return [*out, ("moe_mx_split_finish", split_finish_kernel, sig, consts)]
+
+
+def swap_gemm_signature(gated: bool, tile: Tile, *, split: bool, big: bool) -> tuple[dict, dict]:
+    """The swapped MXFP4 GEMM as the launcher specializes it at GPT-OSS shapes (16-divisible
+    sizes and strides; the K step is fixed)."""
+    pointers = _mx_pointers(gated, split, "*i32")
+    consts = _mx_consts(gated, tile, split) | {"BIG_SCALES": big, "INTERPRET": False}
+    aligned = {"N", "K", "stride_am", "stride_we", "stride_ws", "stride_se", "stride_ss", "stride_be", "stride_om",
+               "stride_os"}  # fmt: skip
+    options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
+    return _hinted(moe_mx_swap_gemm_kernel, pointers, consts, aligned, options)
+
+
+def swap_name(gated: bool, tile: Tile, *, split: bool = False, big: bool = False) -> str:
+    """The sweep's name of a swapped-GEMM compile: ``moe_mx_swap[w13-m16n128(-split)(-big)]``."""
+    return f"moe_mx_swap[{'w13' if gated else 'w2'}-m{tile.block_m}n{tile.block_n}{'-split' if split else ''}" + (
+        "-big]" if big else "]"
+    )
+
+
+def _swap_configs(vendor: str) -> list[tuple[str, object, dict, dict]]:
+    """Every ``mxfp4_swap`` tile (NVIDIA only: inline PTX), both layers; at the decode tile
+    also split-K and the two-multiply decode of large scales (``BIG_SCALES``)."""
+    if vendor != "cuda":
+        return []
+    out = []
+    for index, tile in enumerate(tiles_for(vendor, "mxfp4_swap")):
+        variants = [(False, False)] + ([(True, False), (False, True)] if index == 0 else [])
+        for split, big in variants:
+            for gated in (True, False):
+                sig, consts = swap_gemm_signature(gated, tile, split=split, big=big)
+                out.append((swap_name(gated, tile, split=split, big=big), moe_mx_swap_gemm_kernel, sig, consts))
+    return out
 
 
 def _small_kernels() -> list[tuple[str, object, dict, dict]]:
@@ -198,7 +253,7 @@ def configs(target: GPUTarget) -> list[tuple[str, object, dict, dict]]:
             out.append(_gemm_config(MXFP4, gated, tile, target, halves=True))
             if index == 0:  # the functional path's standard byte order
                 out.append(_gemm_config(MXFP4, gated, tile, target, halves=False))
-    return out + _mx_configs(vendor) + _small_kernels() + _fp8_quant_configs()
+    return out + _mx_configs(vendor) + _swap_configs(vendor) + _small_kernels() + _fp8_quant_configs()
 
 
 @dataclass(frozen=True)
@@ -211,6 +266,36 @@ class CompileResult:
     shared_bytes: int
     spills: int
     error: str = ""
+    registers: int = 0
+    loop: dict = field(default_factory=dict)
+
+
+# Main-loop SASS opcode classes (prefixes; "LDG" = synchronous global loads, not the cp.async
+# LDGSTS / LDGDEPBAR).
+_LOOP_CLASSES = ("LDS.U8", "LDS.128", "LDS", "STS", "BAR", "HGMMA", "HMUL2", "PRMT", "LDGSTS", "LDG")
+
+
+def main_loop(sass: str) -> dict:
+    """Counts in the longest loop of ``sass`` (the K loop): ``instructions``, each class of
+    :data:`_LOOP_CLASSES` (an opcode counts in the first class it starts with; ``LDG`` only
+    plain global loads) and ``hgmma_register_a`` (wgmma reading its A operand from registers:
+    ``HGMMA Rd, Ra, gdesc[...]``, against ``HGMMA Rd, gdesc[...]`` for both from shared)."""
+    loops = sass_loops(sass)
+    body = max(loops, key=len) if loops else []
+    ops = Counter(SASS_OPCODE.search(line).group(1) for line in body)
+    out = {"instructions": len(body)}
+    for name in _LOOP_CLASSES:
+        out[name] = 0
+    for op, n in ops.items():
+        cls = next((c for c in _LOOP_CLASSES if op == c or op.startswith(c + ".") or op.startswith(c)), None)
+        if cls == "LDG" and op.startswith(("LDGSTS", "LDGDEPBAR")):
+            cls = "LDGSTS" if op.startswith("LDGSTS") else None
+        if cls == "LDS" and op.startswith(("LDS.U8", "LDS.128")):
+            cls = op[:6] if op.startswith("LDS.U8") else "LDS.128"
+        if cls:
+            out[cls] += n
+    out["hgmma_register_a"] = sum(1 for line in body if re.search(r"HGMMA\S*\s+R\d+,\s*R\d+,", line))
+    return out
 
 
 def compile_one(fn, signature: dict, constexprs: dict, target: GPUTarget, name: str) -> CompileResult:
@@ -224,9 +309,13 @@ def compile_one(fn, signature: dict, constexprs: dict, target: GPUTarget, name: 
     if target.backend == "cuda":
         ptx = compiled.asm.get("ptx", "")
         count = len(re.findall(r"\b(?:mma|wgmma)\.", ptx))
-        return CompileResult(
-            name, label, True, count, "wgmma." in ptx, shared, int(getattr(compiled, "n_spills", 0) or 0)
-        )
+        if not name.startswith("moe_mx_"):
+            return CompileResult(
+                name, label, True, count, "wgmma." in ptx, shared, int(getattr(compiled, "n_spills", 0) or 0)
+            )
+        registers, spills = ptxas_stats(ptx)
+        loop = main_loop(disassemble(compiled.asm["cubin"]))
+        return CompileResult(name, label, True, count, "wgmma." in ptx, shared, spills, "", registers, loop)
     amdgcn = compiled.asm.get("amdgcn", "")
     return CompileResult(name, label, True, len(re.findall(r"\bv_mfma", amdgcn)), False, shared, amd_spills(amdgcn))
 

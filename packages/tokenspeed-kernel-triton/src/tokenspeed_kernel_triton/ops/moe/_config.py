@@ -15,7 +15,10 @@ tiles (gate and up) and gfx942 has 64 KiB of shared memory (LDS) per workgroup.
 The ``tl.dot_scaled`` MXFP4 kernel (:mod:`.fused_mx`, weights ``"mxfp4_dot"``) has its own
 rows: its K step is ``block_k`` values (128: 64 bytes per weight row, 4 E8M0 scales), and
 in the decode regime its K loop may be split (:func:`split_k`) so that a few experts'
-weights are streamed by enough programs to fill the GPU.
+weights are streamed by enough programs to fill the GPU. The swapped MXFP4 kernel
+(:mod:`.fused_mx_swap`, ``"mxfp4_swap"``, NVIDIA only) has rows of its own too: there
+``block_n`` counts weight rows (the MMA's M) and ``block_m`` token rows (its N), and
+``block_k`` is always its step of 128.
 """
 
 from __future__ import annotations
@@ -75,6 +78,17 @@ _TABLE: tuple[tuple[str, str, float, Tile], ...] = (
     ("cuda", "mx_dot", float("inf"), Tile(128, 128, 128, 8, 8, 3)),
     ("rocm", "mx_dot", 4, Tile(16, 32, 128, 1, 4, 2)),
     ("rocm", "mx_dot", float("inf"), Tile(64, 64, 128, 8, 4, 2)),
+    # The swapped MXFP4 kernel (:mod:`.fused_mx_swap`, weights "mxfp4_swap", sm_90 only):
+    # block_m = token rows (wgmma N), block_n = weight rows (wgmma M: 64 per warpgroup),
+    # block_k is its fixed step of 128. Starting points, not yet timed: 128 weight rows on one
+    # warpgroup for decode (many programs stream the weights), matmul_ogs's Hopper shape (256
+    # weight rows, 8 warps) at 16-48 rows per expert, then 128 weight rows on two warpgroups:
+    # 64 x 256 spills with 3 stages and 128 x 256 always (ptxas -v, test_aot_compile_moe.py).
+    ("cuda", "mx_swap", 4, Tile(16, 128, 128, 1, 4, 4)),
+    ("cuda", "mx_swap", 16, Tile(16, 256, 128, 4, 8, 4)),
+    ("cuda", "mx_swap", 48, Tile(32, 256, 128, 8, 8, 4)),
+    ("cuda", "mx_swap", 96, Tile(64, 128, 128, 8, 8, 3)),
+    ("cuda", "mx_swap", float("inf"), Tile(128, 128, 128, 8, 8, 3)),
 )
 
 # Shared memory a tile may stage (bytes): the table's rows are sized for 16-bit activations;
@@ -108,7 +122,10 @@ MIN_SPLIT_STEPS = 4
 MAX_SPLITS = 8
 
 
-_KINDS = {"mxfp4": "mx", "mxfp4_dot": "mx_dot"}
+_KINDS = {"mxfp4": "mx", "mxfp4_dot": "mx_dot", "mxfp4_swap": "mx_swap"}
+# Kinds whose rows are sized for their own staging (packed weights, fixed K step): not shrunk by
+# fit_shared, whose estimate stages weights at the activations' element size.
+_OWN_STAGING = frozenset({"mx_swap"})
 
 
 def _keys(vendor: str, weight_format: str) -> tuple[str, str]:
@@ -118,12 +135,13 @@ def _keys(vendor: str, weight_format: str) -> tuple[str, str]:
 def pick_tile(num_pairs: int, num_experts: int, vendor: str, weight_format: str = "plain", elem_bytes: int = 2) -> Tile:
     """The tile for ``num_pairs = T * top_k`` rows over ``num_experts`` local experts on
     ``vendor`` (``"cpu"``, i.e. the interpreter, uses the NVIDIA table) for weights of
-    ``weight_format`` (``"mxfp4"``, ``"mxfp4_dot"`` for the dot_scaled kernel, or anything
-    else) and activations of ``elem_bytes`` bytes (:func:`fit_shared`)."""
+    ``weight_format`` (``"mxfp4"``, ``"mxfp4_dot"`` for the dot_scaled kernel, ``"mxfp4_swap"``
+    for the swapped kernel (NVIDIA rows only), or anything else) and activations of
+    ``elem_bytes`` bytes (:func:`fit_shared`, except for ``"mxfp4_swap"``)."""
     table, kind = _keys(vendor, weight_format)
     rows = num_pairs / max(num_experts, 1)
     tile = next(tile for v, w, bound, tile in _TABLE if (v, w) == (table, kind) and rows <= bound)
-    return fit_shared(tile, elem_bytes, table)
+    return tile if kind in _OWN_STAGING else fit_shared(tile, elem_bytes, table)
 
 
 def tiles_for(vendor: str, weight_format: str = "plain") -> tuple[Tile, ...]:

@@ -53,6 +53,8 @@ __all__ = [
     "combine_kernel",
     "epilogue",
     "moe_gemm_kernel",
+    "program_tile",
+    "tile_block",
     "tile_coords",
     "tile_rows",
 ]
@@ -237,6 +239,26 @@ def tile_rows(SortedIds, TileExpert, pid_m, num_pairs, stride_am, TOP_K: tl.cons
 
 
 @triton.jit
+def program_tile(NumTiles, N, tiles_bound, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """``(pid_m, pid_n, used)`` of this program (axis 0, :func:`tile_coords`): ``used`` is
+    False past the tiles in use (``NumTiles``: the program returns at once)."""
+    pid_m, pid_n = tile_coords(tl.program_id(0), N, tiles_bound, BLOCK_N, GROUP_M)
+    return pid_m, pid_n, pid_m < tl.load(NumTiles)
+
+
+@triton.jit
+def tile_block(SortedIds, TileExpert, pid_m, pid_n, num_pairs, N, stride_am, TOP_K: tl.constexpr,
+               GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """:func:`tile_rows` of tile ``pid_m`` and the output columns of column block ``pid_n``:
+    ``(expert, slots, pairs, m_ok, a_rows, offs_n, n_ok)``, ``offs_n`` int32 ``[BLOCK_N]`` and
+    ``n_ok = offs_n < N``."""
+    expert, slots, pairs, m_ok, a_rows = tile_rows(SortedIds, TileExpert, pid_m, num_pairs, stride_am, TOP_K, GATED,
+                                                   BLOCK_M)  # fmt: skip
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return expert, slots, pairs, m_ok, a_rows, offs_n, offs_n < N
+
+
+@triton.jit
 def activate(gate, up, ACTIVATION: tl.constexpr):
     """``act(gate) * up`` in float32: silu (0), erf-gelu (1), or swiglu_oai (2: gate clamped
     to <= 7, up to [-7, 7], ``gate * sigmoid(1.702 gate) * (up + 1)``)."""
@@ -300,13 +322,11 @@ def moe_gemm_kernel(
     ``pair // TOP_K`` instead of stored at rows ``pair``. ``A_FP8``: A is fp8 with float32
     scales ``AS`` (row stride ``stride_asm``, K-group stride ``stride_ask``; FP8 formats only).
     """
-    pid_m, pid_n = tile_coords(tl.program_id(0), N, tiles_bound, BLOCK_N, GROUP_M)
-    if pid_m >= tl.load(NumTiles):
+    pid_m, pid_n, used = program_tile(NumTiles, N, tiles_bound, BLOCK_N, GROUP_M)
+    if not used:
         return
-    expert, slots, pairs, m_ok, a_rows = tile_rows(SortedIds, TileExpert, pid_m, num_pairs, stride_am, TOP_K,
-                                                   GATED, BLOCK_M)  # fmt: skip
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
+    expert, slots, pairs, m_ok, a_rows, offs_n, n_ok = tile_block(SortedIds, TileExpert, pid_m, pid_n, num_pairs, N,
+                                                                  stride_am, TOP_K, GATED, BLOCK_M, BLOCK_N)  # fmt: skip
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if GATED:
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

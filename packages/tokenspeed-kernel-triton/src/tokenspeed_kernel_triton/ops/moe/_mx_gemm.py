@@ -35,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel_triton.ops.moe._gemm import epilogue, tile_coords, tile_rows
+from tokenspeed_kernel_triton.ops.moe._gemm import epilogue, program_tile, tile_block, tile_rows
 
 __all__ = ["moe_mx_gemm_kernel", "split_finish_kernel"]
 
@@ -75,14 +75,12 @@ def moe_mx_gemm_kernel(
     the intermediate, W/S = w2 ``[E, N, K]``, Out = float32 ``[S, P, N]`` at pair rows, times
     ``TopkWeights[pair]``. ``EVEN_K``: ``K % BLOCK_K == 0`` (and ``k_split`` is a multiple of
     ``BLOCK_K``)."""
-    pid_m, pid_n = tile_coords(tl.program_id(0), N, tiles_bound, BLOCK_N, GROUP_M)
+    pid_m, pid_n, used = program_tile(NumTiles, N, tiles_bound, BLOCK_N, GROUP_M)
     split = tl.program_id(1)
-    if pid_m >= tl.load(NumTiles):
+    if not used:
         return
-    expert, slots, pairs, m_ok, a_rows = tile_rows(SortedIds, TileExpert, pid_m, num_pairs, stride_am, TOP_K,
-                                                   GATED, BLOCK_M)  # fmt: skip
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
+    expert, slots, pairs, m_ok, a_rows, offs_n, n_ok = tile_block(SortedIds, TileExpert, pid_m, pid_n, num_pairs, N,
+                                                                  stride_am, TOP_K, GATED, BLOCK_M, BLOCK_N)  # fmt: skip
     w_rows = W + expert * stride_we + offs_n.to(tl.int64) * stride_wn
     s_rows = S + expert * stride_se + offs_n.to(tl.int64) * stride_sn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

@@ -27,7 +27,9 @@ instead of decoding E2M1 with integer arithmetic. MXFP4 weights and bf16 activat
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -40,7 +42,7 @@ from tokenspeed_kernel_triton._host import cdiv
 from tokenspeed_kernel_triton._launcher import jit_launch
 from tokenspeed_kernel_triton.ops.moe._common import ACTIVATION_CODES, INTERPRET, VENDORS, vendor_of
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile, split_k
-from tokenspeed_kernel_triton.ops.moe._driver import layer_output, run_moe
+from tokenspeed_kernel_triton.ops.moe._driver import Layer, layer_output, run_moe
 from tokenspeed_kernel_triton.ops.moe._mx_gemm import moe_mx_gemm_kernel, split_finish_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing
 from tokenspeed_kernel_triton.ops.moe.fused import experts_predicate
@@ -53,10 +55,13 @@ __all__ = [
     "fused_moe_mx",
     "mx_operand",
     "mx_predicate",
+    "mxfp4_predicate",
     "n_contiguous_scales",
     "plan_splits",
     "prepare_moe_mx",
+    "run_layers",
     "sm_count",
+    "split_layer",
     "split_size",
     "triton_fused_moe_mx",
 ]
@@ -135,41 +140,56 @@ def split_size(k: int, block_k: int, splits: int) -> int:
     return cdiv(cdiv(k, block_k), splits) * block_k
 
 
-def _mx_gemm(
-    a: torch.Tensor, op: MxOperand, bias: torch.Tensor | None, routing: Routing, weights: torch.Tensor, *,
-    n: int, k: int, top_k: int, tile: Tile, gated: bool, activation: str, splits: int | None = None,
+def split_layer(
+    a: torch.Tensor, bias: torch.Tensor | None, routing: Routing, *, n: int, k: int, tile: Tile, gated: bool,
+    activation: str, splits: int | None, launch: Callable[[torch.Tensor, int, int], None],
 ) -> torch.Tensor:  # fmt: skip
-    """One layer (a :class:`._driver.Layer`) with ``splits`` K splits (None: the rule)."""
+    """One layer (a :class:`._driver.Layer`) of a grouped GEMM with ``splits`` K splits (None:
+    :func:`plan_splits`): allocates the output, calls ``launch(out, splits, k_split)`` (the GEMM
+    kernel's launch; ``k_split`` from :func:`split_size`), and after a split layer 1 (``out`` =
+    float32 raw gate | up partials ``[splits, tiles_bound * block_m, 2n]``) sums the splits,
+    adds the bias and applies the activation with :func:`._mx_gemm.split_finish_kernel`."""
     if splits is None:
         splits = plan_splits(routing, n, k, tile, sm_count(a.device))
-    k_split = split_size(k, tile.block_k, splits)
     partial = gated and splits > 1
     if partial:  # raw gate | up sums per split
         out = torch.empty((splits, routing.tiles_bound * tile.block_m, 2 * n), dtype=torch.float32, device=a.device)
     else:
         out = layer_output(a, routing, n, tile, gated=gated, splits=splits)
-    act = ACTIVATION_CODES[activation]
-    jit_launch(moe_mx_gemm_kernel, (routing.tiles_bound * cdiv(n, tile.block_n), splits),
-        a, op.packed, op.scales, a if bias is None else bias, out,
-        routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights,
-        routing.num_pairs, n, k, routing.tiles_bound, k_split,
-        a.stride(0), *op.packed.stride(), *op.scales.stride(), 0 if bias is None else bias.stride(0),
-        out.stride(-2), out.stride(0) if out.dim() == 3 else 0,
-        TOP_K=top_k, GATED=gated, ACTIVATION=act, HAS_BIAS=bias is not None,
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
-        EVEN_K=k % tile.block_k == 0, SPLIT=splits > 1, A_FMT=A_FORMATS[a.dtype],
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
-    )  # fmt: skip
+    launch(out, splits, split_size(k, tile.block_k, splits))
     if not partial:
         return out
     h = layer_output(a, routing, n, tile, gated=True)
     jit_launch(split_finish_kernel, (routing.tiles_bound, cdiv(n, FINISH_BLOCK_N)),
         out, out if bias is None else bias, h, routing.sorted_ids, routing.tile_expert, routing.num_tiles,
         routing.num_pairs, n, out.stride(0), out.stride(1), 0 if bias is None else bias.stride(0), h.stride(0),
-        SPLITS=splits, ACTIVATION=act, HAS_BIAS=bias is not None, BLOCK_M=tile.block_m, BLOCK_N=FINISH_BLOCK_N,
-        num_warps=4,
+        SPLITS=splits, ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None, BLOCK_M=tile.block_m,
+        BLOCK_N=FINISH_BLOCK_N, num_warps=4,
     )  # fmt: skip
     return h
+
+
+def _mx_gemm(
+    a: torch.Tensor, op: MxOperand, bias: torch.Tensor | None, routing: Routing, weights: torch.Tensor, *,
+    n: int, k: int, top_k: int, tile: Tile, gated: bool, activation: str, splits: int | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """One layer (a :class:`._driver.Layer`) with ``splits`` K splits (None: the rule)."""
+
+    def launch(out: torch.Tensor, splits: int, k_split: int) -> None:
+        jit_launch(moe_mx_gemm_kernel, (routing.tiles_bound * cdiv(n, tile.block_n), splits),
+            a, op.packed, op.scales, a if bias is None else bias, out,
+            routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights,
+            routing.num_pairs, n, k, routing.tiles_bound, k_split,
+            a.stride(0), *op.packed.stride(), *op.scales.stride(), 0 if bias is None else bias.stride(0),
+            out.stride(-2), out.stride(0) if out.dim() == 3 else 0,
+            TOP_K=top_k, GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
+            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
+            EVEN_K=k % tile.block_k == 0, SPLIT=splits > 1, A_FMT=A_FORMATS[a.dtype],
+            num_warps=tile.num_warps, num_stages=tile.num_stages,
+        )  # fmt: skip
+
+    return split_layer(a, bias, routing, n=n, k=k, tile=tile, gated=gated, activation=activation, splits=splits,
+                       launch=launch)  # fmt: skip
 
 
 def fused_moe_mx(args: MoEApplyArgs, tile: Tile | None = None, splits: int | None = None) -> None:
@@ -178,8 +198,13 @@ def fused_moe_mx(args: MoEApplyArgs, tile: Tile | None = None, splits: int | Non
     prepared = args.prepared if isinstance(args.prepared, PreparedMx) else None
     ops = prepared or PreparedMx(mx_operand(args.w13), mx_operand(args.w2))
     tile = tile or pick_tile(args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), "mxfp4_dot")
-    layer = _mx_gemm if splits is None else functools.partial(_mx_gemm, splits=splits)
-    run_moe(args, ops.w13, ops.w2, tile, layer)
+    run_layers(args, ops, tile, _mx_gemm, splits)
+
+
+def run_layers(args: MoEApplyArgs, ops: Any, tile: Tile, layer: Layer, splits: int | None) -> None:
+    """:func:`._driver.run_moe` on the operands ``ops.w13`` / ``ops.w2`` with ``layer``, its K
+    splits forced to ``splits`` unless None (the rule)."""
+    run_moe(args, ops.w13, ops.w2, tile, layer if splits is None else functools.partial(layer, splits=splits))
 
 
 def dot_scaled_missing() -> str | None:
@@ -191,11 +216,17 @@ def dot_scaled_missing() -> str | None:
     return None
 
 
-def mx_predicate(request: Request) -> str | None:
-    """MXFP4 weights only; the expert bound of the permutation."""
-    if "mxfp4" not in request.features:
-        return "MXFP4 weights only (tl.dot_scaled e2m1 main loop)"
-    return experts_predicate(request)
+def mxfp4_predicate(reason: str) -> Callable[[Request], str | None]:
+    """A predicate for MXFP4 weights only (``reason`` when the request has others) within the
+    expert bound of the permutation."""
+
+    def predicate(request: Request) -> str | None:
+        return experts_predicate(request) if "mxfp4" in request.features else reason
+
+    return predicate
+
+
+mx_predicate = mxfp4_predicate("MXFP4 weights only (tl.dot_scaled e2m1 main loop)")
 
 
 # Registration metadata (data). Above triton_fused_moe: measured correct and faster (H100).
