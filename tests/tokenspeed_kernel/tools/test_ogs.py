@@ -180,7 +180,9 @@ def test_one_time_check_against_float64_notes_or_refuses():
     why = _ogs._checked(case, inputs, lambda: wrong)
     assert isinstance(why, str) and "disagrees with float64" in why and "not timed" in why
     one = _mx_case(1)
-    assert "on 1 of 1 tokens" in _ogs._checked(one, (i := cases.make_inputs(one)), lambda: cases.reference(one, i)[0]).note
+    assert (
+        "on 1 of 1 tokens" in _ogs._checked(one, (i := cases.make_inputs(one)), lambda: cases.reference(one, i)[0]).note
+    )
 
 
 def test_a_runner_note_reaches_the_bench_row(monkeypatch):

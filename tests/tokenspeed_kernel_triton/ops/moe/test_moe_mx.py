@@ -27,7 +27,7 @@ from tokenspeed_kernel.quant import MXFP4Weight, dequantize_mxfp4, quantize_mxfp
 from tokenspeed_kernel.registry import Priority, Request, get_kernel
 from tokenspeed_kernel.selector import KernelOverrideError
 from tokenspeed_kernel.tools import cases
-from tokenspeed_kernel_triton.ops.moe import fused_mx
+from tokenspeed_kernel_triton.ops.moe import fused_mx, fused_mx_swap
 from tokenspeed_kernel_triton.ops.moe._config import MAX_SPLITS, MIN_SPLIT_STEPS, Tile, split_k, tiles_for
 from tokenspeed_kernel_triton.ops.moe._routing import Routing, max_tiles
 
@@ -64,6 +64,7 @@ def test_rejected_under_the_interpreter_with_the_reason(arch):
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80", "sm_100", "gfx942", "gfx950"])
 def test_wins_over_triton_fused_moe_for_mxfp4_when_available(monkeypatch, arch):
     monkeypatch.setattr(fused_mx, "INTERPRET", False)  # as on a GPU: the hook finds dot_scaled
+    monkeypatch.setattr(fused_mx_swap, "INTERPRET", True)  # the swapped kernel (sm_90's first) out of the way
     request = cases.request(awkward_apply_cases()["gpt_oss_like"])
     selection = explain(request, platform=platform_from_arch(arch))
     names = [c.spec.name for c in selection.candidates if c.accepted]
@@ -77,6 +78,7 @@ def test_wins_over_triton_fused_moe_for_mxfp4_when_available(monkeypatch, arch):
 def test_platform_override_env(monkeypatch):
     """The same verdict through ``TOKENSPEED_KERNEL_PLATFORM`` (the current platform)."""
     monkeypatch.setattr(fused_mx, "INTERPRET", False)
+    monkeypatch.setattr(fused_mx_swap, "INTERPRET", True)
     monkeypatch.setenv(config.PLATFORM_ENV, "sm_90")
     config.refresh()
     platform.refresh()

@@ -1,8 +1,9 @@
 """``triton_fused_moe_mx_swap`` (MXFP4 weight decoded in registers as the left MMA operand):
 registration and gating, the plan's weight layout, and numerics.
 
-- Gating: opt-in on sm_90 only (below ``triton_fused_moe_mx``; an override selects it),
-  rejected under the interpreter with its reason, MXFP4 + bf16 only.
+- Gating: PERFORMANT on sm_90 only (above ``triton_fused_moe_mx``, below the Gluon MoE decode),
+  rejected under the interpreter with its reason, MXFP4 + bf16 only; a call without the plan's
+  repacked weights runs ``triton_fused_moe_mx``'s layers.
 - Layout: the words and scale words decoded with the kernel's own bit operations (mirrored
   in torch) give ``dequantize_mxfp4`` exactly; the bytes stay within 1.05x the MXFP4 bytes at
   GPT-OSS shapes; the plan's one-time scale check.
@@ -47,12 +48,25 @@ TOL = 2e-2  # relative Frobenius error: the intermediate is rounded to bf16
 # ---------------------------------------------------------------- registration and gating
 
 
-def test_registration_is_opt_in_below_the_dot_scaled_kernel():
+def test_registration_ranks_above_the_dot_scaled_kernel():
     spec, mx = get_kernel(NAME), get_kernel("triton_fused_moe_mx")
-    assert Priority.band(spec.priority) is Priority.OPT_IN and spec.priority < mx.priority
+    # PERFORMANT itself: below gluon_moe_mma_sm90 (PERFORMANT + 10, T <= 8), above the Triton MXFP4 kernels.
+    assert spec.priority == Priority.PERFORMANT and spec.priority > mx.priority
     assert spec.prepare is fused_mx_swap.prepare_moe_mx_swap and spec.available is fused_mx_swap.swap_missing
     assert spec.vendors == {"cuda"} and spec.archs == {"sm_90"} and spec.features == mx.features
     assert spec.graph_safe
+
+
+def test_without_the_plan_the_registered_kernel_runs_the_dot_scaled_layers(monkeypatch):
+    calls = []
+    monkeypatch.setattr(fused_mx_swap, "fused_moe_mx", lambda args: calls.append(("mx", args.prepared)))
+    monkeypatch.setattr(fused_mx_swap, "fused_moe_mx_swap", lambda args: calls.append(("swap", args.prepared)))
+    inputs = cases.make_inputs(awkward_apply_cases()["gpt_oss_like"], "cpu", seed=1)
+    prepared = fused_mx_swap.PreparedSwap(None, None)  # only its type is read here
+    kernel = get_kernel(NAME).fn
+    kernel(MoEApplyArgs(**inputs, out=torch.empty_like(inputs["x"]), prepared=None))
+    kernel(MoEApplyArgs(**inputs, out=torch.empty_like(inputs["x"]), prepared=prepared))
+    assert calls == [("mx", None), ("swap", prepared)]
 
 
 @pytest.mark.skipif(not INTERPRET, reason="only under TRITON_INTERPRET=1")
@@ -62,18 +76,17 @@ def test_rejected_under_the_interpreter_with_the_reason():
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80", "sm_100", "gfx950"])
-def test_opt_in_on_sm90_only(monkeypatch, arch):
+def test_first_on_sm90_only(monkeypatch, arch):
     monkeypatch.setattr(fused_mx_swap, "INTERPRET", False)  # as on a GPU
     monkeypatch.setattr(fused_mx, "INTERPRET", False)
-    request = cases.request(awkward_apply_cases()["mxfp4_t33"])
+    request = cases.request(awkward_apply_cases()["mxfp4_t33"])  # T = 33: above the Gluon decode's T <= 8
     platform = platform_from_arch(arch)
     selection = explain(request, platform=platform)
     accepted = candidate(selection, NAME).accepted
-    assert accepted == (arch == "sm_90") and selection.winner.name != NAME
-    if accepted:  # ranked below triton_fused_moe_mx, chosen by an override
+    assert accepted == (arch == "sm_90") and (selection.winner.name == NAME) == accepted
+    if accepted:
         names = [c.spec.name for c in selection.candidates if c.accepted]
-        assert names.index("triton_fused_moe_mx") < names.index(NAME)
-        assert explain(request, platform=platform, override=NAME).winner.name == NAME
+        assert names.index(NAME) < names.index("triton_fused_moe_mx")
 
 
 def test_serves_mxfp4_bf16_only(monkeypatch):

@@ -25,10 +25,19 @@ bf16x2 pattern (:mod:`._mx_swap_gemm`), with the 4 scales of a step in one pipel
   does (as in trained weights) one packed multiply per two values suffices. The functional
   path (no plan) repacks on every call with torch operations (no host sync) and always takes
   the two-multiply decode.
-- **Gating**: opt-in (``Priority.OPT_IN``), below ``triton_fused_moe_mx``, until an H100 run
-  shows it correct and faster; sm_90 only (inline PTX ``mul.rn.bf16x2``; tiles sized for
-  wgmma). Unavailable under the Triton interpreter like ``triton_fused_moe_mx``; the tests run
-  its kernel there directly (float32 decode path).
+- **Gating**: ``Priority.PERFORMANT``, above ``triton_fused_moe_mx`` and
+  ``triton_moe_gemv_mx`` and below ``gluon_moe_mma_sm90`` (T <= 8), sm_90 only (inline PTX
+  ``mul.rn.bf16x2``; tiles sized for wgmma). On an H100 (2026-11-27, ``bench moe.apply
+  --preset gpt-oss-120b`` through plans, docs/benchmarks.md) it passed its GPU numerics tests
+  and was 1.60x / 2.22x / 2.40x / 1.92x / 1.83x faster than ``triton_fused_moe_mx`` at
+  T = 1 / 8 / 64 / 512 / 4096 (48.7 µs .. 2.61 ms; 312 TFLOP/s at 4096), and 1.16x / 1.12x /
+  0.87x / 0.91x OpenAI's ``matmul_ogs`` (routing included) at T = 8 / 64 / 512 / 4096.
+  Unavailable under the Triton interpreter like ``triton_fused_moe_mx``; the tests run its
+  kernel there directly (float32 decode path).
+- **Without a plan** (functional ``moe_apply``) the registered kernel runs
+  ``triton_fused_moe_mx``'s layers on the public layout: repacking every call would cost more
+  than the swapped loop saves. :func:`fused_moe_mx_swap` itself repacks per call with torch
+  operations (no host sync), which its tests and the CUDA-graph test use.
 """
 
 from __future__ import annotations
@@ -46,7 +55,13 @@ from tokenspeed_kernel_triton.ops.moe._common import ACTIVATION_CODES, INTERPRET
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile
 from tokenspeed_kernel_triton.ops.moe._mx_swap_gemm import STEP_K, WORDS_PER_ROW, moe_mx_swap_gemm_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing
-from tokenspeed_kernel_triton.ops.moe.fused_mx import MX_REGISTRATION, mxfp4_predicate, run_layers, split_layer
+from tokenspeed_kernel_triton.ops.moe.fused_mx import (
+    MX_REGISTRATION,
+    fused_moe_mx,
+    mxfp4_predicate,
+    run_layers,
+    split_layer,
+)
 
 __all__ = [
     "SLOT_BITS",
@@ -205,8 +220,9 @@ def swap_missing() -> str | None:
 swap_predicate = mxfp4_predicate("MXFP4 weights only (in-register E2M1 decode)")
 
 
-# Registration metadata (data). Opt-in until an H100 run shows it correct and faster than
-# triton_fused_moe_mx (bench moe.apply; its tiles: ci/device/tiles_sweep.py --kernel triton_fused_moe_mx_swap).
+# Registration metadata (data). PERFORMANT: on an H100 it passed float64 checks and was faster
+# than triton_fused_moe_mx at every T measured (module docstring); its tiles are the untimed
+# starting points of _config.py (sweep: ci/device/tiles_sweep.py --kernel triton_fused_moe_mx_swap).
 SWAP_REGISTRATION = {
     "solution": "triton",
     "vendors": ("cuda",),
@@ -214,7 +230,7 @@ SWAP_REGISTRATION = {
     "capabilities": ("bf16", "wgmma"),
     "dtypes": {"x": (torch.bfloat16,), "weight": (torch.uint8,)},
     "features": MX_REGISTRATION["features"],
-    "priority": Priority.OPT_IN + 10,
+    "priority": Priority.PERFORMANT,
     "predicate": swap_predicate,
     "available": swap_missing,
     "prepare": prepare_moe_mx_swap,
@@ -223,5 +239,9 @@ SWAP_REGISTRATION = {
 
 @register_kernel("moe.apply", name="triton_fused_moe_mx_swap", **SWAP_REGISTRATION)
 def triton_fused_moe_mx_swap(args: MoEApplyArgs) -> None:
-    """Grouped-GEMM MoE, MXFP4 weight decoded in registers as the wgmma A operand (sm_90)."""
-    fused_moe_mx_swap(args)
+    """Grouped-GEMM MoE, MXFP4 weight decoded in registers as the wgmma A operand (sm_90),
+    from the plan's repacked weights; without them, ``triton_fused_moe_mx``'s layers."""
+    if isinstance(args.prepared, PreparedSwap):
+        fused_moe_mx_swap(args)
+    else:
+        fused_moe_mx(args)
