@@ -366,3 +366,48 @@ def test_explain_json(capsys, tmp_path):
     assert main(["explain", "moe.topk", "--dtype", "bf16", "--features", "softmax", "--json", str(path)]) == 0
     (sel,) = json.loads(path.read_text())["selections"]
     assert sel["case"] is None and sel["winner"] == "torch_moe_topk" and sel["candidates"][0]["accepted"] is True
+
+
+def test_explain_json_records_a_tie_broken_by_name(capsys, tmp_path, temp_kernels):
+    features = ("softmax", "renormalize")
+    for name in ("t_tie_z", "t_tie_y"):
+        temp_kernels("moe.topk", name=name, features=features, priority=registry.Priority.PLUGIN)
+    path = tmp_path / "explain.json"
+    assert (
+        main(["explain", "moe.topk", "--dtype", "bf16", "--features", "softmax,renormalize", "--json", str(path)]) == 0
+    )
+    assert "=> t_tie_y (tied at plugin(400) with t_tie_z; broken by name" in capsys.readouterr().out
+    (sel,) = json.loads(path.read_text())["selections"]
+    assert sel["winner"] == "t_tie_y" and sel["tie_break"] == {"priority": 400, "losers": ["t_tie_z"], "rule": "name"}
+    assert main(["explain", "moe.topk", "--dtype", "bf16", "--features", "sigmoid", "--json", str(path)]) == 0
+    assert json.loads(path.read_text())["selections"][0]["tie_break"] is None  # neither serves it: no tie
+
+
+def test_every_command_survives_a_plugin_whose_hooks_raise(capsys, tmp_path, temp_kernels, caplog):
+    """A plugin whose predicate raises and one whose available hook raises: list, explain,
+    check and bench all run, the others serve and are checked, each bug warned about once."""
+    features = ("softmax", "renormalize")
+
+    def unavailable():
+        raise RuntimeError("driver too old")
+
+    temp_kernels("moe.topk", name="t_pred_boom", features=features, priority=400, predicate=lambda r: 1 // 0)
+    temp_kernels("moe.topk", name="t_avail_boom", features=features, priority=401, available=unavailable)
+    with caplog.at_level("WARNING", logger="tokenspeed_kernel"):
+        assert main(["list", "moe.topk"]) == 0
+        assert "t_pred_boom" in capsys.readouterr().out
+        assert main(["explain", "moe.topk", "--case-index", "0"]) == 0
+        out = capsys.readouterr().out
+        assert "REJECTED t_pred_boom" in out and "predicate raised ZeroDivisionError" in out
+        assert "REJECTED t_avail_boom" in out and "available raised RuntimeError: driver too old" in out
+        assert "WINNER   torch_moe_topk" in out
+        path = tmp_path / "check.json"
+        assert main(["check", "moe.topk", "--preset", "small", "--device", "cpu", "--json", str(path)]) == 0
+        rows = json.loads(path.read_text())["rows"]
+        assert {r["status"] for r in rows if r["kernel"] == "torch_moe_topk"} == {"PASS"}
+        assert {r["status"] for r in rows if r["kernel"].startswith("t_")} == {"SKIP"}
+        assert main(["bench", "moe.topk", "--preset", "small", "--kernel", "all", "--no-baselines"]) == 0
+        out = capsys.readouterr().out
+        assert "available raised RuntimeError" in out and "* torch_moe_topk" in out
+    for name in ("t_pred_boom", "t_avail_boom"):
+        assert sum(repr(name) in r.getMessage() for r in caplog.records if r.levelname == "WARNING") == 1, name

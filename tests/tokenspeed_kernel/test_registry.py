@@ -92,6 +92,60 @@ def test_priority_bands():
     )
 
 
+def test_each_band_admits_up_to_the_next_band():
+    assert Priority.ranges() == {
+        Priority.REFERENCE: range(0, 50),
+        Priority.OPT_IN: range(50, 100),
+        Priority.PORTABLE: range(100, 200),
+        Priority.PERFORMANT: range(200, 300),
+        Priority.SPECIALIZED: range(300, 400),
+        Priority.PLUGIN: range(400, 500),
+    }
+    assert Priority.highest() == 499
+    assert all(Priority.band(value) is band for band, span in Priority.ranges().items() for value in span)
+
+
+ALLOWED = "allowed: reference 0..49, opt_in 50..99, portable 100..199, performant 200..299, specialized 300..399, plugin 400..499"
+
+
+@pytest.mark.parametrize(
+    ("meta", "what"),
+    [
+        ({"priority": 10**9}, "priority 1000000000"),
+        ({"priority": Priority.PLUGIN + 100}, "priority 500"),
+        ({"priority": -1}, "priority -1"),
+        ({"rank_when": ({"batch_bucket": (1,)}, 10**9)}, "rank_when priority 1000000000"),
+        ({"rank_when": ({"batch_bucket": (1,)}, -5)}, "rank_when priority -5"),
+    ],
+)
+def test_a_priority_outside_every_band_is_rejected_at_registration(meta, what):
+    with pytest.raises(ValueError) as info:
+        registry.register_kernel("attention.decode", name="t_band", solution="test", **meta)
+    assert str(info.value) == f"kernel 't_band': {what} is in no priority band; {ALLOWED}"
+    assert "t_band" not in {s.name for s in registry.kernels()}
+
+
+@pytest.mark.parametrize("priority", [200.5, "200", True, None])
+def test_a_priority_that_is_not_an_integer_is_a_type_error(priority):
+    with pytest.raises(TypeError, match=r"kernel 't_band_type': priority must be an int \(a Priority band plus"):
+        registry.register_kernel("attention.decode", name="t_band_type", solution="test", priority=priority)
+
+
+def test_the_edges_of_the_bands_are_accepted(temp_kernels):
+    temp_kernels("attention.decode", name="t_edge_low", priority=0, rank_when=({"batch_bucket": (1,)}, 499))
+    temp_kernels("attention.decode", name="t_edge_high", priority=Priority.highest())
+    assert registry.get_kernel("t_edge_low").rank_priority == 499
+    assert registry.get_kernel("t_edge_high").band is Priority.PLUGIN
+
+
+def test_every_installed_backend_loads_inside_the_bands():
+    """The in-tree registrations (and any installed wheel's) pass the band check: a priority
+    outside every band would fail its backend's load."""
+    statuses = registry.backends()
+    assert [f"{b.name}: {b.error}" for b in statuses if b.state == "failed"] == []
+    assert all(b.kernels for b in statuses if b.state == "loaded")
+
+
 def test_request_make_is_canonical_and_hashable():
     a = Request.make("attention.decode", {"q": torch.bfloat16, "kv": torch.bfloat16}, {"head_dim": 64}, ["sinks"])
     b = Request.make("attention.decode", {"kv": torch.bfloat16, "q": torch.bfloat16}, {"head_dim": 64}, ("sinks",))

@@ -249,3 +249,178 @@ def test_a_valid_env_override_is_checked_once_not_per_call(env, monkeypatch):
 
     monkeypatch.setattr(selector.registry, "kernels", no_lookup)
     assert selector.env_overrides() == {"attention.decode": "torch_decode"}  # cached for this value
+
+
+# A plugin with a bug: its predicate or available hook raises. It is rejected with the
+# exception as its reason, warned about once, and every other kernel is judged as usual.
+ALL_DECODE = ("sinks", "sliding_window", "logit_cap", "return_lse", "fp8_kv", "spec_decode", "strided_kv")
+
+
+def _divide_by_heads(request):
+    """The doc's old example, broken: a request without ``num_q_heads`` divides by zero."""
+    return None if 64 // (request.shape("num_q_heads") or 0) else "never"
+
+
+def _warnings_about(caplog, name):
+    return [r for r in caplog.records if r.levelname == "WARNING" and repr(name) in r.getMessage()]
+
+
+def test_a_raising_predicate_is_the_kernels_reason_logged_once(temp_kernels, caplog):
+    calls = []
+
+    def boom(request):
+        calls.append(request)
+        return 1 // 0
+
+    temp_kernels("attention.decode", name="t_boom", priority=Priority.PLUGIN, features=ALL_DECODE, predicate=boom)
+    with caplog.at_level("WARNING", logger="tokenspeed_kernel"):
+        assert select(REQ, CPU).name == "torch_decode"
+        assert select(REQ, CPU).name == "torch_decode"  # cached like any rejection: not judged again
+        assert len(calls) == 1
+        sel = explain(REQ, platform=CPU)
+        other = Request.make(REQ.op, dict(REQ.dtypes), {**dict(REQ.shapes), "page_size": 32}, REQ.features)
+        assert select(other, CPU).name == "torch_decode"
+    cand = next(c for c in sel.candidates if c.spec.name == "t_boom")
+    reason = "predicate raised ZeroDivisionError: integer division or modulo by zero"
+    assert cand.reasons == (reason,) and sel.winner.name == "torch_decode"
+    assert "REJECTED t_boom" in sel.table() and reason in sel.table()
+    (record,) = _warnings_about(caplog, "t_boom")  # three requests judged, one warning
+    message = record.getMessage()
+    assert "backend " in message and f"module {__name__}" in message and reason in message
+    assert record.exc_info is not None and record.exc_info[0] is ZeroDivisionError  # the plugin's traceback
+    with pytest.raises(KernelOverrideError, match="'t_boom' cannot serve .*predicate raised ZeroDivisionError"):
+        select(REQ, CPU, override="t_boom")
+    assert selector.request_reasons(registry.get_kernel("t_boom"), REQ) == (reason,)
+
+
+def test_the_docs_broken_predicate_example_no_longer_breaks_selection(temp_kernels, caplog):
+    temp_kernels(
+        "attention.decode", name="t_doc_example", priority=Priority.PLUGIN, features=ALL_DECODE,
+        predicate=_divide_by_heads,
+    )  # fmt: skip
+    headless = Request.make(REQ.op, dict(REQ.dtypes), {"head_dim": 64, "page_size": 16}, REQ.features)
+    with caplog.at_level("WARNING", logger="tokenspeed_kernel"):
+        assert select(REQ, CPU).name == "t_doc_example"  # with num_q_heads it serves
+        assert select(headless, CPU).name == "torch_decode"  # without, the next kernel does
+    assert len(_warnings_about(caplog, "t_doc_example")) == 1
+
+
+def test_a_raising_available_hook_is_the_kernels_only_reason(temp_kernels, caplog):
+    def missing_library():
+        raise ImportError("libfoo.so: cannot open shared object file")
+
+    temp_kernels(
+        "attention.decode", name="t_no_lib", priority=Priority.PLUGIN, features=ALL_DECODE, vendors=("rocm",),
+        available=missing_library,
+    )  # fmt: skip
+    reason = "available raised ImportError: libfoo.so: cannot open shared object file"
+    with caplog.at_level("WARNING", logger="tokenspeed_kernel"):
+        assert select(REQ, H100).name == "torch_decode"
+        cand = next(c for c in explain(REQ, platform=H100).candidates if c.spec.name == "t_no_lib")
+        assert cand.reasons == (reason,)  # alone, as a missing library's reason is
+        assert selector.platform_reasons(registry.get_kernel("t_no_lib"), MI355) == (reason,)
+        assert registry.kernels("attention.decode")[0].name == "t_no_lib"  # still listed
+    (record,) = _warnings_about(caplog, "t_no_lib")
+    assert record.exc_info[0] is ImportError and reason in record.getMessage()
+
+
+def test_a_hook_returning_a_non_string_is_a_reason_too(temp_kernels, caplog):
+    temp_kernels(
+        "attention.decode", name="t_true", priority=Priority.PLUGIN, features=ALL_DECODE, predicate=lambda r: True
+    )
+    temp_kernels(
+        "attention.decode",
+        name="t_false",
+        priority=Priority.SPECIALIZED,
+        features=ALL_DECODE,
+        predicate=lambda r: False,
+    )
+    with caplog.at_level("WARNING", logger="tokenspeed_kernel"):
+        sel = explain(REQ, platform=CPU)
+    assert sel.winner.name == "t_false"  # a falsy result accepts
+    cand = next(c for c in sel.candidates if c.spec.name == "t_true")
+    assert cand.reasons == ("predicate returned True, not a reason string or None",)
+    assert "REJECTED t_true" in sel.table()
+    assert len(_warnings_about(caplog, "t_true")) == 1 and not _warnings_about(caplog, "t_false")
+
+
+def test_a_raising_plugin_never_breaks_the_public_calls_or_plans(temp_kernels, caplog):
+    """Every operator's public call and both plans are served by the next kernel; one warning
+    per broken kernel however many calls judged it."""
+    from tokenspeed_kernel import last_kernel
+    from tokenspeed_kernel.operators import OPERATORS
+    from tokenspeed_kernel.ops.attention import mha_decode_plan
+    from tokenspeed_kernel.tools import cases
+
+    for op, schema in OPERATORS.items():
+        temp_kernels(
+            op, name=f"t_boom.{op}", priority=Priority.PLUGIN, features=schema.features, predicate=lambda r: 1 / 0
+        )
+    served = {}
+    with caplog.at_level("WARNING", logger="tokenspeed_kernel"):
+        for op in OPERATORS:
+            case = cases.awkward_cases(op, torch.float32)[0]
+            inputs = cases.make_inputs(case)
+            got = cases.planned_call(case, inputs)()  # moe.apply: moe_plan, then plan.apply
+            served[op] = last_kernel()
+            out = got[0] if isinstance(got, tuple) else got
+            want = cases.reference(case, inputs)[0]
+            if out is not None:  # kvcache.store writes the cache in place
+                torch.testing.assert_close(out.double(), want.double(), atol=1e-4, rtol=1e-4)
+            cases.call(case, inputs)
+            assert last_kernel() == served[op]
+        decode = cases.AttentionCase(
+            "attention.decode", (1, 1, 1), (10, 7, 3), 4, 2, 16, page_size=4, dtype=torch.float32
+        )
+        d = cases.make_inputs(decode)
+        plan = mha_decode_plan(
+            d["k_cache"], d["v_cache"], d["page_table"], d["cache_seqlens"], d["max_seqlen_k"],
+            num_q_heads=decode.num_q_heads, window_left=d["window_left"], sinks=d["sinks"],
+        )  # fmt: skip
+    assert served == {op: registry.kernels(op)[-1].name for op in OPERATORS}  # the reference kernels
+    assert plan.kernel == "torch_decode"
+    for op in OPERATORS:
+        assert len(_warnings_about(caplog, f"t_boom.{op}")) == 1, op
+
+
+# Ties: equal priorities are broken by name, and the selection says so.
+
+
+def test_explain_says_when_a_tie_was_broken_by_name(temp_kernels):
+    feats = ("sinks", "sliding_window")
+    temp_kernels("attention.decode", name="t_tie_b", priority=Priority.PERFORMANT, features=feats)
+    temp_kernels("attention.decode", name="t_tie_a", priority=Priority.PERFORMANT, features=feats)
+    temp_kernels("attention.decode", name="t_tie_c", priority=Priority.PERFORMANT, features=())  # rejected
+    sel = explain(REQ, platform=H100)
+    assert sel.winner.name == "t_tie_a"
+    assert sel.tie_break == selector.TieBreak(Priority.PERFORMANT, ("t_tie_b",), "name")
+    table = sel.table()
+    assert "=> t_tie_a (tied at performant(200) with t_tie_b; broken by name: the first in string order wins)" in table
+    loser = next(line for line in table.splitlines() if "t_tie_b" in line and "ACCEPTED" in line)
+    assert loser.endswith("(tied with the winner; lost by name)")
+    assert "t_tie_c" not in str(sel.tie_break.losers)  # a rejected kernel is not in the tie
+    assert explain(REQ, platform=H100, override="t_tie_b").tie_break is None  # the override chose
+
+
+def test_no_tie_break_without_a_tie(temp_kernels):
+    feats = ("sinks", "sliding_window")
+    temp_kernels("attention.decode", name="t_top", priority=Priority.PERFORMANT + 1, features=feats)
+    temp_kernels("attention.decode", name="t_next", priority=Priority.PERFORMANT, features=feats)
+    sel = explain(REQ, platform=H100)
+    assert sel.winner.name == "t_top" and sel.tie_break is None
+    assert "tied" not in sel.table()
+    assert explain(REQ, platform=CPU).tie_break is None  # the reference alone
+
+
+def test_a_tie_is_judged_at_the_priority_ranked_for_the_request(temp_kernels):
+    """A ``rank_when`` kernel ties at the priority it ranks at for this request."""
+    feats = ("sinks", "sliding_window")
+    temp_kernels("attention.decode", name="t_b_default", priority=Priority.PERFORMANT, features=feats)
+    temp_kernels(
+        "attention.decode", name="t_a_small", priority=Priority.OPT_IN, features=feats,
+        rank_when=({"batch_bucket": (1, 2)}, Priority.PERFORMANT),
+    )  # fmt: skip
+    small = Request.make(REQ.op, dict(REQ.dtypes), {**dict(REQ.shapes), "batch_bucket": 2}, REQ.features)
+    sel = explain(small, platform=H100)
+    assert sel.winner.name == "t_a_small" and sel.tie_break.losers == ("t_b_default",)
+    assert explain(REQ, platform=H100).tie_break is None  # no batch: t_a_small ranks opt_in

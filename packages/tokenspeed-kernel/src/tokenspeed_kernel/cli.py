@@ -225,6 +225,7 @@ def _selection_json(selection: selector.Selection, case: str | None) -> dict[str
         "platform": selection.platform.describe(),
         "override": selection.override,
         "winner": selection.winner.name if selection.winner is not None else None,
+        "tie_break": dataclasses.asdict(selection.tie_break) if selection.tie_break is not None else None,
         "candidates": [
             {
                 "kernel": c.spec.name,

@@ -47,6 +47,7 @@ import contextlib
 import enum
 import importlib
 import logging
+import operator
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -84,9 +85,17 @@ BUILTIN_BACKEND = "reference"
 _BUILTIN_MODULE = "tokenspeed_kernel.reference"
 
 
+_TOP_BAND_WIDTH = 100  # the top band (plugin) spans [400, 500), as wide as the bands below it
+
+
 class Priority(enum.IntEnum):
     """Named priority bands, lowest first. Add an offset to rank within a band
-    (``Priority.PERFORMANT + 10``); the band is the largest one not above the value."""
+    (``Priority.PERFORMANT + 10``); the band is the largest one not above the value.
+
+    A registered priority (and a ``rank_when`` priority) must lie in a band's range,
+    :meth:`ranges`: from the band up to the next band, exclusive (``portable``: 100 to 199),
+    and ``plugin`` from 400 to 499; anything else is a ``ValueError`` at registration.
+    """
 
     REFERENCE = 0
     # Built and tested off the device but not yet shown correct and faster on a GPU: chosen
@@ -100,6 +109,19 @@ class Priority(enum.IntEnum):
     @classmethod
     def band(cls, value: int) -> Priority:
         return max((b for b in cls if b <= value), default=cls.REFERENCE)
+
+    @classmethod
+    def ranges(cls) -> dict[Priority, range]:
+        """The priorities each band admits at registration: ``[band, next band)``, the top
+        band as wide as the one below it (``plugin``: ``range(400, 500)``)."""
+        bands = sorted(cls)
+        ends = [*bands[1:], bands[-1] + _TOP_BAND_WIDTH]
+        return {band: range(band, end) for band, end in zip(bands, ends)}
+
+    @classmethod
+    def highest(cls) -> int:
+        """The highest priority a kernel may register (the top of the ``plugin`` band)."""
+        return max(cls) + _TOP_BAND_WIDTH - 1
 
 
 @dataclass(frozen=True)
@@ -297,6 +319,24 @@ def _frozen_dtypes(dtypes: Mapping[str, Iterable[torch.dtype]] | None, roles: tu
     return tuple(out)
 
 
+def _checked_priority(value: Any, name: str, what: str) -> int:
+    """``value`` as an int inside a band's range (:meth:`Priority.ranges`); ``TypeError`` for
+    a non-integer, ``ValueError`` naming the kernel, the value and the ranges otherwise."""
+    if isinstance(value, bool):
+        raise TypeError(f"kernel {name!r}: {what} must be an int (a Priority band plus an offset), got bool")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"kernel {name!r}: {what} must be an int (a Priority band plus an offset), got {type(value).__name__}"
+        ) from None
+    ranges = Priority.ranges()
+    if not any(number in span for span in ranges.values()):
+        allowed = ", ".join(f"{band.name.lower()} {span.start}..{span.stop - 1}" for band, span in ranges.items())
+        raise ValueError(f"kernel {name!r}: {what} {number} is in no priority band; allowed: {allowed}")
+    return number
+
+
 def _absent_first(value: int | None) -> tuple[bool, int]:
     return (value is not None, value or 0)
 
@@ -354,11 +394,14 @@ def register_kernel(
     keys all have accepted values, ``None`` accepting an absent key
     (``KernelSpec.priority_for``).
 
+    ``priority`` and the ``rank_when`` priority must each lie in a band's range
+    (:meth:`Priority.ranges`: ``[band, next band)``, ``plugin`` 400..499).
+
     Raises ``ValueError`` for an unknown operator, dtype role, shape key or feature, for a
     ``prepare_layout`` (``bind``) hook on an operator without a layout plan step (a plan that
     binds), for a ``rank_when``
-    without shapes, and for a name already taken by another kernel; ``TypeError`` for a
-    non-bool ``graph_safe``.
+    without shapes, for a priority outside every band, and for a name already taken by
+    another kernel; ``TypeError`` for a non-bool ``graph_safe`` or a non-integer priority.
     """
     schema = operator_schema(op)
     feature_set = frozenset(features)
@@ -375,13 +418,14 @@ def register_kernel(
     frozen_shapes = _frozen_shapes(shapes, schema.shape_keys, name)
     if not isinstance(graph_safe, bool):
         raise TypeError(f"kernel {name!r}: graph_safe must be a bool, got {type(graph_safe).__name__}")
+    checked_priority = _checked_priority(priority, name, "priority")
     rank_shapes, rank_priority = (), None
     if rank_when is not None:
         when, rank_priority = rank_when
         rank_shapes = _frozen_shapes(when, schema.shape_keys, name, absent=True)
         if not rank_shapes:
             raise ValueError(f"kernel {name!r}: rank_when needs at least one shape key, got {when!r}")
-        rank_priority = int(rank_priority)
+        rank_priority = _checked_priority(rank_priority, name, "rank_when priority")
     for hook_name, hook, allowed, step in (
         ("prepare_layout", prepare_layout, "layout_hook", "no layout plan step"),
         ("bind", bind, "binds", "no plan that binds a run"),
@@ -405,7 +449,7 @@ def register_kernel(
             dtypes=frozen_dtypes,
             shapes=frozen_shapes,
             features=feature_set,
-            priority=int(priority),
+            priority=checked_priority,
             predicate=predicate,
             available=available,
             prepare=prepare,

@@ -4,8 +4,15 @@ Every candidate is judged by the same checks, in this order, and each failed che
 reason in words: backend availability, vendor, architecture, capabilities, dtypes, shapes,
 features, graph safety (for a ``capturable`` request), then the kernel's own predicate.
 The accepted candidates are ranked by priority (highest first; equal priorities by name,
-so the choice is deterministic); a kernel registered with ``rank_when`` ranks at its other
-priority for the requests whose shapes match it.
+so the choice is deterministic, and the selection records such a tie as a
+:class:`TieBreak`); a kernel registered with ``rank_when`` ranks at its other priority for
+the requests whose shapes match it.
+
+A kernel's ``predicate`` or ``available`` hook that raises (or returns something other than
+a reason string or None) is a bug in that kernel, not in the request: it becomes that
+kernel's rejection reason (``"predicate raised ZeroDivisionError: division by zero"``),
+logged once per kernel and hook as a warning on the ``tokenspeed_kernel`` logger, and the
+other kernels are judged as usual. Like any rejection it is cached with the selection.
 
 Overrides: a per-call ``override="name"`` wins over ``TOKENSPEED_KERNEL_OVERRIDE``, which
 wins over ranking. An override naming a kernel that cannot serve the request raises
@@ -18,7 +25,8 @@ Results are cached per (platform, request, override): a hot call pays one dict l
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -30,10 +38,12 @@ from tokenspeed_kernel.registry import KernelSpec, Priority, Request
 
 __all__ = [
     "NOT_GRAPH_SAFE",
+    "TIE_RULE",
     "Candidate",
     "KernelOverrideError",
     "NoKernelFoundError",
     "Selection",
+    "TieBreak",
     "clear_cache",
     "env_overrides",
     "evaluate",
@@ -45,6 +55,9 @@ __all__ = [
 
 
 NOT_GRAPH_SAFE = "synchronizes with the host; cannot be captured in a CUDA graph"
+TIE_RULE = "name"  # equal priorities: the name first in string order wins (KernelSpec.rank_key)
+
+log = logging.getLogger("tokenspeed_kernel")
 
 
 @dataclass(frozen=True)
@@ -60,14 +73,37 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class TieBreak:
+    """The winner shared its priority with other accepted kernels and ``rule`` decided.
+
+    ``priority``: the priority they tied at (for this request); ``losers``: the accepted
+    kernels at that priority that lost, in rank order; ``rule``: what broke the tie
+    (:data:`TIE_RULE`, ``"name"``: the name first in string order wins).
+    """
+
+    priority: int
+    losers: tuple[str, ...]
+    rule: str = TIE_RULE
+
+    def describe(self) -> str:
+        band = f"{Priority.band(self.priority).name.lower()}({self.priority})"
+        return f"tied at {band} with {', '.join(self.losers)}; broken by {self.rule}: the first in string order wins"
+
+
+@dataclass(frozen=True)
 class Selection:
-    """The full verdict for one request: every candidate and the winner (or None)."""
+    """The full verdict for one request: every candidate and the winner (or None).
+
+    ``tie_break`` is set when ranking (not an override) chose the winner among accepted
+    kernels of equal priority.
+    """
 
     request: Request
     platform: Platform
     candidates: tuple[Candidate, ...]
     winner: KernelSpec | None
     override: str | None = None
+    tie_break: TieBreak | None = None
 
     def table(self) -> str:
         """A human-readable table: each candidate, ACCEPTED/REJECTED, reasons, the winner."""
@@ -86,11 +122,14 @@ class Selection:
             miss = spec.rank_miss(self.request) if cand.accepted else ""
             if miss:
                 head += f" ({miss})"
+            if self.tie_break is not None and spec.name in self.tie_break.losers:
+                head += f" (tied with the winner; lost by {self.tie_break.rule})"
             lines.append(head + ("" if cand.accepted else f": {'; '.join(cand.reasons)}"))
         if self.winner is None:
             lines.append("  => no kernel can serve this request")
         else:
-            lines.append(f"  => {self.winner.name}")
+            tie = f" ({self.tie_break.describe()})" if self.tie_break is not None else ""
+            lines.append(f"  => {self.winner.name}{tie}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -109,8 +148,54 @@ class KernelOverrideError(ValueError):
     """An override named an unknown kernel or one that cannot serve the request."""
 
 
+_warned: dict[tuple[int, str], KernelSpec] = {}  # (id(spec), hook) -> spec, kept so the id stays its own
+
+
+def _warn_once(spec: KernelSpec, hook: str, hook_fn: Callable[..., object], reason: str, exc: Exception | None) -> None:
+    if (id(spec), hook) in _warned:
+        return
+    _warned[(id(spec), hook)] = spec
+    module = getattr(hook_fn, "__module__", None) or getattr(spec.fn, "__module__", None) or "?"
+    log.warning(
+        "tokenspeed_kernel: kernel %r (backend %r, module %s) is rejected: its %s; other kernels serve its "
+        "requests (logged once)",
+        spec.name,
+        spec.backend,
+        module,
+        reason,
+        exc_info=exc,
+    )
+
+
+def _hook_reason(spec: KernelSpec, hook: str, hook_fn: Callable[..., object], *args: object) -> str | None:
+    """Call a kernel's ``predicate``/``available`` hook: its reason, or None to accept.
+
+    A falsy result accepts and a string rejects. An exception, or any other truthy result,
+    is a bug in that kernel: it becomes the kernel's rejection reason (the exception's type
+    and message), logged once per kernel and hook (:func:`_warn_once`), and never escapes,
+    so other kernels still serve the request.
+    """
+    try:
+        why = hook_fn(*args)
+    except Exception as exc:  # a plugin's bug must not break selection for every kernel
+        try:
+            detail = f": {exc}" if str(exc) else ""
+        except Exception:  # an exception whose message cannot be built
+            detail = ": <message unavailable>"
+        reason = f"{hook} raised {type(exc).__name__}{detail}"
+        _warn_once(spec, hook, hook_fn, reason, exc)
+        return reason
+    if not why:
+        return None
+    if isinstance(why, str):
+        return why
+    reason = f"{hook} returned {why!r}, not a reason string or None"
+    _warn_once(spec, hook, hook_fn, reason, None)
+    return reason
+
+
 def _unavailable(spec: KernelSpec) -> str | None:
-    return spec.available() if spec.available is not None else None
+    return _hook_reason(spec, "available", spec.available) if spec.available is not None else None
 
 
 def _platform_misses(spec: KernelSpec, platform: Platform) -> tuple[str, ...]:
@@ -135,8 +220,9 @@ def platform_reasons(spec: KernelSpec, platform: Platform) -> tuple[str, ...]:
 
 def request_reasons(spec: KernelSpec, request: Request, *, predicate: bool = True) -> tuple[str, ...]:
     """Why ``spec``'s metadata refuses ``request`` on any platform: dtypes, shapes, features,
-    graph safety, then (``predicate``, and only when nothing else failed) its predicate;
-    ``()`` when the registration claims to serve it."""
+    graph safety, then (``predicate``, and only when nothing else failed) its predicate (one
+    that raises gives ``"predicate raised <type>: <message>"``); ``()`` when the registration
+    claims to serve it."""
     reasons: list[str] = []
     for role, allowed in spec.dtypes:
         dtype = request.dtype(role)
@@ -154,7 +240,7 @@ def request_reasons(spec: KernelSpec, request: Request, *, predicate: bool = Tru
     if request.capturable and not spec.graph_safe:
         reasons.append(NOT_GRAPH_SAFE)
     if predicate and not reasons and spec.predicate is not None:
-        why = spec.predicate(request)
+        why = _hook_reason(spec, "predicate", spec.predicate, request)
         if why:
             reasons.append(why)
     return tuple(reasons)
@@ -218,8 +304,13 @@ def _decide(request: Request, platform: Platform, override: str | None) -> Selec
     candidates = evaluate(request, platform)
     chosen = _override_for(request, override)
     if chosen is None:
-        winner = next((c.spec for c in candidates if c.accepted), None)
-        return Selection(request, platform, candidates, winner)
+        accepted = [c.spec for c in candidates if c.accepted]
+        if not accepted:
+            return Selection(request, platform, candidates, None)
+        winner, top = accepted[0], accepted[0].priority_for(request)
+        losers = tuple(spec.name for spec in accepted[1:] if spec.priority_for(request) == top)
+        tie = TieBreak(top, losers) if losers else None
+        return Selection(request, platform, candidates, winner, tie_break=tie)
     match = next((c for c in candidates if c.spec.name == chosen), None)
     if match is None:
         names = ", ".join(c.spec.name for c in candidates) or "none"

@@ -60,8 +60,9 @@ __all__ = [
 ]
 
 NOOP_PREFIX = "_overhead_noop."
-# Above every band, so the no-op wins selection without an override (the engine's path).
-_NOOP_PRIORITY = Priority.PLUGIN + 100_000
+# The highest priority a kernel may register, so the no-op wins selection without an override
+# (the engine's path), unless a plugin kernel registers it too and its name sorts first.
+_NOOP_PRIORITY = Priority.highest()
 CATEGORIES = ("validation", "request", "select", "launch", "body", "kernel")
 
 
