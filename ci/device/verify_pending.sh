@@ -98,8 +98,8 @@ kernel_step tests/tokenspeed_kernel_nvidia/test_gluon_prefill_gpu.py "" attentio
 
 e2e() {
 echo "== examples/gpt_oss end to end"
-timeout 200 python3 ci/device/e2e_bench.py --rows "${E2E_ROWS:-torch,selector,nvidia}" --budget-s 90 --rep-ms 60 \
-  2>&1 | tail -30 || status=1
+timeout 200 python3 -m examples.gpt_oss.bench --rows "${E2E_ROWS:-torch,selector,nvidia}" --budget-s 90 --rep-ms 60 \
+  2>&1 | tail -45 || status=1
 }
 
 flashinfer() {

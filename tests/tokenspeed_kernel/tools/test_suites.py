@@ -1,7 +1,9 @@
 """``bench --suite``: suite data, a CPU run at tiny shapes, the budget, the pick against its
-peers, and the optional plot."""
+peers, the optional plot, and the end-to-end section (the example decoder, when
+``examples.gpt_oss.bench`` imports)."""
 
 import json
+import os
 import re
 import sys
 import types
@@ -21,6 +23,22 @@ from tokenspeed_kernel.tools.suites import NOT_RUN_BUDGET, SUITES, Suite, SuiteE
 pytestmark = pytest.mark.usefixtures("only_reference")
 
 H100 = "gpt-oss-120b-h100"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+E2E = "examples.gpt_oss.bench"
+
+
+@pytest.fixture(autouse=True)
+def _no_example(monkeypatch):
+    """The end-to-end section runs where the example imports, which depends on the directory
+    pytest runs in: hidden here (``import`` raises), shown by the ``example`` fixture."""
+    monkeypatch.setitem(sys.modules, E2E, None)
+
+
+@pytest.fixture
+def example(monkeypatch):
+    """``examples.gpt_oss.bench`` importable (the repository root on ``sys.path``)."""
+    monkeypatch.syspath_prepend(ROOT)
+    monkeypatch.delitem(sys.modules, E2E)
 
 
 def test_every_suite_names_operators_presets_cases_and_kernels_that_exist():
@@ -57,7 +75,7 @@ def test_the_h100_suite_holds_the_published_rows():
             (fmt, 128, 4, 2880, 2880)
         }
     assert all(entry.kernels == "peers" and entry.baselines for entry in suite.entries)
-    assert any("examples/gpt_oss" in why for why in suite.left_out)
+    assert suite.end_to_end and not any("examples/gpt_oss" in why for why in suite.left_out)
 
 
 @pytest.mark.parametrize(
@@ -292,3 +310,71 @@ def test_from_json_usage_errors(tmp_path, capsys):
     assert main(["bench", "--plot", str(tmp_path / "x.png"), "--from-json", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a saved suite run (KeyError" in err
+
+
+def test_end_to_end_section_on_the_tiny_model_goes_to_the_table_json_and_plot(example, monkeypatch, tmp_path, capsys):
+    """The suite at tiny shapes on a CPU with the example importable: the kernel rows, then one
+    row per point of the example's section, the selector against the plain-PyTorch path."""
+    log = []
+    _fake_matplotlib(monkeypatch, log)
+    path, png = tmp_path / "suite.json", tmp_path / "suite.png"
+    argv = ["bench", "--suite", H100, "--preset", "small", "--device", "cpu", "--json", str(path), "--plot", str(png)]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    from examples.gpt_oss import bench as e2e
+
+    points = e2e.suite_config(tiny=True).points
+    data = json.loads(path.read_text())
+    rows = [r for r in data["rows"] if r["entry"] == suites.E2E_LABEL]
+    assert len(data["rows"]) == len(SUITES[H100].entries) + len(points) and data["ok"]
+    assert [r["case"] for r in rows] == [p.label for p in points]
+    for row, point in zip(rows, points):
+        assert row["op"] == f"e2e.{point.what}" and row["status"] == "run" and row["pick"] == "selector"
+        assert [(c["kernel"], c["status"]) for c in row["check"]] == [("torch", "PASS"), ("selector", "PASS")]
+        assert 0 < row["check"][1]["rel_l2"] < 3e-2 and "not float64" in row["check"][1]["tolerance"]
+        times = {t["impl"]: t for t in row["timings"]}
+        assert set(times) == {"torch", "selector"} and times["torch"]["kind"] == "baseline"  # CPU: no graph
+        assert row["speedups"] == {"torch": pytest.approx(times["torch"]["ms"] / times["selector"]["ms"])}
+        tokens = point.batch if point.what == "decode" else point.batch * point.ctx
+        assert times["selector"]["tok_s"] == pytest.approx(tokens / (times["selector"]["ms"] * 1e-3))
+    meta = data["end_to_end"]
+    assert meta["check"] == e2e.CHECK and set(meta["kernels"]) == {"torch", "selector"} and meta["model"]["vocab_size"]
+    assert not any("examples/gpt_oss" in why for why in data["left_out"])
+    n = len(data["rows"])
+    assert f"== {suites.E2E_LABEL}: examples/gpt_oss, 2 layers" in out and f"{n} of {n} cases run" in out
+    assert f"[{n}/{n}] {suites.E2E_LABEL}: {points[-1].label}" in err
+    charts = [args for name, args, _ in log if name.endswith(".set_title")]
+    assert any(args[0].startswith(suites.E2E_LABEL) for args in charts)  # its own chart: the pick over torch
+
+
+def test_end_to_end_is_left_out_with_the_reason_when_the_example_does_not_import(monkeypatch):
+    monkeypatch.setattr(
+        suites, "_run_case", lambda entry, case, *a: (suites.SuiteRow(entry.label, case.op, "c", ""), None)
+    )
+    report = run_suite(H100, preset="small", device="cpu", quiet=True)
+    assert suites.E2E_LABEL not in {row.entry for row in report.rows} and report.end_to_end is None
+    (why,) = [why for why in report.left_out if "examples/gpt_oss" in why]
+    assert why.startswith(
+        "end to end, 2-layer decoder: run from the repository root: examples/gpt_oss is not in the installed package"
+    )
+    assert "ModuleNotFoundError" in why and f"  - {why}" in report.table()
+    assert report.to_json()["left_out"] == [*SUITES[H100].left_out, why]
+
+
+def test_end_to_end_starts_under_the_budget_rule_of_the_cases(example, monkeypatch):
+    """After the kernel rows it starts only while the time left exceeds the longest case so far;
+    its points are then rows marked not run (budget)."""
+    now = [0.0]
+
+    def fake_case(entry, case, which, dev, baselines):
+        now[0] += 10.0
+        return suites.SuiteRow(entry.label, case.op, case.name, case.describe()), None
+
+    monkeypatch.setattr(suites, "_run_case", fake_case)
+    from examples.gpt_oss import bench as e2e
+
+    monkeypatch.setattr(e2e, "measure", lambda *a, **k: pytest.fail("the section ran"))
+    report = run_suite(H100, preset="small", device="cpu", budget_s=75, quiet=True, clock=lambda: now[0])
+    rows = [row for row in report.rows if row.entry == suites.E2E_LABEL]
+    assert [row.case for row in rows] == [p.label for p in e2e.suite_config(tiny=True).points]
+    assert {row.status for row in rows} == {NOT_RUN_BUDGET} and report.ok

@@ -15,10 +15,23 @@ a vendor wheel's kernels join when the wheel and its libraries are installed; ``
 every registered kernel (those that cannot serve the case are listed as SKIP with the
 selector's reason).
 
+A suite with ``end_to_end`` ends with the section "end to end": the example decoder
+(``examples/gpt_oss``, GPT-OSS-120B widths, 2 layers) timed by ``examples.gpt_oss.bench``
+(its ``suite_config``: decode and prefill tokens/s of the selector's kernels against the
+plain-PyTorch path of the same model, and eager against CUDA-graph decode at B = 1), one row
+per point. The examples are in no wheel: the section runs where that module imports (from
+the repository root), else the table's "left out" says why. Its check is not float64: finite
+logits, and the library path's logits against the plain-PyTorch path's on the same inputs
+(``examples.gpt_oss.bench.CHECK``); the model's float64 check is tests/examples. With a
+``preset`` override it runs the example's tiny model.
+
 ``budget_s`` bounds the run: a case starts only while the time left exceeds the longest case
 of its operator so far (of any operator before the first), so the run ends inside a device
-call's time limit; cases not started are rows marked ``not run (budget)``. The JSON file is
-rewritten after every case, so a run killed from outside still leaves what it measured.
+call's time limit; cases not started are rows marked ``not run (budget)``. The end-to-end
+section starts under the same rule (the longest case of any operator), then gets the time
+left, and inside it a measurement starts only while the time left exceeds its longest so
+far. The JSON file is rewritten after every case, so a run killed from outside still leaves
+what it measured.
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import importlib
 import itertools
 import json
 import os
@@ -47,6 +61,7 @@ from tokenspeed_kernel.tools.numerics import CheckRow, check_case
 from tokenspeed_kernel.tools.progress import Progress
 
 __all__ = [
+    "E2E_LABEL",
     "KERNEL_SETS",
     "NOT_RUN_BUDGET",
     "PLOT_INSTALL",
@@ -63,6 +78,11 @@ __all__ = [
 KERNEL_SETS = ("pick", "peers", "all")
 NOT_RUN_BUDGET = "not run (budget)"
 PLOT_INSTALL = "pip install 'tokenspeed-kernel[plot]'"
+E2E_LABEL = "end to end"
+_E2E_MODULE = "examples.gpt_oss.bench"
+_E2E_ABSENT = (
+    "end to end, 2-layer decoder: run from the repository root: examples/gpt_oss is not in the installed package"
+)
 
 
 @dataclass(frozen=True)
@@ -83,12 +103,14 @@ class SuiteEntry:
 @dataclass(frozen=True)
 class Suite:
     """A named list of entries; ``left_out`` says which published figures it does not
-    reproduce, and why (each a line)."""
+    reproduce, and why (each a line); ``end_to_end``: the section "end to end" (the example
+    decoder, see the module docstring) follows the entries."""
 
     name: str
     description: str
     entries: tuple[SuiteEntry, ...]
     left_out: tuple[str, ...] = ()
+    end_to_end: bool = False
 
 
 _T = (1, 8, 64, 512, 4096)
@@ -97,9 +119,9 @@ _GPT_OSS = "gpt-oss-120b"
 SUITES: dict[str, Suite] = {
     "gpt-oss-120b-h100": Suite(
         "gpt-oss-120b-h100",
-        "the kernel rows of docs/benchmarks.md: GPT-OSS-120B attention (64/8 heads of dim 64, bf16, "
+        "the rows of docs/benchmarks.md: GPT-OSS-120B attention (64/8 heads of dim 64, bf16, "
         "page 16, sinks) full and with the 128-token window, MoE (128 experts top-4, H = I = 2880) "
-        "with MXFP4 and bf16 weights",
+        "with MXFP4 and bf16 weights, and the 2-layer example decoder end to end",
         (
             SuiteEntry(
                 "decode",
@@ -132,10 +154,10 @@ SUITES: dict[str, Suite] = {
         (
             "MoE decode with routing included: a pipeline of two operators (moe_topk, then the "
             "expert computation), timed by a device script, not one operator's row",
-            "end to end, 2-layer decoder: examples/gpt_oss is not part of the installed package",
             "vLLM and transformers rows: they need those engines installed",
             "host cost per eager call: `tokenspeed-kernel overhead --device cuda`",
         ),
+        end_to_end=True,
     ),
 }
 
@@ -159,7 +181,7 @@ def _entry_cases(entry: SuiteEntry, preset: str | None = None) -> list[cases.Cas
 def validate_suite(suite: Suite) -> None:
     """Raise ``ValueError`` (one line) unless every entry names a known operator and preset,
     cases that preset has, and a kernel set or kernels registered for its operator."""
-    if not suite.entries:
+    if not suite.entries and not suite.end_to_end:
         raise ValueError(f"suite {suite.name!r} has no entries")
     labels = [entry.label for entry in suite.entries]
     if len(set(labels)) != len(labels):
@@ -213,7 +235,10 @@ class SuiteRow:
 @dataclass
 class SuiteReport:
     """A suite run: where and with what it ran (``provenance``: :func:`.common.provenance`,
-    read when the run starts), and one :class:`SuiteRow` per case."""
+    read when the run starts), and one :class:`SuiteRow` per case. ``left_out``: the suite's
+    lines, and why the end-to-end section did not run when it could not; ``end_to_end``: that
+    section's kernels per row, check, goals and configuration (``E2EReport.to_json`` without
+    its rows, which are :class:`SuiteRow` here), when it ran."""
 
     suite: Suite
     device: str
@@ -226,6 +251,8 @@ class SuiteReport:
     ceilings: Ceilings | None = None
     rows: list[SuiteRow] = field(default_factory=list)
     elapsed_s: float = 0.0
+    left_out: list[str] = field(default_factory=list)
+    end_to_end: dict[str, Any] | None = None
 
     @property
     def not_run(self) -> list[SuiteRow]:
@@ -253,7 +280,8 @@ class SuiteReport:
             "ok": self.ok,
             "ceilings": dataclasses.asdict(self.ceilings) if self.ceilings else None,
             "entries": [dataclasses.asdict(entry) for entry in self.suite.entries],
-            "left_out": list(self.suite.left_out),
+            "left_out": list(self.left_out),
+            "end_to_end": self.end_to_end,
             "rows": [row.to_json() for row in self.rows],
         }
 
@@ -273,14 +301,19 @@ class SuiteReport:
             )
         for label, rows in itertools.groupby(self.rows, key=lambda row: row.entry):
             rows = list(rows)
-            lines += ["", f"== {label}: {rows[0].op}"]
+            if label == E2E_LABEL and self.end_to_end is not None:
+                lines += ["", *_e2e_head(self.end_to_end)]
+            else:
+                lines += ["", f"== {label}: {rows[0].op}"]
             for row in rows:
                 lines += _row_lines(row)
         lines += ["", "summary (peer time / pick time; above 1: the pick is faster)"]
         for row in self.rows:
             lines.append(_summary_line(row))
-        if self.suite.left_out:
-            lines += ["", "left out of this suite:"] + [f"  - {why}" for why in self.suite.left_out]
+        if self.end_to_end is not None and self.end_to_end.get("goals"):
+            lines += ["", "end-to-end goals:"] + [f"  - {goal}" for goal in self.end_to_end["goals"]]
+        if self.left_out:
+            lines += ["", "left out of this suite:"] + [f"  - {why}" for why in self.left_out]
         failed = sum(len(row.failed) for row in self.rows)
         done = sum(row.status == "run" for row in self.rows)
         lines.append(
@@ -300,6 +333,8 @@ def _row_lines(row: SuiteRow) -> list[str]:
     lines = [row.describe]
     if row.status != "run":
         return [*lines, f"    {row.status}"]
+    if row.op.startswith("e2e."):
+        return lines + _e2e_lines(row)
     lines.append(_HEAD)
     checks = {c.kernel: c for c in row.check}
     timed = {t["impl"] for t in row.timings}
@@ -339,6 +374,164 @@ def _summary_line(row: SuiteRow) -> str:
         return f"{head} {row.pick or '?'}: not timed"
     peers = ", ".join(f"{impl} {ratio:.2f}x" for impl, ratio in row.speedups.items())
     return f"{head} {row.pick} {pick['ms']:.4f} ms  {peers or '(no peer timed)'}"
+
+
+# ----------------------------------------------------------------------------- end to end
+
+_E2E_HEAD = f"    {'check':<5} {'rel_l2':>9}  {'impl':<32} {'ms':>9} {'tok/s':>10}  pick speedup"
+
+
+def _e2e_head(meta: dict[str, Any]) -> list[str]:
+    model = meta["model"]
+    lines = [
+        f"== {E2E_LABEL}: examples/gpt_oss, {model['num_layers']} layers at hidden {model['hidden_size']}, "
+        f"vocab {model['vocab_size']}, page {meta['config']['page_size']}; the library path against the "
+        "plain-PyTorch path of the same model, same run",
+        f"   check: {meta['check']}",
+    ]
+    lines += [f"   {row:<9} {used}" for row, used in meta["kernels"].items()]
+    return lines + [f"   skipped: {why}" for why in meta["skipped"]]
+
+
+def _e2e_lines(row: SuiteRow) -> list[str]:
+    """An end-to-end row: each timed path (the ``rel_l2`` column: the median over sequences
+    against the plain-PyTorch path), then the pick's speedups."""
+    lines = [_E2E_HEAD]
+    checks = {c.kernel: c for c in row.check}
+    for t in row.timings:
+        c = checks.get(t["impl"])
+        status = c.status if c else ""
+        err = f"{c.rel_l2:>9.2e}" if c and c.rel_l2 == c.rel_l2 else f"{'':>9}"
+        mark = "*" if t["impl"] == row.pick else " "
+        if t["ms"] is None:
+            lines.append(f"  {mark} {status:<5} {err}  {t['impl']:<32} {'-':>9}  {t['note']}")
+            continue
+        ratio = f"{row.speedups[t['impl']]:.2f}x" if t["impl"] in row.speedups else "-"
+        lines.append(
+            f"  {mark} {status:<5} {err}  {t['impl']:<32} {t['ms']:>9.4f} {t['tok_s']:>10.0f}  {ratio}  [{t['note']}]"
+        )
+    lines += [f"    {c.kernel}: {c.status}: {c.reason}" for c in row.check if c.status == "FAIL"]
+    return lines
+
+
+def _e2e_module() -> tuple[Any, str | None]:
+    """(``examples.gpt_oss.bench``, None), or (None, why not). The examples are in no wheel:
+    the module is imported from ``sys.path``, else from the current directory when that is
+    the repository root (a console script's ``sys.path`` lacks it; appended, so installed
+    packages keep precedence)."""
+    root = os.getcwd()
+    if os.path.isfile(os.path.join(root, "examples", "gpt_oss", "bench.py")) and root not in sys.path:
+        sys.path.append(root)
+    try:
+        return importlib.import_module(_E2E_MODULE), None
+    except ImportError as exc:
+        return None, f"{_E2E_ABSENT} ({type(exc).__name__}: {exc})"
+
+
+def _e2e_describe(meta: dict[str, Any], what: str, batch: int, ctx: int, device: torch.device) -> str:
+    model = meta["model"]
+    where = f"{model['num_layers']} layers, hidden {model['hidden_size']}, vocab {model['vocab_size']}"
+    if what == "decode":
+        how = "CUDA graph replay" if device.type == "cuda" else "eager"
+        return f"decode step: {batch} sequence(s) at {ctx} tokens ({where}); {how}, tokens/s = {batch} / step"
+    return f"prefill forward: {batch} prompt(s) of {ctx} tokens ({where}); eager, last-token logits"
+
+
+def _e2e_timing(op: str, case: str, impl: str, kind: str, ms: float | None, tok_s: float | None, note: str):
+    """A timing in the keys of ``bench``'s rows (``BenchRow``), with ``tok_s``."""
+    return {
+        "op": op, "case": case, "impl": impl, "kind": kind, "ms": ms, "tflops": None, "tbps": None,
+        "pct_copy": None, "pct_matmul": None, "selected": False, "speedups": {}, "note": note,
+        "relayout_ms": None, "tok_s": tok_s,
+    }  # fmt: skip
+
+
+def _e2e_rows(result: Any, device: torch.device) -> list[SuiteRow]:
+    """One :class:`SuiteRow` per point of an ``E2EReport``: the pick is the ``selector`` row;
+    timed are every row's step (graph replay where captured) and, where also measured, its
+    eager step (``ROW eager``); speedups are peer ms / pick ms (``selector eager``: issue 19's
+    eager/graph ratio)."""
+    meta = {k: v for k, v in result.to_json().items() if k != "rows"}
+    names = [r for r in result.config.rows if r != "torch"]
+    pick = "selector" if "selector" in names else (names[0] if names else "torch")
+    skipped = {why.split(": ", 1)[0]: why.split(": ", 1)[1] for why in result.skipped}
+    out = []
+    for point in result.config.points:
+        op, case = f"e2e.{point.what}", point.label
+        row = SuiteRow(E2E_LABEL, op, case, _e2e_describe(meta, *point, device), pick=pick)
+        got = [r for r in result.rows if r.point == point]
+        mine = next((r for r in got if r.row == pick), None)
+        if not got or mine is None:
+            row.status = f"not run: {skipped.get(case, 'the row could not be built')}"
+            out.append(row)
+            continue
+        if mine.status != "run":
+            budget = mine.status == "skipped: time budget"
+            row.status = NOT_RUN_BUDGET if budget else mine.status
+            out.append(row)
+            continue
+        for r in got:
+            kind = "baseline" if r.row == "torch" else "model"
+            if r.status != "run":
+                row.timings.append(_e2e_timing(op, case, r.row, kind, None, None, r.status))
+                continue
+            how = "CUDA graph replay" if r.graph_ms is not None else "eager"
+            row.timings.append(
+                _e2e_timing(op, case, r.row, kind, r.ms, r.tok_s, how + (f"; {r.note}" if r.note else ""))
+            )
+            if r.graph_ms is not None and r.eager_ms is not None:
+                tok = r.tok_s * r.ms / r.eager_ms
+                row.timings.append(
+                    _e2e_timing(op, case, f"{r.row} eager", kind, r.eager_ms, tok, "eager, no CUDA graph")
+                )
+            row.check.append(
+                CheckRow(
+                    op, case, r.row, r.check if r.check in ("PASS", "FAIL") else "SKIP",
+                    rel_l2=r.rel_l2_median if r.rel_l2_median is not None else float("nan"),
+                    max_rel=r.rel_l2_max if r.rel_l2_max is not None else float("nan"),
+                    tolerance=meta["check"], reason=r.check_note,
+                )
+            )  # fmt: skip
+        for t in row.timings:
+            t["selected"] = t["impl"] == pick
+            t["check"] = next((c.status for c in row.check if c.kernel == t["impl"]), None)
+        row.speedups = {t["impl"]: t["ms"] / mine.ms for t in row.timings if t["ms"] and t["impl"] != pick}
+        out.append(row)
+    return out
+
+
+def _run_end_to_end(
+    module: Any,
+    report: SuiteReport,
+    dev: torch.device,
+    *,
+    tiny: bool,
+    left: float | None,
+    progress: Progress,
+    clock: Callable[[], float],
+) -> None:
+    """The section "end to end" into ``report``: ``module.measure`` of its ``suite_config``
+    within ``left`` seconds (None: no limit); a failure to set it up is one ``error`` row."""
+    config = module.suite_config(tiny=tiny)
+    begin = clock()
+    try:
+        result = module.measure(
+            dev,
+            config,
+            budget_s=left,
+            log=progress.note,
+            on_point=lambda point: progress.step(f"{E2E_LABEL}: {point.label}"),
+            clock=clock,
+        )
+    except Exception as exc:  # building the model (e.g. out of memory): the kernel rows stay
+        why = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        report.rows.append(SuiteRow(E2E_LABEL, "e2e", "setup", "the example decoder", why, seconds=clock() - begin))
+        return
+    report.end_to_end = {k: v for k, v in result.to_json().items() if k != "rows"}
+    rows = _e2e_rows(result, dev)
+    for row in rows:
+        row.seconds = result.elapsed_s / len(rows)
+    report.rows += rows
 
 
 def _kernel_set(
@@ -512,6 +705,8 @@ def run_suite(
     if plot_path is not None:
         _pyplot()
     work = [(entry, case) for entry in suite.entries for case in _entry_cases(entry, preset)]
+    e2e, why_not = _e2e_module() if suite.end_to_end else (None, None)
+    e2e_points = e2e.suite_config(tiny=preset is not None).points if e2e is not None else ()
     now = datetime.datetime.now(datetime.timezone.utc)
     report = SuiteReport(
         suite,
@@ -522,8 +717,9 @@ def run_suite(
         preset,
         kernels,
         budget_s,
+        left_out=[*suite.left_out, *([why_not] if why_not else [])],
     )
-    progress = Progress(len(work), stream=sys.stderr)
+    progress = Progress(len(work) + len(e2e_points), stream=sys.stderr)
     longest: dict[str | None, float] = {None: 0.0}
     for entry, case in work:
         name = case.name or case.describe()
@@ -550,6 +746,16 @@ def run_suite(
         report.elapsed_s = clock() - started
         if json_path is not None:
             write_json(json_path, report.to_json())
+    if e2e is not None:
+        left = None if budget_s is None else budget_s - (clock() - started)
+        if left is not None and (left <= 0 or left < longest[None]):
+            for point in e2e_points:
+                progress.step(f"{E2E_LABEL}: {point.label}")
+                progress.note(NOT_RUN_BUDGET)
+                what = f"the example decoder end to end: {point.label}"
+                report.rows.append(SuiteRow(E2E_LABEL, f"e2e.{point.what}", point.label, what, NOT_RUN_BUDGET))
+        else:
+            _run_end_to_end(e2e, report, dev, tiny=preset is not None, left=left, progress=progress, clock=clock)
     progress.done()
     report.elapsed_s = clock() - started
     if json_path is not None:
