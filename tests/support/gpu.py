@@ -16,3 +16,17 @@ def sm90_skip_reason() -> str | None:
     if (major, minor) != (9, 0):
         return f"sm_{major}{minor} device: the kernel is built for sm_90 only"
     return None
+
+
+def sharpen_sinks(case, inputs, tol: float) -> None:
+    """Doubles ``inputs["sinks"]`` (to ``2·N(0, 1)``) and asserts that the float64 reference
+    without sinks is off by more than ``3 * tol`` (relative Frobenius error of the output),
+    so a kernel that drops the sinks cannot pass a case checked at ``tol``."""
+    from tokenspeed_kernel.tools.cases import attention as cases
+
+    inputs["sinks"].mul_(2.0)
+    with_sinks, _ = cases.reference(case, inputs)
+    without, _ = cases.reference(case, {**inputs, "sinks": None})
+    # a kernel that dropped the sinks would be off by this much: 3x the tolerance is enough
+    # (the H100 run of 2026-11-23 drew 0.080 for FlashInfer's non-causal prefill case)
+    assert float((without - with_sinks).norm() / with_sinks.norm()) > 3 * tol, "the case cannot tell sinks from none"

@@ -18,6 +18,7 @@ NVIDIA_KERNELS = {
     "gluon_moe_decode_mx_sm90": "moe.apply",
     "gluon_moe_mma_sm90": "moe.apply",
     "flashinfer_cutlass_moe": "moe.apply",
+    "fa4_prefill_sm90": "attention.prefill",
 }
 HAS_FLASHINFER = importlib.util.find_spec("flashinfer") is not None
 

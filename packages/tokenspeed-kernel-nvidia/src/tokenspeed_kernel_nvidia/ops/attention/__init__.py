@@ -1,6 +1,8 @@
-"""NVIDIA attention kernels: FlashInfer decode/extend/prefill, Gluon Hopper decode (registered on import)."""
+"""NVIDIA attention kernels: FlashInfer decode/extend/prefill, Gluon Hopper decode and window prefill,
+FlashAttention-4 (CuTe DSL) Hopper prefill (registered on import)."""
 
 from tokenspeed_kernel_nvidia.ops.attention import (  # noqa: F401
+    fa4_prefill,
     flashinfer_decode,
     flashinfer_extend,
     flashinfer_prefill,

@@ -1,0 +1,51 @@
+"""FlashAttention-4's Hopper forward (CuTe DSL, ``flash_attn/cute/flash_fwd_sm90.py``) as a
+ragged prefill (``attention.prefill``), sm_90 only.
+
+FA4 4.0.0b36's sm_90 forward: TMA loads, warp-specialized ``wgmma`` with intra-warpgroup
+overlap, GQA packed into the M tile, bottom-right causal and sliding-window masks, learnable
+sinks, varlen through ``cu_seqlens``. Served through one of two routes (see :mod:`._fa4`):
+an AOT bundle compiled on a CPU machine (``TOKENSPEED_KERNEL_FA4_AOT``), or the ``cutedsl``
+extra, which compiles each variant on its first call. Without either, ``explain`` shows
+the reason.
+
+Registered at the wheel's opt-in priority: compiled for sm_90a and inspected (HGMMA, TMA in
+its SASS; loaded through TVM-FFI without CuTe DSL) but not yet run on a GPU.
+"""
+
+from __future__ import annotations
+
+from tokenspeed_kernel.ops.attention.args import PrefillArgs
+from tokenspeed_kernel.registry import Priority, register_kernel
+from tokenspeed_kernel_nvidia.ops.attention._common import Q_DTYPES, VENDORS
+from tokenspeed_kernel_nvidia.ops.attention._fa4 import fa4_missing, fa4_predicate, run
+
+# FA4's sm_90 tile table goes up to D = 256; claimed are the head dims the AOT bundle builds
+# and the GPU tests cover (equal q/k and v dims). fp8 is sm_100-only in FA4; logit_cap would
+# be a score_mod compiled per cap value, so it is not offered.
+HEAD_DIMS = (64, 128)
+FEATURES = ("non_causal", "sinks", "sliding_window", "return_lse")
+
+
+@register_kernel(
+    "attention.prefill",
+    name="fa4_prefill_sm90",
+    solution="cutedsl",
+    vendors=VENDORS,
+    archs=("sm_90",),  # the cubins are sm_90a
+    capabilities=("tma", "wgmma"),
+    dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
+    shapes={"head_dim": HEAD_DIMS, "head_dim_v": HEAD_DIMS},
+    features=FEATURES,
+    priority=Priority.OPT_IN,  # until measured on a GPU
+    predicate=fa4_predicate,
+    available=fa4_missing,
+    # One launch on the caller's stream (TVM-FFI's environment stream), no host reads of
+    # lengths; the first call of a variant loads (AOT) or compiles (JIT) it, so warm up
+    # before capture. Not yet captured on a GPU.
+    graph_safe=True,
+)
+def fa4_prefill_sm90(args: PrefillArgs) -> None:
+    """FA4 sm_90 forward over ragged q ``[total_q, Hq, D]`` and k/v ``[total_k, Hkv, D]``
+    (bf16/fp16, contiguous, 16-byte aligned); writes ``args.out`` ``[total_q, Hq, D]`` and
+    ``args.lse`` (float32 ``[total_q, Hq]``, via FA4's ``[Hq, total_q]``) when given."""
+    run(args)
