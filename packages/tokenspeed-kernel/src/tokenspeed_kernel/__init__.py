@@ -13,7 +13,7 @@ Import order of the core, top-down: ``config`` → ``platform`` → ``operators`
 (pure-PyTorch kernels, loaded lazily as the built-in backend) → ``tools`` / ``cli``.
 """
 
-from tokenspeed_kernel._version import __version__
+from tokenspeed_kernel._version import __version__ as __version__
 from tokenspeed_kernel.ops._dispatch import last_kernel
 from tokenspeed_kernel.ops.attention import (
     DecodePlan,
