@@ -8,7 +8,7 @@
                     numerics too when a CUDA GPU is present
     nox -s gpu      the whole suite on a machine with a GPU (no interpreter), then
                     `tokenspeed-kernel check all` on the device
-    nox -s lint     ruff check + ruff format --check
+    nox -s lint     ruff check + ruff format --check, mypy over the core package
 
 Every session installs torch FIRST (TORCH_SPEC, default torch==2.13.0, a CPU build on our
 machines; set TORCH_SPEC=torch on a GPU machine to keep its CUDA/ROCm build), then our
@@ -27,6 +27,9 @@ nox.options.default_venv_backend = "venv"
 
 TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
 TRITON_SPEC = os.environ.get("TRITON_SPEC", "triton==3.6.0")
+# The linters' versions, pinned: .pre-commit-config.yaml names the same ruff (test_packaging checks).
+RUFF_VERSION = "0.17.6"
+MYPY_VERSION = "2.4.1"
 CORE = "packages/tokenspeed-kernel"
 TRITON = "packages/tokenspeed-kernel-triton"
 NVIDIA = "packages/tokenspeed-kernel-nvidia"
@@ -95,7 +98,13 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check over the repository."""
-    session.install("ruff")
+    """ruff check and ruff format --check over the repository, then mypy over the core package
+    (configured in pyproject.toml: [tool.mypy]; it reads torch's annotations, so torch goes in
+    first, as everywhere)."""
+    session.install(f"ruff=={RUFF_VERSION}")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.install(TORCH_SPEC)
+    session.install(f"mypy=={MYPY_VERSION}", "numpy<2.4")
+    session.install("--no-deps", "-e", CORE)
+    session.run("mypy")

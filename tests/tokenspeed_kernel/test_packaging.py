@@ -1,7 +1,9 @@
 """Packaging promises: our modules come from packages/, the core names no vendor, and the
 README's commands are the ones CI runs."""
 
+import importlib
 import importlib.metadata
+import importlib.util
 import json
 import pathlib
 import re
@@ -58,22 +60,113 @@ def _wheel_source(module: str) -> pathlib.Path | None:
     return pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)).resolve()
 
 
-def test_core_depends_on_torch_only_and_pins_siblings_to_our_version():
-    project = tomllib.loads((CORE / "pyproject.toml").read_text())["project"]
+VERSION_FILE = CORE / "src" / "tokenspeed_kernel" / "_version.py"
+PYPROJECTS = sorted((REPO / "packages").glob("*/pyproject.toml"))
+PLUGIN_EXAMPLE = REPO / "docs" / "examples" / "plugin" / "pyproject.toml"
+
+
+def _toml(path: pathlib.Path) -> dict:
+    return tomllib.loads(path.read_text())
+
+
+def _source_version() -> str:
+    """The one version of every wheel, as written in the core's ``_version.py``."""
+    (version,) = re.findall(r'^__version__ = "([^"]+)"$', VERSION_FILE.read_text(), flags=re.MULTILINE)
+    return version
+
+
+def _sibling_pins(path: pathlib.Path) -> list[tuple[str, str, str]]:
+    """``(group, name, specifier)`` of every requirement of ``path``'s project on one of our
+    wheels: its dependencies and each extra."""
+    from packaging.requirements import Requirement
+
+    project = _toml(path)["project"]
+    groups = {"dependencies": project.get("dependencies", [])}
+    groups |= {f"extra {name}": reqs for name, reqs in project.get("optional-dependencies", {}).items()}
+    pins = []
+    for group, reqs in groups.items():
+        for req in map(Requirement, reqs):
+            if req.name.startswith("tokenspeed-kernel"):
+                pins.append((group, req.name, str(req.specifier)))
+    return pins
+
+
+def test_core_depends_on_torch_only():
+    project = _toml(CORE / "pyproject.toml")["project"]
     assert project["dependencies"] == ["torch>=2.6"]
-    version = project["version"]
-    assert tokenspeed_kernel.__version__ == version
     # Third-party integrations and the plot extra: a lower bound on a library that does not pull torch.
     third_party = {"transformers": ["transformers>=5.0"], "plot": ["matplotlib>=3.5"]}
     for extra, reqs in project["optional-dependencies"].items():
         if extra in third_party:
             assert reqs == third_party[extra], f"extra {extra}: {reqs}"
-            continue
-        for req in reqs:
-            assert req.endswith(f"=={version}"), f"extra {extra}: {req} must pin our own version {version}"
-    for pkg in sorted((REPO / "packages").iterdir()):
-        meta = tomllib.loads((pkg / "pyproject.toml").read_text())["project"]
-        assert meta["version"] == version, f"{pkg.name} version {meta['version']} != {version}"
+        else:
+            assert all(req.startswith("tokenspeed-kernel-") for req in reqs), f"extra {extra}: {reqs}"
+
+
+def test_every_wheel_reads_the_one_version_source():
+    """Each wheel's version is dynamic, read by hatch from the core's ``_version.py``; the
+    modules report the same version."""
+    version = _source_version()
+    assert tokenspeed_kernel.__version__ == version
+    assert len(PYPROJECTS) == 5, [p.parent.name for p in PYPROJECTS]
+    for path in PYPROJECTS:
+        data = _toml(path)
+        name = path.parent.name
+        assert "version" not in data["project"] and "version" in data["project"].get("dynamic", []), name
+        source = path.parent / data["tool"]["hatch"]["version"]["path"]
+        assert source.resolve() == VERSION_FILE.resolve(), f"{name} reads its version from {source}"
+    vllm_plugin = importlib.util.find_spec("tokenspeed_kernel_vllm")
+    if vllm_plugin is None or vllm_plugin.origin is None:
+        print("tokenspeed_kernel_vllm: not importable here; its __version__ is not checked")
+    else:
+        assert importlib.import_module("tokenspeed_kernel_vllm").__version__ == version
+
+
+def test_hatch_resolves_every_wheel_to_the_version():
+    """What a build writes into the wheels' metadata: hatch's own resolution of each project."""
+    pytest.importorskip("hatchling", reason="the wheels build with hatchling: pip install hatchling")
+    from hatchling.metadata.core import ProjectMetadata
+    from hatchling.plugin.manager import PluginManager
+
+    version = _source_version()
+    for path in PYPROJECTS:
+        assert ProjectMetadata(str(path.parent), PluginManager()).version == version, path.parent.name
+
+
+def test_every_sibling_pin_names_the_version():
+    """The exact pins between our wheels stay (same-named distributions on the public index
+    belong to other projects: an exact pin makes pip fail rather than take one), and each
+    names the one version; so does the example plugin's pin on the core."""
+    version = _source_version()
+    ours = {path.parent.name for path in PYPROJECTS}
+    pins = [(path, *pin) for path in [*PYPROJECTS, PLUGIN_EXAMPLE] for pin in _sibling_pins(path)]
+    # the core's extras (6 pins), the Triton wheel (1), NVIDIA and AMD (2 each), vLLM plugin and example (1 each)
+    assert len(pins) >= 13, pins
+    wrong = [
+        f"{path.relative_to(REPO)} {group}: {name}{spec}"
+        for path, group, name, spec in pins
+        if name not in ours or spec != f"=={version}"
+    ]
+    assert not wrong, f"pins that are not =={version} on one of {sorted(ours)}:\n" + "\n".join(wrong)
+
+
+def test_license_is_apache_2_everywhere():
+    text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    for path in PYPROJECTS:
+        assert _toml(path)["project"]["license"] == "Apache-2.0", path.parent.name
+
+
+def test_linter_versions_agree():
+    """One ruff (and one mypy) for nox, CI and pre-commit."""
+    noxfile = (REPO / "noxfile.py").read_text()
+    ci = (REPO / ".ci" / "run").read_text()
+    precommit = (REPO / ".pre-commit-config.yaml").read_text()
+    (ruff,) = re.findall(r'^RUFF_VERSION = "([^"]+)"$', noxfile, flags=re.MULTILINE)
+    (mypy,) = re.findall(r'^MYPY_VERSION = "([^"]+)"$', noxfile, flags=re.MULTILINE)
+    assert re.findall(r"\bruff==(\S+)", ci) == [ruff]
+    assert re.findall(r"\bmypy==(\S+)", ci) == [mypy]
+    assert re.findall(r"astral-sh/ruff-pre-commit\s+rev: v(\S+)", precommit) == [ruff]
 
 
 def test_core_source_names_no_vendor():

@@ -15,6 +15,14 @@ among whatever vendor wheels are installed.
 
 from tokenspeed_kernel_vllm._plugin import BACKEND_NAME, MOE_ENV, MXFP4_METHOD, moe_enabled, register
 
-__version__ = "2026.11.0"
-
 __all__ = ["BACKEND_NAME", "MOE_ENV", "MXFP4_METHOD", "moe_enabled", "register"]
+
+
+def __getattr__(name: str) -> str:
+    """``__version__``: the core's (one version for every wheel, and this wheel pins the core to
+    it), read on first use: importing the plugin does not import the core."""
+    if name == "__version__":
+        from tokenspeed_kernel._version import __version__
+
+        return __version__
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,6 +13,7 @@ Import order of the core, top-down: ``config`` → ``platform`` → ``operators`
 (pure-PyTorch kernels, loaded lazily as the built-in backend) → ``tools`` / ``cli``.
 """
 
+from tokenspeed_kernel._version import __version__ as __version__
 from tokenspeed_kernel.ops._dispatch import last_kernel
 from tokenspeed_kernel.ops.attention import (
     DecodePlan,
@@ -29,8 +30,6 @@ from tokenspeed_kernel.platform import Platform, current_platform, platform_for
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, backends, kernels, register_kernel
 from tokenspeed_kernel.selector import KernelOverrideError, NoKernelFoundError, explain, select
-
-__version__ = "2026.11.0"
 
 __all__ = [
     "DecodePlan",

@@ -55,10 +55,6 @@ class Platform:
     capabilities: frozenset[str] = field(default_factory=frozenset)
     overridden: bool = False
 
-    @property
-    def is_gpu(self) -> bool:
-        return self.vendor != "cpu"
-
     def describe(self) -> str:
         """One line: ``cuda/sm_90 NVIDIA H100 80GB HBM3: 132 SMs, 80 GiB, caps=...``; on a CPU
         ``cpu/cpu CPU: 8 cores, 31 GiB RAM, caps=...`` (``?`` for what is unknown)."""
@@ -127,16 +123,6 @@ def capabilities_for_arch(arch: str) -> frozenset[str]:
         return frozenset(tag for tag, first, last in _CUDA_CAPABILITIES if cc >= first and (last is None or cc <= last))
     if arch.startswith("gfx"):
         return _ROCM_CAPABILITIES.get(arch, frozenset({"fp16", "mfma"}))
-    raise ValueError(f"unknown architecture {arch!r}; expected 'cpu', 'sm_NN' or 'gfxNNN'")
-
-
-def _vendor_of(arch: str) -> Vendor:
-    if arch == "cpu":
-        return "cpu"
-    if arch.startswith("sm_"):
-        return "cuda"
-    if arch.startswith("gfx"):
-        return "rocm"
     raise ValueError(f"unknown architecture {arch!r}; expected 'cpu', 'sm_NN' or 'gfxNNN'")
 
 

@@ -359,8 +359,16 @@ def _frozen_shapes(
     for key, values in sorted((shapes or {}).items()):
         if key not in keys:
             raise ValueError(f"kernel {name!r}: unknown shape key {key!r}; expected one of {keys}")
-        out.append((key, frozenset(None if v is None and absent else int(v) for v in values)))
+        out.append((key, frozenset(_shape_value(v, absent, name, key) for v in values)))
     return tuple(out)
+
+
+def _shape_value(value: int | None, absent: bool, name: str, key: str) -> int | None:
+    if value is not None:
+        return int(value)
+    if absent:
+        return None
+    raise TypeError(f"kernel {name!r}: shape {key!r} lists None; only a rank_when set may (the key absent)")
 
 
 def register_kernel(

@@ -229,10 +229,10 @@ def request_reasons(spec: KernelSpec, request: Request, *, predicate: bool = Tru
         if dtype is not None and dtype not in allowed:
             names = ", ".join(sorted(str(d).removeprefix("torch.") for d in allowed))
             reasons.append(f"{role} dtype {str(dtype).removeprefix('torch.')} not in {{{names}}}")
-    for key, allowed in spec.shapes:
+    for key, values in spec.shapes:
         value = request.shape(key)
-        if value is not None and value not in allowed:
-            shown = ", ".join(map(str, sorted(allowed)))
+        if value is not None and value not in values:
+            shown = ", ".join(map(str, sorted(values)))
             reasons.append(f"{key}={value} not in {{{shown}}}")
     unsupported = request.features - spec.features
     if unsupported:

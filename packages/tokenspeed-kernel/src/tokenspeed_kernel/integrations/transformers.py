@@ -60,6 +60,7 @@ Inference only: a call that would need gradients raises ``ValueError``.
 from __future__ import annotations
 
 import collections
+import importlib
 import threading
 import types
 import weakref
@@ -78,12 +79,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without transfor
     ) from exc
 
 try:  # transformers 5.x: experts implementations registered by name
-    from transformers.integrations.moe import ExpertsInterface, _default_apply_gate
+    _hf_moe: types.ModuleType | None = importlib.import_module("transformers.integrations.moe")
 except ImportError:  # pragma: no cover - an older transformers without the interface
-    ExpertsInterface = None
-    _default_apply_gate = None
+    _hf_moe = None
 
 from tokenspeed_kernel import MoEPlan, last_kernel, mha_decode_with_kvcache, mha_prefill, moe_plan, moe_topk
+
+ExpertsInterface: Any = getattr(_hf_moe, "ExpertsInterface", None)
+_default_apply_gate: Any = getattr(_hf_moe, "_default_apply_gate", None)
 
 __all__ = [
     "NAME",
@@ -268,7 +271,7 @@ def tokenspeed_attention_forward(
         raise ValueError(f"query length {q_len} exceeds key length {kv_len}: the queries must be the last keys")
     scale = scaling if scaling is not None else getattr(module, "scaling", None)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    options = {
+    options: dict[str, Any] = {
         "causal": bool(causal),
         "softmax_scale": None if scale is None else float(scale),
         "window_left": _window_left(module, sliding_window),
@@ -388,6 +391,14 @@ def _deinterleave(t: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat((gates, t[tuple(idx)]), dim=dim)
 
 
+def _weight(module: torch.nn.Module, name: str) -> torch.Tensor:
+    """``module.<name>`` detached; TypeError naming it when it is not a tensor."""
+    value = getattr(module, name)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{type(module).__name__}.{name} must be a tensor, got {type(value).__name__}")
+    return value.detach()
+
+
 def moe_weights(
     module: torch.nn.Module, dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -403,18 +414,19 @@ def moe_weights(
         ``(w13 [E, 2I, H], w2 [E, H, I], w13_bias [E, 2I] | None, w2_bias [E, H] | None)``,
         contiguous; ``w13`` rows ``[0, I)`` gate, ``[I, 2I)`` up.
     """
-    gate_up, down = module.gate_up_proj.detach(), module.down_proj.detach()
+    gate_up, down = _weight(module, "gate_up_proj"), _weight(module, "down_proj")
     if getattr(module, "is_transposed", False):  # [E, H, 2I] / [E, I, H]
         gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
     b13 = b2 = None
     if getattr(module, "has_bias", False):
-        b13, b2 = module.gate_up_proj_bias.detach(), module.down_proj_bias.detach()
+        b13, b2 = _weight(module, "gate_up_proj_bias"), _weight(module, "down_proj_bias")
     _, interleaved = _gating(module)
     if interleaved:
         gate_up = _deinterleave(gate_up, 1)
         b13 = None if b13 is None else _deinterleave(b13, 1)
     dtype = dtype or gate_up.dtype
-    return tuple(None if t is None else t.to(dtype).contiguous() for t in (gate_up, down, b13, b2))  # type: ignore[return-value]
+    b13, b2 = (None if t is None else t.to(dtype).contiguous() for t in (b13, b2))
+    return gate_up.to(dtype).contiguous(), down.to(dtype).contiguous(), b13, b2
 
 
 def _version(t: torch.Tensor) -> int:
@@ -436,7 +448,9 @@ def _plan(module: torch.nn.Module, x_dtype: torch.dtype, top_k: int) -> MoEPlan:
     activation, _ = _gating(module)
     w13, w2, b13, b2 = moe_weights(module, x_dtype)
     plan = moe_plan(w13, w2, x_dtype=x_dtype, top_k=top_k, activation=activation, w13_bias=b13, w2_bias=b2)
-    module._tokenspeed_plan = (key, plan)  # not a parameter or buffer: never saved
+    # A plain attribute, not a parameter or buffer: never saved. Module.__setattr__ stores such
+    # a value in __dict__; written there directly since its annotation admits tensors and modules only.
+    module.__dict__["_tokenspeed_plan"] = (key, plan)
     return plan
 
 
@@ -470,12 +484,11 @@ def tokenspeed_experts_forward(
     return out
 
 
-def _moe_topk_router_forward(
-    self: torch.nn.Module, hidden_states: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _moe_topk_router_forward(self: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GPT-OSS's router (``F.linear`` then top k then a softmax over those k) with the top
     k and softmax done by ``moe_topk``: returns ``(logits [T, E], weights float32 [T, k],
-    ids int32 [T, k])``; the ids are int32, which only the ``"tokenspeed"`` experts accept."""
+    ids int32 [T, k])``; the ids are int32, which only the ``"tokenspeed"`` experts accept.
+    ``self``: transformers' ``GptOssTopKRouter`` (``weight``, ``bias``, ``top_k``)."""
     logits = torch.nn.functional.linear(hidden_states, self.weight, self.bias)
     weights, ids = moe_topk(logits, self.top_k, scoring="softmax", renormalize=True)
     _count("moe.topk")

@@ -118,10 +118,10 @@ def kv_align(*caches: torch.Tensor) -> int:
     align = 16
     for t in caches:
         size = t.element_size()
-        for value in (t.storage_offset(), *t.stride()[:-1]):
-            value *= size
-            if value:
-                align = min(align, value & -value)
+        for elements in (t.storage_offset(), *t.stride()[:-1]):
+            nbytes = elements * size
+            if nbytes:
+                align = min(align, int(nbytes & -nbytes))  # ints: called only outside tracing
     return align
 
 

@@ -15,6 +15,7 @@ def _encode(rows: torch.Tensor, cache: torch.Tensor, scale: torch.Tensor | None)
     """Rows converted to the cache's dtype (fp8: divided by the scale, saturated to ±448;
     ±inf saturate too, NaN stays NaN, as torch's cast keeps it)."""
     if cache.dtype == torch.float8_e4m3fn:
+        assert scale is not None, "store_kvcache gives an fp8 cache its scales (ops/kvcache/api.py)"
         return (rows.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(cache.dtype)
     return rows.to(cache.dtype)
 

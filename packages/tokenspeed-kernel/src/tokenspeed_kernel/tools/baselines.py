@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.reference.moe import ACTIVATION_FUNCTIONS
 from tokenspeed_kernel.tools import _ogs
-from tokenspeed_kernel.tools.cases import Case
+from tokenspeed_kernel.tools.cases import AttentionCase, Case, MoECase
 
 __all__ = ["BASELINES", "Baseline", "baselines_for"]
 
@@ -47,13 +47,13 @@ class Baseline:
     prepare: Callable[[Case, dict[str, Any], torch.device], Runner | str]
 
 
-def _uniform(case: Case) -> str | None:
+def _uniform(case: AttentionCase) -> str | None:
     if len(set(case.seqlens_q)) != 1 or len(set(case.seqlens_k)) != 1:
         return "needs equal lengths across the batch"
     return None
 
 
-def _dense_qkv(case: Case, inputs: dict[str, Any]):
+def _dense_qkv(case: AttentionCase, inputs: dict[str, Any]):
     """q ``[B, Hq, Lq, D]``, k/v ``[B, Hkv, Lk, D]`` views of a uniform ragged batch."""
     b = case.batch
     q = inputs["q"].view(b, case.seqlens_q[0], case.num_q_heads, -1).transpose(1, 2)
@@ -115,7 +115,7 @@ def _flex(case, inputs, device):
     return lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=True)
 
 
-def _gather_cache(case: Case, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+def _gather_cache(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """The paged cache gathered to contiguous ``[B, Hkv, L, D]`` (dequantized if fp8)."""
     length, page = case.seqlens_k[0], case.page_size
     table = inputs["page_table"][:, : (length + page - 1) // page].long()
@@ -128,12 +128,12 @@ def _gather_cache(case: Case, inputs: dict[str, Any]) -> tuple[torch.Tensor, tor
     return out[0], out[1]
 
 
-def _decode_q(case: Case, inputs: dict[str, Any]) -> torch.Tensor:
+def _decode_q(case: AttentionCase, inputs: dict[str, Any]) -> torch.Tensor:
     q = inputs["q"]
     return (q.unsqueeze(1) if q.dim() == 3 else q).transpose(1, 2)  # [B, Hq, q_len, D]
 
 
-def _decode_ok(case: Case, device: torch.device) -> str | None:
+def _decode_ok(case: AttentionCase, device: torch.device) -> str | None:
     if case.window_left >= 0:
         return "no sliding window in this baseline"
     if case.seqlens_q[0] != 1:
@@ -235,7 +235,7 @@ def _moe_combine(m: _MoEInputs, y: torch.Tensor, tokens: torch.Tensor, order: to
     return out.to(m.out_dtype)
 
 
-def _moe_unsupported(case: Case, inputs: dict[str, Any]) -> str | None:
+def _moe_unsupported(case: MoECase, inputs: dict[str, Any]) -> str | None:
     if inputs.get("expert_map") is not None:
         return "no expert_map in this baseline"
     if case.num_tokens == 0:

@@ -27,9 +27,9 @@ import datetime
 import functools
 import itertools
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 import torch
 
@@ -112,7 +112,7 @@ class BenchReport:
         }
 
 
-def _kernel_names(ops: list[str], kernel: str | None) -> dict[str, list[str | None]]:
+def _kernel_names(ops: list[str], kernel: str | None) -> Mapping[str, Sequence[str | None]]:
     """Per operator, the implementations to time: ``[None]`` = the selector's choice (no
     ``kernel``); ``"all"`` = every registered kernel; else the named ones (comma-separated,
     ``"triton_prefill,flashinfer_prefill"``) registered for that operator. With several
@@ -130,10 +130,11 @@ def _kernel_names(ops: list[str], kernel: str | None) -> dict[str, list[str | No
 
 def _row(case: cases.Case, impl: str, kind: str, ms: float, ceil: Ceilings | None) -> BenchRow:
     flops, nbytes = case.flops(), case.bytes_moved()
-    row = BenchRow(case.op, case.describe(), impl, kind, ms, flops / ms / 1e9, nbytes / ms / 1e9)
+    tflops, tbps = flops / ms / 1e9, nbytes / ms / 1e9
+    row = BenchRow(case.op, case.describe(), impl, kind, ms, tflops, tbps)
     if ceil is not None:
-        row.pct_copy = 100 * row.tbps / ceil.copy_tb_s if nbytes else None
-        row.pct_matmul = 100 * row.tflops / ceil.matmul_tflop_s if flops else None
+        row.pct_copy = 100 * tbps / ceil.copy_tb_s if nbytes else None
+        row.pct_matmul = 100 * tflops / ceil.matmul_tflop_s if flops else None
     return row
 
 
@@ -204,7 +205,8 @@ def bench(
                 report.rows.append(BenchRow(op, case.describe(), impl, "kernel", note=str(exc).split(": ", 1)[-1]))
                 continue
             spec = registry.get_kernel(impl)
-            run = functools.partial(cases.call, case, inputs, override=kname)  # warmed up by the call above
+            # warmed up by the call above
+            run: Callable[[], Any] = functools.partial(cases.call, case, inputs, override=kname)
             if spec.prepare is not None:
                 # A kernel with a weight-preparation hook is timed the way an engine runs it: planned
                 # once, outside the timing (the functional call would repack the weights every call),
@@ -234,6 +236,7 @@ def bench(
             row.note = "; ".join(filter(None, (_timing_note(timing, dev), getattr(runner, "note", ""))))
             base_rows.append(row)
         for row in kernel_rows:
+            assert row.ms is not None  # kernel_rows are timed rows (_row)
             row.speedups = {b.impl: b.ms / row.ms for b in base_rows if b.ms is not None}
         report.rows += kernel_rows + base_rows
     progress.done()

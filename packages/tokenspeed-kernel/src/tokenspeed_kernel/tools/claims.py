@@ -587,8 +587,8 @@ class _Deriver:
                 features = set(base) | ({tied[0]} if tied and tied[1](value) else set())
                 claim = Claim("shape", f"{key}={value}")
                 self.add(self.plan(f"{key}-{value}", dtype, features, edge=(key, value), targets=(claim,)))
-        for pid, kind, claim in self.rules.batches:
-            self.add(self.plan(pid, dtype, base, batch=kind, targets=(Claim("batch", claim),)))
+        for pid, kind, batch_claim in self.rules.batches:
+            self.add(self.plan(pid, dtype, base, batch=kind, targets=(Claim("batch", batch_claim),)))
         return self.result(claims)
 
     def dtype_plans(self, base: frozenset[str], primaries: list[torch.dtype]) -> Iterator[_Plan | None]:
@@ -647,7 +647,7 @@ class _Deriver:
                 if plan.features - {drop} <= covered:
                     continue
                 smaller = self.plan(f"{pid}-no-{drop}", dtype, self.without_orphans(set(plan.features) - {drop}))
-                if self.add(smaller):
+                if smaller is not None and self.add(smaller):
                     covered |= smaller.features
                 if covered >= plan.features:
                     break

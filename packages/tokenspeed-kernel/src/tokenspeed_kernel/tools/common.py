@@ -146,7 +146,7 @@ _REQ = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")  # the distribution name at th
 def versions() -> dict[str, str]:
     """torch, every installed distribution of ours (``tokenspeed-kernel*``), and each installed
     library those require or offer as an extra (e.g. the compiler a backend wheel builds with)."""
-    found = {"torch": torch.__version__}
+    found: dict[str, str] = {"torch": torch.__version__}
     ours: dict[str, importlib.metadata.Distribution] = {}
     for dist in importlib.metadata.distributions():
         name = (dist.metadata["Name"] or "").lower()
@@ -190,10 +190,10 @@ def source_commit(package_dir: Path | None = None, build_info: str = "tokenspeed
         info = importlib.import_module(build_info)
     except ImportError:
         return {"commit": None, "dirty": None, "from": None}
-    commit = getattr(info, "COMMIT", None)
-    if not isinstance(commit, str) or not _SHA.fullmatch(commit):
+    built = getattr(info, "COMMIT", None)
+    if not isinstance(built, str) or not _SHA.fullmatch(built):
         return {"commit": None, "dirty": None, "from": None}
-    return {"commit": commit, "dirty": getattr(info, "DIRTY", None), "from": "wheel"}
+    return {"commit": built, "dirty": getattr(info, "DIRTY", None), "from": "wheel"}
 
 
 def provenance() -> dict[str, Any]:

@@ -31,6 +31,7 @@ from tokenspeed_kernel import registry, selector
 from tokenspeed_kernel.platform import platform_for
 from tokenspeed_kernel.selector import KernelOverrideError
 from tokenspeed_kernel.tools import cases, claims
+from tokenspeed_kernel.tools.claims import ClaimRow
 from tokenspeed_kernel.tools.common import kernels_per_op, provenance, resolve_device
 from tokenspeed_kernel.tools.presets import preset_cases
 from tokenspeed_kernel.tools.tolerances import Comparison, compare, tolerance_for
@@ -74,7 +75,7 @@ class CheckReport:
     rows: list[CheckRow] = field(default_factory=list)
     preset: str = claims.DERIVED
     seed: int = 0
-    claims: list[claims.ClaimRow] = field(default_factory=list)
+    claims: list[ClaimRow] = field(default_factory=list)
     reproduce: list[str] = field(default_factory=list)
 
     @property
@@ -91,7 +92,7 @@ class CheckReport:
         return not self.failed and bool(self.passed)
 
     @property
-    def failed_claims(self) -> list[claims.ClaimRow]:
+    def failed_claims(self) -> list[ClaimRow]:
         return [c for c in self.claims if c.status == "failed"]
 
     def to_json(self) -> dict[str, Any]:
@@ -170,6 +171,7 @@ def _judge(case: cases.Case, got: list[torch.Tensor], ref: tuple[torch.Tensor, t
     tol = tolerance_for(case)
     if case.op == "moe.topk":
         weights = compare(got[0], ref[0], tol)
+        assert ref[1] is not None  # moe.topk's reference returns (weights, ids)
         ids_ok = _ids_agree(got[1], ref[1], ref[0], tol.max_abs)
         return dataclasses.replace(weights, passed=weights.passed and ids_ok)
     results = [compare(g, r, tol) for g, r in zip(got, ref) if r is not None]

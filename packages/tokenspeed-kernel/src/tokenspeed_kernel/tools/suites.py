@@ -299,8 +299,8 @@ class SuiteReport:
             lines.append(
                 f"ceilings: copy {c.copy_tb_s:.2f} TB/s, bf16 matmul {c.matmul_tflop_s:.0f} TFLOP/s (measured)"
             )
-        for label, rows in itertools.groupby(self.rows, key=lambda row: row.entry):
-            rows = list(rows)
+        for label, grouped in itertools.groupby(self.rows, key=lambda row: row.entry):
+            rows = list(grouped)
             if label == E2E_LABEL and self.end_to_end is not None:
                 lines += ["", *_e2e_head(self.end_to_end)]
             else:
@@ -458,7 +458,8 @@ def _e2e_rows(result: Any, device: torch.device) -> list[SuiteRow]:
     out = []
     for point in result.config.points:
         op, case = f"e2e.{point.what}", point.label
-        row = SuiteRow(E2E_LABEL, op, case, _e2e_describe(meta, *point, device), pick=pick)
+        what, batch, ctx = point
+        row = SuiteRow(E2E_LABEL, op, case, _e2e_describe(meta, what, batch, ctx, device), pick=pick)
         got = [r for r in result.rows if r.point == point]
         mine = next((r for r in got if r.row == pick), None)
         if not got or mine is None:
@@ -622,8 +623,8 @@ def plot(report: SuiteReport, path: str) -> None:
     pick time``; the line at 1 is parity), written to ``path`` (the format from its suffix)."""
     plt = _pyplot()
     groups = []
-    for label, rows in itertools.groupby(report.rows, key=lambda row: row.entry):
-        timed = [row for row in rows if row.speedups]
+    for label, grouped in itertools.groupby(report.rows, key=lambda row: row.entry):
+        timed = [row for row in grouped if row.speedups]
         if timed:
             groups.append((label, timed))
     fig, axes = plt.subplots(max(1, len(groups)), 1, figsize=(11, 3.2 * max(1, len(groups))), squeeze=False)

@@ -215,9 +215,9 @@ def _checked(
 
 
 def _check_ragged_rest(
-    op: str, q: torch.Tensor, kv_dtype: torch.dtype, heads: Heads, max_seqlen_q: object, max_seqlen_k: object, *,
-    causal: object, softmax_scale: object, window_left: object, sinks: object, logit_cap: object, return_lse: object,
-    out: object, override: object, compiling: bool, page_size: int = 0,
+    op: str, q: torch.Tensor, kv_dtype: torch.dtype, heads: Heads, max_seqlen_q: int, max_seqlen_k: int, *,
+    causal: bool, softmax_scale: float | None, window_left: int, sinks: torch.Tensor | None, logit_cap: float,
+    return_lse: bool, out: torch.Tensor | None, override: str | None, compiling: bool, page_size: int = 0,
     caches: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> _Checked:  # fmt: skip
     """The checks :func:`mha_prefill` and :func:`mha_extend_with_kvcache` end with, after

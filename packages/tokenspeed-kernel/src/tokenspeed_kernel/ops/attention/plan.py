@@ -181,6 +181,7 @@ class DecodePlan:
         shapes, contiguous and on its device, no ``out``, no compile/debug/capture-file mode,
         a graph-safe kernel. None when anything differs: :meth:`_checked_run` then checks it
         all and raises what is wrong."""
+        assert self._quick is not None  # run() calls this only with one
         shape3, shape4, index = self._quick
         shape = q.shape
         if (
@@ -196,7 +197,7 @@ class DecodePlan:
         out = q.new_empty(shape4)
         lse = torch.empty(shape4[:3], dtype=torch.float32, device=q.device) if self.return_lse else None
         self._run(self._args(q if len(shape) == 4 else q.view(shape4), out, lse))
-        out = out.view(shape3) if len(shape) == 3 else out
+        out = out.view(shape) if len(shape) == 3 else out  # a 3-D q has shape3
         return _result(out, None if lse is None else lse.view(shape4[0] * shape4[1], shape4[2]), self.return_lse)
 
     def _checked_run(self, q: torch.Tensor, out: torch.Tensor | None):

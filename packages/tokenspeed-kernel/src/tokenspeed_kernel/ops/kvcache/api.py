@@ -125,18 +125,18 @@ def store_kvcache(
 
 
 # Call key -> the selector request of a call that passed every check (see ops/_checks.py).
-_STORE_CALLS: dict[Hashable, Request] = call_table()
+_STORE_CALLS: dict[Hashable, Request | None] = call_table()  # None: never stored (no key while tracing)
 
 
 def _check_store(
-    k: object,
-    v: object,
-    k_cache: object,
-    v_cache: object,
-    slot_mapping: object,
-    k_scale: object,
-    v_scale: object,
-    override: object,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float | torch.Tensor | None,
+    v_scale: float | torch.Tensor | None,
+    override: str | None,
     compiling: bool,
 ) -> Request | None:
     """Every host check of :func:`store_kvcache`, in order; the call's selector request

@@ -99,12 +99,12 @@ def moe_topk_request(
 
 
 # Per-op tables: call key -> what a call that passed every check derived (ops/_checks.py).
-_TOPK_CALLS: dict[Hashable, Request] = call_table()
+_TOPK_CALLS: dict[Hashable, Request | None] = call_table()  # None: never stored (no key while tracing)
 _APPLY_CALLS: dict[Hashable, tuple[WeightInfo, int, str | None, Request | None]] = call_table()
 
 
 def _check_topk(
-    router_logits: object, top_k: object, scoring: object, renormalize: object, override: object, compiling: bool
+    router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool, override: str | None, compiling: bool
 ) -> Request | None:
     """Every host check of :func:`moe_topk`, in order; the call's selector request (None
     while tracing: the custom op selects when it runs)."""

@@ -44,6 +44,7 @@ concurrently on different streams. A plan keeps at most :data:`BIND_MAX_COUNTS` 
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -255,7 +256,13 @@ class MoEPlan:
         return run
 
 
-_UNBOUND = object()  # MoEPlan.runners has no entry for a count yet
+class _Unbound(enum.Enum):
+    """The sentinel type of :data:`_UNBOUND` (an enum, so ``is`` narrows the lookup's type)."""
+
+    TOKEN = 0
+
+
+_UNBOUND = _Unbound.TOKEN  # MoEPlan.runners has no entry for a count yet
 
 # Call keys (plan handle + activations; see ops/_checks.py) whose full checks passed.
 _PLAN_CALLS: dict[Hashable, bool] = call_table()

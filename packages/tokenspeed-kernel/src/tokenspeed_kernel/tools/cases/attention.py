@@ -305,7 +305,7 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu", seed: i
             slot_mapping[:: max(2, len(slots) // 2)] = -1  # some padding rows
         k = torch.randn(total_q, case.num_kv_heads, case.head_dim, generator=gen, device=device).to(case.dtype)
         v = torch.randn(total_q, case.num_kv_heads, case.dv, generator=gen, device=device).to(case.dtype)
-        extra = {key: paged[key] for key in ("k_scale", "v_scale") if key in paged}
+        extra: dict[str, Any] = {key: paged[key] for key in ("k_scale", "v_scale") if key in paged}
         return {
             "k": k,
             "v": v,
@@ -414,7 +414,7 @@ def reference(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor
     q = inputs["q"].to(torch.float64)
     heads = case.num_q_heads
     scale = 1.0 / math.sqrt(case.head_dim)
-    common = {
+    common: dict[str, Any] = {
         "softmax_scale": scale,
         "window_left": case.window_left,
         "sinks": _f64(inputs["sinks"]),
@@ -426,8 +426,8 @@ def reference(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor
         get_kernel("torch_prefill").fn(
             PrefillArgs(
                 q,
-                _f64(inputs["k"]),
-                _f64(inputs["v"]),
+                inputs["k"].to(torch.float64),
+                inputs["v"].to(torch.float64),
                 inputs["cu_seqlens_q"],
                 inputs["cu_seqlens_k"],
                 inputs["max_seqlen_q"],

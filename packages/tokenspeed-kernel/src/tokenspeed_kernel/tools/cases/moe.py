@@ -423,7 +423,7 @@ def awkward_cases(op: str, dtype: torch.dtype = torch.bfloat16) -> list[MoECase]
         raise ValueError(f"awkward_cases: op must be one of {OPS}, got {op!r}")
 
     def c(name: str, t: int = 5, **kw: Any) -> MoECase:
-        base = {"hidden": 64, "intermediate": 32, "num_experts": 8, "top_k": 2}
+        base: dict[str, Any] = {"hidden": 64, "intermediate": 32, "num_experts": 8, "top_k": 2}
         base.update(kw)
         return MoECase(op, t, dtype=dtype, name=name, **base)
 
