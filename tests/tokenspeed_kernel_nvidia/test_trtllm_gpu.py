@@ -17,6 +17,7 @@ import importlib.util
 
 import pytest
 import torch
+from support.gpu import check_against_float64, replay_with_grown_lengths
 
 from tokenspeed_kernel.tools.cases import attention as cases
 
@@ -61,31 +62,13 @@ CASES = {
 }
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b).norm() / b.norm())
-
-
 @pytest.mark.parametrize("label", list(CASES))
 def test_trtllm_numerics(label):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
     case = CASES[label]
-    name = XQA if case.op == DECODE else FMHA
-    inputs = cases.make_inputs(case, "cuda", seed=len(label))
-    if case.sinks:
-        inputs["sinks"].mul_(2.0)
-        ref_out, _ = cases.reference(case, inputs)
-        no_sinks, _ = cases.reference(case, {**inputs, "sinks": None})
-        assert _rel(no_sinks, ref_out) > 3 * TOL, "the case cannot tell sinks from no sinks"
-    ref_out, _ = cases.reference(case, inputs)
-    q = inputs["q"]
-    out = torch.full((*q.shape[:-1], case.dv), float("nan"), dtype=q.dtype, device=q.device)
-    res = cases.call(case, inputs, override=name, out=out)
-    torch.cuda.synchronize()
-    assert not torch.isnan(res).any(), f"{label}: NaN in the output"
-    err = _rel(res, ref_out)
-    assert err < TOL, f"{label}: rel err {err:.3g}"
+    check_against_float64(case, XQA if case.op == DECODE else FMHA, label, TOL)
 
 
 def test_xqa_graph_replay_with_lengths_grown_in_place():
@@ -110,11 +93,4 @@ def test_xqa_graph_replay_with_lengths_grown_in_place():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         plan.run(inputs["q"], out=out)
-    for _ in range(2):
-        inputs["cache_seqlens"].add_(1)
-        plan.update()
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref_out, _ = cases.reference(case, inputs)
-        assert _rel(out, ref_out) < TOL
+    replay_with_grown_lengths(case, inputs, plan, graph, out, None, TOL)
