@@ -15,15 +15,8 @@
 #         bash ci/device/flashinfer_bundle.sh   (if .whl-nvidia is missing)
 # Device: carry [".whl", ".whl-nvidia"], command: bash ci/device/nvidia_check.sh
 set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" .fi-ws
-python3 -m pip install -q --force-reinstall --no-deps --no-index .whl/*.whl || exit 1
-if [ -f .whl-nvidia/flashinfer-python.tar.xz ] && [ ! -d /tmp/site/flashinfer ]; then
-  mkdir -p /tmp/site && tar -xJf .whl-nvidia/flashinfer-python.tar.xz -C /tmp/site
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl-nvidia/*.whl
-fi
-export PYTHONPATH=/tmp/site FLASHINFER_WORKSPACE_BASE=$PWD/.fi-ws MAX_JOBS=${MAX_JOBS:-16}
+# shellcheck source=ci/device/flashinfer_env.sh
+source "$(dirname "$0")/flashinfer_env.sh" || exit 1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 status=0
 start=$(date +%s)

@@ -20,7 +20,7 @@ import importlib.util
 
 import pytest
 import torch
-from support.gpu import sharpen_sinks
+from support.gpu import check_against_float64, replay_with_grown_lengths
 
 from tokenspeed_kernel.tools.cases import attention as cases
 
@@ -61,29 +61,13 @@ CASES = {
 }
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b).norm() / b.norm())
-
-
 @pytest.mark.parametrize("label", list(CASES))
 def test_flashinfer_numerics(label):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
     case = CASES[label]
-    name = "flashinfer_" + case.op.split(".")[1]
-    inputs = cases.make_inputs(case, "cuda", seed=len(label))
-    if case.sinks:
-        sharpen_sinks(case, inputs, TOL)
-    ref_out, ref_lse = cases.reference(case, inputs)
-    q = inputs["q"]
-    out = torch.full((*q.shape[:-1], case.dv), float("nan"), dtype=q.dtype, device=q.device)
-    res, lse = cases.call(case, inputs, override=name, out=out)
-    torch.cuda.synchronize()
-    assert not torch.isnan(res).any() and not torch.isnan(lse).any()
-    err = _rel(res, ref_out)
-    assert err < TOL, f"{label}: rel err {err:.3g}"
-    torch.testing.assert_close(lse.double(), ref_lse, atol=TOL, rtol=TOL)
+    check_against_float64(case, "flashinfer_" + case.op.split(".")[1], label, TOL)
 
 
 def test_flashinfer_decode_sinks_graph_replay():
@@ -106,12 +90,4 @@ def test_flashinfer_decode_sinks_graph_replay():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         _, lse = plan.run(inputs["q"], out=out)
-    for _ in range(2):
-        inputs["cache_seqlens"].add_(1)
-        plan.update()
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref_out, ref_lse = cases.reference(case, inputs)
-        assert _rel(out, ref_out) < TOL
-        torch.testing.assert_close(lse.double(), ref_lse, atol=TOL, rtol=TOL)
+    replay_with_grown_lengths(case, inputs, plan, graph, out, lse, TOL)

@@ -19,6 +19,8 @@ NVIDIA_KERNELS = {
     "gluon_moe_mma_sm90": "moe.apply",
     "flashinfer_cutlass_moe": "moe.apply",
     "fa4_prefill_sm90": "attention.prefill",
+    "trtllm_xqa_decode": "attention.decode",
+    "trtllm_fmha_prefill": "attention.prefill",
 }
 HAS_FLASHINFER = importlib.util.find_spec("flashinfer") is not None
 
@@ -80,6 +82,9 @@ def test_flashinfer_absent_reason(op):
     reasons, _ = _verdict(request, "sm_90")
     name = "flashinfer_" + op.split(".")[1]
     assert reasons[name] == ("flashinfer-python not installed",)
+    trtllm = {"attention.decode": "trtllm_xqa_decode", "attention.prefill": "trtllm_fmha_prefill"}.get(op)
+    if trtllm:  # the TensorRT-LLM kernels come through FlashInfer: masked by its absence alike
+        assert reasons[trtllm] == ("flashinfer-python not installed",)
 
 
 @pytest.mark.parametrize("batch", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])

@@ -47,6 +47,7 @@ __all__ = [
     "SINKS_WITH_LOGIT_CAP",
     "SINK_BACKEND",
     "PlanCache",
+    "check_sinks",
     "flashinfer",
     "flashinfer_missing",
     "flashinfer_predicate",
@@ -109,6 +110,16 @@ def flashinfer_predicate(request: Request) -> str | None:
     if {"sinks", "logit_cap"} <= request.features:
         return SINKS_WITH_LOGIT_CAP
     return None
+
+
+def check_sinks(sinks: object, num_q_heads: int) -> None:
+    """``TypeError`` unless ``sinks`` is None or a float32 ``[num_q_heads]`` tensor: what the
+    TensorRT-LLM kernels' FFI boundaries take (FMHAv2's rejects a Python list)."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor) or sinks.dtype != torch.float32 or sinks.shape != (num_q_heads,):
+        got = f"{sinks.dtype} {tuple(sinks.shape)}" if isinstance(sinks, torch.Tensor) else type(sinks).__name__
+        raise TypeError(f"sinks: a float32 [{num_q_heads}] tensor expected, got {got}")
 
 
 def flashinfer() -> Any:

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One device call for the TensorRT-LLM kernels of the NVIDIA wheel (issue 20, section 3):
+# trtllm_xqa_decode and trtllm_fmha_prefill, both through FlashInfer 0.7.2.
+#   1. tests/tokenspeed_kernel_nvidia/test_trtllm_gpu.py (float64 numerics, graph replay); its
+#      first calls JIT-build XQA (~20-60 s per module) and FMHAv2 (~2 min per dtype)
+#   2. `check` of each kernel (cases derived from its registration; float64 reference)
+#   3. `bench --preset gpt-oss-120b` of each against the kernel it would displace:
+#      gluon_decode_sm90 (decode), triton_prefill (prefill)
+# STEPS (default "1 2 3") picks steps. FlashInfer builds into FLASHINFER_WORKSPACE_BASE=.fi-ws
+# (git-ignored): a second call on the same warm machine reuses the modules.
+# Here:   rm -rf .whl && pip wheel -q --no-deps --no-build-isolation -w .whl packages/tokenspeed-kernel \
+#             packages/tokenspeed-kernel-triton packages/tokenspeed-kernel-nvidia
+#         bash ci/device/flashinfer_bundle.sh   (if .whl-nvidia is missing)
+# Device: carry [".whl", ".whl-nvidia"], command: bash ci/device/trtllm_check.sh
+set -uo pipefail
+# shellcheck source=ci/device/flashinfer_env.sh
+source "$(dirname "$0")/flashinfer_env.sh" || exit 1
+python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__, torch.cuda.get_device_name())"
+status=0
+steps=" ${STEPS:-1 2 3} "
+run() {  # seconds label command...
+  local t=$1 label=$2; shift 2
+  echo "== $label"
+  timeout "$t" "$@" > "$OUT/$label.txt" 2>&1 || { status=1; echo "exit $?"; }
+  tail -"${TAIL:-25}" "$OUT/$label.txt"
+}
+if [[ $steps == *" 1 "* ]]; then
+  run 330 gpu_tests python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_trtllm_gpu.py
+fi
+if [[ $steps == *" 2 "* ]]; then
+  TAIL=12 run 120 check_decode python3 -W ignore -m tokenspeed_kernel check attention.decode --kernel trtllm_xqa_decode --device cuda
+  TAIL=12 run 120 check_prefill python3 -W ignore -m tokenspeed_kernel check attention.prefill --kernel trtllm_fmha_prefill --device cuda
+fi
+if [[ $steps == *" 3 "* ]]; then
+  TAIL=30 run 150 bench_decode python3 -W ignore -m tokenspeed_kernel bench attention.decode \
+    --kernel trtllm_xqa_decode,gluon_decode_sm90 --preset gpt-oss-120b --device cuda
+  TAIL=30 run 150 bench_prefill python3 -W ignore -m tokenspeed_kernel bench attention.prefill \
+    --kernel trtllm_fmha_prefill,triton_prefill --preset gpt-oss-120b --device cuda
+fi
+exit $status
