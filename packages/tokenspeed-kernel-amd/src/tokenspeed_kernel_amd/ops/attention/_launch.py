@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tokenspeed_kernel.kit import cdiv
 from tokenspeed_kernel_amd._arch import arch_config, device_arch
 from tokenspeed_kernel_amd.ops.attention._config import (
     HEAD_DIMS,
@@ -13,7 +14,6 @@ from tokenspeed_kernel_amd.ops.attention._config import (
     decode_splits,
 )
 from tokenspeed_kernel_amd.ops.attention._kernel import attention_kernel, combine_kernel
-from tokenspeed_kernel_triton._host import cdiv
 
 __all__ = ["check_shapes", "launch", "num_m_blocks"]
 
