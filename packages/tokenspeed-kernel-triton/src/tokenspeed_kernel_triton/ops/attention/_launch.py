@@ -67,7 +67,7 @@ TILES = CUDA_TILES
 # compile for both gfx942 and gfx950 has zero spilled registers (VGPR + SGPR spill counts,
 # no scratch) and fits LDS (64 KiB on gfx942, 160 KiB on gfx950), over the configurations of
 # the CI compile grid that use that key. Reproduce with
-# ``python -m tokenspeed_kernel_triton.aot --tiles hip:gfx942 hip:gfx950`` (prints the spill
+# ``PYTHONPATH=ci python -m tokenspeed_kernel_dev.aot_triton --tiles hip:gfx942 hip:gfx950`` (prints the spill
 # counts and LDS bytes of every candidate it tries, in order). Numbers per row (gfx942 /
 # gfx950: VGPRs incl. AGPRs, spills, LDS bytes; worst configuration of the key). Rows marked
 # SPILLS do not meet the zero-spill goal yet (the sweep ran out of time or found no fit); the
