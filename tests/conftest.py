@@ -1,6 +1,7 @@
 """Test-suite setup.
 
-- tests/support is importable as ``support`` (independent float64 computations).
+- tests/support is importable as ``support`` (independent float64 computations), and
+  ci/tokenspeed_kernel_dev as ``tokenspeed_kernel_dev`` (the ahead-of-time compile tooling).
 - On a machine without a GPU, Triton kernels run under the interpreter
   (``TRITON_INTERPRET=1``, set before anything imports triton), so they register for the
   CPU platform and the public calls, ``check`` and the selector exercise them there.
@@ -10,6 +11,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
+# ci/tokenspeed_kernel_dev: the ahead-of-time compile tooling (not in any wheel).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ci"))
 
 import torch
 

@@ -98,6 +98,7 @@ def graph_us(fn) -> float:
 
 def sweep_case(batch: int, ctx: int, window: int, result: dict, table_rows: list, mode: str) -> None:
     from tokenspeed_kernel import mha_decode_with_kvcache
+    from tokenspeed_kernel.kit import sm_count
     from tokenspeed_kernel_nvidia.ops.attention import gluon_decode as gd
 
     shipped_splits, shipped_config = gd.num_splits, gd.decode_config
@@ -137,14 +138,14 @@ def sweep_case(batch: int, ctx: int, window: int, result: dict, table_rows: list
         print(f"  {tag:32s} splits={chosen:4d} err={err:.2e} {'ok ' if ok else 'BAD'} {us:7.1f} us", flush=True)
         table_rows.append((label, tag, chosen, us, base["triton_decode"]))
 
-    measure("shipped", shipped_splits(batch, HKV, visible, gd._num_sms(DEV), shipped_config(D, PAGE).block_n))
+    measure("shipped", shipped_splits(batch, HKV, visible, sm_count(DEV), shipped_config(D, PAGE).block_n))
     if mode == "crossover":
         return
     if mode == "large":
         for bn, st, nw in LARGE_CONFIGS:
             gd.decode_config = lambda hd, ps, _=0, bn=bn, st=st, nw=nw: gd.GluonDecodeConfig(hd, ps, bn, st, nw)
             try:
-                chosen = shipped_splits(batch, HKV, visible, gd._num_sms(DEV), bn)
+                chosen = shipped_splits(batch, HKV, visible, sm_count(DEV), bn)
                 measure(f"bn{bn} st{st} w{nw}", chosen)
             finally:
                 gd.decode_config = shipped_config
@@ -157,7 +158,7 @@ def sweep_case(batch: int, ctx: int, window: int, result: dict, table_rows: list
             )
             gd.num_splits = shipped_splits if splits is None else (lambda *a, s=splits: s)
             try:
-                chosen = shipped_splits(batch, HKV, visible, gd._num_sms(DEV), bn) if splits is None else splits
+                chosen = shipped_splits(batch, HKV, visible, sm_count(DEV), bn) if splits is None else splits
                 measure(f"bn{bn} st{st} w{nw}{' fused' if fused else ''} splits={splits or 'auto'}", chosen)
             finally:
                 gd.num_splits, gd.decode_config = shipped_splits, shipped_config

@@ -8,11 +8,12 @@ runs in its own interpreter; several argument lists run in parallel.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from tokenspeed_kernel_dev import subprocess_env
 
 __all__ = ["AotRun", "run_aot"]
 
@@ -28,8 +29,8 @@ class AotRun:
 
 def run_aot(module: str, arg_lists: Sequence[Sequence[str]], *, timeout: float = 600) -> list[AotRun]:
     """``python -m module *args`` for each of ``arg_lists``, in parallel, without
-    ``TRITON_INTERPRET``; asserts that every sweep printed at least one row."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    ``TRITON_INTERPRET`` and with ``ci`` on ``PYTHONPATH``; asserts that every sweep printed at least one row."""
+    env = subprocess_env()
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env

@@ -169,6 +169,21 @@ def test_linter_versions_agree():
     assert re.findall(r"astral-sh/ruff-pre-commit\s+rev: v(\S+)", precommit) == [ruff]
 
 
+def test_runtime_wheels_hold_no_dev_tooling():
+    """The ahead-of-time compile-and-inspect tooling lives in ci/tokenspeed_kernel_dev (tests and
+    CI import it); no wheel ships a copy or imports it."""
+    dev = re.compile(r"^\s*(from|import)\s+tokenspeed_kernel_dev\b", re.MULTILINE)
+    offenders = []
+    for path in sorted((REPO / "packages").glob("*/src/**/*.py")):
+        rel = path.relative_to(REPO / "packages").as_posix()
+        if dev.search(path.read_text()):
+            offenders.append(f"{rel}: imports tokenspeed_kernel_dev")
+        if re.fullmatch(r"_?(aot|\w*_aot|aot_common)\.py", path.name):
+            offenders.append(f"{rel}: an AOT tooling module inside a wheel")
+    assert not offenders, "\n".join(offenders)
+    assert (REPO / "ci" / "tokenspeed_kernel_dev" / "aot_common.py").is_file()
+
+
 def test_core_source_names_no_vendor():
     pattern = re.compile(r"\b(triton|flashinfer|gluon|cudnn|nvidia|amd)\b", re.IGNORECASE)
     allowed = {"tools/baselines.py", "platform.py", "config.py"}  # device names, docs of env vars

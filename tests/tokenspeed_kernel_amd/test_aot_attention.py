@@ -5,9 +5,8 @@ each arch, no spills or scratch, LDS within the arch's limit and VGPRs within bu
 from __future__ import annotations
 
 import pytest
-
-from tokenspeed_kernel_amd.aot import CompileReport, run_sweep
-from tokenspeed_kernel_amd.ops.attention._aot import AOT_CONFIGS
+from tokenspeed_kernel_dev.aot_amd import CompileReport, run_sweep
+from tokenspeed_kernel_dev.aot_amd_attention import AOT_CONFIGS
 
 ARCHS = ("gfx942", "gfx950")
 

@@ -7,8 +7,7 @@ the MXFP8 x MXFP4 grouped GEMMs on the scaled MFMA (``v_mfma_scale_f32_16x16x128
 from __future__ import annotations
 
 import pytest
-
-from tokenspeed_kernel_amd.aot import SCALED_MFMA, CompileReport, run_sweep
+from tokenspeed_kernel_dev.aot_amd import SCALED_MFMA, CompileReport, run_sweep
 
 ARCHS = ("gfx942", "gfx950")
 # 7 kernels without activation quantization + 3 quantize-dequantize variants; gfx950 adds the

@@ -9,7 +9,7 @@ from support.aot import run_aot
 
 
 def _compile(kind: str) -> list[dict]:
-    (run,) = run_aot("tokenspeed_kernel_nvidia.aot", [[kind]], timeout=300)
+    (run,) = run_aot("tokenspeed_kernel_dev.aot_nvidia", [[kind]], timeout=300)
     for row in run.rows:
         assert row["ok"], row
         assert row["spills"] == 0 and row["local"] == 0, row

@@ -2,7 +2,7 @@
 (no GPU needed), over the configurations the launch heuristics can choose (regimes, head
 dims 64/80/96/128/256, bf16/fp16, fp8 KV, page sizes, GQA groups, splits, features), and the
 assembly holds the matrix instructions it should (``mma``/``wgmma`` in PTX, ``v_mfma`` in
-AMDGCN). Runs ``python -m tokenspeed_kernel_triton.aot <target>`` once per target, in
+AMDGCN). Runs ``python -m tokenspeed_kernel_dev.aot_triton <target>`` once per target, in
 parallel subprocesses without TRITON_INTERPRET (the interpreter replaces the kernels here).
 """
 
@@ -15,7 +15,7 @@ SHARED_LIMIT = {"cuda:90": 227 * 1024, "hip:gfx942": 64 * 1024, "hip:gfx950": 16
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict]]:
-    runs = run_aot("tokenspeed_kernel_triton.aot", [[target] for target in TARGETS])
+    runs = run_aot("tokenspeed_kernel_dev.aot_triton", [[target] for target in TARGETS])
     return {target: run.rows for target, run in zip(TARGETS, runs)}
 
 

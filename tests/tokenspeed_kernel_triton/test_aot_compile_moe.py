@@ -7,7 +7,7 @@ table, split-K and public-scale variants included, on all three targets. The swa
 GEMM of ``triton_fused_moe_mx_swap`` (sm_90 only: inline PTX) builds at every tile of its
 table, and its main loop in SASS is what the design promises (wgmma A operand in registers,
 no shared stores or byte loads, every load pipelined, under 4 instructions per weight value:
-half of the ``tl.dot_scaled`` loop's). Runs ``python -m tokenspeed_kernel_triton.ops.moe._aot``
+half of the ``tl.dot_scaled`` loop's). Runs ``python -m tokenspeed_kernel_dev.aot_triton_moe``
 in subprocesses without TRITON_INTERPRET (the interpreter replaces the kernels in this
 process)."""
 
@@ -15,8 +15,8 @@ import re
 
 import pytest
 from support.aot import run_aot
+from tokenspeed_kernel_dev.aot_triton_moe import swap_name
 
-from tokenspeed_kernel_triton.ops.moe._aot import swap_name
 from tokenspeed_kernel_triton.ops.moe._config import Tile, tiles_for
 
 TARGETS = ("cuda:90", "hip:gfx942", "hip:gfx950")
@@ -29,7 +29,7 @@ KNOWN_SPILLS = {"moe_mx_gemm[w13-planned-m128n128]": 120}
 
 @pytest.fixture(scope="module")
 def results():
-    runs = run_aot("tokenspeed_kernel_triton.ops.moe._aot", [[target] for target in TARGETS])
+    runs = run_aot("tokenspeed_kernel_dev.aot_triton_moe", [[target] for target in TARGETS])
     return [row for run in runs for row in run.rows]
 
 

@@ -20,7 +20,7 @@ from triton.compiler.compiler import CompiledKernel
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-from tokenspeed_kernel_triton import _host, _launcher
+from tokenspeed_kernel_triton import _launcher
 
 
 def _toy(X, Y, n, scale, FLAG: tl.constexpr, BLOCK: tl.constexpr = 16):
@@ -444,16 +444,6 @@ def test_interpreted_kernels_are_never_cached():
     if isinstance(_store_rows, JITFunction):
         pytest.skip("not under the Triton interpreter (a GPU run): nothing to check here")
     assert _launcher._state(_store_rows).plain
-
-
-def test_host_helpers_match_triton():
-    import triton
-
-    for n in range(1, 3000):
-        assert _host.next_pow2(n) == triton.next_power_of_2(n)
-    for a in range(-40, 200):
-        for b in range(1, 33):
-            assert _host.cdiv(a, b) == triton.cdiv(a, b)
 
 
 def _descriptor_wrapper(calls: list):

@@ -52,9 +52,13 @@ def test_kernel_category_is_code_outside_the_core_torch_and_stdlib():
     import functools
 
     triton = pytest.importorskip("triton", reason="the check needs a compiler runtime installed")
-    _host = pytest.importorskip("tokenspeed_kernel_triton._host", reason="the check needs a backend wheel installed")
+    _launcher = pytest.importorskip(
+        "tokenspeed_kernel_triton._launcher", reason="the check needs a backend wheel installed"
+    )
+    from tokenspeed_kernel import kit
 
-    assert overhead._own_category(_host.cdiv.__code__) == "kernel"  # a backend wheel
+    assert overhead._own_category(_launcher.jit_launch.__code__) == "kernel"  # a backend wheel
+    assert overhead._own_category(kit.cdiv.__code__) == "kernel"  # the kit: core code run for a backend
     assert overhead._own_category(triton.runtime.jit.JITFunction.run.__code__) == "kernel"  # its compiler
     assert overhead._own_category(overhead.measure.__code__) != "kernel"  # the core
     assert overhead._own_category(functools.cached_property.__init__.__code__) != "kernel"  # the stdlib

@@ -4,7 +4,7 @@
 modules, whose ``@register_kernel`` decorators record them. Kernels mirror the core's
 ``ops/<family>`` layout, one module per kernel. Importing this package never needs a GPU:
 the kernels are Gluon functions compiled on first launch (or ahead of time, see
-:mod:`tokenspeed_kernel_amd.aot`).
+``ci/tokenspeed_kernel_dev/aot_amd.py``).
 """
 
 from __future__ import annotations

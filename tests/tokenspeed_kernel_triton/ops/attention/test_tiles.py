@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tokenspeed_kernel_triton.ops.attention import _launch
-from tokenspeed_kernel_triton.ops.attention._common import HEAD_DIMS, vendor_of
+from tokenspeed_kernel_triton.ops.attention._common import HEAD_DIMS
 from tokenspeed_kernel_triton.ops.attention._launch import VENDOR_TILES, Tile, _tile, kernel_config
 
 # The table before it was keyed by vendor: regime (+ "_d256" when head_dim > 128, else
@@ -60,14 +60,6 @@ def test_rocm_rows_are_no_larger_than_cuda_rows():
     for key, tile in VENDOR_TILES["rocm"].items():
         cuda = VENDOR_TILES["cuda"][key]
         assert tile.rows * tile.block_n <= cuda.rows * cuda.block_n * 2, key
-
-
-def test_vendor_of_device(monkeypatch):
-    assert vendor_of(torch.device("cpu")) == "cpu"
-    monkeypatch.setattr(torch.version, "hip", None, raising=False)
-    assert vendor_of(torch.device("cuda", 0)) == "cuda"
-    monkeypatch.setattr(torch.version, "hip", "6.4", raising=False)
-    assert vendor_of(torch.device("cuda", 0)) == "rocm"
 
 
 def test_launch_reads_the_vendor_table(monkeypatch):

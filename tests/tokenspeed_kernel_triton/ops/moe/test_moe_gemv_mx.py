@@ -9,7 +9,7 @@ numerics under the interpreter, and the ahead-of-time compile.
   with and without biases, with an expert map holding -1 entries, shapes whose K is below,
   above and not a multiple of ``BLOCK_K`` (masked tails), row tails, fp16/fp32 activations.
 - AOT: both layers compile for sm_90, gfx942 and gfx950 at GPT-OSS-120B shapes without
-  spills (``python -m tokenspeed_kernel_triton.ops.moe._gemv_aot`` in a subprocess).
+  spills (``python -m tokenspeed_kernel_dev.aot_triton_gemv`` in a subprocess).
 """
 
 import os
@@ -206,7 +206,7 @@ TARGETS = ("cuda:90", "hip:gfx942", "hip:gfx950")
 
 @pytest.fixture(scope="module")
 def compiled():
-    (run,) = run_aot("tokenspeed_kernel_triton.ops.moe._gemv_aot", [TARGETS])
+    (run,) = run_aot("tokenspeed_kernel_dev.aot_triton_gemv", [TARGETS])
     return run.rows
 
 

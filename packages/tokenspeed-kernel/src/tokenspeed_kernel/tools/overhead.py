@@ -296,8 +296,14 @@ _STDLIB = os.path.join(_paths["stdlib"], "")
 _SITE = tuple(os.path.join(_paths[k], "") for k in ("purelib", "platlib"))  # may lie inside the stdlib's
 
 
+# The kit's helpers (cdiv, sm_count, ...) live in the core but run on a backend's behalf.
+_KIT_FILE = os.path.join(_CORE_DIR, "kit.py")
+
+
 def _is_kernel_code(filename: str) -> bool:
     path = os.path.abspath(filename)
+    if path == _KIT_FILE:
+        return True
     if path.startswith(_NOT_KERNEL_DIRS):
         return False
     return not path.startswith(_STDLIB) or path.startswith(_SITE)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tokenspeed_kernel.kit import equal_head_dims
 from tokenspeed_kernel.registry import Request
 from tokenspeed_kernel_amd.ops.attention._config import HEAD_DIMS, MAX_GROUP, PAGE_SIZES
 
@@ -30,10 +31,9 @@ FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
 def supported(request: Request) -> str | None:
     """Predicate: what the tiles assume beyond the metadata (head dims equal, power-of-two
     GQA group that fits the packed rows, a 16-bit cache in q's dtype)."""
-    dv = request.shape("head_dim_v")
-    d = request.shape("head_dim")
-    if dv is not None and d is not None and dv != d:
-        return f"head_dim_v={dv} differs from head_dim={d}"
+    why = equal_head_dims(request)
+    if why:
+        return why
     group = (request.shape("num_q_heads") or 1) // (request.shape("num_kv_heads") or 1)
     rows = group * (request.shape("q_len") or 1)
     if group & (group - 1) or rows > MAX_GROUP:

@@ -12,6 +12,7 @@ from typing import Any
 
 from triton.experimental.gluon import language as gl
 
+from tokenspeed_kernel.kit import next_pow2
 from tokenspeed_kernel_amd._arch import ArchConfig
 from tokenspeed_kernel_amd.ops.attention._kernel import MODE_DECODE, MODE_EXTEND, MODE_PREFILL
 
@@ -41,10 +42,6 @@ class AttentionConfig:
     block_m: int
     block_n: int
     splits: int
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 def _load_layout(cols: int, num_warps: int) -> gl.BlockedLayout:
@@ -95,7 +92,7 @@ def attention_config(
     """The kernel configuration for a call (see :mod:`._kernel` for the design)."""
     mode = _MODES[regime]
     if mode == MODE_DECODE.value:
-        block_m = max(16, _next_pow2(group * q_len))
+        block_m = max(16, next_pow2(group * q_len))
         num_warps = 4
         warps = [1, 4]  # 16-64 rows: warps split the key / head-dim columns
     else:

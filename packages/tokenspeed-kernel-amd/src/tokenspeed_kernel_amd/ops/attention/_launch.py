@@ -1,9 +1,25 @@
-"""Host side of the Gluon attention kernels: checks beyond the core's, grids, workspace, launch."""
+"""Host side of the Gluon attention kernels: checks beyond the core's, grids, workspace, launch.
+
+:func:`launch` has the same keyword signature as the Triton wheel's
+``tokenspeed_kernel_triton.ops.attention._launch.launch`` but shares no logic with it, so
+the two are kept apart on purpose (issue 28, section 3): the kernels take different
+argument lists and strides (this one addresses K/V through a page stride of 0 for a
+contiguous batch), the split partials have another layout (``[splits, tokens, Hq, Dv]``
+here, flat ``[tokens * Hq * splits, BLOCK_DV]`` there), the grids differ (``(query blocks,
+batch x Hkv, splits)`` here), this launch decides the split count itself from the
+architecture table (CU count of the flagship part) where the Triton decode passes it in,
+and Gluon kernels launch directly where the Triton wheel goes through its launch cache
+(``jit_launch``, which takes Triton's own path on ROCm anyway). A shared implementation
+would be a signature plus two branches per line; the shared helpers (``cdiv``,
+``next_pow2``) come from :mod:`tokenspeed_kernel.kit`. The duplicated keyword list is the
+call's typed arguments spelled out; it goes when the launch takes the ``args`` object.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from tokenspeed_kernel.kit import cdiv
 from tokenspeed_kernel_amd._arch import arch_config, device_arch
 from tokenspeed_kernel_amd.ops.attention._config import (
     HEAD_DIMS,
@@ -13,7 +29,6 @@ from tokenspeed_kernel_amd.ops.attention._config import (
     decode_splits,
 )
 from tokenspeed_kernel_amd.ops.attention._kernel import attention_kernel, combine_kernel
-from tokenspeed_kernel_triton._host import cdiv
 
 __all__ = ["check_shapes", "launch", "num_m_blocks"]
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from tokenspeed_kernel.kit import ACTIVATION_CODES, cdiv
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
@@ -34,11 +35,9 @@ from tokenspeed_kernel_amd.ops.moe._kernels import moe_gemm_kernel, moe_gemv2_ke
 from tokenspeed_kernel_amd.ops.moe._mxfp8 import mxfp8_quant_kernel
 from tokenspeed_kernel_amd.ops.moe._prepare import PreparedMoE, prepare_moe
 from tokenspeed_kernel_amd.ops.moe._routing import sort_pairs
-from tokenspeed_kernel_triton._host import cdiv
 
 __all__ = ["amd_gluon_moe_mxfp4", "check_args", "moe_mxfp4", "quantize_x"]
 
-ACTIVATION_CODES = {"silu": 0, "gelu": 1, "swiglu_oai": 2}
 MAX_EXPERTS = 1024
 
 

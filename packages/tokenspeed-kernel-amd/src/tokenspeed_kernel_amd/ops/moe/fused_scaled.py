@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import torch
 
+from tokenspeed_kernel.kit import ACTIVATION_CODES, cdiv
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_amd.ops.moe._config import scaled_gemm_config, use_gemv
 from tokenspeed_kernel_amd.ops.moe._routing import sort_pairs
 from tokenspeed_kernel_amd.ops.moe._scaled_gemm import moe_scaled_gemm_kernel
-from tokenspeed_kernel_amd.ops.moe.fused import ACTIVATION_CODES, _supported, check_args, moe_mxfp4, quantize_x
-from tokenspeed_kernel_triton._host import cdiv
+from tokenspeed_kernel_amd.ops.moe.fused import _supported, check_args, moe_mxfp4, quantize_x
 
 __all__ = ["amd_gluon_moe_mxfp4_scaled", "moe_mxfp4_scaled"]
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from tokenspeed_kernel.registry import Request
-
 VENDORS = ("cuda",)
 Q_DTYPES = (torch.bfloat16, torch.float16)
 KV_DTYPES = (*Q_DTYPES, torch.float8_e4m3fn)
@@ -28,11 +26,3 @@ FLASHINFER_CAPABILITIES = ("bf16", "cp_async")
 # they are refused until a GPU of theirs passes test_flashinfer_gpu.py.
 FLASHINFER_ARCHS = ("sm_90",)
 FLASHINFER_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
-
-
-def same_head_dims(request: Request) -> str | None:
-    """Predicate: q/k and v head dims must be equal (the templates we instantiate)."""
-    d, dv = request.shape("head_dim"), request.shape("head_dim_v")
-    if d is not None and dv is not None and d != dv:
-        return f"head_dim_v={dv} differs from head_dim={d}"
-    return None

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from tokenspeed_kernel.kit import equal_head_dims
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
 from tokenspeed_kernel.registry import Request
 
@@ -186,9 +187,10 @@ def fa4_missing() -> str | None:
 def fa4_predicate(request: Request) -> str | None:
     """Equal q/k and v head dims (the variants built), and with an AOT bundle, a variant of
     the bundle for the request (fields the request leaves out match any)."""
+    why = equal_head_dims(request)
+    if why:
+        return why
     d, dv = request.shape("head_dim"), request.shape("head_dim_v")
-    if d is not None and dv is not None and d != dv:
-        return f"head_dim_v={dv} differs from head_dim={d}"
     route = _route()
     if not isinstance(route, _Bundle):
         return None

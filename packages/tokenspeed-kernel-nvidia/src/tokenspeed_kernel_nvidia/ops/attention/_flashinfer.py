@@ -34,13 +34,9 @@ from typing import Any
 
 import torch
 
+from tokenspeed_kernel.kit import equal_head_dims
 from tokenspeed_kernel.registry import Priority, Request
-from tokenspeed_kernel_nvidia.ops.attention._common import (
-    FLASHINFER_ARCHS,
-    FLASHINFER_CAPABILITIES,
-    VENDORS,
-    same_head_dims,
-)
+from tokenspeed_kernel_nvidia.ops.attention._common import FLASHINFER_ARCHS, FLASHINFER_CAPABILITIES, VENDORS
 
 __all__ = [
     "LN2",
@@ -104,7 +100,7 @@ def flashinfer_registration(*, graph_safe: bool) -> dict[str, Any]:
 def flashinfer_predicate(request: Request) -> str | None:
     """Predicate of every FlashInfer kernel: equal q/k and v head dims, and no feature
     combination the sink route cannot compute (a reason instead of a wrong answer)."""
-    why = same_head_dims(request)
+    why = equal_head_dims(request)
     if why:
         return why
     if {"sinks", "logit_cap"} <= request.features:

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenspeed_kernel.kit import cdiv, equal_head_dims, fill_splits, next_pow2, sm_count
 from tokenspeed_kernel.ops.attention.args import DecodeArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia._workspace import workspace
 from tokenspeed_kernel_nvidia.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS
-from tokenspeed_kernel_triton._host import cdiv, next_pow2
 from tokenspeed_kernel_triton._launcher import BoundLaunch, jit_launch
 
 __all__ = ["GluonDecodeConfig", "decode_config", "gluon_decode"]
@@ -94,18 +94,16 @@ def num_splits(batch: int, num_kv_heads: int, visible: int, num_sms: int, block_
     B = 1 ctx 2048, 16 splits of 2 tiles 10.7-10.9 µs against 11.8-11.9 for 8 of 4 tiles;
     ctx 8192, 32 splits 15.3-15.4 µs (33, one of them empty, 15.8); window 128 (3 tiles),
     3 splits 9.1 µs against 9.6 for 2 and 10.3 for 1."""
-    programs = batch * num_kv_heads
-    want = cdiv(2 * num_sms, max(programs, 1))
     tiles = max(1, cdiv(visible, block_n))
     least = 1 if tiles <= 4 else 2
-    splits = max(1, min(want, cdiv(tiles, least), 64))
+    splits = fill_splits(batch * num_kv_heads, num_sms, most=min(cdiv(tiles, least), 64))
     return int(cdiv(tiles, cdiv(tiles, splits)))
 
 
 def _group_fits(request: Request) -> str | None:
-    d, dv = request.shape("head_dim"), request.shape("head_dim_v")
-    if d is not None and dv is not None and d != dv:
-        return f"head_dim_v={dv} differs from head_dim={d}"
+    why = equal_head_dims(request)
+    if why:
+        return why
     hq, hkv = request.shape("num_q_heads"), request.shape("num_kv_heads")
     if hq and hkv and hq // hkv > BLOCK_M:
         return f"GQA group of {hq // hkv} query heads exceeds the {BLOCK_M} MMA rows"
@@ -113,11 +111,6 @@ def _group_fits(request: Request) -> str | None:
     if q_len is not None and q_len != 1:
         return "q_len > 1 (speculative decode) not supported"
     return None
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _partials(device: torch.device, batch: int, heads: int, splits: int, head_dim: int):
@@ -143,7 +136,7 @@ def bind_decode(args: DecodeArgs, *, bound: bool = True) -> Callable[[DecodeArgs
     cfg = decode_config(head_dim, page_size)
     window = args.window_left if args.window_left >= 0 else NO_WINDOW
     visible = args.max_seqlen_k if args.window_left < 0 else min(args.max_seqlen_k, args.window_left + 1)
-    splits = num_splits(batch, num_kv_heads, visible, _num_sms(device), cfg.block_n)
+    splits = num_splits(batch, num_kv_heads, visible, sm_count(device), cfg.block_n)
     cfg = decode_config(head_dim, page_size, batch * num_kv_heads * splits)
     part_out, part_lse = _partials(device, batch, num_q_heads, splits, head_dim)
     load, smem, mma = cfg.layouts

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenspeed_kernel.kit import cdiv, equal_head_dims, next_pow2
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia.ops.attention._common import Q_DTYPES, VENDORS
-from tokenspeed_kernel_triton._host import cdiv, next_pow2
 from tokenspeed_kernel_triton._launcher import jit_launch
 
 __all__ = [
@@ -124,9 +124,9 @@ def _supported(request: Request) -> str | None:
     window = request.shape("window_left")
     if window is not None and window > MAX_WINDOW:
         return f"window_left={window} > {MAX_WINDOW}: a band this wide is the dense prefill's job"
-    d, dv = request.shape("head_dim"), request.shape("head_dim_v")
-    if d is not None and dv is not None and d != dv:
-        return f"head_dim_v={dv} differs from head_dim={d}"
+    why = equal_head_dims(request)
+    if why:
+        return why
     hq, hkv = request.shape("num_q_heads"), request.shape("num_kv_heads")
     if hq and hkv and hq // hkv > MAX_GROUP:
         return f"GQA group of {hq // hkv} query heads exceeds {MAX_GROUP} (fewer than 8 tokens per 128-row tile)"

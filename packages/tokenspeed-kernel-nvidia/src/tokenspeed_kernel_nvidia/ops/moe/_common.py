@@ -1,5 +1,5 @@
 """What the two Gluon MXFP4 MoE decode kernels (FMA and mma.sync) share: their registration
-facts and predicate, power-of-two rounding, MXFP4 weights as int32 words, the routing
+facts and predicate, MXFP4 weights as int32 words, the routing
 tensors of a ``moe_apply`` call."""
 
 from __future__ import annotations
@@ -9,10 +9,8 @@ import torch
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Predicate, Request
-from tokenspeed_kernel_triton._host import next_pow2  # noqa: F401  (re-exported)
 
 VENDORS = ("cuda",)
-ACTIVATION_CODES = {"silu": 0, "gelu": 1, "swiglu_oai": 2}
 FEATURES = ("silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4")
 MAX_TOKENS = 8
 MAX_TOP_K = 8

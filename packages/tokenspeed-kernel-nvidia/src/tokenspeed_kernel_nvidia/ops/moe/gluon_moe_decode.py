@@ -42,22 +42,20 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenspeed_kernel.kit import ACTIVATION_CODES, cdiv, next_pow2
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, register_kernel
 from tokenspeed_kernel_nvidia._workspace import workspace
 from tokenspeed_kernel_nvidia.ops.moe._common import (
-    ACTIVATION_CODES,
     FEATURES,
     MAX_TOKENS,
     MAX_TOP_K,
     VENDORS,
     decode_predicate,
     mxfp4_routing,
-    next_pow2,
     words,
 )
-from tokenspeed_kernel_triton._host import cdiv
 from tokenspeed_kernel_triton._launcher import jit_launch
 
 __all__ = [

@@ -6,6 +6,8 @@ import os
 
 import torch
 
+from tokenspeed_kernel.registry import Request
+
 # Under the Triton interpreter the kernels run on CPU tensors, so they serve the CPU
 # platform too (and outrank the reference there: tests and `check` exercise them).
 VENDORS = ("cuda", "rocm", "cpu") if os.environ.get("TRITON_INTERPRET") == "1" else ("cuda", "rocm")
@@ -16,8 +18,10 @@ PAGE_SIZES = tuple(2**i for i in range(9))  # 1 .. 256
 COMMON_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
 
 
-def same_head_dims(request) -> str | None:
-    """Predicate: the tiles assume the q/k and v head dims are both supported sizes."""
+def head_dim_v_and_group_fit(request: Request) -> str | None:
+    """Predicate: the v head dim is one of :data:`HEAD_DIMS` (the registration's shape rule
+    checks ``head_dim``; q/k and v may differ) and the GQA group is at most 64 query heads
+    per KV head (the rows one program holds)."""
     dv = request.shape("head_dim_v")
     if dv is not None and dv not in HEAD_DIMS:
         return f"head_dim_v={dv} not in {HEAD_DIMS}"
@@ -25,11 +29,3 @@ def same_head_dims(request) -> str | None:
     if group > 64:
         return f"GQA group of {group} query heads per KV head exceeds 64"
     return None
-
-
-def vendor_of(device: torch.device) -> str:
-    """``"cuda"``, ``"rocm"`` or ``"cpu"`` (the interpreter) for a tensor's device; the same
-    rule as the MoE's ``vendor_of`` (a ROCm build of torch reports ``device.type == "cuda"``)."""
-    if device.type == "cpu":
-        return "cpu"
-    return "rocm" if getattr(torch.version, "hip", None) else "cuda"

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenspeed_kernel_triton._host import cdiv, next_pow2
+from tokenspeed_kernel.kit import cdiv, fill_splits, next_pow2, sm_count, vendor_of
 from tokenspeed_kernel_triton._launcher import jit_launch
-from tokenspeed_kernel_triton.ops.attention._common import vendor_of
 from tokenspeed_kernel_triton.ops.attention._kernel import attention_kernel, combine_kernel
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -68,7 +67,7 @@ TILES = CUDA_TILES
 # compile for both gfx942 and gfx950 has zero spilled registers (VGPR + SGPR spill counts,
 # no scratch) and fits LDS (64 KiB on gfx942, 160 KiB on gfx950), over the configurations of
 # the CI compile grid that use that key. Reproduce with
-# ``python -m tokenspeed_kernel_triton.aot --tiles hip:gfx942 hip:gfx950`` (prints the spill
+# ``PYTHONPATH=ci python -m tokenspeed_kernel_dev.aot_triton --tiles hip:gfx942 hip:gfx950`` (prints the spill
 # counts and LDS bytes of every candidate it tries, in order). Numbers per row (gfx942 /
 # gfx950: VGPRs incl. AGPRs, spills, LDS bytes; worst configuration of the key). Rows marked
 # SPILLS do not meet the zero-spill goal yet (the sweep ran out of time or found no fit); the
@@ -120,18 +119,10 @@ def _tile(regime: str, head_dim: int, window: bool = False, vendor: str = "cuda"
     return VENDOR_TILES[vendor][tile_key(regime, head_dim, window)]
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def num_splits(batch: int, num_kv_heads: int, max_keys: int, device: torch.device) -> int:
-    """Key-range splits for decode: fill ~2 programs per SM, >= MIN_SPLIT_KEYS keys each."""
-    programs = batch * num_kv_heads
-    want = cdiv(2 * _sm_count(device), programs)
-    most = max(1, max_keys // MIN_SPLIT_KEYS)
-    return max(1, min(want, most, MAX_SPLITS))
+    """Key-range splits for decode: fill ~2 programs per SM (one "SM" off the GPU), at least
+    MIN_SPLIT_KEYS keys each, at most MAX_SPLITS."""
+    return fill_splits(batch * num_kv_heads, sm_count(device), most=min(max_keys // MIN_SPLIT_KEYS, MAX_SPLITS))
 
 
 @dataclass(frozen=True)

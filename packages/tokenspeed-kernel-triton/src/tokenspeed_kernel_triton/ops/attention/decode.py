@@ -11,7 +11,7 @@ from tokenspeed_kernel_triton.ops.attention._common import (
     PAGE_SIZES,
     Q_DTYPES,
     VENDORS,
-    same_head_dims,
+    head_dim_v_and_group_fit,
 )
 from tokenspeed_kernel_triton.ops.attention._launch import launch, num_splits
 
@@ -25,7 +25,7 @@ from tokenspeed_kernel_triton.ops.attention._launch import launch, num_splits
     shapes={"head_dim": HEAD_DIMS, "page_size": PAGE_SIZES},
     features=(*COMMON_FEATURES, "fp8_kv", "spec_decode", "strided_kv"),
     priority=Priority.PORTABLE,
-    predicate=same_head_dims,
+    predicate=head_dim_v_and_group_fit,
 )
 def triton_decode(args: DecodeArgs) -> None:
     """Paged decode: one program per (sequence, KV head, key split) serving the whole GQA

@@ -9,7 +9,7 @@ from tokenspeed_kernel_triton.ops.attention._common import (
     HEAD_DIMS,
     Q_DTYPES,
     VENDORS,
-    same_head_dims,
+    head_dim_v_and_group_fit,
 )
 from tokenspeed_kernel_triton.ops.attention._launch import launch
 
@@ -23,7 +23,7 @@ from tokenspeed_kernel_triton.ops.attention._launch import launch
     shapes={"head_dim": HEAD_DIMS},
     features=(*COMMON_FEATURES, "non_causal"),
     priority=Priority.PORTABLE,
-    predicate=same_head_dims,
+    predicate=head_dim_v_and_group_fit,
 )
 def triton_prefill(args: PrefillArgs) -> None:
     """Ragged prefill: one program per (128 query rows of a GQA group, KV head); in-window tiles only."""

@@ -6,9 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.kit import next_pow2
 from tokenspeed_kernel.ops.kvcache.args import StoreArgs
 from tokenspeed_kernel.registry import Priority, register_kernel
-from tokenspeed_kernel_triton._host import next_pow2
 from tokenspeed_kernel_triton._launcher import jit_launch
 from tokenspeed_kernel_triton.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS
 from tokenspeed_kernel_triton.ops.attention._launch import INTERPRET

@@ -17,10 +17,9 @@ from typing import Any, Protocol
 
 import torch
 
+from tokenspeed_kernel.kit import cdiv, next_pow2
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
-from tokenspeed_kernel_triton._host import cdiv
 from tokenspeed_kernel_triton._launcher import Launch
-from tokenspeed_kernel_triton.ops.moe._common import next_pow2
 from tokenspeed_kernel_triton.ops.moe._config import Tile
 from tokenspeed_kernel_triton.ops.moe._gemm import combine_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing, sort_by_expert

@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.kit import next_pow2
 from tokenspeed_kernel_triton._launcher import Launch
-from tokenspeed_kernel_triton.ops.moe._common import next_pow2
 
 __all__ = ["Routing", "align_kernel", "align_launch", "max_tiles", "sort_by_expert"]
 

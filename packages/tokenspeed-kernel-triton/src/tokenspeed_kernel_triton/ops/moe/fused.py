@@ -23,21 +23,18 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenspeed_kernel.kit import ACTIVATION_CODES, cdiv, next_pow2, vendor_of
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, Weight
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
-from tokenspeed_kernel_triton._host import cdiv
 from tokenspeed_kernel_triton._launcher import Launch, jit_launch
 from tokenspeed_kernel_triton.ops.moe._common import (
     ACT_DTYPES,
-    ACTIVATION_CODES,
     INTERPRET,
     MAX_EXPERTS,
     VENDORS,
     WEIGHT_DTYPES,
     dot_precision,
-    next_pow2,
-    vendor_of,
 )
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile
 from tokenspeed_kernel_triton.ops.moe._driver import combine_launch, layer_output, run_moe

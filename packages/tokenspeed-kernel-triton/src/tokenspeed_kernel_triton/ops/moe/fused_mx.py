@@ -35,12 +35,12 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.kit import ACTIVATION_CODES, cdiv, sm_count, vendor_of
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
-from tokenspeed_kernel_triton._host import cdiv
 from tokenspeed_kernel_triton._launcher import jit_launch
-from tokenspeed_kernel_triton.ops.moe._common import ACTIVATION_CODES, INTERPRET, VENDORS, vendor_of
+from tokenspeed_kernel_triton.ops.moe._common import INTERPRET, VENDORS
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile, split_k
 from tokenspeed_kernel_triton.ops.moe._driver import Layer, layer_output, run_moe
 from tokenspeed_kernel_triton.ops.moe._mx_gemm import moe_mx_gemm_kernel, split_finish_kernel
@@ -118,16 +118,6 @@ def prepare_moe_mx(*, w13: MXFP4Weight, w2: MXFP4Weight, w13_bias=None, w2_bias=
     return PreparedMx(mx_operand(w13, plan=True), mx_operand(w2, plan=True))
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors (compute units on ROCm) of ``device`` (a host query, cached)."""
-    return _sm_count(device) if device.type == "cuda" else DEFAULT_SMS
-
-
 def plan_splits(routing: Routing, n: int, k: int, tile: Tile, num_sms: int) -> int:
     """K splits of one layer: :func:`._config.split_k` over the layer's grid."""
     programs = routing.tiles_bound * cdiv(n, tile.block_n)
@@ -150,7 +140,7 @@ def split_layer(
     float32 raw gate | up partials ``[splits, tiles_bound * block_m, 2n]``) sums the splits,
     adds the bias and applies the activation with :func:`._mx_gemm.split_finish_kernel`."""
     if splits is None:
-        splits = plan_splits(routing, n, k, tile, sm_count(a.device))
+        splits = plan_splits(routing, n, k, tile, sm_count(a.device, default=DEFAULT_SMS))
     partial = gated and splits > 1
     if partial:  # raw gate | up sums per split
         out = torch.empty((splits, routing.tiles_bound * tile.block_m, 2 * n), dtype=torch.float32, device=a.device)

@@ -46,12 +46,12 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenspeed_kernel.kit import ACTIVATION_CODES, cdiv, vendor_of
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, register_kernel
-from tokenspeed_kernel_triton._host import cdiv
 from tokenspeed_kernel_triton._launcher import jit_launch
-from tokenspeed_kernel_triton.ops.moe._common import ACTIVATION_CODES, INTERPRET, vendor_of
+from tokenspeed_kernel_triton.ops.moe._common import INTERPRET
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile
 from tokenspeed_kernel_triton.ops.moe._mx_swap_gemm import STEP_K, WORDS_PER_ROW, moe_mx_swap_gemm_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing

@@ -59,12 +59,12 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.kit import ACTIVATION_CODES, cdiv, next_pow2, vendor_of
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
-from tokenspeed_kernel_triton._host import cdiv
 from tokenspeed_kernel_triton._launcher import jit_launch
-from tokenspeed_kernel_triton.ops.moe._common import ACT_DTYPES, ACTIVATION_CODES, VENDORS, next_pow2, vendor_of
+from tokenspeed_kernel_triton.ops.moe._common import ACT_DTYPES, VENDORS
 from tokenspeed_kernel_triton.ops.moe._gemm import activate
 
 __all__ = [

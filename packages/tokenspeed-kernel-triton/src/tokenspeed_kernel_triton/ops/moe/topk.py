@@ -5,11 +5,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.kit import cdiv, next_pow2
 from tokenspeed_kernel.ops.moe.args import TopKArgs
 from tokenspeed_kernel.registry import Priority, register_kernel
-from tokenspeed_kernel_triton._host import cdiv
 from tokenspeed_kernel_triton._launcher import jit_launch
-from tokenspeed_kernel_triton.ops.moe._common import ACT_DTYPES, MAX_EXPERTS, VENDORS, next_pow2
+from tokenspeed_kernel_triton.ops.moe._common import ACT_DTYPES, MAX_EXPERTS, VENDORS
 
 __all__ = ["topk_kernel", "triton_moe_topk"]
 

@@ -1,4 +1,4 @@
-"""The attention configuration grid compiled ahead of time (tests and ``python -m tokenspeed_kernel_amd.aot``).
+"""The attention configuration grid compiled ahead of time (tests and ``python -m tokenspeed_kernel_dev.aot_amd``).
 
 Each entry is a configuration the launch code (:mod:`._launch`) can choose for the shapes
 the kernels are registered for: regimes, head dims, page sizes, KV dtypes, split counts,
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from tokenspeed_kernel_amd._arch import arch_config
-from tokenspeed_kernel_amd.aot import CompileReport, compile_kernel, pointer_type
 from tokenspeed_kernel_amd.ops.attention._config import attention_config, combine_constexprs
 from tokenspeed_kernel_amd.ops.attention._kernel import attention_kernel, combine_kernel
+from tokenspeed_kernel_dev.aot_amd import CompileReport, compile_kernel, pointer_type
 
 __all__ = ["AOT_CONFIGS", "AotAttention", "attention_reports", "compile_attention", "compile_combine"]
 

@@ -1,6 +1,6 @@
 """Ahead-of-time compile of the MoE kernels for GPUs this machine does not have.
 
-``python -m tokenspeed_kernel_triton.ops.moe._aot [cuda:90 hip:gfx942 hip:gfx950 ...]``
+``PYTHONPATH=ci python -m tokenspeed_kernel_dev.aot_triton_moe [cuda:90 hip:gfx942 hip:gfx950 ...]``
 compiles the grouped GEMM for every weight format and both layers at the decode and the
 largest tile of the target's table (and the layer-1 MXFP4 GEMM at every tile), the
 ``tl.dot_scaled`` GEMM at every tile of its table (split-K and public scales at the decode
@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 from triton.backends.compiler import GPUTarget
 
-from tokenspeed_kernel_triton._aot_common import (
+from tokenspeed_kernel_dev.aot_common import (
     SASS_OPCODE,
     amd_spills,
     compile_config,

@@ -1,6 +1,6 @@
 """Ahead-of-time compilation of the Gluon kernels for sm_90 on a machine without a GPU.
 
-``python -m tokenspeed_kernel_nvidia.aot [decode] [prefill] [moe] [moe_mma]`` compiles the
+``PYTHONPATH=ci python -m tokenspeed_kernel_dev.aot_nvidia [decode] [prefill] [moe] [moe_mma]`` compiles the
 configurations the Gluon launchers can choose (decode, the window prefill, the two layers of
 the MXFP4 MoE decode on FMAs and on mma.sync; all when no kind is named) for
 ``GPUTarget("cuda", 90, 32)`` and prints one JSON line each: whether it built, the counts of
@@ -26,6 +26,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import compile as triton_compile
 from triton.experimental.gluon._runtime import GluonASTSource
 
+from tokenspeed_kernel_dev.aot_common import SASS_OPCODE, disassemble, ptxas_stats, sass_loops
 from tokenspeed_kernel_nvidia.ops.attention._gluon_decode_kernel import decode_kernel
 from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import prefill_window_kernel
 from tokenspeed_kernel_nvidia.ops.attention.gluon_decode import decode_config
@@ -35,7 +36,6 @@ from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_mma as gmma
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_decode_kernel import w2_kernel, w13_kernel
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_kernel import w2_mma_kernel, w13_mma_kernel
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w2_mma_tma_kernel, w13_mma_tma_kernel
-from tokenspeed_kernel_triton._aot_common import SASS_OPCODE, disassemble, ptxas_stats, sass_loops
 
 _TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 SM90 = GPUTarget("cuda", 90, 32)

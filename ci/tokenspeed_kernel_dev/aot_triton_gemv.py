@@ -1,6 +1,6 @@
 """Ahead-of-time compile of the GEMV MoE kernels (:mod:`.gemv_mx`) for GPUs this machine lacks.
 
-``python -m tokenspeed_kernel_triton.ops.moe._gemv_aot [cuda:90 hip:gfx942 hip:gfx950 ...]``
+``PYTHONPATH=ci python -m tokenspeed_kernel_dev.aot_triton_gemv [cuda:90 hip:gfx942 hip:gfx950 ...]``
 compiles both layers at GPT-OSS-120B shapes (top-4, H = I = 2880: ``K % BLOCK_K != 0``, so
 the K-tail masks are in; swiglu_oai, biases, expert map; bf16 activations) with the tiles of
 :data:`.gemv_mx.TILES` (every token-count row) and the 16-divisibility hints the launcher sees at those shapes, and
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 from triton.backends.compiler import GPUTarget
 
-from tokenspeed_kernel_triton._aot_common import amd_spills, compile_config, parse_target, target_label
+from tokenspeed_kernel_dev.aot_common import amd_spills, compile_config, parse_target, target_label
 from tokenspeed_kernel_triton.ops.moe.gemv_mx import TILES, GemvTile, gemv_w2_kernel, gemv_w13_kernel, pick_gemv_tiles
 
 TOP_K = 4  # GPT-OSS-120B

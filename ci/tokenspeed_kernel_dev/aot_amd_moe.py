@@ -6,7 +6,6 @@ and on gfx950 the scaled-MFMA grouped GEMMs."""
 from __future__ import annotations
 
 from tokenspeed_kernel_amd._arch import arch_config
-from tokenspeed_kernel_amd.aot import CompileReport, compile_kernel
 from tokenspeed_kernel_amd.ops.moe._config import (
     gemm_config,
     gemv2_config,
@@ -17,6 +16,7 @@ from tokenspeed_kernel_amd.ops.moe._config import (
 from tokenspeed_kernel_amd.ops.moe._kernels import moe_gemm_kernel, moe_gemv2_kernel, moe_gemv13_kernel
 from tokenspeed_kernel_amd.ops.moe._mxfp8 import mxfp8_quant_kernel
 from tokenspeed_kernel_amd.ops.moe._scaled_gemm import moe_scaled_gemm_kernel
+from tokenspeed_kernel_dev.aot_amd import CompileReport, compile_kernel
 
 __all__ = [
     "compile_gemm",

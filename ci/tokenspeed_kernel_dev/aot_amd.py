@@ -1,6 +1,6 @@
 """Ahead-of-time compilation and AMDGCN inspection of the Gluon kernels (no GPU needed).
 
-``python -m tokenspeed_kernel_amd.aot [gfx942 gfx950]`` compiles every kernel over the
+``PYTHONPATH=ci python -m tokenspeed_kernel_dev.aot_amd [gfx942 gfx950]`` compiles every kernel over the
 configurations the host-side heuristics can choose and prints one JSON line per compile:
 whether it built, the MFMA instructions in the AMDGCN, LDS bytes, VGPRs/AGPRs, spills and
 scratch. The test suite calls :func:`compile_kernel` directly.
@@ -14,7 +14,6 @@ target=GPUTarget("hip", arch, 64))``.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from tokenspeed_kernel_amd._arch import ARCHS, arch_config
+from tokenspeed_kernel_dev import subprocess_env
 
 __all__ = [
     "FAMILIES",
@@ -179,8 +179,8 @@ def compile_kernel(
 
 def sweep(archs: list[str], families: tuple[str, ...] = FAMILIES) -> list[CompileReport]:
     """Every kernel of ``families`` over its configuration grid, for each arch."""
-    from tokenspeed_kernel_amd.ops.attention._aot import attention_reports
-    from tokenspeed_kernel_amd.ops.moe._aot import moe_reports
+    from tokenspeed_kernel_dev.aot_amd_attention import attention_reports
+    from tokenspeed_kernel_dev.aot_amd_moe import moe_reports
 
     grids = {"attention": attention_reports, "moe": moe_reports}
     return [report for arch in archs for family in families for report in grids[family](arch)]
@@ -190,8 +190,8 @@ def run_sweep(archs: list[str], families: tuple[str, ...] = FAMILIES, timeout: f
     """:func:`sweep` in a fresh interpreter without ``TRITON_INTERPRET`` (which replaces the
     Gluon standard library's jitted helpers, so nothing could compile in a process that has
     it set, as the test suite does on a machine without a GPU)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, "-m", "tokenspeed_kernel_amd.aot", "--families", ",".join(families), *archs]
+    env = subprocess_env()
+    cmd = [sys.executable, "-m", "tokenspeed_kernel_dev.aot_amd", "--families", ",".join(families), *archs]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     if not rows:
@@ -200,7 +200,7 @@ def run_sweep(archs: list[str], families: tuple[str, ...] = FAMILIES, timeout: f
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tokenspeed_kernel_amd.aot [--families attention,moe] [gfx942 gfx950]``:
+    """``python -m tokenspeed_kernel_dev.aot_amd [--families attention,moe] [gfx942 gfx950]``:
     one JSON line per compile; exit status 1 if any compile broke a budget."""
     families = FAMILIES
     if argv[:1] == ["--families"]:

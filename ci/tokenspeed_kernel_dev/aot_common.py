@@ -1,5 +1,5 @@
-"""What the ahead-of-time compile modules share (:mod:`.aot`, :mod:`.ops.moe._aot`,
-:mod:`.ops.moe._gemv_aot`, and ``tokenspeed_kernel_nvidia.aot``): the ``cuda:90`` /
+"""What the ahead-of-time compile modules share (:mod:`.aot_triton`, :mod:`.aot_triton_moe`,
+:mod:`.aot_triton_gemv` and :mod:`.aot_nvidia`): the ``cuda:90`` /
 ``hip:gfx942`` target syntax, one compile of a configuration (never loaded), the AMDGCN spill
 count, and for sm_90 the registers and spills that Triton's bundled ``ptxas -v`` reports (a
 compiled object carries no register count without a device) and the SASS of a cubin

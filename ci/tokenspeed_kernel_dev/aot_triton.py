@@ -1,6 +1,6 @@
 """Ahead-of-time compilation of the Triton kernels for GPUs this machine does not have.
 
-``python -m tokenspeed_kernel_triton.aot [--full] [cuda:90 hip:gfx942 hip:gfx950 ...]`` compiles
+``PYTHONPATH=ci python -m tokenspeed_kernel_dev.aot_triton [--full] [cuda:90 hip:gfx942 hip:gfx950 ...]`` compiles
 the attention kernel for the configurations the launch heuristics can choose (regimes, head
 dims, dtypes incl. fp8 KV, page sizes, GQA groups, features) plus the split combine and the
 KV store, and prints one JSON line per compile: whether it built, whether the matrix
@@ -9,7 +9,7 @@ registers and spills (AMDGCN: VGPR + SGPR spill counts, and scratch bytes). Each
 compiles the tile rows of its vendor (``cuda`` -> ``_launch.CUDA_TILES``, ``hip`` ->
 ``_launch.ROCM_TILES``).
 
-``python -m tokenspeed_kernel_triton.aot --tiles hip:gfx942 hip:gfx950`` is the candidate
+``python -m tokenspeed_kernel_dev.aot_triton --tiles hip:gfx942 hip:gfx950`` is the candidate
 sweep behind the ROCm rows: for every table key it compiles candidate tiles, largest first,
 over the grid's configurations of that key, prints spills and LDS per candidate and stops at
 the first one that compiles with zero spills and fits LDS on every target given.
@@ -29,7 +29,7 @@ from dataclasses import asdict, astuple, dataclass
 import torch
 from triton.backends.compiler import GPUTarget
 
-from tokenspeed_kernel_triton._aot_common import amd_spills, compile_config, parse_target, target_label
+from tokenspeed_kernel_dev.aot_common import amd_spills, compile_config, parse_target, target_label
 from tokenspeed_kernel_triton.ops.attention._kernel import attention_kernel, combine_kernel
 from tokenspeed_kernel_triton.ops.attention._launch import VENDOR_TILES, Tile, kernel_config, tile_key
 from tokenspeed_kernel_triton.ops.kvcache.store import _store_rows
@@ -74,7 +74,7 @@ def attention_configs(full: bool = False) -> list[AttentionConfig]:
     scales), padded head dims, page sizes 1/16/256, split-KV, speculative q_len and every
     feature branch (causal/non-causal, window, sinks, cap, lse) at least once per target, in
     a dozen compiles (what CI runs). ``full=True`` adds the cross product of head dims, GQA
-    groups, dtypes and page sizes (``python -m tokenspeed_kernel_triton.aot --full``).
+    groups, dtypes and page sizes (``python -m tokenspeed_kernel_dev.aot_triton --full``).
     """
     bf16, fp16, fp8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
     configs = [
