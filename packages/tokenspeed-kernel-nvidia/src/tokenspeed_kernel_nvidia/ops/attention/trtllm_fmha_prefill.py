@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import importlib
 
+from tokenspeed_kernel.kit import equal_head_dims
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
-from tokenspeed_kernel_nvidia.ops.attention._common import FLASHINFER_CAPABILITIES, Q_DTYPES, VENDORS, same_head_dims
+from tokenspeed_kernel_nvidia.ops.attention._common import FLASHINFER_CAPABILITIES, Q_DTYPES, VENDORS
 from tokenspeed_kernel_nvidia.ops.attention._flashinfer import check_sinks, flashinfer_missing, workspace
 
 __all__ = ["LAYOUT", "MASK_MODES", "trtllm_fmha_prefill"]
@@ -50,7 +51,7 @@ WINDOW_NEEDS_CAUSAL = "sliding_window with non_causal: FMHAv2's sliding window i
 
 
 def _predicate(request: Request) -> str | None:
-    why = same_head_dims(request)
+    why = equal_head_dims(request)
     if why:
         return why
     if {"sliding_window", "non_causal"} <= request.features:

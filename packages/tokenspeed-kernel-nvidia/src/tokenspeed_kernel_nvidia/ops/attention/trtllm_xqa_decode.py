@@ -47,6 +47,7 @@ import threading
 
 import torch
 
+from tokenspeed_kernel.kit import equal_head_dims
 from tokenspeed_kernel.ops.attention.args import DecodeArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia._workspace import workspace
@@ -55,7 +56,6 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     KV_DTYPES,
     Q_DTYPES,
     VENDORS,
-    same_head_dims,
 )
 from tokenspeed_kernel_nvidia.ops.attention._flashinfer import check_sinks, flashinfer_missing
 
@@ -99,7 +99,7 @@ def draft_mask(batch: int, q_len: int, device: torch.device) -> torch.Tensor:
 
 
 def _predicate(request: Request) -> str | None:
-    return same_head_dims(request)
+    return equal_head_dims(request)
 
 
 def _check(args: DecodeArgs) -> None:
