@@ -16,6 +16,16 @@ instead of decoding E2M1 with integer arithmetic. MXFP4 weights and bf16 activat
   K when the grid is small; layer 1 then goes through a float32 partial buffer and
   :func:`._mx_gemm.split_finish_kernel`, layer 2 writes per-split rows the combine sums.
   Every launch size is a function of shapes: CUDA-graph capturable.
+- **Launches as data.** :func:`split_launches` builds a layer's launches (the GEMM from a
+  kernel's :class:`GemmLaunch` builder, the finish kernel when split) as
+  :class:`~tokenspeed_kernel_triton._launcher.Launch` objects, once for both paths:
+  :func:`split_layer` runs them (the functional path), :func:`bind_layers` binds them.
+- **Bound runs** (``bind`` hook :func:`bind_fused_moe_mx`, ``MoEPlan``'s "Bound runs"): up to
+  :data:`.fused.BIND_MAX_TOKENS` tokens a plan binds the four launches (five when layer 1 is
+  split) once per token count, tile and K splits decided then, the permutation buffers,
+  split partials, intermediate and w2 rows kept as the runner's workspaces; a call only
+  launches with its x, topk_weights, topk_ids and out. Above that count and with
+  ``activation_quant`` the function serves.
 - **Gating.** Ranked above ``triton_fused_moe`` for MXFP4 weights: on an H100 its GPU
   numerics pass and it is 1.21-1.44x faster at every T from 1 to 4096
   (docs/history.md, 2026-11-23). Unavailable under the Triton

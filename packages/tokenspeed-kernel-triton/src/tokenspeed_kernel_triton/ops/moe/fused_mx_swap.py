@@ -34,6 +34,10 @@ bf16x2 pattern (:mod:`._mx_swap_gemm`), with the 4 scales of a step in one pipel
   0.87x / 0.91x OpenAI's ``matmul_ogs`` (routing included) at T = 8 / 64 / 512 / 4096.
   Unavailable under the Triton interpreter like ``triton_fused_moe_mx``; the tests run its
   kernel there directly (float32 decode path).
+- **Bound runs** (``bind`` hook :func:`bind_fused_moe_mx_swap`): :func:`.fused_mx.bind_layers`
+  with this kernel's GEMM launch, on the plan's :class:`PreparedSwap` weights only, up to
+  :data:`.fused.BIND_MAX_TOKENS` tokens and without ``activation_quant`` (else None: the
+  registered function serves).
 - **Without a plan** (functional ``moe_apply``) the registered kernel runs
   ``triton_fused_moe_mx``'s layers on the public layout: repacking every call would cost more
   than the swapped loop saves. :func:`fused_moe_mx_swap` itself repacks per call with torch
