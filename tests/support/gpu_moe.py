@@ -30,11 +30,13 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-12))
 
 
-def awkward_gpu_inputs(tokens: int, experts: int, hot: int, activation: str, bias: bool, with_map: bool, seed: int):
-    """Awkward GPU-sized inputs: H = 576 and I = 416 (multiples of 32, not of 128: masked K
-    tails), routing concentrated on ``hot`` experts (ragged loads, empty experts)."""
+def awkward_gpu_inputs(
+    tokens: int, experts: int, hot: int, activation: str, bias: bool, with_map: bool, seed: int, hidden: int = 576
+):
+    """Awkward GPU-sized inputs: H = ``hidden`` (576) and I = 416 (multiples of 32, not of 128:
+    masked K tails), routing concentrated on ``hot`` experts (ragged loads, empty experts)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    hidden, inter, top_k = 576, 416, 4
+    inter, top_k = 416, 4
     num_local = experts // 2 if with_map else experts
     w13 = quantize_mxfp4(torch.randn(num_local, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5)
     w2 = quantize_mxfp4(torch.randn(num_local, hidden, inter, device="cuda", generator=gen) / inter**0.5)

@@ -1,23 +1,30 @@
 """Helpers of the MXFP4 MoE kernel tests (``test_moe_mx.py``, ``test_moe_mx_swap.py``): the
 awkward ``moe.apply`` cases by name, a selection's candidate by kernel name, the relative
-error check against a float64 reference, a CUDA-graph capture of one step, and the GPU
-numerics cases run through ``moe_apply`` and ``moe_plan``."""
+error check against a float64 reference, a CUDA-graph capture of one step, the GPU
+numerics cases run through ``moe_apply`` and ``moe_plan``, and the checks of a kernel's
+``bind`` hook (bound runs per token count) on the CPU and on the GPU."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from support.gpu_moe import awkward_gpu_inputs
 from support.naive_moe import naive_moe
+from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.tools import cases
 
 __all__ = [
+    "BOUND_STEPS",
     "GPU_CASES",
     "awkward_apply_cases",
     "candidate",
     "capture",
+    "check_bound_runs",
+    "check_gpu_bound_runs",
     "check_rel_err",
     "gpu_case_id",
     "gpu_public_calls",
@@ -80,3 +87,61 @@ def gpu_public_calls(case: tuple, kernel: str, tol: float):
                     w13_bias=inputs["w13_bias"], w2_bias=inputs["w2_bias"], expert_map=inputs["expert_map"],
                     override=kernel)  # fmt: skip
     return inputs, ref, out, plan
+
+
+WEIGHT_KEYS = ("w13", "w2", "w13_bias", "w2_bias", "expert_map")
+# (token count, forced K splits or None for the rule) of check_bound_runs: a count bound, a
+# second one, the first again (its runner reused with new inputs), a larger one.
+BOUND_STEPS = ((1, 2), (5, None), (1, 2), (33, 3))
+
+
+def check_bound_runs(
+    case: cases.MoECase, prepare: Callable[..., Any], bind: Callable[..., Any], functional: Callable[..., None],
+    tol: float, device: str, **overrides: Any,
+) -> None:  # fmt: skip
+    """A kernel's ``bind`` hook called directly with the ``prepare`` hook's weights, one runner
+    per token count of :data:`BOUND_STEPS` (bound at its first call with that step's ``splits``
+    and ``overrides``, e.g. ``tile``): fresh inputs of ``case`` at every call (the first call's
+    weights), outputs poisoned with NaN; each run matches the float64 ``naive_moe`` and equals
+    ``functional`` (same splits and overrides) bit for bit."""
+    weights = {k: v for k, v in cases.make_inputs(case, device, seed=1).items() if k in WEIGHT_KEYS}
+    prepared = prepare(w13=weights["w13"], w2=weights["w2"])
+    runners: dict[int, Any] = {}
+    for seed, (num_tokens, splits) in enumerate(BOUND_STEPS):
+        step = cases.make_inputs(dataclasses.replace(case, num_tokens=num_tokens), device, seed=20 + seed)
+        step.update(weights)
+        args = MoEApplyArgs(**step, out=torch.full_like(step["x"], float("nan")), prepared=prepared)
+        if num_tokens not in runners:
+            runners[num_tokens] = bind(args, splits=splits, **overrides)
+        runners[num_tokens](args)
+        check_rel_err(args.out, naive_moe(**step), tol)
+        expected = torch.full_like(step["x"], float("nan"))
+        functional(MoEApplyArgs(**step, out=expected, prepared=prepared), splits=splits, **overrides)
+        assert torch.equal(args.out, expected), f"T={num_tokens}: the bound run differs from the functional path"
+
+
+def check_gpu_bound_runs(kernel: str, tol: float, max_tokens: int) -> None:
+    """``kernel``'s ``moe_plan`` (``override``) at token counts 1, 5, 1, 33 and ``max_tokens + 1``
+    with fresh :func:`awkward_gpu_inputs` (H = 1056: layer 1 is split by the rule at these
+    counts, layer 2 with K = 416 is not) and the plan's weights at every call, outputs
+    poisoned: each call matches float64 and equals the registered function on the plan's
+    prepared weights bit for bit; counts up to ``max_tokens`` are bound, the one above is not."""
+    from tokenspeed_kernel.ops.moe import moe_plan
+
+    def inputs(tokens: int, seed: int) -> dict:
+        return awkward_gpu_inputs(tokens, 32, 3, "swiglu_oai", True, True, seed=seed, hidden=1056)
+
+    weights = {k: v for k, v in inputs(1, 0).items() if k in WEIGHT_KEYS}
+    plan = moe_plan(**weights, x_dtype=torch.bfloat16, top_k=4, activation="swiglu_oai", override=kernel)
+    counts = (1, 5, 1, 33, max_tokens + 1)
+    for seed, num_tokens in enumerate(counts):
+        step = inputs(num_tokens, seed + 1)
+        step.update(weights)
+        planned = plan.apply(step["x"], step["topk_weights"], step["topk_ids"],
+                             out=torch.full_like(step["x"], float("nan")))  # fmt: skip
+        check_rel_err(planned, naive_moe(**step), tol)
+        expected = torch.full_like(step["x"], float("nan"))
+        plan.spec.fn(MoEApplyArgs(**step, out=expected, prepared=plan.prepared))
+        assert torch.equal(planned, expected), f"T={num_tokens}: the bound run differs from the functional path"
+    assert set(plan.runners) == set(counts) and plan.runners[max_tokens + 1] is None
+    assert all(plan.runners[t] is not None for t in counts[:-1])

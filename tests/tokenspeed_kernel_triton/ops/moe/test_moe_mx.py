@@ -17,7 +17,16 @@ import dataclasses
 import pytest
 import torch
 from support import interpret_dot_scaled
-from support.moe_checks import GPU_CASES, awkward_apply_cases, candidate, check_rel_err, gpu_case_id, gpu_public_calls
+from support.moe_checks import (
+    GPU_CASES,
+    awkward_apply_cases,
+    candidate,
+    check_bound_runs,
+    check_gpu_bound_runs,
+    check_rel_err,
+    gpu_case_id,
+    gpu_public_calls,
+)
 from support.naive_moe import naive_moe
 
 from tokenspeed_kernel import config, explain, platform
@@ -27,7 +36,7 @@ from tokenspeed_kernel.quant import MXFP4Weight, dequantize_mxfp4, quantize_mxfp
 from tokenspeed_kernel.registry import Priority, Request, get_kernel
 from tokenspeed_kernel.selector import KernelOverrideError
 from tokenspeed_kernel.tools import cases
-from tokenspeed_kernel_triton.ops.moe import fused_mx, fused_mx_swap
+from tokenspeed_kernel_triton.ops.moe import fused, fused_mx, fused_mx_swap
 from tokenspeed_kernel_triton.ops.moe._config import MAX_SPLITS, MIN_SPLIT_STEPS, Tile, split_k, tiles_for
 from tokenspeed_kernel_triton.ops.moe._routing import Routing, max_tiles
 
@@ -232,6 +241,15 @@ def test_every_tile_of_the_table_with_emulated_dot_scaled(emulated, vendor):
         _check(_run(inputs, tile=tile), ref)
 
 
+@pytest.mark.parametrize("name", ["gpt_oss_like", "odd_k_gelu"])
+def test_bound_runs_match_the_functional_path_with_emulated_dot_scaled(emulated, name):
+    """``bind_fused_moe_mx`` on the plan's weights, one runner per token count (T = 1 and 33
+    split, T = 5 unsplit): each run equals :func:`fused_moe_mx` bit for bit and matches float64."""
+    base, changes, _ = NUMERIC_CASES[name]
+    case = dataclasses.replace(awkward_apply_cases()[base], name=name, **changes)
+    check_bound_runs(case, fused_mx.prepare_moe_mx, fused_mx.bind_fused_moe_mx, fused_mx.fused_moe_mx, TOL, DEVICE)
+
+
 # ---------------------------------------------------------------- GPU numerics
 
 
@@ -242,3 +260,8 @@ def test_gpu_numerics(case):
     assert torch.equal(plan.apply(inputs["x"], inputs["topk_weights"], inputs["topk_ids"]), out)
     for splits in (2, 4):
         _check(_run(inputs, plan.prepared, splits=splits), ref)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bound plan runs: no CUDA device (tl.dot_scaled needs a GPU)")
+def test_gpu_plan_runs_bound_per_token_count():
+    check_gpu_bound_runs(NAME, TOL, fused.BIND_MAX_TOKENS)

@@ -24,6 +24,8 @@ from support.moe_checks import (
     awkward_apply_cases,
     candidate,
     capture,
+    check_bound_runs,
+    check_gpu_bound_runs,
     check_rel_err,
     gpu_case_id,
     gpu_public_calls,
@@ -36,7 +38,7 @@ from tokenspeed_kernel.platform import platform_from_arch
 from tokenspeed_kernel.quant import MXFP4Weight, dequantize_mxfp4, quantize_mxfp4
 from tokenspeed_kernel.registry import Priority, get_kernel
 from tokenspeed_kernel.tools import cases
-from tokenspeed_kernel_triton.ops.moe import fused_mx, fused_mx_swap
+from tokenspeed_kernel_triton.ops.moe import fused, fused_mx, fused_mx_swap
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile, tiles_for
 
 INTERPRET = fused_mx_swap.INTERPRET
@@ -53,6 +55,7 @@ def test_registration_ranks_above_the_dot_scaled_kernel():
     # PERFORMANT itself: below gluon_moe_mma_sm90 (PERFORMANT + 10, T <= 8), above the Triton MXFP4 kernels.
     assert spec.priority == Priority.PERFORMANT and spec.priority > mx.priority
     assert spec.prepare is fused_mx_swap.prepare_moe_mx_swap and spec.available is fused_mx_swap.swap_missing
+    assert spec.bind is fused_mx_swap.bind_fused_moe_mx_swap and mx.bind is fused_mx.bind_fused_moe_mx
     assert spec.vendors == {"cuda"} and spec.archs == {"sm_90"} and spec.features == mx.features
     assert spec.graph_safe
 
@@ -252,6 +255,37 @@ def test_every_tile_of_the_table_under_the_interpreter():
         check_rel_err(_run(inputs, plan, tile=dataclasses.replace(tile, num_stages=1)), ref, TOL)
 
 
+@interpreter_only
+@pytest.mark.parametrize("name", ["gpt_oss_like", "odd_k_gelu"])
+def test_bound_runs_match_the_functional_path_under_the_interpreter(name):
+    """``bind_fused_moe_mx_swap`` on the plan's weights, one runner per token count: T = 1 and
+    33 with both layers split (forced; the finish kernel), T = 5 unsplit (the rule at this K);
+    each run equals :func:`fused_moe_mx_swap` bit for bit and matches float64."""
+    base, changes, _ = NUMERIC_CASES[name]
+    case = dataclasses.replace(awkward_apply_cases()[base], name=name, **changes)
+    check_bound_runs(case, fused_mx_swap.prepare_moe_mx_swap, fused_mx_swap.bind_fused_moe_mx_swap,
+                     fused_mx_swap.fused_moe_mx_swap, TOL, DEVICE, tile=SMALL)  # fmt: skip
+
+
+@pytest.mark.parametrize("kernel", ["swap", "dot_scaled"])
+def test_bind_leaves_to_fn(kernel):
+    """No runner (``fn`` serves) above BIND_MAX_TOKENS, with ``activation_quant``, and for the
+    swapped kernel without the plan's repacked weights (``fn`` runs the dot_scaled layers)."""
+    bind, prepare = {
+        "swap": (fused_mx_swap.bind_fused_moe_mx_swap, fused_mx_swap.prepare_moe_mx_swap),
+        "dot_scaled": (fused_mx.bind_fused_moe_mx, fused_mx.prepare_moe_mx),
+    }[kernel]
+    base = awkward_apply_cases()["gpt_oss_like"]
+    small = cases.make_inputs(base, "cpu", seed=0)
+    large = cases.make_inputs(dataclasses.replace(base, num_tokens=fused.BIND_MAX_TOKENS + 1), "cpu", seed=0)
+    prepared = prepare(w13=small["w13"], w2=small["w2"])
+    assert bind(MoEApplyArgs(**large, out=torch.empty_like(large["x"]), prepared=prepared)) is None
+    quant = MoEApplyArgs(**small, out=torch.empty_like(small["x"]), prepared=prepared, activation_quant="fp8")
+    assert bind(quant) is None
+    if kernel == "swap":
+        assert bind(MoEApplyArgs(**small, out=torch.empty_like(small["x"]), prepared=None)) is None
+
+
 # ---------------------------------------------------------------- GPU numerics
 
 
@@ -288,3 +322,8 @@ def test_cuda_graph_capture_matches_eager(planned):
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(captured, eager, atol=0, rtol=0)
+
+
+@pytest.mark.skipif(not SM90, reason="bound plan runs: needs an sm_90 device (inline PTX bf16x2 multiplies, wgmma)")
+def test_gpu_plan_runs_bound_per_token_count():
+    check_gpu_bound_runs(NAME, TOL, fused.BIND_MAX_TOKENS)

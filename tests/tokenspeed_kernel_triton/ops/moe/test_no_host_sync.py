@@ -91,11 +91,12 @@ def test_launches_depend_on_shapes_only(monkeypatch, fmt, tokens, planned):
     assert uniform == skewed
 
 
-# The MXFP4 grouped GEMMs: (module, GEMM kernel name, prepare hook, run), split-K at T = 1.
+# The MXFP4 grouped GEMMs: (module, GEMM kernel name, prepare hook, run, bind hook), split-K at T = 1.
 MX_KERNELS = {
-    "dot_scaled": (fused_mx, "moe_mx_gemm_kernel", fused_mx.prepare_moe_mx, fused_mx.fused_moe_mx),
+    "dot_scaled": (fused_mx, "moe_mx_gemm_kernel", fused_mx.prepare_moe_mx, fused_mx.fused_moe_mx,
+                   fused_mx.bind_fused_moe_mx),
     "swap": (fused_mx_swap, "moe_mx_swap_gemm_kernel", fused_mx_swap.prepare_moe_mx_swap,
-             fused_mx_swap.fused_moe_mx_swap),
+             fused_mx_swap.fused_moe_mx_swap, fused_mx_swap.bind_fused_moe_mx_swap),
 }  # fmt: skip
 
 
@@ -103,8 +104,9 @@ def _mx_launches(monkeypatch, kernel, tokens, skewed, planned):
     """An MXFP4 grouped GEMM's host path (split-K rule, finish kernel, the swapped kernel's
     per-call repack) with its launches recorded: it cannot run under the interpreter (or is
     not selected there), but its host code can. No host read, and no tensor built from host
-    data (a host-to-device copy, which CUDA-graph capture refuses)."""
-    module, gemm, prepare, run = MX_KERNELS[kernel]
+    data (a host-to-device copy, which CUDA-graph capture refuses). ``planned="bound"``: the
+    prepared weights through the bind hook's runner (bound and run under the guards)."""
+    module, gemm, prepare, run, bind = MX_KERNELS[kernel]
     inputs, logits = _inputs("mxfp4", tokens, skewed)
     weights_, ids = (t.contiguous() for t in torch.topk(torch.softmax(logits, -1), 2))
     prepared = prepare(w13=inputs["w13"], w2=inputs["w2"]) if planned else None
@@ -120,12 +122,16 @@ def _mx_launches(monkeypatch, kernel, tokens, skewed, planned):
             topk_ids=ids.int(), activation="swiglu_oai", w13_bias=inputs["w13_bias"], w2_bias=inputs["w2_bias"],
             expert_map=inputs["expert_map"], out=torch.empty_like(inputs["x"]), prepared=prepared,
         )  # fmt: skip
-        run(args, splits=None if tokens > 1 else 2)
+        splits = None if tokens > 1 else 2
+        if planned == "bound":
+            bind(args, splits=splits)(args)
+        else:
+            run(args, splits=splits)
     return log
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU form; the GPU form captures a real graph")
-@pytest.mark.parametrize("planned", [False, True], ids=["functional", "plan"])
+@pytest.mark.parametrize("planned", [False, True, "bound"], ids=["functional", "plan", "bound"])
 @pytest.mark.parametrize("tokens", [1, 33])
 @pytest.mark.parametrize("kernel", list(MX_KERNELS))
 def test_mxfp4_gemm_launches_depend_on_shapes_only(monkeypatch, kernel, tokens, planned):

@@ -16,6 +16,16 @@ instead of decoding E2M1 with integer arithmetic. MXFP4 weights and bf16 activat
   K when the grid is small; layer 1 then goes through a float32 partial buffer and
   :func:`._mx_gemm.split_finish_kernel`, layer 2 writes per-split rows the combine sums.
   Every launch size is a function of shapes: CUDA-graph capturable.
+- **Launches as data.** :func:`split_launches` builds a layer's launches (the GEMM from a
+  kernel's :class:`GemmLaunch` builder, the finish kernel when split) as
+  :class:`~tokenspeed_kernel_triton._launcher.Launch` objects, once for both paths:
+  :func:`split_layer` runs them (the functional path), :func:`bind_layers` binds them.
+- **Bound runs** (``bind`` hook :func:`bind_fused_moe_mx`, ``MoEPlan``'s "Bound runs"): up to
+  :data:`.fused.BIND_MAX_TOKENS` tokens a plan binds the four launches (five when layer 1 is
+  split) once per token count, tile and K splits decided then, the permutation buffers,
+  split partials, intermediate and w2 rows kept as the runner's workspaces; a call only
+  launches with its x, topk_weights, topk_ids and out. Above that count and with
+  ``activation_quant`` the function serves.
 - **Gating.** Ranked above ``triton_fused_moe`` for MXFP4 weights: on an H100 its GPU
   numerics pass and it is 1.21-1.44x faster at every T from 1 to 4096
   (docs/history.md, 2026-11-23). Unavailable under the Triton
@@ -29,7 +39,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import triton
@@ -39,18 +49,22 @@ from tokenspeed_kernel.kit import ACTIVATION_CODES, cdiv, sm_count, vendor_of
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
-from tokenspeed_kernel_triton._launcher import jit_launch
+from tokenspeed_kernel_triton._launcher import Launch
 from tokenspeed_kernel_triton.ops.moe._common import INTERPRET, VENDORS
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile, split_k
-from tokenspeed_kernel_triton.ops.moe._driver import Layer, layer_output, run_moe
+from tokenspeed_kernel_triton.ops.moe._driver import Layer, combine_launch, layer_output, run_moe
 from tokenspeed_kernel_triton.ops.moe._mx_gemm import moe_mx_gemm_kernel, split_finish_kernel
-from tokenspeed_kernel_triton.ops.moe._routing import Routing
-from tokenspeed_kernel_triton.ops.moe.fused import experts_predicate
+from tokenspeed_kernel_triton.ops.moe._routing import Routing, align_launch
+from tokenspeed_kernel_triton.ops.moe.fused import BIND_MAX_TOKENS, experts_predicate
 
 __all__ = [
     "MX_REGISTRATION",
+    "GemmLaunch",
     "MxOperand",
     "PreparedMx",
+    "Runner",
+    "bind_fused_moe_mx",
+    "bind_layers",
     "dot_scaled_missing",
     "fused_moe_mx",
     "mx_operand",
@@ -61,6 +75,7 @@ __all__ = [
     "prepare_moe_mx",
     "run_layers",
     "sm_count",
+    "split_launches",
     "split_layer",
     "split_size",
     "triton_fused_moe_mx",
@@ -70,6 +85,7 @@ A_FORMATS = {torch.bfloat16: "bf16"}  # dot_scaled's lhs format per activation d
 SCALE_ROW_ALIGN = 16  # bytes: the plan pads N of the N-contiguous scales to this
 FINISH_BLOCK_N = 128  # columns per program of split_finish_kernel
 DEFAULT_SMS = 132  # SM count assumed off-GPU (an H100), only for the split rule
+Runner = Callable[[MoEApplyArgs], None]  # what a bind hook returns (``MoEPlan``)
 
 
 @dataclass(frozen=True)
@@ -130,15 +146,27 @@ def split_size(k: int, block_k: int, splits: int) -> int:
     return cdiv(cdiv(k, block_k), splits) * block_k
 
 
-def split_layer(
-    a: torch.Tensor, bias: torch.Tensor | None, routing: Routing, *, n: int, k: int, tile: Tile, gated: bool,
-    activation: str, splits: int | None, launch: Callable[[torch.Tensor, int, int], None],
-) -> torch.Tensor:  # fmt: skip
-    """One layer (a :class:`._driver.Layer`) of a grouped GEMM with ``splits`` K splits (None:
-    :func:`plan_splits`): allocates the output, calls ``launch(out, splits, k_split)`` (the GEMM
-    kernel's launch; ``k_split`` from :func:`split_size`), and after a split layer 1 (``out`` =
-    float32 raw gate | up partials ``[splits, tiles_bound * block_m, 2n]``) sums the splits,
-    adds the bias and applies the activation with :func:`._mx_gemm.split_finish_kernel`."""
+class GemmLaunch(Protocol):
+    """Builds one layer's grouped-GEMM :class:`Launch` into ``out`` (``splits`` K splits of
+    ``k_split`` values; argument positions: ``a`` 0, ``weights`` 8)."""
+
+    def __call__(
+        self, a: torch.Tensor, op: Any, bias: torch.Tensor | None, routing: Routing, weights: torch.Tensor,
+        out: torch.Tensor, *, n: int, k: int, top_k: int, tile: Tile, gated: bool, activation: str, splits: int,
+        k_split: int,
+    ) -> Launch: ...  # fmt: skip
+
+
+def split_launches(
+    gemm: GemmLaunch, a: torch.Tensor, op: Any, bias: torch.Tensor | None, routing: Routing, weights: torch.Tensor,
+    *, n: int, k: int, top_k: int, tile: Tile, gated: bool, activation: str, splits: int | None = None,
+) -> tuple[torch.Tensor, tuple[Launch, ...]]:  # fmt: skip
+    """One layer of a grouped GEMM with ``splits`` K splits (None: :func:`plan_splits`), as data:
+    its output (uninitialized) and its launches in order. The GEMM's launch comes from
+    ``gemm`` into a buffer allocated here (``k_split`` from :func:`split_size`); after a split
+    layer 1 (float32 raw gate | up partials ``[splits, tiles_bound * block_m, 2n]``) a second
+    launch of :func:`._mx_gemm.split_finish_kernel` sums the splits, adds the bias and applies
+    the activation into the intermediate (it reads only those buffers and the plan's bias)."""
     if splits is None:
         splits = plan_splits(routing, n, k, tile, sm_count(a.device, default=DEFAULT_SMS))
     partial = gated and splits > 1
@@ -146,55 +174,115 @@ def split_layer(
         out = torch.empty((splits, routing.tiles_bound * tile.block_m, 2 * n), dtype=torch.float32, device=a.device)
     else:
         out = layer_output(a, routing, n, tile, gated=gated, splits=splits)
-    launch(out, splits, split_size(k, tile.block_k, splits))
+    launch = gemm(a, op, bias, routing, weights, out, n=n, k=k, top_k=top_k, tile=tile, gated=gated,
+                  activation=activation, splits=splits, k_split=split_size(k, tile.block_k, splits))  # fmt: skip
     if not partial:
-        return out
+        return out, (launch,)
     h = layer_output(a, routing, n, tile, gated=True)
-    jit_launch(split_finish_kernel, (routing.tiles_bound, cdiv(n, FINISH_BLOCK_N)),
+    finish = Launch(split_finish_kernel, (routing.tiles_bound, cdiv(n, FINISH_BLOCK_N)), (
         out, out if bias is None else bias, h, routing.sorted_ids, routing.tile_expert, routing.num_tiles,
         routing.num_pairs, n, out.stride(0), out.stride(1), 0 if bias is None else bias.stride(0), h.stride(0),
+    ), dict(
         SPLITS=splits, ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None, BLOCK_M=tile.block_m,
         BLOCK_N=FINISH_BLOCK_N, num_warps=4,
-    )  # fmt: skip
-    return h
+    ))  # fmt: skip
+    return h, (launch, finish)
 
 
-def _mx_gemm(
-    a: torch.Tensor, op: MxOperand, bias: torch.Tensor | None, routing: Routing, weights: torch.Tensor, *,
-    n: int, k: int, top_k: int, tile: Tile, gated: bool, activation: str, splits: int | None = None,
+def split_layer(
+    a: torch.Tensor, op: Any, bias: torch.Tensor | None, routing: Routing, weights: torch.Tensor, *, n: int, k: int,
+    top_k: int, tile: Tile, gated: bool, activation: str, splits: int | None = None, gemm: GemmLaunch,
 ) -> torch.Tensor:  # fmt: skip
-    """One layer (a :class:`._driver.Layer`) with ``splits`` K splits (None: the rule)."""
+    """One layer (a :class:`._driver.Layer` once ``gemm`` is given): :func:`split_launches`,
+    launched; returns the layer's output."""
+    out, launches = split_launches(gemm, a, op, bias, routing, weights, n=n, k=k, top_k=top_k, tile=tile,
+                                   gated=gated, activation=activation, splits=splits)  # fmt: skip
+    for launch in launches:
+        launch()
+    return out
 
-    def launch(out: torch.Tensor, splits: int, k_split: int) -> None:
-        jit_launch(moe_mx_gemm_kernel, (routing.tiles_bound * cdiv(n, tile.block_n), splits),
-            a, op.packed, op.scales, a if bias is None else bias, out,
-            routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights,
-            routing.num_pairs, n, k, routing.tiles_bound, k_split,
-            a.stride(0), *op.packed.stride(), *op.scales.stride(), 0 if bias is None else bias.stride(0),
-            out.stride(-2), out.stride(0) if out.dim() == 3 else 0,
-            TOP_K=top_k, GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
-            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
-            EVEN_K=k % tile.block_k == 0, SPLIT=splits > 1, A_FMT=A_FORMATS[a.dtype],
-            num_warps=tile.num_warps, num_stages=tile.num_stages,
-        )  # fmt: skip
 
-    return split_layer(a, bias, routing, n=n, k=k, tile=tile, gated=gated, activation=activation, splits=splits,
-                       launch=launch)  # fmt: skip
+def _mx_launch(
+    a: torch.Tensor, op: MxOperand, bias: torch.Tensor | None, routing: Routing, weights: torch.Tensor,
+    out: torch.Tensor, *, n: int, k: int, top_k: int, tile: Tile, gated: bool, activation: str, splits: int,
+    k_split: int,
+) -> Launch:  # fmt: skip
+    """The :class:`GemmLaunch` of :func:`._mx_gemm.moe_mx_gemm_kernel`."""
+    return Launch(moe_mx_gemm_kernel, (routing.tiles_bound * cdiv(n, tile.block_n), splits), (
+        a, op.packed, op.scales, op.packed if bias is None else bias, out,
+        routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights,
+        routing.num_pairs, n, k, routing.tiles_bound, k_split,
+        a.stride(0), *op.packed.stride(), *op.scales.stride(), 0 if bias is None else bias.stride(0),
+        out.stride(-2), out.stride(0) if out.dim() == 3 else 0,
+    ), dict(
+        TOP_K=top_k, GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
+        EVEN_K=k % tile.block_k == 0, SPLIT=splits > 1, A_FMT=A_FORMATS[a.dtype],
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
+    ))  # fmt: skip
+
+
+_mx_gemm = functools.partial(split_layer, gemm=_mx_launch)  # one layer (a _driver.Layer)
+
+
+def _mx_tile(args: MoEApplyArgs) -> Tile:
+    return pick_tile(args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), "mxfp4_dot")
+
+
+def _mx_operands(args: MoEApplyArgs) -> PreparedMx:
+    """The plan's prepared operands, or the public weights as the kernel reads them."""
+    prepared = args.prepared if isinstance(args.prepared, PreparedMx) else None
+    return prepared or PreparedMx(mx_operand(args.w13), mx_operand(args.w2))
 
 
 def fused_moe_mx(args: MoEApplyArgs, tile: Tile | None = None, splits: int | None = None) -> None:
     """Run the MoE for ``args`` (writes ``args.out``); ``tile`` overrides the ``mxfp4_dot``
     table, ``splits`` the split-K rule (both layers)."""
-    prepared = args.prepared if isinstance(args.prepared, PreparedMx) else None
-    ops = prepared or PreparedMx(mx_operand(args.w13), mx_operand(args.w2))
-    tile = tile or pick_tile(args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), "mxfp4_dot")
-    run_layers(args, ops, tile, _mx_gemm, splits)
+    run_layers(args, _mx_operands(args), tile or _mx_tile(args), _mx_gemm, splits)
 
 
 def run_layers(args: MoEApplyArgs, ops: Any, tile: Tile, layer: Layer, splits: int | None) -> None:
     """:func:`._driver.run_moe` on the operands ``ops.w13`` / ``ops.w2`` with ``layer``, its K
     splits forced to ``splits`` unless None (the rule)."""
     run_moe(args, ops.w13, ops.w2, tile, layer if splits is None else functools.partial(layer, splits=splits))
+
+
+def bind_layers(args: MoEApplyArgs, ops: Any, tile: Tile, gemm: GemmLaunch, splits: int | None = None) -> Runner:
+    """The runner of :func:`run_layers` with ``split_layer(gemm=gemm)`` for ``args``' token
+    count (``MoEPlan``'s ``bind``): the permutation, each layer's :func:`split_launches` (K
+    splits decided here, once) and the combine, bound with the permutation buffers, the
+    layers' outputs (split partials included) and the w2 rows as workspaces; a call then
+    launches with its x, topk_weights, topk_ids and out."""
+    top_k = args.topk_ids.shape[1]
+    hidden, inter = args.x.shape[1], args.w2.shape[-1]
+    routing, align = align_launch(args.topk_ids, args.expert_map, args.w13.shape[0], tile.block_m)
+    common = dict(top_k=top_k, tile=tile, activation=args.activation, splits=splits)
+    h, first = split_launches(gemm, args.x, ops.w13, args.w13_bias, routing, args.topk_weights, n=inter, k=hidden,
+                              gated=True, **common)  # fmt: skip
+    y, (second,) = split_launches(gemm, h, ops.w2, args.w2_bias, routing, args.topk_weights, n=hidden, k=inter,
+                                  gated=False, **common)  # fmt: skip
+    sort, w13, w2 = align.bound(0), first[0].bound(0, 8), second.bound(8)
+    finish = tuple(launch.bound() for launch in first[1:])  # the split-K finish, if layer 1 is split
+    total = combine_launch(y, args.topk_ids, args.expert_map, args.out).bound(1, 3)
+
+    def run(a: MoEApplyArgs) -> None:
+        sort(a.topk_ids)
+        w13(a.x, a.topk_weights)
+        for launch in finish:
+            launch()
+        w2(a.topk_weights)
+        total(a.topk_ids, a.out)
+
+    return run
+
+
+def bind_fused_moe_mx(args: MoEApplyArgs, tile: Tile | None = None, splits: int | None = None) -> Runner | None:
+    """The ``bind`` hook (``MoEPlan``): :func:`bind_layers` of :func:`fused_moe_mx` (``tile``
+    and ``splits`` as there). None (``fn`` serves) above :data:`.fused.BIND_MAX_TOKENS` tokens
+    and with ``activation_quant``."""
+    if args.topk_ids.shape[0] > BIND_MAX_TOKENS or args.activation_quant is not None:
+        return None
+    return bind_layers(args, _mx_operands(args), tile or _mx_tile(args), _mx_launch, splits)
 
 
 def dot_scaled_missing() -> str | None:
@@ -230,6 +318,7 @@ MX_REGISTRATION = {
     "predicate": mx_predicate,
     "available": dot_scaled_missing,
     "prepare": prepare_moe_mx,
+    "bind": bind_fused_moe_mx,
 }
 
 

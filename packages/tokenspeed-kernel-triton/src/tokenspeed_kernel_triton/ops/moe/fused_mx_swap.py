@@ -34,6 +34,10 @@ bf16x2 pattern (:mod:`._mx_swap_gemm`), with the 4 scales of a step in one pipel
   0.87x / 0.91x OpenAI's ``matmul_ogs`` (routing included) at T = 8 / 64 / 512 / 4096.
   Unavailable under the Triton interpreter like ``triton_fused_moe_mx``; the tests run its
   kernel there directly (float32 decode path).
+- **Bound runs** (``bind`` hook :func:`bind_fused_moe_mx_swap`): :func:`.fused_mx.bind_layers`
+  with this kernel's GEMM launch, on the plan's :class:`PreparedSwap` weights only, up to
+  :data:`.fused.BIND_MAX_TOKENS` tokens and without ``activation_quant`` (else None: the
+  registered function serves).
 - **Without a plan** (functional ``moe_apply``) the registered kernel runs
   ``triton_fused_moe_mx``'s layers on the public layout: repacking every call would cost more
   than the swapped loop saves. :func:`fused_moe_mx_swap` itself repacks per call with torch
@@ -42,6 +46,7 @@ bf16x2 pattern (:mod:`._mx_swap_gemm`), with the 4 scales of a step in one pipel
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -50,13 +55,16 @@ from tokenspeed_kernel.kit import ACTIVATION_CODES, cdiv, vendor_of
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, register_kernel
-from tokenspeed_kernel_triton._launcher import jit_launch
+from tokenspeed_kernel_triton._launcher import Launch
 from tokenspeed_kernel_triton.ops.moe._common import INTERPRET
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile
 from tokenspeed_kernel_triton.ops.moe._mx_swap_gemm import STEP_K, WORDS_PER_ROW, moe_mx_swap_gemm_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing
+from tokenspeed_kernel_triton.ops.moe.fused import BIND_MAX_TOKENS
 from tokenspeed_kernel_triton.ops.moe.fused_mx import (
     MX_REGISTRATION,
+    Runner,
+    bind_layers,
     fused_moe_mx,
     mxfp4_predicate,
     run_layers,
@@ -68,6 +76,7 @@ __all__ = [
     "SWAP_REGISTRATION",
     "PreparedSwap",
     "SwapOperand",
+    "bind_fused_moe_mx_swap",
     "fused_moe_mx_swap",
     "prepare_moe_mx_swap",
     "swap_missing",
@@ -177,37 +186,58 @@ def prepare_moe_mx_swap(*, w13: MXFP4Weight, w2: MXFP4Weight, w13_bias=None, w2_
     return PreparedSwap(swap_operand(w13, check_scales=True), swap_operand(w2, check_scales=True))
 
 
-def _swap_gemm(
-    a: torch.Tensor, op: SwapOperand, bias: torch.Tensor | None, routing: Routing, weights: torch.Tensor, *,
-    n: int, k: int, top_k: int, tile: Tile, gated: bool, activation: str, splits: int | None = None,
-) -> torch.Tensor:  # fmt: skip
-    """One layer (a :class:`._driver.Layer`) with ``splits`` K splits (None: the rule)."""
+def _swap_launch(
+    a: torch.Tensor, op: SwapOperand, bias: torch.Tensor | None, routing: Routing, weights: torch.Tensor,
+    out: torch.Tensor, *, n: int, k: int, top_k: int, tile: Tile, gated: bool, activation: str, splits: int,
+    k_split: int,
+) -> Launch:  # fmt: skip
+    """The :class:`.fused_mx.GemmLaunch` of :func:`._mx_swap_gemm.moe_mx_swap_gemm_kernel`."""
+    return Launch(moe_mx_swap_gemm_kernel, (routing.tiles_bound * cdiv(n, tile.block_n), splits), (
+        a, op.words, op.scales, op.words if bias is None else bias, out,
+        routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights,
+        routing.num_pairs, n, k, routing.tiles_bound, k_split // STEP_K,
+        a.stride(0), op.words.stride(0), op.words.stride(1), op.scales.stride(0), op.scales.stride(1),
+        0 if bias is None else bias.stride(0), out.stride(-2), out.stride(0) if out.dim() == 3 else 0,
+    ), dict(
+        TOP_K=top_k, GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_M=tile.group_m, SPLIT=splits > 1,
+        BIG_SCALES=op.big_scales, INTERPRET=INTERPRET, num_warps=tile.num_warps, num_stages=tile.num_stages,
+    ))  # fmt: skip
+
+
+_swap_gemm = functools.partial(split_layer, gemm=_swap_launch)  # one layer (a _driver.Layer)
+
+
+def _swap_tile(args: MoEApplyArgs, tile: Tile | None) -> Tile:
+    """``tile``, else the ``mxfp4_swap`` table's; its ``block_k`` must be the kernel's step."""
+    tile = tile or pick_tile(args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), "mxfp4_swap")
     if tile.block_k != STEP_K:
         raise ValueError(f"triton_fused_moe_mx_swap steps K by {STEP_K}: tile.block_k must be {STEP_K}, got {tile}")
-
-    def launch(out: torch.Tensor, splits: int, k_split: int) -> None:
-        jit_launch(moe_mx_swap_gemm_kernel, (routing.tiles_bound * cdiv(n, tile.block_n), splits),
-            a, op.words, op.scales, a if bias is None else bias, out,
-            routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights,
-            routing.num_pairs, n, k, routing.tiles_bound, k_split // STEP_K,
-            a.stride(0), op.words.stride(0), op.words.stride(1), op.scales.stride(0), op.scales.stride(1),
-            0 if bias is None else bias.stride(0), out.stride(-2), out.stride(0) if out.dim() == 3 else 0,
-            TOP_K=top_k, GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
-            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_M=tile.group_m, SPLIT=splits > 1,
-            BIG_SCALES=op.big_scales, INTERPRET=INTERPRET, num_warps=tile.num_warps, num_stages=tile.num_stages,
-        )  # fmt: skip
-
-    return split_layer(a, bias, routing, n=n, k=k, tile=tile, gated=gated, activation=activation, splits=splits,
-                       launch=launch)  # fmt: skip
+    return tile
 
 
 def fused_moe_mx_swap(args: MoEApplyArgs, tile: Tile | None = None, splits: int | None = None) -> None:
     """Run the MoE for ``args`` (writes ``args.out``); ``tile`` overrides the ``mxfp4_swap``
     table (its ``block_k`` must be 128), ``splits`` the split-K rule (both layers)."""
+    tile = _swap_tile(args, tile)
     prepared = args.prepared if isinstance(args.prepared, PreparedSwap) else None
     ops = prepared or PreparedSwap(swap_operand(args.w13), swap_operand(args.w2))
-    tile = tile or pick_tile(args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), "mxfp4_swap")
     run_layers(args, ops, tile, _swap_gemm, splits)
+
+
+def bind_fused_moe_mx_swap(args: MoEApplyArgs, tile: Tile | None = None, splits: int | None = None) -> Runner | None:
+    """The ``bind`` hook (``MoEPlan``): :func:`.fused_mx.bind_layers` of :func:`fused_moe_mx_swap`
+    on the plan's :class:`PreparedSwap` weights (``tile`` and ``splits`` as there). None (``fn``
+    serves) without them (``fn`` then runs ``triton_fused_moe_mx``'s layers), above
+    :data:`.fused.BIND_MAX_TOKENS` tokens and with ``activation_quant``."""
+    prepared = args.prepared
+    if (
+        not isinstance(prepared, PreparedSwap)
+        or args.topk_ids.shape[0] > BIND_MAX_TOKENS
+        or args.activation_quant is not None
+    ):
+        return None
+    return bind_layers(args, prepared, _swap_tile(args, tile), _swap_launch, splits)
 
 
 def swap_missing() -> str | None:
@@ -234,6 +264,7 @@ SWAP_REGISTRATION = {
     "predicate": swap_predicate,
     "available": swap_missing,
     "prepare": prepare_moe_mx_swap,
+    "bind": bind_fused_moe_mx_swap,
 }
 
 
