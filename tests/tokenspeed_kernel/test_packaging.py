@@ -155,6 +155,9 @@ def test_license_is_apache_2_everywhere():
     assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
     for path in PYPROJECTS:
         assert _toml(path)["project"]["license"] == "Apache-2.0", path.parent.name
+        # hatchling ships a project's LICENSE* in the wheel's dist-info/licenses: each wheel
+        # directory carries the same text as the repository's.
+        assert (path.parent / "LICENSE").read_text() == text, f"{path.parent.name}/LICENSE differs from LICENSE"
 
 
 def test_linter_versions_agree():
