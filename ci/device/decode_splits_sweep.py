@@ -106,9 +106,7 @@ def sweep_case(batch: int, ctx: int, window: int, result: dict, table_rows: list
     ref = reference(q, k, v, tab, lens, sinks, window)
 
     def call(name, out):
-        return mha_decode_with_kvcache(
-            q, k, v, tab, lens, ctx, sinks=sinks, window_left=window, out=out, override=name
-        )  # fmt: skip
+        return mha_decode_with_kvcache(q, k, v, tab, lens, ctx, sinks=sinks, window_left=window, out=out, override=name)
 
     base = {"triton_decode": graph_us(lambda: call("triton_decode", None))}
     kc = k[tab[0].long()].flatten(0, 1)[None].transpose(1, 2).contiguous()
@@ -184,15 +182,19 @@ def main() -> None:
             win = "win=" in label
             keys = min(ctx, 128) if win else ctx
             tbps = b * keys * HKV * D * 2 * 2 / (us * 1e-6) / 1e12
-            print(f"{label:22s} {tag:14s} {us:7.1f} us {tbps:5.2f} TB/s  triton_decode {triton:7.1f} us "
-                  f"gluon/triton {us / triton:.3f}")  # fmt: skip
+            print(
+                f"{label:22s} {tag:14s} {us:7.1f} us {tbps:5.2f} TB/s  triton_decode {triton:7.1f} us "
+                f"gluon/triton {us / triton:.3f}"
+            )
         print(f"errors: {len(result['errors'])}")
         return
     if mode == "crossover":
         print("\n== the launcher as shipped vs triton_decode (graph replay, cold L2)")
         for label, _, splits, us, triton in table_rows:
-            print(f"{label:24s} gluon {us:7.1f} us ({splits} splits)  triton_decode {triton:7.1f} us  "
-                  f"gluon/triton {us / triton:.3f}")  # fmt: skip
+            print(
+                f"{label:24s} gluon {us:7.1f} us ({splits} splits)  triton_decode {triton:7.1f} us  "
+                f"gluon/triton {us / triton:.3f}"
+            )
         print(f"errors: {len(result['errors'])}")
         return
     print(
@@ -204,9 +206,11 @@ def main() -> None:
         fused = next((r[3] for r in rows if r[1] == "bn64 st3 w4 fused splits=auto"), float("nan"))
         shipped = next((r[3] for r in rows if r[1] == "shipped"), float("nan"))
         best = min(rows, key=lambda r: r[3])
-        print(f"{label:20s} combine launch {kernel:6.1f} us  fused merge {fused:6.1f} us  shipped {shipped:6.1f} us  "
-              f"best {best[3]:6.1f} us "
-              f"({best[1]}, {best[2]} splits)  triton_decode {best[4]:6.1f} us")  # fmt: skip
+        print(
+            f"{label:20s} combine launch {kernel:6.1f} us  fused merge {fused:6.1f} us  shipped {shipped:6.1f} us  "
+            f"best {best[3]:6.1f} us "
+            f"({best[1]}, {best[2]} splits)  triton_decode {best[4]:6.1f} us"
+        )
     print(f"errors: {len(result['errors'])}")
 
 

@@ -161,10 +161,23 @@ def _link(objects: list[str], site: Path, cuda_home: Path, out: Path, extra: lis
         _run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", str(stub), "-o", str(libcuda_stub / "libcuda.so")])
     if not (nvrtc / "libnvrtc.so").exists():
         (nvrtc / "libnvrtc.so").symlink_to("libnvrtc.so.13")
-    _run([
-        "c++", *objects, *extra, "-shared", f"-L{cuda_home}/lib64", "-lcudart", f"-L{nvrtc}", "-lnvrtc",
-        f"-L{libcuda_stub}", "-Wl,--no-as-needed", "-lcuda", "-o", str(out),
-    ])  # fmt: skip
+    _run(
+        [
+            "c++",
+            *objects,
+            *extra,
+            "-shared",
+            f"-L{cuda_home}/lib64",
+            "-lcudart",
+            f"-L{nvrtc}",
+            "-lnvrtc",
+            f"-L{libcuda_stub}",
+            "-Wl,--no-as-needed",
+            "-lcuda",
+            "-o",
+            str(out),
+        ]
+    )
 
 
 def main() -> int:

@@ -92,8 +92,9 @@ def _numerics(record, m13, m2, b13, b2, device) -> None:
         moe_apply(x, m13, m2, tw, ti, activation=ACT, w13_bias=b13, w2_bias=b2, out=mma, override=MMA)
         torch.cuda.synchronize()
         fused = torch.full_like(x, float("nan"))
-        fused, fw, fi = moe_decode_from_logits(x, logits, m13, m2, K, activation=ACT, w13_bias=b13, w2_bias=b2,
-                                               out=fused)  # fmt: skip
+        fused, fw, fi = moe_decode_from_logits(
+            x, logits, m13, m2, K, activation=ACT, w13_bias=b13, w2_bias=b2, out=fused
+        )
         torch.cuda.synchronize()
         row = {
             "t": t,
@@ -105,8 +106,14 @@ def _numerics(record, m13, m2, b13, b2, device) -> None:
             "fused_ids_equal": bool(torch.equal(fi, ti)),
             "fused_weights_maxdiff": float((fw - tw).abs().max()),
         }
-        row["ok"] = (row["rel_err"] < 2e-2 and not row["nan"] and row["fused_rel_err"] < 2e-2 and row["fused_ids_equal"]
-                     and row["mma_rel_err"] < 2e-2 and not row["mma_nan"])  # fmt: skip
+        row["ok"] = (
+            row["rel_err"] < 2e-2
+            and not row["nan"]
+            and row["fused_rel_err"] < 2e-2
+            and row["fused_ids_equal"]
+            and row["mma_rel_err"] < 2e-2
+            and not row["mma_nan"]
+        )
         log(f"  numerics T={t}: {row}")
         record["numerics"].append(row)
     # Graph replay equals the eager call (capturable, deterministic); T = 8 runs the MMA

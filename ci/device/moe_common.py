@@ -34,8 +34,10 @@ def make_weights(e: int, h: int, i: int, device, seed: int = 0):
 def quantize(w: torch.Tensor, fmt: str):
     if fmt == "bf16":
         return w
-    parts = [quantize_mxfp4(p) if fmt == "mxfp4" else quantize_fp8(p, fmt.removeprefix("fp8_per_").removeprefix("fp8_"))
-             for p in w]  # fmt: skip
+    parts = [
+        quantize_mxfp4(p) if fmt == "mxfp4" else quantize_fp8(p, fmt.removeprefix("fp8_per_").removeprefix("fp8_"))
+        for p in w
+    ]
     if fmt == "mxfp4":
         return MXFP4Weight(torch.stack([p.packed for p in parts]), torch.stack([p.scales for p in parts]))
     return FP8Weight(torch.stack([p.data for p in parts]), torch.stack([p.scale for p in parts]))

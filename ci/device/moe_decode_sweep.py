@@ -62,8 +62,18 @@ def _gemv_call(x, logits, out, m13, m2, b13, b2, tiles=None):
 
     def run():
         tw, ti = moe_topk(logits, K)
-        args = MoEApplyArgs(x=x, w13=m13, w2=m2, topk_weights=tw, topk_ids=ti, activation=ACT, w13_bias=b13,
-                            w2_bias=b2, expert_map=None, out=out)  # fmt: skip
+        args = MoEApplyArgs(
+            x=x,
+            w13=m13,
+            w2=m2,
+            topk_weights=tw,
+            topk_ids=ti,
+            activation=ACT,
+            w13_bias=b13,
+            w2_bias=b2,
+            expert_map=None,
+            out=out,
+        )
         gemv_moe(args, tiles)
         return True
 
@@ -139,8 +149,9 @@ def _gluon_section(rec, device, m13, m2, b13, b2, cases) -> None:
                 out = torch.full_like(x, float("nan"))
 
                 def run(x=x, logits=logits, out=out):
-                    return gmd.moe_decode_from_logits(x, logits, m13, m2, K, activation=ACT, w13_bias=b13,
-                                                      w2_bias=b2, out=out)  # fmt: skip
+                    return gmd.moe_decode_from_logits(
+                        x, logits, m13, m2, K, activation=ACT, w13_bias=b13, w2_bias=b2, out=out
+                    )
 
                 _check_and_time(rec, "gluon", t, tag, run, out, ref, device, default=cfg == default[min(t, 8)])
     finally:
@@ -198,8 +209,14 @@ def main() -> int:
 
     registry.load_backends()
     device = torch.device("cuda")
-    rec = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M"), "flush": [],
-           "gluon": [], "gemv": [], "errors": []}  # fmt: skip
+    rec = {
+        "device": torch.cuda.get_device_name(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "flush": [],
+        "gluon": [],
+        "gemv": [],
+        "errors": [],
+    }
     w13, w2, b13, b2 = make_weights(E, H, INTER, device)
     b13 = b13.bfloat16()
     m13, m2 = quantize(w13, "mxfp4"), quantize(w2, "mxfp4")

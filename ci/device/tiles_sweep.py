@@ -100,8 +100,10 @@ _TILE_HOOK = {
     "triton_fused_moe_mx_swap": ("tokenspeed_kernel_triton.ops.moe.fused_mx_swap", "pick_tile"),
 }
 # Both MXFP4 grouped GEMMs take their K splits from fused_mx's rule (fused_mx.split_layer).
-_SPLITS_HOOK = {name: ("tokenspeed_kernel_triton.ops.moe.fused_mx", "split_k")
-                for name in ("triton_fused_moe_mx", "triton_fused_moe_mx_swap")}  # fmt: skip
+_SPLITS_HOOK = {
+    name: ("tokenspeed_kernel_triton.ops.moe.fused_mx", "split_k")
+    for name in ("triton_fused_moe_mx", "triton_fused_moe_mx_swap")
+}
 _TILE_TYPE = {
     "attention": ("tokenspeed_kernel_triton.ops.attention._launch", "Tile"),
     "moe": ("tokenspeed_kernel_triton.ops.moe._config", "Tile"),

@@ -103,11 +103,23 @@ def tiny_config(vocab: int = 128):
     from transformers import GptOssConfig
 
     return GptOssConfig(
-        num_hidden_layers=2, hidden_size=64, intermediate_size=48, head_dim=16, num_attention_heads=4,
-        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, vocab_size=vocab, sliding_window=4,
-        max_position_embeddings=4096, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        initializer_range=0.2, pad_token_id=0, eos_token_id=None, bos_token_id=None,
-    )  # fmt: skip
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=48,
+        head_dim=16,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        vocab_size=vocab,
+        sliding_window=4,
+        max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        initializer_range=0.2,
+        pad_token_id=0,
+        eos_token_id=None,
+        bos_token_id=None,
+    )
 
 
 def full_config(vocab: int):
@@ -116,10 +128,20 @@ def full_config(vocab: int):
     from transformers import GptOssConfig
 
     return GptOssConfig(
-        num_hidden_layers=2, hidden_size=2880, intermediate_size=2880, head_dim=64, num_attention_heads=64,
-        num_key_value_heads=8, num_local_experts=128, num_experts_per_tok=4, vocab_size=vocab, sliding_window=128,
-        pad_token_id=0, eos_token_id=None, bos_token_id=None,
-    )  # fmt: skip
+        num_hidden_layers=2,
+        hidden_size=2880,
+        intermediate_size=2880,
+        head_dim=64,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        num_local_experts=128,
+        num_experts_per_tok=4,
+        vocab_size=vocab,
+        sliding_window=128,
+        pad_token_id=0,
+        eos_token_id=None,
+        bos_token_id=None,
+    )
 
 
 def build(cfg, dtype: torch.dtype, device: torch.device, impl: str = "eager", seed: int = 0):
@@ -183,9 +205,12 @@ def prompt(batch: int, length: int, vocab: int, device: torch.device, seed: int 
 def greedy(model, ids: torch.Tensor, new: int, mask: torch.Tensor | None = None) -> torch.Tensor:
     with torch.no_grad():
         return model.generate(
-            ids, attention_mask=torch.ones_like(ids) if mask is None else mask,
-            max_new_tokens=new, min_new_tokens=new, do_sample=False,
-        )  # fmt: skip
+            ids,
+            attention_mask=torch.ones_like(ids) if mask is None else mask,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+        )
 
 
 def logits(model, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -277,9 +302,14 @@ def check_generate(name: str, ours, eager, ids: torch.Tensor, new: int, rows: tu
     routing = RoutingReplay().record(eager)
     with torch.no_grad():
         res = eager.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=False,
-            output_logits=True, return_dict_in_generate=True,
-        )  # fmt: skip
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
     if rows:
         set_impl(ours, rows[1])
     routing.remove().replay(ours)
@@ -301,8 +331,10 @@ def check_generate(name: str, ours, eager, ids: torch.Tensor, new: int, rows: tu
             if not same:
                 break
     ok = not bad and routing.next == len(routing.calls)
-    log(f"{name}: {equal}/{got[:, start:].numel()} tokens equal to eager ({resolvable} resolvable steps), "
-        f"{'PASS' if ok else 'FAIL ' + str(bad[:4])}")  # fmt: skip
+    log(
+        f"{name}: {equal}/{got[:, start:].numel()} tokens equal to eager ({resolvable} resolvable steps), "
+        f"{'PASS' if ok else 'FAIL ' + str(bad[:4])}"
+    )
     return {"check": name, "pass": ok, "equal": equal, "resolvable": resolvable, "bad": bad[:8]}
 
 
@@ -367,8 +399,10 @@ def full_checks(model, a: argparse.Namespace, device: torch.device, results: lis
             got32 = logits(ref_model, ids)
             err32 = (got32 - ref).abs().max().item()
             ok32 = err32 <= 2e-4 * ref.abs().max().item()
-            log(f"full logits float32: ours-eager {err32:.3e} (max|logit| {ref.abs().max().item():.3f})  "
-                f"{'PASS' if ok32 else 'FAIL'}")  # fmt: skip
+            log(
+                f"full logits float32: ours-eager {err32:.3e} (max|logit| {ref.abs().max().item():.3f})  "
+                f"{'PASS' if ok32 else 'FAIL'}"
+            )
             results.append({"check": "full logits float32", "pass": ok32, "err": err32})
         except Exception as exc:
             results.append({"check": "full logits float32", "pass": False, "error": short_error(exc)})
@@ -407,9 +441,13 @@ def timed_generate(model, ids: torch.Tensor, new: int, reps: int, device: torch.
         t0 = time.perf_counter()
         with torch.no_grad():
             model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
                 logits_processor=LogitsProcessorList([clock]),
-            )  # fmt: skip
+            )
         sync(device)
         total.append(time.perf_counter() - t0)
         prefill.append(clock.times[0] - t0)
@@ -460,8 +498,11 @@ def throughput(model, a: argparse.Namespace, device: torch.device) -> list[dict]
 def table(checks: list[dict], rows: list[dict]) -> str:
     lines = ["", "| check | result |", "| --- | --- |"]
     lines += [f"| {c['check']} | {'PASS' if c.get('pass') else 'FAIL ' + c.get('error', '')} |" for c in checks]
-    lines += ["", "| row (attn/experts) | B | prompt | prefill ms | decode step ms | decode tok/s | e2e tok/s | "
-              "decode vs eager/eager |"]  # fmt: skip
+    lines += [
+        "",
+        "| row (attn/experts) | B | prompt | prefill ms | decode step ms | decode tok/s | e2e tok/s | "
+        "decode vs eager/eager |",
+    ]
     lines += ["| --- | --- | --- | --- | --- | --- | --- | --- |"]
     base = {r["batch"]: r for r in rows if r["row"] == "eager/eager" and "decode_tok_s" in r}
     for r in rows:

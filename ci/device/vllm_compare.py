@@ -204,10 +204,16 @@ def _layers(config, window: int | None, sinks: torch.Tensor, device: torch.devic
             for backend in (TokenspeedAttentionBackend, TritonAttentionBackend):
                 sink = torch.nn.Parameter(sinks.to(device), requires_grad=False)
                 layer = Attention(
-                    HQ, D, D**-0.5, num_kv_heads=HKV, cache_config=config.cache_config,
-                    per_layer_sliding_window=window, prefix=f"model.layers.{next(_names)}.self_attn.attn",
-                    attn_backend=backend, sinks=sink,
-                )  # fmt: skip
+                    HQ,
+                    D,
+                    D**-0.5,
+                    num_kv_heads=HKV,
+                    cache_config=config.cache_config,
+                    per_layer_sliding_window=window,
+                    prefix=f"model.layers.{next(_names)}.self_attn.attn",
+                    attn_backend=backend,
+                    sinks=sink,
+                )
                 layer.process_weights_after_loading(torch.bfloat16)
                 made.append(layer)
     finally:
@@ -316,17 +322,32 @@ def _public(common, q, kv_cache, window, sinks32, num_decodes: int, plan=None) -
             plan.run(q[:nd], out=out[:nd])
         else:
             mha_decode_with_kvcache(
-                q[:nd], k_cache, v_cache, common.block_table_tensor[:num_decodes], common.seq_lens[:num_decodes],
-                common.max_seq_len, window_left=wl, sinks=sinks32, out=out[:nd],
-            )  # fmt: skip
+                q[:nd],
+                k_cache,
+                v_cache,
+                common.block_table_tensor[:num_decodes],
+                common.seq_lens[:num_decodes],
+                common.max_seq_len,
+                window_left=wl,
+                sinks=sinks32,
+                out=out[:nd],
+            )
     if num_decodes < common.num_reqs:
         loc = common.query_start_loc[num_decodes:]
         lens = common.query_start_loc_cpu[num_decodes + 1 :] - common.query_start_loc_cpu[num_decodes:-1]
         mha_extend_with_kvcache(
-            q[nd:], k_cache, v_cache, common.block_table_tensor[num_decodes:], (loc - loc[0]).to(torch.int32),
-            common.seq_lens[num_decodes:], int(lens.max()), common.max_seq_len, window_left=wl, sinks=sinks32,
+            q[nd:],
+            k_cache,
+            v_cache,
+            common.block_table_tensor[num_decodes:],
+            (loc - loc[0]).to(torch.int32),
+            common.seq_lens[num_decodes:],
+            int(lens.max()),
+            common.max_seq_len,
+            window_left=wl,
+            sinks=sinks32,
             out=out[nd:],
-        )  # fmt: skip
+        )
     return out
 
 
@@ -431,8 +452,14 @@ def _case(kit: _Kit, case: str, requests, num_decodes: int, num_blocks: int, gen
     from tokenspeed_kernel import last_kernel, mha_decode_plan
 
     ours, triton, ours_g, kv_cache, window, sinks32, iters = (
-        kit.ours, kit.triton, kit.ours_g, kit.kv_cache, kit.window, kit.sinks32, kit.iters,
-    )  # fmt: skip
+        kit.ours,
+        kit.triton,
+        kit.ours_g,
+        kit.kv_cache,
+        kit.window,
+        kit.sinks32,
+        kit.iters,
+    )
     device = kv_cache.device
     common, q, k, v = _step(requests, num_blocks, device, gen)
     out_a = _forward(ours, kit.ours_b, common, q, k, v, kv_cache)
@@ -471,10 +498,17 @@ def _case(kit: _Kit, case: str, requests, num_decodes: int, num_blocks: int, gen
     _close("backend (plan) vs public", out, out_b.double(), tol, report, case)
     row["ours_graph_ms"] = _graph_time(lambda: ours_g.impl.forward(ours_g, q, k, v, kv_cache, md_g, output=out), iters)
     plan = mha_decode_plan(
-        kv_cache.transpose(1, 2)[..., :D], kv_cache.transpose(1, 2)[..., D:], common.block_table_tensor,
-        common.seq_lens, common.max_seq_len, num_q_heads=HQ, q_dtype=q.dtype,
-        window_left=-1 if window is None else window - 1, sinks=sinks32, capturable=True,
-    )  # fmt: skip
+        kv_cache.transpose(1, 2)[..., :D],
+        kv_cache.transpose(1, 2)[..., D:],
+        common.block_table_tensor,
+        common.seq_lens,
+        common.max_seq_len,
+        num_q_heads=HQ,
+        q_dtype=q.dtype,
+        window_left=-1 if window is None else window - 1,
+        sinks=sinks32,
+        capturable=True,
+    )
     row["plan_kernel"] = plan.kernel
     row["public_graph_ms"] = _graph_time(lambda: plan.run(q, out=out), iters)
     row["vllm_graph_ms"] = _graph_time(lambda: triton.impl.forward(triton, q, k, v, kv_cache, md_c, output=out), iters)

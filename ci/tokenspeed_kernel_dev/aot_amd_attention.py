@@ -78,12 +78,34 @@ def compile_attention(cfg: AotAttention, arch: str) -> CompileReport:
     )
     q, kv = pointer_type(cfg.q_dtype), pointer_type(cfg.kv_dtype)
     types = {
-        "Q": q, "K": kv, "V": kv, "Out": q, "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32",
-        "Sinks": "*fp32", "KScale": "*fp32", "VScale": "*fp32", "PageTable": "*i32", "CuSeqlensQ": "*i32",
-        "CuSeqlensK": "*i32", "CacheSeqlens": "*i32", "stride_qt": "i32", "stride_kp": "i32", "stride_kt": "i32",
-        "stride_kh": "i32", "stride_vp": "i32", "stride_vt": "i32", "stride_vh": "i32", "stride_ot": "i32", "stride_pt": "i32", "num_tokens": "i32",
-        "sm_scale": "fp32", "logit_cap": "fp32", "window_left": "i32",
-    }  # fmt: skip
+        "Q": q,
+        "K": kv,
+        "V": kv,
+        "Out": q,
+        "Lse": "*fp32",
+        "PartOut": "*fp32",
+        "PartLse": "*fp32",
+        "Sinks": "*fp32",
+        "KScale": "*fp32",
+        "VScale": "*fp32",
+        "PageTable": "*i32",
+        "CuSeqlensQ": "*i32",
+        "CuSeqlensK": "*i32",
+        "CacheSeqlens": "*i32",
+        "stride_qt": "i32",
+        "stride_kp": "i32",
+        "stride_kt": "i32",
+        "stride_kh": "i32",
+        "stride_vp": "i32",
+        "stride_vt": "i32",
+        "stride_vh": "i32",
+        "stride_ot": "i32",
+        "stride_pt": "i32",
+        "num_tokens": "i32",
+        "sm_scale": "fp32",
+        "logit_cap": "fp32",
+        "window_left": "i32",
+    }
     return compile_kernel(attention_kernel, types, launch.constexprs, arch, num_warps=launch.num_warps, name=cfg.name)
 
 
@@ -92,9 +114,15 @@ def compile_combine(arch: str, head_dim_v: int = 64, splits: int = 8) -> Compile
         num_q_heads=64, head_dim_v=head_dim_v, splits=splits, sinks=True, kv_scales=True, lse=True
     )
     types = {
-        "PartOut": "*fp32", "PartLse": "*fp32", "Out": "*bf16", "Lse": "*fp32", "Sinks": "*fp32", "VScale": "*fp32",
-        "stride_ot": "i32", "num_tokens": "i32",
-    }  # fmt: skip
+        "PartOut": "*fp32",
+        "PartLse": "*fp32",
+        "Out": "*bf16",
+        "Lse": "*fp32",
+        "Sinks": "*fp32",
+        "VScale": "*fp32",
+        "stride_ot": "i32",
+        "num_tokens": "i32",
+    }
     return compile_kernel(combine_kernel, types, consts, arch, num_warps=1, name=f"combine[d{head_dim_v} s{splits}]")
 
 

@@ -115,16 +115,45 @@ def compile_decode(
     load, smem, mma = cfg.layouts
     t = _TYPE[dtype]
     signature = {
-        "q_ptr": t, "k_ptr": t, "v_ptr": t, "page_table_ptr": "*i32", "seqlens_ptr": "*i32",
-        "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "sinks_ptr": "*fp32", "out_ptr": t, "lse_ptr": "*fp32",
-        "count_ptr": "*i32", "pt_stride": "i32", "k_stride_p": "i32", "k_stride_t": "i32", "k_stride_h": "i32",
-        "v_stride_p": "i32", "v_stride_t": "i32", "v_stride_h": "i32", "sm_scale": "fp32", "logit_cap": "fp32", "window_left": "i32",
-    }  # fmt: skip
+        "q_ptr": t,
+        "k_ptr": t,
+        "v_ptr": t,
+        "page_table_ptr": "*i32",
+        "seqlens_ptr": "*i32",
+        "part_out_ptr": "*fp32",
+        "part_lse_ptr": "*fp32",
+        "sinks_ptr": "*fp32",
+        "out_ptr": t,
+        "lse_ptr": "*fp32",
+        "count_ptr": "*i32",
+        "pt_stride": "i32",
+        "k_stride_p": "i32",
+        "k_stride_t": "i32",
+        "k_stride_h": "i32",
+        "v_stride_p": "i32",
+        "v_stride_t": "i32",
+        "v_stride_h": "i32",
+        "sm_scale": "fp32",
+        "logit_cap": "fp32",
+        "window_left": "i32",
+    }
     constexprs = {
-        "HQ": 8 * group, "HKV": 8, "G": group, "D": head_dim, "PAGE": page_size, "SPLITS": splits,
-        "BLOCK_N": cfg.block_n, "STAGES": cfg.stages, "HAS_CAP": cap, "LOAD": load, "SMEM": smem, "MMA": mma,
-        "FUSED": fused, "HAS_SINKS": fused, "HAS_LSE": fused,
-    }  # fmt: skip
+        "HQ": 8 * group,
+        "HKV": 8,
+        "G": group,
+        "D": head_dim,
+        "PAGE": page_size,
+        "SPLITS": splits,
+        "BLOCK_N": cfg.block_n,
+        "STAGES": cfg.stages,
+        "HAS_CAP": cap,
+        "LOAD": load,
+        "SMEM": smem,
+        "MMA": mma,
+        "FUSED": fused,
+        "HAS_SINKS": fused,
+        "HAS_LSE": fused,
+    }
     for name in constexprs:
         signature[name] = "constexpr"
     name = f"gluon_decode-{str(dtype)[6:]}-d{head_dim}-p{page_size}-g{group}-s{splits}{'-cap' if cap else ''}"
@@ -150,14 +179,35 @@ def compile_prefill(
     t = _TYPE[dtype]
     desc = f"tensordesc<{t[1:]}[{cfg.block_n}, {head_dim}],{kv_smem!r}>"
     signature = {
-        "q_ptr": t, "o_ptr": t, "lse_ptr": "*fp32", "sinks_ptr": "*fp32", "k_desc": desc, "v_desc": desc,
-        "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "sm_scale": "fp32", "logit_cap": "fp32", "window_left": "i32",
-    }  # fmt: skip
+        "q_ptr": t,
+        "o_ptr": t,
+        "lse_ptr": "*fp32",
+        "sinks_ptr": "*fp32",
+        "k_desc": desc,
+        "v_desc": desc,
+        "cu_q_ptr": "*i32",
+        "cu_k_ptr": "*i32",
+        "sm_scale": "fp32",
+        "logit_cap": "fp32",
+        "window_left": "i32",
+    }
     constexprs = {
-        "HQ": 8 * group, "HKV": 8, "G": group, "G_PAD": cfg.group_pad, "D": head_dim, "BLOCK_T": cfg.block_t,
-        "BLOCK_N": cfg.block_n, "STAGES": cfg.stages, "HAS_SINKS": sinks, "HAS_CAP": cap, "HAS_LSE": lse,
-        "IO": io, "Q_SMEM": q_smem, "S_MMA": s_mma, "O_MMA": o_mma,
-    }  # fmt: skip
+        "HQ": 8 * group,
+        "HKV": 8,
+        "G": group,
+        "G_PAD": cfg.group_pad,
+        "D": head_dim,
+        "BLOCK_T": cfg.block_t,
+        "BLOCK_N": cfg.block_n,
+        "STAGES": cfg.stages,
+        "HAS_SINKS": sinks,
+        "HAS_CAP": cap,
+        "HAS_LSE": lse,
+        "IO": io,
+        "Q_SMEM": q_smem,
+        "S_MMA": s_mma,
+        "O_MMA": o_mma,
+    }
     for name in constexprs:
         signature[name] = "constexpr"
     flags = "".join(f"-{f}" for f, on in (("sinks", sinks), ("cap", cap), ("lse", lse)) if on)
@@ -187,26 +237,61 @@ def compile_moe(
     flags = "".join(f"-{f}" for f, on in (("route", route), ("bias", bias), ("map", emap)) if on)
     if layer == 1:
         signature = {
-            "x_ptr": t, "w_ptr": "*i32", "s_ptr": "*u8", "b_ptr": t, "hid_ptr": "*fp32", "ids_ptr": "*i32",
-            "tw_ptr": "*fp32", "emap_ptr": "*i32", "logits_ptr": t, "stride_xt": "i32", "stride_lt": "i32",
+            "x_ptr": t,
+            "w_ptr": "*i32",
+            "s_ptr": "*u8",
+            "b_ptr": t,
+            "hid_ptr": "*fp32",
+            "ids_ptr": "*i32",
+            "tw_ptr": "*fp32",
+            "emap_ptr": "*i32",
+            "logits_ptr": t,
+            "stride_xt": "i32",
+            "stride_lt": "i32",
             "stride_be": "i32",
-        }  # fmt: skip
+        }
         constexprs = {
-            "N": inter, "KG": hidden // 32, "TOP_K": top_k, "E": experts, "EP": max(32, gmoe.next_pow2(experts)),
-            "ROUTE": route, "SIGMOID": False, "RENORM": True, "HAS_MAP": emap, "HAS_BIAS": bias,
-            "ACTIVATION": gmoe.ACTIVATION_CODES[activation], "BN": cfg.block_n1, "NW": cfg.warps1, "W3": w3, "RL": rl,
-        }  # fmt: skip
+            "N": inter,
+            "KG": hidden // 32,
+            "TOP_K": top_k,
+            "E": experts,
+            "EP": max(32, gmoe.next_pow2(experts)),
+            "ROUTE": route,
+            "SIGMOID": False,
+            "RENORM": True,
+            "HAS_MAP": emap,
+            "HAS_BIAS": bias,
+            "ACTIVATION": gmoe.ACTIVATION_CODES[activation],
+            "BN": cfg.block_n1,
+            "NW": cfg.warps1,
+            "W3": w3,
+            "RL": rl,
+        }
         kernel, warps = w13_kernel, cfg.warps1
         name = f"gluon_moe_w13-{str(dtype)[6:]}-h{hidden}-i{inter}-e{experts}-k{top_k}-t{tokens}-{activation}{flags}"
     else:
         signature = {
-            "hid_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "b_ptr": t, "out_ptr": t, "ids_ptr": "*i32",
-            "tw_ptr": "*fp32", "emap_ptr": "*i32", "stride_be": "i32", "stride_ot": "i32",
-        }  # fmt: skip
+            "hid_ptr": "*fp32",
+            "w_ptr": "*i32",
+            "s_ptr": "*u8",
+            "b_ptr": t,
+            "out_ptr": t,
+            "ids_ptr": "*i32",
+            "tw_ptr": "*fp32",
+            "emap_ptr": "*i32",
+            "stride_be": "i32",
+            "stride_ot": "i32",
+        }
         constexprs = {
-            "N": hidden, "KG": inter // 32, "TOP_K": top_k, "KP": gmoe.next_pow2(top_k), "HAS_MAP": emap,
-            "HAS_BIAS": bias, "BN2": cfg.block_n2, "W4": w4,
-        }  # fmt: skip
+            "N": hidden,
+            "KG": inter // 32,
+            "TOP_K": top_k,
+            "KP": gmoe.next_pow2(top_k),
+            "HAS_MAP": emap,
+            "HAS_BIAS": bias,
+            "BN2": cfg.block_n2,
+            "W4": w4,
+        }
         kernel, warps = w2_kernel, cfg.warps2(top_k)
         name = f"gluon_moe_w2-{str(dtype)[6:]}-h{hidden}-i{inter}-k{top_k}-t{tokens}{flags}"
     for key in constexprs:
@@ -247,16 +332,34 @@ def compile_moe_mma(
     tag = f"{cfg.ks1}.{cfg.u1}.{cfg.ks2}.{cfg.u2}.{cfg.rb2}{flags_cfg}"
     if layer == 1:
         signature = {
-            "x_ptr": t, "w_ptr": "*i32", "s_ptr": "*u8", "b_ptr": t, "hid_ptr": "*fp16", "hs_ptr": "*fp32",
-            "ids_ptr": "*i32", "emap_ptr": "*i32", "stride_xt": "i32",
+            "x_ptr": t,
+            "w_ptr": "*i32",
+            "s_ptr": "*u8",
+            "b_ptr": t,
+            "hid_ptr": "*fp16",
+            "hs_ptr": "*fp32",
+            "ids_ptr": "*i32",
+            "emap_ptr": "*i32",
+            "stride_xt": "i32",
             "stride_be": "i32",
-        }  # fmt: skip
+        }
         constexprs = {
-            "N": inter, "KG": hidden // 32, "TOP_K": top_k, "HAS_MAP": emap, "HAS_BIAS": bias,
-            "ACTIVATION": gmoe.ACTIVATION_CODES[activation], "X_F16": dtype == torch.float16, "KS": cfg.ks1,
-            "U": cfg.u1, "L": l1, "XL": xl, "HP": cfg.row_pad(hidden), "NORMALIZE": cfg.normalize,
-            "PREFETCH": cfg.prefetch, "L2_HINT": cfg.l2_hint,
-        }  # fmt: skip
+            "N": inter,
+            "KG": hidden // 32,
+            "TOP_K": top_k,
+            "HAS_MAP": emap,
+            "HAS_BIAS": bias,
+            "ACTIVATION": gmoe.ACTIVATION_CODES[activation],
+            "X_F16": dtype == torch.float16,
+            "KS": cfg.ks1,
+            "U": cfg.u1,
+            "L": l1,
+            "XL": xl,
+            "HP": cfg.row_pad(hidden),
+            "NORMALIZE": cfg.normalize,
+            "PREFETCH": cfg.prefetch,
+            "L2_HINT": cfg.l2_hint,
+        }
         kernel, warps = w13_mma_kernel, cfg.ks1
         if cfg.tma1:  # the TMA-staged layer 1: a descriptor instead of the word pointer
             box, box_layout = gmma.tma_box(cfg)
@@ -267,14 +370,33 @@ def compile_moe_mma(
         name = f"gluon_moe_mma_w13-{str(dtype)[6:]}-h{hidden}-i{inter}-k{top_k}-c{tag}-{activation}{flags}"
     else:
         signature = {
-            "hid_ptr": "*fp16", "hs_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "b_ptr": "*fp32", "out_ptr": t,
-            "ids_ptr": "*i32", "tw_ptr": "*fp32", "emap_ptr": "*i32", "stride_be": "i32", "stride_ot": "i32",
-        }  # fmt: skip
+            "hid_ptr": "*fp16",
+            "hs_ptr": "*fp32",
+            "w_ptr": "*i32",
+            "s_ptr": "*u8",
+            "b_ptr": "*fp32",
+            "out_ptr": t,
+            "ids_ptr": "*i32",
+            "tw_ptr": "*fp32",
+            "emap_ptr": "*i32",
+            "stride_be": "i32",
+            "stride_ot": "i32",
+        }
         constexprs = {
-            "N": hidden, "KG": inter // 32, "TOP_K": top_k, "KP": gmma.next_pow2(top_k), "KS": cfg.ks2,
-            "U": cfg.u2, "R": cfg.rb2, "HAS_MAP": emap, "HAS_BIAS": bias, "L": l2, "NORMALIZE": cfg.normalize, "PREFETCH": cfg.prefetch,
+            "N": hidden,
+            "KG": inter // 32,
+            "TOP_K": top_k,
+            "KP": gmma.next_pow2(top_k),
+            "KS": cfg.ks2,
+            "U": cfg.u2,
+            "R": cfg.rb2,
+            "HAS_MAP": emap,
+            "HAS_BIAS": bias,
+            "L": l2,
+            "NORMALIZE": cfg.normalize,
+            "PREFETCH": cfg.prefetch,
             "L2_HINT": cfg.l2_hint,
-        }  # fmt: skip
+        }
         kernel, warps = w2_mma_kernel, gmma.next_pow2(top_k) * cfg.ks2
         if cfg.tma2:  # the TMA-staged layer 2: a descriptor instead of the word pointer
             box, box_layout = gmma.tma_box(cfg, 2)

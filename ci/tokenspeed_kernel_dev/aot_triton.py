@@ -134,10 +134,21 @@ def _signature(cfg: AttentionConfig, target: GPUTarget, tile: Tile | None = None
     if cfg.kv_dtype == torch.float8_e4m3fn and target.backend == "hip":
         kv_type = _AMD_FP8.get(str(target.arch), kv_type)
     pointers = {
-        "Q": q_type, "K": kv_type, "V": kv_type, "Out": q_type, "Lse": "*fp32", "PartOut": "*fp32",
-        "PartLse": "*fp32", "Sinks": "*fp32", "KScale": "*fp32", "VScale": "*fp32", "PageTable": "*i32",
-        "CuSeqlensQ": "*i32", "CuSeqlensK": "*i32", "CacheSeqlens": "*i32",
-    }  # fmt: skip
+        "Q": q_type,
+        "K": kv_type,
+        "V": kv_type,
+        "Out": q_type,
+        "Lse": "*fp32",
+        "PartOut": "*fp32",
+        "PartLse": "*fp32",
+        "Sinks": "*fp32",
+        "KScale": "*fp32",
+        "VScale": "*fp32",
+        "PageTable": "*i32",
+        "CuSeqlensQ": "*i32",
+        "CuSeqlensK": "*i32",
+        "CacheSeqlens": "*i32",
+    }
     scalars = {name: "i32" for name in attention_kernel.arg_names[14:27]}
     scalars |= {"sm_scale": "fp32", "logit_cap": "fp32", "window_left": "i32"}
     signature = {name: pointers.get(name) or scalars.get(name) or "constexpr" for name in attention_kernel.arg_names}
@@ -198,11 +209,26 @@ def compile_one(fn, signature: dict, constexprs: dict, target: GPUTarget, name: 
 
 def _combine_signature() -> tuple[dict, dict]:
     signature = {
-        "PartOut": "*fp32", "PartLse": "*fp32", "Out": "*bf16", "Lse": "*fp32", "Sinks": "*fp32", "VScale": "*fp32",
-        "stride_ot": "i32", "stride_oh": "i32", "num_q_heads": "i32",
-    }  # fmt: skip
-    consts = {"NUM_SPLITS": 8, "SPLITS_PAD": 8, "HEAD_DIM_V": 64, "BLOCK_DV": 64, "HAS_SINKS": True,
-              "HAS_SCALES": True, "WRITE_LSE": True, "_options": {"num_warps": 1}}  # fmt: skip
+        "PartOut": "*fp32",
+        "PartLse": "*fp32",
+        "Out": "*bf16",
+        "Lse": "*fp32",
+        "Sinks": "*fp32",
+        "VScale": "*fp32",
+        "stride_ot": "i32",
+        "stride_oh": "i32",
+        "num_q_heads": "i32",
+    }
+    consts = {
+        "NUM_SPLITS": 8,
+        "SPLITS_PAD": 8,
+        "HEAD_DIM_V": 64,
+        "BLOCK_DV": 64,
+        "HAS_SINKS": True,
+        "HAS_SCALES": True,
+        "WRITE_LSE": True,
+        "_options": {"num_warps": 1},
+    }
     signature |= {k: "constexpr" for k in consts if k != "_options"}
     return signature, consts
 
@@ -212,13 +238,35 @@ def _store_signature(fp8: bool, target: GPUTarget) -> tuple[dict, dict]:
     if fp8 and target.backend == "hip":
         cache = _AMD_FP8.get(str(target.arch), cache)
     signature = {
-        "K": "*bf16", "V": "*bf16", "KCache": cache, "VCache": cache, "Slots": "*i64", "KScale": "*fp32",
-        "VScale": "*fp32", "stride_kt": "i32", "stride_kh": "i32", "stride_vt": "i32", "stride_vh": "i32",
-        "stride_kcp": "i32", "stride_kct": "i32", "stride_kch": "i32", "stride_vcp": "i32", "stride_vct": "i32",
-        "stride_vch": "i32", "num_heads": "i32",
-    }  # fmt: skip
-    consts = {"PAGE_SIZE": 16, "DIM_K": 64, "DIM_V": 64, "BLOCK_H": 8, "BLOCK_D": 64, "FP8": fp8, "INTERPRET": False,
-              "_options": {"num_warps": 1}}  # fmt: skip
+        "K": "*bf16",
+        "V": "*bf16",
+        "KCache": cache,
+        "VCache": cache,
+        "Slots": "*i64",
+        "KScale": "*fp32",
+        "VScale": "*fp32",
+        "stride_kt": "i32",
+        "stride_kh": "i32",
+        "stride_vt": "i32",
+        "stride_vh": "i32",
+        "stride_kcp": "i32",
+        "stride_kct": "i32",
+        "stride_kch": "i32",
+        "stride_vcp": "i32",
+        "stride_vct": "i32",
+        "stride_vch": "i32",
+        "num_heads": "i32",
+    }
+    consts = {
+        "PAGE_SIZE": 16,
+        "DIM_K": 64,
+        "DIM_V": 64,
+        "BLOCK_H": 8,
+        "BLOCK_D": 64,
+        "FP8": fp8,
+        "INTERPRET": False,
+        "_options": {"num_warps": 1},
+    }
     signature |= {k: "constexpr" for k in consts if k != "_options"}
     return signature, consts
 

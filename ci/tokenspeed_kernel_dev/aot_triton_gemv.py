@@ -43,20 +43,46 @@ def _configs(t13: GemvTile, t2: GemvTile) -> list[tuple[str, object, dict, dict]
     w13 = _signature(
         gemv_w13_kernel,
         {"X": "*bf16", "W": "*u8", "S": "*u8", "Bias": "*fp32", "Hid": "*bf16", "Ids": "*i32", "ExpertMap": "*i32"},
-        {"TOP_K": TOP_K, "HAS_MAP": True, "HAS_BIAS": True, "ACTIVATION": 2, "BLOCK_N": t13.block_n,
-         "BLOCK_K": t13.block_k, "EVEN_K": False, "stride_wk": 1, "stride_sk": 1},
+        {
+            "TOP_K": TOP_K,
+            "HAS_MAP": True,
+            "HAS_BIAS": True,
+            "ACTIVATION": 2,
+            "BLOCK_N": t13.block_n,
+            "BLOCK_K": t13.block_k,
+            "EVEN_K": False,
+            "stride_wk": 1,
+            "stride_sk": 1,
+        },
         {"N", "K", "stride_xt", "stride_we", "stride_wn", "stride_se", "stride_be", "stride_ht"},
         {"num_warps": t13.num_warps},
-    )  # fmt: skip
+    )
     w2 = _signature(
         gemv_w2_kernel,
-        {"Hid": "*bf16", "W": "*u8", "S": "*u8", "Bias": "*bf16", "Out": "*bf16", "Ids": "*i32",
-         "ExpertMap": "*i32", "TopkWeights": "*fp32"},
-        {"TOP_K": TOP_K, "KP": TOP_K, "HAS_MAP": True, "HAS_BIAS": True, "BLOCK_N": t2.block_n,
-         "BLOCK_K": t2.block_k, "EVEN_K": False, "stride_wk": 1, "stride_sk": 1},
+        {
+            "Hid": "*bf16",
+            "W": "*u8",
+            "S": "*u8",
+            "Bias": "*bf16",
+            "Out": "*bf16",
+            "Ids": "*i32",
+            "ExpertMap": "*i32",
+            "TopkWeights": "*fp32",
+        },
+        {
+            "TOP_K": TOP_K,
+            "KP": TOP_K,
+            "HAS_MAP": True,
+            "HAS_BIAS": True,
+            "BLOCK_N": t2.block_n,
+            "BLOCK_K": t2.block_k,
+            "EVEN_K": False,
+            "stride_wk": 1,
+            "stride_sk": 1,
+        },
         {"N", "K", "stride_ht", "stride_we", "stride_wn", "stride_se", "stride_be", "stride_ot"},
         {"num_warps": t2.num_warps},
-    )  # fmt: skip
+    )
     return [
         (f"gemv_w13[n{t13.block_n}k{t13.block_k}w{t13.num_warps}]", gemv_w13_kernel, *w13),
         (f"gemv_w2[n{t2.block_n}k{t2.block_k}w{t2.num_warps}]", gemv_w2_kernel, *w2),
@@ -104,8 +130,12 @@ def _ptxas_registers(ptx: str, target: GPUTarget) -> tuple[int, int]:
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as f:
             f.write(ptx)
-        res = subprocess.run([ptxas, "-v", f"--gpu-name={arch}", src, "-o", os.path.join(tmp, "k.o")],
-                             capture_output=True, text=True, check=True)  # fmt: skip
+        res = subprocess.run(
+            [ptxas, "-v", f"--gpu-name={arch}", src, "-o", os.path.join(tmp, "k.o")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     log = res.stdout + res.stderr
     regs = max(map(int, re.findall(r"Used (\d+) registers", log)), default=0)
     spills = sum(map(int, re.findall(r"(\d+) bytes spill (?:stores|loads)", log)))

@@ -62,16 +62,36 @@ def _weight_types(fmt: int, target: GPUTarget) -> tuple[str, str]:
 def gemm_signature(fmt: int, gated: bool, tile: Tile, target: GPUTarget) -> tuple[dict, dict]:
     w_type, s_type = _weight_types(fmt, target)
     pointers = {
-        "A": "*bf16", "W": w_type, "S": s_type, "Bias": "*fp32", "Out": "*bf16" if gated else "*fp32",
-        "SortedIds": "*i32", "TileExpert": "*i32", "NumTiles": "*i32", "TopkWeights": "*fp32", "AS": "*fp32",
-    }  # fmt: skip
+        "A": "*bf16",
+        "W": w_type,
+        "S": s_type,
+        "Bias": "*fp32",
+        "Out": "*bf16" if gated else "*fp32",
+        "SortedIds": "*i32",
+        "TileExpert": "*i32",
+        "NumTiles": "*i32",
+        "TopkWeights": "*fp32",
+        "AS": "*fp32",
+    }
     consts = {
-        "TOP_K": 4, "FORMAT": fmt, "GATED": gated, "ACTIVATION": 2, "HAS_BIAS": True,
-        "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "BLOCK_K": 64 if fmt == MXFP4 else tile.block_k, "GROUP_M": tile.group_m,
-        "EVEN_K": fmt == MXFP4, "INTERPRET": False, "DOT_PREC": None,
-        "MX_HALVES": fmt == MXFP4, "MX_BF16": fmt == MXFP4, "MX_WORDS": fmt == MXFP4, "ATOMIC": False,
+        "TOP_K": 4,
+        "FORMAT": fmt,
+        "GATED": gated,
+        "ACTIVATION": 2,
+        "HAS_BIAS": True,
+        "BLOCK_M": tile.block_m,
+        "BLOCK_N": tile.block_n,
+        "BLOCK_K": 64 if fmt == MXFP4 else tile.block_k,
+        "GROUP_M": tile.group_m,
+        "EVEN_K": fmt == MXFP4,
+        "INTERPRET": False,
+        "DOT_PREC": None,
+        "MX_HALVES": fmt == MXFP4,
+        "MX_BF16": fmt == MXFP4,
+        "MX_WORDS": fmt == MXFP4,
+        "ATOMIC": False,
         "A_FP8": False,
-    }  # fmt: skip
+    }
     consts["stride_wk"] = 1  # the launcher specializes a unit stride to a constant, as here
     signature = {n: pointers.get(n, "constexpr" if n in consts else "i32") for n in moe_gemm_kernel.arg_names}
     aligned = {*pointers, "N", "K", "stride_am", "stride_we", "stride_wn", "stride_be", "stride_om"}
@@ -91,16 +111,30 @@ def _hinted(fn, pointers: dict, consts: dict, aligned: set, options: dict) -> tu
 def _mx_pointers(gated: bool, split: bool, weight_type: str) -> dict:
     """Pointer types of the MXFP4 grouped GEMMs (weights and scales as ``weight_type``)."""
     return {
-        "A": "*bf16", "W": weight_type, "S": weight_type, "Bias": "*fp32",
-        "Out": "*bf16" if gated and not split else "*fp32", "SortedIds": "*i32", "TileExpert": "*i32",
-        "NumTiles": "*i32", "TopkWeights": "*fp32",
-    }  # fmt: skip
+        "A": "*bf16",
+        "W": weight_type,
+        "S": weight_type,
+        "Bias": "*fp32",
+        "Out": "*bf16" if gated and not split else "*fp32",
+        "SortedIds": "*i32",
+        "TileExpert": "*i32",
+        "NumTiles": "*i32",
+        "TopkWeights": "*fp32",
+    }
 
 
 def _mx_consts(gated: bool, tile: Tile, split: bool) -> dict:
     """The constexprs both MXFP4 grouped GEMMs take (GPT-OSS: top-4, swiglu_oai, biases)."""
-    return {"TOP_K": 4, "GATED": gated, "ACTIVATION": 2, "HAS_BIAS": True, "BLOCK_M": tile.block_m,
-            "BLOCK_N": tile.block_n, "GROUP_M": tile.group_m, "SPLIT": split}  # fmt: skip
+    return {
+        "TOP_K": 4,
+        "GATED": gated,
+        "ACTIVATION": 2,
+        "HAS_BIAS": True,
+        "BLOCK_M": tile.block_m,
+        "BLOCK_N": tile.block_n,
+        "GROUP_M": tile.group_m,
+        "SPLIT": split,
+    }
 
 
 def mx_gemm_signature(gated: bool, tile: Tile, *, split: bool, planned: bool) -> tuple[dict, dict]:
@@ -128,8 +162,14 @@ def _mx_configs(vendor: str) -> list[tuple[str, object, dict, dict]]:
                 name = f"moe_mx_gemm[{layer}-{'planned' if planned else 'public'}-m{tile.block_m}n{tile.block_n}"
                 name += "-split]" if split else "]"
                 out.append((name, moe_mx_gemm_kernel, *mx_gemm_signature(gated, tile, split=split, planned=planned)))
-    pointers = {"Partial": "*fp32", "Bias": "*fp32", "Out": "*bf16", "SortedIds": "*i32", "TileExpert": "*i32",
-                "NumTiles": "*i32"}  # fmt: skip
+    pointers = {
+        "Partial": "*fp32",
+        "Bias": "*fp32",
+        "Out": "*bf16",
+        "SortedIds": "*i32",
+        "TileExpert": "*i32",
+        "NumTiles": "*i32",
+    }
     consts = {"SPLITS": 4, "ACTIVATION": 2, "HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 128}
     aligned = {"N", "stride_ps", "stride_pm", "stride_be", "stride_om"}
     sig, consts = _hinted(split_finish_kernel, pointers, consts, aligned, {"num_warps": 4})
@@ -141,8 +181,18 @@ def swap_gemm_signature(gated: bool, tile: Tile, *, split: bool, big: bool) -> t
     sizes and strides; the K step is fixed)."""
     pointers = _mx_pointers(gated, split, "*i32")
     consts = _mx_consts(gated, tile, split) | {"BIG_SCALES": big, "INTERPRET": False}
-    aligned = {"N", "K", "stride_am", "stride_we", "stride_ws", "stride_se", "stride_ss", "stride_be", "stride_om",
-               "stride_os"}  # fmt: skip
+    aligned = {
+        "N",
+        "K",
+        "stride_am",
+        "stride_we",
+        "stride_ws",
+        "stride_se",
+        "stride_ss",
+        "stride_be",
+        "stride_om",
+        "stride_os",
+    }
     options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
     return _hinted(moe_mx_swap_gemm_kernel, pointers, consts, aligned, options)
 
@@ -170,19 +220,56 @@ def _swap_configs(vendor: str) -> list[tuple[str, object, dict, dict]]:
 
 
 def _small_kernels() -> list[tuple[str, object, dict, dict]]:
-    align = {"Ids": "*i32", "ExpertMap": "*i32", "SortedIds": "*i32", "TileExpert": "*i32", "NumTiles": "*i32",
-             "num_pairs": "i32", "HAS_MAP": "constexpr", "BLOCK_M": "constexpr", "BLOCK_E": "constexpr",
-             "BLOCK_P": "constexpr"}  # fmt: skip
+    align = {
+        "Ids": "*i32",
+        "ExpertMap": "*i32",
+        "SortedIds": "*i32",
+        "TileExpert": "*i32",
+        "NumTiles": "*i32",
+        "num_pairs": "i32",
+        "HAS_MAP": "constexpr",
+        "BLOCK_M": "constexpr",
+        "BLOCK_E": "constexpr",
+        "BLOCK_P": "constexpr",
+    }
     align_c = {"HAS_MAP": True, "BLOCK_M": 16, "BLOCK_E": 128, "BLOCK_P": 1024, "_options": {"num_warps": 4}}
-    combine = {"Y": "*fp32", "Ids": "*i32", "ExpertMap": "*i32", "Out": "*bf16", "H": "i32", "stride_ot": "i32",
-               "stride_ys": "i32", "TOP_K": "constexpr", "HAS_MAP": "constexpr", "BLOCK_H": "constexpr",
-               "SPLITS": "constexpr"}  # fmt: skip
+    combine = {
+        "Y": "*fp32",
+        "Ids": "*i32",
+        "ExpertMap": "*i32",
+        "Out": "*bf16",
+        "H": "i32",
+        "stride_ot": "i32",
+        "stride_ys": "i32",
+        "TOP_K": "constexpr",
+        "HAS_MAP": "constexpr",
+        "BLOCK_H": "constexpr",
+        "SPLITS": "constexpr",
+    }
     combine_c = {"TOP_K": 4, "HAS_MAP": True, "BLOCK_H": 1024, "SPLITS": 1, "_options": {"num_warps": 4}}
-    topk = {"Logits": "*bf16", "Weights": "*fp32", "Ids": "*i32", "num_tokens": "i32", "num_experts": "i32",
-            "stride_lt": "i32", "TOP_K": "constexpr", "SIGMOID": "constexpr", "RENORMALIZE": "constexpr",
-            "BLOCK_T": "constexpr", "BLOCK_E": "constexpr", "BLOCK_K": "constexpr"}  # fmt: skip
-    topk_c = {"TOP_K": 4, "SIGMOID": False, "RENORMALIZE": True, "BLOCK_T": 16, "BLOCK_E": 128, "BLOCK_K": 4,
-              "_options": {"num_warps": 2}}  # fmt: skip
+    topk = {
+        "Logits": "*bf16",
+        "Weights": "*fp32",
+        "Ids": "*i32",
+        "num_tokens": "i32",
+        "num_experts": "i32",
+        "stride_lt": "i32",
+        "TOP_K": "constexpr",
+        "SIGMOID": "constexpr",
+        "RENORMALIZE": "constexpr",
+        "BLOCK_T": "constexpr",
+        "BLOCK_E": "constexpr",
+        "BLOCK_K": "constexpr",
+    }
+    topk_c = {
+        "TOP_K": 4,
+        "SIGMOID": False,
+        "RENORMALIZE": True,
+        "BLOCK_T": 16,
+        "BLOCK_E": 128,
+        "BLOCK_K": 4,
+        "_options": {"num_warps": 2},
+    }
     return [
         ("moe_align", align_kernel, align, align_c),
         ("moe_combine", combine_kernel, combine, combine_c),
@@ -222,11 +309,28 @@ def _fp8_act_config(fmt: int, gated: bool, tile: Tile, target: GPUTarget):
 def _fp8_quant_configs() -> list[tuple[str, object, dict, dict]]:
     out = []
     for group, has_ids in ((0, False), (0, True), (128, False), (128, True)):
-        sig = {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", "SortedIds": "*i32", "num_pairs": "i32", "K": "i32",
-               "stride_xm": "i32", "stride_qm": "i32", "stride_sm": "i32", "GROUP": "constexpr",
-               "BLOCK": "constexpr", "HAS_IDS": "constexpr", "INTERPRET": "constexpr"}  # fmt: skip
-        consts = {"GROUP": group, "BLOCK": group or 1024, "HAS_IDS": has_ids, "INTERPRET": False,
-                  "_options": {"num_warps": 4}}  # fmt: skip
+        sig = {
+            "X": "*bf16",
+            "Q": "*fp8e4nv",
+            "S": "*fp32",
+            "SortedIds": "*i32",
+            "num_pairs": "i32",
+            "K": "i32",
+            "stride_xm": "i32",
+            "stride_qm": "i32",
+            "stride_sm": "i32",
+            "GROUP": "constexpr",
+            "BLOCK": "constexpr",
+            "HAS_IDS": "constexpr",
+            "INTERPRET": "constexpr",
+        }
+        consts = {
+            "GROUP": group,
+            "BLOCK": group or 1024,
+            "HAS_IDS": has_ids,
+            "INTERPRET": False,
+            "_options": {"num_warps": 4},
+        }
         out.append((f"moe_fp8_quant[g{group}{'-ids' if has_ids else ''}]", fp8_quant_kernel, sig, consts))
     return out
 

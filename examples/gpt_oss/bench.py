@@ -449,10 +449,16 @@ def _make_kv(cfg, device: torch.device, batch: int, ctx: int, page_size: int, *,
 
     pages_per_seq = math.ceil((ctx + extra) / page_size)
     return PagedKVCache(
-        num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-        num_pages=batch * pages_per_seq, page_size=page_size, max_batch=batch,
-        max_pages_per_seq=pages_per_seq, dtype=cfg.dtype, device=device,
-    )  # fmt: skip
+        num_layers=cfg.num_layers,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        num_pages=batch * pages_per_seq,
+        page_size=page_size,
+        max_batch=batch,
+        max_pages_per_seq=pages_per_seq,
+        dtype=cfg.dtype,
+        device=device,
+    )
 
 
 def _time_ms(fn: Callable[[], None], device: torch.device, rep_ms: float) -> float:
@@ -716,8 +722,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rows", default=",".join(ROWS), help=f"subset of {','.join(ROWS)}")
     p.add_argument("--page-size", type=int, default=None, help="KV page size (default 16; tiny: 4)")
     p.add_argument("--prefill-tokens", type=int, default=None, help="token budget of one prefill forward (16384)")
-    p.add_argument("--reference-max-tokens", type=int, default=1024,
-                   help="run the reference row only where batch*ctx <= this")  # fmt: skip
+    p.add_argument(
+        "--reference-max-tokens", type=int, default=1024, help="run the reference row only where batch*ctx <= this"
+    )
     p.add_argument("--budget-s", type=float, default=200.0, help="start no measurement that would end after this")
     p.add_argument("--rep-ms", type=float, default=100.0, help="timing budget per measurement")
     p.add_argument("--json", default=None, help="output JSON (default $OUT/e2e.json if OUT is set)")

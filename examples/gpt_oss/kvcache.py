@@ -118,9 +118,11 @@ class PagedKVCache:
         self.max_batch = max_batch
         self.max_pages_per_seq = max_pages_per_seq
         shape = (num_pages, page_size, num_kv_heads, head_dim)
-        make = (lambda: torch.full(shape, float("nan"), dtype=dtype, device=self.device)) if poison else (
-            lambda: torch.zeros(shape, dtype=dtype, device=self.device)
-        )  # fmt: skip
+        make = (
+            (lambda: torch.full(shape, float("nan"), dtype=dtype, device=self.device))
+            if poison
+            else (lambda: torch.zeros(shape, dtype=dtype, device=self.device))
+        )
         self.k = [make() for _ in range(num_layers)]
         self.v = [make() for _ in range(num_layers)]
         self.page_table = torch.zeros(max_batch, max_pages_per_seq, dtype=torch.int32, device=self.device)

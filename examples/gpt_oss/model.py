@@ -117,10 +117,18 @@ class GptOssModel:
         plans = []
         for i, layer in enumerate(self.w.layers):
             plan = mha_decode_plan(
-                kv.k[i], kv.v[i], batch.page_table, batch.cache_seqlens, batch.max_seqlen_k,
-                num_q_heads=cfg.num_q_heads, q_dtype=cfg.dtype, window_left=cfg.window_left(i),
-                sinks=layer.sinks, override=ov.decode, capturable=capturable,
-            )  # fmt: skip
+                kv.k[i],
+                kv.v[i],
+                batch.page_table,
+                batch.cache_seqlens,
+                batch.max_seqlen_k,
+                num_q_heads=cfg.num_q_heads,
+                q_dtype=cfg.dtype,
+                window_left=cfg.window_left(i),
+                sinks=layer.sinks,
+                override=ov.decode,
+                capturable=capturable,
+            )
             plans.append(plan)
         batch.decode_plans = plans
         return plans
@@ -144,21 +152,42 @@ class GptOssModel:
         common = dict(window_left=cfg.window_left(i), sinks=layer.sinks)
         if batch.mode == "prefill":
             out = mha_prefill(
-                q, k, v, batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k,
-                override=ov.prefill, **common,
-            )  # fmt: skip
+                q,
+                k,
+                v,
+                batch.cu_seqlens_q,
+                batch.cu_seqlens_k,
+                batch.max_seqlen_q,
+                batch.max_seqlen_k,
+                override=ov.prefill,
+                **common,
+            )
         elif batch.mode == "extend":
             out = mha_extend_with_kvcache(
-                q, k_cache, v_cache, batch.page_table, batch.cu_seqlens_q, batch.cache_seqlens,
-                batch.max_seqlen_q, batch.max_seqlen_k, override=ov.extend, **common,
-            )  # fmt: skip
+                q,
+                k_cache,
+                v_cache,
+                batch.page_table,
+                batch.cu_seqlens_q,
+                batch.cache_seqlens,
+                batch.max_seqlen_q,
+                batch.max_seqlen_k,
+                override=ov.extend,
+                **common,
+            )
         elif batch.decode_plans is not None:
             out = batch.decode_plans[i].run(q)
         else:
             out = mha_decode_with_kvcache(
-                q, k_cache, v_cache, batch.page_table, batch.cache_seqlens, batch.max_seqlen_k,
-                override=ov.decode, **common,
-            )  # fmt: skip
+                q,
+                k_cache,
+                v_cache,
+                batch.page_table,
+                batch.cache_seqlens,
+                batch.max_seqlen_k,
+                override=ov.decode,
+                **common,
+            )
         return F.linear(out.view(t, hq * d), layer.wo, layer.bo)
 
     def _moe(self, i: int, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:

@@ -51,9 +51,7 @@ class TorchGptOss:
         self.w = weights
         self.w13 = [dequantize_experts(layer.w13, cfg.dtype) for layer in weights.layers]
         self.w2 = [dequantize_experts(layer.w2, cfg.dtype) for layer in weights.layers]
-        self.grouped = hasattr(torch, "_grouped_mm") and (
-            self.device.type == "cpu" or cfg.dtype == torch.bfloat16
-        )  # fmt: skip
+        self.grouped = hasattr(torch, "_grouped_mm") and (self.device.type == "cpu" or cfg.dtype == torch.bfloat16)
 
     @property
     def device(self) -> torch.device:
@@ -107,8 +105,16 @@ class TorchGptOss:
                 lens = torch.full((1,), k_len, dtype=torch.int32, device=q.device)
                 first = k_len - q_len + c  # absolute position of the chunk's first query
                 upto = min(k_len, first + qc.shape[0])  # keys past the chunk's last query are masked anyway
-                o = self._sdpa(qc[None], keys[None, :upto], values[None, :upto], lens.clamp(max=upto), qc.shape[0],
-                               window, layer.sinks, first_pos=first)  # fmt: skip
+                o = self._sdpa(
+                    qc[None],
+                    keys[None, :upto],
+                    values[None, :upto],
+                    lens.clamp(max=upto),
+                    qc.shape[0],
+                    window,
+                    layer.sinks,
+                    first_pos=first,
+                )
                 outs.append(o[0])
         return F.linear(torch.cat(outs).reshape(t, hq * d), layer.wo, layer.bo)
 

@@ -142,9 +142,17 @@ def reference64(dtype: torch.dtype, seqs: list[torch.Tensor]) -> list[torch.Tens
 
 def make_kv(cfg: GptOssConfig, **changes) -> PagedKVCache:
     args = dict(
-        num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, num_pages=40,
-        page_size=PAGE, max_batch=4, max_pages_per_seq=6, dtype=cfg.dtype, device="cpu", poison=True,
-    )  # fmt: skip
+        num_layers=cfg.num_layers,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        num_pages=40,
+        page_size=PAGE,
+        max_batch=4,
+        max_pages_per_seq=6,
+        dtype=cfg.dtype,
+        device="cpu",
+        poison=True,
+    )
     args.update(changes)
     return PagedKVCache(**args)
 

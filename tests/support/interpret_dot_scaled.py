@@ -41,13 +41,15 @@ def install(monkeypatch) -> None:
     front_end = semantic.TritonSemantic.dot_scaled
 
     def dot_scaled(self, lhs, lhs_scale, lhs_format, rhs, rhs_scale, rhs_format, *rest):
-        return front_end(self, lhs, lhs_scale, tl.constexpr(lhs_format), rhs, rhs_scale, tl.constexpr(rhs_format),
-                         *rest)  # fmt: skip
+        return front_end(
+            self, lhs, lhs_scale, tl.constexpr(lhs_format), rhs, rhs_scale, tl.constexpr(rhs_format), *rest
+        )
 
     monkeypatch.setattr(semantic.TritonSemantic, "dot_scaled", dot_scaled)
 
-    def create_dot_scaled(self, lhs, lhs_scale, lhs_format, rhs, rhs_scale, rhs_format, fast_math, lhs_k_pack,
-                          rhs_k_pack, acc):  # fmt: skip
+    def create_dot_scaled(
+        self, lhs, lhs_scale, lhs_format, rhs, rhs_scale, rhs_format, fast_math, lhs_k_pack, rhs_k_pack, acc
+    ):
         assert lhs_scale is None and lhs_k_pack and rhs_k_pack, "emulated for bf16 x e2m1 (k-packed) only"
         assert lhs.dtype == tl.bfloat16 and rhs.dtype == tl.uint8 and rhs_scale is not None
         out = emulated_dot_scaled(lhs.data, rhs.data, rhs_scale.data) + acc.data.astype(np.float64)

@@ -83,9 +83,17 @@ def gpu_public_calls(case: tuple, kernel: str, tol: float):
     out = torch.full_like(inputs["x"], float("nan"))
     moe_apply(**inputs, out=out, override=kernel)
     check_rel_err(out, ref, tol)
-    plan = moe_plan(inputs["w13"], inputs["w2"], x_dtype=torch.bfloat16, top_k=4, activation=activation,
-                    w13_bias=inputs["w13_bias"], w2_bias=inputs["w2_bias"], expert_map=inputs["expert_map"],
-                    override=kernel)  # fmt: skip
+    plan = moe_plan(
+        inputs["w13"],
+        inputs["w2"],
+        x_dtype=torch.bfloat16,
+        top_k=4,
+        activation=activation,
+        w13_bias=inputs["w13_bias"],
+        w2_bias=inputs["w2_bias"],
+        expert_map=inputs["expert_map"],
+        override=kernel,
+    )
     return inputs, ref, out, plan
 
 
@@ -96,9 +104,14 @@ BOUND_STEPS = ((1, 2), (5, None), (1, 2), (33, 3))
 
 
 def check_bound_runs(
-    case: cases.MoECase, prepare: Callable[..., Any], bind: Callable[..., Any], functional: Callable[..., None],
-    tol: float, device: str, **overrides: Any,
-) -> None:  # fmt: skip
+    case: cases.MoECase,
+    prepare: Callable[..., Any],
+    bind: Callable[..., Any],
+    functional: Callable[..., None],
+    tol: float,
+    device: str,
+    **overrides: Any,
+) -> None:
     """A kernel's ``bind`` hook called directly with the ``prepare`` hook's weights, one runner
     per token count of :data:`BOUND_STEPS` (bound at its first call with that step's ``splits``
     and ``overrides``, e.g. ``tile``): fresh inputs of ``case`` at every call (the first call's
@@ -137,8 +150,9 @@ def check_gpu_bound_runs(kernel: str, tol: float, max_tokens: int) -> None:
     for seed, num_tokens in enumerate(counts):
         step = inputs(num_tokens, seed + 1)
         step.update(weights)
-        planned = plan.apply(step["x"], step["topk_weights"], step["topk_ids"],
-                             out=torch.full_like(step["x"], float("nan")))  # fmt: skip
+        planned = plan.apply(
+            step["x"], step["topk_weights"], step["topk_ids"], out=torch.full_like(step["x"], float("nan"))
+        )
         check_rel_err(planned, naive_moe(**step), tol)
         expected = torch.full_like(step["x"], float("nan"))
         plan.spec.fn(MoEApplyArgs(**step, out=expected, prepared=plan.prepared))

@@ -40,7 +40,18 @@ def ragged_prefill_args(
     lse = torch.empty(q.shape[0], hq) if return_lse else None
     q, k, v, cu_q, cu_k = (t.to(device) for t in (q, k, v, cu_q, cu_k))
     return PrefillArgs(
-        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal, 1 / math.sqrt(d), window_left,
-        None if sink is None else sink.to(device), logit_cap, torch.empty_like(q),
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        max(lens_q),
+        max(lens_k),
+        causal,
+        1 / math.sqrt(d),
+        window_left,
+        None if sink is None else sink.to(device),
+        logit_cap,
+        torch.empty_like(q),
         None if lse is None else lse.to(device),
-    )  # fmt: skip
+    )

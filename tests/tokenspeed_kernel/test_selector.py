@@ -51,9 +51,13 @@ def test_rank_when_ranks_by_shape_and_never_rejects(temp_kernels):
     feats = ("sinks", "sliding_window")
     temp_kernels("attention.decode", name="t_default", vendors=("cuda",), features=feats)
     temp_kernels(
-        "attention.decode", name="t_small_batch", vendors=("cuda",), features=feats, priority=Priority.OPT_IN,
+        "attention.decode",
+        name="t_small_batch",
+        vendors=("cuda",),
+        features=feats,
+        priority=Priority.OPT_IN,
         rank_when=({"batch_bucket": (1, 2, 4, 8)}, Priority.PERFORMANT),
-    )  # fmt: skip
+    )
     shapes = dict(REQ.shapes)
     small = Request.make(REQ.op, dict(REQ.dtypes), {**shapes, "batch_bucket": 4}, REQ.features)
     large = Request.make(REQ.op, dict(REQ.dtypes), {**shapes, "batch_bucket": 64}, REQ.features)
@@ -79,9 +83,13 @@ def test_rank_when_none_accepts_requests_without_the_key(temp_kernels):
     feats = ("sinks", "sliding_window")
     temp_kernels("attention.prefill", name="t_prefill_default", vendors=("cuda",), features=feats)
     temp_kernels(
-        "attention.prefill", name="t_long_dense", vendors=("cuda",), features=feats, priority=Priority.OPT_IN,
+        "attention.prefill",
+        name="t_long_dense",
+        vendors=("cuda",),
+        features=feats,
+        priority=Priority.OPT_IN,
         rank_when=({"max_seqlen_q_bucket": (4096, 8192), "window_left": (None,)}, Priority.PERFORMANT),
-    )  # fmt: skip
+    )
     base = {"head_dim": 64, "head_dim_v": 64, "num_q_heads": 8, "num_kv_heads": 2}
     dtypes = {"q": torch.bfloat16, "kv": torch.bfloat16}
 
@@ -295,9 +303,12 @@ def test_a_raising_predicate_is_the_kernels_reason_logged_once(temp_kernels, cap
 
 def test_the_docs_broken_predicate_example_no_longer_breaks_selection(temp_kernels, caplog):
     temp_kernels(
-        "attention.decode", name="t_doc_example", priority=Priority.PLUGIN, features=ALL_DECODE,
+        "attention.decode",
+        name="t_doc_example",
+        priority=Priority.PLUGIN,
+        features=ALL_DECODE,
         predicate=_divide_by_heads,
-    )  # fmt: skip
+    )
     headless = Request.make(REQ.op, dict(REQ.dtypes), {"head_dim": 64, "page_size": 16}, REQ.features)
     with caplog.at_level("WARNING", logger="tokenspeed_kernel"):
         assert select(REQ, CPU).name == "t_doc_example"  # with num_q_heads it serves
@@ -310,9 +321,13 @@ def test_a_raising_available_hook_is_the_kernels_only_reason(temp_kernels, caplo
         raise ImportError("libfoo.so: cannot open shared object file")
 
     temp_kernels(
-        "attention.decode", name="t_no_lib", priority=Priority.PLUGIN, features=ALL_DECODE, vendors=("rocm",),
+        "attention.decode",
+        name="t_no_lib",
+        priority=Priority.PLUGIN,
+        features=ALL_DECODE,
+        vendors=("rocm",),
         available=missing_library,
-    )  # fmt: skip
+    )
     reason = "available raised ImportError: libfoo.so: cannot open shared object file"
     with caplog.at_level("WARNING", logger="tokenspeed_kernel"):
         assert select(REQ, H100).name == "torch_decode"
@@ -374,9 +389,15 @@ def test_a_raising_plugin_never_breaks_the_public_calls_or_plans(temp_kernels, c
         )
         d = cases.make_inputs(decode)
         plan = mha_decode_plan(
-            d["k_cache"], d["v_cache"], d["page_table"], d["cache_seqlens"], d["max_seqlen_k"],
-            num_q_heads=decode.num_q_heads, window_left=d["window_left"], sinks=d["sinks"],
-        )  # fmt: skip
+            d["k_cache"],
+            d["v_cache"],
+            d["page_table"],
+            d["cache_seqlens"],
+            d["max_seqlen_k"],
+            num_q_heads=decode.num_q_heads,
+            window_left=d["window_left"],
+            sinks=d["sinks"],
+        )
     assert served == {op: registry.kernels(op)[-1].name for op in OPERATORS}  # the reference kernels
     assert plan.kernel == "torch_decode"
     for op in OPERATORS:
@@ -417,9 +438,12 @@ def test_a_tie_is_judged_at_the_priority_ranked_for_the_request(temp_kernels):
     feats = ("sinks", "sliding_window")
     temp_kernels("attention.decode", name="t_b_default", priority=Priority.PERFORMANT, features=feats)
     temp_kernels(
-        "attention.decode", name="t_a_small", priority=Priority.OPT_IN, features=feats,
+        "attention.decode",
+        name="t_a_small",
+        priority=Priority.OPT_IN,
+        features=feats,
         rank_when=({"batch_bucket": (1, 2)}, Priority.PERFORMANT),
-    )  # fmt: skip
+    )
     small = Request.make(REQ.op, dict(REQ.dtypes), {**dict(REQ.shapes), "batch_bucket": 2}, REQ.features)
     sel = explain(small, platform=H100)
     assert sel.winner.name == "t_a_small" and sel.tie_break.losers == ("t_b_default",)

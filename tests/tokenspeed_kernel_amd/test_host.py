@@ -253,8 +253,18 @@ def test_scaled_kernel_argument_checks():
 
     w13, w2 = _mxfp4(2, 128, 64, 1), _mxfp4(2, 64, 64, 2)
     x = torch.zeros(16, 64, dtype=_BF16)
-    args = MoEApplyArgs(x, w13, w2, torch.ones(16, 1), torch.zeros(16, 1, dtype=torch.int32), "silu", None, None,
-                        None, torch.empty_like(x))  # fmt: skip
+    args = MoEApplyArgs(
+        x,
+        w13,
+        w2,
+        torch.ones(16, 1),
+        torch.zeros(16, 1, dtype=torch.int32),
+        "silu",
+        None,
+        None,
+        None,
+        torch.empty_like(x),
+    )
     with pytest.raises(ValueError, match="activation_quant"):
         moe_mxfp4_scaled(args)
     args.activation_quant = "mxfp8"

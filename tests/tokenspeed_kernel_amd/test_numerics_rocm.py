@@ -48,9 +48,18 @@ def test_decode_matches_float64(page_size, window, lengths):
     dev = "cuda"
     out = torch.full_like(q, float("nan"), device=dev)
     got, lse = tk.mha_decode_with_kvcache(
-        q.to(dev), k.to(dev), v.to(dev), table.to(dev), seqlens.to(dev), max(lengths), window_left=window,
-        sinks=sinks.to(dev), return_lse=True, out=out, override="amd_gluon_decode",
-    )  # fmt: skip
+        q.to(dev),
+        k.to(dev),
+        v.to(dev),
+        table.to(dev),
+        seqlens.to(dev),
+        max(lengths),
+        window_left=window,
+        sinks=sinks.to(dev),
+        return_lse=True,
+        out=out,
+        override="amd_gluon_decode",
+    )
     ref, ref_lse = naive_decode(q, k, v, table, seqlens, window_left=window, sinks=sinks)
     torch.testing.assert_close(got.cpu().double(), ref.double(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse.cpu().double().flatten(), ref_lse.double().flatten(), atol=1e-3, rtol=1e-3)
@@ -68,9 +77,17 @@ def test_prefill_matches_float64(window):
     sinks = torch.randn(64, generator=gen)
     dev = "cuda"
     got = tk.mha_prefill(
-        q.to(dev), k.to(dev), v.to(dev), cu_q.to(dev), cu_k.to(dev), max(lens_q), max(lens_k),
-        window_left=window, sinks=sinks.to(dev), override="amd_gluon_prefill",
-    )  # fmt: skip
+        q.to(dev),
+        k.to(dev),
+        v.to(dev),
+        cu_q.to(dev),
+        cu_k.to(dev),
+        max(lens_q),
+        max(lens_k),
+        window_left=window,
+        sinks=sinks.to(dev),
+        override="amd_gluon_prefill",
+    )
     ref, _ = naive_prefill(q, k, v, cu_q, cu_k, window_left=window, sinks=sinks)
     torch.testing.assert_close(got.cpu().double(), ref.double(), atol=2e-2, rtol=2e-2)
 
@@ -97,8 +114,9 @@ def test_moe_mxfp4_matches_float64(num_tokens, planned):
         plan = tk.moe_plan(to(w13), to(w2), x_dtype=torch.bfloat16, top_k=top_k, override="amd_gluon_moe_mxfp4", **args)
         got = plan.apply(x.to(dev), weights.to(dev), ids.to(dev))
     else:
-        got = tk.moe_apply(x.to(dev), to(w13), to(w2), weights.to(dev), ids.to(dev), override="amd_gluon_moe_mxfp4",
-                           **args)  # fmt: skip
+        got = tk.moe_apply(
+            x.to(dev), to(w13), to(w2), weights.to(dev), ids.to(dev), override="amd_gluon_moe_mxfp4", **args
+        )
     ref = naive_moe(x, w13, w2, weights, ids, activation="swiglu_oai", w13_bias=b13, w2_bias=b2)
     torch.testing.assert_close(got.cpu().double(), ref.double(), atol=3e-2, rtol=3e-2)
 
@@ -152,7 +170,8 @@ def test_moe_mxfp8_activations_match_float64(num_tokens, planned, kernel):
         got = plan.apply(x.to(dev), weights.to(dev), ids.to(dev))
     else:
         got = tk.moe_apply(x.to(dev), to(w13), to(w2), weights.to(dev), ids.to(dev), override=kernel, **args)
-    ref = naive_moe(x, w13, w2, weights, ids, activation="swiglu_oai", w13_bias=b13, w2_bias=b2,
-                    activation_quant="mxfp8")  # fmt: skip
+    ref = naive_moe(
+        x, w13, w2, weights, ids, activation="swiglu_oai", w13_bias=b13, w2_bias=b2, activation_quant="mxfp8"
+    )
     # a value within fp32 accumulation error of an e4m3 rounding boundary may round the other way
     torch.testing.assert_close(got.cpu().double(), ref.double(), atol=5e-2, rtol=5e-2)

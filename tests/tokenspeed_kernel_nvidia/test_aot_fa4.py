@@ -50,9 +50,17 @@ def compiled():
 def _args_for(variant: _fa4.Fa4Variant):
     """A ragged call (an empty sequence, keys before queries) that ``variant`` serves."""
     return ragged_prefill_args(
-        (3, 0, 130), (7, 4, 200), hq=2 * variant.group, hkv=2, d=variant.head_dim, dtype=variant.torch_dtype,
-        causal=variant.causal, window_left=31 if variant.window else -1, sinks=variant.sinks, return_lse=variant.lse,
-    )  # fmt: skip
+        (3, 0, 130),
+        (7, 4, 200),
+        hq=2 * variant.group,
+        hkv=2,
+        d=variant.head_dim,
+        dtype=variant.torch_dtype,
+        causal=variant.causal,
+        window_left=31 if variant.window else -1,
+        sinks=variant.sinks,
+        return_lse=variant.lse,
+    )
 
 
 def _run_faked(monkeypatch, args, function) -> None:

@@ -54,8 +54,10 @@ def test_registration_is_honest():
     assert spec.archs == frozenset({"sm_90"}) and spec.vendors == frozenset({"cuda"})
     assert spec.priority == Priority.OPT_IN  # not yet measured on a GPU
     assert spec.features == frozenset({"non_causal", "sinks", "sliding_window", "return_lse"})
-    assert dict(spec.dtypes) == {"q": frozenset({torch.bfloat16, torch.float16}),
-                                 "kv": frozenset({torch.bfloat16, torch.float16})}  # fmt: skip
+    assert dict(spec.dtypes) == {
+        "q": frozenset({torch.bfloat16, torch.float16}),
+        "kv": frozenset({torch.bfloat16, torch.float16}),
+    }
     assert spec.available is _fa4.fa4_missing and spec.graph_safe
 
 

@@ -82,9 +82,17 @@ def test_flashinfer_decode_sinks_graph_replay():
     inputs = cases.make_inputs(case, "cuda", seed=7)
     inputs["cache_seqlens"].sub_(2)  # room to grow within the allocated pages
     plan = mha_decode_plan(
-        inputs["k_cache"], inputs["v_cache"], inputs["page_table"], inputs["cache_seqlens"], 513,
-        num_q_heads=16, sinks=inputs["sinks"], return_lse=True, capturable=True, override="flashinfer_decode",
-    )  # fmt: skip
+        inputs["k_cache"],
+        inputs["v_cache"],
+        inputs["page_table"],
+        inputs["cache_seqlens"],
+        513,
+        num_q_heads=16,
+        sinks=inputs["sinks"],
+        return_lse=True,
+        capturable=True,
+        override="flashinfer_decode",
+    )
     out = torch.empty(4, 16, 64, dtype=torch.bfloat16, device="cuda")
     plan.run(inputs["q"], out=out)  # warm-up outside capture
     graph = torch.cuda.CUDAGraph()

@@ -164,9 +164,16 @@ def test_plan_step_and_run_share_the_sink_entry(fake):
     case = _decode_case(return_lse=False)
     inputs = cases.make_inputs(case)
     plan = mha_decode_plan(
-        inputs["k_cache"], inputs["v_cache"], inputs["page_table"], inputs["cache_seqlens"], 30,
-        num_q_heads=8, sinks=inputs["sinks"], capturable=True, override="flashinfer_decode",
-    )  # fmt: skip
+        inputs["k_cache"],
+        inputs["v_cache"],
+        inputs["page_table"],
+        inputs["cache_seqlens"],
+        30,
+        num_q_heads=8,
+        sinks=inputs["sinks"],
+        capturable=True,
+        override="flashinfer_decode",
+    )
     (wrapper,) = _built(fake.log, "BatchAttentionWithAttentionSinkWrapper")
     assert len(wrapper.plans) == 1 and wrapper.runs == []
     plan.run(inputs["q"])
@@ -181,8 +188,9 @@ def test_plan_step_and_run_share_the_sink_entry(fake):
 def test_extend_and_prefill_with_sinks_run_the_sink_wrapper(fake, op):
     name = "flashinfer_" + op.split(".")[1]
     # Windows past the keys are capped.
-    case = cases.AttentionCase(op, (3, 5), (7, 5), 8, 2, 64, page_size=16, sinks=True, return_lse=True,
-                               window_left=3, causal=False)  # fmt: skip
+    case = cases.AttentionCase(
+        op, (3, 5), (7, 5), 8, 2, 64, page_size=16, sinks=True, return_lse=True, window_left=3, causal=False
+    )
     inputs = cases.make_inputs(case)
     _, lse = cases.call(case, inputs, override=name)
     cases.call(case, inputs, override=name)
@@ -190,8 +198,11 @@ def test_extend_and_prefill_with_sinks_run_the_sink_wrapper(fake, op):
     (wrapper,) = _built(fake.log, "BatchAttentionWithAttentionSinkWrapper")
     kw = wrapper.kwargs
     assert (kw["q_data_type"], kw["kv_data_type"], kw["head_dim_qk"], kw["head_dim_vo"]) == (
-        torch.bfloat16, torch.bfloat16, 64, 64,
-    )  # fmt: skip
+        torch.bfloat16,
+        torch.bfloat16,
+        64,
+        64,
+    )
     assert (kw["window_left"], kw["backend"]) == (3, "fa3") and "use_cuda_graph" not in kw
     assert len(wrapper.plans) == 1 and len(wrapper.runs) == 2
     args, plan_kw = wrapper.plans[0]
@@ -256,8 +267,9 @@ def test_direct_call_with_sinks_and_cap_raises(fake):
     args = types.SimpleNamespace(sinks=inputs["sinks"], logit_cap=30.0)
     with pytest.raises(ValueError, match="no logits soft-cap"):
         flashinfer_decode._entry(args)
-    call = types.SimpleNamespace(q=torch.zeros(1, 8, 64), k_cache=torch.zeros(1, 4, 2, 64), sinks=inputs["sinks"],
-                                 logit_cap=30.0)  # fmt: skip
+    call = types.SimpleNamespace(
+        q=torch.zeros(1, 8, 64), k_cache=torch.zeros(1, 4, 2, 64), sinks=inputs["sinks"], logit_cap=30.0
+    )
     with pytest.raises(ValueError, match="no logits soft-cap"):
         _flashinfer_prefill.run_paged_prefill(call)
     assert fake.log == []

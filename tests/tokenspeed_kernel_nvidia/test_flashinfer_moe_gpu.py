@@ -87,9 +87,16 @@ def test_expert_map_and_plan():
     emap[torch.arange(0, 16, 2, device="cuda")] = torch.arange(8, dtype=torch.int32, device="cuda")
     ref = naive_moe(x, w13, w2, wts, ids, activation="swiglu_oai", w13_bias=b13, w2_bias=b2, expert_map=emap)
     plan = moe_plan(
-        w13, w2, x_dtype=torch.bfloat16, top_k=4, activation="swiglu_oai", w13_bias=b13, w2_bias=b2,
-        expert_map=emap, override=KERNEL,
-    )  # fmt: skip
+        w13,
+        w2,
+        x_dtype=torch.bfloat16,
+        top_k=4,
+        activation="swiglu_oai",
+        w13_bias=b13,
+        w2_bias=b2,
+        expert_map=emap,
+        override=KERNEL,
+    )
     for _ in range(2):
         out = torch.full_like(x, float("nan"))
         plan.apply(x, wts, ids, out=out)

@@ -39,10 +39,25 @@ class ActivationType(enum.IntEnum):  # flashinfer/tllm_enums.py
 
 def _fake_cutlass_fused_moe(calls):
     def cutlass_fused_moe(
-        input, token_selected_experts, token_final_scales, fc1, fc2, output_dtype, quant_scales, *,
-        fc1_expert_biases=None, fc2_expert_biases=None, swiglu_alpha=None, swiglu_beta=None,
-        swiglu_limit=None, ep_size=1, ep_rank=0, output=None, activation_type=ActivationType.Swiglu, **rest,
-    ):  # fmt: skip
+        input,
+        token_selected_experts,
+        token_final_scales,
+        fc1,
+        fc2,
+        output_dtype,
+        quant_scales,
+        *,
+        fc1_expert_biases=None,
+        fc2_expert_biases=None,
+        swiglu_alpha=None,
+        swiglu_beta=None,
+        swiglu_limit=None,
+        ep_size=1,
+        ep_rank=0,
+        output=None,
+        activation_type=ActivationType.Swiglu,
+        **rest,
+    ):
         calls.append(dict(locals()))
         inter = fc2.shape[2]
         acc = torch.zeros(input.shape, dtype=torch.float64)
@@ -111,9 +126,14 @@ def fake(monkeypatch):
 
 def _request(weight_format="plain", hidden=64, intermediate=32, x_dtype=torch.bfloat16, **kw):
     return moe_apply_request(
-        x_dtype=x_dtype, num_experts=8, top_k=2, hidden=hidden, intermediate=intermediate,
-        weight_format=weight_format, **kw,
-    )  # fmt: skip
+        x_dtype=x_dtype,
+        num_experts=8,
+        top_k=2,
+        hidden=hidden,
+        intermediate=intermediate,
+        weight_format=weight_format,
+        **kw,
+    )
 
 
 def _reasons(request, arch):
@@ -232,8 +252,9 @@ def test_expert_map_is_remapped_on_the_device(fake):
     x, w13, w2, b13, b2, _, wts = _problem(e=4)
     ids = torch.tensor([[0, 5], [2, 3], [6, 7], [1, 4], [7, 0]], dtype=torch.int32)
     emap = torch.tensor([-1, 0, -1, 1, 2, -1, 3, -1], dtype=torch.int32)  # 8 global -> 4 local
-    out = moe_apply(x, w13, w2, wts, ids, activation="swiglu_oai", w13_bias=b13, w2_bias=b2,
-                    expert_map=emap, override=KERNEL)  # fmt: skip
+    out = moe_apply(
+        x, w13, w2, wts, ids, activation="swiglu_oai", w13_bias=b13, w2_bias=b2, expert_map=emap, override=KERNEL
+    )
     (call,) = fake
     assert call["token_selected_experts"].tolist() == [[4, 4], [4, 1], [3, 4], [0, 2], [4, 4]]
     assert call["token_selected_experts"].dtype == torch.int32 and call["ep_size"] == 1
@@ -244,8 +265,9 @@ def test_expert_map_is_remapped_on_the_device(fake):
 
 def test_plan_prepares_once(fake):
     x, w13, w2, b13, b2, ids, wts = _problem()
-    plan = moe_plan(w13, w2, x_dtype=torch.bfloat16, top_k=2, activation="silu", w13_bias=b13, w2_bias=b2,
-                    override=KERNEL)  # fmt: skip
+    plan = moe_plan(
+        w13, w2, x_dtype=torch.bfloat16, top_k=2, activation="silu", w13_bias=b13, w2_bias=b2, override=KERNEL
+    )
     assert plan.kernel == KERNEL
     plan.apply(x, wts, ids)
     out = plan.apply(x, wts, ids)
@@ -275,7 +297,8 @@ def test_functional_calls_and_the_switch_never_tune(fake, monkeypatch):
     x, w13, w2, b13, b2, ids, wts = _problem()
     moe_apply(x, w13, w2, wts, ids, activation="silu", w13_bias=b13, w2_bias=b2, override=KERNEL)
     monkeypatch.setenv(NO_AUTOTUNE_ENV, "1")
-    plan = moe_plan(w13, w2, x_dtype=torch.bfloat16, top_k=2, activation="silu", w13_bias=b13, w2_bias=b2,
-                    override=KERNEL)  # fmt: skip
+    plan = moe_plan(
+        w13, w2, x_dtype=torch.bfloat16, top_k=2, activation="silu", w13_bias=b13, w2_bias=b2, override=KERNEL
+    )
     plan.apply(x, wts, ids)
     assert len(fake) == 2 and all(isinstance(c, dict) for c in fake) and not plan.prepared.tuned

@@ -80,8 +80,15 @@ def _case(name):
     lens, hq, hkv, d, page, window, sinks, _, dtype = CASES[name]
     q, k, v, table, seqlens, sk = _problem(lens, hq, hkv, d, page, dtype, seed=len(lens) + d)
     sk = sk if sinks else None
-    ref = naive_decode(q.cpu(), k.cpu(), v.cpu(), table.cpu(), seqlens.cpu(), window_left=window,
-                       sinks=None if sk is None else sk.cpu())  # fmt: skip
+    ref = naive_decode(
+        q.cpu(),
+        k.cpu(),
+        v.cpu(),
+        table.cpu(),
+        seqlens.cpu(),
+        window_left=window,
+        sinks=None if sk is None else sk.cpu(),
+    )
     return (q, k, v, table, seqlens, sk), ref
 
 
@@ -165,9 +172,17 @@ def test_plan_runs_bound_launches_match_float64(forced, fused):
     lens = [700, 33, 1]
     q, k, v, table, seqlens, sk = _problem(lens, 64, 8, 64, 16, seed=9)
     plan = mha_decode_plan(
-        k, v, table, seqlens, max(lens), q_dtype=q.dtype, num_q_heads=64, sinks=sk, return_lse=True,
+        k,
+        v,
+        table,
+        seqlens,
+        max(lens),
+        q_dtype=q.dtype,
+        num_q_heads=64,
+        sinks=sk,
+        return_lse=True,
         override=KERNEL,
-    )  # fmt: skip
+    )
     gen = torch.Generator(device="cuda").manual_seed(3)
 
     def fresh(misaligned=False):

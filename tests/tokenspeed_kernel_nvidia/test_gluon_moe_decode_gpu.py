@@ -121,8 +121,9 @@ def test_fused_routing(scoring, renorm, t):
 
     x, w13, w2, b13, b2, logits = moe_problem(t, 8, 64, 96)
     out = torch.full_like(x, float("nan"))
-    out, tw, ti = moe_decode_from_logits(x, logits, w13, w2, 4, scoring=scoring, renormalize=renorm,
-                                         w13_bias=b13, w2_bias=b2, out=out)  # fmt: skip
+    out, tw, ti = moe_decode_from_logits(
+        x, logits, w13, w2, 4, scoring=scoring, renormalize=renorm, w13_bias=b13, w2_bias=b2, out=out
+    )
     rw, ri = naive_topk(logits, 4, scoring=scoring, renormalize=renorm)
     assert torch.equal(ti.long().cpu(), ri.cpu())
     torch.testing.assert_close(tw.double(), rw, rtol=1e-5, atol=1e-6)

@@ -17,9 +17,17 @@ NAME = "gluon_moe_mma_sm90"
 
 def _request(num_tokens=1, x_dtype=torch.bfloat16, top_k=4, **kw):
     return moe_apply_request(
-        x_dtype=x_dtype, num_experts=128, top_k=top_k, hidden=2880, intermediate=2880, weight_format="mxfp4",
-        activation="swiglu_oai", bias=True, num_tokens=num_tokens, **kw,
-    )  # fmt: skip
+        x_dtype=x_dtype,
+        num_experts=128,
+        top_k=top_k,
+        hidden=2880,
+        intermediate=2880,
+        weight_format="mxfp4",
+        activation="swiglu_oai",
+        bias=True,
+        num_tokens=num_tokens,
+        **kw,
+    )
 
 
 def _reasons(request, arch="sm_90"):

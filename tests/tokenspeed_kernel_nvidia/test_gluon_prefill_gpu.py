@@ -91,9 +91,20 @@ def test_gluon_prefill_window_numerics(lens, hq, hkv, d, window, sinks, cap, dty
     sk = torch.randn(hq, device="cuda") * 2 if sinks else None
     out = torch.full_like(q, float("nan"))
     res, lse = mha_prefill(
-        q, k, v, cu, cu, max(lens), max(lens), window_left=window, sinks=sk, logit_cap=cap, return_lse=True,
-        out=out, override=KERNEL,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        cu,
+        cu,
+        max(lens),
+        max(lens),
+        window_left=window,
+        sinks=sk,
+        logit_cap=cap,
+        return_lse=True,
+        out=out,
+        override=KERNEL,
+    )
     torch.cuda.synchronize()
     ro, rl = dense_reference(q, k, v, cu, cu, scale=1 / math.sqrt(d), window=window, sinks=sk, cap=cap)
     assert not torch.isnan(res).any() and not torch.isnan(lse).any()

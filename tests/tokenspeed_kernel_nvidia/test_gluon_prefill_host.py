@@ -79,9 +79,21 @@ def _args(window=127, causal=True):
     k = torch.zeros(4, 1, 64, dtype=torch.bfloat16)
     cu = torch.tensor([0, 4], dtype=torch.int32)
     return PrefillArgs(
-        q=q, k=k, v=k, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=4, max_seqlen_k=4, causal=causal,
-        softmax_scale=0.125, window_left=window, sinks=None, logit_cap=0.0, out=torch.empty_like(q), lse=None,
-    )  # fmt: skip
+        q=q,
+        k=k,
+        v=k,
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu,
+        max_seqlen_q=4,
+        max_seqlen_k=4,
+        causal=causal,
+        softmax_scale=0.125,
+        window_left=window,
+        sinks=None,
+        logit_cap=0.0,
+        out=torch.empty_like(q),
+        lse=None,
+    )
 
 
 @pytest.mark.parametrize(
@@ -172,8 +184,20 @@ def test_emulated_algorithm_matches_naive_attention(lens, window, group, sinks, 
     sk = torch.randn(hkv * group, dtype=torch.float64) * 2 if sinks else None
     cfg = gp.prefill_config(64, group)
     scale = 1 / math.sqrt(d)
-    out, lse = _emulate(q, k, v, cu, cu, window=window, sinks=sk, cap=cap, scale=scale, block_t=cfg.block_t,
-                        block_n=cfg.block_n, group=group)  # fmt: skip
+    out, lse = _emulate(
+        q,
+        k,
+        v,
+        cu,
+        cu,
+        window=window,
+        sinks=sk,
+        cap=cap,
+        scale=scale,
+        block_t=cfg.block_t,
+        block_n=cfg.block_n,
+        group=group,
+    )
     cu_t = torch.tensor(cu, dtype=torch.int32)
     ro, rl = naive_prefill(q, k, v, cu_t, cu_t, softmax_scale=scale, window_left=window, sinks=sk, logit_cap=cap)
     torch.testing.assert_close(out, ro, rtol=1e-9, atol=1e-9)

@@ -223,19 +223,42 @@ def test_public_plan_step_reaches_the_flashinfer_plan_with_the_runs_key(monkeypa
 
     planned, ran = [], []
     monkeypatch.setattr(flashinfer_decode, "_entry", planned.append)
-    case = cases.AttentionCase("attention.decode", (1, 1), (9, 5), 8, 2, 64, page_size=4, dtype=torch.bfloat16,
-                               window_left=3, sinks=True, logit_cap=5.0)  # fmt: skip
+    case = cases.AttentionCase(
+        "attention.decode",
+        (1, 1),
+        (9, 5),
+        8,
+        2,
+        64,
+        page_size=4,
+        dtype=torch.bfloat16,
+        window_left=3,
+        sinks=True,
+        logit_cap=5.0,
+    )
     inputs = cases.make_inputs(case)
     with registry.isolated():
         registry.register_kernel(
-            "attention.decode", name="test_flashinfer_hooked", solution="test", vendors=("cpu",),
-            features=("sinks", "sliding_window", "logit_cap"), priority=Priority.PLUGIN,
+            "attention.decode",
+            name="test_flashinfer_hooked",
+            solution="test",
+            vendors=("cpu",),
+            features=("sinks", "sliding_window", "logit_cap"),
+            priority=Priority.PLUGIN,
             prepare_layout=flashinfer_decode.plan,
-        )(ran.append)  # fmt: skip
+        )(ran.append)
         plan = mha_decode_plan(
-            inputs["k_cache"], inputs["v_cache"], inputs["page_table"], inputs["cache_seqlens"], 9,
-            num_q_heads=8, window_left=3, sinks=inputs["sinks"], logit_cap=5.0, capturable=True,
-        )  # fmt: skip
+            inputs["k_cache"],
+            inputs["v_cache"],
+            inputs["page_table"],
+            inputs["cache_seqlens"],
+            9,
+            num_q_heads=8,
+            window_left=3,
+            sinks=inputs["sinks"],
+            logit_cap=5.0,
+            capturable=True,
+        )
         assert plan.kernel == "test_flashinfer_hooked" and len(planned) == 1
         inputs["cache_seqlens"].add_(1)
         plan.update()

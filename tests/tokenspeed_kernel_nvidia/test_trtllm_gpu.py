@@ -84,9 +84,17 @@ def test_xqa_graph_replay_with_lengths_grown_in_place():
     inputs = cases.make_inputs(case, "cuda", seed=7)
     inputs["cache_seqlens"].sub_(2)  # room to grow within the allocated pages
     plan = mha_decode_plan(
-        inputs["k_cache"], inputs["v_cache"], inputs["page_table"], inputs["cache_seqlens"], 513,
-        num_q_heads=16, sinks=inputs["sinks"], window_left=127, capturable=True, override=XQA,
-    )  # fmt: skip
+        inputs["k_cache"],
+        inputs["v_cache"],
+        inputs["page_table"],
+        inputs["cache_seqlens"],
+        513,
+        num_q_heads=16,
+        sinks=inputs["sinks"],
+        window_left=127,
+        capturable=True,
+        override=XQA,
+    )
     out = torch.empty(4, 16, 64, dtype=torch.bfloat16, device="cuda")
     plan.run(inputs["q"], out=out)
     torch.cuda.synchronize()

@@ -46,10 +46,39 @@ def fake(monkeypatch):
         kw["out"].fill_(0.25)
         return kw["out"]
 
-    def fmha(qkv, input_layout, workspace_buffer, seq_lens, max_q_len, max_kv_len, bmm1_scale, bmm2_scale,
-             batch_size, cum_seq_lens_q, cum_seq_lens_kv, **kw):  # fmt: skip
-        calls.append(("fmha", (qkv, input_layout, workspace_buffer, seq_lens, max_q_len, max_kv_len, bmm1_scale,
-                               bmm2_scale, batch_size, cum_seq_lens_q, cum_seq_lens_kv), kw))  # fmt: skip
+    def fmha(
+        qkv,
+        input_layout,
+        workspace_buffer,
+        seq_lens,
+        max_q_len,
+        max_kv_len,
+        bmm1_scale,
+        bmm2_scale,
+        batch_size,
+        cum_seq_lens_q,
+        cum_seq_lens_kv,
+        **kw,
+    ):
+        calls.append(
+            (
+                "fmha",
+                (
+                    qkv,
+                    input_layout,
+                    workspace_buffer,
+                    seq_lens,
+                    max_q_len,
+                    max_kv_len,
+                    bmm1_scale,
+                    bmm2_scale,
+                    batch_size,
+                    cum_seq_lens_q,
+                    cum_seq_lens_kv,
+                ),
+                kw,
+            )
+        )
         kw["out"].fill_(0.5)
         return kw["out"]
 
@@ -167,12 +196,21 @@ def test_xqa_bad_inputs_raise_before_flashinfer(fake, change, error, needle):
     k = k[..., :64] if "strided" in change else k
     sinks = torch.zeros(8) if change.get("sinks") != "list" else [torch.zeros(8)]
     args = DecodeArgs(
-        q=q, k_cache=k, v_cache=k, page_table=torch.zeros(2, 4, dtype=torch.int32),
-        cache_seqlens=torch.ones(2, dtype=change.get("seqlens", torch.int32)), max_seqlen_k=1, softmax_scale=0.125,
-        window_left=-1, sinks=sinks, logit_cap=change.get("logit_cap", 0.0), k_scale=None,
-        v_scale=torch.ones(1) if "v_scale" in change else None, out=torch.empty_like(q),
+        q=q,
+        k_cache=k,
+        v_cache=k,
+        page_table=torch.zeros(2, 4, dtype=torch.int32),
+        cache_seqlens=torch.ones(2, dtype=change.get("seqlens", torch.int32)),
+        max_seqlen_k=1,
+        softmax_scale=0.125,
+        window_left=-1,
+        sinks=sinks,
+        logit_cap=change.get("logit_cap", 0.0),
+        k_scale=None,
+        v_scale=torch.ones(1) if "v_scale" in change else None,
+        out=torch.empty_like(q),
         lse=torch.empty(2, 1, 8) if "lse" in change else None,
-    )  # fmt: skip
+    )
     with pytest.raises(error, match=needle):
         trtllm_xqa_decode(args)
     assert fake == []
@@ -238,9 +276,21 @@ def test_fmha_bad_inputs_raise_before_flashinfer(fake, change, error, needle):
     cu = torch.tensor([0, 5], dtype=torch.int32)
     sinks = [torch.zeros(8)] if change.get("sinks") == "list" else None
     args = PrefillArgs(
-        q, k, k, cu, cu, 5, 5, change.get("causal", True), 0.125, change.get("window_left", -1), sinks,
-        change.get("logit_cap", 0.0), torch.empty_like(q), torch.empty(5, 8) if "lse" in change else None,
-    )  # fmt: skip
+        q,
+        k,
+        k,
+        cu,
+        cu,
+        5,
+        5,
+        change.get("causal", True),
+        0.125,
+        change.get("window_left", -1),
+        sinks,
+        change.get("logit_cap", 0.0),
+        torch.empty_like(q),
+        torch.empty(5, 8) if "lse" in change else None,
+    )
     with pytest.raises(error, match=needle):
         trtllm_fmha_prefill(args)
     assert fake == []
@@ -288,9 +338,16 @@ def test_xqa_through_a_capturable_plan(fake):
     case = _decode(sinks=True)
     inputs = cases.make_inputs(case)
     plan = mha_decode_plan(
-        inputs["k_cache"], inputs["v_cache"], inputs["page_table"], inputs["cache_seqlens"], 30,
-        num_q_heads=8, sinks=inputs["sinks"], capturable=True, override=XQA,
-    )  # fmt: skip
+        inputs["k_cache"],
+        inputs["v_cache"],
+        inputs["page_table"],
+        inputs["cache_seqlens"],
+        30,
+        num_q_heads=8,
+        sinks=inputs["sinks"],
+        capturable=True,
+        override=XQA,
+    )
     plan.run(inputs["q"])
     inputs["cache_seqlens"].add_(1)
     plan.update()

@@ -61,8 +61,9 @@ def _decode(kernel):
         k, v, table, seqlens, sinks = _paged(dtype, lens)
         q = torch.randn(len(lens), 8, 64, generator=_gen(1), device="cuda").to(dtype)
         out = torch.full_like(q, float("nan"))
-        mha_decode_with_kvcache(q, k, v, table, seqlens, max(lens), window_left=127, sinks=sinks, out=out,
-                                override=kernel)  # fmt: skip
+        mha_decode_with_kvcache(
+            q, k, v, table, seqlens, max(lens), window_left=127, sinks=sinks, out=out, override=kernel
+        )
         return (out,)
 
     return run
@@ -74,8 +75,9 @@ def _extend(dtype, misaligned=False):
     q = torch.randn(sum(lens_q), 8, 64, generator=_gen(2), device="cuda").to(dtype)
     cu_q = torch.tensor([0, 3, 20], dtype=torch.int32, device="cuda")
     out = torch.full_like(q, float("nan"))
-    mha_extend_with_kvcache(q, k, v, table, cu_q, seqlens, max(lens_q), max(lens_k), sinks=sinks, out=out,
-                            override="triton_extend")  # fmt: skip
+    mha_extend_with_kvcache(
+        q, k, v, table, cu_q, seqlens, max(lens_q), max(lens_k), sinks=sinks, out=out, override="triton_extend"
+    )
     return (out,)
 
 
@@ -89,8 +91,9 @@ def _prefill(kernel):
         cu = torch.tensor([0, 70, 199], dtype=torch.int32, device="cuda")
         sinks = torch.randn(8, generator=g, device="cuda")
         out = torch.full_like(q, float("nan"))
-        mha_prefill(q, k, v, cu, cu, max(lens), max(lens), causal=True, window_left=127, sinks=sinks, out=out,
-                    override=kernel)  # fmt: skip
+        mha_prefill(
+            q, k, v, cu, cu, max(lens), max(lens), causal=True, window_left=127, sinks=sinks, out=out, override=kernel
+        )
         return (out,)
 
     return run
@@ -195,13 +198,15 @@ def test_graph_capture_replays_cached_launches():
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        mha_decode_with_kvcache(q, k, v, table, seqlens, max(lens), window_left=127, sinks=sinks, out=out,
-                                override="triton_decode")  # fmt: skip
+        mha_decode_with_kvcache(
+            q, k, v, table, seqlens, max(lens), window_left=127, sinks=sinks, out=out, override="triton_decode"
+        )
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        mha_decode_with_kvcache(q, k, v, table, seqlens, max(lens), window_left=127, sinks=sinks, out=out,
-                                override="triton_decode")  # fmt: skip
+        mha_decode_with_kvcache(
+            q, k, v, table, seqlens, max(lens), window_left=127, sinks=sinks, out=out, override="triton_decode"
+        )
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()

@@ -128,9 +128,15 @@ def test_mixed_batch_matches_float64(vllm_config, layout, window, sinks, logit_c
     spec, builder = _builder(vllm_config, layer)
     kv_cache = kv_cache_view(spec, 24, layout, torch.bfloat16)
     step = make_step(
-        MIXED, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, block_size=BLOCK,
-        num_blocks=24, dtype=torch.bfloat16, seed=1,
-    )  # fmt: skip
+        MIXED,
+        num_heads=NUM_HEADS,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=HEAD_SIZE,
+        block_size=BLOCK,
+        num_blocks=24,
+        dtype=torch.bfloat16,
+        seed=1,
+    )
     write_prefixes(step, kv_cache, HEAD_SIZE)
     metadata, output = _run(layer, builder, step, kv_cache)
     assert last_kernel() == "triton_extend"  # strided vLLM caches served in place, not by the reference
@@ -154,9 +160,15 @@ def test_speculative_decodes_q_len_3(tiny_model_dir):
     assert builder.reorder_batch_threshold == 3
     kv_cache = kv_cache_view(spec, 16, "LBNHC", torch.bfloat16)
     step = make_step(
-        [(9, 3), (30, 3), (0, 7)], num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
-        block_size=BLOCK, num_blocks=16, dtype=torch.bfloat16, seed=2,
-    )  # fmt: skip
+        [(9, 3), (30, 3), (0, 7)],
+        num_heads=NUM_HEADS,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=HEAD_SIZE,
+        block_size=BLOCK,
+        num_blocks=16,
+        dtype=torch.bfloat16,
+        seed=2,
+    )
     write_prefixes(step, kv_cache, HEAD_SIZE)
     metadata, output = _run(layer, builder, step, kv_cache)
     assert (metadata.num_decodes, metadata.decode_q_len, metadata.num_prefills) == (2, 3, 1)
@@ -177,9 +189,15 @@ def test_full_cudagraph_decode_runs_through_plans(tiny_model_dir):
     kv_cache = kv_cache_view(spec, 16, "LBNHC", torch.bfloat16)
     requests = [(14, 1), (3, 1), (33, 1)]  # the next token of each stays on an allocated page
     step = make_step(
-        requests, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, block_size=BLOCK,
-        num_blocks=16, dtype=torch.bfloat16, seed=3,
-    )  # fmt: skip
+        requests,
+        num_heads=NUM_HEADS,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=HEAD_SIZE,
+        block_size=BLOCK,
+        num_blocks=16,
+        dtype=torch.bfloat16,
+        seed=3,
+    )
     write_prefixes(step, kv_cache, HEAD_SIZE)
     metadata, output = _run(layer, builder, step, kv_cache)
     assert metadata.decode_plans is not None and len(metadata.decode_plans) == 1
@@ -190,9 +208,15 @@ def test_full_cudagraph_decode_runs_through_plans(tiny_model_dir):
     # persistent tensors in place.
     k_cache, v_cache = cache_kv(kv_cache, HEAD_SIZE)
     nxt = make_step(
-        [(c + 1, 1) for c, _ in requests], num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
-        block_size=BLOCK, num_blocks=16, dtype=torch.bfloat16, seed=4,
-    )  # fmt: skip
+        [(c + 1, 1) for c, _ in requests],
+        num_heads=NUM_HEADS,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=HEAD_SIZE,
+        block_size=BLOCK,
+        num_blocks=16,
+        dtype=torch.bfloat16,
+        seed=4,
+    )
     for b, (ctx, _) in enumerate(requests):
         pos = torch.arange(ctx + 1)
         blocks = step.block_table[b, pos // BLOCK].long()
@@ -223,9 +247,15 @@ def test_fp8_kv_cache_with_scales(tiny_model_dir):
     kv_cache = kv_cache_view(spec, 16, "LBNHC", torch.uint8)
     fp8_view = kv_cache.view(torch.float8_e4m3fn)
     step = make_step(
-        [(12, 1), (0, 9), (18, 4)], num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
-        block_size=BLOCK, num_blocks=16, dtype=torch.bfloat16, seed=5,
-    )  # fmt: skip
+        [(12, 1), (0, 9), (18, 4)],
+        num_heads=NUM_HEADS,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=HEAD_SIZE,
+        block_size=BLOCK,
+        num_blocks=16,
+        dtype=torch.bfloat16,
+        seed=5,
+    )
     k_cache, v_cache = cache_kv(fp8_view, HEAD_SIZE)
     for b, (ctx, _) in enumerate(step.requests):  # prefixes stored as value / scale
         for pos in range(ctx):
@@ -259,9 +289,15 @@ def test_through_vllm_attention_forward(vllm_config):
     spec, builder = _builder(vllm_config, layer)
     kv_cache = kv_cache_view(spec, 24, "LBNHC", torch.bfloat16)
     step = make_step(
-        MIXED, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, block_size=BLOCK,
-        num_blocks=24, dtype=torch.bfloat16, seed=1,
-    )  # fmt: skip
+        MIXED,
+        num_heads=NUM_HEADS,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=HEAD_SIZE,
+        block_size=BLOCK,
+        num_blocks=24,
+        dtype=torch.bfloat16,
+        seed=1,
+    )
     write_prefixes(step, kv_cache, HEAD_SIZE)
     layer.kv_cache = kv_cache
     metadata = builder.build(0, step.common)
@@ -285,9 +321,16 @@ def test_padded_full_graph_decode_batch(tiny_model_dir):
     kv_cache = kv_cache_view(spec, 16, "LBNHC", torch.bfloat16)
     real = [(9, 1), (20, 1), (2, 1)]
     step = make_step(
-        real, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, block_size=BLOCK,
-        num_blocks=16, dtype=torch.bfloat16, seed=6, pad_reqs=1,
-    )  # fmt: skip
+        real,
+        num_heads=NUM_HEADS,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=HEAD_SIZE,
+        block_size=BLOCK,
+        num_blocks=16,
+        dtype=torch.bfloat16,
+        seed=6,
+        pad_reqs=1,
+    )
     write_prefixes(step, kv_cache, HEAD_SIZE)
     null_page = kv_cache[0].clone()
     padded = 4  # capture size: 3 requests + 1 padding request, one token each

@@ -37,9 +37,16 @@ def _moe_layer(vllm_config, prefix: str, **kwargs):
     try:
         with set_current_vllm_config(vllm_config):
             return FusedMoEFactory(
-                num_experts=E, top_k=TOP_K, hidden_size=HIDDEN, intermediate_size=INTER, tp_size=1, dp_size=1,
-                pcp_size=1, prefix=prefix, **kwargs,
-            )  # fmt: skip
+                num_experts=E,
+                top_k=TOP_K,
+                hidden_size=HIDDEN,
+                intermediate_size=INTER,
+                tp_size=1,
+                dp_size=1,
+                pcp_size=1,
+                prefix=prefix,
+                **kwargs,
+            )
     finally:
         torch.set_default_dtype(default)
 

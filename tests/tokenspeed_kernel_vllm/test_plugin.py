@@ -102,6 +102,11 @@ def test_unserved_layer_fails_inside_vllm_attention(tiny_model_dir):
     config = make_vllm_config(tiny_model_dir, kv_cache_dtype="fp8_e5m2")
     with set_current_vllm_config(config), pytest.raises(ValueError, match="kv_cache_dtype 'fp8_e5m2' is not served"):
         Attention(
-            8, 32, 32**-0.5, num_kv_heads=2, cache_config=config.cache_config, prefix="model.layers.9.attn",
+            8,
+            32,
+            32**-0.5,
+            num_kv_heads=2,
+            cache_config=config.cache_config,
+            prefix="model.layers.9.attn",
             attn_backend=TokenspeedAttentionBackend,
-        )  # fmt: skip
+        )

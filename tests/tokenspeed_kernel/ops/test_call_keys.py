@@ -33,10 +33,17 @@ def _fresh_tables():
 def _prefill(inputs, **changes):
     args = {**inputs, **changes}
     return mha_prefill(
-        args["q"], args["k"], args["v"], args["cu_seqlens_q"], args["cu_seqlens_k"], args["max_seqlen_q"],
-        args["max_seqlen_k"], causal=args.get("causal", True), window_left=args.get("window_left", -1),
+        args["q"],
+        args["k"],
+        args["v"],
+        args["cu_seqlens_q"],
+        args["cu_seqlens_k"],
+        args["max_seqlen_q"],
+        args["max_seqlen_k"],
+        causal=args.get("causal", True),
+        window_left=args.get("window_left", -1),
         logit_cap=args.get("logit_cap", 0.0),
-    )  # fmt: skip
+    )
 
 
 def test_a_hit_is_remembered_and_reused():

@@ -426,9 +426,15 @@ def test_empty_decode_plan_every_kernel(launches):
     inputs = _empty_inputs("attention.decode", 0)
     for name in names:
         plan = mha_decode_plan(
-            inputs["k_cache"], inputs["v_cache"], inputs["page_table"], inputs["cache_seqlens"], 5,
-            num_q_heads=4, override=name, return_lse=True,
-        )  # fmt: skip
+            inputs["k_cache"],
+            inputs["v_cache"],
+            inputs["page_table"],
+            inputs["cache_seqlens"],
+            5,
+            num_q_heads=4,
+            override=name,
+            return_lse=True,
+        )
         plan.update()
         out, lse = plan.run(inputs["q"])
         assert out.shape == (0, 4, 16) and lse.shape == (0, 4), name
@@ -517,8 +523,14 @@ def test_zero_heads_in_plan_and_store_are_value_errors():
     s = _inputs(store)
     for name in serving(cases.request(store)):
         with pytest.raises(ValueError, match="k must have at least one KV head"):
-            store_kvcache(s["k"][:, :0], s["v"][:, :0], s["k_cache"][:, :, :0], s["v_cache"][:, :, :0],
-                          s["slot_mapping"], override=name)  # fmt: skip
+            store_kvcache(
+                s["k"][:, :0],
+                s["v"][:, :0],
+                s["k_cache"][:, :, :0],
+                s["v_cache"][:, :, :0],
+                s["slot_mapping"],
+                override=name,
+            )
         with pytest.raises(ValueError, match="v must have a head dim >= 1"):
             store_kvcache(
                 s["k"], s["v"][..., :0], s["k_cache"], s["v_cache"][..., :0], s["slot_mapping"], override=name
@@ -551,8 +563,9 @@ def test_integers_past_int32_are_value_errors_naming_them_every_kernel(op, arg, 
         )
 
 
-@pytest.mark.parametrize(("arg", "value"), [("num_q_heads", 2**31), ("q_len", 2**40), ("window_left", 2**64),
-                                            ("max_seqlen_k", 2**31)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("arg", "value"), [("num_q_heads", 2**31), ("q_len", 2**40), ("window_left", 2**64), ("max_seqlen_k", 2**31)]
+)
 def test_plan_integers_past_int32_are_value_errors(arg, value):
     _, inputs = _attention_inputs("attention.decode")
     kwargs = {"num_q_heads": 4, "max_seqlen_k": 5, arg: value}
@@ -650,8 +663,15 @@ def test_reference_store_checks_every_slot_before_writing():
     case = cases.AttentionCase("kvcache.store", (3,), (3,), 2, 2, 16, page_size=4)
     inputs = _inputs(case, seed=2)
     before = inputs["k_cache"].clone()
-    args = StoreArgs(inputs["k"], inputs["v"], inputs["k_cache"], inputs["v_cache"],
-                     torch.tensor([0, 1, 2**40], device=DEVICE), None, None)  # fmt: skip
+    args = StoreArgs(
+        inputs["k"],
+        inputs["v"],
+        inputs["k_cache"],
+        inputs["v_cache"],
+        torch.tensor([0, 1, 2**40], device=DEVICE),
+        None,
+        None,
+    )
     with pytest.raises(ValueError, match="slot_mapping holds slot"):
         registry.get_kernel("torch_store_kvcache").fn(args)
     assert torch.equal(inputs["k_cache"], before)

@@ -46,8 +46,14 @@ def test_bench_a_comma_separated_list_of_kernels(temp_kernels):
     temp_kernels("attention.decode", name="t_gpu_only", vendors=("cuda",))
     presets.PRESETS["_test"] = lambda op: [case]
     try:
-        report = bench("attention.decode", kernel="torch_decode, t_gpu_only", preset="_test", device="cpu",
-                       baselines=False, quiet=True)  # fmt: skip
+        report = bench(
+            "attention.decode",
+            kernel="torch_decode, t_gpu_only",
+            preset="_test",
+            device="cpu",
+            baselines=False,
+            quiet=True,
+        )
         with pytest.raises(
             ValueError, match="no kernel named 'no_such_kernel' is registered; attention.decode kernels"
         ):
@@ -235,10 +241,15 @@ def test_kernels_with_a_prepare_hook_are_timed_through_their_plan():
 
     with registry.isolated():
         registry.register_kernel(
-            "moe.apply", name="test_prepared_moe", solution="test", vendors=("cpu",),
-            features=("silu", "gelu", "swiglu_oai", "bias", "expert_map"), priority=Priority.PLUGIN,
-            prepare=prepare, graph_safe=False,
-        )(kernel)  # fmt: skip
+            "moe.apply",
+            name="test_prepared_moe",
+            solution="test",
+            vendors=("cpu",),
+            features=("silu", "gelu", "swiglu_oai", "bias", "expert_map"),
+            priority=Priority.PLUGIN,
+            prepare=prepare,
+            graph_safe=False,
+        )(kernel)
         report = bench("moe.apply", preset="small", baselines=False, device="cpu", quiet=True)
     row = next(r for r in report.rows if r.impl == "test_prepared_moe")
     assert row.selected and row.ms > 0
@@ -271,11 +282,22 @@ def test_kernels_that_plan_per_layout_are_also_timed_with_a_new_layout_every_cal
     try:
         with registry.isolated():
             registry.register_kernel(
-                "attention.prefill", name="test_planning_prefill", solution="test", vendors=("cpu",),
-                features=("sinks",), priority=Priority.PLUGIN, graph_safe=False,
-            )(kernel)  # fmt: skip
-            report = bench(["attention.prefill", "moe.topk"], kernel="all", preset="_test", baselines=False,
-                           device="cpu", quiet=True)  # fmt: skip
+                "attention.prefill",
+                name="test_planning_prefill",
+                solution="test",
+                vendors=("cpu",),
+                features=("sinks",),
+                priority=Priority.PLUGIN,
+                graph_safe=False,
+            )(kernel)
+            report = bench(
+                ["attention.prefill", "moe.topk"],
+                kernel="all",
+                preset="_test",
+                baselines=False,
+                device="cpu",
+                quiet=True,
+            )
     finally:
         del presets.PRESETS["_test"]
     rows = {r.impl: r for r in report.rows}

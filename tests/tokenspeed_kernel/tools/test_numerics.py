@@ -18,8 +18,13 @@ def test_reference_kernels_pass_small_preset_on_every_op():
     report = check("all", preset="small", device="cpu", stream=stream)
     assert report.ok and not report.failed
     assert {r.op for r in report.passed} == {
-        "attention.prefill", "attention.extend", "attention.decode", "kvcache.store", "moe.topk", "moe.apply"
-    }  # fmt: skip
+        "attention.prefill",
+        "attention.extend",
+        "attention.decode",
+        "kvcache.store",
+        "moe.topk",
+        "moe.apply",
+    }
     assert "6 passed, 0 failed, 0 skipped" in stream.getvalue()
 
 

@@ -162,9 +162,14 @@ def _reference_decode(args):
 def test_peers_are_the_pick_and_accepted_kernels_but_not_the_reference(temp_kernels, tmp_path):
     for name, priority in (("t_fast", Priority.PLUGIN), ("t_other", Priority.PORTABLE)):
         registry.register_kernel(
-            "attention.decode", name=name, solution="test", vendors=("cpu",), priority=priority,
-            features=("sinks", "return_lse", "sliding_window"), graph_safe=False,
-        )(_reference_decode)  # fmt: skip
+            "attention.decode",
+            name=name,
+            solution="test",
+            vendors=("cpu",),
+            priority=priority,
+            features=("sinks", "return_lse", "sliding_window"),
+            graph_safe=False,
+        )(_reference_decode)
     registry.register_kernel(
         "attention.decode", name="t_gpu", solution="test", vendors=("cuda",), features=("sinks", "return_lse")
     )(_reference_decode)

@@ -422,9 +422,19 @@ class BoundLaunch:
     """
 
     __slots__ = (
-        "_args", "_bound", "_checks", "_dev", "_direct", "_fast", "_fn", "_grid", "_hash", "_kwargs", "_slots",
+        "_args",
+        "_bound",
+        "_checks",
+        "_dev",
+        "_direct",
+        "_fast",
+        "_fn",
+        "_grid",
+        "_hash",
+        "_kwargs",
+        "_slots",
         "_varying",
-    )  # fmt: skip
+    )
 
     def __init__(self, fn, grid: tuple[int, ...], args: tuple, kwargs: dict, varying: tuple[int, ...]) -> None:
         if type(grid) is not tuple or not 1 <= len(grid) <= 3:

@@ -112,8 +112,9 @@ def test_plan_selects_once_and_runs_never_select(inputs, monkeypatch):
 
 
 def test_override_is_respected(inputs, temp_kernels):
-    fast = temp_kernels("attention.decode", name="fake_fast_decode", vendors=("cpu",), features=FEATURES,
-                        priority=Priority.PLUGIN)  # fmt: skip
+    fast = temp_kernels(
+        "attention.decode", name="fake_fast_decode", vendors=("cpu",), features=FEATURES, priority=Priority.PLUGIN
+    )
     assert _plan(inputs).kernel == "fake_fast_decode"
     plan = _plan(inputs, override="torch_decode")
     assert plan.kernel == "torch_decode"
@@ -125,8 +126,14 @@ def test_override_is_respected(inputs, temp_kernels):
 
 def test_layout_hook_gets_the_plan_tensors_at_plan_and_update_never_at_run(inputs, temp_kernels):
     hook, calls = _recording_hook()
-    fn = temp_kernels("attention.decode", name="fake_planned_decode", vendors=("cpu",), features=FEATURES,
-                      priority=Priority.PLUGIN, prepare_layout=hook)  # fmt: skip
+    fn = temp_kernels(
+        "attention.decode",
+        name="fake_planned_decode",
+        vendors=("cpu",),
+        features=FEATURES,
+        priority=Priority.PLUGIN,
+        prepare_layout=hook,
+    )
     plan = _plan(inputs, softmax_scale=0.5, logit_cap=3.0)
     assert plan.kernel == "fake_planned_decode" and plan.has_layout_hook
     assert len(calls) == 1
@@ -175,9 +182,15 @@ def test_plan_validates(inputs):
         plan.run(torch.empty(3, 4, 16, device="meta"))
     with pytest.raises(TypeError, match="q_dtype is required for a float8_e4m3fn cache"):
         mha_decode_plan(
-            inputs["k_cache"].to(torch.float8_e4m3fn), inputs["v_cache"].to(torch.float8_e4m3fn),
-            inputs["page_table"], inputs["cache_seqlens"], 10, num_q_heads=4, k_scale=1.0, v_scale=1.0,
-        )  # fmt: skip
+            inputs["k_cache"].to(torch.float8_e4m3fn),
+            inputs["v_cache"].to(torch.float8_e4m3fn),
+            inputs["page_table"],
+            inputs["cache_seqlens"],
+            10,
+            num_q_heads=4,
+            k_scale=1.0,
+            v_scale=1.0,
+        )
     with pytest.raises(ValueError, match="query heads of q"):
         _plan(inputs, num_q_heads=3)
     with pytest.raises(TypeError, match="capturable must be a bool"):
@@ -216,9 +229,15 @@ def test_bind_hook_is_called_once_after_the_layout_hook_and_its_runner_serves_ev
 
         return run
 
-    fn = temp_kernels("attention.decode", name="fake_bound_decode", vendors=("cpu",), features=FEATURES,
-                      priority=Priority.PLUGIN, prepare_layout=lambda args: events.append("layout"),
-                      bind=bind)  # fmt: skip
+    fn = temp_kernels(
+        "attention.decode",
+        name="fake_bound_decode",
+        vendors=("cpu",),
+        features=FEATURES,
+        priority=Priority.PLUGIN,
+        prepare_layout=lambda args: events.append("layout"),
+        bind=bind,
+    )
     plan = _plan(inputs)
     assert plan.kernel == "fake_bound_decode" and events == ["layout", "bind"]
     assert "hooks=prepare_layout,bind" in registry.get_kernel("fake_bound_decode").summary()
@@ -257,9 +276,16 @@ def test_registration_checks_the_new_metadata(temp_kernels):
 
 def test_capturable_request_rejects_with_a_reason(inputs, temp_kernels):
     request = attention_request(
-        "attention.decode", q_dtype=torch.float32, kv_dtype=torch.float32, heads=Heads(4, 2, 16, 16),
-        window_left=4, sinks=True, page_size=4, q_len=1, capturable=True,
-    )  # fmt: skip
+        "attention.decode",
+        q_dtype=torch.float32,
+        kv_dtype=torch.float32,
+        heads=Heads(4, 2, 16, 16),
+        window_left=4,
+        sinks=True,
+        page_size=4,
+        q_len=1,
+        capturable=True,
+    )
     selection = explain(request)
     reasons = {c.spec.name: c.reasons for c in selection.candidates}
     assert reasons["torch_decode"] == (NOT_GRAPH_SAFE,) and selection.winner is None
@@ -270,21 +296,35 @@ def test_capturable_request_rejects_with_a_reason(inputs, temp_kernels):
         _plan(inputs, capturable=True)
     with pytest.raises(KernelOverrideError, match=r"override 'torch_decode' cannot serve .*synchronizes with the host"):
         _plan(inputs, capturable=True, override="torch_decode")
-    temp_kernels("attention.decode", name="fake_capturable", vendors=("cpu",), features=FEATURES,
-                 priority=Priority.REFERENCE + 1)  # fmt: skip
+    temp_kernels(
+        "attention.decode", name="fake_capturable", vendors=("cpu",), features=FEATURES, priority=Priority.REFERENCE + 1
+    )
     assert _plan(inputs, capturable=True).kernel == "fake_capturable"
     assert _plan(inputs).kernel == "fake_capturable"  # ranking unchanged without capture
-    temp_kernels("attention.decode", name="fake_syncing", vendors=("cpu",), features=FEATURES,
-                 priority=Priority.PLUGIN, graph_safe=False)  # fmt: skip
+    temp_kernels(
+        "attention.decode",
+        name="fake_syncing",
+        vendors=("cpu",),
+        features=FEATURES,
+        priority=Priority.PLUGIN,
+        graph_safe=False,
+    )
     assert _plan(inputs).kernel == "fake_syncing"
     assert _plan(inputs, capturable=True).kernel == "fake_capturable"
 
 
 def test_capturing_with_a_non_graph_safe_kernel_raises_before_launch(inputs, temp_kernels, monkeypatch):
-    syncing = temp_kernels("attention.decode", name="fake_syncing", vendors=("cpu",), features=FEATURES,
-                           priority=Priority.PLUGIN, graph_safe=False)  # fmt: skip
-    safe = temp_kernels("attention.decode", name="fake_safe", vendors=("cpu",), features=FEATURES,
-                        priority=Priority.REFERENCE + 1)  # fmt: skip
+    syncing = temp_kernels(
+        "attention.decode",
+        name="fake_syncing",
+        vendors=("cpu",),
+        features=FEATURES,
+        priority=Priority.PLUGIN,
+        graph_safe=False,
+    )
+    safe = temp_kernels(
+        "attention.decode", name="fake_safe", vendors=("cpu",), features=FEATURES, priority=Priority.REFERENCE + 1
+    )
     plan = _plan(inputs)
     _capturing(monkeypatch)
     match = r"kernel 'fake_syncing' \(attention.decode\) is not graph-safe: it synchronizes with the host"
@@ -317,9 +357,16 @@ def test_is_capturing_on_a_build_without_cuda(monkeypatch):
 def test_public_request_builders_match_the_calls(inputs):
     mha_decode_with_kvcache(**inputs)
     built = attention_request(
-        "attention.decode", q_dtype=torch.float32, kv_dtype=torch.float32, heads=Heads(4, 2, 16, 16),
-        window_left=4, sinks=True, page_size=4, q_len=1, batch=inputs["q"].shape[0],
-    )  # fmt: skip
+        "attention.decode",
+        q_dtype=torch.float32,
+        kv_dtype=torch.float32,
+        heads=Heads(4, 2, 16, 16),
+        window_left=4,
+        sinks=True,
+        page_size=4,
+        q_len=1,
+        batch=inputs["q"].shape[0],
+    )
     assert built == _dispatch.last_request() == cases.request(CASE)  # the bench/check cases' request too
     assert built.shape("batch_bucket") == 4  # 3 sequences
     assert _plan(inputs).request == built  # mha_decode_plan selects with the same batch bucket

@@ -43,10 +43,20 @@ def _runnable(op: str) -> list[str]:
 def _case(op: str, layout: str, dtype=torch.float32, kv_dtype=None) -> cases.AttentionCase:
     q_lens = {"attention.extend": (7, 1, 12), "attention.decode": (1, 1, 1), "kvcache.store": (5, 1, 9)}[op]
     return cases.AttentionCase(
-        op, q_lens, (30, 9, 12), 8, 2, 32, page_size=4, dtype=dtype, kv_dtype=kv_dtype,
-        window_left=-1 if op == "kvcache.store" else 10, sinks=op != "kvcache.store", name=f"strided_{layout}",
+        op,
+        q_lens,
+        (30, 9, 12),
+        8,
+        2,
+        32,
+        page_size=4,
+        dtype=dtype,
+        kv_dtype=kv_dtype,
+        window_left=-1 if op == "kvcache.store" else 10,
+        sinks=op != "kvcache.store",
+        name=f"strided_{layout}",
         cache_layout=layout,
-    )  # fmt: skip
+    )
 
 
 def _contiguous(inputs: dict) -> dict:
@@ -107,9 +117,15 @@ def test_decode_plan_takes_a_strided_cache():
     case = _case("attention.decode", "vllm")
     inputs = cases.make_inputs(case, seed=5)
     plan = mha_decode_plan(
-        inputs["k_cache"], inputs["v_cache"], inputs["page_table"], inputs["cache_seqlens"], inputs["max_seqlen_k"],
-        num_q_heads=8, window_left=10, sinks=inputs["sinks"],
-    )  # fmt: skip
+        inputs["k_cache"],
+        inputs["v_cache"],
+        inputs["page_table"],
+        inputs["cache_seqlens"],
+        inputs["max_seqlen_k"],
+        num_q_heads=8,
+        window_left=10,
+        sinks=inputs["sinks"],
+    )
     assert "strided_kv" in plan.request.features and plan.request.shape("kv_align") == 16
     expected = mha_decode_with_kvcache(**_contiguous(inputs), override=plan.kernel)
     assert torch.equal(plan.run(inputs["q"]), expected)
@@ -132,9 +148,12 @@ def test_a_kernel_without_strided_kv_is_rejected_with_its_reason(temp_kernels):
     """A contiguous-only kernel at the top priority serves contiguous caches but is passed
     over, with the reason shown by explain, for a strided view; forcing it raises."""
     temp_kernels(
-        "attention.decode", name="contiguous_only", priority=Priority.PLUGIN, vendors=("cpu",),
+        "attention.decode",
+        name="contiguous_only",
+        priority=Priority.PLUGIN,
+        vendors=("cpu",),
         features=("sinks", "sliding_window"),
-    )  # fmt: skip
+    )
     case = _case("attention.decode", "vllm")
     inputs = cases.make_inputs(case, seed=1)
     cases.call(case, _contiguous(inputs))
@@ -153,14 +172,32 @@ def test_an_alignment_bound_is_a_rejection_reason(temp_kernels):
     """A kernel registered with ``kv_align`` (16,) (16-byte copies) serves aligned strided
     caches and is rejected, by reason, for a view with 4-byte strides."""
     temp_kernels(
-        "attention.decode", name="aligned_only", priority=Priority.PLUGIN, vendors=("cpu",),
-        shapes={"kv_align": (16,)}, features=("strided_kv",),
-    )  # fmt: skip
+        "attention.decode",
+        name="aligned_only",
+        priority=Priority.PLUGIN,
+        vendors=("cpu",),
+        shapes={"kv_align": (16,)},
+        features=("strided_kv",),
+    )
     heads = Heads(8, 2, 32, 32)
-    aligned = attention_request("attention.decode", q_dtype=torch.float32, kv_dtype=torch.float32, heads=heads,
-                                page_size=8, strided_kv=True, kv_align=16)  # fmt: skip
-    odd = attention_request("attention.decode", q_dtype=torch.float32, kv_dtype=torch.float32, heads=heads,
-                            page_size=8, strided_kv=True, kv_align=4)  # fmt: skip
+    aligned = attention_request(
+        "attention.decode",
+        q_dtype=torch.float32,
+        kv_dtype=torch.float32,
+        heads=heads,
+        page_size=8,
+        strided_kv=True,
+        kv_align=16,
+    )
+    odd = attention_request(
+        "attention.decode",
+        q_dtype=torch.float32,
+        kv_dtype=torch.float32,
+        heads=heads,
+        page_size=8,
+        strided_kv=True,
+        kv_align=4,
+    )
     cpu = Platform("cpu", "cpu", "CPU", 2, 0)
     assert explain(aligned, platform=cpu).winner.name == "aligned_only"
     selection = explain(odd, platform=cpu)
@@ -202,9 +239,12 @@ def test_bad_store_layout_writes_nothing():
         store_kvcache(inputs["k"], inputs["v"], inputs["k_cache"], bad_v, inputs["slot_mapping"])
     with pytest.raises(ValueError, match="k_cache must have stride 1 in its last"):
         store_kvcache(
-            inputs["k"], inputs["v"], inputs["k_cache"].transpose(2, 3).contiguous().transpose(2, 3),
-            inputs["v_cache"], inputs["slot_mapping"],
-        )  # fmt: skip
+            inputs["k"],
+            inputs["v"],
+            inputs["k_cache"].transpose(2, 3).contiguous().transpose(2, 3),
+            inputs["v_cache"],
+            inputs["slot_mapping"],
+        )
     assert torch.equal(base, before)
 
 

@@ -62,9 +62,16 @@ def test_plan_carries_activation_quant():
     case = _case(t=5)
     inputs = cases.make_inputs(case, seed=2)
     plan = moe_plan(
-        inputs["w13"], inputs["w2"], x_dtype=case.dtype, top_k=2, activation="swiglu_oai",
-        w13_bias=inputs["w13_bias"], w2_bias=inputs["w2_bias"], activation_quant="mxfp8", override=APPLY,
-    )  # fmt: skip
+        inputs["w13"],
+        inputs["w2"],
+        x_dtype=case.dtype,
+        top_k=2,
+        activation="swiglu_oai",
+        w13_bias=inputs["w13_bias"],
+        w2_bias=inputs["w2_bias"],
+        activation_quant="mxfp8",
+        override=APPLY,
+    )
     assert plan.activation_quant == "mxfp8" and "mxfp8_act" in plan.request.features
     got = plan.apply(inputs["x"], inputs["topk_weights"], inputs["topk_ids"])
     assert torch.equal(got, moe_apply(**inputs, override=APPLY))
@@ -98,14 +105,23 @@ def test_needs_mxfp4_weights(weight_format):
 
 def _request(activation_quant):
     info = WeightInfo(128, 2880, 2880, "mxfp4", torch.uint8, 128)
-    return apply_request(info, x_dtype=torch.bfloat16, top_k=4, num_tokens=64, activation="swiglu_oai",
-                         has_bias=True, has_map=False, activation_quant=activation_quant)  # fmt: skip
+    return apply_request(
+        info,
+        x_dtype=torch.bfloat16,
+        top_k=4,
+        num_tokens=64,
+        activation="swiglu_oai",
+        has_bias=True,
+        has_map=False,
+        activation_quant=activation_quant,
+    )
 
 
 def test_request_feature_rejects_kernels_that_do_not_declare_it(temp_kernels):
     temp_kernels("moe.apply", name="no_mx8", vendors=("cpu",), features=("swiglu_oai", "bias", "mxfp4"), priority=300)
-    temp_kernels("moe.apply", name="mx8", vendors=("cpu",), features=("swiglu_oai", "bias", "mxfp4", "mxfp8_act"),
-                 priority=200)  # fmt: skip
+    temp_kernels(
+        "moe.apply", name="mx8", vendors=("cpu",), features=("swiglu_oai", "bias", "mxfp4", "mxfp8_act"), priority=200
+    )
     assert "mxfp8_act" in _request("mxfp8").features and "mxfp8_act" not in _request(None).features
     cpu = platform_from_arch("cpu")
     sel = explain(_request("mxfp8"), platform=cpu)
@@ -145,8 +161,22 @@ def test_custom_op_carries_activation_quant():
     inputs = cases.make_inputs(_case(t=3, dtype=torch.float32), seed=1)
     a13, b13, fmt = _custom_ops.flatten_weight(inputs["w13"])
     a2, b2, _ = _custom_ops.flatten_weight(inputs["w2"])
-    args = (inputs["x"], a13, b13, a2, b2, fmt, inputs["topk_weights"], inputs["topk_ids"], "swiglu_oai",
-            inputs["w13_bias"], inputs["w2_bias"], None, APPLY, "mxfp8")  # fmt: skip
+    args = (
+        inputs["x"],
+        a13,
+        b13,
+        a2,
+        b2,
+        fmt,
+        inputs["topk_weights"],
+        inputs["topk_ids"],
+        "swiglu_oai",
+        inputs["w13_bias"],
+        inputs["w2_bias"],
+        None,
+        APPLY,
+        "mxfp8",
+    )
     torch.library.opcheck(torch.ops.tokenspeed_kernel.moe_apply.default, args)
     got = torch.ops.tokenspeed_kernel.moe_apply(*args)
     assert torch.equal(got, moe_apply(**inputs, override=APPLY))

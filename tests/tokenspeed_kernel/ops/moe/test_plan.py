@@ -249,8 +249,16 @@ def test_plan_binds_once_per_token_count(bound_kernel, monkeypatch):
         assert got is out
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
     assert bound_kernel == [
-        ("bind", 5), ("run", 5), ("run", 5), ("bind", 3), ("fn", 3), ("fn", 3), ("bind", 2), ("run", 2), ("run", 5),
-    ]  # fmt: skip
+        ("bind", 5),
+        ("run", 5),
+        ("run", 5),
+        ("bind", 3),
+        ("fn", 3),
+        ("fn", 3),
+        ("bind", 2),
+        ("run", 2),
+        ("run", 5),
+    ]
     assert set(plan.runners) == {5, 3, 2} and plan.runners[3] is None
     bound_kernel.clear()
     moe_apply(**d, override=BOUND_KERNEL)  # the functional path never binds

@@ -44,9 +44,15 @@ def two_regimes():
     for name, priority, predicate in ((SMALL, Priority.PLUGIN + 2, small_only), (LARGE, Priority.PLUGIN + 1, None)):
         prepare, kernel = make(name)
         registry.register_kernel(
-            "moe.apply", name=name, solution="test", vendors=("cpu",), features=FEATURES,
-            priority=priority, predicate=predicate, prepare=prepare,
-        )(kernel)  # fmt: skip
+            "moe.apply",
+            name=name,
+            solution="test",
+            vendors=("cpu",),
+            features=FEATURES,
+            priority=priority,
+            predicate=predicate,
+            prepare=prepare,
+        )(kernel)
     yield calls
     registry.unregister_kernel(SMALL)
     registry.unregister_kernel(LARGE)
@@ -75,8 +81,14 @@ def test_apply_runs_the_regime_kernel_with_its_prepared_weights(two_regimes, num
     plan, weights = _plan()
     step = cases.make_inputs(dataclasses.replace(CASE, num_tokens=num_tokens), seed=num_tokens)
     got = plan.apply(step["x"], step["topk_weights"], step["topk_ids"])
-    want = moe_apply(step["x"], **weights, topk_weights=step["topk_weights"], topk_ids=step["topk_ids"],
-                     activation="silu", override=REFERENCE)  # fmt: skip
+    want = moe_apply(
+        step["x"],
+        **weights,
+        topk_weights=step["topk_weights"],
+        topk_ids=step["topk_ids"],
+        activation="silu",
+        override=REFERENCE,
+    )
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
     expected = SMALL if num_tokens <= 8 else LARGE
     assert two_regimes["run"] == [(expected, expected, num_tokens)]

@@ -31,15 +31,30 @@ def test_moe_apply_request_matches_the_call(fmt, bias, with_map):
     kw = dict(activation="swiglu_oai", w13_bias=b13, w2_bias=b2, expert_map=emap)
     moe_apply(x, w13, w2, weights, ids, override="torch_moe", **kw)
     built = moe_apply_request(
-        x_dtype=dtype, num_experts=e, top_k=k, hidden=h, intermediate=i, weight_format=fmt,
-        activation="swiglu_oai", bias=bias, expert_map=with_map, num_tokens=t,
-    )  # fmt: skip
+        x_dtype=dtype,
+        num_experts=e,
+        top_k=k,
+        hidden=h,
+        intermediate=i,
+        weight_format=fmt,
+        activation="swiglu_oai",
+        bias=bias,
+        expert_map=with_map,
+        num_tokens=t,
+    )
     assert built == last_request()
     plan = moe_plan(w13, w2, x_dtype=dtype, top_k=k, override="torch_moe", **kw)
     assert plan.request == moe_apply_request(
-        x_dtype=dtype, num_experts=e, top_k=k, hidden=h, intermediate=i, weight_format=fmt,
-        activation="swiglu_oai", bias=bias, expert_map=with_map,
-    )  # fmt: skip
+        x_dtype=dtype,
+        num_experts=e,
+        top_k=k,
+        hidden=h,
+        intermediate=i,
+        weight_format=fmt,
+        activation="swiglu_oai",
+        bias=bias,
+        expert_map=with_map,
+    )
 
 
 @pytest.mark.parametrize("scoring,renormalize", [("softmax", True), ("sigmoid", False)])
@@ -54,7 +69,8 @@ def test_moe_topk_request_matches_the_call(scoring, renormalize):
 
 def test_builders_name_bad_arguments():
     with pytest.raises(ValueError, match="weight_format"):
-        moe_apply_request(x_dtype=torch.bfloat16, num_experts=4, top_k=2, hidden=64, intermediate=32,
-                          weight_format="int4")  # fmt: skip
+        moe_apply_request(
+            x_dtype=torch.bfloat16, num_experts=4, top_k=2, hidden=64, intermediate=32, weight_format="int4"
+        )
     with pytest.raises(ValueError, match="scoring"):
         moe_topk_request(logits_dtype=torch.float32, num_experts=8, top_k=2, scoring="relu")

@@ -65,7 +65,9 @@ def test_rescale_when_the_max_grows_in_later_tiles(op):
             op, (150,), (150,), 4, 2, 64, dtype=torch.float16, sinks=True, return_lse=True, name="ramp"
         )
     else:
-        case = cases.AttentionCase(op, (1, 1), (300, 170), 4, 2, 64, page_size=16, dtype=torch.float16, return_lse=True, name="ramp")  # fmt: skip
+        case = cases.AttentionCase(
+            op, (1, 1), (300, 170), 4, 2, 64, page_size=16, dtype=torch.float16, return_lse=True, name="ramp"
+        )
     inputs = cases.make_inputs(case, DEVICE, seed=5)
     key = "k" if op == "attention.prefill" else "k_cache"
     k = inputs[key].float()

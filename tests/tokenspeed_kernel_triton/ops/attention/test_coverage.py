@@ -40,13 +40,37 @@ def _run_and_check(case, inputs, expected=None):
 
 def _head_dim_case(op, head_dim, dtype):
     if op == "attention.prefill":
-        return cases.AttentionCase(op, (3, 20), (3, 20), 8, 2, head_dim, dtype=dtype, sinks=True, return_lse=True,
-                                   name=f"prefill_d{head_dim}")  # fmt: skip
+        return cases.AttentionCase(
+            op, (3, 20), (3, 20), 8, 2, head_dim, dtype=dtype, sinks=True, return_lse=True, name=f"prefill_d{head_dim}"
+        )
     if op == "attention.extend":
-        return cases.AttentionCase(op, (5, 9), (40, 9), 8, 2, head_dim, page_size=16, dtype=dtype, window_left=20,
-                                   return_lse=True, name=f"extend_d{head_dim}")  # fmt: skip
-    return cases.AttentionCase(op, (2, 2), (2, 45), 8, 2, head_dim, page_size=8, dtype=dtype, sinks=True,
-                               logit_cap=30.0, return_lse=True, name=f"decode_d{head_dim}")  # fmt: skip
+        return cases.AttentionCase(
+            op,
+            (5, 9),
+            (40, 9),
+            8,
+            2,
+            head_dim,
+            page_size=16,
+            dtype=dtype,
+            window_left=20,
+            return_lse=True,
+            name=f"extend_d{head_dim}",
+        )
+    return cases.AttentionCase(
+        op,
+        (2, 2),
+        (2, 45),
+        8,
+        2,
+        head_dim,
+        page_size=8,
+        dtype=dtype,
+        sinks=True,
+        logit_cap=30.0,
+        return_lse=True,
+        name=f"decode_d{head_dim}",
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -63,12 +87,32 @@ def test_every_page_size(op, page_size):
     """Lengths straddle page boundaries (partial last pages); decode also reads an fp8 cache."""
     n = page_size + 3
     if op == "attention.extend":
-        case = cases.AttentionCase(op, (4, 1), (n, 2 * n), 4, 1, 64, page_size=page_size, dtype=torch.float16,
-                                   sinks=True, name=f"extend_p{page_size}")  # fmt: skip
+        case = cases.AttentionCase(
+            op,
+            (4, 1),
+            (n, 2 * n),
+            4,
+            1,
+            64,
+            page_size=page_size,
+            dtype=torch.float16,
+            sinks=True,
+            name=f"extend_p{page_size}",
+        )
     else:
-        case = cases.AttentionCase(op, (1, 1, 1), (1, n, 2 * n), 4, 2, 64, page_size=page_size,
-                                   dtype=torch.bfloat16, kv_dtype=FP8, return_lse=True,
-                                   name=f"decode_fp8_p{page_size}")  # fmt: skip
+        case = cases.AttentionCase(
+            op,
+            (1, 1, 1),
+            (1, n, 2 * n),
+            4,
+            2,
+            64,
+            page_size=page_size,
+            dtype=torch.bfloat16,
+            kv_dtype=FP8,
+            return_lse=True,
+            name=f"decode_fp8_p{page_size}",
+        )
     _run_and_check(case, cases.make_inputs(case, DEVICE, seed=page_size))
 
 
@@ -76,9 +120,17 @@ def test_every_page_size(op, page_size):
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_store_every_page_size_skips_negative_slots(page_size, cache_dtype):
     src = torch.float16 if cache_dtype == torch.float16 else torch.bfloat16
-    case = cases.AttentionCase("kvcache.store", (3, page_size + 1), (page_size + 5, 2 * page_size + 1), 2, 2, 64,
-                               page_size=page_size, dtype=src,
-                               kv_dtype=None if cache_dtype == src else cache_dtype)  # fmt: skip
+    case = cases.AttentionCase(
+        "kvcache.store",
+        (3, page_size + 1),
+        (page_size + 5, 2 * page_size + 1),
+        2,
+        2,
+        64,
+        page_size=page_size,
+        dtype=src,
+        kv_dtype=None if cache_dtype == src else cache_dtype,
+    )
     inputs = cases.make_inputs(case, DEVICE, seed=page_size)
     assert (inputs["slot_mapping"] < 0).any(), "the case must hold padding rows"
     before_k = inputs["k_cache"].clone()

@@ -39,11 +39,24 @@ def test_cuda_rows_give_the_launches_of_before(vendor):
 def test_cuda_kernel_configs_unchanged():
     for regime, head_dim, window, group in itertools.product(("prefill", "decode"), HEAD_DIMS, (False, True), (1, 8)):
         common = dict(
-            q_dtype=torch.bfloat16, num_q_heads=8 * group, num_kv_heads=8, head_dim=head_dim,
-            head_dim_v=head_dim, max_q=1 if regime == "decode" else 4096, page_size=16, uniform_q=regime == "decode",
-            causal=True, window=window, narrow_window=window, sinks=True, cap=False, scales=False, lse=True,
-            splits=1, regime=regime,
-        )  # fmt: skip
+            q_dtype=torch.bfloat16,
+            num_q_heads=8 * group,
+            num_kv_heads=8,
+            head_dim=head_dim,
+            head_dim_v=head_dim,
+            max_q=1 if regime == "decode" else 4096,
+            page_size=16,
+            uniform_q=regime == "decode",
+            causal=True,
+            window=window,
+            narrow_window=window,
+            sinks=True,
+            cap=False,
+            scales=False,
+            lse=True,
+            splits=1,
+            regime=regime,
+        )
         default = kernel_config(**common)
         assert kernel_config(**common, vendor="cuda") == default
         assert kernel_config(**common, tile=_before(regime, head_dim, window)) == default
@@ -79,8 +92,27 @@ def test_launch_reads_the_vendor_table(monkeypatch):
     out = torch.empty_like(q)
     cu = torch.tensor([0, 4], dtype=torch.int32, device=device)
     _launch.launch(
-        q=q, k=k, v=k, out=out, lse=None, sinks=None, k_scale=None, v_scale=None, page_table=None,
-        cu_seqlens_q=cu, cu_seqlens_k=cu, cache_seqlens=None, batch=1, max_q=4, max_k=4, q_len_uniform=0,
-        causal=True, softmax_scale=0.25, window_left=-1, logit_cap=0.0, splits=1, regime="prefill",
-    )  # fmt: skip
+        q=q,
+        k=k,
+        v=k,
+        out=out,
+        lse=None,
+        sinks=None,
+        k_scale=None,
+        v_scale=None,
+        page_table=None,
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu,
+        cache_seqlens=None,
+        batch=1,
+        max_q=4,
+        max_k=4,
+        q_len_uniform=0,
+        causal=True,
+        softmax_scale=0.25,
+        window_left=-1,
+        logit_cap=0.0,
+        splits=1,
+        regime="prefill",
+    )
     assert seen == ["rocm"]

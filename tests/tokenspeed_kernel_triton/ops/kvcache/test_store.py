@@ -35,10 +35,33 @@ def test_fp8_store_keeps_the_sign_of_values_that_round_to_zero():
     scale = torch.ones(1, device=DEVICE)
     src = src.to(DEVICE)
     _store_rows[(1, 1)](  # the K half only: program (0, 0)
-        src, src, cache, cache, torch.zeros(1, dtype=torch.int64, device=DEVICE), scale, scale,
-        dim, dim, dim, dim, dim, dim, dim, dim, dim, dim, 1, PAGE_SIZE=1, DIM_K=dim, DIM_V=dim,
-        BLOCK_H=1, BLOCK_D=block_d, FP8=True, INTERPRET=DEVICE == "cpu", num_warps=1,
-    )  # fmt: skip
+        src,
+        src,
+        cache,
+        cache,
+        torch.zeros(1, dtype=torch.int64, device=DEVICE),
+        scale,
+        scale,
+        dim,
+        dim,
+        dim,
+        dim,
+        dim,
+        dim,
+        dim,
+        dim,
+        dim,
+        dim,
+        1,
+        PAGE_SIZE=1,
+        DIM_K=dim,
+        DIM_V=dim,
+        BLOCK_H=1,
+        BLOCK_D=block_d,
+        FP8=True,
+        INTERPRET=DEVICE == "cpu",
+        num_warps=1,
+    )
     expected = src.cpu().clamp(-448.0, 448.0).to(torch.float8_e4m3fn).flatten()
     got = cache.cpu().flatten()
     assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8)), (got, expected)

@@ -37,8 +37,20 @@ T_REASON = "num_tokens_bucket=16 > 8: the GEMV MoE serves T <= 8 tokens"
 
 
 def _case(t, h=64, i=32, act="silu", bias=False, emap=False, dtype=torch.bfloat16, e=8, k=2) -> MoECase:
-    return MoECase("moe.apply", t, h, i, e, k, dtype=dtype, weight_format="mxfp4", activation=act, bias=bias,
-                   expert_map=emap, name=f"gemv_t{t}_h{h}_i{i}_{act}{'_bias' if bias else ''}{'_map' if emap else ''}")  # fmt: skip
+    return MoECase(
+        "moe.apply",
+        t,
+        h,
+        i,
+        e,
+        k,
+        dtype=dtype,
+        weight_format="mxfp4",
+        activation=act,
+        bias=bias,
+        expert_map=emap,
+        name=f"gemv_t{t}_h{h}_i{i}_{act}{'_bias' if bias else ''}{'_map' if emap else ''}",
+    )
 
 
 def _check(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
@@ -72,9 +84,17 @@ def test_registration_metadata():
 
 
 def _request(num_tokens: int | None, weight_format: str = "mxfp4"):
-    return moe_apply_request(x_dtype=torch.bfloat16, num_experts=128, top_k=4, hidden=2880, intermediate=2880,
-                             weight_format=weight_format, activation="swiglu_oai", bias=True,
-                             num_tokens=num_tokens)  # fmt: skip
+    return moe_apply_request(
+        x_dtype=torch.bfloat16,
+        num_experts=128,
+        top_k=4,
+        hidden=2880,
+        intermediate=2880,
+        weight_format=weight_format,
+        activation="swiglu_oai",
+        bias=True,
+        num_tokens=num_tokens,
+    )
 
 
 def _candidate(selection):
@@ -179,8 +199,12 @@ def test_plan_matches_functional_path_and_hands_large_t_on():
     assert torch.equal(planned, _call(inputs))
     gen = torch.Generator(DEVICE).manual_seed(0)  # T = 11 tokens, same weights: triton_fused_moe's path
     ids = torch.stack([torch.randperm(case.num_experts, generator=gen, device=DEVICE)[: case.top_k] for _ in range(11)])
-    big = {**inputs, "x": torch.randn(11, case.hidden, generator=gen, device=DEVICE).to(case.dtype),
-           "topk_ids": ids.int(), "topk_weights": torch.rand(11, case.top_k, generator=gen, device=DEVICE)}  # fmt: skip
+    big = {
+        **inputs,
+        "x": torch.randn(11, case.hidden, generator=gen, device=DEVICE).to(case.dtype),
+        "topk_ids": ids.int(),
+        "topk_weights": torch.rand(11, case.top_k, generator=gen, device=DEVICE),
+    }
     out = plan.apply(big["x"], big["topk_weights"], big["topk_ids"])
     _check(out, naive_moe(**big), case.dtype)
 

@@ -28,10 +28,19 @@ def _check(out, ref, dtype):
 
 def _case(fmt, activation, tokens, extras, dtype=torch.bfloat16):
     return cases.MoECase(
-        "moe.apply", tokens, 256 if fmt == "fp8_block" else 64, 32, 8, 2, dtype,
-        weight_format=fmt, activation=activation, bias=extras, expert_map=extras,
+        "moe.apply",
+        tokens,
+        256 if fmt == "fp8_block" else 64,
+        32,
+        8,
+        2,
+        dtype,
+        weight_format=fmt,
+        activation=activation,
+        bias=extras,
+        expert_map=extras,
         name=f"{fmt}-{activation}-t{tokens}{'-bias-map' if extras else ''}",
-    )  # fmt: skip
+    )
 
 
 MATRIX = [

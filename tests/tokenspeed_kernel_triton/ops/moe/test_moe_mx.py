@@ -105,9 +105,11 @@ def test_serves_mxfp4_bf16_only(monkeypatch):
     monkeypatch.setattr(fused_mx, "INTERPRET", False)
     sm90 = platform_from_arch("sm_90")
     by_name = awkward_apply_cases()
-    for name, reason in (("plain_t5", "weight dtype bfloat16 not in {uint8}"),
-                         ("fp8_per_channel", "weight dtype float8_e4m3fn not in {uint8}"),
-                         ("mxfp8_act_t1", "does not support {mxfp8_act}")):  # fmt: skip
+    for name, reason in (
+        ("plain_t5", "weight dtype bfloat16 not in {uint8}"),
+        ("fp8_per_channel", "weight dtype float8_e4m3fn not in {uint8}"),
+        ("mxfp8_act_t1", "does not support {mxfp8_act}"),
+    ):
         reasons = candidate(explain(cases.request(by_name[name]), platform=sm90), NAME).reasons
         assert any(reason in r for r in reasons), (name, reasons)
     uint8_not_mx = Request.make("moe.apply", {"x": torch.bfloat16, "weight": torch.uint8}, {}, {"silu"})

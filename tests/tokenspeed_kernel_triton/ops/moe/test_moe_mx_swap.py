@@ -96,8 +96,10 @@ def test_serves_mxfp4_bf16_only(monkeypatch):
     monkeypatch.setattr(fused_mx_swap, "INTERPRET", False)
     sm90 = platform_from_arch("sm_90")
     by_name = awkward_apply_cases()
-    for name, reason in (("plain_t5", "weight dtype bfloat16 not in {uint8}"),
-                         ("mxfp8_act_t1", "does not support {mxfp8_act}")):  # fmt: skip
+    for name, reason in (
+        ("plain_t5", "weight dtype bfloat16 not in {uint8}"),
+        ("mxfp8_act_t1", "does not support {mxfp8_act}"),
+    ):
         reasons = candidate(explain(cases.request(by_name[name]), platform=sm90), NAME).reasons
         assert any(reason in r for r in reasons), (name, reasons)
     fp16 = cases.request(dataclasses.replace(by_name["mxfp4_t1"], dtype=torch.float16))
@@ -117,8 +119,12 @@ def _decode_like_kernel(op: fused_mx_swap.SwapOperand, k: int) -> torch.Tensor:
     w = op.words.long() & 0xFFFFFFFF
     e, steps, n, _ = w.shape
     place = 0x81C081C0
-    slots = [w & place, (w << 3) & place, (w << 6) & place,
-             ((w >> 4) & 0x00C000C0) | ((w >> 5) & 0x01000100) | ((w << 1) & 0x80008000)]  # fmt: skip
+    slots = [
+        w & place,
+        (w << 3) & place,
+        (w << 6) & place,
+        ((w >> 4) & 0x00C000C0) | ((w >> 5) & 0x01000100) | ((w << 1) & 0x80008000),
+    ]
     placed = torch.stack(slots, -1)  # [E, S, N, 16 words, 4 slots]
     values = torch.stack([_bf16_bits_as_f64(placed & 0xFFFF), _bf16_bits_as_f64(placed >> 16)], -1) * 2.0**126
     s = op.scales.long() & 0xFFFFFFFF
@@ -146,16 +152,23 @@ def test_every_code_and_scale_survives_the_repack():
     scales = torch.randint(0, 256, (2, 40, 5), generator=gen, dtype=torch.uint8)
     scales[0, 0], scales[0, 1], scales[0, 2] = 0, 254, 255
     w = MXFP4Weight(packed, scales)
-    torch.testing.assert_close(_decode_like_kernel(fused_mx_swap.swap_operand(w), 160),
-                               dequantize_mxfp4(w, torch.float64), rtol=0, atol=0, equal_nan=True)  # fmt: skip
+    torch.testing.assert_close(
+        _decode_like_kernel(fused_mx_swap.swap_operand(w), 160),
+        dequantize_mxfp4(w, torch.float64),
+        rtol=0,
+        atol=0,
+        equal_nan=True,
+    )
 
 
 @pytest.mark.parametrize("e, n, k, bound", [(128, 5760, 2880, 1.0223), (128, 2880, 2880, 1.0223), (2, 8, 1920, 1.05)])
 def test_repacked_bytes_within_bound(e, n, k, bound):
     """words + scale words over the MXFP4 bytes (packed + scales): ``128 S / K`` (shapes only,
     on the meta device)."""
-    w = MXFP4Weight(torch.empty(e, n, k // 2, dtype=torch.uint8, device="meta"),
-                    torch.empty(e, n, k // 32, dtype=torch.uint8, device="meta"))  # fmt: skip
+    w = MXFP4Weight(
+        torch.empty(e, n, k // 2, dtype=torch.uint8, device="meta"),
+        torch.empty(e, n, k // 32, dtype=torch.uint8, device="meta"),
+    )
     words, scales = fused_mx_swap.swap_words(w.packed), fused_mx_swap.swap_scales(w.scales)
     ratio = (words.numel() + scales.numel()) * 4 / (w.packed.numel() + w.scales.numel())
     assert ratio <= bound, ratio
@@ -263,8 +276,15 @@ def test_bound_runs_match_the_functional_path_under_the_interpreter(name):
     each run equals :func:`fused_moe_mx_swap` bit for bit and matches float64."""
     base, changes, _ = NUMERIC_CASES[name]
     case = dataclasses.replace(awkward_apply_cases()[base], name=name, **changes)
-    check_bound_runs(case, fused_mx_swap.prepare_moe_mx_swap, fused_mx_swap.bind_fused_moe_mx_swap,
-                     fused_mx_swap.fused_moe_mx_swap, TOL, DEVICE, tile=SMALL)  # fmt: skip
+    check_bound_runs(
+        case,
+        fused_mx_swap.prepare_moe_mx_swap,
+        fused_mx_swap.bind_fused_moe_mx_swap,
+        fused_mx_swap.fused_moe_mx_swap,
+        TOL,
+        DEVICE,
+        tile=SMALL,
+    )
 
 
 @pytest.mark.parametrize("kernel", ["swap", "dot_scaled"])

@@ -47,8 +47,18 @@ def _forbid_host_reads(monkeypatch):
 
 
 def _inputs(fmt, tokens, skewed):
-    case = cases.MoECase("moe.apply", tokens, 256 if fmt == "fp8_block" else 64, 32, 8, 2, weight_format=fmt,
-                         activation="swiglu_oai", bias=True, expert_map=True)  # fmt: skip
+    case = cases.MoECase(
+        "moe.apply",
+        tokens,
+        256 if fmt == "fp8_block" else 64,
+        32,
+        8,
+        2,
+        weight_format=fmt,
+        activation="swiglu_oai",
+        bias=True,
+        expert_map=True,
+    )
     inputs = cases.make_inputs(case, "cpu", seed=1)
     logits = torch.randn(tokens, case.num_experts, generator=torch.Generator().manual_seed(2))
     if skewed:  # every token to the same two experts: a very different permutation
@@ -61,8 +71,9 @@ def _launches(monkeypatch, fmt, tokens, skewed, planned):
     plan = None
     if planned:
         weights = {k: inputs[k] for k in ("w13", "w2", "w13_bias", "w2_bias", "expert_map")}
-        plan = moe_plan(**weights, x_dtype=inputs["x"].dtype, top_k=2, activation="swiglu_oai",
-                        override="triton_fused_moe")  # fmt: skip
+        plan = moe_plan(
+            **weights, x_dtype=inputs["x"].dtype, top_k=2, activation="swiglu_oai", override="triton_fused_moe"
+        )
     log = []
     with monkeypatch.context() as m:
         for module, name in LAUNCHES:
@@ -70,9 +81,18 @@ def _launches(monkeypatch, fmt, tokens, skewed, planned):
         _forbid_host_reads(m)
         weights_, ids = moe_topk(logits, 2)
         if plan is None:
-            moe_apply(inputs["x"], inputs["w13"], inputs["w2"], weights_, ids, activation="swiglu_oai",
-                      w13_bias=inputs["w13_bias"], w2_bias=inputs["w2_bias"], expert_map=inputs["expert_map"],
-                      override="triton_fused_moe")  # fmt: skip
+            moe_apply(
+                inputs["x"],
+                inputs["w13"],
+                inputs["w2"],
+                weights_,
+                ids,
+                activation="swiglu_oai",
+                w13_bias=inputs["w13_bias"],
+                w2_bias=inputs["w2_bias"],
+                expert_map=inputs["expert_map"],
+                override="triton_fused_moe",
+            )
         else:
             plan.apply(inputs["x"], weights_, ids)
     return log
@@ -118,10 +138,18 @@ def _mx_launches(monkeypatch, kernel, tokens, skewed, planned):
         for name in ("tensor", "as_tensor", "from_numpy"):
             m.setattr(torch, name, lambda *a, _name=name, **k: pytest.fail(f"torch.{_name} in the call path"))
         args = MoEApplyArgs(
-            x=inputs["x"], w13=inputs["w13"], w2=inputs["w2"], topk_weights=weights_.float(),
-            topk_ids=ids.int(), activation="swiglu_oai", w13_bias=inputs["w13_bias"], w2_bias=inputs["w2_bias"],
-            expert_map=inputs["expert_map"], out=torch.empty_like(inputs["x"]), prepared=prepared,
-        )  # fmt: skip
+            x=inputs["x"],
+            w13=inputs["w13"],
+            w2=inputs["w2"],
+            topk_weights=weights_.float(),
+            topk_ids=ids.int(),
+            activation="swiglu_oai",
+            w13_bias=inputs["w13_bias"],
+            w2_bias=inputs["w2_bias"],
+            expert_map=inputs["expert_map"],
+            out=torch.empty_like(inputs["x"]),
+            prepared=prepared,
+        )
         splits = None if tokens > 1 else 2
         if planned == "bound":
             bind(args, splits=splits)(args)
@@ -147,8 +175,9 @@ def test_mxfp4_gemm_launches_depend_on_shapes_only(monkeypatch, kernel, tokens, 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (graph capture)")
 @pytest.mark.parametrize("fmt", ["plain", "fp8_per_channel", "fp8_block", "mxfp4"])
 def test_cuda_graph_capture_matches_eager(fmt):
-    case = cases.MoECase("moe.apply", 33, 256, 128, 8, 2, weight_format=fmt, activation="swiglu_oai", bias=True,
-                         expert_map=True)  # fmt: skip
+    case = cases.MoECase(
+        "moe.apply", 33, 256, 128, 8, 2, weight_format=fmt, activation="swiglu_oai", bias=True, expert_map=True
+    )
     inputs = cases.make_inputs(case, "cuda", seed=1)
     logits = torch.randn(33, 8, device="cuda")
     extra = {k: inputs[k] for k in ("w13_bias", "w2_bias", "expert_map")}

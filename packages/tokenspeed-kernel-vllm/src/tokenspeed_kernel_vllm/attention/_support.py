@@ -127,9 +127,19 @@ def kernel_reason(
     ``TOKENSPEED_KERNEL_OVERRIDE`` names them for that operator.
     """
     return _kernel_reason(
-        dtype, kv_dtype, num_q_heads, num_kv_heads, head_size, head_size_v, page_size, window_left, sinks,
-        float(logit_cap), q_len, os.environ.get("TOKENSPEED_KERNEL_OVERRIDE", ""),
-    )  # fmt: skip
+        dtype,
+        kv_dtype,
+        num_q_heads,
+        num_kv_heads,
+        head_size,
+        head_size_v,
+        page_size,
+        window_left,
+        sinks,
+        float(logit_cap),
+        q_len,
+        os.environ.get("TOKENSPEED_KERNEL_OVERRIDE", ""),
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -196,9 +206,16 @@ def capturable_decode_reason(
     (windows, sinks and logit caps vary per layer: asked for plainly), or None."""
     heads = Heads(num_q_heads, num_kv_heads, head_size, head_size_v)
     request = attention_request(
-        "attention.decode", q_dtype=dtype, kv_dtype=kv_dtype, heads=heads, page_size=page_size, q_len=q_len,
-        capturable=True, strided_kv=True, kv_align=vllm_kv_align(kv_dtype, head_size, head_size_v),
-    )  # fmt: skip
+        "attention.decode",
+        q_dtype=dtype,
+        kv_dtype=kv_dtype,
+        heads=heads,
+        page_size=page_size,
+        q_len=q_len,
+        capturable=True,
+        strided_kv=True,
+        kv_align=vllm_kv_align(kv_dtype, head_size, head_size_v),
+    )
     try:
         select(request)
     except (NoKernelFoundError, KernelOverrideError) as exc:

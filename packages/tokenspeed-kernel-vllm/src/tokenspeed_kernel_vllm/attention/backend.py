@@ -137,9 +137,19 @@ class TokenspeedAttentionBackend(AttentionBackend):
     ) -> list[str]:
         """vLLM's checks, with its generic "X not supported" replaced by what is served."""
         reasons = super().validate_configuration(
-            head_size, dtype, kv_cache_dtype, block_size, use_mla, has_sink, use_sparse, use_mm_prefix,
-            use_per_head_quant_scales, device_capability, attn_type, **kwargs,
-        )  # fmt: skip
+            head_size,
+            dtype,
+            kv_cache_dtype,
+            block_size,
+            use_mla,
+            has_sink,
+            use_sparse,
+            use_mm_prefix,
+            use_per_head_quant_scales,
+            device_capability,
+            attn_type,
+            **kwargs,
+        )
         ours = {
             "kv_cache_dtype not supported": _support.kv_dtype_reason(kv_cache_dtype),
             "block_size not supported": _support.block_size_reason(block_size),
@@ -159,6 +169,11 @@ def _head_size_reason(head_size: int) -> str | None:
     pages (the finer checks, with the real dtypes, are supports_combination's)."""
     num_q_heads, num_kv_heads = _support._PROBE_HEADS
     return _support.kernel_reason(
-        dtype=torch.bfloat16, kv_dtype=torch.bfloat16, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-        head_size=head_size, head_size_v=head_size, page_size=_support.KERNEL_PAGE_SIZES[0],
-    )  # fmt: skip
+        dtype=torch.bfloat16,
+        kv_dtype=torch.bfloat16,
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_size=head_size,
+        head_size_v=head_size,
+        page_size=_support.KERNEL_PAGE_SIZES[0],
+    )

@@ -247,9 +247,15 @@ def _experts(
         data, gather, scatter = routing
         tk.matmul_ogs(x, w.w13, w.b13, data, gather_indx=gather, precision_config=w.pc13, fused_activation=act, y=mid)
         tk.matmul_ogs(
-            mid.view(t * k, inter), w.w2, w.b2, data, scatter_indx=scatter, precision_config=w.pc2,
-            gammas=data.gate_scal, y=out,
-        )  # fmt: skip
+            mid.view(t * k, inter),
+            w.w2,
+            w.b2,
+            data,
+            scatter_indx=scatter,
+            precision_config=w.pc2,
+            gammas=data.gate_scal,
+            y=out,
+        )
         return out.view(t, h)
 
     return run

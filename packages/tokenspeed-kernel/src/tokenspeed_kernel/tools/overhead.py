@@ -152,9 +152,15 @@ def _decode_plan(device: torch.device) -> Callable[[], object]:
 
     c = _paged(device)
     plan = mha_decode_plan(
-        c["k_cache"], c["v_cache"], c["page_table"], c["cache_seqlens"], 256,
-        q_dtype=DTYPE, num_q_heads=HEADS, sinks=c["sinks"],
-    )  # fmt: skip
+        c["k_cache"],
+        c["v_cache"],
+        c["page_table"],
+        c["cache_seqlens"],
+        256,
+        q_dtype=DTYPE,
+        num_q_heads=HEADS,
+        sinks=c["sinks"],
+    )
     q = _randn(1, HEADS, HEAD_DIM, device=device)
     return lambda: plan.run(q)
 
@@ -210,9 +216,14 @@ def _apply_plan_mxfp4(device: torch.device) -> Callable[[], object]:
     m = _moe(device)
     experts, hidden = m["w2"].shape[:2]
     plan = moe_plan(
-        quantize_mxfp4(m["w13"]), quantize_mxfp4(m["w2"]), x_dtype=DTYPE, top_k=4, activation="swiglu_oai",
-        w13_bias=_randn(experts, m["w13"].shape[1], device=device), w2_bias=_randn(experts, hidden, device=device),
-    )  # fmt: skip
+        quantize_mxfp4(m["w13"]),
+        quantize_mxfp4(m["w2"]),
+        x_dtype=DTYPE,
+        top_k=4,
+        activation="swiglu_oai",
+        w13_bias=_randn(experts, m["w13"].shape[1], device=device),
+        w2_bias=_randn(experts, hidden, device=device),
+    )
     return lambda: plan.apply(m["x"], m["topk_weights"], m["topk_ids"])
 
 

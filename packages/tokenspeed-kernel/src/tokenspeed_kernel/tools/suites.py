@@ -440,10 +440,21 @@ def _e2e_describe(meta: dict[str, Any], what: str, batch: int, ctx: int, device:
 def _e2e_timing(op: str, case: str, impl: str, kind: str, ms: float | None, tok_s: float | None, note: str):
     """A timing in the keys of ``bench``'s rows (``BenchRow``), with ``tok_s``."""
     return {
-        "op": op, "case": case, "impl": impl, "kind": kind, "ms": ms, "tflops": None, "tbps": None,
-        "pct_copy": None, "pct_matmul": None, "selected": False, "speedups": {}, "note": note,
-        "relayout_ms": None, "tok_s": tok_s,
-    }  # fmt: skip
+        "op": op,
+        "case": case,
+        "impl": impl,
+        "kind": kind,
+        "ms": ms,
+        "tflops": None,
+        "tbps": None,
+        "pct_copy": None,
+        "pct_matmul": None,
+        "selected": False,
+        "speedups": {},
+        "note": note,
+        "relayout_ms": None,
+        "tok_s": tok_s,
+    }
 
 
 def _e2e_rows(result: Any, device: torch.device) -> list[SuiteRow]:
@@ -487,12 +498,16 @@ def _e2e_rows(result: Any, device: torch.device) -> list[SuiteRow]:
                 )
             row.check.append(
                 CheckRow(
-                    op, case, r.row, r.check if r.check in ("PASS", "FAIL") else "SKIP",
+                    op,
+                    case,
+                    r.row,
+                    r.check if r.check in ("PASS", "FAIL") else "SKIP",
                     rel_l2=r.rel_l2_median if r.rel_l2_median is not None else float("nan"),
                     max_rel=r.rel_l2_max if r.rel_l2_max is not None else float("nan"),
-                    tolerance=meta["check"], reason=r.check_note,
+                    tolerance=meta["check"],
+                    reason=r.check_note,
                 )
-            )  # fmt: skip
+            )
         for t in row.timings:
             t["selected"] = t["impl"] == pick
             t["check"] = next((c.status for c in row.check if c.kernel == t["impl"]), None)

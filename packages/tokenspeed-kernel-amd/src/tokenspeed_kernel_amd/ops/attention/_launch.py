@@ -115,16 +115,36 @@ def launch(
         part_lse = torch.empty((splits, num_tokens, num_q_heads), dtype=torch.float32, device=q.device)
     grid = (num_m_blocks(max_q, group, cfg.block_m), batch * num_kv_heads, splits)
     attention_kernel[grid](
-        q, k, v, out, f32 if lse is None else lse, part_out, part_lse,
-        f32 if sinks is None else sinks, f32 if k_scale is None else k_scale, f32 if v_scale is None else v_scale,
-        i32 if page_table is None else page_table, i32 if cu_seqlens_q is None else cu_seqlens_q,
-        i32 if cu_seqlens_k is None else cu_seqlens_k, i32 if cache_seqlens is None else cache_seqlens,
-        q.stride(0), k.stride(0) if paged else 0, k.stride(-3), k.stride(-2),
-        v.stride(0) if paged else 0, v.stride(-3), v.stride(-2),
-        out.stride(0), 0 if page_table is None else page_table.stride(0), num_tokens,
-        float(softmax_scale), float(logit_cap), int(window_left),
-        num_warps=cfg.num_warps, **cfg.constexprs,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        out,
+        f32 if lse is None else lse,
+        part_out,
+        part_lse,
+        f32 if sinks is None else sinks,
+        f32 if k_scale is None else k_scale,
+        f32 if v_scale is None else v_scale,
+        i32 if page_table is None else page_table,
+        i32 if cu_seqlens_q is None else cu_seqlens_q,
+        i32 if cu_seqlens_k is None else cu_seqlens_k,
+        i32 if cache_seqlens is None else cache_seqlens,
+        q.stride(0),
+        k.stride(0) if paged else 0,
+        k.stride(-3),
+        k.stride(-2),
+        v.stride(0) if paged else 0,
+        v.stride(-3),
+        v.stride(-2),
+        out.stride(0),
+        0 if page_table is None else page_table.stride(0),
+        num_tokens,
+        float(softmax_scale),
+        float(logit_cap),
+        int(window_left),
+        num_warps=cfg.num_warps,
+        **cfg.constexprs,
+    )
     if splits > 1:
         consts = combine_constexprs(
             num_q_heads=num_q_heads,
@@ -135,6 +155,14 @@ def launch(
             lse=lse is not None,
         )
         combine_kernel[(num_tokens, num_q_heads)](
-            part_out, part_lse, out, f32 if lse is None else lse, f32 if sinks is None else sinks,
-            f32 if v_scale is None else v_scale, out.stride(0), num_tokens, num_warps=1, **consts,
-        )  # fmt: skip
+            part_out,
+            part_lse,
+            out,
+            f32 if lse is None else lse,
+            f32 if sinks is None else sinks,
+            f32 if v_scale is None else v_scale,
+            out.stride(0),
+            num_tokens,
+            num_warps=1,
+            **consts,
+        )

@@ -52,8 +52,17 @@ def _gemv_layout(num_warps: int) -> gl.BlockedLayout:
     return gl.BlockedLayout([1, 1, 16], [4, 8, 2], [num_warps, 1, 1], [2, 1, 0])
 
 
-def gemv13_config(*, hidden: int, inter: int, top_k: int, activation: int, bias: bool, expert_map: bool,
-                  halves: bool, quant_out: bool = False) -> GemvConfig:  # fmt: skip
+def gemv13_config(
+    *,
+    hidden: int,
+    inter: int,
+    top_k: int,
+    activation: int,
+    bias: bool,
+    expert_map: bool,
+    halves: bool,
+    quant_out: bool = False,
+) -> GemvConfig:
     num_warps = 4
     block = 32
     return GemvConfig(
@@ -95,8 +104,20 @@ def gemv2_config(*, hidden: int, inter: int, top_k: int, bias: bool, expert_map:
     )
 
 
-def gemm_config(arch: ArchConfig, *, n: int, k: int, top_k: int, gated: bool, activation: int, bias: bool,
-                halves: bool, rows_sorted: bool, block_m: int = 32, quant_out: bool = False) -> GemmConfig:  # fmt: skip
+def gemm_config(
+    arch: ArchConfig,
+    *,
+    n: int,
+    k: int,
+    top_k: int,
+    gated: bool,
+    activation: int,
+    bias: bool,
+    halves: bool,
+    rows_sorted: bool,
+    block_m: int = 32,
+    quant_out: bool = False,
+) -> GemmConfig:
     num_warps = 4
     block_n = 64
     mma = gl.amd.AMDMFMALayout(
@@ -138,8 +159,9 @@ def quant_config(*, fake: bool) -> GemvConfig:
     return GemvConfig({"BLOCK_R": 64, "FAKE": fake, "LAYOUT": layout}, num_warps, 64)
 
 
-def scaled_gemm_config(*, n: int, k: int, top_k: int, gated: bool, activation: int, bias: bool, rows_sorted: bool,
-                       block_m: int = 32) -> GemmConfig:  # fmt: skip
+def scaled_gemm_config(
+    *, n: int, k: int, top_k: int, gated: bool, activation: int, bias: bool, rows_sorted: bool, block_m: int = 32
+) -> GemmConfig:
     """gfx950 scaled-MFMA grouped GEMM: ``block_m`` x 64 x 128 tiles, 4 warps ``[2, 2]`` on
     ``v_mfma_scale_f32_16x16x128_f8f6f4``. A rows load as 16 contiguous bytes per lane; the
     weight tile loads K-contiguous (16 bytes per lane) as ``[64 K-bytes, 64 N]``."""

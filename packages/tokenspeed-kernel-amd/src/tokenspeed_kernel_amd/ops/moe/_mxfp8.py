@@ -95,8 +95,11 @@ def mxfp8_quant_kernel(
     e = mx_exponent(amax)
     r = e4m3_round(v * _pow2(-e)[:, None])
     if FAKE:
-        gl.store(Q + r64[:, None] * stride_qt + cols[None, :], (r * _pow2(e)[:, None]).to(Q.dtype.element_ty),
-                 mask=ok[:, None])  # fmt: skip
+        gl.store(
+            Q + r64[:, None] * stride_qt + cols[None, :],
+            (r * _pow2(e)[:, None]).to(Q.dtype.element_ty),
+            mask=ok[:, None],
+        )
     else:
         gl.store(Q + r64[:, None] * stride_qt + cols[None, :], e4m3_code(r).to(gl.uint8), mask=ok[:, None])
         gl.store(Scales + r64 * stride_st + blk, (e + 127).to(gl.uint8), mask=ok)

@@ -101,8 +101,7 @@ def moe_scaled_gemm_kernel(
         acc_up = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=MMA)
 
     a = gl.load(Act + a_rows[:, None] + ka[None, :], mask=a_ok[:, None] & (ka < K)[None, :], other=0)
-    a_s = gl.load(ActScale + as_rows[:, None] + ksa[None, :], mask=as_ok[:, None] & (ksa < K // 32)[None, :],
-                  other=0)  # fmt: skip
+    a_s = gl.load(ActScale + as_rows[:, None] + ksa[None, :], mask=as_ok[:, None] & (ksa < K // 32)[None, :], other=0)
     g, g_s = _load_b(W, S, g_rows, g_srows, n_ok, live, 0, kb, ksb, K, BLOCK_K)
     if GATED:
         u, u_s = _load_b(W, S, u_rows, u_srows, n_ok, live, 0, kb, ksb, K, BLOCK_K)
@@ -116,8 +115,11 @@ def moe_scaled_gemm_kernel(
             u_s_cur = u_s
         k1 = k0 + BLOCK_K
         a = gl.load(Act + a_rows[:, None] + (k1 + ka)[None, :], mask=a_ok[:, None] & (k1 + ka < K)[None, :], other=0)
-        a_s = gl.load(ActScale + as_rows[:, None] + (k1 // 32 + ksa)[None, :],
-                      mask=as_ok[:, None] & (k1 // 32 + ksa < K // 32)[None, :], other=0)  # fmt: skip
+        a_s = gl.load(
+            ActScale + as_rows[:, None] + (k1 // 32 + ksa)[None, :],
+            mask=as_ok[:, None] & (k1 // 32 + ksa < K // 32)[None, :],
+            other=0,
+        )
         g, g_s = _load_b(W, S, g_rows, g_srows, n_ok, live, k1, kb, ksb, K, BLOCK_K)
         if GATED:
             u, u_s = _load_b(W, S, u_rows, u_srows, n_ok, live, k1, kb, ksb, K, BLOCK_K)

@@ -111,18 +111,53 @@ def moe_mxfp4(args: MoEApplyArgs, *, force_gemm: bool = False) -> None:
     strides2 = (w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0))
     if use_gemv(num_tokens) and not force_gemm:
         a = torch.empty((num_tokens * top_k, inter), dtype=torch.float32, device=x.device)
-        c1 = gemv13_config(hidden=hidden, inter=inter, top_k=top_k, activation=act, bias=has_bias,
-                           expert_map=args.expert_map is not None, halves=halves, quant_out=quant)  # fmt: skip
+        c1 = gemv13_config(
+            hidden=hidden,
+            inter=inter,
+            top_k=top_k,
+            activation=act,
+            bias=has_bias,
+            expert_map=args.expert_map is not None,
+            halves=halves,
+            quant_out=quant,
+        )
         moe_gemv13_kernel[(num_tokens * top_k, cdiv(inter, c1.block))](
-            x, w13, s13, b13, ids, emap, a, x.stride(0), *strides13, a.stride(0), num_warps=c1.num_warps,
+            x,
+            w13,
+            s13,
+            b13,
+            ids,
+            emap,
+            a,
+            x.stride(0),
+            *strides13,
+            a.stride(0),
+            num_warps=c1.num_warps,
             **c1.constexprs,
-        )  # fmt: skip
-        c2 = gemv2_config(hidden=hidden, inter=inter, top_k=top_k, bias=has_bias,
-                          expert_map=args.expert_map is not None, halves=halves)  # fmt: skip
+        )
+        c2 = gemv2_config(
+            hidden=hidden,
+            inter=inter,
+            top_k=top_k,
+            bias=has_bias,
+            expert_map=args.expert_map is not None,
+            halves=halves,
+        )
         moe_gemv2_kernel[(num_tokens, cdiv(hidden, c2.block))](
-            a, w2, s2, b2, ids, weights, emap, args.out, a.stride(0), *strides2, args.out.stride(0),
-            num_warps=c2.num_warps, **c2.constexprs,
-        )  # fmt: skip
+            a,
+            w2,
+            s2,
+            b2,
+            ids,
+            weights,
+            emap,
+            args.out,
+            a.stride(0),
+            *strides2,
+            args.out.stride(0),
+            num_warps=c2.num_warps,
+            **c2.constexprs,
+        )
         return
     arch = arch_config(device_arch(x.device.index or 0))
     block_m = 32
@@ -131,16 +166,57 @@ def moe_mxfp4(args: MoEApplyArgs, *, force_gemm: bool = False) -> None:
     h = torch.empty((num_pairs, inter), dtype=x.dtype, device=x.device)
     y = torch.zeros((num_pairs, hidden), dtype=torch.float32, device=x.device)
     tiles = (routing.sorted_pairs, routing.tile_expert, routing.tile_row, routing.tile_rows, weights, emap)
-    c1 = gemm_config(arch, n=inter, k=hidden, top_k=top_k, gated=True, activation=act, bias=has_bias, halves=halves,
-                     rows_sorted=False, block_m=block_m, quant_out=quant)  # fmt: skip
+    c1 = gemm_config(
+        arch,
+        n=inter,
+        k=hidden,
+        top_k=top_k,
+        gated=True,
+        activation=act,
+        bias=has_bias,
+        halves=halves,
+        rows_sorted=False,
+        block_m=block_m,
+        quant_out=quant,
+    )
     moe_gemm_kernel[(routing.num_tiles, cdiv(inter, c1.block_n))](
-        x, w13, s13, b13, *tiles, h, x.stride(0), *strides13, h.stride(0), num_warps=c1.num_warps, **c1.constexprs,
-    )  # fmt: skip
-    c2 = gemm_config(arch, n=hidden, k=inter, top_k=top_k, gated=False, activation=act, bias=has_bias, halves=halves,
-                     rows_sorted=True, block_m=block_m)  # fmt: skip
+        x,
+        w13,
+        s13,
+        b13,
+        *tiles,
+        h,
+        x.stride(0),
+        *strides13,
+        h.stride(0),
+        num_warps=c1.num_warps,
+        **c1.constexprs,
+    )
+    c2 = gemm_config(
+        arch,
+        n=hidden,
+        k=inter,
+        top_k=top_k,
+        gated=False,
+        activation=act,
+        bias=has_bias,
+        halves=halves,
+        rows_sorted=True,
+        block_m=block_m,
+    )
     moe_gemm_kernel[(routing.num_tiles, cdiv(hidden, c2.block_n))](
-        h, w2, s2, b2, *tiles, y, h.stride(0), *strides2, y.stride(0), num_warps=c2.num_warps, **c2.constexprs,
-    )  # fmt: skip
+        h,
+        w2,
+        s2,
+        b2,
+        *tiles,
+        y,
+        h.stride(0),
+        *strides2,
+        y.stride(0),
+        num_warps=c2.num_warps,
+        **c2.constexprs,
+    )
     args.out.copy_(y.view(num_tokens, top_k, hidden).sum(dim=1))
 
 

@@ -65,20 +65,54 @@ def moe_mxfp4_scaled(args: MoEApplyArgs, *, force_gemm: bool = False) -> None:
     y = torch.zeros((num_pairs, hidden), dtype=torch.float32, device=x.device)
     weights = args.topk_weights.contiguous()
     tiles = (routing.sorted_pairs, routing.tile_expert, routing.tile_row, routing.tile_rows, weights)
-    c1 = scaled_gemm_config(n=inter, k=hidden, top_k=top_k, gated=True, activation=act, bias=has_bias,
-                            rows_sorted=False)  # fmt: skip
+    c1 = scaled_gemm_config(
+        n=inter, k=hidden, top_k=top_k, gated=True, activation=act, bias=has_bias, rows_sorted=False
+    )
     moe_scaled_gemm_kernel[(routing.num_tiles, cdiv(inter, c1.block_n))](
-        xq, xs, w13, s13, b13, *tiles, hq, hs, xq.stride(0), xs.stride(0), w13.stride(0), w13.stride(1),
-        s13.stride(0), s13.stride(1), b13.stride(0), hq.stride(0), hs.stride(0), num_warps=c1.num_warps,
+        xq,
+        xs,
+        w13,
+        s13,
+        b13,
+        *tiles,
+        hq,
+        hs,
+        xq.stride(0),
+        xs.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        s13.stride(0),
+        s13.stride(1),
+        b13.stride(0),
+        hq.stride(0),
+        hs.stride(0),
+        num_warps=c1.num_warps,
         **c1.constexprs,
-    )  # fmt: skip
-    c2 = scaled_gemm_config(n=hidden, k=inter, top_k=top_k, gated=False, activation=act, bias=has_bias,
-                            rows_sorted=True)  # fmt: skip
+    )
+    c2 = scaled_gemm_config(
+        n=hidden, k=inter, top_k=top_k, gated=False, activation=act, bias=has_bias, rows_sorted=True
+    )
     moe_scaled_gemm_kernel[(routing.num_tiles, cdiv(hidden, c2.block_n))](
-        hq, hs, w2, s2, b2, *tiles, y, hs, hq.stride(0), hs.stride(0), w2.stride(0), w2.stride(1),
-        s2.stride(0), s2.stride(1), b2.stride(0), y.stride(0), hs.stride(0), num_warps=c2.num_warps,
+        hq,
+        hs,
+        w2,
+        s2,
+        b2,
+        *tiles,
+        y,
+        hs,
+        hq.stride(0),
+        hs.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        s2.stride(0),
+        s2.stride(1),
+        b2.stride(0),
+        y.stride(0),
+        hs.stride(0),
+        num_warps=c2.num_warps,
         **c2.constexprs,
-    )  # fmt: skip
+    )
     args.out.copy_(y.view(num_tokens, top_k, hidden).sum(dim=1))
 
 

@@ -262,11 +262,25 @@ def call_args(args: PrefillArgs, lse_heads_major: torch.Tensor | None) -> tuple[
     """
     window = args.window_left >= 0
     return (
-        args.q, args.k, args.v, args.out, lse_heads_major, float(args.softmax_scale),
-        args.cu_seqlens_q, args.cu_seqlens_k, None, None, None,
-        args.window_left if window else None, 0 if window and args.causal else None,
-        args.sinks, None, (None, None), None, None,
-    )  # fmt: skip
+        args.q,
+        args.k,
+        args.v,
+        args.out,
+        lse_heads_major,
+        float(args.softmax_scale),
+        args.cu_seqlens_q,
+        args.cu_seqlens_k,
+        None,
+        None,
+        None,
+        args.window_left if window else None,
+        0 if window and args.causal else None,
+        args.sinks,
+        None,
+        (None, None),
+        None,
+        None,
+    )
 
 
 def _check(args: PrefillArgs) -> None:

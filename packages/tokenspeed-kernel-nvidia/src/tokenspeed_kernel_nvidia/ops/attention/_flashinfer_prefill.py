@@ -70,10 +70,21 @@ def _key(call: PagedPrefillCall) -> tuple:
     _, num_q_heads, head_dim = call.q.shape
     _, page_size, num_kv_heads, _ = call.k_cache.shape
     return (
-        call.q.device, call.qo_indptr.shape[0], num_q_heads, num_kv_heads, head_dim, call.v_cache.shape[-1],
-        page_size, call.q.dtype, call.k_cache.dtype, call.causal, call.window_left, float(call.logit_cap),
-        float(call.softmax_scale), wrapper_route(call.sinks, "plain"),
-    )  # fmt: skip
+        call.q.device,
+        call.qo_indptr.shape[0],
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        call.v_cache.shape[-1],
+        page_size,
+        call.q.dtype,
+        call.k_cache.dtype,
+        call.causal,
+        call.window_left,
+        float(call.logit_cap),
+        float(call.softmax_scale),
+        wrapper_route(call.sinks, "plain"),
+    )
 
 
 def run_paged_prefill(call: PagedPrefillCall) -> None:
@@ -88,9 +99,13 @@ def run_paged_prefill(call: PagedPrefillCall) -> None:
     def make() -> PlanEntry:
         if sinks:
             wrapper = make_sink_wrapper(
-                call.q.device, q_dtype=call.q.dtype, kv_dtype=call.k_cache.dtype, head_dim_qk=head_dim,
-                head_dim_vo=call.v_cache.shape[-1], window_left=call.window_left,
-            )  # fmt: skip
+                call.q.device,
+                q_dtype=call.q.dtype,
+                kv_dtype=call.k_cache.dtype,
+                head_dim_qk=head_dim,
+                head_dim_vo=call.v_cache.shape[-1],
+                window_left=call.window_left,
+            )
         else:
             wrapper = flashinfer().BatchPrefillWithPagedKVCacheWrapper(workspace(call.q.device), "NHD", backend=BACKEND)
         return PlanEntry(wrapper, None)
@@ -136,13 +151,22 @@ def extend_call(args) -> PagedPrefillCall:
     """The paged call of an :class:`~tokenspeed_kernel.ops.attention.args.ExtendArgs`."""
     page_size = args.k_cache.shape[1]
     return PagedPrefillCall(
-        q=args.q, k_cache=args.k_cache, v_cache=args.v_cache, qo_indptr=args.cu_seqlens_q,
+        q=args.q,
+        k_cache=args.k_cache,
+        v_cache=args.v_cache,
+        qo_indptr=args.cu_seqlens_q,
         csr=lambda: paged_to_csr(args.page_table, args.cache_seqlens, page_size),
         layout=layout_token(args.cu_seqlens_q, args.page_table, args.cache_seqlens),
-        causal=args.causal, softmax_scale=args.softmax_scale, window_left=args.window_left,
-        logit_cap=args.logit_cap, sinks=args.sinks, k_scale=args.k_scale, v_scale=args.v_scale,
-        out=args.out, lse=args.lse,
-    )  # fmt: skip
+        causal=args.causal,
+        softmax_scale=args.softmax_scale,
+        window_left=args.window_left,
+        logit_cap=args.logit_cap,
+        sinks=args.sinks,
+        k_scale=args.k_scale,
+        v_scale=args.v_scale,
+        out=args.out,
+        lse=args.lse,
+    )
 
 
 def prefill_call(args) -> PagedPrefillCall:
@@ -160,8 +184,19 @@ def prefill_call(args) -> PagedPrefillCall:
         )
 
     return PagedPrefillCall(
-        q=args.q, k_cache=args.k.unsqueeze(1), v_cache=args.v.unsqueeze(1), qo_indptr=args.cu_seqlens_q,
-        csr=csr, layout=layout_token(args.cu_seqlens_q, args.cu_seqlens_k),
-        causal=args.causal, softmax_scale=args.softmax_scale, window_left=args.window_left,
-        logit_cap=args.logit_cap, sinks=args.sinks, k_scale=None, v_scale=None, out=args.out, lse=args.lse,
-    )  # fmt: skip
+        q=args.q,
+        k_cache=args.k.unsqueeze(1),
+        v_cache=args.v.unsqueeze(1),
+        qo_indptr=args.cu_seqlens_q,
+        csr=csr,
+        layout=layout_token(args.cu_seqlens_q, args.cu_seqlens_k),
+        causal=args.causal,
+        softmax_scale=args.softmax_scale,
+        window_left=args.window_left,
+        logit_cap=args.logit_cap,
+        sinks=args.sinks,
+        k_scale=None,
+        v_scale=None,
+        out=args.out,
+        lse=args.lse,
+    )

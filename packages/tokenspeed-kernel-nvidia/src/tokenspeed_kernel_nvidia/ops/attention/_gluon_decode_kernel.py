@@ -38,10 +38,25 @@ def _row_offsets(page, slot, kv_head, offs_d, stride_p, stride_t, stride_h):
 
 @gluon.jit
 def _issue_tile(
-    k_smem, v_smem, k_ptr, v_ptr, pt_row_ptr, kv_head, tile_start, kv_end,
-    k_stride_p, k_stride_t, k_stride_h, v_stride_p, v_stride_t, v_stride_h,
-    PAGE: gl.constexpr, D: gl.constexpr, BLOCK_N: gl.constexpr, LOAD: gl.constexpr,
-):  # fmt: skip
+    k_smem,
+    v_smem,
+    k_ptr,
+    v_ptr,
+    pt_row_ptr,
+    kv_head,
+    tile_start,
+    kv_end,
+    k_stride_p,
+    k_stride_t,
+    k_stride_h,
+    v_stride_p,
+    v_stride_t,
+    v_stride_h,
+    PAGE: gl.constexpr,
+    D: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    LOAD: gl.constexpr,
+):
     """Gather keys ``[tile_start, tile_start + BLOCK_N)`` (masked at ``kv_end``) of one KV
     head into the given shared-memory slots with cp.async (masked rows are zero-filled)."""
     offs_n = tile_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD))
@@ -58,10 +73,21 @@ def _issue_tile(
 
 @gluon.jit
 def _combine_group(
-    part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr, lse_ptr, b, kv_head,
-    HQ: gl.constexpr, G: gl.constexpr, D: gl.constexpr, SPLITS: gl.constexpr, HAS_SINKS: gl.constexpr,
-    HAS_LSE: gl.constexpr, LOAD: gl.constexpr,
-):  # fmt: skip
+    part_out_ptr,
+    part_lse_ptr,
+    sinks_ptr,
+    out_ptr,
+    lse_ptr,
+    b,
+    kv_head,
+    HQ: gl.constexpr,
+    G: gl.constexpr,
+    D: gl.constexpr,
+    SPLITS: gl.constexpr,
+    HAS_SINKS: gl.constexpr,
+    HAS_LSE: gl.constexpr,
+    LOAD: gl.constexpr,
+):
     """Merge the ``SPLITS`` partials of the ``G`` query heads of one KV head (rows padded to
     16) into ``out`` (and ``lse``); the sink joins the denominator. Partials are read with
     ``.cg`` (L2, not this SM's L1): other programs wrote them during this launch."""
@@ -98,15 +124,43 @@ def _combine_group(
 
 @gluon.jit
 def decode_kernel(
-    q_ptr, k_ptr, v_ptr, page_table_ptr, seqlens_ptr, part_out_ptr, part_lse_ptr,
-    sinks_ptr, out_ptr, lse_ptr, count_ptr,
-    pt_stride, k_stride_p, k_stride_t, k_stride_h, v_stride_p, v_stride_t, v_stride_h,
-    sm_scale, logit_cap, window_left,
-    HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
-    SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_CAP: gl.constexpr,
-    LOAD: gl.constexpr, SMEM: gl.constexpr, MMA: gl.constexpr,
-    FUSED: gl.constexpr, HAS_SINKS: gl.constexpr, HAS_LSE: gl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    page_table_ptr,
+    seqlens_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    sinks_ptr,
+    out_ptr,
+    lse_ptr,
+    count_ptr,
+    pt_stride,
+    k_stride_p,
+    k_stride_t,
+    k_stride_h,
+    v_stride_p,
+    v_stride_t,
+    v_stride_h,
+    sm_scale,
+    logit_cap,
+    window_left,
+    HQ: gl.constexpr,
+    HKV: gl.constexpr,
+    G: gl.constexpr,
+    D: gl.constexpr,
+    PAGE: gl.constexpr,
+    SPLITS: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    HAS_CAP: gl.constexpr,
+    LOAD: gl.constexpr,
+    SMEM: gl.constexpr,
+    MMA: gl.constexpr,
+    FUSED: gl.constexpr,
+    HAS_SINKS: gl.constexpr,
+    HAS_LSE: gl.constexpr,
+):
     """Partial attention of one (sequence, KV head, split); with ``FUSED`` the last split
     of the (sequence, KV head) to finish also merges them into ``out``.
 
@@ -147,9 +201,26 @@ def decode_kernel(
     pt_row_ptr = page_table_ptr + b.to(gl.int64) * pt_stride
 
     for st in gl.static_range(STAGES - 1):
-        _issue_tile(k_smem.index(st), v_smem.index(st), k_ptr, v_ptr, pt_row_ptr, kv_head,
-                    start + st * BLOCK_N, end, k_stride_p, k_stride_t, k_stride_h, v_stride_p, v_stride_t,
-                    v_stride_h, PAGE, D, BLOCK_N, LOAD)  # fmt: skip
+        _issue_tile(
+            k_smem.index(st),
+            v_smem.index(st),
+            k_ptr,
+            v_ptr,
+            pt_row_ptr,
+            kv_head,
+            start + st * BLOCK_N,
+            end,
+            k_stride_p,
+            k_stride_t,
+            k_stride_h,
+            v_stride_p,
+            v_stride_t,
+            v_stride_h,
+            PAGE,
+            D,
+            BLOCK_N,
+            LOAD,
+        )
         async_copy.commit_group()
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, MMA))
@@ -163,9 +234,26 @@ def decode_kernel(
         gl.thread_barrier()
         nxt = t + STAGES - 1
         slot_n = nxt % STAGES
-        _issue_tile(k_smem.index(slot_n), v_smem.index(slot_n), k_ptr, v_ptr, pt_row_ptr, kv_head,
-                    start + nxt * BLOCK_N, end, k_stride_p, k_stride_t, k_stride_h, v_stride_p, v_stride_t,
-                    v_stride_h, PAGE, D, BLOCK_N, LOAD)  # fmt: skip
+        _issue_tile(
+            k_smem.index(slot_n),
+            v_smem.index(slot_n),
+            k_ptr,
+            v_ptr,
+            pt_row_ptr,
+            kv_head,
+            start + nxt * BLOCK_N,
+            end,
+            k_stride_p,
+            k_stride_t,
+            k_stride_h,
+            v_stride_p,
+            v_stride_t,
+            v_stride_h,
+            PAGE,
+            D,
+            BLOCK_N,
+            LOAD,
+        )
         async_copy.commit_group()
 
         slot = t % STAGES
@@ -203,17 +291,39 @@ def decode_kernel(
         gl.thread_barrier()  # every thread's partial stores precede the release below
         counter = count_ptr + b * HKV + kv_head
         if gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-            _combine_group(part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr, lse_ptr, b, kv_head,
-                           HQ, G, D, SPLITS, HAS_SINKS, HAS_LSE, LOAD)  # fmt: skip
+            _combine_group(
+                part_out_ptr,
+                part_lse_ptr,
+                sinks_ptr,
+                out_ptr,
+                lse_ptr,
+                b,
+                kv_head,
+                HQ,
+                G,
+                D,
+                SPLITS,
+                HAS_SINKS,
+                HAS_LSE,
+                LOAD,
+            )
             gl.store(counter, 0)
 
 
 @triton.jit
 def combine_kernel(
-    part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr, lse_ptr,
-    HQ: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-    HAS_SINKS: tl.constexpr, HAS_LSE: tl.constexpr,
-):  # fmt: skip
+    part_out_ptr,
+    part_lse_ptr,
+    sinks_ptr,
+    out_ptr,
+    lse_ptr,
+    HQ: tl.constexpr,
+    D: tl.constexpr,
+    SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HAS_LSE: tl.constexpr,
+):
     """Merge the splits of one (sequence, query head); the sink joins the denominator."""
     b = tl.program_id(0)
     h = tl.program_id(1)

@@ -53,13 +53,33 @@ def _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bar, v_bar, row, col):
 # compile one kernel per such value); the mask needs it as a runtime i32.
 @gluon.jit(do_not_specialize=["window_left"])
 def prefill_window_kernel(
-    q_ptr, o_ptr, lse_ptr, sinks_ptr, k_desc, v_desc, cu_q_ptr, cu_k_ptr,
-    sm_scale, logit_cap, window_left,
-    HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, G_PAD: gl.constexpr, D: gl.constexpr,
-    BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    HAS_SINKS: gl.constexpr, HAS_CAP: gl.constexpr, HAS_LSE: gl.constexpr,
-    IO: gl.constexpr, Q_SMEM: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    o_ptr,
+    lse_ptr,
+    sinks_ptr,
+    k_desc,
+    v_desc,
+    cu_q_ptr,
+    cu_k_ptr,
+    sm_scale,
+    logit_cap,
+    window_left,
+    HQ: gl.constexpr,
+    HKV: gl.constexpr,
+    G: gl.constexpr,
+    G_PAD: gl.constexpr,
+    D: gl.constexpr,
+    BLOCK_T: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    HAS_SINKS: gl.constexpr,
+    HAS_CAP: gl.constexpr,
+    HAS_LSE: gl.constexpr,
+    IO: gl.constexpr,
+    Q_SMEM: gl.constexpr,
+    S_MMA: gl.constexpr,
+    O_MMA: gl.constexpr,
+):
     """Sliding-window causal attention of ``BLOCK_T`` tokens x one GQA group.
 
     q / o: ``[total_q, HQ, D]`` bf16/fp16, contiguous; lse float32 ``[total_q, HQ]``
@@ -101,8 +121,16 @@ def prefill_window_kernel(
     col = kv_head * D
     for st in gl.static_range(STAGES):
         if st < num_tiles:
-            _issue_kv(k_desc, v_desc, k_smem.index(st), v_smem.index(st), k_bars.index(st), v_bars.index(st),
-                      k_begin + lo + st * BLOCK_N, col)  # fmt: skip
+            _issue_kv(
+                k_desc,
+                v_desc,
+                k_smem.index(st),
+                v_smem.index(st),
+                k_bars.index(st),
+                v_bars.index(st),
+                k_begin + lo + st * BLOCK_N,
+                col,
+            )
 
     # ---- Q: [BLOCK_M, D] rows (token, head) -> NVMMA shared, once, while the first K/V
     # tiles are in flight.
@@ -179,8 +207,16 @@ def prefill_window_kernel(
         gl.thread_barrier()
         nxt = i + STAGES
         if nxt < num_tiles:
-            _issue_kv(k_desc, v_desc, k_smem.index(slot), v_smem.index(slot), k_bars.index(slot),
-                      v_bars.index(slot), k_begin + lo + nxt * BLOCK_N, col)  # fmt: skip
+            _issue_kv(
+                k_desc,
+                v_desc,
+                k_smem.index(slot),
+                v_smem.index(slot),
+                k_bars.index(slot),
+                v_bars.index(slot),
+                k_begin + lo + nxt * BLOCK_N,
+                col,
+            )
 
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(st))

@@ -56,10 +56,22 @@ def _key(args: DecodeArgs) -> tuple:
     batch, q_len, num_q_heads, head_dim = args.q.shape
     _, page_size, num_kv_heads, _ = args.k_cache.shape
     return (
-        args.q.device, batch, q_len, args.page_table.shape[1], num_q_heads, num_kv_heads, head_dim,
-        args.v_cache.shape[-1], page_size, args.q.dtype, args.k_cache.dtype, args.window_left,
-        float(args.logit_cap), float(args.softmax_scale), wrapper_route(args.sinks, "decode"),
-    )  # fmt: skip
+        args.q.device,
+        batch,
+        q_len,
+        args.page_table.shape[1],
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        args.v_cache.shape[-1],
+        page_size,
+        args.q.dtype,
+        args.k_cache.dtype,
+        args.window_left,
+        float(args.logit_cap),
+        float(args.softmax_scale),
+        wrapper_route(args.sinks, "decode"),
+    )
 
 
 def _sink_entry(args: DecodeArgs) -> PlanEntry:
@@ -73,11 +85,18 @@ def _sink_entry(args: DecodeArgs) -> PlanEntry:
         csr = allocate_csr(batch, args.page_table.shape[1], args.q.device)
         qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device=args.q.device) * q_len
         wrapper = make_sink_wrapper(
-            args.q.device, q_dtype=args.q.dtype, kv_dtype=args.k_cache.dtype, head_dim_qk=head_dim,
-            head_dim_vo=head_dim_vo, window_left=args.window_left, use_cuda_graph=True,
-            qo_indptr_buf=qo_indptr, paged_kv_indptr_buf=csr.indptr, paged_kv_indices_buf=csr.indices,
+            args.q.device,
+            q_dtype=args.q.dtype,
+            kv_dtype=args.k_cache.dtype,
+            head_dim_qk=head_dim,
+            head_dim_vo=head_dim_vo,
+            window_left=args.window_left,
+            use_cuda_graph=True,
+            qo_indptr_buf=qo_indptr,
+            paged_kv_indptr_buf=csr.indptr,
+            paged_kv_indices_buf=csr.indices,
             paged_kv_last_page_len_buf=csr.last_page_len,
-        )  # fmt: skip
+        )
         return PlanEntry(wrapper, (csr, qo_indptr))
 
     def do_plan(entry: PlanEntry) -> None:

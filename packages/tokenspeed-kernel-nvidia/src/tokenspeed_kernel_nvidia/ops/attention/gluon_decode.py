@@ -153,20 +153,41 @@ def bind_decode(args: DecodeArgs, *, bound: bool = True) -> Callable[[DecodeArgs
     has_lse = args.lse is not None
     tables = (args.k_cache, args.v_cache, args.page_table, args.cache_seqlens, part_out, part_lse, sinks)
     scalars = (
-        args.page_table.stride(0), *args.k_cache.stride()[:3], *args.v_cache.stride()[:3],
-        float(args.softmax_scale), float(args.logit_cap) or 1.0, window,
-    )  # fmt: skip
+        args.page_table.stride(0),
+        *args.k_cache.stride()[:3],
+        *args.v_cache.stride()[:3],
+        float(args.softmax_scale),
+        float(args.logit_cap) or 1.0,
+        window,
+    )
     grid = (batch, num_kv_heads, splits)
     constexprs = dict(
-        HQ=num_q_heads, HKV=num_kv_heads, G=num_q_heads // num_kv_heads, D=head_dim, PAGE=page_size,
-        SPLITS=splits, BLOCK_N=cfg.block_n, STAGES=cfg.stages, HAS_CAP=args.logit_cap > 0,
-        LOAD=load, SMEM=smem, MMA=mma, FUSED=fused, HAS_SINKS=args.sinks is not None,
-        HAS_LSE=has_lse, num_warps=cfg.num_warps,
-    )  # fmt: skip
+        HQ=num_q_heads,
+        HKV=num_kv_heads,
+        G=num_q_heads // num_kv_heads,
+        D=head_dim,
+        PAGE=page_size,
+        SPLITS=splits,
+        BLOCK_N=cfg.block_n,
+        STAGES=cfg.stages,
+        HAS_CAP=args.logit_cap > 0,
+        LOAD=load,
+        SMEM=smem,
+        MMA=mma,
+        FUSED=fused,
+        HAS_SINKS=args.sinks is not None,
+        HAS_LSE=has_lse,
+        num_warps=cfg.num_warps,
+    )
     combine = dict(
-        HQ=num_q_heads, D=head_dim, SPLITS=splits, SPLITS_P2=next_pow2(splits),
-        HAS_SINKS=args.sinks is not None, HAS_LSE=has_lse, num_warps=2,
-    )  # fmt: skip
+        HQ=num_q_heads,
+        D=head_dim,
+        SPLITS=splits,
+        SPLITS_P2=next_pow2(splits),
+        HAS_SINKS=args.sinks is not None,
+        HAS_LSE=has_lse,
+        num_warps=2,
+    )
 
     if not bound:
 

@@ -93,9 +93,16 @@ def _activate(gate, up, ACTIVATION: gl.constexpr):
 
 @gluon.jit
 def _route(
-    logits_row, choice, E: gl.constexpr, EP: gl.constexpr, TOP_K: gl.constexpr, SIGMOID: gl.constexpr,
-    RENORM: gl.constexpr, NW: gl.constexpr, ROUTE: gl.constexpr,
-):  # fmt: skip
+    logits_row,
+    choice,
+    E: gl.constexpr,
+    EP: gl.constexpr,
+    TOP_K: gl.constexpr,
+    SIGMOID: gl.constexpr,
+    RENORM: gl.constexpr,
+    NW: gl.constexpr,
+    ROUTE: gl.constexpr,
+):
     """(expert id, weight) of ``choice`` for one token, as ``moe_topk`` defines it. The row
     is a ``[num_warps, EP]`` tile (one copy per warp, reductions along axis 1 stay in a
     warp); the two results are reduced over the warp copies at the end."""
@@ -173,13 +180,34 @@ def _w13_math(acc_g, acc_u, pg, pu, sg, su, x_row, xg, word, c0, KG: gl.constexp
 
 @gluon.jit
 def w13_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, hid_ptr, ids_ptr, tw_ptr, emap_ptr, logits_ptr,
-    stride_xt, stride_lt, stride_be,
-    N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, E: gl.constexpr, EP: gl.constexpr,
-    ROUTE: gl.constexpr, SIGMOID: gl.constexpr, RENORM: gl.constexpr, HAS_MAP: gl.constexpr,
-    HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, BN: gl.constexpr, NW: gl.constexpr,
-    W3: gl.constexpr, RL: gl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    hid_ptr,
+    ids_ptr,
+    tw_ptr,
+    emap_ptr,
+    logits_ptr,
+    stride_xt,
+    stride_lt,
+    stride_be,
+    N: gl.constexpr,
+    KG: gl.constexpr,
+    TOP_K: gl.constexpr,
+    E: gl.constexpr,
+    EP: gl.constexpr,
+    ROUTE: gl.constexpr,
+    SIGMOID: gl.constexpr,
+    RENORM: gl.constexpr,
+    HAS_MAP: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    ACTIVATION: gl.constexpr,
+    BN: gl.constexpr,
+    NW: gl.constexpr,
+    W3: gl.constexpr,
+    RL: gl.constexpr,
+):
     """Layer 1 of one (token, choice) pair (axis 0) for ``BN`` intermediate columns (axis 1).
 
     x ``[T, H]``; w: w13 packed, contiguous, as int32 words ``[E, 2N, H/8]``; s: E8M0
@@ -191,8 +219,9 @@ def w13_kernel(
     blk = gl.program_id(1)
     token = pair // TOP_K
     if ROUTE:
-        expert, weight = _route(logits_ptr + token.to(gl.int64) * stride_lt, pair % TOP_K,
-                                E, EP, TOP_K, SIGMOID, RENORM, NW, RL)  # fmt: skip
+        expert, weight = _route(
+            logits_ptr + token.to(gl.int64) * stride_lt, pair % TOP_K, E, EP, TOP_K, SIGMOID, RENORM, NW, RL
+        )
         if blk == 0:
             gl.store(ids_ptr + pair, expert)
             gl.store(tw_ptr + pair, weight)
@@ -239,11 +268,25 @@ def w13_kernel(
 
 @gluon.jit
 def w2_kernel(
-    hid_ptr, w_ptr, s_ptr, b_ptr, out_ptr, ids_ptr, tw_ptr, emap_ptr,
-    stride_be, stride_ot,
-    N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, KP: gl.constexpr, HAS_MAP: gl.constexpr,
-    HAS_BIAS: gl.constexpr, BN2: gl.constexpr, W4: gl.constexpr,
-):  # fmt: skip
+    hid_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    out_ptr,
+    ids_ptr,
+    tw_ptr,
+    emap_ptr,
+    stride_be,
+    stride_ot,
+    N: gl.constexpr,
+    KG: gl.constexpr,
+    TOP_K: gl.constexpr,
+    KP: gl.constexpr,
+    HAS_MAP: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    BN2: gl.constexpr,
+    W4: gl.constexpr,
+):
     """Layer 2 and the combine of one token (axis 1) for ``BN2`` output columns (axis 0).
 
     hid float32 ``[T * TOP_K, 8, I / 8]`` (word-permuted, ``I = 32 * KG``); w: w2 as int32

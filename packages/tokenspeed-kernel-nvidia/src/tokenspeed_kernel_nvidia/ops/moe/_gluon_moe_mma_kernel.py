@@ -173,14 +173,22 @@ def _group_dot(w_lo, w_hi, b0, b1, b2, b3, NORMALIZE: gl.constexpr):
     times ``2**-14`` unless ``NORMALIZE``."""
     if NORMALIZE:
         return gl.inline_asm_elementwise(
-            MMA_ASM_NORMALIZED, MMA_CONSTRAINTS, [w_lo, w_hi, b0, b1, b2, b3], dtype=(gl.float32, gl.float32),
-            is_pure=True, pack=1,
-        )  # fmt: skip
+            MMA_ASM_NORMALIZED,
+            MMA_CONSTRAINTS,
+            [w_lo, w_hi, b0, b1, b2, b3],
+            dtype=(gl.float32, gl.float32),
+            is_pure=True,
+            pack=1,
+        )
     else:
         return gl.inline_asm_elementwise(
-            MMA_ASM, MMA_CONSTRAINTS, [w_lo, w_hi, b0, b1, b2, b3], dtype=(gl.float32, gl.float32), is_pure=True,
+            MMA_ASM,
+            MMA_CONSTRAINTS,
+            [w_lo, w_hi, b0, b1, b2, b3],
+            dtype=(gl.float32, gl.float32),
+            is_pure=True,
             pack=1,
-        )  # fmt: skip
+        )
 
 
 @gluon.jit
@@ -222,7 +230,7 @@ def _ld256_if(p, live):
     on = gl.broadcast(live, p)[0].to(gl.int32)
     return gl.inline_asm_elementwise(
         LD_256_PRED_ASM, LD_256_PRED_CONSTRAINTS, [p, on], dtype=gl.int32, is_pure=True, pack=1
-    )  # fmt: skip
+    )
 
 
 @gluon.jit
@@ -290,9 +298,7 @@ def _reduce_rows(v):
 
 
 @gluon.jit
-def _w13_load(
-    w_lo, s_lo, x4, grp, c, N: gl.constexpr, KG: gl.constexpr, MASKED: gl.constexpr, HINT: gl.constexpr
-):  # fmt: skip
+def _w13_load(w_lo, s_lo, x4, grp, c, N: gl.constexpr, KG: gl.constexpr, MASKED: gl.constexpr, HINT: gl.constexpr):
     """The raw operands of one layer-1 K step (groups ``grp``): gate and up words and E8M0
     scales of rows g / g + 8, and the activation's 4 words."""
     g_ok = grp < KG
@@ -338,9 +344,18 @@ def _choice_expert(ids_ptr, emap_ptr, pair, HAS_MAP: gl.constexpr):
 
 @gluon.jit
 def _pair_start(
-    x_ptr, ids_ptr, emap_ptr, stride_xt, pair, TOP_K: gl.constexpr, HAS_MAP: gl.constexpr, X_F16: gl.constexpr,
-    KG: gl.constexpr, HP: gl.constexpr, XL: gl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    ids_ptr,
+    emap_ptr,
+    stride_xt,
+    pair,
+    TOP_K: gl.constexpr,
+    HAS_MAP: gl.constexpr,
+    X_F16: gl.constexpr,
+    KG: gl.constexpr,
+    HP: gl.constexpr,
+    XL: gl.constexpr,
+):
     """Layer 1's prologue for one (token, choice) pair: (the token's x row, the exponent
     ``e`` of its power-of-two rescale (0 for fp16 x), the local expert (< 0: not on this
     rank)). The x row does not depend on the routing: it is read alongside the ids load."""
@@ -356,13 +371,32 @@ def _pair_start(
 
 @gluon.jit
 def w13_mma_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, hid_ptr, hs_ptr, ids_ptr, emap_ptr,
-    stride_xt, stride_be,
-    N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, HAS_MAP: gl.constexpr, HAS_BIAS: gl.constexpr,
-    ACTIVATION: gl.constexpr, X_F16: gl.constexpr, KS: gl.constexpr, U: gl.constexpr, L: gl.constexpr,
-    XL: gl.constexpr, HP: gl.constexpr, NORMALIZE: gl.constexpr, PREFETCH: gl.constexpr,
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    hid_ptr,
+    hs_ptr,
+    ids_ptr,
+    emap_ptr,
+    stride_xt,
+    stride_be,
+    N: gl.constexpr,
+    KG: gl.constexpr,
+    TOP_K: gl.constexpr,
+    HAS_MAP: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    ACTIVATION: gl.constexpr,
+    X_F16: gl.constexpr,
+    KS: gl.constexpr,
+    U: gl.constexpr,
+    L: gl.constexpr,
+    XL: gl.constexpr,
+    HP: gl.constexpr,
+    NORMALIZE: gl.constexpr,
+    PREFETCH: gl.constexpr,
     L2_HINT: gl.constexpr,
-):  # fmt: skip
+):
     """Layer 1 of one (token, choice) pair (axis 0) for 32 intermediate columns (axis 1).
 
     x ``[T, H]`` bf16/fp16 (rows contiguous); w: w13 packed as int32 words ``[E, 2N, H/8]``;
@@ -440,9 +474,7 @@ def w13_mma_kernel(
 
 
 @gluon.jit
-def _w2_load(
-    w_lo, s_lo, h4, hs_row, live, grp, g, c, KG: gl.constexpr, MASKED: gl.constexpr, HINT: gl.constexpr
-):  # fmt: skip
+def _w2_load(w_lo, s_lo, h4, hs_row, live, grp, g, c, KG: gl.constexpr, MASKED: gl.constexpr, HINT: gl.constexpr):
     """The raw operands of one layer-2 K step (groups ``grp``): words and E8M0 scales of rows
     g / g + 8 of every choice, the intermediate's 4 words and its power of two."""
     tail = grp < KG
@@ -497,12 +529,31 @@ def _choice_term(acc, seen, bias, first, live, weight, HAS_BIAS: gl.constexpr, N
 
 @gluon.jit
 def w2_mma_kernel(
-    hid_ptr, hs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, ids_ptr, tw_ptr, emap_ptr,
-    stride_be, stride_ot,
-    N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, KP: gl.constexpr, KS: gl.constexpr,
-    U: gl.constexpr, R: gl.constexpr, HAS_MAP: gl.constexpr, HAS_BIAS: gl.constexpr, L: gl.constexpr,
-    NORMALIZE: gl.constexpr, PREFETCH: gl.constexpr, L2_HINT: gl.constexpr,
-):  # fmt: skip
+    hid_ptr,
+    hs_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    out_ptr,
+    ids_ptr,
+    tw_ptr,
+    emap_ptr,
+    stride_be,
+    stride_ot,
+    N: gl.constexpr,
+    KG: gl.constexpr,
+    TOP_K: gl.constexpr,
+    KP: gl.constexpr,
+    KS: gl.constexpr,
+    U: gl.constexpr,
+    R: gl.constexpr,
+    HAS_MAP: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    L: gl.constexpr,
+    NORMALIZE: gl.constexpr,
+    PREFETCH: gl.constexpr,
+    L2_HINT: gl.constexpr,
+):
     """Layer 2 and the combine of one token (axis 1) for ``16 * R`` output columns (axis 0).
 
     hid fp16 ``[T * TOP_K, I]`` and hs float32 ``[T * TOP_K, I / 32]`` from

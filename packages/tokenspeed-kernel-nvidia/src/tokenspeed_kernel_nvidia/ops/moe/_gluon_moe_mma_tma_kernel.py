@@ -62,8 +62,21 @@ def _issue(desc, g_smem, u_smem, bar, row_gate, row_up, col):
 
 
 @gluon.jit
-def _block_dot(acc_lo, acc_hi, seen_lo, seen_hi, box, r0: gl.constexpr, s_row, grp, ok, b, B8: gl.constexpr,
-               KG: gl.constexpr, NORMALIZE: gl.constexpr):  # fmt: skip
+def _block_dot(
+    acc_lo,
+    acc_hi,
+    seen_lo,
+    seen_hi,
+    box,
+    r0: gl.constexpr,
+    s_row,
+    grp,
+    ok,
+    b,
+    B8: gl.constexpr,
+    KG: gl.constexpr,
+    NORMALIZE: gl.constexpr,
+):
     """One 16-row MMA block of a step: rows ``r0 + g`` (lo) and ``r0 + 8 + g`` (hi) of the
     shared ``box``, their E8M0 scales at ``s_row`` (row ``r0 + g``'s), accumulated."""
     w_lo = box.slice(r0, 8, dim=0).load(B8)
@@ -105,12 +118,30 @@ def _store_block(h_row, a, h_scale, blk, q: gl.constexpr, r):
 
 @gluon.jit
 def w13_mma_tma_kernel(
-    x_ptr, w_desc, s_ptr, b_ptr, hid_ptr, hs_ptr, ids_ptr, emap_ptr,
-    stride_xt, stride_be,
-    N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, HAS_MAP: gl.constexpr, HAS_BIAS: gl.constexpr,
-    ACTIVATION: gl.constexpr, X_F16: gl.constexpr, KS: gl.constexpr, U: gl.constexpr, STAGES: gl.constexpr,
-    XL: gl.constexpr, HP: gl.constexpr, NORMALIZE: gl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_desc,
+    s_ptr,
+    b_ptr,
+    hid_ptr,
+    hs_ptr,
+    ids_ptr,
+    emap_ptr,
+    stride_xt,
+    stride_be,
+    N: gl.constexpr,
+    KG: gl.constexpr,
+    TOP_K: gl.constexpr,
+    HAS_MAP: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    ACTIVATION: gl.constexpr,
+    X_F16: gl.constexpr,
+    KS: gl.constexpr,
+    U: gl.constexpr,
+    STAGES: gl.constexpr,
+    XL: gl.constexpr,
+    HP: gl.constexpr,
+    NORMALIZE: gl.constexpr,
+):
     """Layer 1 of one (token, choice) pair (axis 0) for 32 intermediate columns (axis 1).
 
     x ``[T, H]`` bf16/fp16 (rows contiguous); ``w_desc``: TMA descriptor over w13's int32
@@ -188,12 +219,9 @@ def w13_mma_tma_kernel(
     b_row = b_ptr + e64 * stride_be
     c0 = blk * 32 + r
     a0 = _act_block(_column(ag0l, sg0l, unscale), _column(au0l, su0l, unscale), b_row, c0, HAS_BIAS, N, ACTIVATION)
-    a1 = _act_block(_column(ag0h, sg0h, unscale), _column(au0h, su0h, unscale), b_row, c0 + 8, HAS_BIAS, N,
-                    ACTIVATION)  # fmt: skip
-    a2 = _act_block(_column(ag1l, sg1l, unscale), _column(au1l, su1l, unscale), b_row, c0 + 16, HAS_BIAS, N,
-                    ACTIVATION)  # fmt: skip
-    a3 = _act_block(_column(ag1h, sg1h, unscale), _column(au1h, su1h, unscale), b_row, c0 + 24, HAS_BIAS, N,
-                    ACTIVATION)  # fmt: skip
+    a1 = _act_block(_column(ag0h, sg0h, unscale), _column(au0h, su0h, unscale), b_row, c0 + 8, HAS_BIAS, N, ACTIVATION)
+    a2 = _act_block(_column(ag1l, sg1l, unscale), _column(au1l, su1l, unscale), b_row, c0 + 16, HAS_BIAS, N, ACTIVATION)
+    a3 = _act_block(_column(ag1h, sg1h, unscale), _column(au1h, su1h, unscale), b_row, c0 + 24, HAS_BIAS, N, ACTIVATION)
     amax = gl.maximum(
         gl.maximum(gl.max(gl.abs(a0), axis=0), gl.max(gl.abs(a1), axis=0)),
         gl.maximum(gl.max(gl.abs(a2), axis=0), gl.max(gl.abs(a3), axis=0)),
@@ -209,8 +237,21 @@ def w13_mma_tma_kernel(
 
 
 @gluon.jit
-def _issue_w2(desc, ring, bar, ids_ptr, emap_ptr, token, stage, row0, col, N: gl.constexpr, TOP_K: gl.constexpr,
-              KP: gl.constexpr, HAS_MAP: gl.constexpr):  # fmt: skip
+def _issue_w2(
+    desc,
+    ring,
+    bar,
+    ids_ptr,
+    emap_ptr,
+    token,
+    stage,
+    row0,
+    col,
+    N: gl.constexpr,
+    TOP_K: gl.constexpr,
+    KP: gl.constexpr,
+    HAS_MAP: gl.constexpr,
+):
     """Start one step's copies: the ``[16, BW]`` box at ``[e_c * N + row0, col]`` of every
     live choice ``c`` into rows ``16 c ..`` of ``ring[stage]``. The stage's barrier counts ``TOP_K``
     arrivals: a live choice arrives with its bytes to expect, a remote one (no copy) plainly."""
@@ -219,18 +260,35 @@ def _issue_w2(desc, ring, bar, ids_ptr, emap_ptr, token, stage, row0, col, N: gl
         on = e >= 0
         mbarrier.expect(bar, desc.block_type.nbytes, pred=on)
         mbarrier.arrive(bar, pred=e < 0)
-        tma.async_copy_global_to_shared(desc, [gl.maximum(e, 0) * N + row0, col], bar, ring.index(stage).slice(ch * 16, 16, dim=0),
-                                        pred=on)  # fmt: skip
+        tma.async_copy_global_to_shared(
+            desc, [gl.maximum(e, 0) * N + row0, col], bar, ring.index(stage).slice(ch * 16, 16, dim=0), pred=on
+        )
 
 
 @gluon.jit
 def w2_mma_tma_kernel(
-    hid_ptr, hs_ptr, w_desc, s_ptr, b_ptr, out_ptr, ids_ptr, tw_ptr, emap_ptr,
-    stride_be, stride_ot,
-    N: gl.constexpr, KG: gl.constexpr, TOP_K: gl.constexpr, KP: gl.constexpr, KS: gl.constexpr,
-    U: gl.constexpr, STAGES: gl.constexpr, HAS_MAP: gl.constexpr, HAS_BIAS: gl.constexpr,
+    hid_ptr,
+    hs_ptr,
+    w_desc,
+    s_ptr,
+    b_ptr,
+    out_ptr,
+    ids_ptr,
+    tw_ptr,
+    emap_ptr,
+    stride_be,
+    stride_ot,
+    N: gl.constexpr,
+    KG: gl.constexpr,
+    TOP_K: gl.constexpr,
+    KP: gl.constexpr,
+    KS: gl.constexpr,
+    U: gl.constexpr,
+    STAGES: gl.constexpr,
+    HAS_MAP: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
     NORMALIZE: gl.constexpr,
-):  # fmt: skip
+):
     """Layer 2 and the combine of one token (axis 1) for 16 output columns (axis 0), as
     ``w2_mma_kernel`` with ``R = 1``; ``w_desc``: TMA descriptor over w2's int32 words
     viewed as ``[E * N, I / 8]``, box ``[16, 4 * KS * U]``. ``KP * KS`` warps."""
@@ -249,8 +307,7 @@ def w2_mma_tma_kernel(
     fence_async_shared()
     for st in gl.static_range(STAGES):
         if st < NSTEP:
-            _issue_w2(w_desc, ring, bars.index(st), ids_ptr, emap_ptr, token, st, row0, st * BW, N, TOP_K, KP,
-                      HAS_MAP)  # fmt: skip
+            _issue_w2(w_desc, ring, bars.index(st), ids_ptr, emap_ptr, token, st, row0, st * BW, N, TOP_K, KP, HAS_MAP)
 
     ch = gl.expand_dims(gl.expand_dims(gl.arange(0, KP, layout=gl.SliceLayout(1, gl.SliceLayout(2, B3))), 1), 2)
     g = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, B3))), 0), 2)
@@ -290,8 +347,21 @@ def w2_mma_tma_kernel(
         acc_lo, acc_hi, seen_lo, seen_hi = _w2_math(acc_lo, acc_hi, seen_lo, seen_hi, ops, NORMALIZE)
         gl.thread_barrier()  # every warp has read this stage: refill it
         if i + STAGES < NSTEP:
-            _issue_w2(w_desc, ring, bars.index(stage), ids_ptr, emap_ptr, token, stage, row0, (i + STAGES) * BW, N,
-                      TOP_K, KP, HAS_MAP)  # fmt: skip
+            _issue_w2(
+                w_desc,
+                ring,
+                bars.index(stage),
+                ids_ptr,
+                emap_ptr,
+                token,
+                stage,
+                row0,
+                (i + STAGES) * BW,
+                N,
+                TOP_K,
+                KP,
+                HAS_MAP,
+            )
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(st))
 

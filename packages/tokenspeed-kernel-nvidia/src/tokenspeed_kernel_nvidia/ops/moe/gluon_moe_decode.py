@@ -158,21 +158,61 @@ def _launch(
     p13, s13 = words(w13)
     p2, s2 = words(w2)
     hid = workspace(x.device, "hid", (num_tokens * top_k, inter), torch.float32)
-    jit_launch(w13_kernel, g1,
-        x, p13, s13, x if b13 is None else b13, hid, ids, tw, ids if emap is None else emap,
+    jit_launch(
+        w13_kernel,
+        g1,
+        x,
+        p13,
+        s13,
+        x if b13 is None else b13,
+        hid,
+        ids,
+        tw,
+        ids if emap is None else emap,
         logits if route else x,
-        x.stride(0), logits.stride(0) if route else 0, 0 if b13 is None else b13.stride(0),
-        N=inter, KG=hidden // 32, TOP_K=top_k, E=num_experts, EP=max(32, next_pow2(num_experts)),
-        ROUTE=route, SIGMOID=sigmoid, RENORM=renorm, HAS_MAP=emap is not None, HAS_BIAS=b13 is not None,
-        ACTIVATION=ACTIVATION_CODES[activation], BN=cfg.block_n1, NW=cfg.warps1, W3=w3, RL=rl,
+        x.stride(0),
+        logits.stride(0) if route else 0,
+        0 if b13 is None else b13.stride(0),
+        N=inter,
+        KG=hidden // 32,
+        TOP_K=top_k,
+        E=num_experts,
+        EP=max(32, next_pow2(num_experts)),
+        ROUTE=route,
+        SIGMOID=sigmoid,
+        RENORM=renorm,
+        HAS_MAP=emap is not None,
+        HAS_BIAS=b13 is not None,
+        ACTIVATION=ACTIVATION_CODES[activation],
+        BN=cfg.block_n1,
+        NW=cfg.warps1,
+        W3=w3,
+        RL=rl,
         num_warps=cfg.warps1,
-    )  # fmt: skip
-    jit_launch(w2_kernel, g2,
-        hid, p2, s2, x if b2 is None else b2, out, ids, tw, ids if emap is None else emap,
-        0 if b2 is None else b2.stride(0), out.stride(0),
-        N=hidden, KG=inter // 32, TOP_K=top_k, KP=next_pow2(top_k), HAS_MAP=emap is not None,
-        HAS_BIAS=b2 is not None, BN2=cfg.block_n2, W4=w4, num_warps=cfg.warps2(top_k),
-    )  # fmt: skip
+    )
+    jit_launch(
+        w2_kernel,
+        g2,
+        hid,
+        p2,
+        s2,
+        x if b2 is None else b2,
+        out,
+        ids,
+        tw,
+        ids if emap is None else emap,
+        0 if b2 is None else b2.stride(0),
+        out.stride(0),
+        N=hidden,
+        KG=inter // 32,
+        TOP_K=top_k,
+        KP=next_pow2(top_k),
+        HAS_MAP=emap is not None,
+        HAS_BIAS=b2 is not None,
+        BN2=cfg.block_n2,
+        W4=w4,
+        num_warps=cfg.warps2(top_k),
+    )
 
 
 @register_kernel(
@@ -195,9 +235,19 @@ def gluon_moe_decode_mx(args: MoEApplyArgs) -> None:
     ids, tw = routing
     top_k = ids.shape[1]
     _launch(
-        args.x, args.w13, args.w2, args.w13_bias, args.w2_bias, args.expert_map, args.out, ids, tw, None,
-        top_k, args.activation,
-    )  # fmt: skip
+        args.x,
+        args.w13,
+        args.w2,
+        args.w13_bias,
+        args.w2_bias,
+        args.expert_map,
+        args.out,
+        ids,
+        tw,
+        None,
+        top_k,
+        args.activation,
+    )
 
 
 def moe_decode_from_logits(
@@ -234,7 +284,20 @@ def moe_decode_from_logits(
     tw = workspace(x.device, "tw", (num_tokens, top_k), torch.float32)
     if num_tokens:
         _launch(
-            x, w13, w2, w13_bias, w2_bias, expert_map, out, ids, tw, router_logits, top_k, activation,
-            route=True, sigmoid=scoring == "sigmoid", renorm=renormalize,
-        )  # fmt: skip
+            x,
+            w13,
+            w2,
+            w13_bias,
+            w2_bias,
+            expert_map,
+            out,
+            ids,
+            tw,
+            router_logits,
+            top_k,
+            activation,
+            route=True,
+            sigmoid=scoring == "sigmoid",
+            renorm=renormalize,
+        )
     return out, tw, ids

@@ -191,7 +191,7 @@ def _descriptor(packed: torch.Tensor, cfg: GluonMoEMMAConfig, layer: int):
 
 def launches(
     x, w13, w2, b13, b2, emap, out, ids, tw, top_k, activation, cfg: GluonMoEMMAConfig | None = None
-) -> tuple[Launch, Launch]:  # fmt: skip
+) -> tuple[Launch, Launch]:
     """The two launches of :func:`launch` (same arguments), as data. Argument positions that
     change between calls of a plan: layer 1 ``x`` 0, ``ids`` 6; layer 2 ``out`` 5, ``ids``
     6, ``tw`` 7 (x rows must be 4-byte aligned: :func:`launch` copies them if not)."""
@@ -221,41 +221,92 @@ def launches(
     # What the register and the TMA-staged kernel of each layer share (arguments after the
     # weight words or their descriptor, and constexprs). Absent bias and map: a placeholder
     # pointer the kernel never reads (one that stays put between calls).
-    rest1 = (s13, s13 if b13 is None else b13, hid, hs, ids, hs if emap is None else emap, x.stride(0),
-             0 if b13 is None else b13.stride(0))  # fmt: skip
+    rest1 = (
+        s13,
+        s13 if b13 is None else b13,
+        hid,
+        hs,
+        ids,
+        hs if emap is None else emap,
+        x.stride(0),
+        0 if b13 is None else b13.stride(0),
+    )
     meta1 = dict(
-        N=inter, KG=hidden // 32, TOP_K=top_k, HAS_MAP=emap is not None, HAS_BIAS=b13 is not None,
-        ACTIVATION=ACTIVATION_CODES[activation], X_F16=x.dtype == torch.float16, KS=cfg.ks1, U=cfg.u1, XL=xl,
-        HP=cfg.row_pad(hidden), NORMALIZE=cfg.normalize, num_warps=cfg.ks1,
-    )  # fmt: skip
-    rest2 = (s2, s2 if b2 is None else b2, out, ids, tw, hs if emap is None else emap,
-             0 if b2 is None else b2.stride(0), out.stride(0))  # fmt: skip
+        N=inter,
+        KG=hidden // 32,
+        TOP_K=top_k,
+        HAS_MAP=emap is not None,
+        HAS_BIAS=b13 is not None,
+        ACTIVATION=ACTIVATION_CODES[activation],
+        X_F16=x.dtype == torch.float16,
+        KS=cfg.ks1,
+        U=cfg.u1,
+        XL=xl,
+        HP=cfg.row_pad(hidden),
+        NORMALIZE=cfg.normalize,
+        num_warps=cfg.ks1,
+    )
+    rest2 = (
+        s2,
+        s2 if b2 is None else b2,
+        out,
+        ids,
+        tw,
+        hs if emap is None else emap,
+        0 if b2 is None else b2.stride(0),
+        out.stride(0),
+    )
     meta2 = dict(
-        N=hidden, KG=inter // 32, TOP_K=top_k, KP=next_pow2(top_k), KS=cfg.ks2, U=cfg.u2, HAS_MAP=emap is not None,
-        HAS_BIAS=b2 is not None, NORMALIZE=cfg.normalize, num_warps=next_pow2(top_k) * cfg.ks2,
-    )  # fmt: skip
+        N=hidden,
+        KG=inter // 32,
+        TOP_K=top_k,
+        KP=next_pow2(top_k),
+        KS=cfg.ks2,
+        U=cfg.u2,
+        HAS_MAP=emap is not None,
+        HAS_BIAS=b2 is not None,
+        NORMALIZE=cfg.normalize,
+        num_warps=next_pow2(top_k) * cfg.ks2,
+    )
     if cfg.tma1:
         from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w13_mma_tma_kernel
 
         first = Launch(w13_mma_tma_kernel, g1, (x, _descriptor(p13, cfg, 1), *rest1), dict(STAGES=cfg.stages1, **meta1))
     else:
-        first = Launch(w13_mma_kernel, g1, (x, p13, *rest1),
-                       dict(L=l1, PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint, **meta1))  # fmt: skip
+        first = Launch(
+            w13_mma_kernel, g1, (x, p13, *rest1), dict(L=l1, PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint, **meta1)
+        )
     if cfg.tma2:
         from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w2_mma_tma_kernel
 
-        second = Launch(w2_mma_tma_kernel, g2, (hid, hs, _descriptor(p2, cfg, 2), *rest2),
-                        dict(STAGES=cfg.stages2, **meta2))  # fmt: skip
+        second = Launch(
+            w2_mma_tma_kernel, g2, (hid, hs, _descriptor(p2, cfg, 2), *rest2), dict(STAGES=cfg.stages2, **meta2)
+        )
     else:
-        second = Launch(w2_mma_kernel, g2, (hid, hs, p2, *rest2),
-                        dict(R=cfg.rb2, L=l2, PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint, **meta2))  # fmt: skip
+        second = Launch(
+            w2_mma_kernel,
+            g2,
+            (hid, hs, p2, *rest2),
+            dict(R=cfg.rb2, L=l2, PREFETCH=cfg.prefetch, L2_HINT=cfg.l2_hint, **meta2),
+        )
     return first, second
 
 
 def launch(
-    x, w13, w2, b13, b2, emap, out, ids, tw, top_k, activation, cfg: GluonMoEMMAConfig | None = None,
+    x,
+    w13,
+    w2,
+    b13,
+    b2,
+    emap,
+    out,
+    ids,
+    tw,
+    top_k,
+    activation,
+    cfg: GluonMoEMMAConfig | None = None,
     layers: tuple[int, ...] = (1, 2),
-) -> None:  # fmt: skip
+) -> None:
     """Both layers on ``x [T, H]`` (bf16/fp16), MXFP4 ``w13 [E, 2I, H]``, ``w2 [E, H, I]``,
     routing ``ids`` int32 / ``tw`` float32 ``[T, top_k]`` (contiguous), into ``out [T, H]``.
     ``layers`` (benchmarking only): launch just these layers (layer 2 alone reads the
@@ -280,9 +331,18 @@ def bind_moe_mma(args: MoEApplyArgs) -> Callable[[MoEApplyArgs], None] | None:
     ids, tw = routing
     x = _aligned_rows(args.x)
     first, second = launches(
-        x, args.w13, args.w2, args.w13_bias, args.w2_bias, args.expert_map, args.out, ids, tw, ids.shape[1],
+        x,
+        args.w13,
+        args.w2,
+        args.w13_bias,
+        args.w2_bias,
+        args.expert_map,
+        args.out,
+        ids,
+        tw,
+        ids.shape[1],
         args.activation,
-    )  # fmt: skip
+    )
     layer1, layer2 = first.bound(0, 6), second.bound(5, 6, 7)
 
     def run(a: MoEApplyArgs) -> None:
@@ -316,6 +376,15 @@ def gluon_moe_mma(args: MoEApplyArgs) -> None:
     ids, tw = routing
     top_k = ids.shape[1]
     launch(
-        args.x, args.w13, args.w2, args.w13_bias, args.w2_bias, args.expert_map, args.out, ids, tw, top_k,
+        args.x,
+        args.w13,
+        args.w2,
+        args.w13_bias,
+        args.w2_bias,
+        args.expert_map,
+        args.out,
+        ids,
+        tw,
+        top_k,
         args.activation,
-    )  # fmt: skip
+    )

@@ -77,14 +77,44 @@ def _store_rows(
     offset = slot % PAGE_SIZE
     if tl.program_id(1) == 0:
         _store_one(
-            K, KCache, KScale, token, page, offset, stride_kt, stride_kh, stride_kcp, stride_kct, stride_kch,
-            num_heads, DIM_K, BLOCK_H, BLOCK_D, FP8, INTERPRET,
-        )  # fmt: skip
+            K,
+            KCache,
+            KScale,
+            token,
+            page,
+            offset,
+            stride_kt,
+            stride_kh,
+            stride_kcp,
+            stride_kct,
+            stride_kch,
+            num_heads,
+            DIM_K,
+            BLOCK_H,
+            BLOCK_D,
+            FP8,
+            INTERPRET,
+        )
     else:
         _store_one(
-            V, VCache, VScale, token, page, offset, stride_vt, stride_vh, stride_vcp, stride_vct, stride_vch,
-            num_heads, DIM_V, BLOCK_H, BLOCK_D, FP8, INTERPRET,
-        )  # fmt: skip
+            V,
+            VCache,
+            VScale,
+            token,
+            page,
+            offset,
+            stride_vt,
+            stride_vh,
+            stride_vcp,
+            stride_vct,
+            stride_vch,
+            num_heads,
+            DIM_V,
+            BLOCK_H,
+            BLOCK_D,
+            FP8,
+            INTERPRET,
+        )
 
 
 @register_kernel(
@@ -104,13 +134,33 @@ def triton_store_kvcache(args: StoreArgs) -> None:
     num_tokens, num_heads, dim_k = k.shape
     dim_v = v.shape[2]
     # Without fp8 the scale pointers are never read: k stands in (no allocation per call).
-    jit_launch(_store_rows, (num_tokens, 2),
-        k, v, kc, vc, args.slot_mapping,
-        args.k_scale if args.k_scale is not None else k, args.v_scale if args.v_scale is not None else k,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
-        num_heads, PAGE_SIZE=kc.shape[1], DIM_K=dim_k, DIM_V=dim_v,
-        BLOCK_H=next_pow2(num_heads), BLOCK_D=next_pow2(max(dim_k, dim_v)), FP8=kc.dtype == torch.float8_e4m3fn,
+    jit_launch(
+        _store_rows,
+        (num_tokens, 2),
+        k,
+        v,
+        kc,
+        vc,
+        args.slot_mapping,
+        args.k_scale if args.k_scale is not None else k,
+        args.v_scale if args.v_scale is not None else k,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        kc.stride(0),
+        kc.stride(1),
+        kc.stride(2),
+        vc.stride(0),
+        vc.stride(1),
+        vc.stride(2),
+        num_heads,
+        PAGE_SIZE=kc.shape[1],
+        DIM_K=dim_k,
+        DIM_V=dim_v,
+        BLOCK_H=next_pow2(num_heads),
+        BLOCK_D=next_pow2(max(dim_k, dim_v)),
+        FP8=kc.dtype == torch.float8_e4m3fn,
         INTERPRET=INTERPRET,
         num_warps=1,
-    )  # fmt: skip
+    )

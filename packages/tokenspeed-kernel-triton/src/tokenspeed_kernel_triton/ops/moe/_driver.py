@@ -76,9 +76,20 @@ def combine_launch(
     num_tokens, top_k = topk_ids.shape
     hidden = y.shape[-1]
     block_h = min(1024, next_pow2(hidden))
-    return Launch(combine_kernel, (num_tokens, cdiv(hidden, block_h)), (
-        y, topk_ids, y if expert_map is None else expert_map, out, hidden, out.stride(0), y.stride(0),
-    ), dict(TOP_K=top_k, HAS_MAP=expert_map is not None, BLOCK_H=block_h, SPLITS=y.shape[0], num_warps=4))  # fmt: skip
+    return Launch(
+        combine_kernel,
+        (num_tokens, cdiv(hidden, block_h)),
+        (
+            y,
+            topk_ids,
+            y if expert_map is None else expert_map,
+            out,
+            hidden,
+            out.stride(0),
+            y.stride(0),
+        ),
+        dict(TOP_K=top_k, HAS_MAP=expert_map is not None, BLOCK_H=block_h, SPLITS=y.shape[0], num_warps=4),
+    )
 
 
 def combine(y: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor | None, out: torch.Tensor) -> None:
@@ -98,14 +109,48 @@ def run_moe(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: Layer, com
     top_k = ids.shape[1]
     inter = args.w2.shape[-1]
     routing = sort_by_expert(ids, args.expert_map, args.w13.shape[0], tile.block_m)
-    h = layer(x, w13, args.w13_bias, routing, args.topk_weights, n=inter, k=hidden, top_k=top_k, tile=tile,
-              gated=True, activation=args.activation)  # fmt: skip
+    h = layer(
+        x,
+        w13,
+        args.w13_bias,
+        routing,
+        args.topk_weights,
+        n=inter,
+        k=hidden,
+        top_k=top_k,
+        tile=tile,
+        gated=True,
+        activation=args.activation,
+    )
     if combine_mode == "atomic":
         acc = torch.zeros((x.shape[0], hidden), dtype=torch.float32, device=x.device)  # a memset in the stream
-        layer(h, w2, args.w2_bias, routing, args.topk_weights, n=hidden, k=inter, top_k=top_k, tile=tile,
-              gated=False, activation=args.activation, combine_into=acc)  # fmt: skip
+        layer(
+            h,
+            w2,
+            args.w2_bias,
+            routing,
+            args.topk_weights,
+            n=hidden,
+            k=inter,
+            top_k=top_k,
+            tile=tile,
+            gated=False,
+            activation=args.activation,
+            combine_into=acc,
+        )
         args.out.copy_(acc)
         return
-    y = layer(h, w2, args.w2_bias, routing, args.topk_weights, n=hidden, k=inter, top_k=top_k, tile=tile,
-              gated=False, activation=args.activation)  # fmt: skip
+    y = layer(
+        h,
+        w2,
+        args.w2_bias,
+        routing,
+        args.topk_weights,
+        n=hidden,
+        k=inter,
+        top_k=top_k,
+        tile=tile,
+        gated=False,
+        activation=args.activation,
+    )
     combine(y, ids, args.expert_map, args.out)

@@ -252,8 +252,9 @@ def tile_block(SortedIds, TileExpert, pid_m, pid_n, num_pairs, N, stride_am, TOP
     """:func:`tile_rows` of tile ``pid_m`` and the output columns of column block ``pid_n``:
     ``(expert, slots, pairs, m_ok, a_rows, offs_n, n_ok)``, ``offs_n`` int32 ``[BLOCK_N]`` and
     ``n_ok = offs_n < N``."""
-    expert, slots, pairs, m_ok, a_rows = tile_rows(SortedIds, TileExpert, pid_m, num_pairs, stride_am, TOP_K, GATED,
-                                                   BLOCK_M)  # fmt: skip
+    expert, slots, pairs, m_ok, a_rows = tile_rows(
+        SortedIds, TileExpert, pid_m, num_pairs, stride_am, TOP_K, GATED, BLOCK_M
+    )
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     return expert, slots, pairs, m_ok, a_rows, offs_n, offs_n < N
 
@@ -325,8 +326,9 @@ def moe_gemm_kernel(
     pid_m, pid_n, used = program_tile(NumTiles, N, tiles_bound, BLOCK_N, GROUP_M)
     if not used:
         return
-    expert, slots, pairs, m_ok, a_rows, offs_n, n_ok = tile_block(SortedIds, TileExpert, pid_m, pid_n, num_pairs, N,
-                                                                  stride_am, TOP_K, GATED, BLOCK_M, BLOCK_N)  # fmt: skip
+    expert, slots, pairs, m_ok, a_rows, offs_n, n_ok = tile_block(
+        SortedIds, TileExpert, pid_m, pid_n, num_pairs, N, stride_am, TOP_K, GATED, BLOCK_M, BLOCK_N
+    )
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if GATED:
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -345,26 +347,98 @@ def moe_gemm_kernel(
                 for g in tl.static_range(2):
                     kg = k0 + 64 * g
                     a_lo, a_hi = _mx_load_a(A, a_rows, m_ok, kg, K, MX_HALVES, EVEN_K, INTERPRET)
-                    acc = _mx_dot(acc, a_lo, a_hi, W, (words >> (16 * g)) & 255, (words >> (16 * g + 8)) & 255,
-                                  expert, offs_n, n_ok, kg, K, stride_we, stride_wn, stride_wk, MX_HALVES, EVEN_K,
-                                  MX_BF16, INTERPRET, DOT_PREC)  # fmt: skip
+                    acc = _mx_dot(
+                        acc,
+                        a_lo,
+                        a_hi,
+                        W,
+                        (words >> (16 * g)) & 255,
+                        (words >> (16 * g + 8)) & 255,
+                        expert,
+                        offs_n,
+                        n_ok,
+                        kg,
+                        K,
+                        stride_we,
+                        stride_wn,
+                        stride_wk,
+                        MX_HALVES,
+                        EVEN_K,
+                        MX_BF16,
+                        INTERPRET,
+                        DOT_PREC,
+                    )
                     if GATED:
-                        acc_up = _mx_dot(acc_up, a_lo, a_hi, W, (words_up >> (16 * g)) & 255,
-                                         (words_up >> (16 * g + 8)) & 255, expert, up_rows, n_ok, kg, K, stride_we,
-                                         stride_wn, stride_wk, MX_HALVES, EVEN_K, MX_BF16, INTERPRET,
-                                         DOT_PREC)  # fmt: skip
+                        acc_up = _mx_dot(
+                            acc_up,
+                            a_lo,
+                            a_hi,
+                            W,
+                            (words_up >> (16 * g)) & 255,
+                            (words_up >> (16 * g + 8)) & 255,
+                            expert,
+                            up_rows,
+                            n_ok,
+                            kg,
+                            K,
+                            stride_we,
+                            stride_wn,
+                            stride_wk,
+                            MX_HALVES,
+                            EVEN_K,
+                            MX_BF16,
+                            INTERPRET,
+                            DOT_PREC,
+                        )
         else:
             # Standard layout: one 64-value group per step; EVEN_K here means K % 64 == 0.
             for kg in range(0, K, 64):
                 a_lo, a_hi = _mx_load_a(A, a_rows, m_ok, kg, K, MX_HALVES, EVEN_K, INTERPRET)
                 s0, s1 = _mx_scales(S, expert, offs_n, n_ok, kg, K, stride_se, stride_sn, stride_sk, EVEN_K)
-                acc = _mx_dot(acc, a_lo, a_hi, W, s0, s1, expert, offs_n, n_ok, kg, K, stride_we, stride_wn,
-                              stride_wk, MX_HALVES, EVEN_K, MX_BF16, INTERPRET, DOT_PREC)  # fmt: skip
+                acc = _mx_dot(
+                    acc,
+                    a_lo,
+                    a_hi,
+                    W,
+                    s0,
+                    s1,
+                    expert,
+                    offs_n,
+                    n_ok,
+                    kg,
+                    K,
+                    stride_we,
+                    stride_wn,
+                    stride_wk,
+                    MX_HALVES,
+                    EVEN_K,
+                    MX_BF16,
+                    INTERPRET,
+                    DOT_PREC,
+                )
                 if GATED:
                     s0, s1 = _mx_scales(S, expert, up_rows, n_ok, kg, K, stride_se, stride_sn, stride_sk, EVEN_K)
-                    acc_up = _mx_dot(acc_up, a_lo, a_hi, W, s0, s1, expert, up_rows, n_ok, kg, K, stride_we,
-                                     stride_wn, stride_wk, MX_HALVES, EVEN_K, MX_BF16, INTERPRET,
-                                     DOT_PREC)  # fmt: skip
+                    acc_up = _mx_dot(
+                        acc_up,
+                        a_lo,
+                        a_hi,
+                        W,
+                        s0,
+                        s1,
+                        expert,
+                        up_rows,
+                        n_ok,
+                        kg,
+                        K,
+                        stride_we,
+                        stride_wn,
+                        stride_wk,
+                        MX_HALVES,
+                        EVEN_K,
+                        MX_BF16,
+                        INTERPRET,
+                        DOT_PREC,
+                    )
     else:
         if A_FP8:  # activation scale rows: x's token (layer 1) or the intermediate's slot
             if GATED:
@@ -383,15 +457,79 @@ def moe_gemm_kernel(
             a = tl.load(A + a_rows[:, None] + offs_k[None, :], mask=a_mask, other=0.0)
             if INTERPRET:
                 a = a.to(tl.float32)
-            w = _load_weight(W, S, expert, offs_n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
-                             stride_se, stride_sn, stride_sk, BLOCK_N, BLOCK_K, EVEN_K)  # fmt: skip
-            acc = _dot_step(acc, a, w, S, expert, offs_n, n_ok, k0, stride_se, stride_sn, stride_sk, a_s,
-                            FORMAT, INTERPRET, DOT_PREC, A_FP8)  # fmt: skip
+            w = _load_weight(
+                W,
+                S,
+                expert,
+                offs_n,
+                n_ok,
+                k0,
+                K,
+                stride_we,
+                stride_wn,
+                stride_wk,
+                stride_se,
+                stride_sn,
+                stride_sk,
+                BLOCK_N,
+                BLOCK_K,
+                EVEN_K,
+            )
+            acc = _dot_step(
+                acc,
+                a,
+                w,
+                S,
+                expert,
+                offs_n,
+                n_ok,
+                k0,
+                stride_se,
+                stride_sn,
+                stride_sk,
+                a_s,
+                FORMAT,
+                INTERPRET,
+                DOT_PREC,
+                A_FP8,
+            )
             if GATED:
-                w_up = _load_weight(W, S, expert, up_rows, n_ok, k0, K, stride_we, stride_wn, stride_wk,
-                                    stride_se, stride_sn, stride_sk, BLOCK_N, BLOCK_K, EVEN_K)  # fmt: skip
-                acc_up = _dot_step(acc_up, a, w_up, S, expert, up_rows, n_ok, k0, stride_se, stride_sn, stride_sk,
-                                   a_s, FORMAT, INTERPRET, DOT_PREC, A_FP8)  # fmt: skip
+                w_up = _load_weight(
+                    W,
+                    S,
+                    expert,
+                    up_rows,
+                    n_ok,
+                    k0,
+                    K,
+                    stride_we,
+                    stride_wn,
+                    stride_wk,
+                    stride_se,
+                    stride_sn,
+                    stride_sk,
+                    BLOCK_N,
+                    BLOCK_K,
+                    EVEN_K,
+                )
+                acc_up = _dot_step(
+                    acc_up,
+                    a,
+                    w_up,
+                    S,
+                    expert,
+                    up_rows,
+                    n_ok,
+                    k0,
+                    stride_se,
+                    stride_sn,
+                    stride_sk,
+                    a_s,
+                    FORMAT,
+                    INTERPRET,
+                    DOT_PREC,
+                    A_FP8,
+                )
         if A_FP8 and FORMAT == 1:  # per-token activation scale, in the epilogue
             a_s = tl.load(AS + as_rows, mask=m_ok, other=0.0)
             acc = acc * a_s[:, None]
@@ -410,8 +548,26 @@ def moe_gemm_kernel(
         out_ptr = Out + (pairs // TOP_K)[:, None].to(tl.int64) * stride_om + offs_n[None, :]
         tl.atomic_add(out_ptr, acc * weight[:, None], mask=m_ok[:, None] & n_ok[None, :], sem="relaxed")
     else:
-        epilogue(acc, acc_up, Bias, Out, TopkWeights, expert, offs_n, n_ok, n_ok, slots, pairs, m_ok, N, stride_be,
-                 stride_om, GATED, ACTIVATION, HAS_BIAS)  # fmt: skip
+        epilogue(
+            acc,
+            acc_up,
+            Bias,
+            Out,
+            TopkWeights,
+            expert,
+            offs_n,
+            n_ok,
+            n_ok,
+            slots,
+            pairs,
+            m_ok,
+            N,
+            stride_be,
+            stride_om,
+            GATED,
+            ACTIVATION,
+            HAS_BIAS,
+        )
 
 
 @triton.jit

@@ -79,8 +79,9 @@ def moe_mx_gemm_kernel(
     split = tl.program_id(1)
     if not used:
         return
-    expert, slots, pairs, m_ok, a_rows, offs_n, n_ok = tile_block(SortedIds, TileExpert, pid_m, pid_n, num_pairs, N,
-                                                                  stride_am, TOP_K, GATED, BLOCK_M, BLOCK_N)  # fmt: skip
+    expert, slots, pairs, m_ok, a_rows, offs_n, n_ok = tile_block(
+        SortedIds, TileExpert, pid_m, pid_n, num_pairs, N, stride_am, TOP_K, GATED, BLOCK_M, BLOCK_N
+    )
     w_rows = W + expert * stride_we + offs_n.to(tl.int64) * stride_wn
     s_rows = S + expert * stride_se + offs_n.to(tl.int64) * stride_sn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -100,8 +101,20 @@ def moe_mx_gemm_kernel(
         a = tl.load(A + a_rows[:, None] + offs_k[None, :], mask=a_mask, other=0.0)
         acc = _mx_step(acc, a, w_rows, s_rows, n_ok, k0, K, stride_wk, stride_sk, A_FMT, BLOCK_K, EVEN_K)
         if GATED:
-            acc_up = _mx_step(acc_up, a, w_rows + N * stride_wn, s_rows + N * stride_sn, n_ok, k0, K, stride_wk,
-                              stride_sk, A_FMT, BLOCK_K, EVEN_K)  # fmt: skip
+            acc_up = _mx_step(
+                acc_up,
+                a,
+                w_rows + N * stride_wn,
+                s_rows + N * stride_sn,
+                n_ok,
+                k0,
+                K,
+                stride_wk,
+                stride_sk,
+                A_FMT,
+                BLOCK_K,
+                EVEN_K,
+            )
     if GATED and SPLIT:  # raw partial sums: split_finish_kernel adds the bias, applies the activation
         out_ptr = Out + split * stride_os + slots[:, None].to(tl.int64) * stride_om + offs_n[None, :]
         mask = m_ok[:, None] & n_ok[None, :]
@@ -110,8 +123,26 @@ def moe_mx_gemm_kernel(
     else:
         if not GATED:
             acc_up = acc
-        epilogue(acc, acc_up, Bias, Out + split * stride_os, TopkWeights, expert, offs_n, n_ok, n_ok & (split == 0),
-                 slots, pairs, m_ok, N, stride_be, stride_om, GATED, ACTIVATION, HAS_BIAS)  # fmt: skip
+        epilogue(
+            acc,
+            acc_up,
+            Bias,
+            Out + split * stride_os,
+            TopkWeights,
+            expert,
+            offs_n,
+            n_ok,
+            n_ok & (split == 0),
+            slots,
+            pairs,
+            m_ok,
+            N,
+            stride_be,
+            stride_om,
+            GATED,
+            ACTIVATION,
+            HAS_BIAS,
+        )
 
 
 @triton.jit
@@ -139,5 +170,23 @@ def split_finish_kernel(
     for s in tl.static_range(SPLITS):
         gate += tl.load(ptr + s * stride_ps, mask=mask, other=0.0)
         up += tl.load(ptr + s * stride_ps + N, mask=mask, other=0.0)
-    epilogue(gate, up, Bias, Out, Out, expert, offs_n, n_ok, n_ok, slots, pairs, m_ok, N, stride_be, stride_om,
-             True, ACTIVATION, HAS_BIAS)  # fmt: skip
+    epilogue(
+        gate,
+        up,
+        Bias,
+        Out,
+        Out,
+        expert,
+        offs_n,
+        n_ok,
+        n_ok,
+        slots,
+        pairs,
+        m_ok,
+        N,
+        stride_be,
+        stride_om,
+        True,
+        ACTIVATION,
+        HAS_BIAS,
+    )

@@ -65,8 +65,9 @@ _SUBNORMAL = tl.constexpr(0x0040)  # bf16 2**-127
 @triton.jit
 def _mul_bf16x2(x, m):
     """Packed bf16 product of two int32 tensors of bf16x2 bit patterns (round to nearest)."""
-    return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [x, m], dtype=tl.int32, is_pure=True,
-                                     pack=1)  # fmt: skip
+    return tl.inline_asm_elementwise(
+        "mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [x, m], dtype=tl.int32, is_pure=True, pack=1
+    )
 
 
 @triton.jit
@@ -155,8 +156,9 @@ def moe_mx_swap_gemm_kernel(
     split = tl.program_id(1)
     if not used:
         return
-    expert, slots, pairs, m_ok, a_rows, offs_n, n_ok = tile_block(SortedIds, TileExpert, pid_m, pid_n, num_pairs, N,
-                                                                  stride_am, TOP_K, GATED, BLOCK_M, BLOCK_N)  # fmt: skip
+    expert, slots, pairs, m_ok, a_rows, offs_n, n_ok = tile_block(
+        SortedIds, TileExpert, pid_m, pid_n, num_pairs, N, stride_am, TOP_K, GATED, BLOCK_M, BLOCK_N
+    )
     rows = offs_n.to(tl.int64)
     word = tl.arange(0, 4)[:, None] * 4 + tl.arange(0, 4)[None, :]  # [q, i] → 4 q + i
     w_ptr = W + expert * stride_we + (rows * 16)[:, None, None] + word[None, :, :]
@@ -182,8 +184,7 @@ def moe_mx_swap_gemm_kernel(
         s_step = s_ptr + step * stride_ss
         acc = _step_dot(acc, a_t, w_step, s_step, w_mask, w_mask, BLOCK_N, BIG_SCALES, INTERPRET)
         if GATED:
-            acc_up = _step_dot(acc_up, a_t, w_step + N * 16, s_step + N, w_mask, w_mask, BLOCK_N, BIG_SCALES,
-                               INTERPRET)  # fmt: skip
+            acc_up = _step_dot(acc_up, a_t, w_step + N * 16, s_step + N, w_mask, w_mask, BLOCK_N, BIG_SCALES, INTERPRET)
     out = tl.trans(acc)
     if GATED and SPLIT:  # raw partial sums: split_finish_kernel adds the bias, applies the activation
         up = tl.trans(acc_up)
@@ -196,5 +197,23 @@ def moe_mx_swap_gemm_kernel(
             up = tl.trans(acc_up)
         else:
             up = out
-        epilogue(out, up, Bias, Out + split * stride_os, TopkWeights, expert, offs_n, n_ok, n_ok & (split == 0),
-                 slots, pairs, m_ok, N, stride_be, stride_om, GATED, ACTIVATION, HAS_BIAS)  # fmt: skip
+        epilogue(
+            out,
+            up,
+            Bias,
+            Out + split * stride_os,
+            TopkWeights,
+            expert,
+            offs_n,
+            n_ok,
+            n_ok & (split == 0),
+            slots,
+            pairs,
+            m_ok,
+            N,
+            stride_be,
+            stride_om,
+            GATED,
+            ACTIVATION,
+            HAS_BIAS,
+        )

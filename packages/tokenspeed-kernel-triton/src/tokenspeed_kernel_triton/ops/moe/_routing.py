@@ -108,12 +108,25 @@ def align_launch(
     tile_expert = torch.empty(bound, dtype=torch.int32, device=device)
     num_tiles = torch.empty(1, dtype=torch.int32, device=device)
     block_p = min(1024, max(next_pow2(num_pairs), 16))
-    launch = Launch(align_kernel, (num_experts,), (
-        topk_ids, sorted_ids if expert_map is None else expert_map, sorted_ids, tile_expert, num_tiles, num_pairs,
-    ), dict(
-        HAS_MAP=expert_map is not None, BLOCK_M=block_m, BLOCK_E=max(next_pow2(num_experts), 2), BLOCK_P=block_p,
-        num_warps=4,
-    ))  # fmt: skip
+    launch = Launch(
+        align_kernel,
+        (num_experts,),
+        (
+            topk_ids,
+            sorted_ids if expert_map is None else expert_map,
+            sorted_ids,
+            tile_expert,
+            num_tiles,
+            num_pairs,
+        ),
+        dict(
+            HAS_MAP=expert_map is not None,
+            BLOCK_M=block_m,
+            BLOCK_E=max(next_pow2(num_experts), 2),
+            BLOCK_P=block_p,
+            num_warps=4,
+        ),
+    )
     return Routing(sorted_ids, tile_expert, num_tiles, bound, num_pairs), launch
 
 

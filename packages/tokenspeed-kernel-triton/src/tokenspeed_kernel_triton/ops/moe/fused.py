@@ -147,41 +147,117 @@ def quantize_fp8_rows(a: torch.Tensor, group: int, routing: Routing | None = Non
     s = torch.empty((rows, groups), dtype=torch.float32, device=a.device)
     if rows:
         ids = routing.sorted_ids if routing is not None else s
-        jit_launch(fp8_quant_kernel, (rows, groups),
-            a, q, s, ids, 0 if routing is None else routing.num_pairs, k, a.stride(0), q.stride(0), s.stride(0),
-            GROUP=group, BLOCK=group or min(1024, next_pow2(k)), HAS_IDS=routing is not None,
-            INTERPRET=INTERPRET, num_warps=4,
-        )  # fmt: skip
+        jit_launch(
+            fp8_quant_kernel,
+            (rows, groups),
+            a,
+            q,
+            s,
+            ids,
+            0 if routing is None else routing.num_pairs,
+            k,
+            a.stride(0),
+            q.stride(0),
+            s.stride(0),
+            GROUP=group,
+            BLOCK=group or min(1024, next_pow2(k)),
+            HAS_IDS=routing is not None,
+            INTERPRET=INTERPRET,
+            num_warps=4,
+        )
     return q, s
 
 
-def _gemm_launch(a, op: Operand, bias, routing: Routing, weights, out, a_scale=None, *, n, k, top_k, tile: Tile,
-                 gated, activation, atomic=False) -> Launch:  # fmt: skip
+def _gemm_launch(
+    a,
+    op: Operand,
+    bias,
+    routing: Routing,
+    weights,
+    out,
+    a_scale=None,
+    *,
+    n,
+    k,
+    top_k,
+    tile: Tile,
+    gated,
+    activation,
+    atomic=False,
+) -> Launch:
     """The launch of one grouped GEMM layer into ``out`` (argument positions: ``a`` 0,
     ``weights`` 8); ``a_scale``: float32 per-row (group) scales of an fp8 ``a``."""
     mx = op.fmt == MXFP4
     block_k = 64 if mx else tile.block_k  # MXFP4 steps over 64-value groups
     grid = (routing.tiles_bound * cdiv(n, tile.block_n),)
     fp8_act = a_scale is not None
-    return Launch(moe_gemm_kernel, grid, (
-        a, op.data, op.data if op.scale is None else op.scale, op.data if bias is None else bias, out,
-        routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights, out if a_scale is None else a_scale,
-        routing.num_pairs, n, k, routing.tiles_bound,
-        a.stride(0), op.data.stride(0), op.data.stride(1), op.data.stride(2), *op.scale_strides,
-        0 if bias is None else bias.stride(0), out.stride(-2),
-        *((0, 0) if a_scale is None else a_scale.stride()),
-    ), dict(
-        TOP_K=top_k, FORMAT=op.fmt, GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k, GROUP_M=tile.group_m,
-        EVEN_K=k % (128 if op.mx_words else 64 if mx else block_k) == 0, INTERPRET=INTERPRET,
-        DOT_PREC=None if fp8_act else dot_precision(a.dtype),
-        MX_HALVES=op.mx_halves, MX_BF16=mx and a.dtype == torch.bfloat16, MX_WORDS=op.mx_words,
-        ATOMIC=atomic, A_FP8=fp8_act, num_warps=tile.num_warps, num_stages=tile.num_stages,
-    ))  # fmt: skip
+    return Launch(
+        moe_gemm_kernel,
+        grid,
+        (
+            a,
+            op.data,
+            op.data if op.scale is None else op.scale,
+            op.data if bias is None else bias,
+            out,
+            routing.sorted_ids,
+            routing.tile_expert,
+            routing.num_tiles,
+            weights,
+            out if a_scale is None else a_scale,
+            routing.num_pairs,
+            n,
+            k,
+            routing.tiles_bound,
+            a.stride(0),
+            op.data.stride(0),
+            op.data.stride(1),
+            op.data.stride(2),
+            *op.scale_strides,
+            0 if bias is None else bias.stride(0),
+            out.stride(-2),
+            *((0, 0) if a_scale is None else a_scale.stride()),
+        ),
+        dict(
+            TOP_K=top_k,
+            FORMAT=op.fmt,
+            GATED=gated,
+            ACTIVATION=ACTIVATION_CODES[activation],
+            HAS_BIAS=bias is not None,
+            BLOCK_M=tile.block_m,
+            BLOCK_N=tile.block_n,
+            BLOCK_K=block_k,
+            GROUP_M=tile.group_m,
+            EVEN_K=k % (128 if op.mx_words else 64 if mx else block_k) == 0,
+            INTERPRET=INTERPRET,
+            DOT_PREC=None if fp8_act else dot_precision(a.dtype),
+            MX_HALVES=op.mx_halves,
+            MX_BF16=mx and a.dtype == torch.bfloat16,
+            MX_WORDS=op.mx_words,
+            ATOMIC=atomic,
+            A_FP8=fp8_act,
+            num_warps=tile.num_warps,
+            num_stages=tile.num_stages,
+        ),
+    )
 
 
-def _gemm(a, op: Operand, bias, routing: Routing, weights, *, n, k, top_k, tile: Tile, gated, activation,
-          combine_into=None, fp8_act=False):  # fmt: skip
+def _gemm(
+    a,
+    op: Operand,
+    bias,
+    routing: Routing,
+    weights,
+    *,
+    n,
+    k,
+    top_k,
+    tile: Tile,
+    gated,
+    activation,
+    combine_into=None,
+    fp8_act=False,
+):
     """One grouped GEMM layer (a :data:`Layer`): the intermediate ``[tiles * BLOCK_M, n]`` in
     a's dtype (``gated``) or float32 rows ``[1, P, n]`` (one split); with ``combine_into``
     (w2, ``combine="atomic"``) the weighted rows are atomically added into it instead.
@@ -193,8 +269,22 @@ def _gemm(a, op: Operand, bias, routing: Routing, weights, *, n, k, top_k, tile:
         if op.fmt not in (FP8_ROW, FP8_BLOCK):
             raise ValueError("activation_quant='fp8' needs FP8 weights")
         a, a_scale = quantize_fp8_rows(a, 128 if op.fmt == FP8_BLOCK else 0, None if gated else routing)
-    _gemm_launch(a, op, bias, routing, weights, out, a_scale, n=n, k=k, top_k=top_k, tile=tile, gated=gated,
-                 activation=activation, atomic=combine_into is not None)()  # fmt: skip
+    _gemm_launch(
+        a,
+        op,
+        bias,
+        routing,
+        weights,
+        out,
+        a_scale,
+        n=n,
+        k=k,
+        top_k=top_k,
+        tile=tile,
+        gated=gated,
+        activation=activation,
+        atomic=combine_into is not None,
+    )()
     return out
 
 
@@ -241,10 +331,12 @@ def bind_fused_moe(args: MoEApplyArgs) -> Callable[[MoEApplyArgs], None] | None:
     h = layer_output(args.x, routing, inter, tile, gated=True)
     y = layer_output(h, routing, hidden, tile, gated=False)
     common = dict(top_k=top_k, tile=tile, activation=args.activation)
-    w13 = _gemm_launch(args.x, ops.w13, args.w13_bias, routing, args.topk_weights, h, n=inter, k=hidden, gated=True,
-                       **common).bound(0, 8)  # fmt: skip
-    w2 = _gemm_launch(h, ops.w2, args.w2_bias, routing, args.topk_weights, y, n=hidden, k=inter, gated=False,
-                      **common).bound(8)  # fmt: skip
+    w13 = _gemm_launch(
+        args.x, ops.w13, args.w13_bias, routing, args.topk_weights, h, n=inter, k=hidden, gated=True, **common
+    ).bound(0, 8)
+    w2 = _gemm_launch(
+        h, ops.w2, args.w2_bias, routing, args.topk_weights, y, n=hidden, k=inter, gated=False, **common
+    ).bound(8)
     sort, total = align.bound(0), combine_launch(y, args.topk_ids, args.expert_map, args.out).bound(1, 3)
 
     def run(a: MoEApplyArgs) -> None:

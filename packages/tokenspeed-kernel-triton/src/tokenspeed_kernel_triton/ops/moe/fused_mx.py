@@ -151,16 +151,41 @@ class GemmLaunch(Protocol):
     ``k_split`` values; argument positions: ``a`` 0, ``weights`` 8)."""
 
     def __call__(
-        self, a: torch.Tensor, op: Any, bias: torch.Tensor | None, routing: Routing, weights: torch.Tensor,
-        out: torch.Tensor, *, n: int, k: int, top_k: int, tile: Tile, gated: bool, activation: str, splits: int,
+        self,
+        a: torch.Tensor,
+        op: Any,
+        bias: torch.Tensor | None,
+        routing: Routing,
+        weights: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        n: int,
+        k: int,
+        top_k: int,
+        tile: Tile,
+        gated: bool,
+        activation: str,
+        splits: int,
         k_split: int,
-    ) -> Launch: ...  # fmt: skip
+    ) -> Launch: ...
 
 
 def split_launches(
-    gemm: GemmLaunch, a: torch.Tensor, op: Any, bias: torch.Tensor | None, routing: Routing, weights: torch.Tensor,
-    *, n: int, k: int, top_k: int, tile: Tile, gated: bool, activation: str, splits: int | None = None,
-) -> tuple[torch.Tensor, tuple[Launch, ...]]:  # fmt: skip
+    gemm: GemmLaunch,
+    a: torch.Tensor,
+    op: Any,
+    bias: torch.Tensor | None,
+    routing: Routing,
+    weights: torch.Tensor,
+    *,
+    n: int,
+    k: int,
+    top_k: int,
+    tile: Tile,
+    gated: bool,
+    activation: str,
+    splits: int | None = None,
+) -> tuple[torch.Tensor, tuple[Launch, ...]]:
     """One layer of a grouped GEMM with ``splits`` K splits (None: :func:`plan_splits`), as data:
     its output (uninitialized) and its launches in order. The GEMM's launch comes from
     ``gemm`` into a buffer allocated here (``k_split`` from :func:`split_size`); after a split
@@ -174,52 +199,151 @@ def split_launches(
         out = torch.empty((splits, routing.tiles_bound * tile.block_m, 2 * n), dtype=torch.float32, device=a.device)
     else:
         out = layer_output(a, routing, n, tile, gated=gated, splits=splits)
-    launch = gemm(a, op, bias, routing, weights, out, n=n, k=k, top_k=top_k, tile=tile, gated=gated,
-                  activation=activation, splits=splits, k_split=split_size(k, tile.block_k, splits))  # fmt: skip
+    launch = gemm(
+        a,
+        op,
+        bias,
+        routing,
+        weights,
+        out,
+        n=n,
+        k=k,
+        top_k=top_k,
+        tile=tile,
+        gated=gated,
+        activation=activation,
+        splits=splits,
+        k_split=split_size(k, tile.block_k, splits),
+    )
     if not partial:
         return out, (launch,)
     h = layer_output(a, routing, n, tile, gated=True)
-    finish = Launch(split_finish_kernel, (routing.tiles_bound, cdiv(n, FINISH_BLOCK_N)), (
-        out, out if bias is None else bias, h, routing.sorted_ids, routing.tile_expert, routing.num_tiles,
-        routing.num_pairs, n, out.stride(0), out.stride(1), 0 if bias is None else bias.stride(0), h.stride(0),
-    ), dict(
-        SPLITS=splits, ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None, BLOCK_M=tile.block_m,
-        BLOCK_N=FINISH_BLOCK_N, num_warps=4,
-    ))  # fmt: skip
+    finish = Launch(
+        split_finish_kernel,
+        (routing.tiles_bound, cdiv(n, FINISH_BLOCK_N)),
+        (
+            out,
+            out if bias is None else bias,
+            h,
+            routing.sorted_ids,
+            routing.tile_expert,
+            routing.num_tiles,
+            routing.num_pairs,
+            n,
+            out.stride(0),
+            out.stride(1),
+            0 if bias is None else bias.stride(0),
+            h.stride(0),
+        ),
+        dict(
+            SPLITS=splits,
+            ACTIVATION=ACTIVATION_CODES[activation],
+            HAS_BIAS=bias is not None,
+            BLOCK_M=tile.block_m,
+            BLOCK_N=FINISH_BLOCK_N,
+            num_warps=4,
+        ),
+    )
     return h, (launch, finish)
 
 
 def split_layer(
-    a: torch.Tensor, op: Any, bias: torch.Tensor | None, routing: Routing, weights: torch.Tensor, *, n: int, k: int,
-    top_k: int, tile: Tile, gated: bool, activation: str, splits: int | None = None, gemm: GemmLaunch,
-) -> torch.Tensor:  # fmt: skip
+    a: torch.Tensor,
+    op: Any,
+    bias: torch.Tensor | None,
+    routing: Routing,
+    weights: torch.Tensor,
+    *,
+    n: int,
+    k: int,
+    top_k: int,
+    tile: Tile,
+    gated: bool,
+    activation: str,
+    splits: int | None = None,
+    gemm: GemmLaunch,
+) -> torch.Tensor:
     """One layer (a :class:`._driver.Layer` once ``gemm`` is given): :func:`split_launches`,
     launched; returns the layer's output."""
-    out, launches = split_launches(gemm, a, op, bias, routing, weights, n=n, k=k, top_k=top_k, tile=tile,
-                                   gated=gated, activation=activation, splits=splits)  # fmt: skip
+    out, launches = split_launches(
+        gemm,
+        a,
+        op,
+        bias,
+        routing,
+        weights,
+        n=n,
+        k=k,
+        top_k=top_k,
+        tile=tile,
+        gated=gated,
+        activation=activation,
+        splits=splits,
+    )
     for launch in launches:
         launch()
     return out
 
 
 def _mx_launch(
-    a: torch.Tensor, op: MxOperand, bias: torch.Tensor | None, routing: Routing, weights: torch.Tensor,
-    out: torch.Tensor, *, n: int, k: int, top_k: int, tile: Tile, gated: bool, activation: str, splits: int,
+    a: torch.Tensor,
+    op: MxOperand,
+    bias: torch.Tensor | None,
+    routing: Routing,
+    weights: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    n: int,
+    k: int,
+    top_k: int,
+    tile: Tile,
+    gated: bool,
+    activation: str,
+    splits: int,
     k_split: int,
-) -> Launch:  # fmt: skip
+) -> Launch:
     """The :class:`GemmLaunch` of :func:`._mx_gemm.moe_mx_gemm_kernel`."""
-    return Launch(moe_mx_gemm_kernel, (routing.tiles_bound * cdiv(n, tile.block_n), splits), (
-        a, op.packed, op.scales, op.packed if bias is None else bias, out,
-        routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights,
-        routing.num_pairs, n, k, routing.tiles_bound, k_split,
-        a.stride(0), *op.packed.stride(), *op.scales.stride(), 0 if bias is None else bias.stride(0),
-        out.stride(-2), out.stride(0) if out.dim() == 3 else 0,
-    ), dict(
-        TOP_K=top_k, GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
-        EVEN_K=k % tile.block_k == 0, SPLIT=splits > 1, A_FMT=A_FORMATS[a.dtype],
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
-    ))  # fmt: skip
+    return Launch(
+        moe_mx_gemm_kernel,
+        (routing.tiles_bound * cdiv(n, tile.block_n), splits),
+        (
+            a,
+            op.packed,
+            op.scales,
+            op.packed if bias is None else bias,
+            out,
+            routing.sorted_ids,
+            routing.tile_expert,
+            routing.num_tiles,
+            weights,
+            routing.num_pairs,
+            n,
+            k,
+            routing.tiles_bound,
+            k_split,
+            a.stride(0),
+            *op.packed.stride(),
+            *op.scales.stride(),
+            0 if bias is None else bias.stride(0),
+            out.stride(-2),
+            out.stride(0) if out.dim() == 3 else 0,
+        ),
+        dict(
+            TOP_K=top_k,
+            GATED=gated,
+            ACTIVATION=ACTIVATION_CODES[activation],
+            HAS_BIAS=bias is not None,
+            BLOCK_M=tile.block_m,
+            BLOCK_N=tile.block_n,
+            BLOCK_K=tile.block_k,
+            GROUP_M=tile.group_m,
+            EVEN_K=k % tile.block_k == 0,
+            SPLIT=splits > 1,
+            A_FMT=A_FORMATS[a.dtype],
+            num_warps=tile.num_warps,
+            num_stages=tile.num_stages,
+        ),
+    )
 
 
 _mx_gemm = functools.partial(split_layer, gemm=_mx_launch)  # one layer (a _driver.Layer)
@@ -257,10 +381,12 @@ def bind_layers(args: MoEApplyArgs, ops: Any, tile: Tile, gemm: GemmLaunch, spli
     hidden, inter = args.x.shape[1], args.w2.shape[-1]
     routing, align = align_launch(args.topk_ids, args.expert_map, args.w13.shape[0], tile.block_m)
     common = dict(top_k=top_k, tile=tile, activation=args.activation, splits=splits)
-    h, first = split_launches(gemm, args.x, ops.w13, args.w13_bias, routing, args.topk_weights, n=inter, k=hidden,
-                              gated=True, **common)  # fmt: skip
-    y, (second,) = split_launches(gemm, h, ops.w2, args.w2_bias, routing, args.topk_weights, n=hidden, k=inter,
-                                  gated=False, **common)  # fmt: skip
+    h, first = split_launches(
+        gemm, args.x, ops.w13, args.w13_bias, routing, args.topk_weights, n=inter, k=hidden, gated=True, **common
+    )
+    y, (second,) = split_launches(
+        gemm, h, ops.w2, args.w2_bias, routing, args.topk_weights, n=hidden, k=inter, gated=False, **common
+    )
     sort, w13, w2 = align.bound(0), first[0].bound(0, 8), second.bound(8)
     finish = tuple(launch.bound() for launch in first[1:])  # the split-K finish, if layer 1 is split
     total = combine_launch(y, args.topk_ids, args.expert_map, args.out).bound(1, 3)

@@ -179,30 +179,74 @@ def swap_operand(w: MXFP4Weight, *, check_scales: bool = False) -> SwapOperand:
     return SwapOperand(swap_words(w.packed), swap_scales(w.scales), big)
 
 
-def prepare_moe_mx_swap(*, w13: MXFP4Weight, w2: MXFP4Weight, w13_bias=None, w2_bias=None,
-                        expert_map=None) -> PreparedSwap:  # fmt: skip
+def prepare_moe_mx_swap(
+    *, w13: MXFP4Weight, w2: MXFP4Weight, w13_bias=None, w2_bias=None, expert_map=None
+) -> PreparedSwap:
     """Plan hook: both weights repacked (:func:`swap_operand`, scales checked once). Inputs are
     untouched."""
     return PreparedSwap(swap_operand(w13, check_scales=True), swap_operand(w2, check_scales=True))
 
 
 def _swap_launch(
-    a: torch.Tensor, op: SwapOperand, bias: torch.Tensor | None, routing: Routing, weights: torch.Tensor,
-    out: torch.Tensor, *, n: int, k: int, top_k: int, tile: Tile, gated: bool, activation: str, splits: int,
+    a: torch.Tensor,
+    op: SwapOperand,
+    bias: torch.Tensor | None,
+    routing: Routing,
+    weights: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    n: int,
+    k: int,
+    top_k: int,
+    tile: Tile,
+    gated: bool,
+    activation: str,
+    splits: int,
     k_split: int,
-) -> Launch:  # fmt: skip
+) -> Launch:
     """The :class:`.fused_mx.GemmLaunch` of :func:`._mx_swap_gemm.moe_mx_swap_gemm_kernel`."""
-    return Launch(moe_mx_swap_gemm_kernel, (routing.tiles_bound * cdiv(n, tile.block_n), splits), (
-        a, op.words, op.scales, op.words if bias is None else bias, out,
-        routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights,
-        routing.num_pairs, n, k, routing.tiles_bound, k_split // STEP_K,
-        a.stride(0), op.words.stride(0), op.words.stride(1), op.scales.stride(0), op.scales.stride(1),
-        0 if bias is None else bias.stride(0), out.stride(-2), out.stride(0) if out.dim() == 3 else 0,
-    ), dict(
-        TOP_K=top_k, GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, GROUP_M=tile.group_m, SPLIT=splits > 1,
-        BIG_SCALES=op.big_scales, INTERPRET=INTERPRET, num_warps=tile.num_warps, num_stages=tile.num_stages,
-    ))  # fmt: skip
+    return Launch(
+        moe_mx_swap_gemm_kernel,
+        (routing.tiles_bound * cdiv(n, tile.block_n), splits),
+        (
+            a,
+            op.words,
+            op.scales,
+            op.words if bias is None else bias,
+            out,
+            routing.sorted_ids,
+            routing.tile_expert,
+            routing.num_tiles,
+            weights,
+            routing.num_pairs,
+            n,
+            k,
+            routing.tiles_bound,
+            k_split // STEP_K,
+            a.stride(0),
+            op.words.stride(0),
+            op.words.stride(1),
+            op.scales.stride(0),
+            op.scales.stride(1),
+            0 if bias is None else bias.stride(0),
+            out.stride(-2),
+            out.stride(0) if out.dim() == 3 else 0,
+        ),
+        dict(
+            TOP_K=top_k,
+            GATED=gated,
+            ACTIVATION=ACTIVATION_CODES[activation],
+            HAS_BIAS=bias is not None,
+            BLOCK_M=tile.block_m,
+            BLOCK_N=tile.block_n,
+            GROUP_M=tile.group_m,
+            SPLIT=splits > 1,
+            BIG_SCALES=op.big_scales,
+            INTERPRET=INTERPRET,
+            num_warps=tile.num_warps,
+            num_stages=tile.num_stages,
+        ),
+    )
 
 
 _swap_gemm = functools.partial(split_layer, gemm=_swap_launch)  # one layer (a _driver.Layer)

@@ -93,9 +93,20 @@ def triton_moe_topk(args: TopKArgs) -> None:
     block_t = max(1, min(16, 4096 // block_e, next_pow2(num_tokens)))
     tile = block_t * block_e
     num_warps = 1 if tile <= 512 else (4 if block_e >= 256 else 2)
-    jit_launch(topk_kernel, (cdiv(num_tokens, block_t),),
-        logits, args.topk_weights, args.topk_ids,
-        num_tokens, num_experts, logits.stride(0),
-        TOP_K=args.top_k, SIGMOID=args.scoring == "sigmoid", RENORMALIZE=args.renormalize,
-        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_K=block_k, num_warps=num_warps,
-    )  # fmt: skip
+    jit_launch(
+        topk_kernel,
+        (cdiv(num_tokens, block_t),),
+        logits,
+        args.topk_weights,
+        args.topk_ids,
+        num_tokens,
+        num_experts,
+        logits.stride(0),
+        TOP_K=args.top_k,
+        SIGMOID=args.scoring == "sigmoid",
+        RENORMALIZE=args.renormalize,
+        BLOCK_T=block_t,
+        BLOCK_E=block_e,
+        BLOCK_K=block_k,
+        num_warps=num_warps,
+    )

@@ -255,9 +255,15 @@ def check_decode(
     )
     check_int("max_seqlen_k", max_seqlen_k, min_value=q_len)
     scale = check_options(
-        q4, heads, softmax_scale=softmax_scale, window_left=window_left, logit_cap=logit_cap, return_lse=return_lse,
-        override=override, sinks=sinks,
-    )  # fmt: skip
+        q4,
+        heads,
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        override=override,
+        sinks=sinks,
+    )
     return heads, page_size, ks, vs, scale
 
 

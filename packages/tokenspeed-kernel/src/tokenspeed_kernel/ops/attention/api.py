@@ -207,32 +207,77 @@ def _checked(
     if not compiling:
         strided, align = (False, None) if caches is None else cache_layout(*caches)
         request = attention_request(
-            op, q_dtype=q.dtype, kv_dtype=kv_dtype, heads=heads, causal=causal, window_left=window_left,
-            sinks=sinks is not None, logit_cap=logit_cap, return_lse=return_lse, page_size=page_size or None, q_len=q_len,
-            batch=batch, max_seqlen_q=max_seqlen_q, strided_kv=strided, kv_align=align,
-        )  # fmt: skip
+            op,
+            q_dtype=q.dtype,
+            kv_dtype=kv_dtype,
+            heads=heads,
+            causal=causal,
+            window_left=window_left,
+            sinks=sinks is not None,
+            logit_cap=logit_cap,
+            return_lse=return_lse,
+            page_size=page_size or None,
+            q_len=q_len,
+            batch=batch,
+            max_seqlen_q=max_seqlen_q,
+            strided_kv=strided,
+            kv_align=align,
+        )
     return _Checked(heads, scale, request, page_size, kv_dtype == torch.float8_e4m3fn, q_len or 1)
 
 
 def _check_ragged_rest(
-    op: str, q: torch.Tensor, kv_dtype: torch.dtype, heads: Heads, max_seqlen_q: int, max_seqlen_k: int, *,
-    causal: bool, softmax_scale: float | None, window_left: int, sinks: torch.Tensor | None, logit_cap: float,
-    return_lse: bool, out: torch.Tensor | None, override: str | None, compiling: bool, page_size: int = 0,
+    op: str,
+    q: torch.Tensor,
+    kv_dtype: torch.dtype,
+    heads: Heads,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool,
+    softmax_scale: float | None,
+    window_left: int,
+    sinks: torch.Tensor | None,
+    logit_cap: float,
+    return_lse: bool,
+    out: torch.Tensor | None,
+    override: str | None,
+    compiling: bool,
+    page_size: int = 0,
     caches: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> _Checked:  # fmt: skip
+) -> _Checked:
     """The checks :func:`mha_prefill` and :func:`mha_extend_with_kvcache` end with, after
     their tensors: host bounds and ``causal``, the options, ``out`` ``[total_q, Hq, Dv]``;
     then :func:`_checked`'s facts (prefill's request carries ``max_seqlen_q_bucket``)."""
     check_ragged(max_seqlen_q, max_seqlen_k, causal)
     scale = check_options(
-        q, heads, softmax_scale=softmax_scale, window_left=window_left, logit_cap=logit_cap, return_lse=return_lse,
-        override=override, sinks=sinks,
-    )  # fmt: skip
+        q,
+        heads,
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        override=override,
+        sinks=sinks,
+    )
     return _checked(
-        op, q, kv_dtype, heads, scale, out, (q.shape[0], heads.num_q_heads, heads.head_dim_v), compiling=compiling,
-        causal=causal, window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse,
-        page_size=page_size, max_seqlen_q=max_seqlen_q if op == "attention.prefill" else None, caches=caches,
-    )  # fmt: skip
+        op,
+        q,
+        kv_dtype,
+        heads,
+        scale,
+        out,
+        (q.shape[0], heads.num_q_heads, heads.head_dim_v),
+        compiling=compiling,
+        causal=causal,
+        window_left=window_left,
+        sinks=sinks,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        page_size=page_size,
+        max_seqlen_q=max_seqlen_q if op == "attention.prefill" else None,
+        caches=caches,
+    )
 
 
 def mha_prefill(
@@ -275,16 +320,38 @@ def mha_prefill(
     lengths_ok = at_least(max_seqlen_q, 0) and at_least(max_seqlen_k, 0)
     # The request's max_seqlen_q_bucket is part of the key (the length itself varies per call).
     key = call_key(
-        compiling, (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, out),
-        (causal, softmax_scale, window_left, logit_cap, return_lse, override, pow2_bucket(max_seqlen_q) if lengths_ok else -1),
-    )  # fmt: skip
+        compiling,
+        (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, out),
+        (
+            causal,
+            softmax_scale,
+            window_left,
+            logit_cap,
+            return_lse,
+            override,
+            pow2_bucket(max_seqlen_q) if lengths_ok else -1,
+        ),
+    )
     checked = _PREFILL_CALLS.get(key)
     if checked is None or not lengths_ok:
         checked = _check_prefill(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
-            softmax_scale=softmax_scale, window_left=window_left, sinks=sinks, logit_cap=logit_cap,
-            return_lse=return_lse, out=out, override=override, compiling=compiling,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            causal=causal,
+            softmax_scale=softmax_scale,
+            window_left=window_left,
+            sinks=sinks,
+            logit_cap=logit_cap,
+            return_lse=return_lse,
+            out=out,
+            override=override,
+            compiling=compiling,
+        )
         remember(_PREFILL_CALLS, key, checked)
     heads, scale = checked.heads, checked.scale
     total_q = q.shape[0]
@@ -367,9 +434,24 @@ def mha_prefill(
 
 
 def _check_prefill(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, softmax_scale, window_left, sinks,
-    logit_cap, return_lse, out, override, compiling: bool,
-) -> _Checked:  # fmt: skip
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    *,
+    causal,
+    softmax_scale,
+    window_left,
+    sinks,
+    logit_cap,
+    return_lse,
+    out,
+    override,
+    compiling: bool,
+) -> _Checked:
     """Every host check of :func:`mha_prefill`, in order; the facts they derive."""
     check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES)
     check_tensor("k", k, ndim=3, dtypes=(q.dtype,))
@@ -381,10 +463,22 @@ def _check_prefill(
     check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
     check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, cu_seqlens_q.shape[0] - 1, q)
     return _check_ragged_rest(
-        "attention.prefill", q, k.dtype, heads, max_seqlen_q, max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
-        window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse, out=out, override=override,
+        "attention.prefill",
+        q,
+        k.dtype,
+        heads,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        sinks=sinks,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        out=out,
+        override=override,
         compiling=compiling,
-    )  # fmt: skip
+    )
 
 
 def mha_extend_with_kvcache(
@@ -431,17 +525,33 @@ def mha_extend_with_kvcache(
     """
     compiling = torch.compiler.is_compiling()
     key = call_key(
-        compiling, (q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, sinks, k_scale, v_scale, out),
+        compiling,
+        (q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, sinks, k_scale, v_scale, out),
         (causal, softmax_scale, window_left, logit_cap, return_lse, override),
-    )  # fmt: skip
+    )
     checked = _EXTEND_CALLS.get(key)
     if checked is None or not (at_least(max_seqlen_q, 0) and at_least(max_seqlen_k, 0)):
         checked = _check_extend(
-            q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, max_seqlen_q, max_seqlen_k,
-            causal=causal, softmax_scale=softmax_scale, window_left=window_left, sinks=sinks,
-            logit_cap=logit_cap, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse, out=out,
-            override=override, compiling=compiling,
-        )  # fmt: skip
+            q,
+            k_cache,
+            v_cache,
+            page_table,
+            cu_seqlens_q,
+            cache_seqlens,
+            max_seqlen_q,
+            max_seqlen_k,
+            causal=causal,
+            softmax_scale=softmax_scale,
+            window_left=window_left,
+            sinks=sinks,
+            logit_cap=logit_cap,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            return_lse=return_lse,
+            out=out,
+            override=override,
+            compiling=compiling,
+        )
         remember(_EXTEND_CALLS, key, checked)
     heads, scale, page_size = checked.heads, checked.scale, checked.page_size
     ks, vs = kv_scales(checked.fp8, k_scale, v_scale, q)
@@ -526,19 +636,51 @@ def mha_extend_with_kvcache(
 
 
 def _check_extend(
-    q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, max_seqlen_q, max_seqlen_k, *, causal,
-    softmax_scale, window_left, sinks, logit_cap, k_scale, v_scale, return_lse, out, override, compiling: bool,
-) -> _Checked:  # fmt: skip
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    cu_seqlens_q,
+    cache_seqlens,
+    max_seqlen_q,
+    max_seqlen_k,
+    *,
+    causal,
+    softmax_scale,
+    window_left,
+    sinks,
+    logit_cap,
+    k_scale,
+    v_scale,
+    return_lse,
+    out,
+    override,
+    compiling: bool,
+) -> _Checked:
     """Every host check of :func:`mha_extend_with_kvcache`, in order; the facts they derive."""
     check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES)
     check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
     batch = cu_seqlens_q.shape[0] - 1
     heads, page_size, _, _ = check_paged_cache(q, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, batch)
     return _check_ragged_rest(
-        "attention.extend", q, k_cache.dtype, heads, max_seqlen_q, max_seqlen_k, causal=causal,
-        softmax_scale=softmax_scale, window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse,
-        out=out, override=override, compiling=compiling, page_size=page_size, caches=(k_cache, v_cache),
-    )  # fmt: skip
+        "attention.extend",
+        q,
+        k_cache.dtype,
+        heads,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        sinks=sinks,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        out=out,
+        override=override,
+        compiling=compiling,
+        page_size=page_size,
+        caches=(k_cache, v_cache),
+    )
 
 
 def mha_decode_with_kvcache(
@@ -576,16 +718,30 @@ def mha_decode_with_kvcache(
     """
     compiling = torch.compiler.is_compiling()
     key = call_key(
-        compiling, (q, k_cache, v_cache, page_table, cache_seqlens, sinks, k_scale, v_scale, out),
+        compiling,
+        (q, k_cache, v_cache, page_table, cache_seqlens, sinks, k_scale, v_scale, out),
         (softmax_scale, window_left, logit_cap, return_lse, override),
-    )  # fmt: skip
+    )
     checked = _DECODE_CALLS.get(key)
     if checked is None or not at_least(max_seqlen_k, checked.q_len):
         checked = _check_decode_call(
-            q, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, softmax_scale=softmax_scale,
-            window_left=window_left, sinks=sinks, logit_cap=logit_cap, k_scale=k_scale, v_scale=v_scale,
-            return_lse=return_lse, out=out, override=override, compiling=compiling,
-        )  # fmt: skip
+            q,
+            k_cache,
+            v_cache,
+            page_table,
+            cache_seqlens,
+            max_seqlen_k,
+            softmax_scale=softmax_scale,
+            window_left=window_left,
+            sinks=sinks,
+            logit_cap=logit_cap,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            return_lse=return_lse,
+            out=out,
+            override=override,
+            compiling=compiling,
+        )
         remember(_DECODE_CALLS, key, checked)
     heads, scale, page_size, q_len = checked.heads, checked.scale, checked.page_size, checked.q_len
     ks, vs = kv_scales(checked.fp8, k_scale, v_scale, q)
@@ -662,9 +818,24 @@ def mha_decode_with_kvcache(
 
 
 def _check_decode_call(
-    q, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, *, softmax_scale, window_left, sinks, logit_cap,
-    k_scale, v_scale, return_lse, out, override, compiling: bool,
-) -> _Checked:  # fmt: skip
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    cache_seqlens,
+    max_seqlen_k,
+    *,
+    softmax_scale,
+    window_left,
+    sinks,
+    logit_cap,
+    k_scale,
+    v_scale,
+    return_lse,
+    out,
+    override,
+    compiling: bool,
+) -> _Checked:
     """Every host check of :func:`mha_decode_with_kvcache`, in order; the facts they derive."""
     check_tensor("q", q, ndim=(3, 4), dtypes=ACT_DTYPES)
     q4 = q if q.dim() == 4 else q.unsqueeze(1)
@@ -672,12 +843,37 @@ def _check_decode_call(
     if q_len < 1:
         raise ValueError(f"q must hold at least one query per sequence, got shape {list(q.shape)}")
     heads, page_size, _, _, scale = check_decode(
-        q4, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, q_len=q_len, k_scale=k_scale,
-        v_scale=v_scale, softmax_scale=softmax_scale, window_left=window_left, logit_cap=logit_cap,
-        return_lse=return_lse, override=override, sinks=sinks,
-    )  # fmt: skip
+        q4,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        max_seqlen_k,
+        q_len=q_len,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        override=override,
+        sinks=sinks,
+    )
     return _checked(
-        "attention.decode", q, k_cache.dtype, heads, scale, out, (*q.shape[:-1], heads.head_dim_v),
-        compiling=compiling, window_left=window_left, sinks=sinks, logit_cap=logit_cap, return_lse=return_lse,
-        page_size=page_size, q_len=q_len, batch=q4.shape[0], caches=(k_cache, v_cache),
-    )  # fmt: skip
+        "attention.decode",
+        q,
+        k_cache.dtype,
+        heads,
+        scale,
+        out,
+        (*q.shape[:-1], heads.head_dim_v),
+        compiling=compiling,
+        window_left=window_left,
+        sinks=sinks,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        page_size=page_size,
+        q_len=q_len,
+        batch=q4.shape[0],
+        caches=(k_cache, v_cache),
+    )

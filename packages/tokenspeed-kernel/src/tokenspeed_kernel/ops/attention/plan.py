@@ -172,9 +172,21 @@ class DecodePlan:
         field (``dataclasses.replace`` costs microseconds per call)."""
         p = self._layout_args
         return DecodeArgs(
-            q4, p.k_cache, p.v_cache, p.page_table, p.cache_seqlens, p.max_seqlen_k, p.softmax_scale,
-            p.window_left, p.sinks, p.logit_cap, p.k_scale, p.v_scale, out4, lse3,
-        )  # fmt: skip
+            q4,
+            p.k_cache,
+            p.v_cache,
+            p.page_table,
+            p.cache_seqlens,
+            p.max_seqlen_k,
+            p.softmax_scale,
+            p.window_left,
+            p.sinks,
+            p.logit_cap,
+            p.k_scale,
+            p.v_scale,
+            out4,
+            lse3,
+        )
 
     def _quick_run(self, q: torch.Tensor):
         """The common step, checked with fewer calls: q of the plan's dtype, one of its two
@@ -215,10 +227,21 @@ class DecodePlan:
 
         if torch.compiler.is_compiling():
             result, lse = torch.ops.tokenspeed_kernel.mha_decode_with_kvcache(
-                q, self.k_cache, self.v_cache, self.page_table, self.cache_seqlens, self.max_seqlen_k,
-                self.softmax_scale, self.window_left, self.sinks, self.logit_cap, self.k_scale, self.v_scale,
-                self.return_lse, self.kernel,
-            )  # fmt: skip
+                q,
+                self.k_cache,
+                self.v_cache,
+                self.page_table,
+                self.cache_seqlens,
+                self.max_seqlen_k,
+                self.softmax_scale,
+                self.window_left,
+                self.sinks,
+                self.logit_cap,
+                self.k_scale,
+                self.v_scale,
+                self.return_lse,
+                self.kernel,
+            )
             if out is not None:
                 result = out.copy_(result)
             return _result(result, lse, self.return_lse)
@@ -226,16 +249,28 @@ class DecodePlan:
         check_capturable(self.spec)
         if config.debug():
             debug_check_pages(
-                self.page_table, self.cache_seqlens, [self.q_len] * self.batch, self.page_size,
-                self.k_cache.shape[0], self.max_seqlen_k,
-            )  # fmt: skip
+                self.page_table,
+                self.cache_seqlens,
+                [self.q_len] * self.batch,
+                self.page_size,
+                self.k_cache.shape[0],
+                self.max_seqlen_k,
+            )
         record(self.spec, self.request)
         if config.capture_path() is not None:
             signature = _signature(
-                q, self.k_cache.dtype, heads, batch=self.batch, q_len=self.q_len, max_seqlen_k=self.max_seqlen_k,
-                page_size=self.page_size, window_left=self.window_left, sinks=self.sinks is not None,
-                logit_cap=self.logit_cap, return_lse=self.return_lse,
-            )  # fmt: skip
+                q,
+                self.k_cache.dtype,
+                heads,
+                batch=self.batch,
+                q_len=self.q_len,
+                max_seqlen_k=self.max_seqlen_k,
+                page_size=self.page_size,
+                window_left=self.window_left,
+                sinks=self.sinks is not None,
+                logit_cap=self.logit_cap,
+                return_lse=self.return_lse,
+            )
             capture_signature("attention.decode", self.kernel, signature)
         if out is None:
             out = q.new_empty(out_shape)
@@ -315,33 +350,77 @@ def mha_decode_plan(
     # q does not exist yet: its placeholder sits on k_cache's device, so the tensors are
     # compared with k_cache here, by name (check_decode would blame "q" instead).
     check_same_device(
-        "k_cache", k_cache, **{n: t for n, t in (("v_cache", v_cache), ("page_table", page_table),
-                                                 ("cache_seqlens", cache_seqlens), ("sinks", sinks),
-                                                 ("k_scale", k_scale), ("v_scale", v_scale))
-                               if isinstance(t, torch.Tensor)},
-    )  # fmt: skip
+        "k_cache",
+        k_cache,
+        **{
+            n: t
+            for n, t in (
+                ("v_cache", v_cache),
+                ("page_table", page_table),
+                ("cache_seqlens", cache_seqlens),
+                ("sinks", sinks),
+                ("k_scale", k_scale),
+                ("v_scale", v_scale),
+            )
+            if isinstance(t, torch.Tensor)
+        },
+    )
     q_like = _placeholder((batch, q_len, num_q_heads, k_cache.shape[-1]), q_dtype, device)
     heads, page_size, ks, vs, scale = check_decode(
-        q_like, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, q_len=q_len, k_scale=k_scale,
-        v_scale=v_scale, softmax_scale=softmax_scale, window_left=window_left, logit_cap=logit_cap,
-        return_lse=return_lse, override=override, sinks=sinks,
-    )  # fmt: skip
+        q_like,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        max_seqlen_k,
+        q_len=q_len,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        override=override,
+        sinks=sinks,
+    )
     if config.debug():
         debug_check_pages(page_table, cache_seqlens, [q_len] * batch, page_size, k_cache.shape[0], max_seqlen_k)
     strided, align = cache_layout(k_cache, v_cache)
     request = attention_request(
-        "attention.decode", q_dtype=q_dtype, kv_dtype=k_cache.dtype, heads=heads, window_left=window_left,
-        sinks=sinks is not None, logit_cap=logit_cap, return_lse=return_lse, page_size=page_size, q_len=q_len,
-        capturable=capturable, batch=batch, strided_kv=strided, kv_align=align,
-    )  # fmt: skip
+        "attention.decode",
+        q_dtype=q_dtype,
+        kv_dtype=k_cache.dtype,
+        heads=heads,
+        window_left=window_left,
+        sinks=sinks is not None,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        page_size=page_size,
+        q_len=q_len,
+        capturable=capturable,
+        batch=batch,
+        strided_kv=strided,
+        kv_align=align,
+    )
     spec = select(request, platform_for(device), override)
     out_like = _placeholder((batch, q_len, heads.num_q_heads, heads.head_dim_v), q_dtype, device)
     lse_like = _placeholder((batch, q_len, heads.num_q_heads), torch.float32, device) if return_lse else None
     layout_args = DecodeArgs(
-        q_like, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, scale,
-        _kernel_window(window_left, page_table.shape[1] * page_size), sinks,
-        float(logit_cap), ks, vs, out_like, lse_like,
-    )  # fmt: skip
+        q_like,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        max_seqlen_k,
+        scale,
+        _kernel_window(window_left, page_table.shape[1] * page_size),
+        sinks,
+        float(logit_cap),
+        ks,
+        vs,
+        out_like,
+        lse_like,
+    )
     plan = DecodePlan(
         kernel=spec.name,
         spec=spec,

@@ -82,9 +82,15 @@ def moe_apply_request(
     storage = WEIGHT_FORMATS[weight_format] or x_dtype
     info = WeightInfo(num_experts, hidden, intermediate, weight_format, storage, num_experts)
     return apply_request(
-        info, x_dtype=x_dtype, top_k=top_k, num_tokens=num_tokens, activation=activation,
-        has_bias=bias, has_map=expert_map, activation_quant=activation_quant,
-    )  # fmt: skip
+        info,
+        x_dtype=x_dtype,
+        top_k=top_k,
+        num_tokens=num_tokens,
+        activation=activation,
+        has_bias=bias,
+        has_map=expert_map,
+        activation_quant=activation_quant,
+    )
 
 
 def moe_topk_request(
@@ -246,17 +252,28 @@ def moe_apply(
     """
     compiling = torch.compiler.is_compiling()
     key = call_key(
-        compiling, (x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, expert_map, out),
+        compiling,
+        (x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, expert_map, out),
         (activation, override, activation_quant),
-    )  # fmt: skip
+    )
     checked = _APPLY_CALLS.get(key)
     # ``out`` must not alias ``x``: a pointer, so checked on every call (the full checks raise).
     if checked is None or not (out is None or out.data_ptr() != x.data_ptr()):
         checked = _check_apply(
-            x, w13, w2, topk_weights, topk_ids, activation=activation, w13_bias=w13_bias, w2_bias=w2_bias,
-            expert_map=expert_map, out=out, override=override, activation_quant=activation_quant,
+            x,
+            w13,
+            w2,
+            topk_weights,
+            topk_ids,
+            activation=activation,
+            w13_bias=w13_bias,
+            w2_bias=w2_bias,
+            expert_map=expert_map,
+            out=out,
+            override=override,
+            activation_quant=activation_quant,
             compiling=compiling,
-        )  # fmt: skip
+        )
         remember(_APPLY_CALLS, key, checked)
     info, top_k, activation_quant, request = checked
     num_tokens = x.shape[0]
@@ -265,9 +282,21 @@ def moe_apply(
         a13, b13, fmt = _custom_ops.flatten_weight(w13)
         a2, b2, _ = _custom_ops.flatten_weight(w2)
         result = torch.ops.tokenspeed_kernel.moe_apply(
-            x, a13, b13, a2, b2, fmt, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, override,
+            x,
+            a13,
+            b13,
+            a2,
+            b2,
+            fmt,
+            topk_weights,
+            topk_ids,
+            activation,
+            w13_bias,
+            w2_bias,
+            expert_map,
+            override,
             activation_quant,
-        )  # fmt: skip
+        )
         if out is None:
             return result
         out.copy_(result)
@@ -304,9 +333,21 @@ def moe_apply(
 
 
 def _check_apply(
-    x, w13, w2, topk_weights, topk_ids, *, activation, w13_bias, w2_bias, expert_map, out, override,
-    activation_quant, compiling: bool,
-) -> tuple[WeightInfo, int, str | None, Request | None]:  # fmt: skip
+    x,
+    w13,
+    w2,
+    topk_weights,
+    topk_ids,
+    *,
+    activation,
+    w13_bias,
+    w2_bias,
+    expert_map,
+    out,
+    override,
+    activation_quant,
+    compiling: bool,
+) -> tuple[WeightInfo, int, str | None, Request | None]:
     """Every host check of :func:`moe_apply`, in order; the weights' facts, ``top_k``, the
     validated ``activation_quant`` and the selector request (None while tracing)."""
     if not isinstance(x, torch.Tensor):
@@ -331,8 +372,13 @@ def _check_apply(
     request = None
     if not compiling:
         request = apply_request(
-            info, x_dtype=x.dtype, top_k=top_k, num_tokens=num_tokens, activation=activation,
-            has_bias=w13_bias is not None or w2_bias is not None, has_map=expert_map is not None,
+            info,
+            x_dtype=x.dtype,
+            top_k=top_k,
+            num_tokens=num_tokens,
+            activation=activation,
+            has_bias=w13_bias is not None or w2_bias is not None,
+            has_map=expert_map is not None,
             activation_quant=activation_quant,
-        )  # fmt: skip
+        )
     return info, top_k, activation_quant, request

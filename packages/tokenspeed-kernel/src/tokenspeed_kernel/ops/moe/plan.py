@@ -312,9 +312,15 @@ def moe_plan(
 
     def request_for(num_tokens: int | None) -> Request:
         return apply_request(
-            info, x_dtype=x_dtype, top_k=top_k, num_tokens=num_tokens, activation=activation,
-            has_bias=has_bias, has_map=expert_map is not None, activation_quant=activation_quant,
-        )  # fmt: skip
+            info,
+            x_dtype=x_dtype,
+            top_k=top_k,
+            num_tokens=num_tokens,
+            activation=activation,
+            has_bias=has_bias,
+            has_map=expert_map is not None,
+            activation_quant=activation_quant,
+        )
 
     request = request_for(None)
     # Selection without capture: each MoEPlan.apply records its own signature (with T).

@@ -344,10 +344,17 @@ def planned_call(case: MoECase, inputs: dict[str, Any], override: str | None = N
     if case.op == "moe.topk":
         return functools.partial(call, case, inputs, override)
     plan = moe_plan(
-        inputs["w13"], inputs["w2"], x_dtype=inputs["x"].dtype, top_k=inputs["topk_ids"].shape[1],
-        activation=inputs["activation"], w13_bias=inputs["w13_bias"], w2_bias=inputs["w2_bias"],
-        expert_map=inputs["expert_map"], override=override, activation_quant=inputs.get("activation_quant"),
-    )  # fmt: skip
+        inputs["w13"],
+        inputs["w2"],
+        x_dtype=inputs["x"].dtype,
+        top_k=inputs["topk_ids"].shape[1],
+        activation=inputs["activation"],
+        w13_bias=inputs["w13_bias"],
+        w2_bias=inputs["w2_bias"],
+        expert_map=inputs["expert_map"],
+        override=override,
+        activation_quant=inputs.get("activation_quant"),
+    )
     return functools.partial(plan.apply, inputs["x"], inputs["topk_weights"], inputs["topk_ids"])
 
 
