@@ -8,11 +8,13 @@ into a float32 ``[T, H]`` buffer (``combine="atomic"``: one launch fewer, no ``[
 round trip; the buffer is zeroed and cast to x's dtype by stream-ordered torch ops).
 The layers differ by kernel (in-register decode in :mod:`.fused`, ``tl.dot_scaled`` in
 :mod:`.fused_mx`); everything else, including the CUDA-graph capturability (no step reads a
-device value on the host), is here once.
+device value on the host), is here once. :func:`bind_moe` is the same pipeline bound once for
+a token count (``MoEPlan``'s ``bind`` hook), from each kernel's :class:`LayerLaunches`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -22,9 +24,21 @@ from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel_triton._launcher import Launch
 from tokenspeed_kernel_triton.ops.moe._config import Tile
 from tokenspeed_kernel_triton.ops.moe._gemm import combine_kernel
-from tokenspeed_kernel_triton.ops.moe._routing import Routing, sort_by_expert
+from tokenspeed_kernel_triton.ops.moe._routing import Routing, align_launch, sort_by_expert
 
-__all__ = ["COMBINES", "Layer", "combine", "combine_launch", "layer_output", "run_moe"]
+__all__ = [
+    "COMBINES",
+    "Layer",
+    "LayerLaunches",
+    "Runner",
+    "bind_moe",
+    "combine",
+    "combine_launch",
+    "layer_output",
+    "run_moe",
+]
+
+Runner = Callable[[MoEApplyArgs], None]  # what a bind hook returns (``MoEPlan``)
 
 COMBINES = ("reduce", "atomic")  # run_moe(combine=...): the deterministic kernel, or fused atomics
 
@@ -154,3 +168,53 @@ def run_moe(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: Layer, com
         activation=args.activation,
     )
     combine(y, ids, args.expert_map, args.out)
+
+
+class LayerLaunches(Protocol):
+    """One grouped GEMM layer as data: its output (allocated, uninitialized; what a
+    :class:`Layer` returns) and its launches in order. The first launch takes ``a`` at
+    argument position 0 and ``weights`` at 8; the others read only buffers of the layer."""
+
+    def __call__(
+        self,
+        a: torch.Tensor,
+        op: Any,
+        bias: torch.Tensor | None,
+        routing: Routing,
+        weights: torch.Tensor,
+        *,
+        n: int,
+        k: int,
+        top_k: int,
+        tile: Tile,
+        gated: bool,
+        activation: str,
+    ) -> tuple[torch.Tensor, tuple[Launch, ...]]: ...
+
+
+def bind_moe(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: LayerLaunches) -> Runner:
+    """:func:`run_moe` (``combine="reduce"``) bound once for ``args``' token count: the
+    permutation, both layers' launches from ``layer`` and the combine, with the permutation
+    buffers and the layers' outputs as the runner's workspaces. A call of the runner launches
+    with its x, topk_weights, topk_ids and out (same shapes, dtypes and device)."""
+    top_k = args.topk_ids.shape[1]
+    hidden, inter = args.x.shape[1], args.w2.shape[-1]
+    routing, align = align_launch(args.topk_ids, args.expert_map, args.w13.shape[0], tile.block_m)
+    common = dict(top_k=top_k, tile=tile, activation=args.activation)
+    h, first = layer(args.x, w13, args.w13_bias, routing, args.topk_weights, n=inter, k=hidden, gated=True, **common)
+    y, second = layer(h, w2, args.w2_bias, routing, args.topk_weights, n=hidden, k=inter, gated=False, **common)
+    sort, w13_gemm, w2_gemm = align.bound(0), first[0].bound(0, 8), second[0].bound(8)
+    after13, after2 = tuple(x.bound() for x in first[1:]), tuple(x.bound() for x in second[1:])  # split-K finish
+    total = combine_launch(y, args.topk_ids, args.expert_map, args.out).bound(1, 3)
+
+    def run(a: MoEApplyArgs) -> None:
+        sort(a.topk_ids)
+        w13_gemm(a.x, a.topk_weights)
+        for launch in after13:
+            launch()
+        w2_gemm(a.topk_weights)
+        for launch in after2:
+            launch()
+        total(a.topk_ids, a.out)
+
+    return run

@@ -18,7 +18,6 @@ even/odd-strided activation tiles instead) and stores the scales N-contiguous.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -37,9 +36,9 @@ from tokenspeed_kernel_triton.ops.moe._common import (
     dot_precision,
 )
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile
-from tokenspeed_kernel_triton.ops.moe._driver import combine_launch, layer_output, run_moe
+from tokenspeed_kernel_triton.ops.moe._driver import Runner, bind_moe, layer_output, run_moe
 from tokenspeed_kernel_triton.ops.moe._gemm import FP8_BLOCK, FP8_ROW, MXFP4, PLAIN, fp8_quant_kernel, moe_gemm_kernel
-from tokenspeed_kernel_triton.ops.moe._routing import Routing, align_launch
+from tokenspeed_kernel_triton.ops.moe._routing import Routing
 
 __all__ = [
     "BIND_MAX_TOKENS",
@@ -316,36 +315,25 @@ def fused_moe(args: MoEApplyArgs, tile: Tile | None = None, combine: str = "redu
 BIND_MAX_TOKENS = 64
 
 
-def bind_fused_moe(args: MoEApplyArgs) -> Callable[[MoEApplyArgs], None] | None:
+def _gemm_launches(a, op: Operand, bias, routing: Routing, weights, *, n, k, top_k, tile: Tile, gated, activation):
+    """One layer as data (a :class:`._driver.LayerLaunches`): its output and its one launch."""
+    out = layer_output(a, routing, n, tile, gated=gated)
+    launch = _gemm_launch(
+        a, op, bias, routing, weights, out, n=n, k=k, top_k=top_k, tile=tile, gated=gated, activation=activation
+    )
+    return out, (launch,)
+
+
+def bind_fused_moe(args: MoEApplyArgs) -> Runner | None:
     """The ``bind`` hook (``MoEPlan``): the four launches of :func:`fused_moe` for this token
-    count, bound once with the permutation buffers, the intermediate and the w2 rows as
-    workspaces; a call then launches with its x, routing and out. None (``fn`` serves) above
-    :data:`BIND_MAX_TOKENS` tokens and with ``activation_quant`` (a quantization launch)."""
-    num_tokens, top_k = args.topk_ids.shape
-    if num_tokens > BIND_MAX_TOKENS or args.activation_quant is not None:
+    count, bound once by :func:`._driver.bind_moe` (the permutation buffers, the intermediate
+    and the w2 rows as workspaces); a call then launches with its x, routing and out. None
+    (``fn`` serves) above :data:`BIND_MAX_TOKENS` tokens and with ``activation_quant`` (a
+    quantization launch)."""
+    if args.topk_ids.shape[0] > BIND_MAX_TOKENS or args.activation_quant is not None:
         return None
     ops = _operands(args)
-    tile = _tile(args, ops)
-    hidden, inter = args.x.shape[1], args.w2.shape[-1]
-    routing, align = align_launch(args.topk_ids, args.expert_map, args.w13.shape[0], tile.block_m)
-    h = layer_output(args.x, routing, inter, tile, gated=True)
-    y = layer_output(h, routing, hidden, tile, gated=False)
-    common = dict(top_k=top_k, tile=tile, activation=args.activation)
-    w13 = _gemm_launch(
-        args.x, ops.w13, args.w13_bias, routing, args.topk_weights, h, n=inter, k=hidden, gated=True, **common
-    ).bound(0, 8)
-    w2 = _gemm_launch(
-        h, ops.w2, args.w2_bias, routing, args.topk_weights, y, n=hidden, k=inter, gated=False, **common
-    ).bound(8)
-    sort, total = align.bound(0), combine_launch(y, args.topk_ids, args.expert_map, args.out).bound(1, 3)
-
-    def run(a: MoEApplyArgs) -> None:
-        sort(a.topk_ids)
-        w13(a.x, a.topk_weights)
-        w2(a.topk_weights)
-        total(a.topk_ids, a.out)
-
-    return run
+    return bind_moe(args, ops.w13, ops.w2, _tile(args, ops), _gemm_launches)
 
 
 FEATURES = (

@@ -52,9 +52,9 @@ from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_triton._launcher import Launch
 from tokenspeed_kernel_triton.ops.moe._common import INTERPRET, VENDORS
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile, split_k
-from tokenspeed_kernel_triton.ops.moe._driver import Layer, combine_launch, layer_output, run_moe
+from tokenspeed_kernel_triton.ops.moe._driver import Layer, Runner, bind_moe, layer_output, run_moe
 from tokenspeed_kernel_triton.ops.moe._mx_gemm import moe_mx_gemm_kernel, split_finish_kernel
-from tokenspeed_kernel_triton.ops.moe._routing import Routing, align_launch
+from tokenspeed_kernel_triton.ops.moe._routing import Routing
 from tokenspeed_kernel_triton.ops.moe.fused import BIND_MAX_TOKENS, experts_predicate
 
 __all__ = [
@@ -85,7 +85,6 @@ A_FORMATS = {torch.bfloat16: "bf16"}  # dot_scaled's lhs format per activation d
 SCALE_ROW_ALIGN = 16  # bytes: the plan pads N of the N-contiguous scales to this
 FINISH_BLOCK_N = 128  # columns per program of split_finish_kernel
 DEFAULT_SMS = 132  # SM count assumed off-GPU (an H100), only for the split rule
-Runner = Callable[[MoEApplyArgs], None]  # what a bind hook returns (``MoEPlan``)
 
 
 @dataclass(frozen=True)
@@ -373,33 +372,9 @@ def run_layers(args: MoEApplyArgs, ops: Any, tile: Tile, layer: Layer, splits: i
 
 def bind_layers(args: MoEApplyArgs, ops: Any, tile: Tile, gemm: GemmLaunch, splits: int | None = None) -> Runner:
     """The runner of :func:`run_layers` with ``split_layer(gemm=gemm)`` for ``args``' token
-    count (``MoEPlan``'s ``bind``): the permutation, each layer's :func:`split_launches` (K
-    splits decided here, once) and the combine, bound with the permutation buffers, the
-    layers' outputs (split partials included) and the w2 rows as workspaces; a call then
-    launches with its x, topk_weights, topk_ids and out."""
-    top_k = args.topk_ids.shape[1]
-    hidden, inter = args.x.shape[1], args.w2.shape[-1]
-    routing, align = align_launch(args.topk_ids, args.expert_map, args.w13.shape[0], tile.block_m)
-    common = dict(top_k=top_k, tile=tile, activation=args.activation, splits=splits)
-    h, first = split_launches(
-        gemm, args.x, ops.w13, args.w13_bias, routing, args.topk_weights, n=inter, k=hidden, gated=True, **common
-    )
-    y, (second,) = split_launches(
-        gemm, h, ops.w2, args.w2_bias, routing, args.topk_weights, n=hidden, k=inter, gated=False, **common
-    )
-    sort, w13, w2 = align.bound(0), first[0].bound(0, 8), second.bound(8)
-    finish = tuple(launch.bound() for launch in first[1:])  # the split-K finish, if layer 1 is split
-    total = combine_launch(y, args.topk_ids, args.expert_map, args.out).bound(1, 3)
-
-    def run(a: MoEApplyArgs) -> None:
-        sort(a.topk_ids)
-        w13(a.x, a.topk_weights)
-        for launch in finish:
-            launch()
-        w2(a.topk_weights)
-        total(a.topk_ids, a.out)
-
-    return run
+    count (``MoEPlan``'s ``bind``): :func:`._driver.bind_moe` over :func:`split_launches`, K
+    splits decided here, once (split partials among the workspaces)."""
+    return bind_moe(args, ops.w13, ops.w2, tile, functools.partial(split_launches, gemm, splits=splits))
 
 
 def bind_fused_moe_mx(args: MoEApplyArgs, tile: Tile | None = None, splits: int | None = None) -> Runner | None:
