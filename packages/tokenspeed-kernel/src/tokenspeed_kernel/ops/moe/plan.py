@@ -44,7 +44,6 @@ concurrently on different streams. A plan keeps at most :data:`BIND_MAX_COUNTS` 
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -240,9 +239,7 @@ class MoEPlan:
         check_capturable(regime.spec)
         record(regime.spec, regime.request)
         if num_tokens:
-            run = self.runners.get(num_tokens, _UNBOUND)
-            if run is _UNBOUND:
-                run = self._bind(regime.spec, args)
+            run = self.runners[num_tokens] if num_tokens in self.runners else self._bind(regime.spec, args)
             (run or regime.spec.fn)(args)
         return args.out
 
@@ -255,14 +252,6 @@ class MoEPlan:
         run = self.runners[args.x.shape[0]] = spec.bind(args)
         return run
 
-
-class _Unbound(enum.Enum):
-    """The sentinel type of :data:`_UNBOUND` (an enum, so ``is`` narrows the lookup's type)."""
-
-    TOKEN = 0
-
-
-_UNBOUND = _Unbound.TOKEN  # MoEPlan.runners has no entry for a count yet
 
 # Call keys (plan handle + activations; see ops/_checks.py) whose full checks passed.
 _PLAN_CALLS: dict[Hashable, bool] = call_table()
