@@ -346,10 +346,7 @@ def bind_moe_mma(args: MoEApplyArgs) -> Callable[[MoEApplyArgs], None] | None:
     layer1, layer2 = first.bound(0, 6), second.bound(5, 6, 7)
 
     def run(a: MoEApplyArgs) -> None:
-        x = a.x
-        if x.data_ptr() & 3:  # rows must be 4-byte aligned (the kernel reads int32 pairs)
-            x = x.clone()
-        layer1(x, a.topk_ids)
+        layer1(_aligned_rows(a.x), a.topk_ids)
         layer2(a.out, a.topk_ids, a.topk_weights)
 
     return run
