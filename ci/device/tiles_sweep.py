@@ -80,15 +80,17 @@ POINTS = (
     # triton_fused_moe_mx_swap (opt-in, issue 21): block_m = token rows, block_n = weight rows,
     # block_k always 128; every variant compiles for sm_90 without spills (ptxas -v).
     Point("moe", "moe.apply", "gpt_oss_120b_t1", "triton_fused_moe_mx_swap",
-          ((16, 64, 128, 1, 4, 4), (16, 256, 128, 1, 8, 4)), (None, 1, 2, 8)),
+          ((16, 128, 128, 1, 4, 4), (16, 256, 128, 1, 8, 4), (16, 64, 128, 1, 4, 3)), (None, 1, 2, 8)),
     Point("moe", "moe.apply", "gpt_oss_120b_t8", "triton_fused_moe_mx_swap",
-          ((16, 64, 128, 1, 4, 4), (16, 256, 128, 1, 8, 4)), (None, 1, 4)),
+          ((16, 128, 128, 1, 4, 4), (16, 256, 128, 1, 8, 4), (16, 64, 128, 1, 4, 3)), (None, 1, 4)),
     Point("moe", "moe.apply", "gpt_oss_120b_t64", "triton_fused_moe_mx_swap",
-          ((16, 64, 128, 1, 4, 4), (16, 256, 128, 4, 8, 4), (16, 128, 128, 4, 4, 3))),
+          ((16, 128, 128, 1, 4, 4), (16, 256, 128, 4, 8, 4), (16, 64, 128, 4, 4, 4))),
     Point("moe", "moe.apply", "gpt_oss_120b_t512", "triton_fused_moe_mx_swap",
-          ((16, 128, 128, 4, 4, 4), (32, 256, 128, 8, 8, 4), (32, 128, 128, 8, 4, 4), (16, 256, 128, 4, 8, 3))),
+          ((16, 256, 128, 4, 8, 4), (32, 128, 128, 8, 4, 3), (64, 128, 128, 8, 4, 4), (32, 64, 128, 8, 4, 4),
+           (16, 128, 128, 4, 4, 4))),
     Point("moe", "moe.apply", "gpt_oss_120b_t4096", "triton_fused_moe_mx_swap",
-          ((64, 128, 128, 8, 8, 3), (64, 256, 128, 8, 8, 2), (128, 128, 128, 8, 8, 2), (128, 128, 128, 8, 8, 4))),
+          ((64, 128, 128, 8, 8, 3), (64, 128, 128, 8, 4, 4), (32, 128, 128, 8, 4, 4), (128, 128, 128, 8, 8, 4),
+           (128, 64, 128, 8, 4, 4))),
 )  # fmt: skip
 
 # Where each kernel reads its tile (and K splits) when it runs: (module, function name).

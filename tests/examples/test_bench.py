@@ -120,7 +120,16 @@ def test_the_full_runs_points_put_the_goal_points_first():
     )
 
 
-def test_command_line_smoke_writes_the_json(tmp_path, capsys):
+@pytest.fixture
+def _env_restored(monkeypatch):
+    """``bench.main(["--device", "cpu", ...])`` sets TRITON_INTERPRET=1, as its command line
+    must; on a GPU host that would turn every later Triton launch of this test process into
+    the interpreter's (seen on the H100, 2026-11-27). Undone after the test."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    yield
+
+
+def test_command_line_smoke_writes_the_json(tmp_path, capsys, _env_restored):
     path = tmp_path / "e2e.json"
     argv = ["--device", "cpu", "--tiny", "--rows", "torch,reference", "--batches", "1", "--contexts", "16"]
     assert bench.main([*argv, "--json", str(path)]) == 0
@@ -137,7 +146,7 @@ def test_command_line_smoke_writes_the_json(tmp_path, capsys):
     assert data["kernels"]["reference"]["decode"] == "torch_decode"
 
 
-def test_command_line_errors_exit_2(capsys):
+def test_command_line_errors_exit_2(capsys, _env_restored):
     assert bench.main(["--device", "cpu", "--tiny", "--rows", "torch,nope"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("python -m examples.gpt_oss.bench: error: rows must be a non-empty subset")

@@ -80,13 +80,14 @@ _TABLE: tuple[tuple[str, str, float, Tile], ...] = (
     ("rocm", "mx_dot", float("inf"), Tile(64, 64, 128, 8, 4, 2)),
     # The swapped MXFP4 kernel (:mod:`.fused_mx_swap`, weights "mxfp4_swap", sm_90 only):
     # block_m = token rows (wgmma N), block_n = weight rows (wgmma M: 64 per warpgroup),
-    # block_k is its fixed step of 128. Starting points, not yet timed: 128 weight rows on one
-    # warpgroup for decode (many programs stream the weights), matmul_ogs's Hopper shape (256
-    # weight rows, 8 warps) at 16-48 rows per expert, then 128 weight rows on two warpgroups:
-    # 64 x 256 spills with 3 stages and 128 x 256 always (ptxas -v, test_aot_compile_moe.py).
-    ("cuda", "mx_swap", 4, Tile(16, 128, 128, 1, 4, 4)),
-    ("cuda", "mx_swap", 16, Tile(16, 256, 128, 4, 8, 4)),
-    ("cuda", "mx_swap", 48, Tile(32, 256, 128, 8, 8, 4)),
+    # block_k is its fixed step of 128. H100 sweep of 2026-11-27 (docs/history.md, "MXFP4 swap
+    # tiles"): 64 weight rows on one warpgroup up to 4 rows per expert (1.04-1.08x the first
+    # starting point at T=1/8/64), 32 tokens x 128 weight rows on one warpgroup at 16 (T=512:
+    # 735 vs 1145 us); the 48- and 96-row bounds are untimed starting points (64 x 256 spills
+    # with 3 stages and 128 x 256 always: ptxas -v, test_aot_compile_moe.py).
+    ("cuda", "mx_swap", 4, Tile(16, 64, 128, 1, 4, 4)),
+    ("cuda", "mx_swap", 16, Tile(32, 128, 128, 8, 4, 4)),
+    ("cuda", "mx_swap", 48, Tile(32, 128, 128, 8, 4, 4)),
     ("cuda", "mx_swap", 96, Tile(64, 128, 128, 8, 8, 3)),
     ("cuda", "mx_swap", float("inf"), Tile(128, 128, 128, 8, 8, 3)),
 )
