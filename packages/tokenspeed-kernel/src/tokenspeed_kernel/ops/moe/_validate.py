@@ -1,4 +1,5 @@
-"""Host-side validation shared by ``moe_apply``, ``moe_plan`` and ``MoEPlan.apply``.
+"""Host-side validation of the MoE operators (``moe_topk``, ``moe_apply``, ``moe_plan``,
+``MoEPlan.apply``), and their selector requests.
 
 Everything here reads only metadata (shapes, dtypes, devices, layouts); the value checks
 that need a device sync (expert ids, expert map entries) run only under ``config.debug()``.
@@ -14,7 +15,9 @@ from tokenspeed_kernel.ops._checks import (
     ACT_DTYPES,
     check_choice,
     check_index_tensor,
+    check_int,
     check_optional_tensor,
+    check_override,
     check_same_device,
     check_tensor,
     dtype_name,
@@ -25,14 +28,18 @@ from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.registry import Request
 
 __all__ = [
+    "SCORINGS",
     "WeightInfo",
     "apply_signature",
     "check_activation_quant",
     "check_ids_in_range",
     "check_out",
     "check_routing",
+    "check_topk",
     "check_weights",
 ]
+
+SCORINGS = ("softmax", "sigmoid")
 
 
 @dataclass(frozen=True)
@@ -282,3 +289,18 @@ def topk_request(
         shapes={"num_experts": num_experts, "top_k": top_k},
         features=(scoring, "renormalize") if renormalize else (scoring,),
     )
+
+
+def check_topk(router_logits: object, top_k: object, scoring: object, renormalize: object, override: object) -> None:
+    """Every host check of ``moe_topk``, in order."""
+    router_logits = check_tensor("router_logits", router_logits, ndim=2, dtypes=ACT_DTYPES)
+    num_experts = router_logits.shape[1]
+    if num_experts < 1:
+        raise ValueError(f"router_logits must have at least one expert column, got shape {list(router_logits.shape)}")
+    top_k = check_int("top_k", top_k, min_value=1)
+    if top_k > num_experts:
+        raise ValueError(f"top_k must be <= the number of experts E = {num_experts}, got {top_k}")
+    check_choice("scoring", scoring, SCORINGS)
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
+    check_override(override)

@@ -15,24 +15,25 @@ the router's expert count), ``top_k``, ``dtype``, and for ``moe.apply`` also ``h
 from __future__ import annotations
 
 from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from tokenspeed_kernel import config
 from tokenspeed_kernel.ops._checks import (
-    ACT_DTYPES,
     call_key,
     call_table,
     check_choice,
-    check_int,
     check_override,
-    check_tensor,
     dtype_name,
     remember,
 )
 from tokenspeed_kernel.ops._dispatch import dispatch
+from tokenspeed_kernel.ops._operator import Operator, Plan
 from tokenspeed_kernel.ops.moe import _custom_ops
 from tokenspeed_kernel.ops.moe._validate import (
+    SCORINGS,
     WeightInfo,
     apply_request,
     apply_signature,
@@ -40,15 +41,24 @@ from tokenspeed_kernel.ops.moe._validate import (
     check_ids_in_range,
     check_out,
     check_routing,
+    check_topk,
     check_weights,
     topk_request,
 )
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, TopKArgs, Weight
 from tokenspeed_kernel.registry import Request
 
-__all__ = ["SCORINGS", "WEIGHT_FORMATS", "moe_apply", "moe_apply_request", "moe_topk", "moe_topk_request"]
+__all__ = [
+    "SCORINGS",
+    "TOPK",
+    "WEIGHT_FORMATS",
+    "TopKCall",
+    "moe_apply",
+    "moe_apply_request",
+    "moe_topk",
+    "moe_topk_request",
+]
 
-SCORINGS = ("softmax", "sigmoid")
 # Weight format -> how its values are stored (None: in x's dtype).
 WEIGHT_FORMATS: dict[str, torch.dtype | None] = {
     "plain": None,
@@ -104,32 +114,78 @@ def moe_topk_request(
     )
 
 
-# Per-op tables: call key -> what a call that passed every check derived (ops/_checks.py).
-_TOPK_CALLS: dict[Hashable, Request | None] = call_table()  # None: never stored (no key while tracing)
+@dataclass(frozen=True, slots=True, eq=False)
+class TopKCall(Plan):
+    """What the checks of a ``moe_topk`` call derived (see :mod:`tokenspeed_kernel.ops._operator`).
+
+    Attributes:
+        request: the selector request (None while tracing: the custom op selects when it runs).
+        device: router_logits' device.
+        shape: ``(T, top_k)``, the outputs' shape (``T = 0``: nothing is launched).
+        signature: the capture signature (``TOKENSPEED_KERNEL_CAPTURE``; empty while tracing).
+    """
+
+    request: Request | None
+    device: torch.device
+    shape: tuple[int, int]
+    signature: dict[str, Any]
+
+    @staticmethod
+    def key(
+        router_logits: object, top_k: object, scoring: object, renormalize: object, override: object
+    ) -> Hashable | None:
+        return call_key(False, (router_logits,), (top_k, scoring, renormalize, override))
+
+    @classmethod
+    def check(cls, compiling: bool, *call: Any) -> TopKCall:
+        check_topk(*call)
+        router_logits, top_k, scoring, renormalize, _ = call
+        num_tokens, num_experts = router_logits.shape
+        request, signature = None, {}
+        if not compiling:
+            request = topk_request(
+                logits_dtype=router_logits.dtype,
+                num_experts=num_experts,
+                top_k=top_k,
+                scoring=scoring,
+                renormalize=renormalize,
+            )
+            signature = {
+                "num_tokens": num_tokens,
+                "num_experts": num_experts,
+                "top_k": top_k,
+                "dtype": dtype_name(router_logits.dtype),
+                "scoring": scoring,
+                "renormalize": renormalize,
+            }
+        return cls(request, router_logits.device, (num_tokens, top_k), signature)
+
+    def run(
+        self, router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool, override: str | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.request is not None
+        spec = dispatch(self.request, self.device, override, lambda: self.signature)
+        args = TopKArgs(
+            router_logits=router_logits,
+            top_k=top_k,
+            scoring=scoring,
+            renormalize=renormalize,
+            topk_weights=torch.empty(self.shape, dtype=torch.float32, device=self.device),
+            topk_ids=torch.empty(self.shape, dtype=torch.int32, device=self.device),
+        )
+        if self.shape[0]:
+            spec.fn(args)
+        return args.topk_weights, args.topk_ids
+
+    def trace(
+        self, router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool, override: str | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ops.tokenspeed_kernel.moe_topk(router_logits, top_k, scoring, renormalize, override)
+
+
+TOPK = Operator("moe.topk", TopKArgs, "torch_moe_topk", "moe_topk", TopKCall)
+# Call key -> what a moe_apply call that passed every check derived (ops/_checks.py).
 _APPLY_CALLS: dict[Hashable, tuple[WeightInfo, int, str | None, Request | None]] = call_table()
-
-
-def _check_topk(
-    router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool, override: str | None, compiling: bool
-) -> Request | None:
-    """Every host check of :func:`moe_topk`, in order; the call's selector request (None
-    while tracing: the custom op selects when it runs)."""
-    check_tensor("router_logits", router_logits, ndim=2, dtypes=ACT_DTYPES)
-    num_experts = router_logits.shape[1]
-    if num_experts < 1:
-        raise ValueError(f"router_logits must have at least one expert column, got shape {list(router_logits.shape)}")
-    check_int("top_k", top_k, min_value=1)
-    if top_k > num_experts:
-        raise ValueError(f"top_k must be <= the number of experts E = {num_experts}, got {top_k}")
-    check_choice("scoring", scoring, SCORINGS)
-    if not isinstance(renormalize, bool):
-        raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
-    check_override(override)
-    if compiling:
-        return None
-    return topk_request(
-        logits_dtype=router_logits.dtype, num_experts=num_experts, top_k=top_k, scoring=scoring, renormalize=renormalize
-    )
 
 
 def moe_topk(
@@ -156,43 +212,7 @@ def moe_topk(
         row (a NaN or +inf logit, or every logit -inf) gets ids ``0..top_k-1`` and weight 0;
         renormalized weights summing to 0 stay 0 (docs/api.md). ``T = 0`` launches nothing.
     """
-    compiling = torch.compiler.is_compiling()
-    key = call_key(compiling, (router_logits,), (top_k, scoring, renormalize, override))
-    request = _TOPK_CALLS.get(key)
-    if request is None:  # a call not seen yet (or not keyable): every check, in full
-        request = remember(
-            _TOPK_CALLS, key, _check_topk(router_logits, top_k, scoring, renormalize, override, compiling)
-        )
-    if compiling:
-        return torch.ops.tokenspeed_kernel.moe_topk(router_logits, top_k, scoring, renormalize, override)
-
-    num_tokens, num_experts = router_logits.shape
-    device = router_logits.device
-    assert request is not None
-    spec = dispatch(
-        request,
-        device,
-        override,
-        lambda: {
-            "num_tokens": num_tokens,
-            "num_experts": num_experts,
-            "top_k": top_k,
-            "dtype": dtype_name(router_logits.dtype),
-            "scoring": scoring,
-            "renormalize": renormalize,
-        },
-    )
-    args = TopKArgs(
-        router_logits=router_logits,
-        top_k=top_k,
-        scoring=scoring,
-        renormalize=renormalize,
-        topk_weights=torch.empty((num_tokens, top_k), dtype=torch.float32, device=device),
-        topk_ids=torch.empty((num_tokens, top_k), dtype=torch.int32, device=device),
-    )
-    if num_tokens:
-        spec.fn(args)
-    return args.topk_weights, args.topk_ids
+    return TOPK.call(router_logits, top_k, scoring, renormalize, override)
 
 
 def moe_apply(
