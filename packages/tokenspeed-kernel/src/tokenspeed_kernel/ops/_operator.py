@@ -50,7 +50,6 @@ reference kernel, and one ``Operator(...)`` next to the public function that for
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -59,7 +58,7 @@ from tokenspeed_kernel.operators import OPERATORS, OperatorSchema, operator_sche
 from tokenspeed_kernel.ops._checks import call_table, remember
 from tokenspeed_kernel.registry import KernelSpec, get_kernel
 
-__all__ = ["Operator", "Plan", "operator", "operators"]
+__all__ = ["Calls", "Operator", "Plan", "operator", "operators"]
 
 _is_compiling = torch.compiler.is_compiling
 
@@ -87,41 +86,65 @@ class Plan:
     trace: Callable[..., Any]
 
 
+class Calls:
+    """A plan class and its plan cache: the call path (see the module docstring).
+
+    Each :class:`Operator` is one, for its public function; a user-held plan whose per-step
+    call is served the same way (``MoEPlan.apply``: its call key holds the plan's handle)
+    has one of its own.
+
+    Attributes:
+        plan: the :class:`Plan` class of one call; it gives the call's ``key`` and ``check``.
+        plans: call key -> plan, bounded (``ops/_checks.remember``; emptied by
+            ``clear_call_tables``).
+    """
+
+    __slots__ = ("_check", "_key", "plan", "plans")
+
+    def __init__(self, plan: type[Plan]) -> None:
+        self.plan = plan
+        self.plans: dict[Hashable, Plan] = call_table()
+        self._key = plan.key
+        self._check = plan.check
+
+    def call(self, *call: Any) -> Any:
+        """One call, ``call`` being its arguments in the public order."""
+        if _is_compiling():
+            return self._check(True, *call).trace(*call)
+        key = self._key(*call)
+        plan = self.plans.get(key)
+        if plan is None:  # not seen yet, or not to be remembered: every check, in full
+            plan = remember(self.plans, key, self._check(False, *call))
+        return plan.run(*call)
+
+
 _BY_NAME: dict[str, Operator] = {}
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class Operator:
-    """One operator: its schema, typed args, reference kernel, custom op, plan class and plan cache.
+class Operator(Calls):
+    """One operator: its schema, typed args, reference kernel, custom op, and the plan class and
+    plan cache of its public function (:class:`Calls`).
 
     Attributes:
         name: the operator, e.g. ``"attention.decode"`` (a key of ``OPERATORS``).
         args: the typed argument class its kernels receive.
         reference: the name of its reference kernel.
         custom_op: its custom op's name in ``torch.ops.tokenspeed_kernel``.
-        plan: the :class:`Plan` class of one call, which also gives the call's ``key``
-            (a static method, ``key(*call) -> Hashable | None``) and its checks (a class
-            method, ``check(compiling, *call) -> plan``: every host check of the call, in
-            order; ``compiling``: while tracing, where the plan holds no selector request).
-        plans: call key -> plan, bounded (``ops/_checks.remember``).
+        plan, plans: as in :class:`Calls`.
     """
 
-    name: str
-    args: type
-    reference: str
-    custom_op: str
-    plan: type[Plan]
-    plans: dict[Hashable, Plan] = field(default_factory=call_table, repr=False)
-    _key: Callable[..., Hashable | None] = field(init=False, repr=False)
-    _check: Callable[..., Plan] = field(init=False, repr=False)
+    __slots__ = ("args", "custom_op", "name", "reference")
 
-    def __post_init__(self) -> None:
-        operator_schema(self.name)  # a ValueError naming the known operators for a typo
-        if self.name in _BY_NAME:
-            raise ValueError(f"operator {self.name!r} is defined twice")
-        object.__setattr__(self, "_key", self.plan.key)
-        object.__setattr__(self, "_check", self.plan.check)
-        _BY_NAME[self.name] = self
+    def __init__(self, name: str, args: type, reference: str, custom_op: str, plan: type[Plan]) -> None:
+        operator_schema(name)  # a ValueError naming the known operators for a typo
+        if name in _BY_NAME:
+            raise ValueError(f"operator {name!r} is defined twice")
+        super().__init__(plan)
+        self.name, self.args, self.reference, self.custom_op = name, args, reference, custom_op
+        _BY_NAME[name] = self
+
+    def __repr__(self) -> str:
+        return f"Operator({self.name!r}, {self.args.__name__}, {self.reference!r}, {self.custom_op!r})"
 
     @property
     def schema(self) -> OperatorSchema:
@@ -131,17 +154,6 @@ class Operator:
     def reference_kernel(self) -> KernelSpec:
         """The registered reference kernel (the float64 ground truth of ``check``)."""
         return get_kernel(self.reference)
-
-    def call(self, *call: Any) -> Any:
-        """One public call, ``call`` being its arguments in the public order (see the module
-        docstring)."""
-        if _is_compiling():
-            return self._check(True, *call).trace(*call)
-        key = self._key(*call)
-        plan = self.plans.get(key)
-        if plan is None:  # not seen yet, or not to be remembered: every check, in full
-            plan = remember(self.plans, key, self._check(False, *call))
-        return plan.run(*call)
 
 
 def _define_all() -> None:

@@ -120,17 +120,8 @@ class StoreCall(Plan):
         if self.num_tokens:
             spec.fn(StoreArgs(k, v, k_cache, v_cache, slot_mapping, ks, vs))
 
-    def trace(
-        self,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        k_scale: float | torch.Tensor | None,
-        v_scale: float | torch.Tensor | None,
-        override: str | None,
-    ) -> None:
+    def trace(self, *call: Any) -> None:
+        k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, override = call
         ks, vs = kv_scales(self.fp8, k_scale, v_scale, k)
         torch.ops.tokenspeed_kernel.store_kvcache(k, v, k_cache, v_cache, slot_mapping, ks, vs, override)
 
