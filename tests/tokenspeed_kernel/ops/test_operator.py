@@ -1,6 +1,8 @@
 """The Operator objects (ops/_operator.py): one per operator, each complete, one call path."""
 
 import dataclasses
+import gc
+import weakref
 
 import pytest
 import torch
@@ -15,17 +17,13 @@ from tokenspeed_kernel.tools.cases import attention as cases
 pytestmark = pytest.mark.usefixtures("only_reference")
 
 
-# Operators migrated to the Operator object so far (all of OPERATORS once issue 28 section 2 is done).
-DEFINED = [op.name for op in operators()]
-
-
 def test_every_operator_is_defined_once_and_in_schema_order():
-    assert DEFINED == [name for name in OPERATORS if name in DEFINED]
+    assert [op.name for op in operators()] == list(OPERATORS)
     for op in operators():
         assert operator(op.name) is op and op.schema is OPERATORS[op.name]
 
 
-@pytest.mark.parametrize("name", DEFINED)
+@pytest.mark.parametrize("name", list(OPERATORS))
 def test_an_operator_names_its_args_reference_kernel_custom_op_and_plan(name):
     op = operator(name)
     assert dataclasses.is_dataclass(op.args)
@@ -47,7 +45,7 @@ def test_unknown_and_duplicate_operators_are_refused():
         Operator("kvcache.store", store.args, store.reference, store.custom_op, store.plan)
 
 
-def test_a_call_is_checked_once_per_key_then_served_by_its_plan():
+def test_a_call_is_checked_once_per_key_then_served_by_its_plan(monkeypatch):
     store = operator("kvcache.store")
     checks = []
     real = store.plan.check
@@ -57,7 +55,7 @@ def test_a_call_is_checked_once_per_key_then_served_by_its_plan():
         return real(*args)
 
     # The call path uses the hook the Operator took from its plan class: swap that one.
-    object.__setattr__(store, "_check", counted)
+    monkeypatch.setattr(store, "_check", counted)
     try:
         _checks.clear_call_tables()
         case = cases.awkward_cases("kvcache.store", torch.float32)[0]
@@ -74,5 +72,31 @@ def test_a_call_is_checked_once_per_key_then_served_by_its_plan():
         store_kvcache(param, *args)
         assert checks == [False, False, False] and len(store.plans) == 1
     finally:
-        object.__setattr__(store, "_check", real)
         _checks.clear_call_tables()
+
+
+def test_user_held_plans_run_the_operators_plans_and_keep_nothing_alive():
+    from tokenspeed_kernel import mha_decode_plan, moe_plan
+    from tokenspeed_kernel.ops.attention.api import DecodeCall
+    from tokenspeed_kernel.ops.moe import plan as moe_plan_module
+    from tokenspeed_kernel.tools.cases import moe as moe_cases
+
+    case = moe_cases.MoECase("moe.apply", 3, 64, 32, 8, 2, torch.float32)
+    d = moe_cases.make_inputs(case, seed=0)
+    plan = moe_plan(d["w13"], d["w2"], x_dtype=torch.float32, top_k=2)
+    calls = moe_plan_module._PLAN_APPLY.plans
+    calls.clear()
+    plan.apply(d["x"], d["topk_weights"], d["topk_ids"])
+    (call,) = calls.values()
+    assert isinstance(call, moe_plan_module.PlanApplyCall) and call.num_tokens == 3
+    ref = weakref.ref(plan)
+    del plan
+    gc.collect()
+    assert ref() is None, "the plan cache must not keep a MoEPlan (or its prepared weights) alive"
+
+    decode = cases.AttentionCase("attention.decode", (1, 1), (10, 7), 4, 2, 16, page_size=4, dtype=torch.float32)
+    inputs = cases.make_inputs(decode)
+    args = {k: inputs[k] for k in ("k_cache", "v_cache", "page_table", "cache_seqlens")}
+    dplan = mha_decode_plan(**args, max_seqlen_k=inputs["max_seqlen_k"], num_q_heads=4)
+    assert isinstance(dplan._call4, DecodeCall) and dplan._call4.request is dplan.request
+    torch.testing.assert_close(dplan.run(inputs["q"]), cases.call(decode, inputs), rtol=0, atol=0)
