@@ -283,8 +283,10 @@ class OverheadRow:
 _BY_NAME = {
     **dict.fromkeys(("attention_request", "store_request", "topk_request", "apply_request", "pow2_bucket"), "request"),
     **dict.fromkeys(("make", "features"), "request"),
+    # An operator's call key stands for its checks on the hot path (ops/_operator.py).
+    "key": "validation",
     **dict.fromkeys(("select", "dispatch", "record", "check_capturable", "is_capturing"), "select"),
-    **dict.fromkeys(("_noop", "replace", "_replace"), "launch"),
+    **dict.fromkeys(("_noop", "replace", "_replace", "launch", "_launch"), "launch"),
 }
 # Builtins and generated methods that the op's own body calls to allocate outputs and build
 # the kernel's typed arguments (a dataclass ``__init__``, ``dataclasses.replace``).

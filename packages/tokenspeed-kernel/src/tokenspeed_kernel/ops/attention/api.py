@@ -113,7 +113,6 @@ class PrefillCall(Plan):
         if not (at_least(max_seqlen_q, 0) and at_least(max_seqlen_k, 0)):
             return None
         return call_key(
-            False,
             (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, out),
             (causal, softmax_scale, window_left, logit_cap, return_lse, override, pow2_bucket(max_seqlen_q)),  # type: ignore[arg-type]
         )
@@ -355,7 +354,6 @@ class ExtendCall(Plan):
         if not (at_least(max_seqlen_q, 0) and at_least(max_seqlen_k, 0)):  # per call, not keyed
             return None
         return call_key(
-            False,
             (q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, sinks, k_scale, v_scale, out),
             (causal, softmax_scale, window_left, logit_cap, return_lse, override),
         )
@@ -695,7 +693,6 @@ class DecodeCall(Plan):
         override: object,
     ) -> Hashable | None:
         key = call_key(
-            False,
             (q, k_cache, v_cache, page_table, cache_seqlens, sinks, k_scale, v_scale, out),
             (softmax_scale, window_left, logit_cap, return_lse, override),
         )

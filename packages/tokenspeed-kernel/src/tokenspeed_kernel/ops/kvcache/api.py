@@ -55,7 +55,7 @@ class StoreCall(Plan):
         v_scale: object,
         override: object,
     ) -> Hashable | None:
-        return call_key(False, (k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale), (override,))
+        return call_key((k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale), (override,))
 
     @classmethod
     def check(cls, compiling: bool, *call: Any) -> StoreCall:

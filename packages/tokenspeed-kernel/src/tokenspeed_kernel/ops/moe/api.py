@@ -129,7 +129,7 @@ class TopKCall(Plan):
     def key(
         router_logits: object, top_k: object, scoring: object, renormalize: object, override: object
     ) -> Hashable | None:
-        return call_key(False, (router_logits,), (top_k, scoring, renormalize, override))
+        return call_key((router_logits,), (top_k, scoring, renormalize, override))
 
     @classmethod
     def check(cls, compiling: bool, *call: Any) -> TopKCall:
@@ -242,7 +242,6 @@ class ApplyCall(Plan):
         activation_quant: object,
     ) -> Hashable | None:
         key = call_key(
-            False,
             (x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, expert_map, out),
             (activation, override, activation_quant),
         )

@@ -208,7 +208,7 @@ class PlanApplyCall(Plan):
 
     @staticmethod
     def key(plan: MoEPlan, x: torch.Tensor, topk_weights: object, topk_ids: object, out: object) -> Hashable | None:
-        key = call_key(False, (plan.handle, x, topk_weights, topk_ids, out))
+        key = call_key((plan.handle, x, topk_weights, topk_ids, out))
         # ``out`` must not alias ``x``: a pointer, so checked on every call (the full checks raise).
         if key is None or out is None or out.data_ptr() != x.data_ptr():  # type: ignore[attr-defined]
             return key

@@ -395,12 +395,13 @@ def reference(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor
     store → the expected ``(k_cache, v_cache)`` (cache dtype; inputs are not modified). fp8
     caches are passed as stored, with their scales, so dequantization is exact.
     """
-    from tokenspeed_kernel.registry import get_kernel
+    from tokenspeed_kernel.ops._operator import operator
 
+    ground_truth = operator(case.op).reference_kernel().fn
     if case.op == "kvcache.store":
         k_cache, v_cache = inputs["k_cache"].clone(), inputs["v_cache"].clone()
         scales = [_scale64(inputs.get(n), k_cache.device) for n in ("k_scale", "v_scale")]
-        get_kernel("torch_store_kvcache").fn(
+        ground_truth(
             StoreArgs(
                 inputs["k"],
                 inputs["v"],
@@ -423,7 +424,7 @@ def reference(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor
     if case.op == "attention.prefill":
         out = q.new_empty(q.shape[0], heads, case.dv)
         lse = q.new_empty(q.shape[0], heads)
-        get_kernel("torch_prefill").fn(
+        ground_truth(
             PrefillArgs(
                 q,
                 inputs["k"].to(torch.float64),
@@ -444,7 +445,7 @@ def reference(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor
     if case.op == "attention.extend":
         out = q.new_empty(q.shape[0], heads, case.dv)
         lse = q.new_empty(q.shape[0], heads)
-        get_kernel("torch_extend").fn(
+        ground_truth(
             ExtendArgs(
                 q,
                 *cache,
@@ -464,7 +465,7 @@ def reference(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor
     q4 = q if q.dim() == 4 else q.unsqueeze(1)
     out = q4.new_empty(*q4.shape[:-1], case.dv)
     lse = q4.new_empty(*q4.shape[:-1])
-    get_kernel("torch_decode").fn(
+    ground_truth(
         DecodeArgs(
             q4,
             *cache,
