@@ -65,6 +65,68 @@ def traced_result(result: torch.Tensor, lse: torch.Tensor, out: torch.Tensor | N
     return (result, lse) if return_lse else result
 
 
+def _facts(
+    compiling: bool,
+    op: str,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    heads: Heads,
+    *,
+    window_left: int,
+    sinks: bool,
+    logit_cap: float,
+    return_lse: bool,
+    batch: int,
+    causal: bool | None = None,
+    caches: tuple[torch.Tensor, torch.Tensor] | None = None,
+    page_size: int | None = None,
+    q_len: int | None = None,
+    capturable: bool = False,
+    max_seqlen_q: int | None = None,
+    total_q: int | None = None,
+    total_k: int | None = None,
+) -> tuple[Request | None, dict[str, Any]]:
+    """The selector request and the capture signature (without the per-call lengths) of an
+    attention call with these checked facts; none while tracing (``compiling``: the custom op
+    selects when it runs). ``causal`` None: decode (always causal; its request carries
+    ``batch_bucket`` and ``q_len``); ``caches``: the paged K/V whose layout the request
+    carries; ``max_seqlen_q``: prefill's length bucket."""
+    if compiling:
+        return None, {}
+    strided, align = (False, None) if caches is None else cache_layout(*caches)
+    request = attention_request(
+        op,
+        q_dtype=q_dtype,
+        kv_dtype=kv_dtype,
+        heads=heads,
+        causal=True if causal is None else causal,
+        window_left=window_left,
+        sinks=sinks,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        page_size=page_size,
+        q_len=q_len,
+        capturable=capturable,
+        batch=batch if causal is None else None,
+        max_seqlen_q=max_seqlen_q,
+        strided_kv=strided,
+        kv_align=align,
+    )
+    own = (("total_q", total_q), ("total_k", total_k), ("q_len", q_len), ("page_size", page_size), ("causal", causal))
+    signature = attention_signature(
+        q_dtype,
+        kv_dtype,
+        heads,
+        batch=batch,
+        **{name: value for name, value in own if value is not None},
+        window_left=window_left,
+        sinks=sinks,
+        logit_cap=float(logit_cap),
+        return_lse=return_lse,
+    )
+    return request, signature
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class PrefillCall(Plan):
     """What the checks of an ``mha_prefill`` call derived (see :mod:`tokenspeed_kernel.ops._operator`).
@@ -122,33 +184,22 @@ class PrefillCall(Plan):
         heads, scale = check_prefill(*call)
         q, k, _, cu_seqlens_q, _, max_seqlen_q, _, causal, _, window_left, sinks, logit_cap, return_lse = call[:13]
         total_q, total_k = q.shape[0], k.shape[0]
-        request, signature = None, {}
-        if not compiling:
-            request = attention_request(
-                "attention.prefill",
-                q_dtype=q.dtype,
-                kv_dtype=k.dtype,
-                heads=heads,
-                causal=causal,
-                window_left=window_left,
-                sinks=sinks is not None,
-                logit_cap=logit_cap,
-                return_lse=return_lse,
-                max_seqlen_q=max_seqlen_q,
-            )
-            signature = attention_signature(
-                q.dtype,
-                k.dtype,
-                heads,
-                batch=cu_seqlens_q.shape[0] - 1,
-                total_q=total_q,
-                total_k=total_k,
-                causal=causal,
-                window_left=window_left,
-                sinks=sinks is not None,
-                logit_cap=float(logit_cap),
-                return_lse=return_lse,
-            )
+        request, signature = _facts(
+            compiling,
+            "attention.prefill",
+            q.dtype,
+            k.dtype,
+            heads,
+            window_left=window_left,
+            sinks=sinks is not None,
+            logit_cap=logit_cap,
+            return_lse=return_lse,
+            batch=cu_seqlens_q.shape[0] - 1,
+            causal=causal,
+            max_seqlen_q=max_seqlen_q,
+            total_q=total_q,
+            total_k=total_k,
+        )
         return cls(
             request,
             q.device,
@@ -364,36 +415,22 @@ class ExtendCall(Plan):
         q, k_cache, v_cache, page_table, cu_seqlens_q, _, _, _, causal, _, window_left, sinks, logit_cap = call[:13]
         return_lse = call[15]
         total_q = q.shape[0]
-        request, signature = None, {}
-        if not compiling:
-            strided, align = cache_layout(k_cache, v_cache)
-            request = attention_request(
-                "attention.extend",
-                q_dtype=q.dtype,
-                kv_dtype=k_cache.dtype,
-                heads=heads,
-                causal=causal,
-                window_left=window_left,
-                sinks=sinks is not None,
-                logit_cap=logit_cap,
-                return_lse=return_lse,
-                page_size=page_size,
-                strided_kv=strided,
-                kv_align=align,
-            )
-            signature = attention_signature(
-                q.dtype,
-                k_cache.dtype,
-                heads,
-                batch=cu_seqlens_q.shape[0] - 1,
-                total_q=total_q,
-                page_size=page_size,
-                causal=causal,
-                window_left=window_left,
-                sinks=sinks is not None,
-                logit_cap=float(logit_cap),
-                return_lse=return_lse,
-            )
+        request, signature = _facts(
+            compiling,
+            "attention.extend",
+            q.dtype,
+            k_cache.dtype,
+            heads,
+            window_left=window_left,
+            sinks=sinks is not None,
+            logit_cap=logit_cap,
+            return_lse=return_lse,
+            batch=cu_seqlens_q.shape[0] - 1,
+            causal=causal,
+            caches=(k_cache, v_cache),
+            page_size=page_size,
+            total_q=total_q,
+        )
         return cls(
             request,
             q.device,
@@ -621,37 +658,22 @@ class DecodeCall(Plan):
         (3 or 4) dimensions (``sinks``: whether a sinks tensor is passed; ``capturable``: as
         the request asks; ``compiling``: while tracing, without request and signature)."""
         batch = page_table.shape[0]
-        request, signature = None, {}
-        if not compiling:
-            strided, align = cache_layout(k_cache, v_cache)
-            request = attention_request(
-                "attention.decode",
-                q_dtype=q_dtype,
-                kv_dtype=k_cache.dtype,
-                heads=heads,
-                window_left=window_left,
-                sinks=sinks,
-                logit_cap=logit_cap,
-                return_lse=return_lse,
-                page_size=page_size,
-                q_len=q_len,
-                capturable=capturable,
-                batch=batch,
-                strided_kv=strided,
-                kv_align=align,
-            )
-            signature = attention_signature(
-                q_dtype,
-                k_cache.dtype,
-                heads,
-                batch=batch,
-                q_len=q_len,
-                page_size=page_size,
-                window_left=window_left,
-                sinks=sinks,
-                logit_cap=float(logit_cap),
-                return_lse=return_lse,
-            )
+        request, signature = _facts(
+            compiling,
+            "attention.decode",
+            q_dtype,
+            k_cache.dtype,
+            heads,
+            window_left=window_left,
+            sinks=sinks,
+            logit_cap=logit_cap,
+            return_lse=return_lse,
+            batch=batch,
+            caches=(k_cache, v_cache),
+            page_size=page_size,
+            q_len=q_len,
+            capturable=capturable,
+        )
         q4 = (batch, q_len, heads.num_q_heads, heads.head_dim)
         out4 = (batch, q_len, heads.num_q_heads, heads.head_dim_v)
         return cls(
