@@ -77,6 +77,9 @@ class Plan:
     - ``run(*call)``: the eager call: value checks under ``TOKENSPEED_KERNEL_DEBUG``,
       ``dispatch``, outputs, typed arguments, the kernel; returns the public result;
     - ``trace(*call)``: the call while ``torch.compile`` traces: the custom op.
+
+    ``run`` passes sizes unpacked (``q.new_empty(*self.out_shape)``, ``out.view(*shape)``):
+    torch parses separate ints about 0.3 µs faster than one tuple.
     """
 
     __slots__ = ()

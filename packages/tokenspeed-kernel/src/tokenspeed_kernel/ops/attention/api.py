@@ -247,8 +247,8 @@ class PrefillCall(Plan):
             lambda: {**self.signature, "max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k},
         )
         if out is None:
-            out = q.new_empty(self.out_shape)
-        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if return_lse else None
+            out = q.new_empty(*self.out_shape)
+        lse = torch.empty(*self.lse_shape, dtype=torch.float32, device=self.device) if return_lse else None
         if self.total_q:  # no queries (an empty batch): nothing to compute, nothing launched
             # Kernels get bounds no looser than the tensors: a sequence holds at most total_q
             # queries and total_k keys (grids sized by max_seqlen_q stay real; see docs/api.md).
@@ -480,8 +480,8 @@ class ExtendCall(Plan):
             lambda: {**self.signature, "max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k},
         )
         if out is None:
-            out = q.new_empty(self.out_shape)
-        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if return_lse else None
+            out = q.new_empty(*self.out_shape)
+        lse = torch.empty(*self.lse_shape, dtype=torch.float32, device=self.device) if return_lse else None
         if self.total_q:  # no queries (an empty batch): nothing to compute, nothing launched
             spec.fn(
                 ExtendArgs(
@@ -797,13 +797,13 @@ class DecodeCall(Plan):
         selected kernel's ``fn``, or a plan's bound runner); the public result. ``k_scale``
         and ``v_scale`` are the float32 ``[1]`` tensors of an fp8 cache (or None)."""
         if out is None:
-            out = q.new_empty(self.out_shape)
-        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if return_lse else None
+            out = q.new_empty(*self.out_shape)
+        lse = torch.empty(*self.lse_shape, dtype=torch.float32, device=self.device) if return_lse else None
         if self.batch:  # a step without decodes: nothing to compute, nothing launched
             q4 = self.q4
             run(
                 DecodeArgs(
-                    q if q4 is None else q.view(q4),
+                    q if q4 is None else q.view(*q4),
                     k_cache,
                     v_cache,
                     page_table,
@@ -815,8 +815,8 @@ class DecodeCall(Plan):
                     self.logit_cap,
                     k_scale,
                     v_scale,
-                    out if q4 is None else out.view(self.out4),
-                    None if lse is None else lse.view(self.lse3),
+                    out if q4 is None else out.view(*self.out4),
+                    None if lse is None else lse.view(*self.lse3),
                 )
             )
         return (out, lse) if return_lse else out

@@ -165,8 +165,8 @@ class TopKCall(Plan):
             top_k=top_k,
             scoring=scoring,
             renormalize=renormalize,
-            topk_weights=torch.empty(self.shape, dtype=torch.float32, device=self.device),
-            topk_ids=torch.empty(self.shape, dtype=torch.int32, device=self.device),
+            topk_weights=torch.empty(*self.shape, dtype=torch.float32, device=self.device),
+            topk_ids=torch.empty(*self.shape, dtype=torch.int32, device=self.device),
         )
         if self.shape[0]:
             spec.fn(args)
