@@ -2,14 +2,16 @@
 
 import dataclasses
 import gc
+import inspect
 import weakref
 
 import pytest
 import torch
 
+import tokenspeed_kernel
 from tokenspeed_kernel import store_kvcache
 from tokenspeed_kernel.operators import OPERATORS
-from tokenspeed_kernel.ops import _checks
+from tokenspeed_kernel.ops import _checks, _operator
 from tokenspeed_kernel.ops._operator import Operator, Plan, operator, operators
 from tokenspeed_kernel.registry import Priority
 from tokenspeed_kernel.tools.cases import attention as cases
@@ -35,7 +37,26 @@ def test_an_operator_names_its_args_reference_kernel_custom_op_and_plan(name):
         assert getattr(op.plan, method) is not getattr(Plan, method, None), f"{op.plan.__name__}.{method}"
 
 
-def test_unknown_and_duplicate_operators_are_refused():
+@pytest.mark.parametrize("name", list(OPERATORS))
+def test_the_public_function_forwards_its_parameters_in_order_to_the_plan(name):
+    """The call path passes the public arguments positionally: key, run and the public
+    function must list the same parameters in the same order."""
+    op = operator(name)
+    public = getattr(tokenspeed_kernel, op.custom_op)
+    params = list(inspect.signature(public).parameters)
+    assert list(inspect.signature(op.plan.key).parameters) == params
+    assert list(inspect.signature(op.plan.run).parameters)[1:] == params  # after self
+
+
+def test_moe_plan_apply_forwards_the_plan_then_its_parameters():
+    from tokenspeed_kernel.ops.moe.plan import MoEPlan, PlanApplyCall
+
+    apply = ["plan", *list(inspect.signature(MoEPlan.apply).parameters)[1:]]
+    assert list(inspect.signature(PlanApplyCall.key).parameters) == apply
+    assert list(inspect.signature(PlanApplyCall.run).parameters)[1:] == apply
+
+
+def test_unknown_and_duplicate_operators_are_refused(monkeypatch):
     with pytest.raises(ValueError, match="unknown operator 'attention.prefil'"):
         operator("attention.prefil")
     with pytest.raises(ValueError, match="known operators: attention.prefill"):
@@ -43,6 +64,10 @@ def test_unknown_and_duplicate_operators_are_refused():
     store = operator("kvcache.store")
     with pytest.raises(ValueError, match="operator 'kvcache.store' is defined twice"):
         Operator("kvcache.store", store.args, store.reference, store.custom_op, store.plan)
+    # Each operator names a custom op that exists.
+    monkeypatch.delitem(_operator._BY_NAME, "kvcache.store")
+    with pytest.raises(ValueError, match=r"no custom op torch.ops.tokenspeed_kernel.store_kv is defined"):
+        Operator("kvcache.store", store.args, store.reference, "store_kv", store.plan)
 
 
 def test_a_call_is_checked_once_per_key_then_served_by_its_plan(monkeypatch):

@@ -8,11 +8,12 @@ owns everything the core knows about it:
 - ``args``: the typed argument object its kernels receive (``ops/<family>/args.py``);
 - ``reference``: the name of its pure-PyTorch reference kernel (``reference/<family>.py``);
 - ``custom_op``: the name of its ``torch.library`` custom op in ``torch.ops.tokenspeed_kernel``
-  (``ops/<family>/_custom_ops.py``), which stands for the call under ``torch.compile``;
-- ``key``: which facts of a call its checks read (the call key), and which values they leave out
-  are still fine;
-- ``check``: every host check of a call, in order, raising ``TypeError``/``ValueError`` naming the
-  argument, returning the call's :class:`Plan`;
+  (``ops/<family>/_custom_ops.py``; the public function's name), which stands for the call
+  under ``torch.compile``;
+- ``plan``: the :class:`Plan` class of one call, which gives the call's ``key`` (which facts
+  of a call its checks read, and whether the values they leave out are still fine), its
+  ``check`` (every host check, in order, raising ``TypeError``/``ValueError`` naming the
+  argument; they live in ``ops/<family>/_validate.py``), its ``run`` and its ``trace``;
 - ``plans``: its plan cache, call key -> plan (bounded; ``ops/_checks.py``).
 
 The public function keeps its signature and docstring and only forwards its arguments, in
@@ -142,6 +143,8 @@ class Operator(Calls):
         operator_schema(name)  # a ValueError naming the known operators for a typo
         if name in _BY_NAME:
             raise ValueError(f"operator {name!r} is defined twice")
+        if not hasattr(torch.ops.tokenspeed_kernel, custom_op):
+            raise ValueError(f"operator {name!r}: no custom op torch.ops.tokenspeed_kernel.{custom_op} is defined")
         super().__init__(plan)
         self.name, self.args, self.reference, self.custom_op = name, args, reference, custom_op
         _BY_NAME[name] = self
@@ -159,16 +162,9 @@ class Operator(Calls):
         return get_kernel(self.reference)
 
 
-def _define_all() -> None:
-    """Import every family: each defines its operators on import."""
-    import tokenspeed_kernel.ops.attention
-    import tokenspeed_kernel.ops.kvcache
-    import tokenspeed_kernel.ops.moe  # noqa: F401
-
-
 def operator(name: str) -> Operator:
-    """The :class:`Operator` called ``name`` (``ValueError`` naming the known ones otherwise)."""
-    _define_all()
+    """The :class:`Operator` called ``name`` (``ValueError`` naming the known ones otherwise).
+    Every family defines its operators on import, and ``tokenspeed_kernel`` imports them all."""
     try:
         return _BY_NAME[name]
     except KeyError:
@@ -177,5 +173,4 @@ def operator(name: str) -> Operator:
 
 def operators() -> tuple[Operator, ...]:
     """Every operator, in the order of ``OPERATORS``."""
-    _define_all()
     return tuple(_BY_NAME[name] for name in OPERATORS if name in _BY_NAME)
