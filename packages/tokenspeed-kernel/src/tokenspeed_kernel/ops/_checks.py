@@ -21,7 +21,7 @@ tracing under ``torch.compile``) runs the full checks, which raise the precise e
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -126,7 +126,7 @@ def kv_align(*caches: torch.Tensor) -> int:
     return align
 
 
-def check_optional_tensor(name: str, t: object, **kwargs) -> torch.Tensor | None:
+def check_optional_tensor(name: str, t: object, **kwargs: Any) -> torch.Tensor | None:
     """:func:`check_tensor` for an argument that may be None."""
     return None if t is None else check_tensor(name, t, **kwargs)
 
@@ -178,7 +178,9 @@ def check_override(override: object) -> str | None:
     return override
 
 
-def check_index_tensor(name: str, t: object, *, ndim: int, dtype: torch.dtype, shape=None) -> torch.Tensor:
+def check_index_tensor(
+    name: str, t: object, *, ndim: int, dtype: torch.dtype, shape: Sequence[int | None] | None = None
+) -> torch.Tensor:
     """An integer index tensor of one exact dtype (int32 page tables, int64 slots, ...)."""
     return check_tensor(name, t, ndim=ndim, dtypes=(dtype,), shape=shape)
 

@@ -314,7 +314,7 @@ def mha_prefill(
     return_lse: bool = False,
     out: torch.Tensor | None = None,
     override: str | None = None,
-):
+) -> Any:
     """Attention over a ragged batch of contiguous sequences.
 
     Args:
@@ -555,7 +555,7 @@ def mha_extend_with_kvcache(
     return_lse: bool = False,
     out: torch.Tensor | None = None,
     override: str | None = None,
-):
+) -> Any:
     """Chunked prefill / prefix reuse against a paged KV cache.
 
     Args:
@@ -864,7 +864,7 @@ def mha_decode_with_kvcache(
     return_lse: bool = False,
     out: torch.Tensor | None = None,
     override: str | None = None,
-):
+) -> Any:
     """Decode against a paged KV cache.
 
     Args:

@@ -338,19 +338,22 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu", seed: i
     return {"q": torch.randn(*shape, generator=gen, device=device).to(case.dtype), **common}
 
 
-def _public(op: str):
+def _public(op: str) -> Callable[..., Any]:
     from tokenspeed_kernel.ops.attention import mha_decode_with_kvcache, mha_extend_with_kvcache, mha_prefill
     from tokenspeed_kernel.ops.kvcache import store_kvcache
 
-    return {
+    public: dict[str, Callable[..., Any]] = {
         "attention.prefill": mha_prefill,
         "attention.extend": mha_extend_with_kvcache,
         "attention.decode": mha_decode_with_kvcache,
         "kvcache.store": store_kvcache,
-    }[op]
+    }
+    return public[op]
 
 
-def call(case: AttentionCase, inputs: dict[str, Any], override: str | None = None, out: torch.Tensor | None = None):
+def call(
+    case: AttentionCase, inputs: dict[str, Any], override: str | None = None, out: torch.Tensor | None = None
+) -> Any:
     """Run the public operator. Attention returns ``out`` or ``(out, lse)``; the store
     writes the caches in ``inputs`` in place and returns ``(k_cache, v_cache)``."""
     if case.op == "kvcache.store":
