@@ -18,6 +18,7 @@ Capture signatures (``TOKENSPEED_KERNEL_CAPTURE``) use the field names of
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -85,14 +86,14 @@ def _facts(
     max_seqlen_q: int | None = None,
     total_q: int | None = None,
     total_k: int | None = None,
-) -> tuple[Request | None, dict[str, Any]]:
-    """The selector request and the capture signature (without the per-call lengths) of an
-    attention call with these checked facts; none while tracing (``compiling``: the custom op
+) -> tuple[Request | None, Callable[..., dict[str, Any]]]:
+    """The selector request of an attention call with these checked facts, and what builds its
+    capture signature (given the per-call lengths: ``signature(max_seqlen_k=...)``); none while tracing (``compiling``: the custom op
     selects when it runs). ``causal`` None: decode (always causal; its request carries
     ``batch_bucket`` and ``q_len``); ``caches``: the paged K/V whose layout the request
     carries; ``max_seqlen_q``: prefill's length bucket."""
     if compiling:
-        return None, {}
+        return None, dict
     strided, align = (False, None) if caches is None else cache_layout(*caches)
     request = attention_request(
         op,
@@ -113,7 +114,8 @@ def _facts(
         kv_align=align,
     )
     own = (("total_q", total_q), ("total_k", total_k), ("q_len", q_len), ("page_size", page_size), ("causal", causal))
-    signature = attention_signature(
+    signature = functools.partial(
+        attention_signature,
         q_dtype,
         kv_dtype,
         heads,
@@ -127,7 +129,7 @@ def _facts(
     return request, signature
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class PrefillCall(Plan):
     """What the checks of an ``mha_prefill`` call derived (see :mod:`tokenspeed_kernel.ops._operator`).
 
@@ -138,7 +140,7 @@ class PrefillCall(Plan):
         window: the window the kernel receives (``kernel_window``). logit_cap: as a float.
         total_q, total_k: query and key rows (``total_q = 0``: nothing is launched).
         out_shape: ``[total_q, Hq, Dv]``. lse_shape: ``[total_q, Hq]``.
-        signature: the capture signature without the per-call lengths (empty while tracing).
+        signature: builds the capture signature from the per-call lengths (``TOKENSPEED_KERNEL_CAPTURE``).
     """
 
     request: Request | None
@@ -151,7 +153,7 @@ class PrefillCall(Plan):
     total_k: int
     out_shape: tuple[int, int, int]
     lse_shape: tuple[int, int]
-    signature: dict[str, Any]
+    signature: Callable[..., dict[str, Any]]
 
     @staticmethod
     def key(
@@ -244,7 +246,7 @@ class PrefillCall(Plan):
             self.request,
             self.device,
             override,
-            lambda: {**self.signature, "max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k},
+            lambda: self.signature(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k),
         )
         if out is None:
             out = q.new_empty(*self.out_shape)
@@ -356,7 +358,7 @@ def mha_prefill(
 _PREFILL_CALLS = PREFILL.plans
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class ExtendCall(Plan):
     """What the checks of an ``mha_extend_with_kvcache`` call derived.
 
@@ -379,7 +381,7 @@ class ExtendCall(Plan):
     total_q: int
     out_shape: tuple[int, int, int]
     lse_shape: tuple[int, int]
-    signature: dict[str, Any]
+    signature: Callable[..., dict[str, Any]]
 
     @staticmethod
     def key(
@@ -477,7 +479,7 @@ class ExtendCall(Plan):
             self.request,
             self.device,
             override,
-            lambda: {**self.signature, "max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k},
+            lambda: self.signature(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k),
         )
         if out is None:
             out = q.new_empty(*self.out_shape)
@@ -599,7 +601,7 @@ def mha_extend_with_kvcache(
     )
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class DecodeCall(Plan):
     """What the checks of an ``mha_decode_with_kvcache`` call derived; also what a
     :class:`~tokenspeed_kernel.ops.attention.plan.DecodePlan` runs (:meth:`launch`, with its
@@ -607,7 +609,7 @@ class DecodeCall(Plan):
 
     Attributes:
         request, device, heads, scale, window, logit_cap, fp8, page_size, num_pages,
-            signature: as in :class:`ExtendCall` (the signature without ``max_seqlen_k``).
+            signature: as in :class:`ExtendCall` (``signature(max_seqlen_k=...)``).
         batch: sequences (0: nothing is launched). q_len: queries per sequence.
         q4: ``[batch, q_len, Hq, D]``, the 4-D view kernels receive of a 3-D q; None when
             q is 4-D already.
@@ -631,7 +633,7 @@ class DecodeCall(Plan):
     out4: tuple[int, int, int, int]
     lse_shape: tuple[int, int]
     lse3: tuple[int, int, int]
-    signature: dict[str, Any]
+    signature: Callable[..., dict[str, Any]]
 
     @classmethod
     def make(
@@ -767,7 +769,7 @@ class DecodeCall(Plan):
         if config.debug():
             self.debug_check(page_table, cache_seqlens, max_seqlen_k)
         assert self.request is not None
-        spec = dispatch(self.request, self.device, override, lambda: {**self.signature, "max_seqlen_k": max_seqlen_k})
+        spec = dispatch(self.request, self.device, override, lambda: self.signature(max_seqlen_k=max_seqlen_k))
         return self.launch(
             spec.fn, q, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, sinks, ks, vs, return_lse, out
         )

@@ -235,7 +235,7 @@ class DecodePlan:
             call.debug_check(self.page_table, self.cache_seqlens, self.max_seqlen_k)
         record(self.spec, self.request)
         if config.capture_path() is not None:
-            capture_signature("attention.decode", self.kernel, {**call.signature, "max_seqlen_k": self.max_seqlen_k})
+            capture_signature("attention.decode", self.kernel, call.signature(max_seqlen_k=self.max_seqlen_k))
         return self._launch(call, q, out)
 
 

@@ -3,7 +3,8 @@ plan of one call (:class:`StoreCall`)."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import functools
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ from tokenspeed_kernel.registry import Request
 __all__ = ["STORE", "StoreCall", "store_kvcache", "store_request"]
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class StoreCall(Plan):
     """What the checks of a ``store_kvcache`` call derived.
 
@@ -33,7 +34,7 @@ class StoreCall(Plan):
         num_tokens: rows to store (0: nothing is launched).
         num_slots: ``num_pages * page_size``, the slots the cache holds.
         host_slots: ``slot_mapping`` is on the host, so its range is checked on every call.
-        signature: the capture signature (``TOKENSPEED_KERNEL_CAPTURE``; empty while tracing).
+        signature: builds the capture signature (``TOKENSPEED_KERNEL_CAPTURE``) when asked.
     """
 
     request: Request | None
@@ -42,7 +43,7 @@ class StoreCall(Plan):
     num_tokens: int
     num_slots: int
     host_slots: bool
-    signature: dict[str, Any]
+    signature: Callable[[], dict[str, Any]]
 
     @staticmethod
     def key(
@@ -63,7 +64,8 @@ class StoreCall(Plan):
         k, v, k_cache, v_cache, slot_mapping = call[:5]
         num_tokens, num_kv_heads, head_dim = k.shape
         num_pages, page_size = k_cache.shape[:2]
-        request, signature = None, {}
+        request: Request | None = None
+        signature: Callable[[], dict[str, Any]] = dict  # while tracing: none
         if not compiling:
             strided, align = cache_layout(k_cache, v_cache)
             request = store_request(
@@ -76,16 +78,17 @@ class StoreCall(Plan):
                 strided_kv=strided,
                 kv_align=align,
             )
-            signature = {
-                "num_tokens": num_tokens,
-                "num_kv_heads": num_kv_heads,
-                "head_dim": head_dim,
-                "head_dim_v": v.shape[2],
-                "page_size": page_size,
-                "num_pages": num_pages,
-                "dtype": dtype_name(k.dtype),
-                "kv_dtype": dtype_name(k_cache.dtype),
-            }
+            signature = functools.partial(
+                dict,
+                num_tokens=num_tokens,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                head_dim_v=v.shape[2],
+                page_size=page_size,
+                num_pages=num_pages,
+                dtype=dtype_name(k.dtype),
+                kv_dtype=dtype_name(k_cache.dtype),
+            )
         return cls(
             request,
             k.device,
@@ -116,7 +119,7 @@ class StoreCall(Plan):
                 + ("" if self.host_slots else " (TOKENSPEED_KERNEL_DEBUG check)")
             )
         assert self.request is not None
-        spec = dispatch(self.request, self.device, override, lambda: self.signature)
+        spec = dispatch(self.request, self.device, override, self.signature)
         if self.num_tokens:
             spec.fn(StoreArgs(k, v, k_cache, v_cache, slot_mapping, ks, vs))
 

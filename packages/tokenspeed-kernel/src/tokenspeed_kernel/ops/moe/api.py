@@ -17,7 +17,8 @@ the router's expert count), ``top_k``, ``dtype``, and for ``moe.apply`` also ``h
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import functools
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,7 +110,7 @@ def moe_topk_request(
     )
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class TopKCall(Plan):
     """What the checks of a ``moe_topk`` call derived (see :mod:`tokenspeed_kernel.ops._operator`).
 
@@ -117,13 +118,13 @@ class TopKCall(Plan):
         request: the selector request (None while tracing: the custom op selects when it runs).
         device: router_logits' device.
         shape: ``(T, top_k)``, the outputs' shape (``T = 0``: nothing is launched).
-        signature: the capture signature (``TOKENSPEED_KERNEL_CAPTURE``; empty while tracing).
+        signature: builds the capture signature (``TOKENSPEED_KERNEL_CAPTURE``) when asked.
     """
 
     request: Request | None
     device: torch.device
     shape: tuple[int, int]
-    signature: dict[str, Any]
+    signature: Callable[[], dict[str, Any]]
 
     @staticmethod
     def key(
@@ -136,7 +137,8 @@ class TopKCall(Plan):
         check_topk(*call)
         router_logits, top_k, scoring, renormalize, _ = call
         num_tokens, num_experts = router_logits.shape
-        request, signature = None, {}
+        request: Request | None = None
+        signature: Callable[[], dict[str, Any]] = dict  # while tracing: none
         if not compiling:
             request = topk_request(
                 logits_dtype=router_logits.dtype,
@@ -145,21 +147,22 @@ class TopKCall(Plan):
                 scoring=scoring,
                 renormalize=renormalize,
             )
-            signature = {
-                "num_tokens": num_tokens,
-                "num_experts": num_experts,
-                "top_k": top_k,
-                "dtype": dtype_name(router_logits.dtype),
-                "scoring": scoring,
-                "renormalize": renormalize,
-            }
+            signature = functools.partial(
+                dict,
+                num_tokens=num_tokens,
+                num_experts=num_experts,
+                top_k=top_k,
+                dtype=dtype_name(router_logits.dtype),
+                scoring=scoring,
+                renormalize=renormalize,
+            )
         return cls(request, router_logits.device, (num_tokens, top_k), signature)
 
     def run(
         self, router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool, override: str | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.request is not None
-        spec = dispatch(self.request, self.device, override, lambda: self.signature)
+        spec = dispatch(self.request, self.device, override, self.signature)
         args = TopKArgs(
             router_logits=router_logits,
             top_k=top_k,
@@ -206,7 +209,7 @@ def moe_topk(
     return TOPK.call(router_logits, top_k, scoring, renormalize, override)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class ApplyCall(Plan):
     """What the checks of a ``moe_apply`` call derived (see :mod:`tokenspeed_kernel.ops._operator`).
 
@@ -216,7 +219,7 @@ class ApplyCall(Plan):
         info: the weights' facts (sizes, format, local and global experts).
         num_tokens: ``T`` (0: nothing is launched).
         activation_quant: the validated ``activation_quant``.
-        signature: the capture signature (``TOKENSPEED_KERNEL_CAPTURE``; empty while tracing).
+        signature: builds the capture signature (``TOKENSPEED_KERNEL_CAPTURE``) when asked.
     """
 
     request: Request | None
@@ -224,7 +227,7 @@ class ApplyCall(Plan):
     info: WeightInfo
     num_tokens: int
     activation_quant: str | None
-    signature: dict[str, Any]
+    signature: Callable[[], dict[str, Any]]
 
     @staticmethod
     def key(
@@ -256,7 +259,8 @@ class ApplyCall(Plan):
         x, _, _, _, _, activation, w13_bias, w2_bias, expert_map = call[:9]
         has_bias, has_map = w13_bias is not None or w2_bias is not None, expert_map is not None
         num_tokens = x.shape[0]
-        request, signature = None, {}
+        request: Request | None = None
+        signature: Callable[[], dict[str, Any]] = dict  # while tracing: none
         if not compiling:
             request = apply_request(
                 info,
@@ -268,8 +272,8 @@ class ApplyCall(Plan):
                 has_map=has_map,
                 activation_quant=activation_quant,
             )
-            signature = apply_signature(
-                info, num_tokens, top_k, x.dtype, activation, has_bias, has_map, activation_quant
+            signature = functools.partial(
+                apply_signature, info, num_tokens, top_k, x.dtype, activation, has_bias, has_map, activation_quant
             )
         return cls(request, x.device, info, num_tokens, activation_quant, signature)
 
@@ -291,7 +295,7 @@ class ApplyCall(Plan):
         if config.debug():
             check_ids_in_range(topk_ids, expert_map, self.info.num_experts, self.info.num_global_experts)
         assert self.request is not None
-        spec = dispatch(self.request, self.device, override, lambda: self.signature)
+        spec = dispatch(self.request, self.device, override, self.signature)
         out = torch.empty_like(x) if out is None else out
         args = MoEApplyArgs(
             x,

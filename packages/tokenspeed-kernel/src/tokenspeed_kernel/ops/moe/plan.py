@@ -44,6 +44,7 @@ concurrently on different streams. A plan keeps at most :data:`BIND_MAX_COUNTS` 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -189,7 +190,7 @@ class MoEPlan:
         return run
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class PlanApplyCall(Plan):
     """What the checks of one :meth:`MoEPlan.apply` call derived: its call is the plan and the
     arguments of ``apply`` (``(plan, x, topk_weights, topk_ids, out)``), its key the plan's
@@ -199,12 +200,12 @@ class PlanApplyCall(Plan):
         regime: the index of the regime that serves the call's token count in the plan's
             ``regimes`` (an index: the table keeps nothing of a plan alive).
         num_tokens: ``T`` (0: nothing is launched).
-        signature: the capture signature (``TOKENSPEED_KERNEL_CAPTURE``; empty while tracing).
+        signature: builds the capture signature (``TOKENSPEED_KERNEL_CAPTURE``) when asked.
     """
 
     regime: int
     num_tokens: int
-    signature: dict[str, Any]
+    signature: Callable[[], dict[str, Any]]
 
     @staticmethod
     def key(plan: MoEPlan, x: torch.Tensor, topk_weights: object, topk_ids: object, out: object) -> Hashable | None:
@@ -222,11 +223,13 @@ class PlanApplyCall(Plan):
         num_tokens = check_plan_apply(
             x, topk_weights, topk_ids, out, info=info, top_k=plan.top_k, x_dtype=plan.x_dtype, device=plan.device
         )
-        regime, signature = -1, {}  # while tracing, the custom op runs the plan by its handle
+        regime = -1  # while tracing, the custom op runs the plan by its handle
+        signature: Callable[[], dict[str, Any]] = dict
         if not compiling:
             regime = plan._regime_index(num_tokens)
             has_bias = plan.w13_bias is not None or plan.w2_bias is not None
-            signature = apply_signature(
+            signature = functools.partial(
+                apply_signature,
                 info,
                 num_tokens,
                 plan.top_k,
@@ -250,7 +253,7 @@ class PlanApplyCall(Plan):
         if config.debug():
             check_ids_in_range(topk_ids, plan.expert_map, plan.info.num_experts, plan.info.num_global_experts)
         if config.capture_path() is not None:
-            capture_signature("moe.apply", regime.spec.name, self.signature)
+            capture_signature("moe.apply", regime.spec.name, self.signature())
         out = torch.empty_like(x) if out is None else out
         args = MoEApplyArgs(
             x,
