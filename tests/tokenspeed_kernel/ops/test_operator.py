@@ -125,3 +125,23 @@ def test_user_held_plans_run_the_operators_plans_and_keep_nothing_alive():
     dplan = mha_decode_plan(**args, max_seqlen_k=inputs["max_seqlen_k"], num_q_heads=4)
     assert isinstance(dplan._call4, DecodeCall) and dplan._call4.request is dplan.request
     torch.testing.assert_close(dplan.run(inputs["q"]), cases.call(decode, inputs), rtol=0, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_a_decode_plan_traces_its_decode_call_under_torch_compile(q_len):
+    """DecodePlan.run under torch.compile goes through DecodeCall.trace (the decode custom op,
+    the plan's kernel as override): one graph, the eager result."""
+    from tokenspeed_kernel import mha_decode_plan
+
+    decode = cases.AttentionCase(
+        "attention.decode", (q_len, q_len), (10, 7), 4, 2, 16, page_size=4, dtype=torch.float32
+    )
+    inputs = cases.make_inputs(decode)
+    args = {k: inputs[k] for k in ("k_cache", "v_cache", "page_table", "cache_seqlens")}
+    plan = mha_decode_plan(**args, max_seqlen_k=inputs["max_seqlen_k"], num_q_heads=4, q_len=q_len, return_lse=True)
+    want_out, want_lse = plan.run(inputs["q"])
+    torch._dynamo.reset()
+    out, lse = torch.compile(lambda q: plan.run(q), backend="eager", fullgraph=True)(inputs["q"])
+    torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
