@@ -66,6 +66,16 @@ def traced_result(result: torch.Tensor, lse: torch.Tensor, out: torch.Tensor | N
     return (result, lse) if return_lse else result
 
 
+def _outputs(
+    plan: PrefillCall | ExtendCall | DecodeCall, q: torch.Tensor, out: torch.Tensor | None, return_lse: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A call's outputs: ``out`` (allocated in the plan's public shape when None) and lse (the
+    plan's public shape, float32) when asked for."""
+    if out is None:
+        out = q.new_empty(*plan.out_shape)
+    return out, torch.empty(*plan.lse_shape, dtype=torch.float32, device=plan.device) if return_lse else None
+
+
 def _facts(
     compiling: bool,
     op: str,
@@ -248,9 +258,7 @@ class PrefillCall(Plan):
             override,
             lambda: self.signature(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k),
         )
-        if out is None:
-            out = q.new_empty(*self.out_shape)
-        lse = torch.empty(*self.lse_shape, dtype=torch.float32, device=self.device) if return_lse else None
+        out, lse = _outputs(self, q, out, return_lse)
         if self.total_q:  # no queries (an empty batch): nothing to compute, nothing launched
             # Kernels get bounds no looser than the tensors: a sequence holds at most total_q
             # queries and total_k keys (grids sized by max_seqlen_q stay real; see docs/api.md).
@@ -481,9 +489,7 @@ class ExtendCall(Plan):
             override,
             lambda: self.signature(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k),
         )
-        if out is None:
-            out = q.new_empty(*self.out_shape)
-        lse = torch.empty(*self.lse_shape, dtype=torch.float32, device=self.device) if return_lse else None
+        out, lse = _outputs(self, q, out, return_lse)
         if self.total_q:  # no queries (an empty batch): nothing to compute, nothing launched
             spec.fn(
                 ExtendArgs(
@@ -798,9 +804,7 @@ class DecodeCall(Plan):
         """Allocate the outputs, build the kernel's :class:`DecodeArgs` and ``run`` them (the
         selected kernel's ``fn``, or a plan's bound runner); the public result. ``k_scale``
         and ``v_scale`` are the float32 ``[1]`` tensors of an fp8 cache (or None)."""
-        if out is None:
-            out = q.new_empty(*self.out_shape)
-        lse = torch.empty(*self.lse_shape, dtype=torch.float32, device=self.device) if return_lse else None
+        out, lse = _outputs(self, q, out, return_lse)
         if self.batch:  # a step without decodes: nothing to compute, nothing launched
             q4 = self.q4
             run(
