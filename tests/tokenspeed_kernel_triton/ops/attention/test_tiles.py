@@ -2,6 +2,7 @@
 before it was keyed by vendor (measured on an H100), the interpreter uses them, every vendor
 has every key, and the vendor comes from the tensor's device."""
 
+import dataclasses
 import itertools
 
 import pytest
@@ -60,6 +61,11 @@ def test_cuda_kernel_configs_unchanged():
         default = kernel_config(**common)
         assert kernel_config(**common, vendor="cuda") == default
         assert kernel_config(**common, tile=_before(regime, head_dim, window)) == default
+        # the interpreter (CPU tensors): the same launch with INTERPRET on; never on a GPU
+        assert default.constexprs["INTERPRET"] is False
+        assert kernel_config(**common, vendor="rocm").constexprs["INTERPRET"] is False
+        interpreted = kernel_config(**common, vendor="cpu")
+        assert interpreted == dataclasses.replace(default, constexprs={**default.constexprs, "INTERPRET": True})
 
 
 def test_every_vendor_has_every_key():

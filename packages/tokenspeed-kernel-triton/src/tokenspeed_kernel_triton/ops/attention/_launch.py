@@ -16,7 +16,6 @@ Tile parameters come from :data:`TILES` (data, keyed by operator regime), docume
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +24,6 @@ from tokenspeed_kernel.kit import cdiv, fill_splits, next_pow2, sm_count, vendor
 from tokenspeed_kernel_triton._launcher import jit_launch
 from tokenspeed_kernel_triton.ops.attention._kernel import attention_kernel, combine_kernel
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MIN_SPLIT_KEYS = 256
 MAX_SPLITS = 64
 
@@ -160,7 +158,9 @@ def kernel_config(
     tile: Tile | None = None,
 ) -> KernelConfig:
     """The tile choice of :data:`VENDOR_TILES` applied to one call (see the module docstring);
-    ``tile`` overrides the table (the ahead-of-time candidate sweep)."""
+    ``tile`` overrides the table (the ahead-of-time candidate sweep). ``vendor`` is
+    ``kit.vendor_of`` of the call's device: ``"cpu"`` is Triton's interpreter (the CUDA rows,
+    and the ``INTERPRET`` constexpr on)."""
     group = num_q_heads // num_kv_heads
     g_pad = next_pow2(group)
     tile = tile or _tile(regime, head_dim, window=narrow_window, vendor=vendor)
@@ -190,7 +190,7 @@ def kernel_config(
         "WRITE_LSE": lse,
         "NUM_SPLITS": splits,
         "Q_BLOCKS": q_blocks,
-        "INTERPRET": INTERPRET,
+        "INTERPRET": vendor == "cpu",  # only Triton's interpreter runs kernels on CPU tensors
         "DOT_PREC": "ieee" if q_dtype == torch.float32 else None,  # 16-bit operands: the default
         "CHECK_N": not causal or splits > 1,  # masked tiles test j < range end (see _kernel._tile)
     }

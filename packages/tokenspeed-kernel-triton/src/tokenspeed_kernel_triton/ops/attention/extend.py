@@ -10,6 +10,7 @@ from tokenspeed_kernel_triton.ops.attention._common import (
     KV_DTYPES,
     PAGE_SIZES,
     Q_DTYPES,
+    VENDOR_CAPABILITIES,
     VENDORS,
     head_dim_v_and_group_fit,
 )
@@ -21,6 +22,7 @@ from tokenspeed_kernel_triton.ops.attention._launch import launch
     name="triton_extend",
     solution="triton",
     vendors=VENDORS,
+    vendor_capabilities=VENDOR_CAPABILITIES,
     dtypes={"q": Q_DTYPES, "kv": KV_DTYPES},
     shapes={"head_dim": HEAD_DIMS, "page_size": PAGE_SIZES},
     features=(*COMMON_FEATURES, "non_causal", "fp8_kv", "strided_kv"),

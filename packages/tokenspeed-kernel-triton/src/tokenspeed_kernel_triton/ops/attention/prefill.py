@@ -8,6 +8,7 @@ from tokenspeed_kernel_triton.ops.attention._common import (
     COMMON_FEATURES,
     HEAD_DIMS,
     Q_DTYPES,
+    VENDOR_CAPABILITIES,
     VENDORS,
     head_dim_v_and_group_fit,
 )
@@ -19,6 +20,7 @@ from tokenspeed_kernel_triton.ops.attention._launch import launch
     name="triton_prefill",
     solution="triton",
     vendors=VENDORS,
+    vendor_capabilities=VENDOR_CAPABILITIES,
     dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
     shapes={"head_dim": HEAD_DIMS},
     features=(*COMMON_FEATURES, "non_causal"),

@@ -32,8 +32,8 @@ bf16x2 pattern (:mod:`._mx_swap_gemm`), with the 4 scales of a step in one pipel
   and was 1.60x / 2.22x / 2.40x / 1.92x / 1.83x faster than ``triton_fused_moe_mx`` at
   T = 1 / 8 / 64 / 512 / 4096 (48.7 µs .. 2.61 ms; 312 TFLOP/s at 4096), and 1.16x / 1.12x /
   0.87x / 0.91x OpenAI's ``matmul_ogs`` (routing included) at T = 8 / 64 / 512 / 4096.
-  Unavailable under the Triton interpreter like ``triton_fused_moe_mx``; the tests run its
-  kernel there directly (float32 decode path).
+  Registered for sm_90 only, so never selected for CPU tensors (the interpreter); the tests
+  run its kernel there directly (float32 decode path).
 - **Bound runs** (``bind`` hook :func:`bind_fused_moe_mx_swap`): :func:`.fused_mx.bind_layers`
   with this kernel's GEMM launch, on the plan's :class:`PreparedSwap` weights only, up to
   :data:`.fused.BIND_MAX_TOKENS` tokens and without ``activation_quant`` (else None: the
@@ -56,7 +56,7 @@ from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, register_kernel
 from tokenspeed_kernel_triton._launcher import Launch
-from tokenspeed_kernel_triton.ops.moe._common import INTERPRET
+from tokenspeed_kernel_triton.ops.moe._common import interpreted
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile
 from tokenspeed_kernel_triton.ops.moe._mx_swap_gemm import STEP_K, WORDS_PER_ROW, moe_mx_swap_gemm_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing
@@ -79,7 +79,6 @@ __all__ = [
     "bind_fused_moe_mx_swap",
     "fused_moe_mx_swap",
     "prepare_moe_mx_swap",
-    "swap_missing",
     "swap_operand",
     "swap_predicate",
     "swap_scales",
@@ -242,7 +241,7 @@ def _swap_launch(
             GROUP_M=tile.group_m,
             SPLIT=splits > 1,
             BIG_SCALES=op.big_scales,
-            INTERPRET=INTERPRET,
+            INTERPRET=interpreted(a.device),
             num_warps=tile.num_warps,
             num_stages=tile.num_stages,
         ),
@@ -284,13 +283,6 @@ def bind_fused_moe_mx_swap(args: MoEApplyArgs, tile: Tile | None = None, splits:
     return bind_layers(args, prepared, _swap_tile(args, tile), _swap_launch, splits)
 
 
-def swap_missing() -> str | None:
-    """``available`` hook: why the kernel cannot run here, else None."""
-    if INTERPRET:
-        return "GPU only (inline PTX bf16x2 multiplies); its tests run the kernel under the interpreter directly"
-    return None
-
-
 swap_predicate = mxfp4_predicate("MXFP4 weights only (in-register E2M1 decode)")
 
 
@@ -306,7 +298,6 @@ SWAP_REGISTRATION = {
     "features": MX_REGISTRATION["features"],
     "priority": Priority.PERFORMANT,
     "predicate": swap_predicate,
-    "available": swap_missing,
     "prepare": prepare_moe_mx_swap,
     "bind": bind_fused_moe_mx_swap,
 }
