@@ -8,6 +8,7 @@ import itertools
 import pytest
 import torch
 
+from tokenspeed_kernel.ops.attention.rows import QueryRows
 from tokenspeed_kernel_triton.ops.attention import _launch
 from tokenspeed_kernel_triton.ops.attention._common import HEAD_DIMS
 from tokenspeed_kernel_triton.ops.attention._launch import VENDOR_TILES, Tile, _tile, kernel_config
@@ -97,7 +98,7 @@ def test_launch_reads_the_vendor_table(monkeypatch):
     k = torch.randn(4, 1, 16, device=device)
     out = torch.empty_like(q)
     cu = torch.tensor([0, 4], dtype=torch.int32, device=device)
-    _launch.launch(
+    rows = QueryRows(
         q=q,
         k=k,
         v=k,
@@ -113,12 +114,11 @@ def test_launch_reads_the_vendor_table(monkeypatch):
         batch=1,
         max_q=4,
         max_k=4,
-        q_len_uniform=0,
+        q_len=0,
         causal=True,
         softmax_scale=0.25,
         window_left=-1,
         logit_cap=0.0,
-        splits=1,
-        regime="prefill",
     )
+    _launch.launch(rows, splits=1, regime="prefill")
     assert seen == ["rocm"]
