@@ -75,3 +75,46 @@ def test_the_interpret_constexpr_follows_the_device():
     assert _interpreter.interpreted(torch.device("cpu"))
     for device in (torch.device("cuda", 0), torch.device("meta")):
         assert not _interpreter.interpreted(device)
+
+
+# Run in a fresh process on a GPU host: the Triton decode (and then, first launched after the
+# flip in "late", the KV store) on CUDA tensors against float64. "late": TRITON_INTERPRET=1 is
+# set mid-process after the backends loaded (what a CPU code path of a tool did in a GPU test
+# worker): the kernels stay compiled and INTERPRET stays off. "early": it was set before they
+# loaded, so Triton made them interpreted ones: a GPU launch is refused.
+_GPU_PROGRAM = """
+import os, sys, torch
+from tokenspeed_kernel import platform
+from tokenspeed_kernel.tools.cases import attention as cases
+def rel_err(op, kernel):
+    case = cases.awkward_cases(op)[0]
+    inputs = cases.make_inputs(case, "cuda", seed=1)
+    want = cases.reference(case, inputs)[0]
+    got = cases.call(case, inputs, override=kernel)
+    got = got[0] if isinstance(got, tuple) else got
+    return float((got.double() - want.double()).norm() / max(float(want.double().norm()), 1e-30))
+assert rel_err("attention.decode", "triton_decode") < 2e-2
+if sys.argv[1] == "late":
+    os.environ["TRITON_INTERPRET"] = "1"
+    platform.refresh()
+    assert platform.INTERPRETER_CAPABILITY in platform.platform_for(torch.device("cpu")).capabilities
+    assert platform.INTERPRETER_CAPABILITY not in platform.current_platform().capabilities
+    assert rel_err("attention.decode", "triton_decode") < 2e-2
+    assert rel_err("kvcache.store", "triton_store_kvcache") == 0.0
+print("ok")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NO_GPU, reason="needs a CUDA device: what TRITON_INTERPRET does on a GPU host")
+def test_on_a_gpu_host_the_interpreter_never_runs_gpu_tensors():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    late = subprocess.run([sys.executable, "-c", _GPU_PROGRAM, "late"], env=env, capture_output=True, text=True)
+    assert late.returncode == 0 and late.stdout.strip() == "ok", late.stderr[-3000:]
+    early = subprocess.run(
+        [sys.executable, "-c", _GPU_PROGRAM, "early"],
+        env={**env, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+    )
+    assert early.returncode != 0 and "defined while TRITON_INTERPRET was on" in early.stderr, early.stderr[-3000:]
