@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -80,49 +79,54 @@ class QueryRows:
         return self.max_k if self.window_left < 0 else min(self.max_k, self.window_left + self.max_q)
 
 
-def _ragged_rows(args: PrefillArgs | ExtendArgs, **keys: Any) -> QueryRows:
-    """The rows of a ragged batch (prefill, extend); ``keys``: the key/value fields."""
+# The builders below run once per attention call and construct QueryRows positionally, in its
+# field order (each line names its field): keyword construction costs ~0.5 µs more per call.
+
+
+def _ragged_rows(
+    args: PrefillArgs | ExtendArgs,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    page_table: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    cache_seqlens: torch.Tensor | None,
+) -> QueryRows:
+    """The rows of a ragged batch (prefill, extend) with these keys."""
     return QueryRows(
-        q=args.q,
-        out=args.out,
-        lse=args.lse,
-        sinks=args.sinks,
-        cu_seqlens_q=args.cu_seqlens_q,
-        batch=args.cu_seqlens_q.shape[0] - 1,
-        max_q=args.max_seqlen_q,
-        max_k=args.max_seqlen_k,
-        q_len=0,
-        causal=args.causal,
-        softmax_scale=args.softmax_scale,
-        window_left=args.window_left,
-        logit_cap=args.logit_cap,
-        **keys,
+        args.q,  # q
+        k,  # k
+        v,  # v
+        args.out,  # out
+        args.lse,  # lse
+        args.sinks,  # sinks
+        k_scale,  # k_scale
+        v_scale,  # v_scale
+        page_table,  # page_table
+        args.cu_seqlens_q,  # cu_seqlens_q
+        cu_seqlens_k,  # cu_seqlens_k
+        cache_seqlens,  # cache_seqlens
+        args.cu_seqlens_q.shape[0] - 1,  # batch
+        args.max_seqlen_q,  # max_q
+        args.max_seqlen_k,  # max_k
+        0,  # q_len: ragged rows
+        args.causal,  # causal
+        args.softmax_scale,  # softmax_scale
+        args.window_left,  # window_left
+        args.logit_cap,  # logit_cap
     )
 
 
 def _prefill_rows(args: PrefillArgs) -> QueryRows:
-    return _ragged_rows(
-        args,
-        k=args.k,
-        v=args.v,
-        k_scale=None,
-        v_scale=None,
-        page_table=None,
-        cu_seqlens_k=args.cu_seqlens_k,
-        cache_seqlens=None,
-    )
+    # contiguous k/v: no scales, no pages; cu_seqlens_k
+    return _ragged_rows(args, args.k, args.v, None, None, None, args.cu_seqlens_k, None)
 
 
 def _extend_rows(args: ExtendArgs) -> QueryRows:
+    # the paged cache: scales, page table, cache lengths; no cu_seqlens_k
     return _ragged_rows(
-        args,
-        k=args.k_cache,
-        v=args.v_cache,
-        k_scale=args.k_scale,
-        v_scale=args.v_scale,
-        page_table=args.page_table,
-        cu_seqlens_k=None,
-        cache_seqlens=args.cache_seqlens,
+        args, args.k_cache, args.v_cache, args.k_scale, args.v_scale, args.page_table, None, args.cache_seqlens
     )
 
 
@@ -130,26 +134,26 @@ def _decode_rows(args: DecodeArgs) -> QueryRows:
     batch, q_len, num_q_heads, head_dim = args.q.shape
     rows = batch * q_len
     return QueryRows(
-        q=args.q.view(rows, num_q_heads, head_dim),
-        k=args.k_cache,
-        v=args.v_cache,
-        out=args.out.view(rows, num_q_heads, args.out.shape[-1]),
-        lse=None if args.lse is None else args.lse.view(rows, num_q_heads),
-        sinks=args.sinks,
-        k_scale=args.k_scale,
-        v_scale=args.v_scale,
-        page_table=args.page_table,
-        cu_seqlens_q=None,
-        cu_seqlens_k=None,
-        cache_seqlens=args.cache_seqlens,
-        batch=batch,
-        max_q=q_len,
-        max_k=args.max_seqlen_k,
-        q_len=q_len,
-        causal=True,
-        softmax_scale=args.softmax_scale,
-        window_left=args.window_left,
-        logit_cap=args.logit_cap,
+        args.q.view(rows, num_q_heads, head_dim),  # q
+        args.k_cache,  # k
+        args.v_cache,  # v
+        args.out.view(rows, num_q_heads, args.out.shape[-1]),  # out
+        None if args.lse is None else args.lse.view(rows, num_q_heads),  # lse
+        args.sinks,  # sinks
+        args.k_scale,  # k_scale
+        args.v_scale,  # v_scale
+        args.page_table,  # page_table
+        None,  # cu_seqlens_q: q_len rows per sequence
+        None,  # cu_seqlens_k
+        args.cache_seqlens,  # cache_seqlens
+        batch,  # batch
+        q_len,  # max_q
+        args.max_seqlen_k,  # max_k
+        q_len,  # q_len
+        True,  # causal
+        args.softmax_scale,  # softmax_scale
+        args.window_left,  # window_left
+        args.logit_cap,  # logit_cap
     )
 
 
