@@ -340,10 +340,11 @@ def _cleanup(device: torch.device, log: Callable[[str], None]) -> None:
         torch.cuda.empty_cache()
 
 
-def _requests(cfg, page_size: int, *, capturable: bool = False) -> dict[str, list]:
+def _requests(cfg, page_size: int, *, capturable: bool = False, batches: tuple = (None,)) -> dict[str, list]:
     """The selector requests the model issues, per operator (both layer kinds), built from
     plain shapes with the public request builders. ``capturable``: the decode step (decode
-    attention and the K/V store) is captured in a CUDA graph."""
+    attention and the K/V store) is captured in a CUDA graph. ``batches``: the decode batch
+    sizes (kernels may rank by batch; None: a request without one)."""
     from tokenspeed_kernel import Heads, attention_request, store_request
 
     heads = Heads(cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim)
@@ -359,9 +360,11 @@ def _requests(cfg, page_size: int, *, capturable: bool = False) -> dict[str, lis
                 sinks=True,
                 page_size=page_size if paged else None,
                 q_len=q_len,
+                batch=batch if op == "decode" else None,
                 capturable=capturable and op == "decode",
             )
             for w in (cfg.sliding_window - 1, -1)
+            for batch in (batches if op == "decode" else (None,))
         ]
     out["store"] = [
         store_request(
@@ -413,12 +416,15 @@ def _nvidia_overrides(cfg, page_size: int, device: torch.device):
     return Overrides(**chosen), None
 
 
-def _selected_kernels(cfg, page_size: int, device, overrides, model, *, capturable: bool) -> dict[str, str]:
-    """The kernel each operator runs with ``overrides`` (window layer / full layer)."""
+def _selected_kernels(
+    cfg, page_size: int, device, overrides, model, *, capturable: bool, batches: tuple = (None,)
+) -> dict[str, str]:
+    """The kernels each operator runs with ``overrides`` (window layer / full layer; decode at
+    each of ``batches``), '/'-joined when they differ."""
     from tokenspeed_kernel import platform_for, select
 
     out = {}
-    for op, reqs in _requests(cfg, page_size, capturable=capturable).items():
+    for op, reqs in _requests(cfg, page_size, capturable=capturable, batches=batches).items():
         try:
             names = {select(r, platform_for(device), override=getattr(overrides, op)).name for r in reqs}
             out[op] = "/".join(sorted(names))
@@ -622,8 +628,9 @@ def measure(
                     overrides = OVERRIDE_PRESETS[row]
                 models[row] = GptOssModel(cfg, weights, overrides)
                 graphed = device.type == "cuda" and row != "reference"
+                decode_batches = tuple(sorted({p.batch for p in config.points if p.what == "decode"})) or (None,)
                 report.kernels[row] = _selected_kernels(
-                    cfg, config.page_size, device, overrides, models[row], capturable=graphed
+                    cfg, config.page_size, device, overrides, models[row], capturable=graphed, batches=decode_batches
                 )
             log(f"row {row}: ready in {clock() - t0:.1f}s: {report.kernels[row]}")
         except Exception as exc:

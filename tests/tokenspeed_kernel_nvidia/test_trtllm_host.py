@@ -164,14 +164,21 @@ def test_draft_mask_spans_several_words():
         assert bits == [1] * (t + 1) + [0] * (39 - t), t
 
 
-def test_xqa_fp8_cache_scales(fake):
+def test_xqa_refuses_an_fp8_cache(fake):
+    """fp8_kv was withdrawn after its GPU check (0.034 relative error, over 0.02): the selector
+    never offers it, and a direct call raises before FlashInfer."""
+    from tokenspeed_kernel.ops.attention.args import DecodeArgs
+    from tokenspeed_kernel_nvidia.ops.attention.trtllm_xqa_decode import trtllm_xqa_decode
+
     case = _decode(kv_dtype=FP8, dtype=torch.float16)
-    inputs = cases.make_inputs(case)
-    cases.call(case, inputs, override=XQA)
-    _, kw = _only(fake, "xqa")
-    # logits scale = softmax_scale * k_scale (on the device), output scale = v_scale
-    assert torch.allclose(kw["bmm1_scale"], torch.tensor([0.05 / 8]))
-    assert torch.allclose(kw["bmm2_scale"], torch.tensor([0.05]))
+    assert "does not support {fp8_kv}" in _reasons(case)[XQA]
+    q = torch.zeros(2, 1, 8, 64, dtype=torch.float16)
+    cache = torch.zeros(4, 16, 2, 64, dtype=FP8)
+    table, lens = torch.zeros(2, 4, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+    args = DecodeArgs(q, cache, cache, table, lens, 1, 0.125, -1, None, 0.0, None, None, torch.empty_like(q), None)
+    with pytest.raises(TypeError, match="k_cache/v_cache: trtllm_xqa_decode takes q's dtype"):
+        trtllm_xqa_decode(args)
+    assert fake == []
 
 
 @pytest.mark.parametrize(
@@ -227,19 +234,42 @@ def _prefill(lens_q=(50, 129, 1), lens_k=None, **kw):
     [({}, "causal", -1), ({"window_left": 127}, "sliding_window", 127), ({"causal": False}, "padding", -1)],
 )
 def test_fmha_prefill_layout_mask_scale_and_sinks_tensor(fake, options, mode, window):
-    case = _prefill(lens_q=(50, 129, 1), lens_k=(70, 129, 1), sinks=True, **options)
+    case = _prefill(lens_q=(50, 129, 1), sinks=True, **options)
     inputs = cases.make_inputs(case)
+    assert inputs["cu_seqlens_k"] is inputs["cu_seqlens_q"]  # what the kernel asks for (no key prefix)
     out = cases.call(case, inputs, override=FMHA)
     (qkv, layout, ws, seq_lens, max_q, max_kv, bmm1, bmm2, batch, cu_q, cu_k), kw = _only(fake, "fmha")
     assert layout == "SEPARATE_Q_K_V"
     assert len(qkv) == 3 and all(a is b for a, b in zip(qkv, (inputs["q"], inputs["k"], inputs["v"])))
     assert cu_q is inputs["cu_seqlens_q"] and cu_k is inputs["cu_seqlens_k"] and batch == 3
-    assert seq_lens.tolist() == [70, 129, 1] and (max_q, max_kv) == (129, 129)
+    assert seq_lens.tolist() == [50, 129, 1] and (max_q, max_kv) == (129, 129)
     assert bmm1 == pytest.approx(1 / 8) and bmm2 == 1.0
     # sinks: the float32 [Hq] tensor itself; FlashInfer's FFI rejects a Python list
     assert isinstance(kw["sinks"], torch.Tensor) and kw["sinks"] is inputs["sinks"]
     assert kw["mask_mode"] == mode and kw["window_left"] == window
     assert ws.dtype == torch.uint8 and torch.all(out == 0.5)
+
+
+@pytest.mark.parametrize("lens_k", [(70, 129, 1), (50, 129, 1)])
+def test_fmha_prefill_refuses_a_key_prefix_or_a_second_lengths_tensor(fake, lens_k):
+    """Keys beyond the queries (a prefix) missed float64 on the H100; equal lengths in a second
+    tensor cannot be told apart from a prefix without reading the device, so both are refused,
+    through the public call too, before FlashInfer is called."""
+    from tokenspeed_kernel_nvidia.ops.attention.trtllm_fmha_prefill import KEYS_MUST_BE_QUERIES
+
+    case = _prefill(lens_q=(50, 129, 1), lens_k=lens_k, sinks=True)
+    inputs = cases.make_inputs(case)
+    inputs["cu_seqlens_k"] = inputs["cu_seqlens_k"].clone()
+    with pytest.raises(ValueError, match="cu_seqlens_k: trtllm_fmha_prefill serves only self-attention") as info:
+        cases.call(case, inputs, override=FMHA)
+    assert str(info.value) == KEYS_MUST_BE_QUERIES and fake == []
+
+
+def test_relayout_keeps_one_lengths_tensor_for_queries_and_keys():
+    inputs = cases.make_inputs(_prefill())
+    again = cases.relayout(_prefill(), inputs)
+    assert again["cu_seqlens_k"] is again["cu_seqlens_q"] and again["cu_seqlens_q"] is not inputs["cu_seqlens_q"]
+    assert torch.equal(again["cu_seqlens_q"], inputs["cu_seqlens_q"])
 
 
 def test_fmha_prefill_without_sinks_and_empty_batch(fake):
@@ -306,10 +336,10 @@ def test_selection_gates_with_reasons(fake):
     for served in (
         _decode(),
         _decode(lens_k=(9, 4, 30), q_len=4, window_left=127),
-        _decode(kv_dtype=FP8, dtype=torch.float16),
     ):
         assert _reasons(served)[XQA] == (), served
-    for refused in (_decode(return_lse=True), _decode(logit_cap=30.0), _decode(page_size=8), _decode(head_dim=96)):
+    refused_decodes = (_decode(kv_dtype=FP8, dtype=torch.float16), _decode(return_lse=True), _decode(logit_cap=30.0))
+    for refused in (*refused_decodes, _decode(page_size=8), _decode(head_dim=96)):
         assert _reasons(refused)[XQA], refused
     assert _reasons(_decode(cache_layout="hnd"))[XQA]  # strided caches: not claimed
     assert _reasons(_prefill(sinks=True, window_left=127))[FMHA] == ()

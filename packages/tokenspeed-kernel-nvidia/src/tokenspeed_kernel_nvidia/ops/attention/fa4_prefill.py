@@ -8,8 +8,13 @@ an AOT bundle compiled on a CPU machine (``TOKENSPEED_KERNEL_FA4_AOT``), or the 
 extra, which compiles each variant on its first call. Without either, ``explain`` shows
 the reason.
 
-Registered at the wheel's opt-in priority: compiled for sm_90a and inspected (HGMMA, TMA in
-its SASS; loaded through TVM-FFI without CuTe DSL) but not yet run on a GPU.
+Ranked first for unwindowed prefill at head dim 64 (``rank_when``), opt-in elsewhere, from its
+first H100 run (2026-11-27, AOT bundle; docs/benchmarks.md): float64 numerics passed (GPU tests
+including bottom-right causal, empty key runs and graph replay; ``check --preset awkward``), and
+causal S = 8192 with sinks took 0.999 ms (550 TFLOP/s): 1.54x ``triton_prefill`` and 1.18x cuDNN
+SDPA without sinks; B = 4 x 4096, 1.40x and 1.11x. With the 128-token window it is slower (0.72x
+``triton_prefill``), so windowed calls keep the kernels measured first there; head dim 128 has
+not been timed.
 """
 
 from __future__ import annotations
@@ -36,7 +41,10 @@ FEATURES = ("non_causal", "sinks", "sliding_window", "return_lse")
     dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
     shapes={"head_dim": HEAD_DIMS, "head_dim_v": HEAD_DIMS},
     features=FEATURES,
-    priority=Priority.OPT_IN,  # until measured on a GPU
+    priority=Priority.OPT_IN,
+    # Measured faster on the H100 unwindowed at D = 64 only (module docstring); a priority above
+    # triton_prefill's PORTABLE, below gluon_prefill_window_sm90's (window calls never reach it).
+    rank_when=({"window_left": (None,), "head_dim": (64,)}, Priority.PERFORMANT),
     predicate=fa4_predicate,
     available=fa4_missing,
     # One launch on the caller's stream (TVM-FFI's environment stream), no host reads of

@@ -4,8 +4,13 @@ Calls ``flashinfer.prefill.trtllm_fmha_v2_prefill`` with the ``SEPARATE_Q_K_V`` 
 is ours: q ``[total_q, Hq, D]``, k ``[total_k, Hkv, D]``, v ``[total_k, Hkv, D]``, contiguous,
 with ``cu_seqlens_q`` / ``cu_seqlens_k`` (int32 ``[batch + 1]``) as FlashInfer's
 ``cum_seq_lens_q`` / ``cum_seq_lens_kv`` and the per-sequence key lengths as ``seq_lens``. On
-sm_90 it runs FMHAv2's warp-specialized kernels, which place a sequence's queries at its last
-positions (``past = Lk - Lq``): the bottom-right causal alignment of our contract.
+sm_90 it runs FMHAv2's warp-specialized kernels, meant to place a sequence's queries at its last
+positions (``past = Lk - Lq``), but see "Served" below.
+
+Served: self-attention prefill only, ``cu_seqlens_k`` passed as ``cu_seqlens_q`` itself (each
+sequence's keys are its queries; ``ValueError`` otherwise): on the H100 (2026-11-27) cases with
+a key prefix missed float64 (both GPU tests, 8 of 9 derived `check` cases) and every
+equal-length case passed.
 
 What the conversion does:
 
@@ -41,13 +46,21 @@ from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia.ops.attention._common import FLASHINFER_CAPABILITIES, Q_DTYPES, VENDORS
 from tokenspeed_kernel_nvidia.ops.attention._flashinfer import check_sinks, flashinfer_missing, workspace
 
-__all__ = ["LAYOUT", "MASK_MODES", "trtllm_fmha_prefill"]
+__all__ = ["KEYS_MUST_BE_QUERIES", "LAYOUT", "MASK_MODES", "trtllm_fmha_prefill"]
 
 LAYOUT = "SEPARATE_Q_K_V"
 HEAD_DIMS = (64, 128, 256)
 # (causal, windowed) -> FlashInfer's mask_mode; (False, True) has none: FMHAv2's window is causal.
 MASK_MODES = {(True, False): "causal", (True, True): "sliding_window", (False, False): "padding"}
 WINDOW_NEEDS_CAUSAL = "sliding_window with non_causal: FMHAv2's sliding window is causal only"
+# H100, 2026-11-27: with a sequence's keys outnumbering its queries (a prefix), FMHAv2 through
+# FlashInfer's SEPARATE_Q_K_V missed float64 by up to 0.27 (bottom-right causal) and 0.66
+# (non-causal) relative error, while every equal-length case passed; the lengths live on the device, so the
+# host asks for the one layout that rules a prefix out: cu_seqlens_k passed as cu_seqlens_q.
+KEYS_MUST_BE_QUERIES = (
+    "cu_seqlens_k: trtllm_fmha_prefill serves only self-attention prefill (each sequence's keys are its "
+    "queries): pass cu_seqlens_q itself as cu_seqlens_k (FMHAv2 missed float64 with a key prefix)"
+)
 
 
 def _predicate(request: Request) -> str | None:
@@ -75,6 +88,8 @@ def _check(args: PrefillArgs) -> str:
         raise ValueError("return_lse: trtllm_fmha_prefill returns no log-sum-exp")
     if args.logit_cap > 0:
         raise ValueError("logit_cap: FlashInfer refuses a soft-cap for FMHAv2's SEPARATE_Q_K_V layout")
+    if args.cu_seqlens_k is not args.cu_seqlens_q:
+        raise ValueError(KEYS_MUST_BE_QUERIES)
     check_sinks(args.sinks, args.q.shape[1])
     mode = MASK_MODES.get((bool(args.causal), args.window_left >= 0))
     if mode is None:
@@ -102,7 +117,7 @@ def _check(args: PrefillArgs) -> str:
 def trtllm_fmha_prefill(args: PrefillArgs) -> None:
     """TensorRT-LLM FMHAv2 ragged prefill via FlashInfer; no LSE.
 
-    Contiguous q/k/v, causal (bottom-right), sliding window, non-causal, sinks; writes
+    Contiguous q/k/v, ``cu_seqlens_k is cu_seqlens_q``, causal, sliding window, non-causal, sinks; writes
     ``args.out`` ``[total_q, Hq, D]`` (see the module docstring for the conversion)."""
     mode = _check(args)
     if args.q.shape[0] == 0:

@@ -26,12 +26,14 @@ bf16x2 pattern (:mod:`._mx_swap_gemm`), with the 4 scales of a step in one pipel
   path (no plan) repacks on every call with torch operations (no host sync) and always takes
   the two-multiply decode.
 - **Gating**: ``Priority.PERFORMANT``, above ``triton_fused_moe_mx`` and
-  ``triton_moe_gemv_mx`` and below ``gluon_moe_mma_sm90`` (T <= 8), sm_90 only (inline PTX
-  ``mul.rn.bf16x2``; tiles sized for wgmma). On an H100 (2026-11-27, ``bench moe.apply
-  --preset gpt-oss-120b`` through plans, docs/benchmarks.md) it passed its GPU numerics tests
-  and was 1.60x / 2.22x / 2.40x / 1.92x / 1.83x faster than ``triton_fused_moe_mx`` at
-  T = 1 / 8 / 64 / 512 / 4096 (48.7 µs .. 2.61 ms; 312 TFLOP/s at 4096), and 1.16x / 1.12x /
-  0.87x / 0.91x OpenAI's ``matmul_ogs`` (routing included) at T = 8 / 64 / 512 / 4096.
+  ``triton_moe_gemv_mx`` and below ``gluon_moe_mma_sm90`` (T <= 8) except in the 8-token
+  bucket (``rank_when``: T = 5..8, first there), sm_90 only (inline PTX ``mul.rn.bf16x2``;
+  tiles sized for wgmma). On an H100 (2026-11-27, ``bench moe.apply --preset gpt-oss-120b``
+  through plans, docs/benchmarks.md), with the tiles of the sweep that day: 45.0 / 169.5 /
+  546.1 / 748.0 µs / 2.65 ms at T = 1 / 8 / 64 / 512 / 4096, against OpenAI's ``matmul_ogs``
+  (routing included) 1.80x / 1.29x / 1.17x / 1.30x / 0.88x; 1.6-2.4x ``triton_fused_moe_mx``;
+  at T = 8 faster than ``gluon_moe_mma_sm90`` (184.5 vs 192.7 µs in one run with the earlier
+  tile, 169.5 µs with today's), at T = 1 slower (48.8 vs 38.3 µs).
   Registered for sm_90 only, so never selected for CPU tensors (the interpreter); the tests
   run its kernel there directly (float32 decode path).
 - **Bound runs** (``bind`` hook :func:`bind_fused_moe_mx_swap`): :func:`.fused_mx.bind_layers`
@@ -287,8 +289,8 @@ swap_predicate = mxfp4_predicate("MXFP4 weights only (in-register E2M1 decode)")
 
 
 # Registration metadata (data). PERFORMANT: on an H100 it passed float64 checks and was faster
-# than triton_fused_moe_mx at every T measured (module docstring); its tiles are the untimed
-# starting points of _config.py (sweep: ci/device/tiles_sweep.py --kernel triton_fused_moe_mx_swap).
+# than triton_fused_moe_mx at every T measured, and than gluon_moe_mma_sm90 (PERFORMANT + 10)
+# at T = 8 (module docstring): first in the 8-token bucket; its tiles: _config.py's sweep rows.
 SWAP_REGISTRATION = {
     "solution": "triton",
     "vendors": ("cuda",),
@@ -297,6 +299,7 @@ SWAP_REGISTRATION = {
     "dtypes": {"x": (torch.bfloat16,), "weight": (torch.uint8,)},
     "features": MX_REGISTRATION["features"],
     "priority": Priority.PERFORMANT,
+    "rank_when": ({"num_tokens_bucket": (8,)}, Priority.PERFORMANT + 20),
     "predicate": swap_predicate,
     "prepare": prepare_moe_mx_swap,
     "bind": bind_fused_moe_mx_swap,

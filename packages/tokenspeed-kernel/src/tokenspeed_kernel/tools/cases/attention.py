@@ -281,12 +281,15 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu", seed: i
     total_q = sum(case.seqlens_q)
     if case.op == "attention.prefill":
         total_k = sum(case.seqlens_k)
+        cu_q = _cu(case.seqlens_q, device)
         return {
             "q": torch.randn(total_q, case.num_q_heads, case.head_dim, generator=gen, device=device).to(case.dtype),
             "k": torch.randn(total_k, case.num_kv_heads, case.head_dim, generator=gen, device=device).to(case.dtype),
             "v": torch.randn(total_k, case.num_kv_heads, case.dv, generator=gen, device=device).to(case.dtype),
-            "cu_seqlens_q": _cu(case.seqlens_q, device),
-            "cu_seqlens_k": _cu(case.seqlens_k, device),
+            "cu_seqlens_q": cu_q,
+            # Keys as long as the queries (no prefix): one tensor for both, as engines pass it
+            # (a kernel may rely on that identity: trtllm_fmha_prefill).
+            "cu_seqlens_k": cu_q if case.seqlens_k == case.seqlens_q else _cu(case.seqlens_k, device),
             "max_seqlen_q": max(case.seqlens_q),
             "max_seqlen_k": max(case.seqlens_k),
             "causal": case.causal,
@@ -375,7 +378,11 @@ def relayout(case: AttentionCase, inputs: dict[str, Any]) -> dict[str, Any] | No
     the KV store, which takes no layout."""
     if case.op == "kvcache.store":
         return None
-    return {key: value.clone() if key in _LAYOUT_KEYS else value for key, value in inputs.items()}
+    clones: dict[int, Any] = {}  # one clone per tensor: cu_seqlens_k may be cu_seqlens_q itself
+    return {
+        key: clones.setdefault(id(value), value.clone()) if key in _LAYOUT_KEYS else value
+        for key, value in inputs.items()
+    }
 
 
 def _f64(t: torch.Tensor | None) -> torch.Tensor | None:
