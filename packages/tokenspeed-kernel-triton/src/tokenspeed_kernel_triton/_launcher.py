@@ -79,7 +79,8 @@ _EXIT_HOOK = _RUNTIME.launch_exit_hook
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    """Triton's interpreter knob now (``TRITON_INTERPRET``, parsed as Triton parses it)."""
+    return bool(_RUNTIME.interpret)
 
 
 def _is_interpreted(fn) -> bool:
