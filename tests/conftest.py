@@ -3,8 +3,9 @@
 - tests/support is importable as ``support`` (independent float64 computations), and
   ci/tokenspeed_kernel_dev as ``tokenspeed_kernel_dev`` (the ahead-of-time compile tooling).
 - On a machine without a GPU, Triton kernels run under the interpreter
-  (``TRITON_INTERPRET=1``, set before anything imports triton), so they register for the
-  CPU platform and the public calls, ``check`` and the selector exercise them there.
+  (``TRITON_INTERPRET=1``, set before anything imports triton), so the CPU platform reports
+  ``triton_interpreter``, which they require there, and the public calls, ``check`` and the
+  selector exercise them on the CPU.
 """
 
 import os

@@ -745,10 +745,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """The command line; 0, or 1 when a row failed its check or raised, 2 on bad arguments."""
     a = _parse(argv)
-    # On a CPU the Triton kernels must see TRITON_INTERPRET=1 before their backend loads (the
-    # first selection); nothing imported above loads it.
+    # On a machine without a GPU the Triton kernels run under Triton's interpreter, which must be
+    # on before their backend loads (the first selection; nothing imported above loads it). On a
+    # GPU host it stays off even for --device cpu: an interpreted backend would serve every later
+    # launch of this process (the torch and reference rows run on the CPU either way).
     if a.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+        from tokenspeed_kernel import config
+
+        config.use_cpu_interpreter()
     import triton
 
     import tokenspeed_kernel

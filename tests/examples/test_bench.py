@@ -5,6 +5,7 @@ check of the logits, the budget, the command line and its JSON."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 
 import pytest
@@ -122,10 +123,11 @@ def test_the_full_runs_points_put_the_goal_points_first():
 
 @pytest.fixture
 def _env_restored(monkeypatch):
-    """``bench.main(["--device", "cpu", ...])`` sets TRITON_INTERPRET=1, as its command line
-    must; on a GPU host that would turn every later Triton launch of this test process into
-    the interpreter's (seen on the H100, 2026-11-27). Undone after the test."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    """``bench.main(["--device", "cpu", ...])`` may turn Triton's interpreter on (on a machine
+    without a GPU, through ``config.use_cpu_interpreter``); whatever it does to the variable is
+    undone after the test (an interpreter left on in a GPU test process broke a later test of
+    its worker on the H100, 2026-11-27, when the command line still set it unconditionally)."""
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "0"))
     yield
 
 

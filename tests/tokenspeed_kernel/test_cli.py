@@ -335,6 +335,7 @@ def test_list_json(capsys, tmp_path):
     (spec,) = data["operators"]["moe.topk"]["kernels"]
     assert spec["name"] == "torch_moe_topk" and spec["backend"] == "reference" and spec["band"] == "reference"
     assert isinstance(spec["graph_safe"], bool) and isinstance(spec["vendors"], list)
+    assert spec["vendor_capabilities"] == {}
 
 
 def test_check_json_has_pass_or_fail_per_kernel_and_case(capsys, tmp_path, temp_kernels):

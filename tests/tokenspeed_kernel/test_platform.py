@@ -73,6 +73,7 @@ def test_capabilities_for_unknown_arch_name():
 
 
 def test_cpu_line_gives_cores_and_ram(monkeypatch):
+    monkeypatch.delenv(config.INTERPRETER_ENV, raising=False)  # the hardware's tags only
     monkeypatch.setattr(platform.os, "cpu_count", lambda: 6)
     monkeypatch.setattr(platform.os, "sysconf", lambda name: {"SC_PHYS_PAGES": 4 * 2**18, "SC_PAGE_SIZE": 4096}[name])
     cpu = platform._detect_cpu()
@@ -80,6 +81,45 @@ def test_cpu_line_gives_cores_and_ram(monkeypatch):
     assert cpu.describe() == "cpu/cpu CPU: 6 cores, 4 GiB RAM, caps=bf16,fp16,fp64"
     gpu = platform.platform_from_arch("sm_90", overridden=False)
     assert gpu.describe().startswith("cuda/sm_90 NVIDIA H100 80GB HBM3: 132 SMs, 80 GiB, caps=")
+
+
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [("1", True), ("true", True), ("ON", True), ("yes", True), ("y", True), ("0", False), ("", False), (None, False)],
+)
+def test_the_cpu_reports_the_interpreter_while_triton_interpret_is_on(monkeypatch, value, on):
+    """TRITON_INTERPRET, parsed as Triton parses it, gives every CPU platform (detected or
+    synthetic) the capability ``triton_interpreter``; a GPU platform never has it."""
+    if value is None:
+        monkeypatch.delenv(config.INTERPRETER_ENV, raising=False)
+    else:
+        monkeypatch.setenv(config.INTERPRETER_ENV, value)
+    tag = platform.INTERPRETER_CAPABILITY
+    assert tag == "triton_interpreter" and config.interpreter_enabled() is on
+    assert (tag in platform._detect_cpu().capabilities) is on
+    assert (tag in platform.platform_from_arch("cpu").capabilities) is on
+    assert tag not in platform.capabilities_for_arch("cpu")  # the hardware's table
+    for arch in ("sm_80", "sm_90", "sm_100", "gfx942", "gfx950"):
+        assert tag not in platform.platform_from_arch(arch).capabilities, arch
+
+
+def test_the_interpreter_capability_is_read_at_detection(monkeypatch):
+    """Detected once (cached with the platform); ``refresh`` reads the variable again."""
+    monkeypatch.delenv(config.PLATFORM_ENV, raising=False)
+    monkeypatch.delenv(config.INTERPRETER_ENV, raising=False)
+    config.refresh()
+    platform.refresh()
+    try:
+        before = platform.platform_for(torch.device("cpu"))
+        monkeypatch.setenv(config.INTERPRETER_ENV, "1")
+        assert platform.platform_for(torch.device("cpu")) is before  # cached: unchanged
+        assert platform.INTERPRETER_CAPABILITY not in before.capabilities
+        platform.refresh()
+        assert platform.INTERPRETER_CAPABILITY in platform.platform_for(torch.device("cpu")).capabilities
+    finally:
+        monkeypatch.undo()
+        config.refresh()
+        platform.refresh()
 
 
 def test_host_memory_falls_back_to_meminfo_then_unknown(monkeypatch, tmp_path):

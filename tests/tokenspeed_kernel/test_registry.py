@@ -44,6 +44,22 @@ def test_registration_records_metadata_and_returns_function(temp_kernels):
     assert "t_meta" in spec.summary() and "performant(205)" in spec.summary()
 
 
+def test_vendor_capabilities_are_recorded_per_vendor(temp_kernels):
+    temp_kernels(
+        "attention.decode",
+        name="t_vendor_caps",
+        vendors=("cuda", "rocm", "cpu"),
+        capabilities=("bf16",),
+        vendor_capabilities={"cpu": iter(["triton_interpreter"]), "rocm": ()},  # any iterable; empty dropped
+    )
+    spec = registry.get_kernel("t_vendor_caps")
+    assert spec.vendor_capabilities == (("cpu", frozenset({"triton_interpreter"})),)
+    assert spec.capabilities_on("cpu") == {"bf16", "triton_interpreter"}
+    assert spec.capabilities_on("cuda") == spec.capabilities_on("rocm") == {"bf16"}
+    assert "caps=bf16 caps_on_cpu=triton_interpreter dtypes=" in spec.summary()
+    assert registry.get_kernel("torch_decode").vendor_capabilities == ()
+
+
 @pytest.mark.parametrize(
     ("meta", "message"),
     [
@@ -52,6 +68,11 @@ def test_registration_records_metadata_and_returns_function(temp_kernels):
         ({"shapes": {"headdim": (64,)}}, "unknown shape key 'headdim'"),
         ({"vendors": ("tpu",)}, "vendors must be a non-empty subset"),
         ({"dtypes": {"q": ("bf16",)}}, "must hold torch.dtype values"),
+        (
+            {"vendors": ("cuda",), "vendor_capabilities": {"cpu": ("x",)}},
+            "vendor_capabilities names 'cpu', not one of its vendors cuda",
+        ),
+        ({"vendor_capabilities": {"cpu": "triton_interpreter"}}, "must be a collection of strings"),
     ],
 )
 def test_bad_metadata_is_rejected_at_registration(meta, message):

@@ -1,5 +1,7 @@
 """Selection: filtering with reasons, ranking, overrides, caching, explain tables."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -138,6 +140,27 @@ def test_each_rejection_states_its_reason(temp_kernels, meta, plat, reason):
     assert sel.winner is not None and sel.winner.name == "torch_decode"
     table = sel.table()
     assert "REJECTED t_rejected" in table and reason in table and "WINNER   torch_decode" in table
+
+
+def test_a_vendor_capability_gates_that_vendor_only(temp_kernels):
+    """``vendor_capabilities={"cpu": ("triton_interpreter",)}``: a CPU platform without the
+    interpreter rejects the kernel with that reason; with it, and on every GPU, it is accepted."""
+    temp_kernels(
+        "attention.decode",
+        name="t_interpreted",
+        vendors=("cuda", "rocm", "cpu"),
+        vendor_capabilities={"cpu": (platform.INTERPRETER_CAPABILITY,)},
+        features=("sinks", "sliding_window"),
+        priority=Priority.PLUGIN,
+    )
+    bare_cpu = dataclasses.replace(CPU, capabilities=CPU.capabilities - {platform.INTERPRETER_CAPABILITY})
+    interpreter_cpu = dataclasses.replace(CPU, capabilities=CPU.capabilities | {platform.INTERPRETER_CAPABILITY})
+    sel = explain(REQ, platform=bare_cpu)
+    cand = next(c for c in sel.candidates if c.spec.name == "t_interpreted")
+    assert cand.reasons == ("platform lacks capabilities {triton_interpreter}",)
+    assert sel.winner.name == "torch_decode" and "platform lacks capabilities {triton_interpreter}" in sel.table()
+    for plat in (interpreter_cpu, H100, MI355, MI300):
+        assert select(REQ, platform=plat).name == "t_interpreted", plat.arch
 
 
 def test_all_reasons_are_listed_not_just_the_first(temp_kernels):

@@ -446,6 +446,33 @@ def test_interpreted_kernels_are_never_cached():
     assert _launcher._state(_store_rows).plain
 
 
+def _add_one(X, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(X + offs, tl.load(X + offs) + 1.0)
+
+
+def test_an_interpreted_kernel_runs_on_cpu_tensors_and_refuses_gpu_ones():
+    """A kernel defined while TRITON_INTERPRET was on is Triton's InterpretedFunction: it runs
+    on CPU tensors, and a GPU tensor (here on the meta device: any device but the CPU) is a
+    RuntimeError before anything runs, naming the cause, instead of a silent launch in the
+    interpreter (whose INTERPRET constexpr would be off: our kernels take it from the device)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    _launcher.clear()
+    fn = InterpretedFunction(_add_one)
+    try:
+        x = torch.zeros(8)
+        _launcher.jit_launch(fn, (1,), x, N=8)
+        assert torch.equal(x, torch.ones(8)) and _launcher._state(fn).interpreted
+        with pytest.raises(RuntimeError, match=r"_add_one: got meta tensors.*defined while TRITON_INTERPRET was on"):
+            _launcher.jit_launch(fn, (1,), torch.zeros(8, device="meta"), N=8)
+        with pytest.raises(RuntimeError, match="got meta tensors"):  # a keyword tensor too
+            _launcher.jit_launch(fn, (1,), X=torch.zeros(8, device="meta"), N=8)
+        assert not _launcher._state(JITFunction(_toy)).interpreted
+    finally:
+        _launcher.clear()
+
+
 def _descriptor_wrapper(calls: list):
     """Triton's own tensor-descriptor wrapper (``wrap_handle_tensordesc``) around a fake C
     launch recording its arguments; the kernel's argument 1 is a descriptor."""

@@ -27,7 +27,8 @@ everything that selects the compiled binary in Triton's own cache, and more:
   instrumentation knobs that Triton folds into its options.
 
 Anything else takes Triton's normal path, unchanged: the interpreter (``TRITON_INTERPRET=1``:
-the kernel is an ``InterpretedFunction``; nothing here runs), Triton versions other than the
+the kernel is an ``InterpretedFunction``; nothing here runs, except that such a kernel given a
+GPU tensor raises ``RuntimeError``: see :func:`jit_launch`), Triton versions other than the
 one this was written against, non-CUDA backends (ROCm's buffer-op specialization depends on
 the tensor's address range; not covered), a callable grid, launch hooks set in
 ``triton.knobs.runtime`` (profilers), ``pre_run_hooks`` on the kernel, a changed kernel
@@ -50,6 +51,7 @@ kernel's argument list for both uses: ``launch()`` runs it once (:func:`jit_laun
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, NamedTuple
 
 import torch
@@ -77,7 +79,30 @@ _EXIT_HOOK = _RUNTIME.launch_exit_hook
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    """Triton's interpreter knob now (``TRITON_INTERPRET``, parsed as Triton parses it)."""
+    return bool(_RUNTIME.interpret)
+
+
+def _is_interpreted(fn) -> bool:
+    """Whether ``fn`` is Triton's ``InterpretedFunction`` (made by ``triton.jit`` while
+    ``TRITON_INTERPRET`` was on), without importing the interpreter when nothing did."""
+    interpreter = sys.modules.get("triton.runtime.interpreter")
+    return interpreter is not None and isinstance(fn, interpreter.InterpretedFunction)
+
+
+def _host_tensors_only(fn, args: tuple, kwargs: dict) -> None:
+    """Refuse to let Triton's CPU interpreter run ``fn`` on GPU tensors: the kernels here run
+    the interpreter on CPU tensors only, and their ``INTERPRET`` constexpr follows the
+    tensors' device, so an interpreted launch on a GPU would be slow and wrong."""
+    for value in (*args, *kwargs.values()):
+        device = getattr(value, "device", None)
+        if isinstance(device, torch.device) and device.type != "cpu":
+            raise RuntimeError(
+                f"{getattr(fn, '__name__', fn)}: got {device.type} tensors, but the kernel was defined while "
+                "TRITON_INTERPRET was on (Triton makes a kernel an interpreted one when its module is "
+                "imported), and Triton's interpreter serves CPU tensors only here. Unset TRITON_INTERPRET "
+                "before the first kernel selection of a process that uses the GPU."
+            )
 
 
 def _hooks_idle() -> bool:
@@ -127,12 +152,13 @@ class _Shape:
 class _Kernel:
     """Per-kernel state: one :class:`_Shape` per keyword-name tuple seen, and counters."""
 
-    __slots__ = ("fallbacks", "fn", "hash", "hits", "misses", "plain", "shapes")
+    __slots__ = ("fallbacks", "fn", "hash", "hits", "interpreted", "misses", "plain", "shapes")
 
     def __init__(self, fn) -> None:
         self.fn = fn
         # The interpreter (and anything that is not a JITFunction) is never touched.
         self.plain = not isinstance(fn, JITFunction) or _interpreting() or not _TRITON_OK
+        self.interpreted = _is_interpreted(fn)
         self.shapes: dict[tuple, _Shape | None] = {}  # None: a shape that is never cached
         self.hash = None
         self.hits = self.misses = self.fallbacks = 0
@@ -284,11 +310,18 @@ def jit_launch(fn, grid, *args, **kwargs):
 
     ``fn`` is a ``triton.jit`` / ``gluon.jit`` kernel; ``grid`` a tuple of 1-3 ints (a
     callable grid takes the normal path). Returns what ``fn[grid]`` returns on the normal
-    path (the compiled kernel) or None on a cached launch."""
+    path (the compiled kernel) or None on a cached launch.
+
+    Raises ``RuntimeError`` before launching when ``fn`` is an interpreted kernel (defined
+    while ``TRITON_INTERPRET`` was on) and an argument is a tensor on a GPU: Triton's
+    interpreter serves CPU tensors only here (the ``INTERPRET`` constexpr of our kernels
+    follows the tensors' device)."""
     state = _KERNELS.get(id(fn))
     if state is None:
         state = _state(fn)
     if state.plain or not _enabled:
+        if state.interpreted:
+            _host_tensors_only(fn, args, kwargs)
         return fn[grid](*args, **kwargs)
     drv = driver.active
     if drv is not _DEVICE[0]:

@@ -73,6 +73,7 @@ def _spec_json(spec: KernelSpec) -> dict[str, Any]:
         "vendors": sorted(spec.vendors),
         "archs": sorted(spec.archs) if spec.archs is not None else None,
         "capabilities": sorted(spec.capabilities),
+        "vendor_capabilities": {vendor: sorted(tags) for vendor, tags in spec.vendor_capabilities},
         "dtypes": {role: sorted(map(dtype_name, dtypes)) for role, dtypes in spec.dtypes},
         "shapes": {key: sorted(values) for key, values in spec.shapes},
         "features": sorted(spec.features),

@@ -18,11 +18,13 @@ Every variable the library honours is named here, with what it does:
     A JSONL file; every public call appends its operator, kernel and argument signature
     once per distinct signature (see :mod:`tokenspeed_kernel.tools.capture`).
 
-One variable of a backend is set by the command line: ``TRITON_INTERPRET``. On a machine
-without a CUDA or ROCm device, ``tokenspeed-kernel check`` sets it to ``1`` unless it is
-already set (``TRITON_INTERPRET=0`` keeps it off), so the Triton kernels register for the CPU
-and are checked under Triton's interpreter (:func:`use_cpu_interpreter`). The library itself
-never sets it.
+One variable of a compiler is read too: ``TRITON_INTERPRET`` (:func:`interpreter_enabled`).
+While it turns Triton's CPU interpreter on, the CPU platform reports the capability
+``triton_interpreter`` (:mod:`tokenspeed_kernel.platform`), which kernels written in Triton
+require to serve CPU tensors; what is registered never depends on it. On a machine without a
+CUDA or ROCm device, ``tokenspeed-kernel check`` sets it to ``1`` unless it is already set
+(``TRITON_INTERPRET=0`` keeps it off), so the Triton kernels are checked under the interpreter
+(:func:`use_cpu_interpreter`). The library itself never sets it.
 
 Values are read when first needed and cached; :func:`refresh` re-reads them (tests).
 """
@@ -44,6 +46,8 @@ INTERPRETER_NOTE = (
 )
 
 _TRUE = {"1", "true", "yes", "on"}
+# Triton's own reading of a boolean variable (triton.knobs, 3.6): these, any case.
+_TRITON_TRUE = {"1", "true", "yes", "on", "y"}
 
 
 def env_flag(name: str) -> bool:
@@ -92,12 +96,20 @@ def capture_path() -> str | None:
     return value or None
 
 
+def interpreter_enabled() -> bool:
+    """Whether ``TRITON_INTERPRET`` turns Triton's CPU interpreter on, read now and parsed as
+    Triton parses it (``1``, ``true``, ``yes``, ``on``, ``y``; any case). The platform reads it
+    when it detects the CPU platform (:func:`tokenspeed_kernel.platform.current_platform`)."""
+    return os.environ.get(INTERPRETER_ENV, "").strip().lower() in _TRITON_TRUE
+
+
 def use_cpu_interpreter() -> bool:
     """Run the Triton kernels on the CPU under Triton's interpreter: set ``TRITON_INTERPRET=1``
     when the user has not set it (to anything), triton is installed and torch sees no CUDA or
-    ROCm device. Returns whether it was set. Must be called before the backends load (the
-    Triton backend reads the variable when it is imported); the command line calls it for
-    ``check``."""
+    ROCm device. Returns whether it was set. Must be called before the backends load and the
+    platform is detected: Triton makes a kernel an interpreted one when its module is imported
+    (``@triton.jit``), and the CPU platform's ``triton_interpreter`` capability is read when it
+    is detected. The command line calls it for ``check``."""
     import importlib.util
 
     import torch

@@ -7,6 +7,13 @@ the architecture through the tables below (data, not branches), so a kernel decl
 ``TOKENSPEED_KERNEL_PLATFORM=gfx950`` (or ``sm_90``, ``sm_100``, ``cpu``, ...) replaces
 detection with a synthetic platform for that architecture, so selection for any platform
 can be exercised on a CPU-only machine.
+
+One capability comes from the process, not the hardware: a CPU platform (detected or
+synthetic) reports :data:`INTERPRETER_CAPABILITY` (``triton_interpreter``) while
+``TRITON_INTERPRET`` turns Triton's CPU interpreter on (:func:`config.interpreter_enabled`,
+read when the platform is detected; :func:`refresh` re-reads it). Kernels written in Triton
+register for the CPU always and require it there, so what is registered never depends on the
+environment; a GPU platform never reports it.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import torch
 from tokenspeed_kernel import config
 
 __all__ = [
+    "INTERPRETER_CAPABILITY",
     "KNOWN_ARCHS",
     "ArchInfo",
     "Platform",
@@ -43,7 +51,8 @@ class Platform:
         num_sms: streaming multiprocessors / compute units (CPU: logical cores).
         memory_bytes: device memory in bytes (CPU: the machine's RAM; 0 when unknown).
         capabilities: tags such as ``bf16``, ``fp8_e4m3``, ``wgmma``, ``tma``, ``mfma``,
-            ``mxfp4_mma`` that kernels may require.
+            ``mxfp4_mma`` that kernels may require (a CPU platform: ``triton_interpreter``
+            while Triton's interpreter is on).
         overridden: True when the platform came from ``TOKENSPEED_KERNEL_PLATFORM``.
     """
 
@@ -112,9 +121,20 @@ _ROCM_CAPABILITIES: dict[str, frozenset[str]] = {
 
 _CPU_CAPABILITIES = frozenset({"fp16", "bf16", "fp64"})
 
+# Reported by a CPU platform while Triton's CPU interpreter is on (config.interpreter_enabled):
+# Triton kernels then run on CPU tensors. Read when the platform is detected, never by a GPU.
+INTERPRETER_CAPABILITY = "triton_interpreter"
+
+
+def _process_capabilities(vendor: Vendor) -> frozenset[str]:
+    """The tags a platform of ``vendor`` owes to this process rather than its hardware."""
+    on = vendor == "cpu" and config.interpreter_enabled()
+    return frozenset({INTERPRETER_CAPABILITY}) if on else frozenset()
+
 
 def capabilities_for_arch(arch: str) -> frozenset[str]:
-    """Capability tags of an architecture name (``sm_90``, ``gfx950``, ``cpu``)."""
+    """Capability tags of an architecture name (``sm_90``, ``gfx950``, ``cpu``): the hardware's,
+    from the tables (a platform adds :data:`INTERPRETER_CAPABILITY` on the CPU, see above)."""
     if arch == "cpu":
         return _CPU_CAPABILITIES
     if arch.startswith("sm_"):
@@ -141,7 +161,7 @@ def platform_from_arch(arch: str, *, overridden: bool = True) -> Platform:
         name=info.example_device,
         num_sms=info.num_sms,
         memory_bytes=info.memory_gib * 2**30,
-        capabilities=capabilities_for_arch(arch),
+        capabilities=capabilities_for_arch(arch) | _process_capabilities(info.vendor),
         overridden=overridden,
     )
 
@@ -172,7 +192,7 @@ def _detect_cpu() -> Platform:
         name="CPU",
         num_sms=os.cpu_count() or 1,
         memory_bytes=_host_memory_bytes(),
-        capabilities=_CPU_CAPABILITIES,
+        capabilities=_CPU_CAPABILITIES | _process_capabilities("cpu"),
     )
 
 
@@ -223,6 +243,7 @@ def platform_for(device: torch.device) -> Platform:
 
 
 def refresh() -> None:
-    """Forget the detected platform (after changing ``TOKENSPEED_KERNEL_PLATFORM``)."""
+    """Forget the detected platform (after changing ``TOKENSPEED_KERNEL_PLATFORM`` or
+    ``TRITON_INTERPRET``)."""
     current_platform.cache_clear()
     _cpu_platform.cache_clear()

@@ -25,6 +25,11 @@ Optional hooks ride along with the metadata: ``prepare`` (weights, called once b
 device values on the host, or plans per call): the selector then refuses it for a ``capturable`` request, and a call made while
 the stream is capturing raises ``RuntimeError`` before launching it.
 
+``vendor_capabilities={"cpu": ("triton_interpreter",)}`` adds capabilities required on one
+vendor's platforms only: a GPU kernel that also runs on CPU tensors under an interpreter lists
+the CPU among its vendors and needs the interpreter there (a capability the CPU platform
+reports while it is on), nothing more on a GPU.
+
 ``rank_when=({"batch_bucket": (1, 2, 4, 8)}, Priority.PERFORMANT)`` ranks a kernel at another
 priority for the requests whose shapes all fall in the given sets (a kernel measured fastest
 at small batches only, still reachable by override everywhere else); it never rejects. A
@@ -181,7 +186,9 @@ Availability = Callable[[], "str | None"]
 class KernelSpec:
     """One registered implementation and everything the selector needs to know about it.
 
-    ``vendors``/``archs``/``capabilities`` gate by platform; ``dtypes`` maps a dtype role to
+    ``vendors``/``archs``/``capabilities`` gate by platform, and ``vendor_capabilities``
+    (``(vendor, tags)`` pairs) adds the capabilities required on one vendor's platforms only
+    (:meth:`capabilities_on`); ``dtypes`` maps a dtype role to
     the dtypes accepted (a role left out accepts any); ``shapes`` maps a shape key to the
     accepted values (a key left out accepts any); ``features`` lists the optional behaviours
     the kernel supports; ``predicate(request)`` returns a reason string to reject what the
@@ -227,6 +234,15 @@ class KernelSpec:
     description: str = ""
     rank_shapes: tuple[tuple[str, frozenset[int | None]], ...] = ()
     rank_priority: int | None = None
+    vendor_capabilities: tuple[tuple[str, frozenset[str]], ...] = ()
+
+    def capabilities_on(self, vendor: str) -> frozenset[str]:
+        """The capabilities a platform of ``vendor`` must report for this kernel:
+        ``capabilities`` plus that vendor's ``vendor_capabilities``."""
+        for name, tags in self.vendor_capabilities:
+            if name == vendor:
+                return self.capabilities | tags
+        return self.capabilities
 
     @property
     def band(self) -> Priority:
@@ -249,6 +265,7 @@ class KernelSpec:
         vendors = ",".join(sorted(self.vendors))
         archs = ",".join(sorted(self.archs)) if self.archs else "any"
         caps = ",".join(sorted(self.capabilities)) or "-"
+        caps += "".join(f" caps_on_{vendor}={','.join(sorted(tags))}" for vendor, tags in self.vendor_capabilities)
         feats = ",".join(sorted(self.features)) or "-"
         dts = "; ".join(
             f"{role}: {','.join(sorted(str(d).removeprefix('torch.') for d in ds))}" for role, ds in self.dtypes
@@ -321,6 +338,27 @@ def _frozen_dtypes(
     return tuple(out)
 
 
+def _frozen_vendor_capabilities(
+    vendor_capabilities: Mapping[str, Iterable[str]] | None, vendors: frozenset[str], name: str
+) -> tuple[tuple[str, frozenset[str]], ...]:
+    """``vendor_capabilities`` as sorted ``(vendor, frozenset)`` pairs (empty sets dropped);
+    ``ValueError`` for a vendor the kernel does not list, ``TypeError`` for tags given as one
+    string instead of a collection of strings."""
+    out = []
+    for vendor, tags in sorted((vendor_capabilities or {}).items()):
+        if vendor not in vendors:
+            raise ValueError(
+                f"kernel {name!r}: vendor_capabilities names {vendor!r}, not one of its vendors "
+                f"{', '.join(sorted(vendors))}"
+            )
+        tag_set = frozenset(() if isinstance(tags, str) else tags)
+        if isinstance(tags, str) or not all(isinstance(tag, str) for tag in tag_set):
+            raise TypeError(f"kernel {name!r}: vendor_capabilities[{vendor!r}] must be a collection of strings")
+        if tag_set:
+            out.append((vendor, tag_set))
+    return tuple(out)
+
+
 def _checked_priority(value: Any, name: str, what: str) -> int:
     """``value`` as an int inside a band's range (:meth:`Priority.ranges`); ``TypeError`` for
     a non-integer, ``ValueError`` naming the kernel, the value and the ranges otherwise."""
@@ -381,6 +419,7 @@ def register_kernel(
     vendors: Iterable[str] = ("cuda", "rocm", "cpu"),
     archs: Iterable[str] | None = None,
     capabilities: Iterable[str] = (),
+    vendor_capabilities: Mapping[str, Iterable[str]] | None = None,
     dtypes: Mapping[str, Iterable[torch.dtype]] | None = None,
     shapes: Mapping[str, Iterable[int]] | None = None,
     features: Iterable[str] = (),
@@ -400,6 +439,9 @@ def register_kernel(
     (reads lengths with ``.tolist()``, masks with data-dependent shapes, plans per call)
     must say ``graph_safe=False``.
 
+    ``vendor_capabilities``: ``{vendor: capabilities}`` required on that vendor's platforms
+    only, on top of ``capabilities``; each vendor must be one of ``vendors``.
+
     ``rank_when=(shapes, priority)``: rank at ``priority`` for requests whose ``shapes``
     keys all have accepted values, ``None`` accepting an absent key
     (``KernelSpec.priority_for``).
@@ -408,6 +450,7 @@ def register_kernel(
     (:meth:`Priority.ranges`: ``[band, next band)``, ``plugin`` 400..499).
 
     Raises ``ValueError`` for an unknown operator, dtype role, shape key or feature, for a
+    ``vendor_capabilities`` vendor outside ``vendors``, for a
     ``prepare_layout`` (``bind``) hook on an operator without a layout plan step (a plan that
     binds), for a ``rank_when``
     without shapes, for a priority outside every band, and for a name already taken by
@@ -424,6 +467,7 @@ def register_kernel(
     bad_vendors = vendor_set - {"cuda", "rocm", "cpu"}
     if bad_vendors or not vendor_set:
         raise ValueError(f"kernel {name!r}: vendors must be a non-empty subset of cuda, rocm, cpu")
+    frozen_vendor_caps = _frozen_vendor_capabilities(vendor_capabilities, vendor_set, name)
     frozen_dtypes = _frozen_dtypes(dtypes, schema.dtype_roles, name)
     frozen_shapes = _frozen_shapes(shapes, schema.shape_keys, name)
     if not isinstance(graph_safe, bool):
@@ -470,6 +514,7 @@ def register_kernel(
             description=((fn.__doc__ or "").strip().splitlines() or [""])[0],
             rank_shapes=rank_shapes,
             rank_priority=rank_priority,
+            vendor_capabilities=frozen_vendor_caps,
         )
         with _lock:
             existing = _kernels.get(name)

@@ -204,7 +204,7 @@ def _platform_misses(spec: KernelSpec, platform: Platform) -> tuple[str, ...]:
         reasons.append(f"vendor {platform.vendor} not in {{{', '.join(sorted(spec.vendors))}}}")
     if spec.archs is not None and platform.arch not in spec.archs:
         reasons.append(f"arch {platform.arch} not in {{{', '.join(sorted(spec.archs))}}}")
-    missing_caps = spec.capabilities - platform.capabilities
+    missing_caps = spec.capabilities_on(platform.vendor) - platform.capabilities
     if missing_caps:
         reasons.append(f"platform lacks capabilities {{{', '.join(sorted(missing_caps))}}}")
     return tuple(reasons)

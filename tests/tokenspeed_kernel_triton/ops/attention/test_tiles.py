@@ -2,11 +2,13 @@
 before it was keyed by vendor (measured on an H100), the interpreter uses them, every vendor
 has every key, and the vendor comes from the tensor's device."""
 
+import dataclasses
 import itertools
 
 import pytest
 import torch
 
+from tokenspeed_kernel.ops.attention.rows import QueryRows
 from tokenspeed_kernel_triton.ops.attention import _launch
 from tokenspeed_kernel_triton.ops.attention._common import HEAD_DIMS
 from tokenspeed_kernel_triton.ops.attention._launch import VENDOR_TILES, Tile, _tile, kernel_config
@@ -60,6 +62,11 @@ def test_cuda_kernel_configs_unchanged():
         default = kernel_config(**common)
         assert kernel_config(**common, vendor="cuda") == default
         assert kernel_config(**common, tile=_before(regime, head_dim, window)) == default
+        # the interpreter (CPU tensors): the same launch with INTERPRET on; never on a GPU
+        assert default.constexprs["INTERPRET"] is False
+        assert kernel_config(**common, vendor="rocm").constexprs["INTERPRET"] is False
+        interpreted = kernel_config(**common, vendor="cpu")
+        assert interpreted == dataclasses.replace(default, constexprs={**default.constexprs, "INTERPRET": True})
 
 
 def test_every_vendor_has_every_key():
@@ -91,7 +98,7 @@ def test_launch_reads_the_vendor_table(monkeypatch):
     k = torch.randn(4, 1, 16, device=device)
     out = torch.empty_like(q)
     cu = torch.tensor([0, 4], dtype=torch.int32, device=device)
-    _launch.launch(
+    rows = QueryRows(
         q=q,
         k=k,
         v=k,
@@ -107,12 +114,11 @@ def test_launch_reads_the_vendor_table(monkeypatch):
         batch=1,
         max_q=4,
         max_k=4,
-        q_len_uniform=0,
+        q_len=0,
         causal=True,
         softmax_scale=0.25,
         window_left=-1,
         logit_cap=0.0,
-        splits=1,
-        regime="prefill",
     )
+    _launch.launch(rows, splits=1, regime="prefill")
     assert seen == ["rocm"]

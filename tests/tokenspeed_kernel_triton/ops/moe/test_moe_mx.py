@@ -2,8 +2,8 @@
 host-side logic, and numerics.
 
 - Gating: ranked above ``triton_fused_moe`` for MXFP4 weights on every GPU platform (faked
-  with ``platform_from_arch``), rejected under the interpreter with its reason, MXFP4 + bf16
-  only.
+  with ``platform_from_arch``), registered for GPUs only (the CPU is Triton's interpreter,
+  which cannot run ``dot_scaled``), MXFP4 + bf16 only.
 - Host logic without ``dot_scaled``: the split-K rule and ranges, the plan's scale layout
   against ``dequantize_mxfp4`` (also tile by tile, through the kernel's pointer arithmetic).
 - CPU numerics: the real kernel under the interpreter with ``tl.dot_scaled`` emulated in
@@ -31,19 +31,20 @@ from support.naive_moe import naive_moe
 
 from tokenspeed_kernel import config, explain, platform
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
-from tokenspeed_kernel.platform import current_platform, platform_from_arch
+from tokenspeed_kernel.platform import platform_from_arch
 from tokenspeed_kernel.quant import MXFP4Weight, dequantize_mxfp4, quantize_mxfp4
 from tokenspeed_kernel.registry import Priority, Request, get_kernel
 from tokenspeed_kernel.selector import KernelOverrideError
 from tokenspeed_kernel.tools import cases
-from tokenspeed_kernel_triton.ops.moe import fused, fused_mx, fused_mx_swap
+from tokenspeed_kernel_triton.ops.moe import fused, fused_mx
 from tokenspeed_kernel_triton.ops.moe._config import MAX_SPLITS, MIN_SPLIT_STEPS, Tile, split_k, tiles_for
 from tokenspeed_kernel_triton.ops.moe._routing import Routing, max_tiles
 
-INTERPRET = fused_mx.INTERPRET
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INTERPRET = DEVICE == "cpu"  # kernels run on CPU tensors under Triton's interpreter only
 NAME = "triton_fused_moe_mx"
-REASON = "tl.dot_scaled is not supported by the Triton interpreter"
+SWAP = "triton_fused_moe_mx_swap"  # sm_90's first above 8 tokens (test_moe_mx_swap.py)
+REASON = "vendor cpu not in {cuda, rocm}"  # GPUs only: the interpreter cannot run tl.dot_scaled
 TOL = 2e-2  # relative Frobenius error: the intermediate is rounded to bf16
 
 
@@ -55,45 +56,46 @@ def test_registration_ranks_above_triton_fused_moe_in_the_portable_band():
     assert spec.priority > base.priority and Priority.band(spec.priority) is Priority.PORTABLE
     assert spec.prepare is fused_mx.prepare_moe_mx and spec.available is fused_mx.dot_scaled_missing
     assert {"mxfp4", "bias", "expert_map", "swiglu_oai", "silu"} <= spec.features
-    assert "mxfp8_act" not in spec.features and spec.vendors >= {"cuda", "rocm"}
+    assert "mxfp8_act" not in spec.features and spec.vendors == {"cuda", "rocm"}
 
 
-@pytest.mark.skipif(not INTERPRET, reason="only under TRITON_INTERPRET=1")
-@pytest.mark.parametrize("arch", [None, "sm_90", "gfx950"])
-def test_rejected_under_the_interpreter_with_the_reason(arch):
-    platform = current_platform() if arch is None else platform_from_arch(arch)
+@pytest.mark.parametrize("interpreter", [False, True])
+def test_the_cpu_is_never_served_with_the_reason(interpreter):
+    """Registered for GPUs only, whatever TRITON_INTERPRET says: a CPU platform (with Triton's
+    interpreter or without) rejects it with the vendor reason, also for an override."""
+    cpu = platform_from_arch("cpu")
+    caps = cpu.capabilities - {platform.INTERPRETER_CAPABILITY}
+    cpu = dataclasses.replace(cpu, capabilities=caps | ({platform.INTERPRETER_CAPABILITY} if interpreter else set()))
     request = cases.request(awkward_apply_cases()["gpt_oss_like"])
-    selection = explain(request, platform=platform)
+    selection = explain(request, platform=cpu)
     assert candidate(selection, NAME).reasons == (REASON,)
     assert selection.winner is not None and selection.winner.name != NAME
-    with pytest.raises(KernelOverrideError, match="not supported by the Triton interpreter"):
-        explain(request, platform=platform, override=NAME)
+    with pytest.raises(KernelOverrideError, match="vendor cpu not in"):
+        explain(request, platform=cpu, override=NAME)
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80", "sm_100", "gfx942", "gfx950"])
-def test_wins_over_triton_fused_moe_for_mxfp4_when_available(monkeypatch, arch):
-    monkeypatch.setattr(fused_mx, "INTERPRET", False)  # as on a GPU: the hook finds dot_scaled
-    monkeypatch.setattr(fused_mx_swap, "INTERPRET", True)  # the swapped kernel (sm_90's first) out of the way
+def test_wins_over_triton_fused_moe_for_mxfp4_when_available(arch):
     request = cases.request(awkward_apply_cases()["gpt_oss_like"])
     selection = explain(request, platform=platform_from_arch(arch))
-    names = [c.spec.name for c in selection.candidates if c.accepted]
+    assert candidate(selection, NAME).accepted, candidate(selection, NAME).reasons
+    names = [c.spec.name for c in selection.candidates if c.accepted and c.spec.name != SWAP]
     assert names.index(NAME) < names.index("triton_fused_moe") < names.index("torch_moe")
     if arch.startswith("sm_"):  # on AMD the Gluon MoE kernels outrank both Triton kernels
-        assert selection.winner.name == NAME
+        assert names[0] == NAME
     override = "triton_fused_moe"
     assert explain(request, platform=platform_from_arch(arch), override=override).winner.name == override
 
 
 def test_platform_override_env(monkeypatch):
-    """The same verdict through ``TOKENSPEED_KERNEL_PLATFORM`` (the current platform)."""
-    monkeypatch.setattr(fused_mx, "INTERPRET", False)
-    monkeypatch.setattr(fused_mx_swap, "INTERPRET", True)
-    monkeypatch.setenv(config.PLATFORM_ENV, "sm_90")
+    """The same verdict through ``TOKENSPEED_KERNEL_PLATFORM`` (the current platform; sm_100:
+    the swapped kernel serves sm_90 only)."""
+    monkeypatch.setenv(config.PLATFORM_ENV, "sm_100")
     config.refresh()
     platform.refresh()
     try:
         selection = explain(cases.request(awkward_apply_cases()["mxfp4_t33"]))  # above the GEMV kernels' T <= 8
-        assert selection.platform.arch == "sm_90"
+        assert selection.platform.arch == "sm_100"
         assert selection.winner.name == NAME and candidate(selection, "triton_fused_moe").accepted
     finally:
         monkeypatch.delenv(config.PLATFORM_ENV)
@@ -101,8 +103,7 @@ def test_platform_override_env(monkeypatch):
         platform.refresh()
 
 
-def test_serves_mxfp4_bf16_only(monkeypatch):
-    monkeypatch.setattr(fused_mx, "INTERPRET", False)
+def test_serves_mxfp4_bf16_only():
     sm90 = platform_from_arch("sm_90")
     by_name = awkward_apply_cases()
     for name, reason in (

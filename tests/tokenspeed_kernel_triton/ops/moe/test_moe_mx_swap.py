@@ -2,9 +2,9 @@
 registration and gating, the plan's weight layout, and numerics.
 
 - Gating: PERFORMANT on sm_90 only (above ``triton_fused_moe_mx``, below the Gluon MoE decode
-  but in the 8-token bucket),
-  rejected under the interpreter with its reason, MXFP4 + bf16 only; a call without the plan's
-  repacked weights runs ``triton_fused_moe_mx``'s layers.
+  but in the 8-token bucket), never on the CPU (Triton's interpreter) with its reasons,
+  MXFP4 + bf16 only; a call without the plan's repacked weights runs ``triton_fused_moe_mx``'s
+  layers.
 - Layout: the words and scale words decoded with the kernel's own bit operations (mirrored
   in torch) give ``dequantize_mxfp4`` exactly; the bytes stay within 1.05x the MXFP4 bytes at
   GPT-OSS shapes; the plan's one-time scale check.
@@ -42,8 +42,8 @@ from tokenspeed_kernel.tools import cases
 from tokenspeed_kernel_triton.ops.moe import fused, fused_mx, fused_mx_swap
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile, tiles_for
 
-INTERPRET = fused_mx_swap.INTERPRET
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INTERPRET = DEVICE == "cpu"  # kernels run on CPU tensors under Triton's interpreter only
 NAME = "triton_fused_moe_mx_swap"
 TOL = 2e-2  # relative Frobenius error: the intermediate is rounded to bf16
 
@@ -58,7 +58,7 @@ def test_registration_ranks_above_the_dot_scaled_kernel():
     assert spec.priority == Priority.PERFORMANT and spec.priority > mx.priority
     rank = dict(spec.rank_shapes)
     assert rank == {"num_tokens_bucket": frozenset({8})} and spec.rank_priority > Priority.PERFORMANT + 10
-    assert spec.prepare is fused_mx_swap.prepare_moe_mx_swap and spec.available is fused_mx_swap.swap_missing
+    assert spec.prepare is fused_mx_swap.prepare_moe_mx_swap and spec.available is None
     assert spec.bind is fused_mx_swap.bind_fused_moe_mx_swap and mx.bind is fused_mx.bind_fused_moe_mx
     assert spec.vendors == {"cuda"} and spec.archs == {"sm_90"} and spec.features == mx.features
     assert spec.graph_safe
@@ -76,16 +76,19 @@ def test_without_the_plan_the_registered_kernel_runs_the_dot_scaled_layers(monke
     assert calls == [("mx", None), ("swap", prepared)]
 
 
-@pytest.mark.skipif(not INTERPRET, reason="only under TRITON_INTERPRET=1")
-def test_rejected_under_the_interpreter_with_the_reason():
-    selection = explain(cases.request(awkward_apply_cases()["gpt_oss_like"]), platform=platform_from_arch("sm_90"))
-    assert candidate(selection, NAME).reasons == (fused_mx_swap.swap_missing(),)
+def test_the_cpu_is_never_served_with_the_reasons():
+    """GPU only (inline PTX bf16x2 multiplies; its tests run the kernel under the interpreter
+    directly): the CPU platform, with Triton's interpreter or without, is refused by metadata."""
+    selection = explain(cases.request(awkward_apply_cases()["gpt_oss_like"]), platform=platform_from_arch("cpu"))
+    assert candidate(selection, NAME).reasons == (
+        "vendor cpu not in {cuda}",
+        "arch cpu not in {sm_90}",
+        "platform lacks capabilities {wgmma}",
+    )
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80", "sm_100", "gfx950"])
-def test_first_on_sm90_only(monkeypatch, arch):
-    monkeypatch.setattr(fused_mx_swap, "INTERPRET", False)  # as on a GPU
-    monkeypatch.setattr(fused_mx, "INTERPRET", False)
+def test_first_on_sm90_only(arch):
     request = cases.request(awkward_apply_cases()["mxfp4_t33"])  # T = 33: above the Gluon decode's T <= 8
     platform = platform_from_arch(arch)
     selection = explain(request, platform=platform)
@@ -96,8 +99,7 @@ def test_first_on_sm90_only(monkeypatch, arch):
         assert names.index(NAME) < names.index("triton_fused_moe_mx")
 
 
-def test_serves_mxfp4_bf16_only(monkeypatch):
-    monkeypatch.setattr(fused_mx_swap, "INTERPRET", False)
+def test_serves_mxfp4_bf16_only():
     sm90 = platform_from_arch("sm_90")
     by_name = awkward_apply_cases()
     for name, reason in (

@@ -1,18 +1,17 @@
 """Host side of the Gluon attention kernels: checks beyond the core's, grids, workspace, launch.
 
-:func:`launch` has the same keyword signature as the Triton wheel's
-``tokenspeed_kernel_triton.ops.attention._launch.launch`` but shares no logic with it, so
-the two are kept apart on purpose (issue 28, section 3): the kernels take different
-argument lists and strides (this one addresses K/V through a page stride of 0 for a
-contiguous batch), the split partials have another layout (``[splits, tokens, Hq, Dv]``
-here, flat ``[tokens * Hq * splits, BLOCK_DV]`` there), the grids differ (``(query blocks,
-batch x Hkv, splits)`` here), this launch decides the split count itself from the
-architecture table (CU count of the flagship part) where the Triton decode passes it in,
-and Gluon kernels launch directly where the Triton wheel goes through its launch cache
-(``jit_launch``, which takes Triton's own path on ROCm anyway). A shared implementation
-would be a signature plus two branches per line; the shared helpers (``cdiv``,
-``next_pow2``) come from :mod:`tokenspeed_kernel.kit`. The duplicated keyword list is the
-call's typed arguments spelled out; it goes when the launch takes the ``args`` object.
+:func:`launch` takes the call as :class:`~tokenspeed_kernel.ops.attention.rows.QueryRows`
+(the core's one form of the prefill, extend and decode arguments, also what the Triton
+wheel's attention ``launch`` takes) and shares that, the decode's visible-key bound and the
+host helpers (:mod:`tokenspeed_kernel.kit`) with the Triton wheel. The rest is kept apart on
+purpose (issue 28, section 3): the kernels take different argument lists and strides (this
+one addresses K/V through a page stride of 0 for a contiguous batch), the split partials have
+another layout (``[splits, tokens, Hq, Dv]`` here, flat ``[tokens * Hq * splits, BLOCK_DV]``
+there), the grids differ (``(query blocks, batch x Hkv, splits)`` here), this launch decides
+the split count itself from the architecture table (CU count of the flagship part, powers of
+two) where the Triton decode passes it in, the tile tables differ, and Gluon kernels launch
+directly where the Triton wheel goes through its launch cache (``jit_launch``, which takes
+Triton's own path on ROCm anyway).
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from tokenspeed_kernel.kit import cdiv
+from tokenspeed_kernel.ops.attention.rows import QueryRows
 from tokenspeed_kernel_amd._arch import arch_config, device_arch
 from tokenspeed_kernel_amd.ops.attention._config import (
     HEAD_DIMS,
@@ -54,33 +54,16 @@ def num_m_blocks(max_q: int, group: int, block_m: int) -> int:
     return cdiv(max(max_q, 1), block_m // group)
 
 
-def launch(
-    *,
-    regime: str,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor | None,
-    sinks: torch.Tensor | None,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    page_table: torch.Tensor | None,
-    cu_seqlens_q: torch.Tensor | None,
-    cu_seqlens_k: torch.Tensor | None,
-    cache_seqlens: torch.Tensor | None,
-    batch: int,
-    max_q: int,
-    max_k: int,
-    q_len: int,
-    causal: bool,
-    softmax_scale: float,
-    window_left: int,
-    logit_cap: float,
-) -> None:
-    """Launch on ``q``'s device. ``q`` ``[tokens, Hq, D]``, ``out`` ``[tokens, Hq, Dv]``, ``lse``
+def launch(rows: QueryRows, *, regime: str) -> None:
+    """Launch on ``rows.q``'s device (``rows``: :func:`tokenspeed_kernel.ops.attention.rows.query_rows`
+    of the call's arguments). ``q`` ``[tokens, Hq, D]``, ``out`` ``[tokens, Hq, Dv]``, ``lse``
     float32 ``[tokens, Hq]``; ``k``/``v`` ``[tokens, Hkv, D]`` (prefill) or paged caches
-    ``[pages, P, Hkv, D]``. Decode rows are ``batch * q_len`` tokens, ``q_len`` per sequence."""
+    ``[pages, P, Hkv, D]``. Decode rows are ``batch * q_len`` tokens, ``q_len`` per sequence.
+    ``regime``: ``"prefill"``, ``"extend"`` or ``"decode"`` (the kernel's mode)."""
+    q, k, v, out, lse, sinks = rows.q, rows.k, rows.v, rows.out, rows.lse, rows.sinks
+    k_scale, v_scale, page_table = rows.k_scale, rows.v_scale, rows.page_table
+    batch, window_left, logit_cap = rows.batch, rows.window_left, rows.logit_cap
+    q_len = max(rows.q_len, 1)  # the kernel's Q_LEN; ragged rows (prefill, extend) count 1
     arch = arch_config(device_arch(q.device.index or 0))
     group, head_dim = check_shapes(q, k, v, q_len if regime == "decode" else 1)
     num_tokens, num_q_heads, _ = q.shape
@@ -88,8 +71,7 @@ def launch(
     paged = regime != "prefill"
     splits = 1
     if regime == "decode":
-        visible = max_k if window_left < 0 else min(max_k, window_left + q_len)
-        splits = decode_splits(arch, batch, num_kv_heads, visible)
+        splits = decode_splits(arch, batch, num_kv_heads, rows.visible_keys)
     cfg = attention_config(
         arch,
         regime=regime,
@@ -99,7 +81,7 @@ def launch(
         num_kv_heads=num_kv_heads,
         q_len=q_len,
         page_size=k.shape[1] if paged else 1,
-        causal=causal,
+        causal=rows.causal,
         window=window_left >= 0,
         sinks=sinks is not None,
         cap=logit_cap > 0,
@@ -113,7 +95,7 @@ def launch(
     if splits > 1:
         part_out = torch.empty((splits, num_tokens, num_q_heads, v.shape[-1]), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((splits, num_tokens, num_q_heads), dtype=torch.float32, device=q.device)
-    grid = (num_m_blocks(max_q, group, cfg.block_m), batch * num_kv_heads, splits)
+    grid = (num_m_blocks(rows.max_q, group, cfg.block_m), batch * num_kv_heads, splits)
     attention_kernel[grid](
         q,
         k,
@@ -126,9 +108,9 @@ def launch(
         f32 if k_scale is None else k_scale,
         f32 if v_scale is None else v_scale,
         i32 if page_table is None else page_table,
-        i32 if cu_seqlens_q is None else cu_seqlens_q,
-        i32 if cu_seqlens_k is None else cu_seqlens_k,
-        i32 if cache_seqlens is None else cache_seqlens,
+        i32 if rows.cu_seqlens_q is None else rows.cu_seqlens_q,
+        i32 if rows.cu_seqlens_k is None else rows.cu_seqlens_k,
+        i32 if rows.cache_seqlens is None else rows.cache_seqlens,
         q.stride(0),
         k.stride(0) if paged else 0,
         k.stride(-3),
@@ -139,7 +121,7 @@ def launch(
         out.stride(0),
         0 if page_table is None else page_table.stride(0),
         num_tokens,
-        float(softmax_scale),
+        float(rows.softmax_scale),
         float(logit_cap),
         int(window_left),
         num_warps=cfg.num_warps,

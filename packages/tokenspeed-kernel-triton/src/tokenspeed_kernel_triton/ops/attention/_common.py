@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from tokenspeed_kernel.registry import Request
+from tokenspeed_kernel_triton._interpreter import VENDOR_CAPABILITIES, VENDORS
 
-# Under the Triton interpreter the kernels run on CPU tensors, so they serve the CPU
-# platform too (and outrank the reference there: tests and `check` exercise them).
-VENDORS = ("cuda", "rocm", "cpu") if os.environ.get("TRITON_INTERPRET") == "1" else ("cuda", "rocm")
+# VENDORS / VENDOR_CAPABILITIES: the GPUs, and the CPU under Triton's interpreter (where they
+# outrank the reference: tests and `check` exercise them); see _interpreter.py.
+__all__ = [
+    "COMMON_FEATURES",
+    "HEAD_DIMS",
+    "KV_DTYPES",
+    "PAGE_SIZES",
+    "Q_DTYPES",
+    "VENDORS",
+    "VENDOR_CAPABILITIES",
+    "head_dim_v_and_group_fit",
+]
 Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 KV_DTYPES = (*Q_DTYPES, torch.float8_e4m3fn)
 HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)

@@ -16,16 +16,15 @@ Tile parameters come from :data:`TILES` (data, keyed by operator regime), docume
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from tokenspeed_kernel.kit import cdiv, fill_splits, next_pow2, sm_count, vendor_of
+from tokenspeed_kernel.ops.attention.rows import QueryRows
 from tokenspeed_kernel_triton._launcher import jit_launch
 from tokenspeed_kernel_triton.ops.attention._kernel import attention_kernel, combine_kernel
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MIN_SPLIT_KEYS = 256
 MAX_SPLITS = 64
 
@@ -160,7 +159,9 @@ def kernel_config(
     tile: Tile | None = None,
 ) -> KernelConfig:
     """The tile choice of :data:`VENDOR_TILES` applied to one call (see the module docstring);
-    ``tile`` overrides the table (the ahead-of-time candidate sweep)."""
+    ``tile`` overrides the table (the ahead-of-time candidate sweep). ``vendor`` is
+    ``kit.vendor_of`` of the call's device: ``"cpu"`` is Triton's interpreter (the CUDA rows,
+    and the ``INTERPRET`` constexpr on)."""
     group = num_q_heads // num_kv_heads
     g_pad = next_pow2(group)
     tile = tile or _tile(regime, head_dim, window=narrow_window, vendor=vendor)
@@ -190,49 +191,30 @@ def kernel_config(
         "WRITE_LSE": lse,
         "NUM_SPLITS": splits,
         "Q_BLOCKS": q_blocks,
-        "INTERPRET": INTERPRET,
+        "INTERPRET": vendor == "cpu",  # only Triton's interpreter runs kernels on CPU tensors
         "DOT_PREC": "ieee" if q_dtype == torch.float32 else None,  # 16-bit operands: the default
         "CHECK_N": not causal or splits > 1,  # masked tiles test j < range end (see _kernel._tile)
     }
     return KernelConfig(constexprs, tile.num_warps, tile.num_stages, q_blocks)
 
 
-def launch(
-    *,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor | None,
-    sinks: torch.Tensor | None,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    page_table: torch.Tensor | None,
-    cu_seqlens_q: torch.Tensor | None,
-    cu_seqlens_k: torch.Tensor | None,
-    cache_seqlens: torch.Tensor | None,
-    batch: int,
-    max_q: int,
-    max_k: int,
-    q_len_uniform: int,
-    causal: bool,
-    softmax_scale: float,
-    window_left: int,
-    logit_cap: float,
-    splits: int,
-    regime: str,
-) -> None:
-    """Launch the attention kernel (and the combine when ``splits > 1``).
-
-    ``q`` ``[total_q, Hq, D]``; ``out`` ``[total_q, Hq, Dv]``; ``lse`` float32 ``[total_q, Hq]``
-    or None. ``k``/``v`` are ``[total_k, Hkv, D]`` (contiguous batch, ``page_table`` None) or
-    caches ``[pages, P, Hkv, D]``. ``cu_seqlens_q`` None means every sequence has
-    ``q_len_uniform`` queries stored back to back (decode).
+def launch(rows: QueryRows, *, splits: int, regime: str) -> None:
+    """Launch the attention kernel (and the combine when ``splits > 1``) over ``rows``
+    (:func:`tokenspeed_kernel.ops.attention.rows.query_rows` of the call's arguments): ``q``
+    ``[total_q, Hq, D]``, ``out`` ``[total_q, Hq, Dv]``, ``lse`` float32 ``[total_q, Hq]`` or
+    None; ``k``/``v`` ``[total_k, Hkv, D]`` (contiguous batch, no ``page_table``) or caches
+    ``[pages, P, Hkv, D]``; no ``cu_seqlens_q``: every sequence has ``q_len`` queries stored
+    back to back (decode). ``regime``: ``"prefill"`` (also extend) or ``"decode"``, the tile
+    table's row; ``splits``: key-range splits (decode, :func:`num_splits`), else 1.
     """
+    q, k, v, out, lse, sinks = rows.q, rows.k, rows.v, rows.out, rows.lse, rows.sinks
+    k_scale, v_scale, page_table = rows.k_scale, rows.v_scale, rows.page_table
+    cu_seqlens_q, cu_seqlens_k, cache_seqlens = rows.cu_seqlens_q, rows.cu_seqlens_k, rows.cache_seqlens
+    window_left, logit_cap = rows.window_left, rows.logit_cap
     total_q, num_q_heads, head_dim = q.shape
-    if total_q == 0 or batch == 0:  # an empty batch: nothing to launch
+    if total_q == 0 or rows.batch == 0:  # an empty batch: nothing to launch
         return
-    max_q = min(max_q, total_q)  # the grid follows real rows, not a loose bound
+    max_q = min(rows.max_q, total_q)  # the grid follows real rows, not a loose bound
     paged = page_table is not None
     cfg = kernel_config(
         q_dtype=q.dtype,
@@ -243,7 +225,7 @@ def launch(
         max_q=max_q,
         page_size=k.shape[1] if paged else None,
         uniform_q=cu_seqlens_q is None,
-        causal=causal,
+        causal=rows.causal,
         window=window_left >= 0,
         narrow_window=0 <= window_left <= NARROW_WINDOW,
         sinks=sinks is not None,
@@ -261,7 +243,7 @@ def launch(
         part_lse = torch.empty((total_q * num_q_heads * splits,), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = dummy
-    grid = (batch * cfg.q_blocks, k.shape[-2], splits)
+    grid = (rows.batch * cfg.q_blocks, k.shape[-2], splits)
     jit_launch(
         attention_kernel,
         grid,
@@ -291,8 +273,8 @@ def launch(
         out.stride(1),
         page_table.stride(0) if paged else 0,
         num_q_heads,
-        q_len_uniform,
-        softmax_scale,
+        rows.q_len,
+        rows.softmax_scale,
         logit_cap if logit_cap > 0 else 1.0,
         window_left,
         num_warps=cfg.num_warps,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tokenspeed_kernel.ops.attention.args import ExtendArgs
+from tokenspeed_kernel.ops.attention.rows import query_rows
 from tokenspeed_kernel.registry import Priority, register_kernel
 from tokenspeed_kernel_triton.ops.attention._common import (
     COMMON_FEATURES,
@@ -10,6 +11,7 @@ from tokenspeed_kernel_triton.ops.attention._common import (
     KV_DTYPES,
     PAGE_SIZES,
     Q_DTYPES,
+    VENDOR_CAPABILITIES,
     VENDORS,
     head_dim_v_and_group_fit,
 )
@@ -21,6 +23,7 @@ from tokenspeed_kernel_triton.ops.attention._launch import launch
     name="triton_extend",
     solution="triton",
     vendors=VENDORS,
+    vendor_capabilities=VENDOR_CAPABILITIES,
     dtypes={"q": Q_DTYPES, "kv": KV_DTYPES},
     shapes={"head_dim": HEAD_DIMS, "page_size": PAGE_SIZES},
     features=(*COMMON_FEATURES, "non_causal", "fp8_kv", "strided_kv"),
@@ -29,27 +32,4 @@ from tokenspeed_kernel_triton.ops.attention._launch import launch
 )
 def triton_extend(args: ExtendArgs) -> None:
     """Chunked prefill: the prefill tiles, keys gathered through the page table."""
-    launch(
-        q=args.q,
-        k=args.k_cache,
-        v=args.v_cache,
-        out=args.out,
-        lse=args.lse,
-        sinks=args.sinks,
-        k_scale=args.k_scale,
-        v_scale=args.v_scale,
-        page_table=args.page_table,
-        cu_seqlens_q=args.cu_seqlens_q,
-        cu_seqlens_k=None,
-        cache_seqlens=args.cache_seqlens,
-        batch=args.cu_seqlens_q.shape[0] - 1,
-        max_q=args.max_seqlen_q,
-        max_k=args.max_seqlen_k,
-        q_len_uniform=0,
-        causal=args.causal,
-        softmax_scale=args.softmax_scale,
-        window_left=args.window_left,
-        logit_cap=args.logit_cap,
-        splits=1,
-        regime="prefill",
-    )
+    launch(query_rows(args), splits=1, regime="prefill")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
+from tokenspeed_kernel.ops.attention.rows import query_rows
 from tokenspeed_kernel.registry import Priority, register_kernel
 from tokenspeed_kernel_triton.ops.attention._common import (
     COMMON_FEATURES,
     HEAD_DIMS,
     Q_DTYPES,
+    VENDOR_CAPABILITIES,
     VENDORS,
     head_dim_v_and_group_fit,
 )
@@ -19,6 +21,7 @@ from tokenspeed_kernel_triton.ops.attention._launch import launch
     name="triton_prefill",
     solution="triton",
     vendors=VENDORS,
+    vendor_capabilities=VENDOR_CAPABILITIES,
     dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
     shapes={"head_dim": HEAD_DIMS},
     features=(*COMMON_FEATURES, "non_causal"),
@@ -27,27 +30,4 @@ from tokenspeed_kernel_triton.ops.attention._launch import launch
 )
 def triton_prefill(args: PrefillArgs) -> None:
     """Ragged prefill: one program per (128 query rows of a GQA group, KV head); in-window tiles only."""
-    launch(
-        q=args.q,
-        k=args.k,
-        v=args.v,
-        out=args.out,
-        lse=args.lse,
-        sinks=args.sinks,
-        k_scale=None,
-        v_scale=None,
-        page_table=None,
-        cu_seqlens_q=args.cu_seqlens_q,
-        cu_seqlens_k=args.cu_seqlens_k,
-        cache_seqlens=None,
-        batch=args.cu_seqlens_q.shape[0] - 1,
-        max_q=args.max_seqlen_q,
-        max_k=args.max_seqlen_k,
-        q_len_uniform=0,
-        causal=args.causal,
-        softmax_scale=args.softmax_scale,
-        window_left=args.window_left,
-        logit_cap=args.logit_cap,
-        splits=1,
-        regime="prefill",
-    )
+    launch(query_rows(args), splits=1, regime="prefill")

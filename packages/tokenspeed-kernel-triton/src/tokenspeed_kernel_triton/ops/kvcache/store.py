@@ -9,9 +9,9 @@ import triton.language as tl
 from tokenspeed_kernel.kit import next_pow2
 from tokenspeed_kernel.ops.kvcache.args import StoreArgs
 from tokenspeed_kernel.registry import Priority, register_kernel
+from tokenspeed_kernel_triton._interpreter import interpreted
 from tokenspeed_kernel_triton._launcher import jit_launch
-from tokenspeed_kernel_triton.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS
-from tokenspeed_kernel_triton.ops.attention._launch import INTERPRET
+from tokenspeed_kernel_triton.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDOR_CAPABILITIES, VENDORS
 
 FP8_MAX = 448.0
 
@@ -122,6 +122,7 @@ def _store_rows(
     name="triton_store_kvcache",
     solution="triton",
     vendors=VENDORS,
+    vendor_capabilities=VENDOR_CAPABILITIES,
     dtypes={"kv": Q_DTYPES, "cache": (*Q_DTYPES, torch.float8_e4m3fn)},
     shapes={"page_size": PAGE_SIZES},
     features=("fp8_kv", "strided_kv"),  # any cache strides (the head dim has stride 1)
@@ -161,6 +162,6 @@ def triton_store_kvcache(args: StoreArgs) -> None:
         BLOCK_H=next_pow2(num_heads),
         BLOCK_D=next_pow2(max(dim_k, dim_v)),
         FP8=kc.dtype == torch.float8_e4m3fn,
-        INTERPRET=INTERPRET,
+        INTERPRET=interpreted(k.device),
         num_warps=1,
     )

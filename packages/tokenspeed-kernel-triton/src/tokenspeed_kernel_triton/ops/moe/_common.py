@@ -5,14 +5,22 @@ Power-of-two rounding, the vendor of a device and the activation codes come from
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-# Under the Triton interpreter the kernels run on CPU tensors, so they serve the CPU
-# platform too (and outrank the reference there: tests and `check` exercise them).
-VENDORS = ("cuda", "rocm", "cpu") if INTERPRET else ("cuda", "rocm")
+from tokenspeed_kernel_triton._interpreter import VENDOR_CAPABILITIES, VENDORS, interpreted
+
+# VENDORS / VENDOR_CAPABILITIES: the GPUs, and the CPU under Triton's interpreter (where they
+# outrank the reference: tests and `check` exercise them); interpreted(device): the INTERPRET
+# constexpr of a launch. See _interpreter.py.
+__all__ = [
+    "ACT_DTYPES",
+    "MAX_EXPERTS",
+    "VENDORS",
+    "VENDOR_CAPABILITIES",
+    "WEIGHT_DTYPES",
+    "dot_precision",
+    "interpreted",
+]
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 WEIGHT_DTYPES = (*ACT_DTYPES, torch.float8_e4m3fn, torch.uint8)
 MAX_EXPERTS = 1024  # the routing kernels hold one histogram bin per expert in registers

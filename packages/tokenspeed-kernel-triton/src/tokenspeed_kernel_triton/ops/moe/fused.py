@@ -29,11 +29,12 @@ from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_triton._launcher import Launch, jit_launch
 from tokenspeed_kernel_triton.ops.moe._common import (
     ACT_DTYPES,
-    INTERPRET,
     MAX_EXPERTS,
+    VENDOR_CAPABILITIES,
     VENDORS,
     WEIGHT_DTYPES,
     dot_precision,
+    interpreted,
 )
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile
 from tokenspeed_kernel_triton.ops.moe._driver import Runner, bind_moe, layer_output, run_moe
@@ -161,7 +162,7 @@ def quantize_fp8_rows(a: torch.Tensor, group: int, routing: Routing | None = Non
             GROUP=group,
             BLOCK=group or min(1024, next_pow2(k)),
             HAS_IDS=routing is not None,
-            INTERPRET=INTERPRET,
+            INTERPRET=interpreted(a.device),
             num_warps=4,
         )
     return q, s
@@ -228,7 +229,7 @@ def _gemm_launch(
             BLOCK_K=block_k,
             GROUP_M=tile.group_m,
             EVEN_K=k % (128 if op.mx_words else 64 if mx else block_k) == 0,
-            INTERPRET=INTERPRET,
+            INTERPRET=interpreted(a.device),
             DOT_PREC=None if fp8_act else dot_precision(a.dtype),
             MX_HALVES=op.mx_halves,
             MX_BF16=mx and a.dtype == torch.bfloat16,
@@ -363,6 +364,7 @@ def experts_predicate(request: Request) -> str | None:
     name="triton_fused_moe",
     solution="triton",
     vendors=VENDORS,
+    vendor_capabilities=VENDOR_CAPABILITIES,
     dtypes={"x": ACT_DTYPES, "weight": WEIGHT_DTYPES},
     features=FEATURES,
     priority=Priority.PORTABLE,

@@ -28,8 +28,8 @@ instead of decoding E2M1 with integer arithmetic. MXFP4 weights and bf16 activat
   ``activation_quant`` the function serves.
 - **Gating.** Ranked above ``triton_fused_moe`` for MXFP4 weights: on an H100 its GPU
   numerics pass and it is 1.21-1.44x faster at every T from 1 to 4096
-  (docs/history.md, 2026-11-23). Unavailable under the Triton
-  interpreter, which cannot run ``tl.dot_scaled``. ROCm is allowed but never measured: the
+  (docs/history.md, 2026-11-23). Registered for GPUs only: Triton's
+  interpreter (the CPU) cannot run ``tl.dot_scaled``. ROCm is allowed but never measured: the
   kernel compiles for gfx942 (Triton emulates ``dot_scaled`` with bf16 MFMA) and gfx950
   (``test_aot_compile_moe.py``), and the AMD Gluon MoE kernels outrank it there.
 """
@@ -50,7 +50,6 @@ from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_triton._launcher import Launch
-from tokenspeed_kernel_triton.ops.moe._common import INTERPRET, VENDORS
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile, split_k
 from tokenspeed_kernel_triton.ops.moe._driver import Layer, Runner, bind_moe, layer_output, run_moe
 from tokenspeed_kernel_triton.ops.moe._mx_gemm import moe_mx_gemm_kernel, split_finish_kernel
@@ -388,8 +387,6 @@ def bind_fused_moe_mx(args: MoEApplyArgs, tile: Tile | None = None, splits: int 
 
 def dot_scaled_missing() -> str | None:
     """``available`` hook: why ``tl.dot_scaled`` cannot run here, else None."""
-    if INTERPRET:
-        return "tl.dot_scaled is not supported by the Triton interpreter"
     if not hasattr(tl, "dot_scaled"):
         return f"triton {triton.__version__} has no tl.dot_scaled"
     return None
@@ -411,7 +408,8 @@ mx_predicate = mxfp4_predicate("MXFP4 weights only (tl.dot_scaled e2m1 main loop
 # Registration metadata (data). Above triton_fused_moe: measured correct and faster (H100).
 MX_REGISTRATION = {
     "solution": "triton",
-    "vendors": VENDORS,
+    # GPUs only: Triton's interpreter (the CPU) cannot run tl.dot_scaled.
+    "vendors": ("cuda", "rocm"),
     "capabilities": ("bf16",),
     "dtypes": {"x": tuple(A_FORMATS), "weight": (torch.uint8,)},
     "features": ("silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4"),

@@ -34,8 +34,8 @@ bf16x2 pattern (:mod:`._mx_swap_gemm`), with the 4 scales of a step in one pipel
   (routing included) 1.80x / 1.29x / 1.17x / 1.30x / 0.88x; 1.6-2.4x ``triton_fused_moe_mx``;
   at T = 8 faster than ``gluon_moe_mma_sm90`` (184.5 vs 192.7 µs in one run with the earlier
   tile, 169.5 µs with today's), at T = 1 slower (48.8 vs 38.3 µs).
-  Unavailable under the Triton interpreter like ``triton_fused_moe_mx``; the tests run its
-  kernel there directly (float32 decode path).
+  Registered for sm_90 only, so never selected for CPU tensors (the interpreter); the tests
+  run its kernel there directly (float32 decode path).
 - **Bound runs** (``bind`` hook :func:`bind_fused_moe_mx_swap`): :func:`.fused_mx.bind_layers`
   with this kernel's GEMM launch, on the plan's :class:`PreparedSwap` weights only, up to
   :data:`.fused.BIND_MAX_TOKENS` tokens and without ``activation_quant`` (else None: the
@@ -58,7 +58,7 @@ from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, register_kernel
 from tokenspeed_kernel_triton._launcher import Launch
-from tokenspeed_kernel_triton.ops.moe._common import INTERPRET
+from tokenspeed_kernel_triton.ops.moe._common import interpreted
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile
 from tokenspeed_kernel_triton.ops.moe._mx_swap_gemm import STEP_K, WORDS_PER_ROW, moe_mx_swap_gemm_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing
@@ -81,7 +81,6 @@ __all__ = [
     "bind_fused_moe_mx_swap",
     "fused_moe_mx_swap",
     "prepare_moe_mx_swap",
-    "swap_missing",
     "swap_operand",
     "swap_predicate",
     "swap_scales",
@@ -244,7 +243,7 @@ def _swap_launch(
             GROUP_M=tile.group_m,
             SPLIT=splits > 1,
             BIG_SCALES=op.big_scales,
-            INTERPRET=INTERPRET,
+            INTERPRET=interpreted(a.device),
             num_warps=tile.num_warps,
             num_stages=tile.num_stages,
         ),
@@ -286,13 +285,6 @@ def bind_fused_moe_mx_swap(args: MoEApplyArgs, tile: Tile | None = None, splits:
     return bind_layers(args, prepared, _swap_tile(args, tile), _swap_launch, splits)
 
 
-def swap_missing() -> str | None:
-    """``available`` hook: why the kernel cannot run here, else None."""
-    if INTERPRET:
-        return "GPU only (inline PTX bf16x2 multiplies); its tests run the kernel under the interpreter directly"
-    return None
-
-
 swap_predicate = mxfp4_predicate("MXFP4 weights only (in-register E2M1 decode)")
 
 
@@ -309,7 +301,6 @@ SWAP_REGISTRATION = {
     "priority": Priority.PERFORMANT,
     "rank_when": ({"num_tokens_bucket": (8,)}, Priority.PERFORMANT + 20),
     "predicate": swap_predicate,
-    "available": swap_missing,
     "prepare": prepare_moe_mx_swap,
     "bind": bind_fused_moe_mx_swap,
 }

@@ -64,7 +64,7 @@ from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_triton._launcher import jit_launch
-from tokenspeed_kernel_triton.ops.moe._common import ACT_DTYPES, VENDORS
+from tokenspeed_kernel_triton.ops.moe._common import ACT_DTYPES, VENDOR_CAPABILITIES, VENDORS
 from tokenspeed_kernel_triton.ops.moe._gemm import activate
 
 __all__ = [
@@ -366,6 +366,7 @@ def gemv_predicate(request: Request) -> str | None:
 GEMV_REGISTRATION = {
     "solution": "triton",
     "vendors": VENDORS,
+    "vendor_capabilities": VENDOR_CAPABILITIES,
     "dtypes": {"x": ACT_DTYPES, "weight": (torch.uint8,)},
     "features": FEATURES,
     "priority": Priority.PORTABLE + 20,

@@ -9,7 +9,7 @@ from tokenspeed_kernel.kit import cdiv, next_pow2
 from tokenspeed_kernel.ops.moe.args import TopKArgs
 from tokenspeed_kernel.registry import Priority, register_kernel
 from tokenspeed_kernel_triton._launcher import jit_launch
-from tokenspeed_kernel_triton.ops.moe._common import ACT_DTYPES, MAX_EXPERTS, VENDORS
+from tokenspeed_kernel_triton.ops.moe._common import ACT_DTYPES, MAX_EXPERTS, VENDOR_CAPABILITIES, VENDORS
 
 __all__ = ["topk_kernel", "triton_moe_topk"]
 
@@ -77,6 +77,7 @@ def _predicate(request) -> str | None:
     name="triton_moe_topk",
     solution="triton",
     vendors=VENDORS,
+    vendor_capabilities=VENDOR_CAPABILITIES,
     dtypes={"logits": ACT_DTYPES},
     features=("softmax", "sigmoid", "renormalize"),
     priority=Priority.PORTABLE,
