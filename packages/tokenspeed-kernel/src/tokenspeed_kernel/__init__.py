@@ -9,7 +9,8 @@ shapes, so ``select``/``explain`` answer "which kernel would serve this call" be
 made; ``last_kernel()`` names the kernel that served the last call.
 
 Import order of the core, top-down: ``config`` → ``platform`` → ``operators`` →
-``registry`` → ``kit`` → ``selector`` → ``ops.<family>`` (public API + validation) → ``reference``
+``registry`` → ``kit`` → ``selector`` → ``ops._operator`` (one ``Operator`` object per operator
+and the call path) → ``ops.<family>`` (public API + plans + validation) → ``reference``
 (pure-PyTorch kernels, loaded lazily as the built-in backend) → ``tools`` / ``cli``.
 """
 

@@ -2,7 +2,9 @@
 
 Each operator names the dtype roles, shape keys and features a request for it can carry.
 ``@register_kernel`` checks a kernel's metadata against this table, so a misspelt feature
-(``"sink"`` for ``"sinks"``) fails at registration instead of silently never matching.
+(``"sink"`` for ``"sinks"``) fails at registration instead of silently never matching. Every
+schema here has one :class:`~tokenspeed_kernel.ops._operator.Operator` (defined with its
+public function), which exposes it as ``schema``.
 
 Vocabulary:
     dtype roles   which tensor a dtype constraint applies to.

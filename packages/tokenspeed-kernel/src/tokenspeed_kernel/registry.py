@@ -324,7 +324,9 @@ _loaded = False
 _current_backend: str | None = None
 
 
-def _frozen_dtypes(dtypes: Mapping[str, Iterable[torch.dtype]] | None, roles: tuple[str, ...], name: str):
+def _frozen_dtypes(
+    dtypes: Mapping[str, Iterable[torch.dtype]] | None, roles: tuple[str, ...], name: str
+) -> tuple[tuple[str, frozenset[torch.dtype]], ...]:
     out = []
     for role, values in sorted((dtypes or {}).items()):
         if role not in roles:
@@ -390,7 +392,7 @@ def _shown_set(values: frozenset[int | None]) -> str:
 
 def _frozen_shapes(
     shapes: Mapping[str, Iterable[int | None]] | None, keys: tuple[str, ...], name: str, *, absent: bool = False
-):
+) -> tuple[tuple[str, frozenset[Any]], ...]:
     """``shapes`` as sorted ``(key, frozenset)`` pairs; ``absent``: ``None`` may be a value
     (a ``rank_when`` set accepting requests without the key)."""
     out = []
@@ -471,7 +473,8 @@ def register_kernel(
     if not isinstance(graph_safe, bool):
         raise TypeError(f"kernel {name!r}: graph_safe must be a bool, got {type(graph_safe).__name__}")
     checked_priority = _checked_priority(priority, name, "priority")
-    rank_shapes, rank_priority = (), None
+    rank_shapes: tuple[tuple[str, frozenset[Any]], ...] = ()
+    rank_priority = None
     if rank_when is not None:
         when, rank_priority = rank_when
         rank_shapes = _frozen_shapes(when, schema.shape_keys, name, absent=True)

@@ -4,23 +4,24 @@ Every check raises ``TypeError`` (wrong kind or dtype) or ``ValueError`` (wrong 
 device, layout or value) naming the argument and what was expected. None of them reads
 device memory: checks that would need a sync live behind ``config.debug()`` in each op.
 
-The hot path (per layer, per step) does not re-run them for a call it has seen: each op
-builds a **call key** from what its checks read (:func:`arg_key`, :func:`options_key`:
-a tensor's exact type, shape, dtype, device, strides and storage offset; an option's exact type and
-value) and keeps the facts its full validation derived (head geometry, resolved scale,
-selector request) in a bounded table per op (:func:`remember`). A key is remembered only
-after the full checks passed for a call with that key, and every outcome of those checks is
-a function of the key, so a hit means the same checks would pass again. Values that
-change per call (``max_seqlen_*``, pointers for aliasing) are not in keys (only a
-power-of-two bucket of one, where the selector request carries it): they are checked on
-every call, and any doubt (a miss, an inline check failing, an argument of another kind,
+The hot path (per layer, per step) does not re-run them for a call it has seen: each
+operator (:mod:`tokenspeed_kernel.ops._operator`) builds a **call key** from what its checks
+read (:func:`call_key` of :func:`arg_key` and :func:`options_key`: a tensor's exact type,
+shape, dtype, device, strides and storage offset; an option's exact type and value) and
+keeps the call's plan (what its full validation derived: head geometry, resolved scale,
+output shapes, selector request) in a bounded plan cache (:func:`remember`). A key is
+remembered only after the full checks passed for a call with that key, and every outcome of
+those checks is a function of the key, so a hit means the same checks would pass again.
+Values that change per call (``max_seqlen_*``, pointers for aliasing) are not in keys (only
+a power-of-two bucket of one, where the selector request carries it): they are checked on
+every call, and any doubt (a miss, a per-call check failing, an argument of another kind,
 tracing under ``torch.compile``) runs the full checks, which raise the precise error.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -125,7 +126,7 @@ def kv_align(*caches: torch.Tensor) -> int:
     return align
 
 
-def check_optional_tensor(name: str, t: object, **kwargs) -> torch.Tensor | None:
+def check_optional_tensor(name: str, t: object, **kwargs: Any) -> torch.Tensor | None:
     """:func:`check_tensor` for an argument that may be None."""
     return None if t is None else check_tensor(name, t, **kwargs)
 
@@ -177,7 +178,9 @@ def check_override(override: object) -> str | None:
     return override
 
 
-def check_index_tensor(name: str, t: object, *, ndim: int, dtype: torch.dtype, shape=None) -> torch.Tensor:
+def check_index_tensor(
+    name: str, t: object, *, ndim: int, dtype: torch.dtype, shape: Sequence[int | None] | None = None
+) -> torch.Tensor:
     """An integer index tensor of one exact dtype (int32 page tables, int64 slots, ...)."""
     return check_tensor(name, t, ndim=ndim, dtypes=(dtype,), shape=shape)
 
@@ -228,13 +231,10 @@ def options_key(*values: object) -> Hashable:
     return (types, values)
 
 
-def call_key(compiling: bool, args: tuple[object, ...], options: tuple[object, ...] = ()) -> Hashable | None:
+def call_key(args: tuple[object, ...], options: tuple[object, ...] = ()) -> Hashable | None:
     """The call key of one call: :func:`arg_key` of each of ``args`` (tensors, weights, optional
     tensors, a plan's handle) and :func:`options_key` of ``options`` (scalars; none: no entry).
-    None, which no table holds, while tracing (``compiling``: the full checks run every time)
-    or when an argument is :class:`Uncacheable`."""
-    if compiling:
-        return None
+    None, which no table holds, when an argument is :class:`Uncacheable`."""
     try:
         if options:
             return (*map(arg_key, args), options_key(*options))
@@ -247,22 +247,22 @@ _TABLES: list[dict] = []
 
 
 def call_table() -> dict[Hashable, V]:
-    """A new per-op table of call key -> facts (cleared by :func:`clear_call_tables`)."""
+    """A new table of call key -> plan (cleared by :func:`clear_call_tables`)."""
     table: dict[Hashable, V] = {}
     _TABLES.append(table)
     return table
 
 
 def clear_call_tables() -> None:
-    """Forget every remembered call (tests; the next call of each key is checked in full)."""
+    """Forget every remembered plan (tests; the next call of each key is checked in full)."""
     for table in _TABLES:
         table.clear()
 
 
-def remember(table: dict[Hashable, V], key: Hashable | None, facts: V) -> V:
-    """Store ``facts`` under ``key`` (None: nothing) in a bounded per-op table; return them."""
+def remember(table: dict[Hashable, V], key: Hashable | None, plan: V) -> V:
+    """Store ``plan`` under ``key`` (None: nothing) in a bounded plan cache; return it."""
     if key is not None:
         if len(table) >= CALL_CACHE_LIMIT:
             table.clear()
-        table[key] = facts
-    return facts
+        table[key] = plan
+    return plan

@@ -110,7 +110,9 @@ def _attend_block(
     return out.reshape(num_q, num_q_heads, head_dim_v), lse.permute(2, 0, 1).reshape(num_q, num_q_heads)
 
 
-def _gather_pages(cache: torch.Tensor, pages: torch.Tensor, length: int, scale, dtype: torch.dtype) -> torch.Tensor:
+def _gather_pages(
+    cache: torch.Tensor, pages: torch.Tensor, length: int, scale: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
     """Rows ``0..length-1`` of one sequence from a paged cache, dequantized to ``dtype``."""
     page_size = cache.shape[1]
     used = pages[: math.ceil(length / page_size)].long()

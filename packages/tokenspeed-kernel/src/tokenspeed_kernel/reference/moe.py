@@ -14,6 +14,8 @@ compute dtype (float32, or float64 for float64 inputs); with ``activation_quant=
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -93,7 +95,7 @@ def _swiglu_oai(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 ACTIVATION_FUNCTIONS = {"silu": _silu, "gelu": _gelu, "swiglu_oai": _swiglu_oai}
 
 
-def _activation_quantizer(args: MoEApplyArgs):
+def _activation_quantizer(args: MoEApplyArgs) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """The fake quantization of a GEMM's A operand for ``args.activation_quant``, or None."""
     if args.activation_quant == "mxfp8":
         return fake_quantize_mxfp8

@@ -292,7 +292,9 @@ def _checked(case: cases.MoECase, inputs: dict[str, Any], run: Callable[[], torc
     return run
 
 
-def _prepare(presorted: bool, case: cases.MoECase, inputs: dict[str, Any], device: torch.device):
+def _prepare(
+    presorted: bool, case: cases.MoECase, inputs: dict[str, Any], device: torch.device
+) -> Callable[[], Any] | str:
     why = _unsupported(case, inputs)
     if why is not None:
         return why

@@ -53,7 +53,7 @@ def _uniform(case: AttentionCase) -> str | None:
     return None
 
 
-def _dense_qkv(case: AttentionCase, inputs: dict[str, Any]):
+def _dense_qkv(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q ``[B, Hq, Lq, D]``, k/v ``[B, Hkv, Lk, D]`` views of a uniform ragged batch."""
     b = case.batch
     q = inputs["q"].view(b, case.seqlens_q[0], case.num_q_heads, -1).transpose(1, 2)

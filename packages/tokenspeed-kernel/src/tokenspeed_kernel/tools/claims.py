@@ -532,7 +532,16 @@ class _Deriver:
         self.cases.append(DerivedCase(plan.id, len(self.cases), case, self.exercised(request, plan)))
         return True
 
-    def plan(self, pid: str, dtype: torch.dtype, features, *, edge=None, batch="", targets=()) -> _Plan | None:
+    def plan(
+        self,
+        pid: str,
+        dtype: torch.dtype,
+        features: set[str] | frozenset[str],
+        *,
+        edge: tuple[str, int] | None = None,
+        batch: str = "",
+        targets: tuple[Claim, ...] = (),
+    ) -> _Plan | None:
         """A plan of ``features`` completed (:meth:`complete`), or None with a note on
         ``targets`` when they cannot be completed."""
         done = self.complete(features)

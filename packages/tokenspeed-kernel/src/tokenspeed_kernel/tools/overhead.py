@@ -17,10 +17,11 @@ serve a call made outside the benchmark. Run it in its own process::
 
 Per case it prints the median microseconds per call (over ``repeats`` runs of ``number``
 calls) and a breakdown into ``validation`` (argument checks, in ``ops/_checks.py``,
-``ops/*/_validate.py`` and the ``check_*`` helpers), ``request`` (building the selector
-request), ``select`` (selector lookup, platform, capture guard, ``last_kernel``
-bookkeeping), ``launch`` (output allocation, the typed arguments, the call into the kernel)
-and ``body`` (the public function's own lines). The breakdown is each category's share of
+``ops/*/_validate.py`` and the ``check_*`` helpers; on a remembered call, the operator's call
+key), ``request`` (building the selector request), ``select`` (selector lookup, platform,
+capture guard, ``last_kernel`` bookkeeping), ``launch`` (output allocation, the typed
+arguments, the call into the kernel) and ``body`` (the public function, the call path and the
+plan's own lines). The breakdown is each category's share of
 a ``cProfile`` run (self time; a builtin's time is charged to its caller's category) scaled
 to the unprofiled median: the profiler inflates call-heavy parts, so read the shares as
 approximate and the total as exact.
@@ -283,8 +284,10 @@ class OverheadRow:
 _BY_NAME = {
     **dict.fromkeys(("attention_request", "store_request", "topk_request", "apply_request", "pow2_bucket"), "request"),
     **dict.fromkeys(("make", "features"), "request"),
+    # An operator's call key stands for its checks on the hot path (ops/_operator.py).
+    "key": "validation",
     **dict.fromkeys(("select", "dispatch", "record", "check_capturable", "is_capturing"), "select"),
-    **dict.fromkeys(("_noop", "replace", "_replace"), "launch"),
+    **dict.fromkeys(("_noop", "replace", "_replace", "launch", "_launch"), "launch"),
 }
 # Builtins and generated methods that the op's own body calls to allocate outputs and build
 # the kernel's typed arguments (a dataclass ``__init__``, ``dataclasses.replace``).

@@ -437,7 +437,9 @@ def _e2e_describe(meta: dict[str, Any], what: str, batch: int, ctx: int, device:
     return f"prefill forward: {batch} prompt(s) of {ctx} tokens ({where}); eager, last-token logits"
 
 
-def _e2e_timing(op: str, case: str, impl: str, kind: str, ms: float | None, tok_s: float | None, note: str):
+def _e2e_timing(
+    op: str, case: str, impl: str, kind: str, ms: float | None, tok_s: float | None, note: str
+) -> dict[str, Any]:
     """A timing in the keys of ``bench``'s rows (``BenchRow``), with ``tok_s``."""
     return {
         "op": op,

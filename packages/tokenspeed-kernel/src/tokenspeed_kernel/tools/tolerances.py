@@ -11,6 +11,7 @@ kernel may compute in: the activation dtype, or the weight/KV format when that i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -57,7 +58,7 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
 _PRECISION = {torch.float32: "fp32", torch.float64: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
-def tolerance_for(case) -> Tolerance:
+def tolerance_for(case: Any) -> Tolerance:
     """The tolerance of a case: its family and its coarsest precision."""
     family = case.op.split(".")[0]
     precision = _PRECISION[case.dtype]

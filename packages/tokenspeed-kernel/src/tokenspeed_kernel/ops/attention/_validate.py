@@ -1,7 +1,10 @@
-"""Host-side validation shared by the attention operators.
+"""Host-side validation of the attention operators, and their selector requests.
 
-Each function raises ``TypeError``/``ValueError`` naming the argument; none reads device
-memory except the ``debug_check_*`` functions, which the operators call only under
+``check_prefill``, ``check_extend`` and ``check_decode_call`` are every host check of
+``mha_prefill``, ``mha_extend_with_kvcache`` and ``mha_decode_with_kvcache``, in order;
+``check_decode`` is what ``mha_decode_with_kvcache`` and ``mha_decode_plan`` share. Each
+function raises ``TypeError``/``ValueError`` naming the argument; none reads device memory
+except the ``debug_check_*`` functions, which the operators call only under
 ``TOKENSPEED_KERNEL_DEBUG=1``.
 """
 
@@ -12,6 +15,7 @@ import math
 
 import torch
 
+from tokenspeed_kernel import config
 from tokenspeed_kernel.ops._checks import (
     ACT_DTYPES,
     check_float,
@@ -23,10 +27,115 @@ from tokenspeed_kernel.ops._checks import (
     check_tensor,
     dtype_name,
     kv_align,
+    pow2_bucket,
 )
 from tokenspeed_kernel.ops.attention.args import Heads
+from tokenspeed_kernel.registry import Request
 
 KV_CACHE_DTYPES = (*ACT_DTYPES, torch.float8_e4m3fn)
+
+
+def attention_request(
+    op: str,
+    *,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    heads: Heads,
+    causal: bool = True,
+    window_left: int = -1,
+    sinks: bool = False,
+    logit_cap: float = 0.0,
+    return_lse: bool = False,
+    page_size: int | None = None,
+    q_len: int | None = None,
+    capturable: bool = False,
+    batch: int | None = None,
+    max_seqlen_q: int | None = None,
+    strided_kv: bool = False,
+    kv_align: int | None = None,
+) -> Request:
+    """The selector request of an attention call, built from plain shapes (public: ask
+    ``select``/``explain`` which kernel would serve a model's calls before making them).
+
+    Args:
+        op: ``"attention.prefill"``, ``"attention.extend"`` or ``"attention.decode"``.
+        q_dtype: the activation dtype. kv_dtype: k/v (prefill) or cache dtype.
+        heads: head counts and dims (:class:`~tokenspeed_kernel.ops.attention.args.Heads`).
+        causal, window_left, sinks (whether a sinks tensor is passed), logit_cap,
+            return_lse: as in the public call (decode is always causal).
+        page_size: the cache's page size (extend, decode). q_len: queries per sequence
+            (decode; 1 unless speculative).
+        capturable: only kernels that can be captured in a CUDA graph may serve it.
+        batch: sequences in the batch (decode): adds ``batch_bucket``, the next power of
+            two >= ``batch``, which kernels may be ranked by (``rank_when``).
+        max_seqlen_q: the longest query length (prefill): adds ``max_seqlen_q_bucket``, the
+            next power of two >= ``max_seqlen_q``, which kernels may be ranked by.
+        strided_kv: the paged caches are strided views, not contiguous (extend, decode).
+        kv_align: the strided caches' byte alignment, a power of two <= 16 (see
+            ``tokenspeed_kernel.ops._checks.kv_align``); the public call gives it with
+            ``strided_kv`` only.
+
+    Features: ``non_causal``, ``sliding_window``, ``sinks``, ``logit_cap``, ``return_lse``,
+    ``fp8_kv`` (an fp8 cache), ``spec_decode`` (``q_len > 1``), ``strided_kv``. Shapes: head
+    dims, head counts, ``window_left`` when windowed, and ``page_size`` / ``kv_align`` /
+    ``q_len`` where the operator has them, ``batch_bucket`` / ``max_seqlen_q_bucket`` when ``batch`` / ``max_seqlen_q`` is
+    given. It is exactly the request the public call builds for the same arguments.
+    """
+    flags = (
+        ("non_causal", not causal),
+        ("sliding_window", window_left >= 0),
+        ("sinks", sinks),
+        ("logit_cap", logit_cap > 0),
+        ("return_lse", return_lse),
+        ("fp8_kv", kv_dtype == torch.float8_e4m3fn),
+        ("spec_decode", q_len is not None and q_len > 1),
+        ("strided_kv", strided_kv),
+    )
+    shapes = [
+        ("head_dim", heads.head_dim),
+        ("head_dim_v", heads.head_dim_v),
+        ("num_kv_heads", heads.num_kv_heads),
+        ("num_q_heads", heads.num_q_heads),
+    ]
+    optional = (("page_size", page_size), ("kv_align", kv_align), ("q_len", q_len))
+    shapes += [(key, value) for key, value in optional if value is not None]
+    if window_left >= 0:
+        shapes.append(("window_left", window_left))
+    if batch is not None:
+        shapes.append(("batch_bucket", pow2_bucket(batch)))
+    if max_seqlen_q is not None:
+        shapes.append(("max_seqlen_q_bucket", pow2_bucket(max_seqlen_q)))
+    return Request(
+        op,
+        (("kv", kv_dtype), ("q", q_dtype)),
+        tuple(sorted(shapes)),
+        frozenset(name for name, on in flags if on),
+        capturable,
+    )
+
+
+def attention_signature(
+    q_dtype: torch.dtype, kv_dtype: torch.dtype, heads: Heads, **options: object
+) -> dict[str, object]:
+    """The capture signature of an attention call (``AttentionCase`` field names plus the
+    call's own: ``batch``, ``total_q``, ...; ``TOKENSPEED_KERNEL_CAPTURE``)."""
+    return {
+        "num_q_heads": heads.num_q_heads,
+        "num_kv_heads": heads.num_kv_heads,
+        "head_dim": heads.head_dim,
+        "head_dim_v": heads.head_dim_v,
+        "dtype": dtype_name(q_dtype),
+        "kv_dtype": dtype_name(kv_dtype),
+        **options,
+    }
+
+
+def kernel_window(window_left: int, max_keys: int) -> int:
+    """The window a kernel receives: ``window_left`` capped at ``max_keys``, the most keys a
+    sequence can hold (prefill: ``total_k``; paged: page-table columns x page size). A query
+    never sits ``max_keys`` or more positions after a key it could see, so the cap changes no
+    result; it keeps ``position - window_left`` inside int32 in the kernels."""
+    return min(window_left, max_keys)
 
 
 def check_options(
@@ -229,7 +338,7 @@ def check_paged_cache(
 
 
 def check_decode(
-    q4: torch.Tensor,
+    q: torch.Tensor,
     k_cache: object,
     v_cache: object,
     page_table: object,
@@ -245,17 +354,17 @@ def check_decode(
     return_lse: object,
     override: object,
     sinks: object,
-) -> tuple[Heads, int, torch.Tensor | None, torch.Tensor | None, float]:
+) -> tuple[Heads, int, float]:
     """The checks ``mha_decode_with_kvcache`` and ``mha_decode_plan`` share: the paged cache
-    and tables against ``q4 [batch, q_len, Hq, D]`` (a real q or a placeholder of its shape),
-    ``max_seqlen_k >= q_len``, and the options. Returns heads, page size, the fp8 scales
-    and the resolved softmax scale."""
-    heads, page_size, ks, vs = check_paged_cache(
-        q4, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, q4.shape[0]
+    and tables against ``q`` (``[batch, Hq, D]`` or ``[batch, q_len, Hq, D]``: a real q or a
+    placeholder of its shape), ``max_seqlen_k >= q_len``, and the options. Returns heads,
+    page size and the resolved softmax scale."""
+    heads, page_size, _, _ = check_paged_cache(
+        q, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, q.shape[0]
     )
     check_int("max_seqlen_k", max_seqlen_k, min_value=q_len)
     scale = check_options(
-        q4,
+        q,
         heads,
         softmax_scale=softmax_scale,
         window_left=window_left,
@@ -264,7 +373,249 @@ def check_decode(
         override=override,
         sinks=sinks,
     )
-    return heads, page_size, ks, vs, scale
+    return heads, page_size, scale
+
+
+def _check_ragged_options(
+    q: torch.Tensor,
+    heads: Heads,
+    max_seqlen_q: object,
+    max_seqlen_k: object,
+    causal: object,
+    softmax_scale: object,
+    window_left: object,
+    sinks: object,
+    logit_cap: object,
+    return_lse: object,
+    out: object,
+    override: object,
+) -> float:
+    """The checks ``mha_prefill`` and ``mha_extend_with_kvcache`` end with, after their tensors:
+    host bounds and ``causal``, the options, ``out`` ``[total_q, Hq, Dv]``; the resolved scale."""
+    check_ragged(max_seqlen_q, max_seqlen_k, causal)
+    scale = check_options(
+        q,
+        heads,
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        override=override,
+        sinks=sinks,
+    )
+    check_out(out, (q.shape[0], heads.num_q_heads, heads.head_dim_v), q)
+    return scale
+
+
+def check_prefill(
+    q: object,
+    k: object,
+    v: object,
+    cu_seqlens_q: object,
+    cu_seqlens_k: object,
+    max_seqlen_q: object,
+    max_seqlen_k: object,
+    causal: object,
+    softmax_scale: object,
+    window_left: object,
+    sinks: object,
+    logit_cap: object,
+    return_lse: object,
+    out: object,
+    override: object,
+) -> tuple[Heads, float]:
+    """Every host check of ``mha_prefill``, in order; the head geometry and the resolved scale."""
+    q = check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES)
+    k = check_tensor("k", k, ndim=3, dtypes=(q.dtype,))
+    v = check_tensor("v", v, ndim=3, dtypes=(q.dtype,))
+    if v.shape[0] != k.shape[0]:
+        raise ValueError(f"v has {v.shape[0]} rows but k has {k.shape[0]}")
+    check_same_device("q", q, k=k, v=v)
+    heads = check_heads("q", q, "k", k, "v", v)
+    cu_seqlens_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
+    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, cu_seqlens_q.shape[0] - 1, q)
+    scale = _check_ragged_options(
+        q,
+        heads,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal,
+        softmax_scale,
+        window_left,
+        sinks,
+        logit_cap,
+        return_lse,
+        out,
+        override,
+    )
+    return heads, scale
+
+
+def check_extend(
+    q: object,
+    k_cache: object,
+    v_cache: object,
+    page_table: object,
+    cu_seqlens_q: object,
+    cache_seqlens: object,
+    max_seqlen_q: object,
+    max_seqlen_k: object,
+    causal: object,
+    softmax_scale: object,
+    window_left: object,
+    sinks: object,
+    logit_cap: object,
+    k_scale: object,
+    v_scale: object,
+    return_lse: object,
+    out: object,
+    override: object,
+) -> tuple[Heads, int, float]:
+    """Every host check of ``mha_extend_with_kvcache``, in order; the head geometry, the page
+    size and the resolved scale."""
+    q = check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES)
+    cu_seqlens_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
+    batch = cu_seqlens_q.shape[0] - 1
+    heads, page_size, _, _ = check_paged_cache(q, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, batch)
+    scale = _check_ragged_options(
+        q,
+        heads,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal,
+        softmax_scale,
+        window_left,
+        sinks,
+        logit_cap,
+        return_lse,
+        out,
+        override,
+    )
+    return heads, page_size, scale
+
+
+def check_decode_call(
+    q: object,
+    k_cache: object,
+    v_cache: object,
+    page_table: object,
+    cache_seqlens: object,
+    max_seqlen_k: object,
+    softmax_scale: object,
+    window_left: object,
+    sinks: object,
+    logit_cap: object,
+    k_scale: object,
+    v_scale: object,
+    return_lse: object,
+    out: object,
+    override: object,
+) -> tuple[Heads, int, float, int]:
+    """Every host check of ``mha_decode_with_kvcache``, in order; the head geometry, the page
+    size, the resolved scale and the queries per sequence (``q_len``)."""
+    q = check_tensor("q", q, ndim=(3, 4), dtypes=ACT_DTYPES)
+    q_len = q.shape[1] if q.dim() == 4 else 1
+    if q_len < 1:
+        raise ValueError(f"q must hold at least one query per sequence, got shape {list(q.shape)}")
+    heads, page_size, scale = check_decode(
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        max_seqlen_k,
+        q_len=q_len,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        override=override,
+        sinks=sinks,
+    )
+    check_out(out, (*q.shape[:-1], heads.head_dim_v), q)
+    return heads, page_size, scale, q_len
+
+
+def placeholder(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A tensor of ``shape`` and ``dtype`` on ``device`` backed by one element (a broadcast
+    view): carries shape, dtype and device (to the checks, to a ``prepare_layout`` hook), never
+    data."""
+    return torch.empty((1,) * len(shape), dtype=dtype, device=device).expand(shape)
+
+
+def check_decode_plan(
+    k_cache: object,
+    v_cache: object,
+    page_table: object,
+    cache_seqlens: object,
+    max_seqlen_k: object,
+    *,
+    num_q_heads: object,
+    q_len: object,
+    q_dtype: object,
+    softmax_scale: object,
+    window_left: object,
+    sinks: object,
+    logit_cap: object,
+    k_scale: object,
+    v_scale: object,
+    return_lse: object,
+    override: object,
+    capturable: object,
+) -> tuple[torch.dtype, Heads, int, float]:
+    """Every check of ``mha_decode_plan``, in order: :func:`check_decode` against a placeholder
+    q of the described shape (the tables' values under ``TOKENSPEED_KERNEL_DEBUG``). Returns
+    q's dtype (``q_dtype``, default the cache's), heads, page size and the resolved scale."""
+    check_paged_cache_pair(k_cache, v_cache)
+    assert isinstance(k_cache, torch.Tensor)
+    page_table = check_tensor("page_table", page_table, ndim=2, dtypes=(torch.int32,))
+    num_q_heads = check_int("num_q_heads", num_q_heads, min_value=1)
+    q_len = check_int("q_len", q_len, min_value=1)
+    if q_dtype is None:
+        if k_cache.dtype == torch.float8_e4m3fn:
+            raise TypeError("q_dtype is required for a float8_e4m3fn cache (the activations' dtype)")
+        q_dtype = k_cache.dtype
+    if not isinstance(q_dtype, torch.dtype) or q_dtype not in ACT_DTYPES:
+        names = ", ".join(dtype_name(d) for d in ACT_DTYPES)
+        raise TypeError(f"q_dtype must be one of {{{names}}}, got {q_dtype}")
+    if not isinstance(capturable, bool):
+        raise TypeError(f"capturable must be a bool, got {type(capturable).__name__}")
+    # q does not exist yet: its placeholder sits on k_cache's device, so the tensors are
+    # compared with k_cache here, by name (check_decode would blame "q" instead).
+    tensors = (
+        ("v_cache", v_cache),
+        ("page_table", page_table),
+        ("cache_seqlens", cache_seqlens),
+        ("sinks", sinks),
+        ("k_scale", k_scale),
+        ("v_scale", v_scale),
+    )
+    check_same_device("k_cache", k_cache, **{n: t for n, t in tensors if isinstance(t, torch.Tensor)})
+    batch = page_table.shape[0]
+    q_like = placeholder((batch, q_len, num_q_heads, k_cache.shape[-1]), q_dtype, k_cache.device)
+    heads, page_size, scale = check_decode(
+        q_like,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        max_seqlen_k,
+        q_len=q_len,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        softmax_scale=softmax_scale,
+        window_left=window_left,
+        logit_cap=logit_cap,
+        return_lse=return_lse,
+        override=override,
+        sinks=sinks,
+    )
+    if config.debug():
+        assert isinstance(cache_seqlens, torch.Tensor) and isinstance(max_seqlen_k, int)
+        debug_check_pages(page_table, cache_seqlens, [q_len] * batch, page_size, k_cache.shape[0], max_seqlen_k)
+    return q_dtype, heads, page_size, scale
 
 
 def _fail(message: str) -> None:

@@ -1,9 +1,13 @@
 """Public attention operators: ``mha_prefill``, ``mha_extend_with_kvcache``, ``mha_decode_with_kvcache``.
 
-Each validates its arguments on the host (``TypeError``/``ValueError`` naming the argument),
-allocates the outputs, builds a :class:`~tokenspeed_kernel.registry.Request` and the typed
-arguments of :mod:`tokenspeed_kernel.ops.attention.args`, and calls the selected kernel.
-Under ``torch.compile`` they route through the ``torch.ops.tokenspeed_kernel.*`` custom ops.
+Each is an :class:`~tokenspeed_kernel.ops._operator.Operator` (``PREFILL``, ``EXTEND``,
+``DECODE``) whose call path validates the arguments on the host (``TypeError``/``ValueError``
+naming the argument; the checks are in :mod:`._validate`), remembers the call's plan
+(:class:`PrefillCall`, :class:`ExtendCall`, :class:`DecodeCall`: head geometry, resolved
+scale, output shapes, the selector request) per call key, and runs it: selection, outputs,
+the typed arguments of :mod:`tokenspeed_kernel.ops.attention.args`, the kernel. Under
+``torch.compile`` the plan traces the ``torch.ops.tokenspeed_kernel.*`` custom op instead.
+``mha_decode_plan`` (:mod:`.plan`) runs a :class:`DecodeCall` with its kernel selected once.
 Semantics shared by all three are spelled out in :mod:`tokenspeed_kernel.ops.attention.args`
 and docs/api.md.
 
@@ -14,270 +18,293 @@ Capture signatures (``TOKENSPEED_KERNEL_CAPTURE``) use the field names of
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import functools
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from tokenspeed_kernel import config
-from tokenspeed_kernel.ops._checks import (
-    ACT_DTYPES,
-    at_least,
-    call_key,
-    call_table,
-    check_same_device,
-    check_tensor,
-    dtype_name,
-    pow2_bucket,
-    remember,
-)
+from tokenspeed_kernel.ops._checks import at_least, call_key, pow2_bucket
 from tokenspeed_kernel.ops._dispatch import dispatch
+from tokenspeed_kernel.ops._operator import Operator, Plan
 from tokenspeed_kernel.ops.attention import _custom_ops  # noqa: F401  (defines torch.ops.tokenspeed_kernel.mha_*)
 from tokenspeed_kernel.ops.attention._validate import (
+    attention_request,
+    attention_signature,
     cache_layout,
-    check_cu_seqlens,
-    check_decode,
-    check_heads,
-    check_options,
-    check_out,
-    check_paged_cache,
-    check_ragged,
+    check_decode_call,
+    check_extend,
+    check_prefill,
     debug_check_cu_seqlens,
     debug_check_pages,
+    kernel_window,
     kv_scales,
 )
 from tokenspeed_kernel.ops.attention.args import DecodeArgs, ExtendArgs, Heads, PrefillArgs
 from tokenspeed_kernel.registry import Request
 
-__all__ = ["attention_request", "mha_decode_with_kvcache", "mha_extend_with_kvcache", "mha_prefill"]
+__all__ = [
+    "DECODE",
+    "EXTEND",
+    "PREFILL",
+    "DecodeCall",
+    "ExtendCall",
+    "PrefillCall",
+    "attention_request",
+    "mha_decode_with_kvcache",
+    "mha_extend_with_kvcache",
+    "mha_prefill",
+]
 
 
-def attention_request(
+def traced_result(result: torch.Tensor, lse: torch.Tensor, out: torch.Tensor | None, return_lse: bool) -> Any:
+    """The public result of an attention custom op's ``(out, lse)``, written into ``out`` when given."""
+    if out is not None:
+        result = out.copy_(result)
+    return (result, lse) if return_lse else result
+
+
+def _outputs(
+    plan: PrefillCall | ExtendCall | DecodeCall, q: torch.Tensor, out: torch.Tensor | None, return_lse: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A call's outputs: ``out`` (allocated in the plan's public shape when None) and lse (the
+    plan's public shape, float32) when asked for."""
+    if out is None:
+        out = q.new_empty(*plan.out_shape)
+    return out, torch.empty(*plan.lse_shape, dtype=torch.float32, device=plan.device) if return_lse else None
+
+
+def _facts(
+    compiling: bool,
     op: str,
-    *,
     q_dtype: torch.dtype,
     kv_dtype: torch.dtype,
     heads: Heads,
-    causal: bool = True,
-    window_left: int = -1,
-    sinks: bool = False,
-    logit_cap: float = 0.0,
-    return_lse: bool = False,
+    *,
+    window_left: int,
+    sinks: bool,
+    logit_cap: float,
+    return_lse: bool,
+    batch: int,
+    causal: bool | None = None,
+    caches: tuple[torch.Tensor, torch.Tensor] | None = None,
     page_size: int | None = None,
     q_len: int | None = None,
     capturable: bool = False,
-    batch: int | None = None,
     max_seqlen_q: int | None = None,
-    strided_kv: bool = False,
-    kv_align: int | None = None,
-) -> Request:
-    """The selector request of an attention call, built from plain shapes (public: ask
-    ``select``/``explain`` which kernel would serve a model's calls before making them).
-
-    Args:
-        op: ``"attention.prefill"``, ``"attention.extend"`` or ``"attention.decode"``.
-        q_dtype: the activation dtype. kv_dtype: k/v (prefill) or cache dtype.
-        heads: head counts and dims (:class:`~tokenspeed_kernel.ops.attention.args.Heads`).
-        causal, window_left, sinks (whether a sinks tensor is passed), logit_cap,
-            return_lse: as in the public call (decode is always causal).
-        page_size: the cache's page size (extend, decode). q_len: queries per sequence
-            (decode; 1 unless speculative).
-        capturable: only kernels that can be captured in a CUDA graph may serve it.
-        batch: sequences in the batch (decode): adds ``batch_bucket``, the next power of
-            two >= ``batch``, which kernels may be ranked by (``rank_when``).
-        max_seqlen_q: the longest query length (prefill): adds ``max_seqlen_q_bucket``, the
-            next power of two >= ``max_seqlen_q``, which kernels may be ranked by.
-        strided_kv: the paged caches are strided views, not contiguous (extend, decode).
-        kv_align: the strided caches' byte alignment, a power of two <= 16 (see
-            ``tokenspeed_kernel.ops._checks.kv_align``); the public call gives it with
-            ``strided_kv`` only.
-
-    Features: ``non_causal``, ``sliding_window``, ``sinks``, ``logit_cap``, ``return_lse``,
-    ``fp8_kv`` (an fp8 cache), ``spec_decode`` (``q_len > 1``), ``strided_kv``. Shapes: head
-    dims, head counts, ``window_left`` when windowed, and ``page_size`` / ``kv_align`` /
-    ``q_len`` where the operator has them, ``batch_bucket`` / ``max_seqlen_q_bucket`` when ``batch`` / ``max_seqlen_q`` is
-    given. It is exactly the request the public call builds for the same arguments.
-    """
-    flags = (
-        ("non_causal", not causal),
-        ("sliding_window", window_left >= 0),
-        ("sinks", sinks),
-        ("logit_cap", logit_cap > 0),
-        ("return_lse", return_lse),
-        ("fp8_kv", kv_dtype == torch.float8_e4m3fn),
-        ("spec_decode", q_len is not None and q_len > 1),
-        ("strided_kv", strided_kv),
-    )
-    shapes = [
-        ("head_dim", heads.head_dim),
-        ("head_dim_v", heads.head_dim_v),
-        ("num_kv_heads", heads.num_kv_heads),
-        ("num_q_heads", heads.num_q_heads),
-    ]
-    optional = (("page_size", page_size), ("kv_align", kv_align), ("q_len", q_len))
-    shapes += [(key, value) for key, value in optional if value is not None]
-    if window_left >= 0:
-        shapes.append(("window_left", window_left))
-    if batch is not None:
-        shapes.append(("batch_bucket", pow2_bucket(batch)))
-    if max_seqlen_q is not None:
-        shapes.append(("max_seqlen_q_bucket", pow2_bucket(max_seqlen_q)))
-    return Request(
+    total_q: int | None = None,
+    total_k: int | None = None,
+) -> tuple[Request | None, Callable[..., dict[str, Any]]]:
+    """The selector request of an attention call with these checked facts, and what builds its
+    capture signature (given the per-call lengths: ``signature(max_seqlen_k=...)``); none while tracing (``compiling``: the custom op
+    selects when it runs). ``causal`` None: decode (always causal; its request carries
+    ``batch_bucket`` and ``q_len``); ``caches``: the paged K/V whose layout the request
+    carries; ``max_seqlen_q``: prefill's length bucket."""
+    if compiling:
+        return None, dict
+    strided, align = (False, None) if caches is None else cache_layout(*caches)
+    request = attention_request(
         op,
-        (("kv", kv_dtype), ("q", q_dtype)),
-        tuple(sorted(shapes)),
-        frozenset(name for name, on in flags if on),
-        capturable,
-    )
-
-
-def _signature(q: torch.Tensor, kv_dtype: torch.dtype, heads: Heads, **options) -> dict:
-    return {
-        "num_q_heads": heads.num_q_heads,
-        "num_kv_heads": heads.num_kv_heads,
-        "head_dim": heads.head_dim,
-        "head_dim_v": heads.head_dim_v,
-        "dtype": dtype_name(q.dtype),
-        "kv_dtype": dtype_name(kv_dtype),
-        **options,
-    }
-
-
-def _result(out: torch.Tensor, lse: torch.Tensor | None, return_lse: bool):
-    return (out, lse) if return_lse else out
-
-
-def _kernel_window(window_left: int, max_keys: int) -> int:
-    """The window a kernel receives: ``window_left`` capped at ``max_keys``, the most keys a
-    sequence can hold (prefill: ``total_k``; paged: page-table columns x page size). A query
-    never sits ``max_keys`` or more positions after a key it could see, so the cap changes no
-    result; it keeps ``position - window_left`` inside int32 in the kernels."""
-    return min(window_left, max_keys)
-
-
-@dataclass(frozen=True, slots=True)
-class _Checked:
-    """What the full checks of one call derived, remembered per call key (see
-    :mod:`tokenspeed_kernel.ops._checks`): head geometry, the resolved softmax scale, the
-    selector request (None while tracing: the custom op selects when it runs), the page
-    size and whether the cache is fp8 (paged ops), queries per sequence (decode)."""
-
-    heads: Heads
-    scale: float
-    request: Request | None
-    page_size: int = 0
-    fp8: bool = False
-    q_len: int = 1
-
-
-# Per-op tables: call key -> _Checked (bounded; see ops/_checks.remember).
-_PREFILL_CALLS: dict[Hashable, _Checked] = call_table()
-_EXTEND_CALLS: dict[Hashable, _Checked] = call_table()
-_DECODE_CALLS: dict[Hashable, _Checked] = call_table()
-
-
-def _checked(
-    op: str,
-    q: torch.Tensor,
-    kv_dtype: torch.dtype,
-    heads: Heads,
-    scale: float,
-    out: object,
-    out_shape: tuple[int, ...],
-    *,
-    compiling: bool,
-    causal: bool = True,
-    window_left: int,
-    sinks: torch.Tensor | None,
-    logit_cap: float,
-    return_lse: bool,
-    page_size: int = 0,
-    q_len: int | None = None,
-    batch: int | None = None,
-    max_seqlen_q: int | None = None,
-    caches: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> _Checked:
-    """The check every attention operator's full checks end with (``out`` against
-    ``out_shape``), then the facts its call key remembers: the derived ``heads``/``scale``,
-    the selector request of ``op`` (None while tracing: the custom op selects when it runs;
-    ``caches``: the paged K/V whose layout it carries), the page size (0 for prefill),
-    whether the cache is fp8, ``q_len`` (decode)."""
-    check_out(out, out_shape, q)
-    request = None
-    if not compiling:
-        strided, align = (False, None) if caches is None else cache_layout(*caches)
-        request = attention_request(
-            op,
-            q_dtype=q.dtype,
-            kv_dtype=kv_dtype,
-            heads=heads,
-            causal=causal,
-            window_left=window_left,
-            sinks=sinks is not None,
-            logit_cap=logit_cap,
-            return_lse=return_lse,
-            page_size=page_size or None,
-            q_len=q_len,
-            batch=batch,
-            max_seqlen_q=max_seqlen_q,
-            strided_kv=strided,
-            kv_align=align,
-        )
-    return _Checked(heads, scale, request, page_size, kv_dtype == torch.float8_e4m3fn, q_len or 1)
-
-
-def _check_ragged_rest(
-    op: str,
-    q: torch.Tensor,
-    kv_dtype: torch.dtype,
-    heads: Heads,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    *,
-    causal: bool,
-    softmax_scale: float | None,
-    window_left: int,
-    sinks: torch.Tensor | None,
-    logit_cap: float,
-    return_lse: bool,
-    out: torch.Tensor | None,
-    override: str | None,
-    compiling: bool,
-    page_size: int = 0,
-    caches: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> _Checked:
-    """The checks :func:`mha_prefill` and :func:`mha_extend_with_kvcache` end with, after
-    their tensors: host bounds and ``causal``, the options, ``out`` ``[total_q, Hq, Dv]``;
-    then :func:`_checked`'s facts (prefill's request carries ``max_seqlen_q_bucket``)."""
-    check_ragged(max_seqlen_q, max_seqlen_k, causal)
-    scale = check_options(
-        q,
-        heads,
-        softmax_scale=softmax_scale,
-        window_left=window_left,
-        logit_cap=logit_cap,
-        return_lse=return_lse,
-        override=override,
-        sinks=sinks,
-    )
-    return _checked(
-        op,
-        q,
-        kv_dtype,
-        heads,
-        scale,
-        out,
-        (q.shape[0], heads.num_q_heads, heads.head_dim_v),
-        compiling=compiling,
-        causal=causal,
+        q_dtype=q_dtype,
+        kv_dtype=kv_dtype,
+        heads=heads,
+        causal=True if causal is None else causal,
         window_left=window_left,
         sinks=sinks,
         logit_cap=logit_cap,
         return_lse=return_lse,
         page_size=page_size,
-        max_seqlen_q=max_seqlen_q if op == "attention.prefill" else None,
-        caches=caches,
+        q_len=q_len,
+        capturable=capturable,
+        batch=batch if causal is None else None,
+        max_seqlen_q=max_seqlen_q,
+        strided_kv=strided,
+        kv_align=align,
     )
+    own = (("total_q", total_q), ("total_k", total_k), ("q_len", q_len), ("page_size", page_size), ("causal", causal))
+    signature = functools.partial(
+        attention_signature,
+        q_dtype,
+        kv_dtype,
+        heads,
+        batch=batch,
+        **{name: value for name, value in own if value is not None},
+        window_left=window_left,
+        sinks=sinks,
+        logit_cap=float(logit_cap),
+        return_lse=return_lse,
+    )
+    return request, signature
+
+
+@dataclass(slots=True, eq=False)
+class PrefillCall(Plan):
+    """What the checks of an ``mha_prefill`` call derived (see :mod:`tokenspeed_kernel.ops._operator`).
+
+    Attributes:
+        request: the selector request (None while tracing: the custom op selects when it runs).
+        device: q's device.
+        heads: head counts and dims. scale: the resolved softmax scale.
+        window: the window the kernel receives (``kernel_window``). logit_cap: as a float.
+        total_q, total_k: query and key rows (``total_q = 0``: nothing is launched).
+        out_shape: ``[total_q, Hq, Dv]``. lse_shape: ``[total_q, Hq]``.
+        signature: builds the capture signature from the per-call lengths (``TOKENSPEED_KERNEL_CAPTURE``).
+    """
+
+    request: Request | None
+    device: torch.device
+    heads: Heads
+    scale: float
+    window: int
+    logit_cap: float
+    total_q: int
+    total_k: int
+    out_shape: tuple[int, int, int]
+    lse_shape: tuple[int, int]
+    signature: Callable[..., dict[str, Any]]
+
+    @staticmethod
+    def key(
+        q: object,
+        k: object,
+        v: object,
+        cu_seqlens_q: object,
+        cu_seqlens_k: object,
+        max_seqlen_q: object,
+        max_seqlen_k: object,
+        causal: object,
+        softmax_scale: object,
+        window_left: object,
+        sinks: object,
+        logit_cap: object,
+        return_lse: object,
+        out: object,
+        override: object,
+    ) -> Hashable | None:
+        # The lengths vary per call: checked here, and only their request bucket is keyed.
+        if not (at_least(max_seqlen_q, 0) and at_least(max_seqlen_k, 0)):
+            return None
+        return call_key(
+            (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, out),
+            (causal, softmax_scale, window_left, logit_cap, return_lse, override, pow2_bucket(max_seqlen_q)),  # type: ignore[arg-type]
+        )
+
+    @classmethod
+    def check(cls, compiling: bool, *call: Any) -> PrefillCall:
+        heads, scale = check_prefill(*call)
+        q, k, _, cu_seqlens_q, _, max_seqlen_q, _, causal, _, window_left, sinks, logit_cap, return_lse = call[:13]
+        total_q, total_k = q.shape[0], k.shape[0]
+        request, signature = _facts(
+            compiling,
+            "attention.prefill",
+            q.dtype,
+            k.dtype,
+            heads,
+            window_left=window_left,
+            sinks=sinks is not None,
+            logit_cap=logit_cap,
+            return_lse=return_lse,
+            batch=cu_seqlens_q.shape[0] - 1,
+            causal=causal,
+            max_seqlen_q=max_seqlen_q,
+            total_q=total_q,
+            total_k=total_k,
+        )
+        return cls(
+            request,
+            q.device,
+            heads,
+            scale,
+            kernel_window(window_left, total_k),
+            float(logit_cap),
+            total_q,
+            total_k,
+            (total_q, heads.num_q_heads, heads.head_dim_v),
+            (total_q, heads.num_q_heads),
+            signature,
+        )
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        causal: bool,
+        softmax_scale: float | None,
+        window_left: int,
+        sinks: torch.Tensor | None,
+        logit_cap: float,
+        return_lse: bool,
+        out: torch.Tensor | None,
+        override: str | None,
+    ) -> Any:
+        if config.debug():
+            q_lens = debug_check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, self.total_q, max_seqlen_q, "max_seqlen_q")
+            k_lens = debug_check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, self.total_k, max_seqlen_k, "max_seqlen_k")
+            if causal and any(lq > lk for lq, lk in zip(q_lens, k_lens)):
+                raise ValueError(
+                    "causal prefill needs every query length <= its key length (TOKENSPEED_KERNEL_DEBUG check)"
+                )
+        assert self.request is not None
+        spec = dispatch(
+            self.request,
+            self.device,
+            override,
+            lambda: self.signature(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k),
+        )
+        out, lse = _outputs(self, q, out, return_lse)
+        if self.total_q:  # no queries (an empty batch): nothing to compute, nothing launched
+            # Kernels get bounds no looser than the tensors: a sequence holds at most total_q
+            # queries and total_k keys (grids sized by max_seqlen_q stay real; see docs/api.md).
+            spec.fn(
+                PrefillArgs(
+                    q,
+                    k,
+                    v,
+                    cu_seqlens_q,
+                    cu_seqlens_k,
+                    min(max_seqlen_q, self.total_q),
+                    min(max_seqlen_k, self.total_k),
+                    causal,
+                    self.scale,
+                    self.window,
+                    sinks,
+                    self.logit_cap,
+                    out,
+                    lse,
+                )
+            )
+        return (out, lse) if return_lse else out
+
+    def trace(self, *call: Any) -> Any:
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, _, window_left, sinks = call[:11]
+        logit_cap, return_lse, out, override = call[11:]
+        result, lse = torch.ops.tokenspeed_kernel.mha_prefill(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            causal,
+            self.scale,
+            window_left,
+            sinks,
+            float(logit_cap),
+            return_lse,
+            override,
+        )
+        return traced_result(result, lse, out, return_lse)
+
+
+PREFILL = Operator("attention.prefill", PrefillArgs, "torch_prefill", "mha_prefill", PrefillCall)
 
 
 def mha_prefill(
@@ -297,7 +324,7 @@ def mha_prefill(
     return_lse: bool = False,
     out: torch.Tensor | None = None,
     override: str | None = None,
-):
+) -> Any:
     """Attention over a ragged batch of contiguous sequences.
 
     Args:
@@ -316,169 +343,204 @@ def mha_prefill(
     Returns:
         ``out [total_q, Hq, Dv]`` in q's dtype, or ``(out, lse)``.
     """
-    compiling = torch.compiler.is_compiling()
-    lengths_ok = at_least(max_seqlen_q, 0) and at_least(max_seqlen_k, 0)
-    # The request's max_seqlen_q_bucket is part of the key (the length itself varies per call).
-    key = call_key(
-        compiling,
-        (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, out),
-        (
-            causal,
-            softmax_scale,
-            window_left,
-            logit_cap,
-            return_lse,
-            override,
-            pow2_bucket(max_seqlen_q) if lengths_ok else -1,
-        ),
-    )
-    checked = _PREFILL_CALLS.get(key)
-    if checked is None or not lengths_ok:
-        checked = _check_prefill(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
-            causal=causal,
-            softmax_scale=softmax_scale,
-            window_left=window_left,
-            sinks=sinks,
-            logit_cap=logit_cap,
-            return_lse=return_lse,
-            out=out,
-            override=override,
-            compiling=compiling,
-        )
-        remember(_PREFILL_CALLS, key, checked)
-    heads, scale = checked.heads, checked.scale
-    total_q = q.shape[0]
-
-    if compiling:
-        result, lse = torch.ops.tokenspeed_kernel.mha_prefill(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
-            causal,
-            scale,
-            window_left,
-            sinks,
-            float(logit_cap),
-            return_lse,
-            override,
-        )
-        if out is not None:
-            result = out.copy_(result)
-        return _result(result, lse, return_lse)
-
-    if config.debug():
-        q_lens = debug_check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, "max_seqlen_q")
-        k_lens = debug_check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k")
-        if causal and any(lq > lk for lq, lk in zip(q_lens, k_lens)):
-            raise ValueError(
-                "causal prefill needs every query length <= its key length (TOKENSPEED_KERNEL_DEBUG check)"
-            )
-    assert checked.request is not None
-    spec = dispatch(
-        checked.request,
-        q.device,
-        override,
-        lambda: _signature(
-            q,
-            k.dtype,
-            heads,
-            batch=cu_seqlens_q.shape[0] - 1,
-            total_q=total_q,
-            total_k=k.shape[0],
-            max_seqlen_q=max_seqlen_q,
-            max_seqlen_k=max_seqlen_k,
-            causal=causal,
-            window_left=window_left,
-            sinks=sinks is not None,
-            logit_cap=float(logit_cap),
-            return_lse=return_lse,
-        ),
-    )
-    if out is None:
-        out = q.new_empty((total_q, heads.num_q_heads, heads.head_dim_v))
-    lse = torch.empty((total_q, heads.num_q_heads), dtype=torch.float32, device=q.device) if return_lse else None
-    if not total_q:  # no queries (an empty batch): nothing to compute, nothing launched
-        return _result(out, lse, return_lse)
-    # Kernels get bounds no looser than the tensors: a sequence holds at most total_q
-    # queries and total_k keys (grids sized by max_seqlen_q stay real; see docs/api.md).
-    spec.fn(
-        PrefillArgs(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            min(max_seqlen_q, total_q),
-            min(max_seqlen_k, k.shape[0]),
-            causal,
-            scale,
-            _kernel_window(window_left, k.shape[0]),
-            sinks,
-            float(logit_cap),
-            out,
-            lse,
-        )
-    )
-    return _result(out, lse, return_lse)
-
-
-def _check_prefill(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    *,
-    causal,
-    softmax_scale,
-    window_left,
-    sinks,
-    logit_cap,
-    return_lse,
-    out,
-    override,
-    compiling: bool,
-) -> _Checked:
-    """Every host check of :func:`mha_prefill`, in order; the facts they derive."""
-    check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES)
-    check_tensor("k", k, ndim=3, dtypes=(q.dtype,))
-    check_tensor("v", v, ndim=3, dtypes=(q.dtype,))
-    if v.shape[0] != k.shape[0]:
-        raise ValueError(f"v has {v.shape[0]} rows but k has {k.shape[0]}")
-    check_same_device("q", q, k=k, v=v)
-    heads = check_heads("q", q, "k", k, "v", v)
-    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
-    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, cu_seqlens_q.shape[0] - 1, q)
-    return _check_ragged_rest(
-        "attention.prefill",
+    return PREFILL.call(
         q,
-        k.dtype,
-        heads,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
         max_seqlen_q,
         max_seqlen_k,
-        causal=causal,
-        softmax_scale=softmax_scale,
-        window_left=window_left,
-        sinks=sinks,
-        logit_cap=logit_cap,
-        return_lse=return_lse,
-        out=out,
-        override=override,
-        compiling=compiling,
+        causal,
+        softmax_scale,
+        window_left,
+        sinks,
+        logit_cap,
+        return_lse,
+        out,
+        override,
     )
+
+
+# The plan cache of mha_prefill (call key -> PrefillCall).
+_PREFILL_CALLS = PREFILL.plans
+
+
+@dataclass(slots=True, eq=False)
+class ExtendCall(Plan):
+    """What the checks of an ``mha_extend_with_kvcache`` call derived.
+
+    Attributes:
+        request, device, heads, scale, window, logit_cap, out_shape, lse_shape, signature:
+            as in :class:`PrefillCall` (the window capped at the page table's keys).
+        fp8: the cache is float8_e4m3fn (the call's scales become float32 ``[1]`` tensors).
+        page_size: ``P``. num_pages: the cache's pages. total_q: query rows.
+    """
+
+    request: Request | None
+    device: torch.device
+    heads: Heads
+    scale: float
+    window: int
+    logit_cap: float
+    fp8: bool
+    page_size: int
+    num_pages: int
+    total_q: int
+    out_shape: tuple[int, int, int]
+    lse_shape: tuple[int, int]
+    signature: Callable[..., dict[str, Any]]
+
+    @staticmethod
+    def key(
+        q: object,
+        k_cache: object,
+        v_cache: object,
+        page_table: object,
+        cu_seqlens_q: object,
+        cache_seqlens: object,
+        max_seqlen_q: object,
+        max_seqlen_k: object,
+        causal: object,
+        softmax_scale: object,
+        window_left: object,
+        sinks: object,
+        logit_cap: object,
+        k_scale: object,
+        v_scale: object,
+        return_lse: object,
+        out: object,
+        override: object,
+    ) -> Hashable | None:
+        if not (at_least(max_seqlen_q, 0) and at_least(max_seqlen_k, 0)):  # per call, not keyed
+            return None
+        return call_key(
+            (q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, sinks, k_scale, v_scale, out),
+            (causal, softmax_scale, window_left, logit_cap, return_lse, override),
+        )
+
+    @classmethod
+    def check(cls, compiling: bool, *call: Any) -> ExtendCall:
+        heads, page_size, scale = check_extend(*call)
+        q, k_cache, v_cache, page_table, cu_seqlens_q, _, _, _, causal, _, window_left, sinks, logit_cap = call[:13]
+        return_lse = call[15]
+        total_q = q.shape[0]
+        request, signature = _facts(
+            compiling,
+            "attention.extend",
+            q.dtype,
+            k_cache.dtype,
+            heads,
+            window_left=window_left,
+            sinks=sinks is not None,
+            logit_cap=logit_cap,
+            return_lse=return_lse,
+            batch=cu_seqlens_q.shape[0] - 1,
+            causal=causal,
+            caches=(k_cache, v_cache),
+            page_size=page_size,
+            total_q=total_q,
+        )
+        return cls(
+            request,
+            q.device,
+            heads,
+            scale,
+            kernel_window(window_left, page_table.shape[1] * page_size),
+            float(logit_cap),
+            k_cache.dtype == torch.float8_e4m3fn,
+            page_size,
+            k_cache.shape[0],
+            total_q,
+            (total_q, heads.num_q_heads, heads.head_dim_v),
+            (total_q, heads.num_q_heads),
+            signature,
+        )
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        page_table: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        cache_seqlens: torch.Tensor,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        causal: bool,
+        softmax_scale: float | None,
+        window_left: int,
+        sinks: torch.Tensor | None,
+        logit_cap: float,
+        k_scale: float | torch.Tensor | None,
+        v_scale: float | torch.Tensor | None,
+        return_lse: bool,
+        out: torch.Tensor | None,
+        override: str | None,
+    ) -> Any:
+        ks, vs = kv_scales(self.fp8, k_scale, v_scale, q)
+        if config.debug():
+            q_lens = debug_check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, self.total_q, max_seqlen_q, "max_seqlen_q")
+            debug_check_pages(page_table, cache_seqlens, q_lens, self.page_size, self.num_pages, max_seqlen_k)
+        assert self.request is not None
+        spec = dispatch(
+            self.request,
+            self.device,
+            override,
+            lambda: self.signature(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k),
+        )
+        out, lse = _outputs(self, q, out, return_lse)
+        if self.total_q:  # no queries (an empty batch): nothing to compute, nothing launched
+            spec.fn(
+                ExtendArgs(
+                    q,
+                    k_cache,
+                    v_cache,
+                    page_table,
+                    cu_seqlens_q,
+                    cache_seqlens,
+                    min(max_seqlen_q, self.total_q),  # a chunk holds at most total_q queries
+                    max_seqlen_k,
+                    causal,
+                    self.scale,
+                    self.window,
+                    sinks,
+                    self.logit_cap,
+                    ks,
+                    vs,
+                    out,
+                    lse,
+                )
+            )
+        return (out, lse) if return_lse else out
+
+    def trace(self, *call: Any) -> Any:
+        q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, max_seqlen_q, max_seqlen_k, causal = call[:9]
+        _, window_left, sinks, logit_cap, k_scale, v_scale, return_lse, out, override = call[9:]
+        ks, vs = kv_scales(self.fp8, k_scale, v_scale, q)
+        result, lse = torch.ops.tokenspeed_kernel.mha_extend_with_kvcache(
+            q,
+            k_cache,
+            v_cache,
+            page_table,
+            cu_seqlens_q,
+            cache_seqlens,
+            max_seqlen_q,
+            max_seqlen_k,
+            causal,
+            self.scale,
+            window_left,
+            sinks,
+            float(logit_cap),
+            ks,
+            vs,
+            return_lse,
+            override,
+        )
+        return traced_result(result, lse, out, return_lse)
+
+
+EXTEND = Operator("attention.extend", ExtendArgs, "torch_extend", "mha_extend_with_kvcache", ExtendCall)
 
 
 def mha_extend_with_kvcache(
@@ -501,7 +563,7 @@ def mha_extend_with_kvcache(
     return_lse: bool = False,
     out: torch.Tensor | None = None,
     override: str | None = None,
-):
+) -> Any:
     """Chunked prefill / prefix reuse against a paged KV cache.
 
     Args:
@@ -523,53 +585,260 @@ def mha_extend_with_kvcache(
     Returns:
         ``out [total_q, Hq, Dv]`` in q's dtype, or ``(out, lse)`` with lse float32 ``[total_q, Hq]``.
     """
-    compiling = torch.compiler.is_compiling()
-    key = call_key(
-        compiling,
-        (q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, sinks, k_scale, v_scale, out),
-        (causal, softmax_scale, window_left, logit_cap, return_lse, override),
+    return EXTEND.call(
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        cu_seqlens_q,
+        cache_seqlens,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal,
+        softmax_scale,
+        window_left,
+        sinks,
+        logit_cap,
+        k_scale,
+        v_scale,
+        return_lse,
+        out,
+        override,
     )
-    checked = _EXTEND_CALLS.get(key)
-    if checked is None or not (at_least(max_seqlen_q, 0) and at_least(max_seqlen_k, 0)):
-        checked = _check_extend(
-            q,
-            k_cache,
-            v_cache,
-            page_table,
-            cu_seqlens_q,
-            cache_seqlens,
-            max_seqlen_q,
-            max_seqlen_k,
-            causal=causal,
-            softmax_scale=softmax_scale,
+
+
+@dataclass(slots=True, eq=False)
+class DecodeCall(Plan):
+    """What the checks of an ``mha_decode_with_kvcache`` call derived; also what a
+    :class:`~tokenspeed_kernel.ops.attention.plan.DecodePlan` runs (:meth:`launch`, with its
+    kernel selected once).
+
+    Attributes:
+        request, device, heads, scale, window, logit_cap, fp8, page_size, num_pages,
+            signature: as in :class:`ExtendCall` (``signature(max_seqlen_k=...)``).
+        batch: sequences (0: nothing is launched). q_len: queries per sequence.
+        q4: ``[batch, q_len, Hq, D]``, the 4-D view kernels receive of a 3-D q; None when
+            q is 4-D already.
+        out_shape: q's shape with ``Dv`` last (the public out). out4: ``[batch, q_len, Hq, Dv]``.
+        lse_shape: ``[batch * q_len, Hq]`` (the public lse). lse3: ``[batch, q_len, Hq]``.
+    """
+
+    request: Request | None
+    device: torch.device
+    heads: Heads
+    scale: float
+    window: int
+    logit_cap: float
+    fp8: bool
+    page_size: int
+    num_pages: int
+    batch: int
+    q_len: int
+    q4: tuple[int, int, int, int] | None
+    out_shape: tuple[int, ...]
+    out4: tuple[int, int, int, int]
+    lse_shape: tuple[int, int]
+    lse3: tuple[int, int, int]
+    signature: Callable[..., dict[str, Any]]
+
+    @classmethod
+    def make(
+        cls,
+        q_dtype: torch.dtype,
+        device: torch.device,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        page_table: torch.Tensor,
+        heads: Heads,
+        page_size: int,
+        scale: float,
+        *,
+        window_left: int,
+        sinks: bool,
+        logit_cap: float,
+        return_lse: bool,
+        q_len: int,
+        q_dims: int,
+        capturable: bool = False,
+        compiling: bool = False,
+    ) -> DecodeCall:
+        """The plan of a decode over these checked caches and tables, of a q of ``q_dims``
+        (3 or 4) dimensions (``sinks``: whether a sinks tensor is passed; ``capturable``: as
+        the request asks; ``compiling``: while tracing, without request and signature)."""
+        batch = page_table.shape[0]
+        request, signature = _facts(
+            compiling,
+            "attention.decode",
+            q_dtype,
+            k_cache.dtype,
+            heads,
             window_left=window_left,
             sinks=sinks,
             logit_cap=logit_cap,
-            k_scale=k_scale,
-            v_scale=v_scale,
             return_lse=return_lse,
-            out=out,
-            override=override,
+            batch=batch,
+            caches=(k_cache, v_cache),
+            page_size=page_size,
+            q_len=q_len,
+            capturable=capturable,
+        )
+        q4 = (batch, q_len, heads.num_q_heads, heads.head_dim)
+        out4 = (batch, q_len, heads.num_q_heads, heads.head_dim_v)
+        return cls(
+            request,
+            device,
+            heads,
+            scale,
+            kernel_window(window_left, page_table.shape[1] * page_size),
+            float(logit_cap),
+            k_cache.dtype == torch.float8_e4m3fn,
+            page_size,
+            k_cache.shape[0],
+            batch,
+            q_len,
+            q4 if q_dims == 3 else None,
+            out4 if q_dims == 4 else (batch, heads.num_q_heads, heads.head_dim_v),
+            out4,
+            (batch * q_len, heads.num_q_heads),
+            (batch, q_len, heads.num_q_heads),
+            signature,
+        )
+
+    @staticmethod
+    def key(
+        q: torch.Tensor,
+        k_cache: object,
+        v_cache: object,
+        page_table: object,
+        cache_seqlens: object,
+        max_seqlen_k: object,
+        softmax_scale: object,
+        window_left: object,
+        sinks: object,
+        logit_cap: object,
+        k_scale: object,
+        v_scale: object,
+        return_lse: object,
+        out: object,
+        override: object,
+    ) -> Hashable | None:
+        key = call_key(
+            (q, k_cache, v_cache, page_table, cache_seqlens, sinks, k_scale, v_scale, out),
+            (softmax_scale, window_left, logit_cap, return_lse, override),
+        )
+        # max_seqlen_k varies per call: it must be a plain int >= q_len (else the full checks raise).
+        if key is None or not at_least(max_seqlen_k, q.shape[1] if q.dim() == 4 else 1):
+            return None
+        return key
+
+    @classmethod
+    def check(cls, compiling: bool, *call: Any) -> DecodeCall:
+        heads, page_size, scale, q_len = check_decode_call(*call)
+        q, k_cache, v_cache, page_table, _, _, _, window_left, sinks, logit_cap, _, _, return_lse = call[:13]
+        return cls.make(
+            q.dtype,
+            q.device,
+            k_cache,
+            v_cache,
+            page_table,
+            heads,
+            page_size,
+            scale,
+            window_left=window_left,
+            sinks=sinks is not None,
+            logit_cap=logit_cap,
+            return_lse=return_lse,
+            q_len=q_len,
+            q_dims=q.dim(),
             compiling=compiling,
         )
-        remember(_EXTEND_CALLS, key, checked)
-    heads, scale, page_size = checked.heads, checked.scale, checked.page_size
-    ks, vs = kv_scales(checked.fp8, k_scale, v_scale, q)
-    batch = cu_seqlens_q.shape[0] - 1
-    total_q = q.shape[0]
 
-    if compiling:
-        result, lse = torch.ops.tokenspeed_kernel.mha_extend_with_kvcache(
+    def run(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        page_table: torch.Tensor,
+        cache_seqlens: torch.Tensor,
+        max_seqlen_k: int,
+        softmax_scale: float | None,
+        window_left: int,
+        sinks: torch.Tensor | None,
+        logit_cap: float,
+        k_scale: float | torch.Tensor | None,
+        v_scale: float | torch.Tensor | None,
+        return_lse: bool,
+        out: torch.Tensor | None,
+        override: str | None,
+    ) -> Any:
+        ks, vs = kv_scales(self.fp8, k_scale, v_scale, q)
+        if config.debug():
+            self.debug_check(page_table, cache_seqlens, max_seqlen_k)
+        assert self.request is not None
+        spec = dispatch(self.request, self.device, override, lambda: self.signature(max_seqlen_k=max_seqlen_k))
+        return self.launch(
+            spec.fn, q, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, sinks, ks, vs, return_lse, out
+        )
+
+    def debug_check(self, page_table: torch.Tensor, cache_seqlens: torch.Tensor, max_seqlen_k: int) -> None:
+        """The ``TOKENSPEED_KERNEL_DEBUG`` value checks of the tables (a device sync)."""
+        debug_check_pages(
+            page_table, cache_seqlens, [self.q_len] * self.batch, self.page_size, self.num_pages, max_seqlen_k
+        )
+
+    def launch(
+        self,
+        run: Callable[[DecodeArgs], None],
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        page_table: torch.Tensor,
+        cache_seqlens: torch.Tensor,
+        max_seqlen_k: int,
+        sinks: torch.Tensor | None,
+        k_scale: torch.Tensor | None,
+        v_scale: torch.Tensor | None,
+        return_lse: bool,
+        out: torch.Tensor | None,
+    ) -> Any:
+        """Allocate the outputs, build the kernel's :class:`DecodeArgs` and ``run`` them (the
+        selected kernel's ``fn``, or a plan's bound runner); the public result. ``k_scale``
+        and ``v_scale`` are the float32 ``[1]`` tensors of an fp8 cache (or None)."""
+        out, lse = _outputs(self, q, out, return_lse)
+        if self.batch:  # a step without decodes: nothing to compute, nothing launched
+            q4 = self.q4
+            run(
+                DecodeArgs(
+                    q if q4 is None else q.view(*q4),
+                    k_cache,
+                    v_cache,
+                    page_table,
+                    cache_seqlens,
+                    max_seqlen_k,
+                    self.scale,
+                    self.window,
+                    sinks,
+                    self.logit_cap,
+                    k_scale,
+                    v_scale,
+                    out if q4 is None else out.view(*self.out4),
+                    None if lse is None else lse.view(*self.lse3),
+                )
+            )
+        return (out, lse) if return_lse else out
+
+    def trace(self, *call: Any) -> Any:
+        q, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, _, window_left, sinks, logit_cap = call[:10]
+        k_scale, v_scale, return_lse, out, override = call[10:]
+        ks, vs = kv_scales(self.fp8, k_scale, v_scale, q)
+        result, lse = torch.ops.tokenspeed_kernel.mha_decode_with_kvcache(
             q,
             k_cache,
             v_cache,
             page_table,
-            cu_seqlens_q,
             cache_seqlens,
-            max_seqlen_q,
             max_seqlen_k,
-            causal,
-            scale,
+            self.scale,
             window_left,
             sinks,
             float(logit_cap),
@@ -578,109 +847,10 @@ def mha_extend_with_kvcache(
             return_lse,
             override,
         )
-        if out is not None:
-            result = out.copy_(result)
-        return _result(result, lse, return_lse)
-
-    if config.debug():
-        q_lens = debug_check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, "max_seqlen_q")
-        debug_check_pages(page_table, cache_seqlens, q_lens, page_size, k_cache.shape[0], max_seqlen_k)
-    assert checked.request is not None
-    spec = dispatch(
-        checked.request,
-        q.device,
-        override,
-        lambda: _signature(
-            q,
-            k_cache.dtype,
-            heads,
-            batch=batch,
-            total_q=total_q,
-            max_seqlen_q=max_seqlen_q,
-            max_seqlen_k=max_seqlen_k,
-            page_size=page_size,
-            causal=causal,
-            window_left=window_left,
-            sinks=sinks is not None,
-            logit_cap=float(logit_cap),
-            return_lse=return_lse,
-        ),
-    )
-    if out is None:
-        out = q.new_empty((total_q, heads.num_q_heads, heads.head_dim_v))
-    lse = torch.empty((total_q, heads.num_q_heads), dtype=torch.float32, device=q.device) if return_lse else None
-    if not total_q:  # no queries (an empty batch): nothing to compute, nothing launched
-        return _result(out, lse, return_lse)
-    spec.fn(
-        ExtendArgs(
-            q,
-            k_cache,
-            v_cache,
-            page_table,
-            cu_seqlens_q,
-            cache_seqlens,
-            min(max_seqlen_q, total_q),  # a chunk holds at most total_q queries
-            max_seqlen_k,
-            causal,
-            scale,
-            _kernel_window(window_left, page_table.shape[1] * page_size),
-            sinks,
-            float(logit_cap),
-            ks,
-            vs,
-            out,
-            lse,
-        )
-    )
-    return _result(out, lse, return_lse)
+        return traced_result(result, lse, out, return_lse)
 
 
-def _check_extend(
-    q,
-    k_cache,
-    v_cache,
-    page_table,
-    cu_seqlens_q,
-    cache_seqlens,
-    max_seqlen_q,
-    max_seqlen_k,
-    *,
-    causal,
-    softmax_scale,
-    window_left,
-    sinks,
-    logit_cap,
-    k_scale,
-    v_scale,
-    return_lse,
-    out,
-    override,
-    compiling: bool,
-) -> _Checked:
-    """Every host check of :func:`mha_extend_with_kvcache`, in order; the facts they derive."""
-    check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES)
-    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
-    batch = cu_seqlens_q.shape[0] - 1
-    heads, page_size, _, _ = check_paged_cache(q, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, batch)
-    return _check_ragged_rest(
-        "attention.extend",
-        q,
-        k_cache.dtype,
-        heads,
-        max_seqlen_q,
-        max_seqlen_k,
-        causal=causal,
-        softmax_scale=softmax_scale,
-        window_left=window_left,
-        sinks=sinks,
-        logit_cap=logit_cap,
-        return_lse=return_lse,
-        out=out,
-        override=override,
-        compiling=compiling,
-        page_size=page_size,
-        caches=(k_cache, v_cache),
-    )
+DECODE = Operator("attention.decode", DecodeArgs, "torch_decode", "mha_decode_with_kvcache", DecodeCall)
 
 
 def mha_decode_with_kvcache(
@@ -700,7 +870,7 @@ def mha_decode_with_kvcache(
     return_lse: bool = False,
     out: torch.Tensor | None = None,
     override: str | None = None,
-):
+) -> Any:
     """Decode against a paged KV cache.
 
     Args:
@@ -716,164 +886,20 @@ def mha_decode_with_kvcache(
         ``out`` shaped like q with ``Dv`` last, in q's dtype; or ``(out, lse)`` with lse
         float32 ``[batch * q_len, Hq]``.
     """
-    compiling = torch.compiler.is_compiling()
-    key = call_key(
-        compiling,
-        (q, k_cache, v_cache, page_table, cache_seqlens, sinks, k_scale, v_scale, out),
-        (softmax_scale, window_left, logit_cap, return_lse, override),
-    )
-    checked = _DECODE_CALLS.get(key)
-    if checked is None or not at_least(max_seqlen_k, checked.q_len):
-        checked = _check_decode_call(
-            q,
-            k_cache,
-            v_cache,
-            page_table,
-            cache_seqlens,
-            max_seqlen_k,
-            softmax_scale=softmax_scale,
-            window_left=window_left,
-            sinks=sinks,
-            logit_cap=logit_cap,
-            k_scale=k_scale,
-            v_scale=v_scale,
-            return_lse=return_lse,
-            out=out,
-            override=override,
-            compiling=compiling,
-        )
-        remember(_DECODE_CALLS, key, checked)
-    heads, scale, page_size, q_len = checked.heads, checked.scale, checked.page_size, checked.q_len
-    ks, vs = kv_scales(checked.fp8, k_scale, v_scale, q)
-    batch = q.shape[0]
-    q4 = q if q.dim() == 4 else q.unsqueeze(1)
-    out_shape = (*q.shape[:-1], heads.head_dim_v)
-
-    if compiling:
-        result, lse = torch.ops.tokenspeed_kernel.mha_decode_with_kvcache(
-            q,
-            k_cache,
-            v_cache,
-            page_table,
-            cache_seqlens,
-            max_seqlen_k,
-            scale,
-            window_left,
-            sinks,
-            float(logit_cap),
-            ks,
-            vs,
-            return_lse,
-            override,
-        )
-        if out is not None:
-            result = out.copy_(result)
-        return _result(result, lse, return_lse)
-
-    if config.debug():
-        debug_check_pages(page_table, cache_seqlens, [q_len] * batch, page_size, k_cache.shape[0], max_seqlen_k)
-    assert checked.request is not None
-    spec = dispatch(
-        checked.request,
-        q.device,
-        override,
-        lambda: _signature(
-            q,
-            k_cache.dtype,
-            heads,
-            batch=batch,
-            q_len=q_len,
-            max_seqlen_k=max_seqlen_k,
-            page_size=page_size,
-            window_left=window_left,
-            sinks=sinks is not None,
-            logit_cap=float(logit_cap),
-            return_lse=return_lse,
-        ),
-    )
-    if out is None:
-        out = q.new_empty(out_shape)
-    lse = torch.empty((batch * q_len, heads.num_q_heads), dtype=torch.float32, device=q.device) if return_lse else None
-    if not batch:  # a step without decodes: nothing to compute, nothing launched
-        return _result(out, lse, return_lse)
-    spec.fn(
-        DecodeArgs(
-            q4,
-            k_cache,
-            v_cache,
-            page_table,
-            cache_seqlens,
-            max_seqlen_k,
-            scale,
-            _kernel_window(window_left, page_table.shape[1] * page_size),
-            sinks,
-            float(logit_cap),
-            ks,
-            vs,
-            out.view(batch, q_len, heads.num_q_heads, heads.head_dim_v),
-            None if lse is None else lse.view(batch, q_len, heads.num_q_heads),
-        )
-    )
-    return _result(out, lse, return_lse)
-
-
-def _check_decode_call(
-    q,
-    k_cache,
-    v_cache,
-    page_table,
-    cache_seqlens,
-    max_seqlen_k,
-    *,
-    softmax_scale,
-    window_left,
-    sinks,
-    logit_cap,
-    k_scale,
-    v_scale,
-    return_lse,
-    out,
-    override,
-    compiling: bool,
-) -> _Checked:
-    """Every host check of :func:`mha_decode_with_kvcache`, in order; the facts they derive."""
-    check_tensor("q", q, ndim=(3, 4), dtypes=ACT_DTYPES)
-    q4 = q if q.dim() == 4 else q.unsqueeze(1)
-    q_len = q4.shape[1]
-    if q_len < 1:
-        raise ValueError(f"q must hold at least one query per sequence, got shape {list(q.shape)}")
-    heads, page_size, _, _, scale = check_decode(
-        q4,
+    return DECODE.call(
+        q,
         k_cache,
         v_cache,
         page_table,
         cache_seqlens,
         max_seqlen_k,
-        q_len=q_len,
-        k_scale=k_scale,
-        v_scale=v_scale,
-        softmax_scale=softmax_scale,
-        window_left=window_left,
-        logit_cap=logit_cap,
-        return_lse=return_lse,
-        override=override,
-        sinks=sinks,
-    )
-    return _checked(
-        "attention.decode",
-        q,
-        k_cache.dtype,
-        heads,
-        scale,
+        softmax_scale,
+        window_left,
+        sinks,
+        logit_cap,
+        k_scale,
+        v_scale,
+        return_lse,
         out,
-        (*q.shape[:-1], heads.head_dim_v),
-        compiling=compiling,
-        window_left=window_left,
-        sinks=sinks,
-        logit_cap=logit_cap,
-        return_lse=return_lse,
-        page_size=page_size,
-        q_len=q_len,
-        batch=q4.shape[0],
-        caches=(k_cache, v_cache),
+        override,
     )

@@ -43,32 +43,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
 from tokenspeed_kernel import config
-from tokenspeed_kernel.ops._checks import ACT_DTYPES, check_int, check_same_device, check_tensor, dtype_name
+from tokenspeed_kernel.ops._checks import check_tensor
 from tokenspeed_kernel.ops._dispatch import capture_signature, check_capturable, is_capturing, record
-from tokenspeed_kernel.ops.attention._validate import (
-    cache_layout,
-    check_decode,
-    check_out,
-    check_paged_cache_pair,
-    debug_check_pages,
-)
-from tokenspeed_kernel.ops.attention.api import _kernel_window, _result, _signature, attention_request
+from tokenspeed_kernel.ops.attention._validate import check_decode_plan, check_out, kv_scales, placeholder
+from tokenspeed_kernel.ops.attention.api import DecodeCall
 from tokenspeed_kernel.ops.attention.args import DecodeArgs, Heads
 from tokenspeed_kernel.platform import platform_for
 from tokenspeed_kernel.registry import KernelSpec, Request
 from tokenspeed_kernel.selector import select
 
 __all__ = ["DecodePlan", "mha_decode_plan"]
-
-
-def _placeholder(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A tensor of ``shape`` and ``dtype`` on ``device`` backed by one element (a broadcast
-    view): carries shape, dtype and device to a ``prepare_layout`` hook, never data."""
-    return torch.empty((1,) * len(shape), dtype=dtype, device=device).expand(shape)
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,6 +108,10 @@ class DecodePlan:
     capturable: bool
     device: torch.device
     _layout_args: DecodeArgs = field(repr=False)
+    # The plan of a run with a 4-D q, and with a 3-D q (None unless q_len == 1): the same
+    # DecodeCall the functional call runs, selected once, whose launch serves every run.
+    _call4: DecodeCall = field(repr=False)
+    _call3: DecodeCall | None = field(repr=False)
     # What serves each run: the kernel's bound runner (its ``bind`` hook), else its ``fn``.
     _run: Callable[[DecodeArgs], None] = field(repr=False)
     # For :meth:`_quick_run`: (q's 3-D shape or None, q's 4-D shape, the device's index as
@@ -147,7 +140,7 @@ class DecodePlan:
         if self.spec.prepare_layout is not None and self.batch:  # an empty batch has no layout
             self.spec.prepare_layout(self._layout_args)
 
-    def run(self, q: torch.Tensor, *, out: torch.Tensor | None = None):
+    def run(self, q: torch.Tensor, *, out: torch.Tensor | None = None) -> Any:
         """``mha_decode_with_kvcache`` with the plan's kernel, caches, tables and options.
 
         Args:
@@ -167,28 +160,24 @@ class DecodePlan:
                 return run
         return self._checked_run(q, out)
 
-    def _args(self, q4: torch.Tensor, out4: torch.Tensor, lse3: torch.Tensor | None) -> DecodeArgs:
-        """The plan's caches, tables and options with this run's q, out and lse, built field by
-        field (``dataclasses.replace`` costs microseconds per call)."""
-        p = self._layout_args
-        return DecodeArgs(
-            q4,
-            p.k_cache,
-            p.v_cache,
-            p.page_table,
-            p.cache_seqlens,
-            p.max_seqlen_k,
-            p.softmax_scale,
-            p.window_left,
-            p.sinks,
-            p.logit_cap,
-            p.k_scale,
-            p.v_scale,
-            out4,
-            lse3,
+    def _launch(self, call: DecodeCall, q: torch.Tensor, out: torch.Tensor | None) -> Any:
+        """``call.launch`` with the plan's runner, caches, tables and options."""
+        return call.launch(
+            self._run,
+            q,
+            self.k_cache,
+            self.v_cache,
+            self.page_table,
+            self.cache_seqlens,
+            self.max_seqlen_k,
+            self.sinks,
+            self.k_scale,
+            self.v_scale,
+            self.return_lse,
+            out,
         )
 
-    def _quick_run(self, q: torch.Tensor):
+    def _quick_run(self, q: torch.Tensor) -> Any:
         """The common step, checked with fewer calls: q of the plan's dtype, one of its two
         shapes, contiguous and on its device, no ``out``, no compile/debug/capture-file mode,
         a graph-safe kernel. None when anything differs: :meth:`_checked_run` then checks it
@@ -206,13 +195,9 @@ class DecodePlan:
         if torch.compiler.is_compiling() or config.debug() or config.capture_path() is not None:
             return None
         record(self.spec, self.request)
-        out = q.new_empty(shape4)
-        lse = torch.empty(shape4[:3], dtype=torch.float32, device=q.device) if self.return_lse else None
-        self._run(self._args(q if len(shape) == 4 else q.view(shape4), out, lse))
-        out = out.view(shape) if len(shape) == 3 else out  # a 3-D q has shape3
-        return _result(out, None if lse is None else lse.view(shape4[0] * shape4[1], shape4[2]), self.return_lse)
+        return self._launch(self._call4 if len(shape) == 4 else self._call3, q, None)  # type: ignore[arg-type]
 
-    def _checked_run(self, q: torch.Tensor, out: torch.Tensor | None):
+    def _checked_run(self, q: torch.Tensor, out: torch.Tensor | None) -> Any:
         heads = self.heads
         check_tensor("q", q, ndim=(3, 4), dtypes=(self.q_dtype,))
         q4 = q if q.dim() == 4 else q.unsqueeze(1)
@@ -222,11 +207,12 @@ class DecodePlan:
             raise ValueError(f"q must have shape {list(want)}{also} for this plan, got {list(q.shape)}")
         if q.device != self.device:
             raise ValueError(f"q is on {q.device} but the plan's caches are on {self.device}")
-        out_shape = (*q.shape[:-1], heads.head_dim_v)
-        out = check_out(out, out_shape, q)
+        call = self._call4 if q.dim() == 4 else self._call3
+        assert call is not None  # a 3-D q has q_len == 1, where the plan has its call
+        out = check_out(out, call.out_shape, q)
 
         if torch.compiler.is_compiling():
-            result, lse = torch.ops.tokenspeed_kernel.mha_decode_with_kvcache(
+            return call.trace(
                 q,
                 self.k_cache,
                 self.v_cache,
@@ -240,52 +226,17 @@ class DecodePlan:
                 self.k_scale,
                 self.v_scale,
                 self.return_lse,
+                out,
                 self.kernel,
             )
-            if out is not None:
-                result = out.copy_(result)
-            return _result(result, lse, self.return_lse)
 
         check_capturable(self.spec)
         if config.debug():
-            debug_check_pages(
-                self.page_table,
-                self.cache_seqlens,
-                [self.q_len] * self.batch,
-                self.page_size,
-                self.k_cache.shape[0],
-                self.max_seqlen_k,
-            )
+            call.debug_check(self.page_table, self.cache_seqlens, self.max_seqlen_k)
         record(self.spec, self.request)
         if config.capture_path() is not None:
-            signature = _signature(
-                q,
-                self.k_cache.dtype,
-                heads,
-                batch=self.batch,
-                q_len=self.q_len,
-                max_seqlen_k=self.max_seqlen_k,
-                page_size=self.page_size,
-                window_left=self.window_left,
-                sinks=self.sinks is not None,
-                logit_cap=self.logit_cap,
-                return_lse=self.return_lse,
-            )
-            capture_signature("attention.decode", self.kernel, signature)
-        if out is None:
-            out = q.new_empty(out_shape)
-        rows = self.batch * self.q_len
-        lse = torch.empty((rows, heads.num_q_heads), dtype=torch.float32, device=q.device) if self.return_lse else None
-        if not rows:  # a step without decodes: nothing to compute, nothing launched
-            return _result(out, lse, self.return_lse)
-        self._run(
-            self._args(
-                q4,
-                out.view(self.batch, self.q_len, heads.num_q_heads, heads.head_dim_v),
-                None if lse is None else lse.view(self.batch, self.q_len, heads.num_q_heads),
-            )
-        )
-        return _result(out, lse, self.return_lse)
+            capture_signature("attention.decode", self.kernel, call.signature(max_seqlen_k=self.max_seqlen_k))
+        return self._launch(call, q, out)
 
 
 def mha_decode_plan(
@@ -333,93 +284,67 @@ def mha_decode_plan(
     Returns:
         A :class:`DecodePlan`; ``plan.run(q)`` is the per-step call.
     """
-    check_paged_cache_pair(k_cache, v_cache)
-    check_tensor("page_table", page_table, ndim=2, dtypes=(torch.int32,))
-    check_int("num_q_heads", num_q_heads, min_value=1)
-    check_int("q_len", q_len, min_value=1)
-    if q_dtype is None:
-        if k_cache.dtype == torch.float8_e4m3fn:
-            raise TypeError("q_dtype is required for a float8_e4m3fn cache (the activations' dtype)")
-        q_dtype = k_cache.dtype
-    if not isinstance(q_dtype, torch.dtype) or q_dtype not in ACT_DTYPES:
-        names = ", ".join(dtype_name(d) for d in ACT_DTYPES)
-        raise TypeError(f"q_dtype must be one of {{{names}}}, got {q_dtype}")
-    if not isinstance(capturable, bool):
-        raise TypeError(f"capturable must be a bool, got {type(capturable).__name__}")
-    batch, device = page_table.shape[0], k_cache.device
-    # q does not exist yet: its placeholder sits on k_cache's device, so the tensors are
-    # compared with k_cache here, by name (check_decode would blame "q" instead).
-    check_same_device(
-        "k_cache",
-        k_cache,
-        **{
-            n: t
-            for n, t in (
-                ("v_cache", v_cache),
-                ("page_table", page_table),
-                ("cache_seqlens", cache_seqlens),
-                ("sinks", sinks),
-                ("k_scale", k_scale),
-                ("v_scale", v_scale),
-            )
-            if isinstance(t, torch.Tensor)
-        },
-    )
-    q_like = _placeholder((batch, q_len, num_q_heads, k_cache.shape[-1]), q_dtype, device)
-    heads, page_size, ks, vs, scale = check_decode(
-        q_like,
+    q_dtype, heads, page_size, scale = check_decode_plan(
         k_cache,
         v_cache,
         page_table,
         cache_seqlens,
         max_seqlen_k,
+        num_q_heads=num_q_heads,
         q_len=q_len,
-        k_scale=k_scale,
-        v_scale=v_scale,
+        q_dtype=q_dtype,
         softmax_scale=softmax_scale,
         window_left=window_left,
+        sinks=sinks,
         logit_cap=logit_cap,
+        k_scale=k_scale,
+        v_scale=v_scale,
         return_lse=return_lse,
         override=override,
-        sinks=sinks,
-    )
-    if config.debug():
-        debug_check_pages(page_table, cache_seqlens, [q_len] * batch, page_size, k_cache.shape[0], max_seqlen_k)
-    strided, align = cache_layout(k_cache, v_cache)
-    request = attention_request(
-        "attention.decode",
-        q_dtype=q_dtype,
-        kv_dtype=k_cache.dtype,
-        heads=heads,
-        window_left=window_left,
-        sinks=sinks is not None,
-        logit_cap=logit_cap,
-        return_lse=return_lse,
-        page_size=page_size,
-        q_len=q_len,
         capturable=capturable,
-        batch=batch,
-        strided_kv=strided,
-        kv_align=align,
     )
+    batch, device, fp8 = page_table.shape[0], k_cache.device, k_cache.dtype == torch.float8_e4m3fn
+
+    def call(q_dims: int) -> DecodeCall:
+        return DecodeCall.make(
+            q_dtype,
+            device,
+            k_cache,
+            v_cache,
+            page_table,
+            heads,
+            page_size,
+            scale,
+            window_left=window_left,
+            sinks=sinks is not None,
+            logit_cap=logit_cap,
+            return_lse=return_lse,
+            q_len=q_len,
+            q_dims=q_dims,
+            capturable=capturable,
+        )
+
+    call4 = call(4)
+    request = call4.request
+    assert request is not None
     spec = select(request, platform_for(device), override)
-    out_like = _placeholder((batch, q_len, heads.num_q_heads, heads.head_dim_v), q_dtype, device)
-    lse_like = _placeholder((batch, q_len, heads.num_q_heads), torch.float32, device) if return_lse else None
+    ks, vs = kv_scales(fp8, k_scale, v_scale, k_cache)
+    shape4 = (batch, q_len, heads.num_q_heads, heads.head_dim)
     layout_args = DecodeArgs(
-        q_like,
+        placeholder(shape4, q_dtype, device),
         k_cache,
         v_cache,
         page_table,
         cache_seqlens,
         max_seqlen_k,
         scale,
-        _kernel_window(window_left, page_table.shape[1] * page_size),
+        call4.window,
         sinks,
-        float(logit_cap),
+        call4.logit_cap,
         ks,
         vs,
-        out_like,
-        lse_like,
+        placeholder(call4.out4, q_dtype, device),
+        placeholder(call4.lse3, torch.float32, device) if return_lse else None,
     )
     plan = DecodePlan(
         kernel=spec.name,
@@ -445,12 +370,13 @@ def mha_decode_plan(
         capturable=capturable,
         device=device,
         _layout_args=layout_args,
+        _call4=call4,
+        _call3=call(3) if q_len == 1 else None,
         _run=spec.fn,
     )
     plan.update()
-    shape4 = (batch, q_len, heads.num_q_heads, heads.head_dim)
     quick = None
-    if spec.graph_safe and batch and heads.head_dim_v == heads.head_dim:
+    if spec.graph_safe and batch:
         index = -1 if device.type == "cpu" else (device.index if device.index is not None else 0)
         quick = ((batch, heads.num_q_heads, heads.head_dim) if q_len == 1 else None, shape4, index)
     run = spec.bind(layout_args) if spec.bind is not None else spec.fn

@@ -23,5 +23,14 @@ def _store_kvcache(
 
 
 @_store_kvcache.register_fake
-def _(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, override) -> None:
+def _(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    override: str | None,
+) -> None:
     return None

@@ -1,4 +1,5 @@
-"""Host-side validation shared by ``moe_apply``, ``moe_plan`` and ``MoEPlan.apply``.
+"""Host-side validation of the MoE operators (``moe_topk``, ``moe_apply``, ``moe_plan``,
+``MoEPlan.apply``), and their selector requests.
 
 Everything here reads only metadata (shapes, dtypes, devices, layouts); the value checks
 that need a device sync (expert ids, expert map entries) run only under ``config.debug()``.
@@ -10,11 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenspeed_kernel import config
 from tokenspeed_kernel.ops._checks import (
     ACT_DTYPES,
     check_choice,
     check_index_tensor,
+    check_int,
     check_optional_tensor,
+    check_override,
     check_same_device,
     check_tensor,
     dtype_name,
@@ -25,14 +29,21 @@ from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.registry import Request
 
 __all__ = [
+    "SCORINGS",
     "WeightInfo",
     "apply_signature",
     "check_activation_quant",
+    "check_apply",
     "check_ids_in_range",
     "check_out",
+    "check_plan",
+    "check_plan_apply",
     "check_routing",
+    "check_topk",
     "check_weights",
 ]
+
+SCORINGS = ("softmax", "sigmoid")
 
 
 @dataclass(frozen=True)
@@ -214,6 +225,104 @@ def check_ids_in_range(
             raise ValueError(f"expert_map values must lie in [-1, E = {num_experts}), got values in [{lo}, {hi}]")
 
 
+def check_apply(
+    x: object,
+    w13: Weight,
+    w2: Weight,
+    topk_weights: object,
+    topk_ids: object,
+    activation: str,
+    w13_bias: torch.Tensor | None,
+    w2_bias: torch.Tensor | None,
+    expert_map: torch.Tensor | None,
+    out: torch.Tensor | None,
+    override: object,
+    activation_quant: object,
+) -> tuple[WeightInfo, int, str | None]:
+    """Every host check of ``moe_apply``, in order; the weights' facts, ``top_k`` and the
+    validated ``activation_quant``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    info = check_weights(
+        w13,
+        w2,
+        x_dtype=x.dtype,
+        device=x.device,
+        activation=activation,
+        w13_bias=w13_bias,
+        w2_bias=w2_bias,
+        expert_map=expert_map,
+    )
+    _, top_k = check_routing(x, topk_weights, topk_ids, hidden=info.hidden, num_global_experts=info.num_global_experts)
+    activation_quant = check_activation_quant(activation_quant, info)
+    if out is not None:
+        check_out(out, x)
+    check_override(override)
+    return info, top_k, activation_quant
+
+
+def check_plan(
+    w13: Weight,
+    w2: Weight,
+    *,
+    x_dtype: object,
+    top_k: object,
+    activation: str,
+    w13_bias: torch.Tensor | None,
+    w2_bias: torch.Tensor | None,
+    expert_map: torch.Tensor | None,
+    override: object,
+    activation_quant: object,
+) -> tuple[WeightInfo, str | None]:
+    """Every check of ``moe_plan``, in order (the map's values under ``TOKENSPEED_KERNEL_DEBUG``);
+    the weights' facts and the validated ``activation_quant``."""
+    if not isinstance(x_dtype, torch.dtype):
+        raise TypeError(f"x_dtype must be a torch.dtype, got {type(x_dtype).__name__}")
+    info = check_weights(
+        w13,
+        w2,
+        x_dtype=x_dtype,
+        device=None,
+        activation=activation,
+        w13_bias=w13_bias,
+        w2_bias=w2_bias,
+        expert_map=expert_map,
+    )
+    activation_quant = check_activation_quant(activation_quant, info)
+    top_k = check_int("top_k", top_k, min_value=1)
+    if top_k > info.num_global_experts:
+        raise ValueError(f"top_k must be <= the number of (global) experts {info.num_global_experts}, got {top_k}")
+    check_override(override)
+    if config.debug() and expert_map is not None:
+        check_ids_in_range(expert_map.new_zeros((0,)), expert_map, info.num_experts, info.num_global_experts)
+    return info, activation_quant
+
+
+def check_plan_apply(
+    x: object,
+    topk_weights: object,
+    topk_ids: object,
+    out: object,
+    *,
+    info: WeightInfo,
+    top_k: int,
+    x_dtype: torch.dtype,
+    device: torch.device,
+) -> int:
+    """Every host check of ``MoEPlan.apply`` against its plan's facts, in order; the token count."""
+    num_tokens, _ = check_routing(
+        x, topk_weights, topk_ids, hidden=info.hidden, num_global_experts=info.num_global_experts, top_k=top_k
+    )
+    assert isinstance(x, torch.Tensor)
+    if x.dtype != x_dtype:
+        raise TypeError(f"x must have the plan's dtype {dtype_name(x_dtype)}, got {dtype_name(x.dtype)}")
+    if x.device != device:
+        raise ValueError(f"x is on {x.device} but the plan's weights are on {device}")
+    if out is not None:
+        check_out(out, x)  # type: ignore[arg-type]
+    return num_tokens
+
+
 def apply_signature(
     info: WeightInfo,
     num_tokens: int,
@@ -282,3 +391,18 @@ def topk_request(
         shapes={"num_experts": num_experts, "top_k": top_k},
         features=(scoring, "renormalize") if renormalize else (scoring,),
     )
+
+
+def check_topk(router_logits: object, top_k: object, scoring: object, renormalize: object, override: object) -> None:
+    """Every host check of ``moe_topk``, in order."""
+    router_logits = check_tensor("router_logits", router_logits, ndim=2, dtypes=ACT_DTYPES)
+    num_experts = router_logits.shape[1]
+    if num_experts < 1:
+        raise ValueError(f"router_logits must have at least one expert column, got shape {list(router_logits.shape)}")
+    top_k = check_int("top_k", top_k, min_value=1)
+    if top_k > num_experts:
+        raise ValueError(f"top_k must be <= the number of experts E = {num_experts}, got {top_k}")
+    check_choice("scoring", scoring, SCORINGS)
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
+    check_override(override)

@@ -1,9 +1,12 @@
 """Public MoE operators: ``moe_topk`` (router scoring + top-k) and ``moe_apply`` (experts + combine).
 
-Both validate every argument on the host (``TypeError``/``ValueError`` naming it) before any
-launch, build a :class:`~tokenspeed_kernel.registry.Request`, let the selector pick a kernel
-and call it with the typed arguments of :mod:`tokenspeed_kernel.ops.moe.args`. Under
-``torch.compile`` they route to the ``torch.ops.tokenspeed_kernel.moe_*`` custom ops instead.
+Each is an :class:`~tokenspeed_kernel.ops._operator.Operator` (``TOPK``, ``APPLY``) whose call
+path validates every argument on the host (``TypeError``/``ValueError`` naming it, checks in
+:mod:`._validate`) before any launch, remembers the call's plan (:class:`TopKCall`,
+:class:`ApplyCall`: the selector request and what else the checks derived) per call key, and
+runs it: selection, outputs, the typed arguments of :mod:`tokenspeed_kernel.ops.moe.args`, the
+kernel. Under ``torch.compile`` the plan traces the ``torch.ops.tokenspeed_kernel.moe_*`` custom op
+instead.
 
 Capture signatures (``TOKENSPEED_KERNEL_CAPTURE``) use the field names of
 ``tokenspeed_kernel.tools.cases.moe.MoECase``: ``num_tokens``, ``num_experts`` (global, i.e.
@@ -14,41 +17,44 @@ the router's expert count), ``top_k``, ``dtype``, and for ``moe.apply`` also ``h
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import functools
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from tokenspeed_kernel import config
-from tokenspeed_kernel.ops._checks import (
-    ACT_DTYPES,
-    call_key,
-    call_table,
-    check_choice,
-    check_int,
-    check_override,
-    check_tensor,
-    dtype_name,
-    remember,
-)
+from tokenspeed_kernel.ops._checks import call_key, check_choice, dtype_name
 from tokenspeed_kernel.ops._dispatch import dispatch
+from tokenspeed_kernel.ops._operator import Operator, Plan
 from tokenspeed_kernel.ops.moe import _custom_ops
 from tokenspeed_kernel.ops.moe._validate import (
+    SCORINGS,
     WeightInfo,
     apply_request,
     apply_signature,
-    check_activation_quant,
+    check_apply,
     check_ids_in_range,
-    check_out,
-    check_routing,
-    check_weights,
+    check_topk,
     topk_request,
 )
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, TopKArgs, Weight
 from tokenspeed_kernel.registry import Request
 
-__all__ = ["SCORINGS", "WEIGHT_FORMATS", "moe_apply", "moe_apply_request", "moe_topk", "moe_topk_request"]
+__all__ = [
+    "APPLY",
+    "SCORINGS",
+    "TOPK",
+    "WEIGHT_FORMATS",
+    "ApplyCall",
+    "TopKCall",
+    "moe_apply",
+    "moe_apply_request",
+    "moe_topk",
+    "moe_topk_request",
+]
 
-SCORINGS = ("softmax", "sigmoid")
 # Weight format -> how its values are stored (None: in x's dtype).
 WEIGHT_FORMATS: dict[str, torch.dtype | None] = {
     "plain": None,
@@ -104,32 +110,76 @@ def moe_topk_request(
     )
 
 
-# Per-op tables: call key -> what a call that passed every check derived (ops/_checks.py).
-_TOPK_CALLS: dict[Hashable, Request | None] = call_table()  # None: never stored (no key while tracing)
-_APPLY_CALLS: dict[Hashable, tuple[WeightInfo, int, str | None, Request | None]] = call_table()
+@dataclass(slots=True, eq=False)
+class TopKCall(Plan):
+    """What the checks of a ``moe_topk`` call derived (see :mod:`tokenspeed_kernel.ops._operator`).
+
+    Attributes:
+        request: the selector request (None while tracing: the custom op selects when it runs).
+        device: router_logits' device.
+        shape: ``(T, top_k)``, the outputs' shape (``T = 0``: nothing is launched).
+        signature: builds the capture signature (``TOKENSPEED_KERNEL_CAPTURE``) when asked.
+    """
+
+    request: Request | None
+    device: torch.device
+    shape: tuple[int, int]
+    signature: Callable[[], dict[str, Any]]
+
+    @staticmethod
+    def key(
+        router_logits: object, top_k: object, scoring: object, renormalize: object, override: object
+    ) -> Hashable | None:
+        return call_key((router_logits,), (top_k, scoring, renormalize, override))
+
+    @classmethod
+    def check(cls, compiling: bool, *call: Any) -> TopKCall:
+        check_topk(*call)
+        router_logits, top_k, scoring, renormalize, _ = call
+        num_tokens, num_experts = router_logits.shape
+        request: Request | None = None
+        signature: Callable[[], dict[str, Any]] = dict  # while tracing: none
+        if not compiling:
+            request = topk_request(
+                logits_dtype=router_logits.dtype,
+                num_experts=num_experts,
+                top_k=top_k,
+                scoring=scoring,
+                renormalize=renormalize,
+            )
+            signature = functools.partial(
+                dict,
+                num_tokens=num_tokens,
+                num_experts=num_experts,
+                top_k=top_k,
+                dtype=dtype_name(router_logits.dtype),
+                scoring=scoring,
+                renormalize=renormalize,
+            )
+        return cls(request, router_logits.device, (num_tokens, top_k), signature)
+
+    def run(
+        self, router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool, override: str | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.request is not None
+        spec = dispatch(self.request, self.device, override, self.signature)
+        args = TopKArgs(
+            router_logits=router_logits,
+            top_k=top_k,
+            scoring=scoring,
+            renormalize=renormalize,
+            topk_weights=torch.empty(*self.shape, dtype=torch.float32, device=self.device),
+            topk_ids=torch.empty(*self.shape, dtype=torch.int32, device=self.device),
+        )
+        if self.shape[0]:
+            spec.fn(args)
+        return args.topk_weights, args.topk_ids
+
+    def trace(self, *call: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ops.tokenspeed_kernel.moe_topk(*call)
 
 
-def _check_topk(
-    router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool, override: str | None, compiling: bool
-) -> Request | None:
-    """Every host check of :func:`moe_topk`, in order; the call's selector request (None
-    while tracing: the custom op selects when it runs)."""
-    check_tensor("router_logits", router_logits, ndim=2, dtypes=ACT_DTYPES)
-    num_experts = router_logits.shape[1]
-    if num_experts < 1:
-        raise ValueError(f"router_logits must have at least one expert column, got shape {list(router_logits.shape)}")
-    check_int("top_k", top_k, min_value=1)
-    if top_k > num_experts:
-        raise ValueError(f"top_k must be <= the number of experts E = {num_experts}, got {top_k}")
-    check_choice("scoring", scoring, SCORINGS)
-    if not isinstance(renormalize, bool):
-        raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
-    check_override(override)
-    if compiling:
-        return None
-    return topk_request(
-        logits_dtype=router_logits.dtype, num_experts=num_experts, top_k=top_k, scoring=scoring, renormalize=renormalize
-    )
+TOPK = Operator("moe.topk", TopKArgs, "torch_moe_topk", "moe_topk", TopKCall)
 
 
 def moe_topk(
@@ -156,43 +206,139 @@ def moe_topk(
         row (a NaN or +inf logit, or every logit -inf) gets ids ``0..top_k-1`` and weight 0;
         renormalized weights summing to 0 stay 0 (docs/api.md). ``T = 0`` launches nothing.
     """
-    compiling = torch.compiler.is_compiling()
-    key = call_key(compiling, (router_logits,), (top_k, scoring, renormalize, override))
-    request = _TOPK_CALLS.get(key)
-    if request is None:  # a call not seen yet (or not keyable): every check, in full
-        request = remember(
-            _TOPK_CALLS, key, _check_topk(router_logits, top_k, scoring, renormalize, override, compiling)
-        )
-    if compiling:
-        return torch.ops.tokenspeed_kernel.moe_topk(router_logits, top_k, scoring, renormalize, override)
+    return TOPK.call(router_logits, top_k, scoring, renormalize, override)
 
-    num_tokens, num_experts = router_logits.shape
-    device = router_logits.device
-    assert request is not None
-    spec = dispatch(
-        request,
-        device,
-        override,
-        lambda: {
-            "num_tokens": num_tokens,
-            "num_experts": num_experts,
-            "top_k": top_k,
-            "dtype": dtype_name(router_logits.dtype),
-            "scoring": scoring,
-            "renormalize": renormalize,
-        },
-    )
-    args = TopKArgs(
-        router_logits=router_logits,
-        top_k=top_k,
-        scoring=scoring,
-        renormalize=renormalize,
-        topk_weights=torch.empty((num_tokens, top_k), dtype=torch.float32, device=device),
-        topk_ids=torch.empty((num_tokens, top_k), dtype=torch.int32, device=device),
-    )
-    if num_tokens:
-        spec.fn(args)
-    return args.topk_weights, args.topk_ids
+
+@dataclass(slots=True, eq=False)
+class ApplyCall(Plan):
+    """What the checks of a ``moe_apply`` call derived (see :mod:`tokenspeed_kernel.ops._operator`).
+
+    Attributes:
+        request: the selector request (None while tracing: the custom op selects when it runs).
+        device: x's device.
+        info: the weights' facts (sizes, format, local and global experts).
+        num_tokens: ``T`` (0: nothing is launched).
+        activation_quant: the validated ``activation_quant``.
+        signature: builds the capture signature (``TOKENSPEED_KERNEL_CAPTURE``) when asked.
+    """
+
+    request: Request | None
+    device: torch.device
+    info: WeightInfo
+    num_tokens: int
+    activation_quant: str | None
+    signature: Callable[[], dict[str, Any]]
+
+    @staticmethod
+    def key(
+        x: object,
+        w13: object,
+        w2: object,
+        topk_weights: object,
+        topk_ids: object,
+        activation: object,
+        w13_bias: object,
+        w2_bias: object,
+        expert_map: object,
+        out: torch.Tensor | None,
+        override: object,
+        activation_quant: object,
+    ) -> Hashable | None:
+        key = call_key(
+            (x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, expert_map, out),
+            (activation, override, activation_quant),
+        )
+        # ``out`` must not alias ``x``: a pointer, so checked on every call (the full checks raise).
+        if key is None or out is None or out.data_ptr() != x.data_ptr():  # type: ignore[attr-defined]
+            return key
+        return None
+
+    @classmethod
+    def check(cls, compiling: bool, *call: Any) -> ApplyCall:
+        info, top_k, activation_quant = check_apply(*call)
+        x, _, _, _, _, activation, w13_bias, w2_bias, expert_map = call[:9]
+        has_bias, has_map = w13_bias is not None or w2_bias is not None, expert_map is not None
+        num_tokens = x.shape[0]
+        request: Request | None = None
+        signature: Callable[[], dict[str, Any]] = dict  # while tracing: none
+        if not compiling:
+            request = apply_request(
+                info,
+                x_dtype=x.dtype,
+                top_k=top_k,
+                num_tokens=num_tokens,
+                activation=activation,
+                has_bias=has_bias,
+                has_map=has_map,
+                activation_quant=activation_quant,
+            )
+            signature = functools.partial(
+                apply_signature, info, num_tokens, top_k, x.dtype, activation, has_bias, has_map, activation_quant
+            )
+        return cls(request, x.device, info, num_tokens, activation_quant, signature)
+
+    def run(
+        self,
+        x: torch.Tensor,
+        w13: Weight,
+        w2: Weight,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        activation: str,
+        w13_bias: torch.Tensor | None,
+        w2_bias: torch.Tensor | None,
+        expert_map: torch.Tensor | None,
+        out: torch.Tensor | None,
+        override: str | None,
+        activation_quant: str | None,
+    ) -> torch.Tensor:
+        if config.debug():
+            check_ids_in_range(topk_ids, expert_map, self.info.num_experts, self.info.num_global_experts)
+        assert self.request is not None
+        spec = dispatch(self.request, self.device, override, self.signature)
+        out = torch.empty_like(x) if out is None else out
+        args = MoEApplyArgs(
+            x,
+            w13,
+            w2,
+            topk_weights,
+            topk_ids,
+            activation,
+            w13_bias,
+            w2_bias,
+            expert_map,
+            out,
+            None,
+            self.activation_quant,
+        )
+        if self.num_tokens:
+            spec.fn(args)
+        return out
+
+    def trace(self, *call: Any) -> torch.Tensor:
+        x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, out, override, quant = call
+        a13, b13, fmt = _custom_ops.flatten_weight(w13)
+        a2, b2, _ = _custom_ops.flatten_weight(w2)
+        result = torch.ops.tokenspeed_kernel.moe_apply(
+            x,
+            a13,
+            b13,
+            a2,
+            b2,
+            fmt,
+            topk_weights,
+            topk_ids,
+            activation,
+            w13_bias,
+            w2_bias,
+            expert_map,
+            override,
+            quant,
+        )
+        return result if out is None else out.copy_(result)
+
+
+APPLY = Operator("moe.apply", MoEApplyArgs, "torch_moe", "moe_apply", ApplyCall)
 
 
 def moe_apply(
@@ -250,135 +396,17 @@ def moe_apply(
     With ``TOKENSPEED_KERNEL_DEBUG=1`` also checks (with a device sync) that ``topk_ids``
     lie in ``[0, E_global)`` and ``expert_map`` values in ``[-1, E)``.
     """
-    compiling = torch.compiler.is_compiling()
-    key = call_key(
-        compiling,
-        (x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, expert_map, out),
-        (activation, override, activation_quant),
-    )
-    checked = _APPLY_CALLS.get(key)
-    # ``out`` must not alias ``x``: a pointer, so checked on every call (the full checks raise).
-    if checked is None or not (out is None or out.data_ptr() != x.data_ptr()):
-        checked = _check_apply(
-            x,
-            w13,
-            w2,
-            topk_weights,
-            topk_ids,
-            activation=activation,
-            w13_bias=w13_bias,
-            w2_bias=w2_bias,
-            expert_map=expert_map,
-            out=out,
-            override=override,
-            activation_quant=activation_quant,
-            compiling=compiling,
-        )
-        remember(_APPLY_CALLS, key, checked)
-    info, top_k, activation_quant, request = checked
-    num_tokens = x.shape[0]
-
-    if compiling:
-        a13, b13, fmt = _custom_ops.flatten_weight(w13)
-        a2, b2, _ = _custom_ops.flatten_weight(w2)
-        result = torch.ops.tokenspeed_kernel.moe_apply(
-            x,
-            a13,
-            b13,
-            a2,
-            b2,
-            fmt,
-            topk_weights,
-            topk_ids,
-            activation,
-            w13_bias,
-            w2_bias,
-            expert_map,
-            override,
-            activation_quant,
-        )
-        if out is None:
-            return result
-        out.copy_(result)
-        return out
-
-    if config.debug():
-        check_ids_in_range(topk_ids, expert_map, info.num_experts, info.num_global_experts)
-    has_bias = w13_bias is not None or w2_bias is not None
-    assert request is not None
-    spec = dispatch(
-        request,
-        x.device,
-        override,
-        lambda: apply_signature(
-            info, num_tokens, top_k, x.dtype, activation, has_bias, expert_map is not None, activation_quant
-        ),
-    )
-    args = MoEApplyArgs(
-        x=x,
-        w13=w13,
-        w2=w2,
-        topk_weights=topk_weights,
-        topk_ids=topk_ids,
-        activation=activation,
-        w13_bias=w13_bias,
-        w2_bias=w2_bias,
-        expert_map=expert_map,
-        out=torch.empty_like(x) if out is None else out,
-        activation_quant=activation_quant,
-    )
-    if num_tokens:
-        spec.fn(args)
-    return args.out
-
-
-def _check_apply(
-    x,
-    w13,
-    w2,
-    topk_weights,
-    topk_ids,
-    *,
-    activation,
-    w13_bias,
-    w2_bias,
-    expert_map,
-    out,
-    override,
-    activation_quant,
-    compiling: bool,
-) -> tuple[WeightInfo, int, str | None, Request | None]:
-    """Every host check of :func:`moe_apply`, in order; the weights' facts, ``top_k``, the
-    validated ``activation_quant`` and the selector request (None while tracing)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    info = check_weights(
+    return APPLY.call(
+        x,
         w13,
         w2,
-        x_dtype=x.dtype,
-        device=x.device,
-        activation=activation,
-        w13_bias=w13_bias,
-        w2_bias=w2_bias,
-        expert_map=expert_map,
+        topk_weights,
+        topk_ids,
+        activation,
+        w13_bias,
+        w2_bias,
+        expert_map,
+        out,
+        override,
+        activation_quant,
     )
-    num_tokens, top_k = check_routing(
-        x, topk_weights, topk_ids, hidden=info.hidden, num_global_experts=info.num_global_experts
-    )
-    activation_quant = check_activation_quant(activation_quant, info)
-    if out is not None:
-        check_out(out, x)
-    check_override(override)
-    request = None
-    if not compiling:
-        request = apply_request(
-            info,
-            x_dtype=x.dtype,
-            top_k=top_k,
-            num_tokens=num_tokens,
-            activation=activation,
-            has_bias=w13_bias is not None or w2_bias is not None,
-            has_map=expert_map is not None,
-            activation_quant=activation_quant,
-        )
-    return info, top_k, activation_quant, request

@@ -44,6 +44,7 @@ concurrently on different streams. A plan keeps at most :data:`BIND_MAX_COUNTS` 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,18 +52,17 @@ from typing import Any
 import torch
 
 from tokenspeed_kernel import config
-from tokenspeed_kernel.ops._checks import call_key, call_table, check_int, check_override, dtype_name, remember
+from tokenspeed_kernel.ops._checks import call_key
 from tokenspeed_kernel.ops._dispatch import capture_signature, check_capturable, is_capturing, record
+from tokenspeed_kernel.ops._operator import Calls, Plan
 from tokenspeed_kernel.ops.moe import _custom_ops
 from tokenspeed_kernel.ops.moe._validate import (
     WeightInfo,
     apply_request,
     apply_signature,
-    check_activation_quant,
     check_ids_in_range,
-    check_out,
-    check_routing,
-    check_weights,
+    check_plan,
+    check_plan_apply,
 )
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, Weight
 from tokenspeed_kernel.platform import Platform, platform_for
@@ -152,29 +152,14 @@ class MoEPlan:
 
     def regime_for(self, num_tokens: int) -> MoERegime:
         """The regime that serves ``num_tokens`` tokens (the last one is unbounded)."""
-        return next(r for r in self.regimes if r.max_tokens is None or num_tokens <= r.max_tokens)
+        return self.regimes[self._regime_index(num_tokens)]
+
+    def _regime_index(self, num_tokens: int) -> int:
+        return next(i for i, r in enumerate(self.regimes) if r.max_tokens is None or num_tokens <= r.max_tokens)
 
     def kernel_for(self, num_tokens: int) -> str:
         """The name of the kernel :meth:`apply` runs for ``num_tokens`` tokens."""
         return self.regime_for(num_tokens).spec.name
-
-    def _check(self, x: object, topk_weights: object, topk_ids: object, out: object) -> None:
-        """Every host check of :meth:`apply`, in order."""
-        check_routing(
-            x,
-            topk_weights,
-            topk_ids,
-            hidden=self.info.hidden,
-            num_global_experts=self.info.num_global_experts,
-            top_k=self.top_k,
-        )
-        assert isinstance(x, torch.Tensor)
-        if x.dtype != self.x_dtype:
-            raise TypeError(f"x must have the plan's dtype {dtype_name(self.x_dtype)}, got {dtype_name(x.dtype)}")
-        if x.device != self.device:
-            raise ValueError(f"x is on {x.device} but the plan's weights are on {self.device}")
-        if out is not None:
-            check_out(out, x)  # type: ignore[arg-type]
 
     def apply(
         self,
@@ -193,55 +178,7 @@ class MoEPlan:
         Returns:
             ``[T, H]`` in x's dtype (``out`` when given).
         """
-        compiling = torch.compiler.is_compiling()
-        key = call_key(compiling, (self.handle, x, topk_weights, topk_ids, out))
-        # ``out`` must not alias ``x``: a pointer, so checked on every call (the full checks raise).
-        if key not in _PLAN_CALLS or not (out is None or out.data_ptr() != x.data_ptr()):
-            self._check(x, topk_weights, topk_ids, out)
-            remember(_PLAN_CALLS, key, True)
-        num_tokens = x.shape[0]
-        regime = self.regime_for(num_tokens)
-        if compiling:
-            result = torch.ops.tokenspeed_kernel.moe_plan_apply(self.handle, x, topk_weights, topk_ids)
-            if out is None:
-                return result
-            out.copy_(result)
-            return out
-        if config.debug():
-            check_ids_in_range(topk_ids, self.expert_map, self.info.num_experts, self.info.num_global_experts)
-        if config.capture_path() is not None:
-            has_bias = self.w13_bias is not None or self.w2_bias is not None
-            signature = apply_signature(
-                self.info,
-                num_tokens,
-                self.top_k,
-                x.dtype,
-                self.activation,
-                has_bias,
-                self.expert_map is not None,
-                self.activation_quant,
-            )
-            capture_signature("moe.apply", regime.spec.name, signature)
-        args = MoEApplyArgs(
-            x=x,
-            w13=self.w13,
-            w2=self.w2,
-            topk_weights=topk_weights,
-            topk_ids=topk_ids,
-            activation=self.activation,
-            w13_bias=self.w13_bias,
-            w2_bias=self.w2_bias,
-            expert_map=self.expert_map,
-            out=torch.empty_like(x) if out is None else out,
-            prepared=regime.prepared,
-            activation_quant=self.activation_quant,
-        )
-        check_capturable(regime.spec)
-        record(regime.spec, regime.request)
-        if num_tokens:
-            run = self.runners[num_tokens] if num_tokens in self.runners else self._bind(regime.spec, args)
-            (run or regime.spec.fn)(args)
-        return args.out
+        return _PLAN_APPLY.call(self, x, topk_weights, topk_ids, out)
 
     def _bind(self, spec: KernelSpec, args: MoEApplyArgs) -> Runner | None:
         """The runner for ``args``' token count from ``spec.bind`` (None: ``fn`` serves it),
@@ -253,8 +190,108 @@ class MoEPlan:
         return run
 
 
-# Call keys (plan handle + activations; see ops/_checks.py) whose full checks passed.
-_PLAN_CALLS: dict[Hashable, bool] = call_table()
+@dataclass(slots=True, eq=False)
+class PlanApplyCall(Plan):
+    """What the checks of one :meth:`MoEPlan.apply` call derived: its call is the plan and the
+    arguments of ``apply`` (``(plan, x, topk_weights, topk_ids, out)``), its key the plan's
+    handle and the activations', so a plan's calls share one table (:data:`_PLAN_APPLY`).
+
+    Attributes:
+        regime: the index of the regime that serves the call's token count in the plan's
+            ``regimes`` (an index: the table keeps nothing of a plan alive).
+        num_tokens: ``T`` (0: nothing is launched).
+        signature: builds the capture signature (``TOKENSPEED_KERNEL_CAPTURE``) when asked.
+    """
+
+    regime: int
+    num_tokens: int
+    signature: Callable[[], dict[str, Any]]
+
+    @staticmethod
+    def key(plan: MoEPlan, x: torch.Tensor, topk_weights: object, topk_ids: object, out: object) -> Hashable | None:
+        key = call_key((plan.handle, x, topk_weights, topk_ids, out))
+        # ``out`` must not alias ``x``: a pointer, so checked on every call (the full checks raise).
+        if key is None or out is None or out.data_ptr() != x.data_ptr():  # type: ignore[attr-defined]
+            return key
+        return None
+
+    @classmethod
+    def check(
+        cls, compiling: bool, plan: MoEPlan, x: object, topk_weights: object, topk_ids: object, out: object
+    ) -> PlanApplyCall:
+        info = plan.info
+        num_tokens = check_plan_apply(
+            x, topk_weights, topk_ids, out, info=info, top_k=plan.top_k, x_dtype=plan.x_dtype, device=plan.device
+        )
+        regime = -1  # while tracing, the custom op runs the plan by its handle
+        signature: Callable[[], dict[str, Any]] = dict
+        if not compiling:
+            regime = plan._regime_index(num_tokens)
+            has_bias = plan.w13_bias is not None or plan.w2_bias is not None
+            signature = functools.partial(
+                apply_signature,
+                info,
+                num_tokens,
+                plan.top_k,
+                plan.x_dtype,
+                plan.activation,
+                has_bias,
+                plan.expert_map is not None,
+                plan.activation_quant,
+            )
+        return cls(regime, num_tokens, signature)
+
+    def run(
+        self,
+        plan: MoEPlan,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        regime = plan.regimes[self.regime]
+        if config.debug():
+            check_ids_in_range(topk_ids, plan.expert_map, plan.info.num_experts, plan.info.num_global_experts)
+        if config.capture_path() is not None:
+            capture_signature("moe.apply", regime.spec.name, self.signature())
+        out = torch.empty_like(x) if out is None else out
+        args = MoEApplyArgs(
+            x,
+            plan.w13,
+            plan.w2,
+            topk_weights,
+            topk_ids,
+            plan.activation,
+            plan.w13_bias,
+            plan.w2_bias,
+            plan.expert_map,
+            out,
+            regime.prepared,
+            plan.activation_quant,
+        )
+        check_capturable(regime.spec)
+        record(regime.spec, regime.request)
+        num_tokens = self.num_tokens
+        if num_tokens:
+            runners = plan.runners
+            run = runners[num_tokens] if num_tokens in runners else plan._bind(regime.spec, args)
+            (run or regime.spec.fn)(args)
+        return out
+
+    def trace(
+        self,
+        plan: MoEPlan,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        result = torch.ops.tokenspeed_kernel.moe_plan_apply(plan.handle, x, topk_weights, topk_ids)
+        return result if out is None else out.copy_(result)
+
+
+# The plan cache of every MoEPlan.apply: (plan handle, activations) -> PlanApplyCall.
+_PLAN_APPLY = Calls(PlanApplyCall)
 
 
 def moe_plan(
@@ -277,25 +314,18 @@ def moe_plan(
     :meth:`MoEPlan.apply`, ``activation_quant`` its activation quantization (``"mxfp8"``
     needs MXFP4 weights). Kernel restrictions on ``num_tokens_bucket`` are not consulted.
     """
-    if not isinstance(x_dtype, torch.dtype):
-        raise TypeError(f"x_dtype must be a torch.dtype, got {type(x_dtype).__name__}")
-    info = check_weights(
+    info, activation_quant = check_plan(
         w13,
         w2,
         x_dtype=x_dtype,
-        device=None,
+        top_k=top_k,
         activation=activation,
         w13_bias=w13_bias,
         w2_bias=w2_bias,
         expert_map=expert_map,
+        override=override,
+        activation_quant=activation_quant,
     )
-    activation_quant = check_activation_quant(activation_quant, info)
-    check_int("top_k", top_k, min_value=1)
-    if top_k > info.num_global_experts:
-        raise ValueError(f"top_k must be <= the number of (global) experts {info.num_global_experts}, got {top_k}")
-    check_override(override)
-    if config.debug() and expert_map is not None:
-        check_ids_in_range(expert_map.new_zeros((0,)), expert_map, info.num_experts, info.num_global_experts)
     device = _custom_ops.flatten_weight(w13)[0].device
     has_bias = w13_bias is not None or w2_bias is not None
 

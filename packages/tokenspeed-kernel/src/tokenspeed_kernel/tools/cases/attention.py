@@ -341,19 +341,22 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu", seed: i
     return {"q": torch.randn(*shape, generator=gen, device=device).to(case.dtype), **common}
 
 
-def _public(op: str):
+def _public(op: str) -> Callable[..., Any]:
     from tokenspeed_kernel.ops.attention import mha_decode_with_kvcache, mha_extend_with_kvcache, mha_prefill
     from tokenspeed_kernel.ops.kvcache import store_kvcache
 
-    return {
+    public: dict[str, Callable[..., Any]] = {
         "attention.prefill": mha_prefill,
         "attention.extend": mha_extend_with_kvcache,
         "attention.decode": mha_decode_with_kvcache,
         "kvcache.store": store_kvcache,
-    }[op]
+    }
+    return public[op]
 
 
-def call(case: AttentionCase, inputs: dict[str, Any], override: str | None = None, out: torch.Tensor | None = None):
+def call(
+    case: AttentionCase, inputs: dict[str, Any], override: str | None = None, out: torch.Tensor | None = None
+) -> Any:
     """Run the public operator. Attention returns ``out`` or ``(out, lse)``; the store
     writes the caches in ``inputs`` in place and returns ``(k_cache, v_cache)``."""
     if case.op == "kvcache.store":
@@ -402,12 +405,13 @@ def reference(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor
     store → the expected ``(k_cache, v_cache)`` (cache dtype; inputs are not modified). fp8
     caches are passed as stored, with their scales, so dequantization is exact.
     """
-    from tokenspeed_kernel.registry import get_kernel
+    from tokenspeed_kernel.ops._operator import operator
 
+    ground_truth = operator(case.op).reference_kernel().fn
     if case.op == "kvcache.store":
         k_cache, v_cache = inputs["k_cache"].clone(), inputs["v_cache"].clone()
         scales = [_scale64(inputs.get(n), k_cache.device) for n in ("k_scale", "v_scale")]
-        get_kernel("torch_store_kvcache").fn(
+        ground_truth(
             StoreArgs(
                 inputs["k"],
                 inputs["v"],
@@ -430,7 +434,7 @@ def reference(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor
     if case.op == "attention.prefill":
         out = q.new_empty(q.shape[0], heads, case.dv)
         lse = q.new_empty(q.shape[0], heads)
-        get_kernel("torch_prefill").fn(
+        ground_truth(
             PrefillArgs(
                 q,
                 inputs["k"].to(torch.float64),
@@ -451,7 +455,7 @@ def reference(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor
     if case.op == "attention.extend":
         out = q.new_empty(q.shape[0], heads, case.dv)
         lse = q.new_empty(q.shape[0], heads)
-        get_kernel("torch_extend").fn(
+        ground_truth(
             ExtendArgs(
                 q,
                 *cache,
@@ -471,7 +475,7 @@ def reference(case: AttentionCase, inputs: dict[str, Any]) -> tuple[torch.Tensor
     q4 = q if q.dim() == 4 else q.unsqueeze(1)
     out = q4.new_empty(*q4.shape[:-1], case.dv)
     lse = q4.new_empty(*q4.shape[:-1])
-    get_kernel("torch_decode").fn(
+    ground_truth(
         DecodeArgs(
             q4,
             *cache,

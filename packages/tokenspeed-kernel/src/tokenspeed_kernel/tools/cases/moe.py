@@ -370,8 +370,9 @@ def reference(case: MoECase, inputs: dict[str, Any]) -> tuple[torch.Tensor, torc
     ``moe.topk`` → ``(weights float64 [T, k], ids int32 [T, k])``; ``moe.apply`` →
     ``(out float64 [T, H], None)``. Quantized weights are dequantized exactly to float64.
     """
-    from tokenspeed_kernel.registry import get_kernel
+    from tokenspeed_kernel.ops._operator import operator
 
+    ground_truth = operator(case.op).reference_kernel().fn
     if case.op == "moe.topk":
         logits = inputs["router_logits"].to(torch.float64)
         t, k = logits.shape[0], inputs["top_k"]
@@ -383,7 +384,7 @@ def reference(case: MoECase, inputs: dict[str, Any]) -> tuple[torch.Tensor, torc
             topk_weights=logits.new_empty((t, k)),
             topk_ids=torch.empty((t, k), dtype=torch.int32, device=logits.device),
         )
-        get_kernel("torch_moe_topk").fn(topk)
+        ground_truth(topk)
         return topk.topk_weights, topk.topk_ids
     x = inputs["x"].to(torch.float64)
     bias13, bias2 = inputs.get("w13_bias"), inputs.get("w2_bias")
@@ -400,7 +401,7 @@ def reference(case: MoECase, inputs: dict[str, Any]) -> tuple[torch.Tensor, torc
         out=torch.empty_like(x),
         activation_quant=inputs.get("activation_quant"),
     )
-    get_kernel("torch_moe").fn(args)
+    ground_truth(args)
     return args.out, None
 
 
