@@ -253,16 +253,27 @@ def test_fmha_prefill_layout_mask_scale_and_sinks_tensor(fake, options, mode, wi
 @pytest.mark.parametrize("lens_k", [(70, 129, 1), (50, 129, 1)])
 def test_fmha_prefill_refuses_a_key_prefix_or_a_second_lengths_tensor(fake, lens_k):
     """Keys beyond the queries (a prefix) missed float64 on the H100; equal lengths in a second
-    tensor cannot be told apart from a prefix without reading the device, so both are refused,
-    through the public call too, before FlashInfer is called."""
-    from tokenspeed_kernel_nvidia.ops.attention.trtllm_fmha_prefill import KEYS_MUST_BE_QUERIES
+    tensor cannot be told apart from a prefix without reading the device, so both are refused:
+    by the selector through the public call (the request's kv_prefix=1), and by the kernel
+    itself on a direct call, before FlashInfer is called."""
+    from tokenspeed_kernel.ops.attention.args import PrefillArgs
+    from tokenspeed_kernel_nvidia.ops.attention.trtllm_fmha_prefill import KEYS_MUST_BE_QUERIES, trtllm_fmha_prefill
 
     case = _prefill(lens_q=(50, 129, 1), lens_k=lens_k, sinks=True)
     inputs = cases.make_inputs(case)
     inputs["cu_seqlens_k"] = inputs["cu_seqlens_k"].clone()
-    with pytest.raises(ValueError, match="cu_seqlens_k: trtllm_fmha_prefill serves only self-attention") as info:
+    with pytest.raises(ValueError, match=r"cannot serve attention\.prefill .*kv_prefix=1 .*: kv_prefix=1 not in \{0\}"):
         cases.call(case, inputs, override=FMHA)
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    args = PrefillArgs(
+        q, k, v, inputs["cu_seqlens_q"], inputs["cu_seqlens_k"], 129, max(lens_k), True, 0.125, -1,
+        inputs["sinks"], 0.0, torch.empty_like(q), None,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="cu_seqlens_k: trtllm_fmha_prefill serves only self-attention") as info:
+        trtllm_fmha_prefill(args)
     assert str(info.value) == KEYS_MUST_BE_QUERIES and fake == []
+    prefix = _prefill(lens_q=(50, 129, 1), lens_k=(70, 129, 1), sinks=True)  # a request from plain shapes too
+    assert "kv_prefix=1 not in {0}" in _reasons(prefix)[FMHA] and _reasons(_prefill(sinks=True))[FMHA] == ()
 
 
 def test_relayout_keeps_one_lengths_tensor_for_queries_and_keys():

@@ -54,8 +54,9 @@ OPERATORS: dict[str, OperatorSchema] = {
         OperatorSchema(
             "attention.prefill",
             dtype_roles=("q", "kv"),
-            # max_seqlen_q_bucket: the next power of two >= max_seqlen_q (ranked by length)
-            shape_keys=(*_ATTENTION_SHAPES, "max_seqlen_q_bucket"),
+            # max_seqlen_q_bucket: the next power of two >= max_seqlen_q (ranked by length);
+            # kv_prefix: 1 when keys may outnumber queries (cu_seqlens_k is not cu_seqlens_q), else 0
+            shape_keys=(*_ATTENTION_SHAPES, "max_seqlen_q_bucket", "kv_prefix"),
             features=(*_ATTENTION_FEATURES, "non_causal"),
             summary="ragged-batch attention over contiguous q/k/v (mha_prefill)",
         ),

@@ -431,11 +431,34 @@ def test_prefill_request_carries_the_length_bucket_of_each_call():
     assert buckets == [8, 16, 8, 64]
     heads = Heads(4, 2, 16, 16)
     built = attention_request(
-        "attention.prefill", q_dtype=torch.float32, kv_dtype=torch.float32, heads=heads, sinks=True, max_seqlen_q=5
+        "attention.prefill",
+        q_dtype=torch.float32,
+        kv_dtype=torch.float32,
+        heads=heads,
+        sinks=True,
+        max_seqlen_q=5,
+        kv_prefix=False,  # one lengths tensor for queries and keys (make_inputs, equal lengths)
     )
     assert built == cases.request(case)  # what check/bench select with
     tokenspeed_kernel.mha_prefill(*args, 5, 5, sinks=inputs["sinks"])
     assert _dispatch.last_request() == built
+
+
+def test_prefill_request_says_whether_keys_may_outnumber_queries():
+    """``kv_prefix``: 0 when ``cu_seqlens_k`` is ``cu_seqlens_q`` itself, 1 for a second tensor
+    (even with equal values: the host cannot tell without reading the device); the remembered
+    checks are keyed on it, so a plan made for one never serves the other."""
+    case = cases.AttentionCase("attention.prefill", (5, 3), (5, 3), 4, 2, 16, dtype=torch.float32)
+    inputs = cases.make_inputs(case)
+    q, k, v, cu = (inputs[n] for n in ("q", "k", "v", "cu_seqlens_q"))
+    seen = []
+    for cu_k in (cu, cu.clone(), cu):
+        tokenspeed_kernel.mha_prefill(q, k, v, cu, cu_k, 5, 5)
+        seen.append(_dispatch.last_request().shape("kv_prefix"))
+    assert seen == [0, 1, 0]
+    heads = Heads(4, 2, 16, 16)
+    plain = attention_request("attention.prefill", q_dtype=torch.float32, kv_dtype=torch.float32, heads=heads)
+    assert plain.shape("kv_prefix") is None  # left out: every prefill kernel serves it
 
 
 def test_attention_request_carries_the_window_only_when_windowed():

@@ -227,13 +227,14 @@ def _attention_rows(op: str, plan: _Plan, sizes: _Sizes, rng: random.Random, q_l
     shapes = dict(plan.shapes)
     batch = shapes.get("batch_bucket", 5 if plan.batch else 3)
     bucket = shapes.get("max_seqlen_q_bucket")
+    prefix = 0 if shapes.get("kv_prefix") == 0 else 8  # kv_prefix=0: each sequence's keys are its queries
     n = sizes.max_len
 
     def row() -> tuple[int, int]:
         if op == "attention.prefill":
             hi = bucket or n
             q = _draw(rng, min(2, hi), hi)
-            return q, q + _draw(rng, 0, 8)
+            return q, q + _draw(rng, 0, prefix)
         if op == "attention.decode":
             return q_len, q_len + _draw(rng, 0, n)
         new = _draw(rng, 2, sizes.chunk)
@@ -242,7 +243,7 @@ def _attention_rows(op: str, plan: _Plan, sizes: _Sizes, rng: random.Random, q_l
     special = _RAGGED_ROWS[op](rng, n, q_len) if plan.batch else []
     rows = (special + [row() for _ in range(batch)])[:batch]
     if bucket is not None:  # the longest query makes the bucket: in (bucket/2, bucket]
-        rows[-1] = (bucket, bucket + _draw(rng, 0, 8))
+        rows[-1] = (bucket, bucket + _draw(rng, 0, prefix))
     return [q for q, _ in rows], [k for _, k in rows]
 
 

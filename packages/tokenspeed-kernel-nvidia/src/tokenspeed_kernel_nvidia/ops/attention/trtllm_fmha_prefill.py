@@ -8,7 +8,8 @@ sm_90 it runs FMHAv2's warp-specialized kernels, meant to place a sequence's que
 positions (``past = Lk - Lq``), but see "Served" below.
 
 Served: self-attention prefill only, ``cu_seqlens_k`` passed as ``cu_seqlens_q`` itself (each
-sequence's keys are its queries; ``ValueError`` otherwise): on the H100 (2026-11-27) cases with
+sequence's keys are its queries): the request's ``kv_prefix`` shape must be 0 (the selector's
+reason otherwise; ``ValueError`` on a direct call): on the H100 (2026-11-27) cases with
 a key prefix missed float64 (both GPU tests, 8 of 9 derived `check` cases) and every
 equal-length case passed.
 
@@ -105,7 +106,8 @@ def _check(args: PrefillArgs) -> str:
     archs=("sm_90",),  # the warp-specialized sm_90 kernels; FMHAv2's sm_120 kernels not run by us
     capabilities=FLASHINFER_CAPABILITIES,
     dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
-    shapes={"head_dim": HEAD_DIMS},
+    # kv_prefix 0 only: self-attention (cu_seqlens_k passed as cu_seqlens_q; see KEYS_MUST_BE_QUERIES)
+    shapes={"head_dim": HEAD_DIMS, "kv_prefix": (0,)},
     features=("sinks", "sliding_window", "non_causal"),
     # Opt-in until ranked by measurement (issue 20, H100: 1.22-1.28x faster than triton_prefill
     # at S=8192; triton_prefill 2.06x faster at window 128 + sinks).

@@ -53,6 +53,7 @@ def attention_request(
     max_seqlen_q: int | None = None,
     strided_kv: bool = False,
     kv_align: int | None = None,
+    kv_prefix: bool | None = None,
 ) -> Request:
     """The selector request of an attention call, built from plain shapes (public: ask
     ``select``/``explain`` which kernel would serve a model's calls before making them).
@@ -74,12 +75,16 @@ def attention_request(
         kv_align: the strided caches' byte alignment, a power of two <= 16 (see
             ``tokenspeed_kernel.ops._checks.kv_align``); the public call gives it with
             ``strided_kv`` only.
+        kv_prefix: (prefill) whether a sequence's keys may outnumber its queries: the public
+            call gives False when ``cu_seqlens_k`` is ``cu_seqlens_q`` itself (each sequence's
+            keys are its queries), else True; adds ``kv_prefix`` (0/1), which a kernel that
+            serves only self-attention lists as ``(0,)``. None: left out (any kernel serves).
 
     Features: ``non_causal``, ``sliding_window``, ``sinks``, ``logit_cap``, ``return_lse``,
     ``fp8_kv`` (an fp8 cache), ``spec_decode`` (``q_len > 1``), ``strided_kv``. Shapes: head
     dims, head counts, ``window_left`` when windowed, and ``page_size`` / ``kv_align`` /
-    ``q_len`` where the operator has them, ``batch_bucket`` / ``max_seqlen_q_bucket`` when ``batch`` / ``max_seqlen_q`` is
-    given. It is exactly the request the public call builds for the same arguments.
+    ``q_len`` where the operator has them, ``batch_bucket`` / ``max_seqlen_q_bucket`` / ``kv_prefix`` when ``batch`` /
+    ``max_seqlen_q`` / ``kv_prefix`` is given. It is exactly the request the public call builds for the same arguments.
     """
     flags = (
         ("non_causal", not causal),
@@ -105,6 +110,8 @@ def attention_request(
         shapes.append(("batch_bucket", pow2_bucket(batch)))
     if max_seqlen_q is not None:
         shapes.append(("max_seqlen_q_bucket", pow2_bucket(max_seqlen_q)))
+    if kv_prefix is not None:
+        shapes.append(("kv_prefix", int(kv_prefix)))
     return Request(
         op,
         (("kv", kv_dtype), ("q", q_dtype)),

@@ -96,12 +96,14 @@ def _facts(
     max_seqlen_q: int | None = None,
     total_q: int | None = None,
     total_k: int | None = None,
+    kv_prefix: bool | None = None,
 ) -> tuple[Request | None, Callable[..., dict[str, Any]]]:
     """The selector request of an attention call with these checked facts, and what builds its
     capture signature (given the per-call lengths: ``signature(max_seqlen_k=...)``); none while tracing (``compiling``: the custom op
     selects when it runs). ``causal`` None: decode (always causal; its request carries
     ``batch_bucket`` and ``q_len``); ``caches``: the paged K/V whose layout the request
-    carries; ``max_seqlen_q``: prefill's length bucket."""
+    carries; ``max_seqlen_q``: prefill's length bucket; ``kv_prefix``: prefill's (keys may
+    outnumber queries: ``cu_seqlens_k`` is not ``cu_seqlens_q``)."""
     if compiling:
         return None, dict
     strided, align = (False, None) if caches is None else cache_layout(*caches)
@@ -122,6 +124,7 @@ def _facts(
         max_seqlen_q=max_seqlen_q,
         strided_kv=strided,
         kv_align=align,
+        kv_prefix=kv_prefix,
     )
     own = (("total_q", total_q), ("total_k", total_k), ("q_len", q_len), ("page_size", page_size), ("causal", causal))
     signature = functools.partial(
@@ -183,18 +186,19 @@ class PrefillCall(Plan):
         out: object,
         override: object,
     ) -> Hashable | None:
-        # The lengths vary per call: checked here, and only their request bucket is keyed.
+        # The lengths vary per call: checked here, and only their request bucket is keyed; so is
+        # whether one lengths tensor serves queries and keys (the request's kv_prefix).
         if not (at_least(max_seqlen_q, 0) and at_least(max_seqlen_k, 0)):
             return None
-        return call_key(
-            (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, out),
-            (causal, softmax_scale, window_left, logit_cap, return_lse, override, pow2_bucket(max_seqlen_q)),  # type: ignore[arg-type]
-        )
+        options = (causal, softmax_scale, window_left, logit_cap, return_lse, override, pow2_bucket(max_seqlen_q))  # type: ignore[arg-type]
+        return call_key((q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, out), (*options, cu_seqlens_k is cu_seqlens_q))
 
     @classmethod
     def check(cls, compiling: bool, *call: Any) -> PrefillCall:
         heads, scale = check_prefill(*call)
-        q, k, _, cu_seqlens_q, _, max_seqlen_q, _, causal, _, window_left, sinks, logit_cap, return_lse = call[:13]
+        q, k, _, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, _, causal, _, window_left, sinks, logit_cap, return_lse = (
+            call[:13]
+        )
         total_q, total_k = q.shape[0], k.shape[0]
         request, signature = _facts(
             compiling,
@@ -211,6 +215,7 @@ class PrefillCall(Plan):
             max_seqlen_q=max_seqlen_q,
             total_q=total_q,
             total_k=total_k,
+            kv_prefix=cu_seqlens_k is not cu_seqlens_q,
         )
         return cls(
             request,

@@ -208,6 +208,8 @@ def request(case: AttentionCase) -> Request:
         max_seqlen_q=max(case.seqlens_q, default=0) if case.op == "attention.prefill" else None,
         strided_kv=strided,
         kv_align=align,
+        # make_inputs passes one lengths tensor when the lengths are equal (as engines do)
+        kv_prefix=case.seqlens_k != case.seqlens_q if case.op == "attention.prefill" else None,
     )
 
 
