@@ -23,7 +23,14 @@
 #   PYTEST_ARGS  extra pytest arguments for every shard (e.g. -x: stop a shard at its first failure)
 #   PART         1 or 2: the suite as two device calls (the lanes of each below; LANES overrides)
 set -uo pipefail
-case "${PART:-}" in 1 | 2 | "") ;; *) echo "gpu_suite: PART must be 1 or 2, got '$PART'" >&2; exit 2 ;; esac
+# The suite outgrew one 10-minute call (H100, 2026-11-27: core alone 415 s): PART=1, then PART=2
+# in a second call, run every shard (DEADLINE_S=560 and 400 fit them); LANES overrides both.
+case "${PART:-}" in
+  1) LANES=${LANES:-"core | nvidia triton_attn | triton_misc"} ;;
+  2) LANES=${LANES:-"triton_moe | amd_vllm_examples"} ;;
+  "") ;;
+  *) echo "gpu_suite: PART must be 1 or 2, got '$PART'" >&2; exit 2 ;;
+esac
 OUT=${OUT:-/tmp/gpu_suite}
 mkdir -p "$OUT"
 if [ "${INSTALL:-1}" != 0 ]; then
@@ -43,12 +50,6 @@ declare -A PATHS=(
 # Default lanes: the three that fit one call until 2026-11-25 (core ~210 s alone then; 415 s on
 # 2026-11-27, hence PART).
 if [ -n "${SHARDS:-}" ]; then LANES=${LANES:-$SHARDS}; fi
-# The suite outgrew one 10-minute call (H100, 2026-11-27: core alone 415 s): PART=1, then PART=2
-# in a second call, run every shard (DEADLINE_S=560 and 400 fit them); LANES overrides both.
-case "${PART:-}" in
-  1) LANES=${LANES:-"core | nvidia triton_attn | triton_misc"} ;;
-  2) LANES=${LANES:-"triton_moe | amd_vllm_examples"} ;;
-esac
 LANES=${LANES:-"core | nvidia triton_attn | triton_moe triton_misc amd_vllm_examples"}
 IFS='|' read -r -a LANE_LIST <<< "$LANES"
 for lane in "${LANE_LIST[@]}"; do

@@ -78,7 +78,8 @@ POINTS = (
     Point("moe", "moe.apply", "gpt_oss_120b_t4096", "triton_fused_moe_mx",
           ((128, 128, 128, 8, 8, 3), (128, 128, 64, 8, 8, 4), (64, 128, 128, 8, 4, 3))),
     # triton_fused_moe_mx_swap (opt-in, issue 21): block_m = token rows, block_n = weight rows,
-    # block_k always 128; every variant compiles for sm_90 without spills (ptxas -v).
+    # block_k always 128; the table's rows compile for sm_90 without spills (ptxas -v,
+    # test_aot_compile_moe.py), the other variants ran on the H100 (2026-11-27 sweeps).
     Point("moe", "moe.apply", "gpt_oss_120b_t1", "triton_fused_moe_mx_swap",
           ((16, 128, 128, 1, 4, 4), (16, 256, 128, 1, 8, 4), (16, 64, 128, 1, 4, 3)), (None, 1, 2, 8)),
     Point("moe", "moe.apply", "gpt_oss_120b_t8", "triton_fused_moe_mx_swap",

@@ -360,7 +360,7 @@ def _requests(cfg, page_size: int, *, capturable: bool = False, batches: tuple =
                 sinks=True,
                 page_size=page_size if paged else None,
                 q_len=q_len,
-                batch=batch if op == "decode" else None,
+                batch=batch,
                 capturable=capturable and op == "decode",
             )
             for w in (cfg.sliding_window - 1, -1)

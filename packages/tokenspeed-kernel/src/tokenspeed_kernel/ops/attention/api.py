@@ -190,8 +190,19 @@ class PrefillCall(Plan):
         # whether one lengths tensor serves queries and keys (the request's kv_prefix).
         if not (at_least(max_seqlen_q, 0) and at_least(max_seqlen_k, 0)):
             return None
-        options = (causal, softmax_scale, window_left, logit_cap, return_lse, override, pow2_bucket(max_seqlen_q))  # type: ignore[arg-type]
-        return call_key((q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, out), (*options, cu_seqlens_k is cu_seqlens_q))
+        return call_key(
+            (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, out),
+            (
+                causal,
+                softmax_scale,
+                window_left,
+                logit_cap,
+                return_lse,
+                override,
+                pow2_bucket(max_seqlen_q),  # type: ignore[arg-type]
+                cu_seqlens_k is cu_seqlens_q,
+            ),
+        )
 
     @classmethod
     def check(cls, compiling: bool, *call: Any) -> PrefillCall:
