@@ -120,3 +120,19 @@ def test_activation_quantized_moe_cases_get_the_8_bit_activation_tolerance():
     assert tolerance_for(by_name["mxfp8_act_t1"]) == TOLERANCES[("moe", "act8")]
     assert tolerance_for(by_name["fp8_per_channel"]) == TOLERANCES[("moe", "fp8")]  # weights only: tighter
     assert TOLERANCES[("moe", "act8")].rel_l2 <= 0.1  # still catches a wrong scale (>= 50% off)
+
+
+def test_derived_cases_reach_a_kernel_that_serves_self_attention_only(temp_kernels):
+    """A prefill kernel restricted to ``kv_prefix=0`` (keys are each sequence's queries, one
+    lengths tensor for both) is checked, not skipped: the fresh copies each row gets keep
+    ``cu_seqlens_k`` the same object as ``cu_seqlens_q`` where the inputs did."""
+    reference = registry.get_kernel("torch_prefill").fn
+    registry.register_kernel(
+        "attention.prefill",
+        name="t_self_only",
+        solution="test",
+        features=("sinks", "sliding_window", "non_causal", "return_lse"),
+        shapes={"kv_prefix": (0,)},
+    )(reference)
+    report = check("attention.prefill", kernel="t_self_only", device="cpu", quiet=True)
+    assert report.rows and all(r.status == "PASS" for r in report.rows), [(r.status, r.reason) for r in report.rows]

@@ -155,7 +155,7 @@ def _relayout_ms(case: cases.Case, inputs: dict, name: str | None, device: torch
 
 def _selected_name(case: cases.Case, inputs: dict) -> str | None:
     """Which kernel the selector picks for this case (one untimed call, no override)."""
-    cases.call(case, {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
+    cases.call(case, cases.fresh_copies(inputs))
     return last_kernel()
 
 

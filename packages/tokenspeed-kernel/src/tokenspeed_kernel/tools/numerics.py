@@ -216,7 +216,7 @@ def check_case(case: cases.Case, names: Iterable[str], device: torch.device, see
     ref = cases.reference(case, inputs)
     tol = tolerance_for(case)
     for name in names:
-        fresh = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        fresh = cases.fresh_copies(inputs)
         out = _poisoned_out(case, ref[0], device)
         try:
             result = cases.call(case, fresh, override=name, out=out)

@@ -25,6 +25,7 @@ __all__ = [
     "MoECase",
     "awkward_cases",
     "call",
+    "fresh_copies",
     "make_inputs",
     "module_for",
     "planned_call",
@@ -49,6 +50,21 @@ def module_for(op: str) -> ModuleType:
 
 def make_inputs(case: Case, device: torch.device | str = "cpu", seed: int = 0) -> dict[str, Any]:
     return module_for(case.op).make_inputs(case, device, seed)
+
+
+def fresh_copies(inputs: dict[str, Any]) -> dict[str, Any]:
+    """``inputs`` with every tensor cloned, once per distinct tensor: an input given twice (one
+    lengths tensor for queries and keys, as engines pass it) stays one object, so the call
+    builds the same request as with the originals."""
+    clones: dict[int, torch.Tensor] = {}
+    fresh = {}
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            if id(value) not in clones:
+                clones[id(value)] = value.clone()
+            value = clones[id(value)]
+        fresh[name] = value
+    return fresh
 
 
 def call(case: Case, inputs: dict[str, Any], override: str | None = None, out: torch.Tensor | None = None) -> Any:
