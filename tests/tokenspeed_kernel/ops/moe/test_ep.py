@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from support import ep_worker
 from tokenspeed_kernel_dev.ranks import run_ranks
 
@@ -76,3 +77,32 @@ def test_the_device_bench_runs_its_numerics_and_table_on_gloo_ranks(tmp_path):
         "nccl_all_to_all",
     }
     assert row["bytes_per_rank"] == 2 * 3 * 64 * 2  # W * C * H bf16
+
+
+# The checks across ranks are plain functions of the gathered facts: every rank calls them on
+# the same values and decides alike. Here without a process group.
+
+
+def test_the_maps_must_give_each_expert_to_exactly_one_rank():
+    from tokenspeed_kernel.ops.moe._validate import check_expert_owners
+
+    assert check_expert_owners([[0, -1, 1, -1], [-1, 0, -1, 5]]) == [0, 1, 0, 1]
+    assert check_expert_owners([[0, 1, 2], [-1, -1, -1]]) == [0, 0, 0]  # a rank may hold none
+    with pytest.raises(ValueError, match=r"experts \[1, 3\] \(2\) are held by no rank .* E = 4\)"):
+        check_expert_owners([[0, -1, 1, -1], [-1, -1, -1, -1]])
+    with pytest.raises(ValueError, match=r"expert 0: ranks \[0, 1\].*hold \[2, 2\] experts.*another world size"):
+        check_expert_owners([[0, 1, -1], [0, -1, 1]])
+    with pytest.raises(ValueError, match=r"values must be >= -1 .* on ranks \[1\]"):
+        check_expert_owners([[0, -1], [-1, -2]])
+
+
+def test_disagreeing_ranks_are_named_with_their_values():
+    from tokenspeed_kernel.ops.moe._validate import EP_DTYPES, check_dispatch_agreement
+
+    same = (5, 16, 2, 8, EP_DTYPES.index(torch.bfloat16) + 1)
+    check_dispatch_agreement("moe_dispatch", [same, (0, *same[1:])], plan=False)  # T may differ
+    with pytest.raises(ValueError, match="max_tokens .* got rank 0: 5, rank 1: 0"):
+        check_dispatch_agreement("moe_dispatch_plan", [same, (0, *same[1:])], plan=True)
+    fp16 = (*same[:4], EP_DTYPES.index(torch.float16) + 1)
+    with pytest.raises(ValueError, match="activation dtype .* got rank 0: bfloat16, rank 1: float16"):
+        check_dispatch_agreement("moe_dispatch", [same, fp16], plan=False)

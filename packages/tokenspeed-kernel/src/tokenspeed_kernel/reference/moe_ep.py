@@ -2,7 +2,7 @@
 ``torch_moe_combine`` (the reference) and ``torch_moe_dispatch_padded`` (opt-in).
 
 Every kernel here only calls ``torch.distributed`` collectives (``all_to_all_single``) on the
-group it is given, so it runs wherever that group does (NCCL on GPUs, gloo on CPUs) and names
+group it is given, so it runs wherever that group does (GPUs or CPUs, whatever its backend) and names
 no vendor; the layout they write is the one of :class:`~tokenspeed_kernel.ops.moe.args.ExchangeRoute`.
 
 - ``torch_moe_dispatch`` (reference): the obvious exchange. It routes on the device, exchanges
@@ -15,7 +15,7 @@ no vendor; the layout they write is the one of :class:`~tokenspeed_kernel.ops.mo
   graph. It moves ``W * C`` rows per rank whatever the routing (the reference moves only the
   routed ones). Opt-in until it has been run and timed on GPUs (``ci/device/ep_bench.py``).
   It lives in the core because it is PyTorch and ``torch.distributed`` only, like the
-  reference: no Triton, no vendor library.
+  reference: no compiled kernel, no library beyond torch.
 - ``torch_moe_combine`` (reference): moves the computed rows back the way the dispatch moved
   them (whole blocks, or exactly the routed rows when the dispatch says how many) and sums
   each token's rows in rank order, in float32. It reads only host values the dispatch already

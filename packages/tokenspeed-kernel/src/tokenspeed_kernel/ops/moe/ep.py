@@ -269,7 +269,8 @@ def moe_dispatch(
 
     Args:
         x: ``[T, H]`` bf16/fp16/fp32, contiguous, on a device the group has a backend for
-            (CUDA for NCCL, the CPU for gloo). ``T`` may differ between ranks, and be 0.
+            (e.g. CUDA tensors for an NCCL group, CPU tensors for gloo). ``T`` may differ
+            between ranks, and be 0.
         topk_ids: int32 ``[T, k]``, global expert ids in ``[0, E)`` (``moe_topk``'s).
         topk_weights: float32 ``[T, k]``.
         group: the ``torch.distributed.ProcessGroup`` of the expert-parallel ranks.
