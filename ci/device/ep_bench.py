@@ -71,6 +71,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=None, help="calls per timed window (default: 20; CPU: 2)")
     p.add_argument("--reps", type=int, default=None, help="timed windows (default: 5; CPU: 2)")
     p.add_argument("--tol", type=float, default=2e-2, help="largest relative L2 error EP vs one GPU")
+    p.add_argument("--no-graph", action="store_true", help="time every call eagerly (no CUDA graphs)")
     p.add_argument("--budget-s", type=float, default=420.0, help="kill the ranks after this long")
     p.add_argument("--json", default=None, help="write the results here (default: $OUT/ep_bench.json if $OUT)")
     args = p.parse_args(argv)
@@ -98,8 +99,9 @@ class Clock:
     are collectives). CUDA events on a GPU (a CUDA graph of the call when it captures), the
     wall clock on a CPU."""
 
-    def __init__(self, device: Any, group: Any, iters: int, reps: int) -> None:
+    def __init__(self, device: Any, group: Any, iters: int, reps: int, *, graphs: bool = True, rank: int = 0) -> None:
         self.device, self.group, self.iters, self.reps = device, group, iters, reps
+        self.graphs, self.rank = graphs, rank
 
     def _graph(self, fn: Any) -> Any:
         import torch
@@ -115,13 +117,15 @@ class Clock:
             fn()
         return graph.replay
 
-    def time(self, fn: Any, *, graph: bool = True) -> dict[str, Any]:
+    def time(self, name: str, fn: Any) -> dict[str, Any]:
+        """``fn`` timed on every rank alike; rank 0 logs the result as it comes (a hang later
+        still leaves the rows before it on the screen)."""
         import torch
         import torch.distributed as dist
 
         cuda = self.device.type == "cuda"
         run, captured, note = fn, False, ""
-        if cuda and graph:
+        if cuda and self.graphs:
             try:
                 run, captured = self._graph(fn), True
             except Exception as exc:  # timed eagerly instead, and said so
@@ -146,7 +150,9 @@ class Clock:
                 for _ in range(self.iters):
                     run()
                 windows.append((time.perf_counter() - t0) * 1e6 / self.iters)
-        return {"us": statistics.median(windows), "min_us": min(windows), "graph": captured, "note": note}
+        result = {"us": statistics.median(windows), "min_us": min(windows), "graph": captured, "note": note}
+        log(self.rank, f"  {name}: {result['us']:.1f} us{' (graph)' if captured else ''} {note}".rstrip())
+        return result
 
 
 def _weights(shapes: dict[str, int], fmt: str, device: Any) -> tuple[Any, Any, Any, Any]:
@@ -208,7 +214,9 @@ def rank_main(rank: int, world: int, options: dict[str, Any]) -> dict[str, Any]:
         "full": full,
         "full_weights": (w13, w2, b13, b2),
         "local": local,
-        "clock": Clock(device, dist.group.WORLD, options["iters"], options["reps"]),
+        "clock": Clock(
+            device, dist.group.WORLD, options["iters"], options["reps"], graphs=not options["no_graph"], rank=rank
+        ),
     }
     rows = [_one_size(tokens, options, **world_setup) for tokens in options["token_counts"]]
     return {"rank": rank, "device": "cpu" if cpu else torch.cuda.get_device_name(device), "rows": rows}
@@ -276,8 +284,10 @@ def _one_size(
 
         ref = reference64(x, *full_weights, weights, ids, "swiglu_oai")
         row["ep_vs_float64"], row["one_gpu_vs_float64"] = _rel(got, ref), _rel(want, ref)
-    checks = ("ep_vs_one_gpu", "functional_vs_plan", "ep_vs_float64")
+    checks = ("ep_vs_one_gpu", "functional_vs_plan", "ep_vs_float64", "one_gpu_vs_float64")
     row["ok"] = all(row[key]["rel_l2"] <= options["tol"] for key in checks if key in row)
+    shown = {key: f"{row[key]['rel_l2']:.2e}" for key in checks if key in row}
+    log(rank, f"T={tokens}: rel_l2 {shown} {'ok' if row['ok'] else 'FAILED'}; times (rank 0):")
 
     # 2. times (every rank the same calls, the same number of times)
     d = ep.dispatch(x, ids, weights)
@@ -286,20 +296,20 @@ def _one_size(
     payload = torch.empty(world * tokens, hidden, dtype=torch.bfloat16, device=device)
     received = torch.empty_like(payload)
     combine = ep.combine_spec.fn
-    row["times"] = {
-        "one_gpu_T": clock.time(lambda: full.apply(x, weights, ids)),
-        "one_gpu_WT": clock.time(lambda: full.apply(x_all, weights_all, ids_all)),
-        "ep_layer": clock.time(ep_layer),
-        "ep_dispatch": clock.time(lambda: ep.dispatch(x, ids, weights)),
-        "ep_experts": clock.time(lambda: local.apply(d.x, d.topk_weights, d.topk_ids)),
-        "ep_combine": clock.time(lambda: combine(MoECombineArgs(y, d.handle.route, group, out))),
-        "nccl_all_to_all": clock.time(lambda: dist.all_to_all_single(received, payload, group=group)),
+    calls = {
+        "one_gpu_T": lambda: full.apply(x, weights, ids),
+        "one_gpu_WT": lambda: full.apply(x_all, weights_all, ids_all),
+        "ep_layer": ep_layer,
+        "ep_dispatch": lambda: ep.dispatch(x, ids, weights),
+        "ep_experts": lambda: local.apply(d.x, d.topk_weights, d.topk_ids),
+        "ep_combine": lambda: combine(MoECombineArgs(y, d.handle.route, group, out)),
+        "nccl_all_to_all": lambda: dist.all_to_all_single(received, payload, group=group),
     }
+    row["times"] = {name: clock.time(name, call) for name, call in calls.items()}
     # 3. bandwidth over the same activation bytes
     row["bytes_per_rank"] = payload.numel() * payload.element_size()
     row["busbw_gbs"] = _busbw(row, world)
     row["wall_s"] = round(time.time() - t_start, 1)
-    log(rank, f"T={tokens}: {json.dumps({k: row[k] for k in ('ep_vs_one_gpu', 'ok', 'wall_s')})}")
     return row
 
 
@@ -365,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     from tokenspeed_kernel_dev.ranks import run_ranks
 
-    options = {k: getattr(args, k) for k in ("cpu", "token_counts", "weights", "iters", "reps", "tol", "shapes")}
+    names = ("cpu", "token_counts", "weights", "iters", "reps", "tol", "shapes", "no_graph")
+    options = {k: getattr(args, k) for k in names}
     started = time.time()
     try:
         results = run_ranks(

@@ -18,7 +18,8 @@ the combine sums one row per rank. The kernels only call ``torch.distributed`` c
 Each function is an :class:`~tokenspeed_kernel.ops._operator.Operator` (``DISPATCH``,
 ``COMBINE``) on the usual call path (call key -> plan cache -> checks -> ``run``), with one
 addition: the calls are collective, so a rank's failed checks are not raised at once but
-kept in the call's plan, and ``run`` starts with the collective verdict
+kept in the call's plan (the error without its traceback, so a remembered plan keeps no
+tensor alive), and ``run`` starts with the collective verdict
 (:mod:`tokenspeed_kernel.ops.moe._collective`): every rank raises when any rank's arguments
 are wrong, or when the ranks disagree (sizes, dtype, expert maps that do not give each expert
 to exactly one rank), and none waits in a collective for a rank that raised. That verdict
@@ -202,7 +203,7 @@ class DispatchCall(Plan):
         try:
             facts = check_dispatch(*call)
         except (TypeError, ValueError) as exc:
-            return cls(exc, EPFacts(), device, None, rank, world, dict)
+            return cls(exc.with_traceback(None), EPFacts(), device, None, rank, world, dict)
         request = dispatch_request(facts, world, x.dtype)
         return cls(None, facts, device, request, rank, world, functools.partial(_signature, facts, world, x.dtype))
 
@@ -326,7 +327,7 @@ class CombineCall(Plan):
         try:
             check_combine(y, handle, override)
         except (TypeError, ValueError) as exc:
-            return cls(exc, device, None)
+            return cls(exc.with_traceback(None), device, None)
         return cls(None, device, combine_request(handle.route.world_size, handle.hidden, handle.dtype))
 
     def run(self, y: torch.Tensor, handle: MoEDispatchHandle, override: str | None) -> torch.Tensor:

@@ -170,7 +170,7 @@ class PlanDispatchCall(Plan):
                 x, topk_ids, topk_weights, facts=plan.facts, x_dtype=plan.x_dtype, device=plan.device
             )
         except (TypeError, ValueError) as exc:
-            return cls(exc, 0)
+            return cls(exc.with_traceback(None), 0)
         return cls(None, num_tokens)
 
     def run(
@@ -231,7 +231,7 @@ class PlanCombineCall(Plan):
             if y.device != plan.device:
                 raise ValueError(f"y is on {y.device} but the plan's buffers are on {plan.device}")
         except (TypeError, ValueError) as exc:
-            return cls(exc)
+            return cls(exc.with_traceback(None))
         return cls(None)
 
     def run(self, plan: MoEDispatchPlan, y: torch.Tensor, handle: MoEDispatchHandle) -> torch.Tensor:
