@@ -6,7 +6,12 @@
 #   2. `check` of each kernel (cases derived from its registration; float64 reference)
 #   3. `bench --preset gpt-oss-120b` of each against the kernel it would displace:
 #      gluon_decode_sm90 (decode), triton_prefill (prefill)
-# STEPS (default "1 2 3") picks steps. FlashInfer builds into FLASHINFER_WORKSPACE_BASE=.fi-ws
+#   fa4. the prefill peers in one bench run (issues 20 and 22): FA4's AOT bundle installed
+#      (carry ".whl-cute/bundle" too, built here by cutedsl_bundle.sh), `check` of
+#      fa4_prefill_sm90 (its registration's derived claims), then `bench attention.prefill` of
+#      fa4_prefill_sm90, trtllm_fmha_prefill and triton_prefill with the SDPA baselines
+#      (cuDNN, flash) of the same run; then `check` of trtllm_fmha_prefill (its module built)
+# STEPS (default "1 2 3") picks steps, e.g. STEPS="fa4" or STEPS="fa4 1". FlashInfer builds into FLASHINFER_WORKSPACE_BASE=.fi-ws
 # (git-ignored): a second call on the same warm machine reuses the modules.
 # Here:   rm -rf .whl && pip wheel -q --no-deps --no-build-isolation -w .whl packages/tokenspeed-kernel \
 #             packages/tokenspeed-kernel-triton packages/tokenspeed-kernel-nvidia
@@ -36,5 +41,16 @@ if [[ $steps == *" 3 "* ]]; then
     --kernel trtllm_xqa_decode,gluon_decode_sm90 --preset gpt-oss-120b --device cuda
   TAIL=30 run 150 bench_prefill python3 -W ignore -m tokenspeed_kernel bench attention.prefill \
     --kernel trtllm_fmha_prefill,triton_prefill --preset gpt-oss-120b --device cuda
+fi
+if [[ $steps == *" fa4 "* ]]; then
+  python3 -m pip install -q --no-deps --no-index .whl-cute/bundle/*.whl
+  tar -xJf .whl-cute/bundle/fa4-aot.tar.xz -C /tmp && export TOKENSPEED_KERNEL_FA4_AOT=/tmp/fa4
+  TAIL=12 run 120 check_fa4 python3 -W ignore -m tokenspeed_kernel check attention.prefill \
+    --kernel fa4_prefill_sm90 --device cuda
+  TAIL=40 run 330 bench_prefill_peers python3 -W ignore -m tokenspeed_kernel bench attention.prefill \
+    --kernel fa4_prefill_sm90,trtllm_fmha_prefill,triton_prefill --preset gpt-oss-120b --device cuda \
+    --json "$OUT/prefill_peers.json"
+  TAIL=12 run 100 check_prefill python3 -W ignore -m tokenspeed_kernel check attention.prefill \
+    --kernel trtllm_fmha_prefill --device cuda
 fi
 exit $status

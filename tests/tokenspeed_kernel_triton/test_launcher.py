@@ -127,8 +127,27 @@ def test_equal_keys_reuse_the_binary_on_the_current_stream(toy):
     last = drv.launches[-1]
     assert last["stream"] == 9 and last["grid"] == (3, 2, 1) and last["function"] == 1000
     # signature order, then the constexpr slots (skipped by the C launcher): FLAG, BLOCK default
-    assert last["args"][:4] == (x2, y2, 48, 0.5) and len(last["args"]) == 6
+    # Tensors go to the C launcher as their addresses (no data_ptr()/driver query per tensor there).
+    assert last["args"][:4] == (x2.data_ptr(), y2.data_ptr(), 48, 0.5) and len(last["args"]) == 6
     assert last["args"][5] == 16
+
+
+class _Elsewhere(torch.Tensor):
+    """A tensor that reports another device index (a CPU tensor after a GPU one, or another GPU)."""
+
+    def get_device(self):
+        return 3
+
+
+def test_a_tensor_on_another_device_misses_and_takes_tritons_checked_path(toy):
+    fn, drv, _compiled = toy
+    x, y = _tensors()
+    _go(fn, x, y)
+    _go(fn, x, y)
+    elsewhere = torch.Tensor._make_subclass(_Elsewhere, _tensors()[0])
+    _go(fn, elsewhere, y)  # the key holds each tensor's device index: a miss, not a direct launch
+    assert _launcher.launcher_stats(fn)["hits"] == 1
+    assert drv.launches[-1]["args"][0] is elsewhere, "Triton's own path got the tensor, not an address"
 
 
 # Each variant changes one thing that Triton specializes on: Triton compiles a new binary,
@@ -507,3 +526,19 @@ def test_bound_descriptors_are_expanded_once_as_triton_would():
     # A varying descriptor, or a launcher without the wrapper: nothing to expand.
     assert _launcher._expand_descriptors(wrapper, fast, (1,)) is None
     assert _launcher._expand_descriptors(c_launch, fast, (0,)) is None
+
+
+def test_a_changed_global_takes_tritons_path_which_raises(toy):
+    fn, _drv, _compiled = toy
+    x, y = _tensors()
+    _go(fn, x, y)
+    scope = {"G": (1, 2)}
+    fn.used_global_vals = {("G", id(scope)): ((1, 2), scope)}  # Triton keeps a deep copy
+    _go(fn, x, y)
+    scope["G"] = (1, 2)  # another object, the same value: still a cached launch
+    _go(fn, x, y)
+    assert _launcher.launcher_stats(fn)["hits"] == 2
+    scope["G"] = (1, 3)
+    with pytest.raises(RuntimeError, match="Global variable G has changed"):
+        _go(fn, x, y)
+    assert _launcher.launcher_stats(fn)["hits"] == 2

@@ -8,7 +8,9 @@ the native specializer on every argument, formats ``str(options)`` for its cache
 knobs, builds launch metadata and calls two (empty) launch hooks. Here the first launch of a
 *key* goes through ``JITFunction.run`` (compiling if Triton has to) and remembers the
 compiled kernel; later launches with the same key call the compiled kernel's C launcher
-directly with the arguments in signature order.
+directly with the arguments in signature order, each plain tensor as its device address
+(Triton's C launcher would otherwise call ``data_ptr()`` and ask the driver about the pointer,
+``cuPointerGetAttribute``, for every tensor at every launch: ~0.3 µs each on an H200 host).
 
 The key (built by a function generated once per kernel from its signature) covers
 everything that selects the compiled binary in Triton's own cache, and more:
@@ -17,8 +19,9 @@ everything that selects the compiled binary in Triton's own cache, and more:
 - every ``tl.constexpr`` argument's value and type (``True``, ``1`` and ``1.0`` differ), or
   its identity for values of other types (Gluon layouts: hashing them costs microseconds;
   the cache entry holds a reference, so an identity is never reused while it is a key);
-- each tensor argument's dtype and, unless the parameter is ``do_not_specialize`` /
-  ``do_not_specialize_on_alignment``, whether its data pointer is 16-byte aligned;
+- each tensor argument's dtype, its device index (a host tensor, or one on another device,
+  misses and takes Triton's checked path) and, unless the parameter is ``do_not_specialize``
+  / ``do_not_specialize_on_alignment``, whether its data pointer is 16-byte aligned;
 - each Gluon ``TensorDescriptor``'s element dtype, block shape and layout (identity);
 - any other argument (ints, floats, bools, None, tuples): Triton's own native
   specialization of it (``== 1``, divisible by 16, i32/i64/u64 range; bool; float; None),
@@ -136,14 +139,21 @@ def _descriptor_type():
 
 class _Shape:
     """One call shape of a kernel (positional count and keyword names): its generated key
-    function, the constant tail of the launch arguments, and the remembered launches."""
+    function, the constant tail of the launch arguments, and the remembered launches.
 
-    __slots__ = ("by_value", "cache", "keep", "key", "nargs", "tail")
+    ``key(dev, *args, *kwarg_values)`` is the cache key; ``prep`` (same arguments) returns the
+    key and the positional launch arguments with each plain tensor replaced by its device
+    address, which spares Triton's C launcher a ``data_ptr()`` call and a driver query
+    (``cuPointerGetAttribute``) per tensor. The key holds each such tensor's device index, so
+    a tensor on the host or on another device misses and takes Triton's checked path."""
 
-    def __init__(self, nargs: int, key, keep, tail: tuple, by_value: bool) -> None:
+    __slots__ = ("by_value", "cache", "keep", "key", "nargs", "prep", "tail")
+
+    def __init__(self, nargs: int, key, prep, keep, tail: tuple, by_value: bool) -> None:
         self.nargs = nargs
         self.by_value = by_value
         self.key = key
+        self.prep = prep
         self.keep = keep
         self.tail = tail
         self.cache: dict = {}
@@ -152,10 +162,11 @@ class _Shape:
 class _Kernel:
     """Per-kernel state: one :class:`_Shape` per keyword-name tuple seen, and counters."""
 
-    __slots__ = ("fallbacks", "fn", "hash", "hits", "interpreted", "misses", "plain", "shapes")
+    __slots__ = ("fallbacks", "fn", "globals_seen", "hash", "hits", "interpreted", "misses", "plain", "shapes")
 
     def __init__(self, fn) -> None:
         self.fn = fn
+        self.globals_seen: list = []  # per global the kernel read: the object last found equal
         # The interpreter (and anything that is not a JITFunction) is never touched.
         self.plain = not isinstance(fn, JITFunction) or _interpreting() or not _TRITON_OK
         self.interpreted = _is_interpreted(fn)
@@ -190,6 +201,12 @@ def _key_expression(kp, local: str, value, descriptor, keep: list, by_value: boo
             f"(({local}.base.dtype, (*{local}.block_shape,), {local}.layout) "
             f"if _ts_type({local}) is _ts_TD else _ts_bad())"
         )
+    if type(value) is _TENSOR:  # its address is read once, in ``prep``'s first lines
+        address = f"{local}_p"
+        parts = f"{local}.dtype, {local}.get_device()"
+        if kp.do_not_specialize or kp.do_not_specialize_on_alignment:
+            return parts
+        return f"{parts}, not {address} & 15"
     if hasattr(value, "data_ptr") and hasattr(value, "dtype"):
         if kp.do_not_specialize or kp.do_not_specialize_on_alignment:
             return f"{local}.dtype"
@@ -223,19 +240,33 @@ def _build_shape(fn: JITFunction, args: tuple, kwargs: dict, backend, by_value: 
     descriptor = _descriptor_type()
     keep: list[str] = []
     locals_, parts = [], ["_ts_dev"]
+    # Plain tensors passed positionally to a runtime parameter: their address is read once (a
+    # later value of another kind has no ``data_ptr``/``get_device``: AttributeError, a miss).
+    addressed: list[str] = []
+    launch: list[str] = []
     for i, value in enumerate(args):
         local = f"_ts_a{i}"
         locals_.append(local)
-        parts.append(_key_expression(params[i], local, value, descriptor, keep, by_value))
+        kp = params[i]
+        parts.append(_key_expression(kp, local, value, descriptor, keep, by_value))
+        if not kp.is_constexpr and type(value) is _TENSOR:
+            addressed.append(local)
+            launch.append(f"{local}_p")
+        else:
+            launch.append(local)
     for j, (name, value) in enumerate(kwargs.items()):
         local = f"_ts_k{j}"
         locals_.append(local)
         parts.append(_key_expression(by_name.get(name), local, value, descriptor, keep, by_value))
     parts += ["_ts_RT.debug", "_ts_FN.debug", "_ts_CO.instrumentation_mode"]
     head = ", ".join(["_ts_dev", *locals_])
+    addresses = "".join(f"    {local}_p = {local}.data_ptr()\n" for local in addressed)
+    key_tuple = f"({', '.join(parts)},)"
     src = (
-        f"def key({head}):\n"
-        f"    return ({', '.join(parts)},)\n"
+        f"def key({head}):\n{addresses}"
+        f"    return {key_tuple}\n"
+        f"def prep({head}):\n{addresses}"
+        f"    return {key_tuple}, ({''.join(part + ', ' for part in launch)})\n"
         f"def keep({head}):\n"
         f"    return ({''.join(part + ', ' for part in keep)})\n"
     )
@@ -251,24 +282,34 @@ def _build_shape(fn: JITFunction, args: tuple, kwargs: dict, backend, by_value: 
         "_ts_id": id,
     }
     exec(compile(src, f"<launch key of {fn.__name__}>", "exec"), namespace)
-    return _Shape(len(args), namespace["key"], namespace["keep"], tuple(tail), by_value)
+    return _Shape(len(args), namespace["key"], namespace["prep"], namespace["keep"], tuple(tail), by_value)
 
 
 def _bad_kind():
     raise TypeError("an argument of another kind than at the first launch")
 
 
-def _globals_unchanged(fn) -> bool:
+def _globals_unchanged(fn, state: _Kernel) -> bool:
+    """The globals the kernel read still equal the values it compiled with. Triton keeps deep
+    copies of those values, so each compares by value once (Triton's constexprs build new
+    objects to compare); the object found equal is remembered and later checks compare
+    identities only."""
     missing = _globals_unchanged
-    for (name, _), (value, scope) in fn.used_global_vals.items():
+    items = fn.used_global_vals.items()
+    seen = state.globals_seen
+    if len(seen) != len(items):
+        seen = state.globals_seen = [missing] * len(items)
+    for i, ((name, _), (value, scope)) in enumerate(items):
         now = scope.get(name, missing)
-        # The same object first: comparing Triton constexprs with != builds new objects.
+        if now is seen[i]:
+            continue
         if now is not value and now != value:
             return False
+        seen[i] = now
     return True
 
 
-def _nothing_else_changed(fn) -> bool:
+def _nothing_else_changed(fn, state: _Kernel) -> bool:
     """What a remembered launch relies on beyond its key: no pre-run hooks on the kernel, no
     launch hooks installed, and the globals the kernel read unchanged since it compiled."""
     return (
@@ -277,7 +318,7 @@ def _nothing_else_changed(fn) -> bool:
         and _RUNTIME.launch_exit_hook is _EXIT_HOOK
         and not _ENTER_HOOK.calls
         and not _EXIT_HOOK.calls
-        and (not fn.used_global_vals or _globals_unchanged(fn))
+        and (not fn.used_global_vals or _globals_unchanged(fn, state))
     )
 
 
@@ -330,11 +371,11 @@ def jit_launch(fn, grid, *args, **kwargs):
     shape = state.shapes.get(tuple(kwargs))
     if shape is not None and shape.nargs == len(args) and type(grid) is tuple:
         try:
-            key = shape.key(dev, *args, *kwargs.values())
+            key, launch = shape.prep(dev, *args, *kwargs.values())
             entry = shape.cache.get(key)
         except (AttributeError, TypeError):
             key = entry = None
-        if entry is not None and fn.hash is state.hash and _nothing_else_changed(fn):
+        if entry is not None and fn.hash is state.hash and _nothing_else_changed(fn, state):
             state.hits += 1
             direct, run, function, packed, coop, pdl, _ = entry
             stream = _DEVICE[2](dev)
@@ -343,9 +384,9 @@ def jit_launch(fn, grid, *args, **kwargs):
             g1 = grid[1] if n > 1 else 1
             g2 = grid[2] if n > 2 else 1
             if direct:
-                run(g0, g1, g2, stream, function, coop, pdl, None, None, packed, None, None, None, *args, *shape.tail)
+                run(g0, g1, g2, stream, function, coop, pdl, None, None, packed, None, None, None, *launch, *shape.tail)
             else:
-                run(g0, g1, g2, stream, function, packed, None, None, None, *args, *shape.tail)
+                run(g0, g1, g2, stream, function, packed, None, None, None, *launch, *shape.tail)
             return None
         return _miss(state, fn, grid, args, kwargs, dev, shape, key)
     return _miss(state, fn, grid, args, kwargs, dev, shape, None)
@@ -466,6 +507,7 @@ class BoundLaunch:
         "_hash",
         "_kwargs",
         "_slots",
+        "_state",
         "_varying",
     )
 
@@ -484,6 +526,7 @@ class BoundLaunch:
         self._slots: tuple[int, ...] = ()  # where each varying tensor's address goes in _fast
         self._bound: tuple = ()  # (bound tensor, its remembered address)
         self._dev = self._hash = None
+        self._state: _Kernel | None = None
 
     def __call__(self, *values) -> None:
         direct = self._direct
@@ -493,7 +536,12 @@ class BoundLaunch:
             if drv is not _DEVICE[0]:
                 _refresh_device_functions(drv)
             dev = _DEVICE[1]()
-            if dev == self._dev and fn.hash is self._hash and _nothing_else_changed(fn) and self._unmoved():
+            if (
+                dev == self._dev
+                and fn.hash is self._hash
+                and _nothing_else_changed(fn, self._state)
+                and self._unmoved()
+            ):
                 fast = self._fast.copy()
                 for position, (dtype, aligned), t in zip(self._slots, self._checks, values):
                     if type(t) is not _TENSOR or t.dtype is not dtype or _device_of(t) != dev:
@@ -571,7 +619,7 @@ class BoundLaunch:
         self._checks = tuple(checks[position] for position in self._varying)
         self._fast, self._slots = fast, slots
         self._bound = tuple(bound)
-        self._dev, self._hash = dev, state.hash
+        self._dev, self._hash, self._state = dev, state.hash, state
         self._direct = (direct, run, function, packed, coop, pdl)
 
 
