@@ -21,7 +21,9 @@ Modules: :mod:`.aot_common` (targets, one compile, spill/register/SASS inspectio
 :mod:`.aot_triton` (Triton attention and KV store), :mod:`.aot_triton_moe` (Triton MoE),
 :mod:`.aot_triton_gemv` (the Triton MXFP4 GEMV), :mod:`.aot_nvidia` (the Gluon sm_90
 kernels), :mod:`.aot_amd` with :mod:`.aot_amd_attention` and :mod:`.aot_amd_moe` (the Gluon
-gfx942/gfx950 kernels).
+gfx942/gfx950 kernels). Not a compile sweep: :mod:`.ranks` runs a function on W local ranks of a
+``torch.distributed`` process group with timeouts (the expert-parallel tests on gloo,
+``ci/device/ep_bench.py`` on NCCL).
 """
 
 from __future__ import annotations

@@ -42,6 +42,10 @@ def test_explain_a_request_spelled_out(capsys):
     assert "features=sinks,spec_decode" in out and "rocm/gfx950" in out and "WINNER   torch_decode" in out
     assert main(["explain", "moe.apply", "--dtype", "x=bf16,weight=mxfp4", "--features", "mxfp4"]) == 0
     assert "[weight=uint8 x=bfloat16]" in capsys.readouterr().out
+    # The exchange by request: a capturable one gets the graph-safe kernel only.
+    assert main(["explain", "moe.dispatch", "--shape", "world_size=2", "--dtype", "bf16", "--capturable"]) == 0
+    out = capsys.readouterr().out
+    assert "=> torch_moe_dispatch_padded" in out and "REJECTED torch_moe_dispatch" in out
 
 
 @pytest.mark.parametrize(
@@ -56,6 +60,10 @@ def test_explain_a_request_spelled_out(capsys):
         (["check", "moe.apply", "--kernel", "torch_decode"], "registered for attention.decode"),
         (["check", "moe.topk", "--preset", "nope"], "unknown preset 'nope'"),
         (["bench", "moe.topk", "--replay", "/nonexistent/shapes.jsonl"], "No such file"),
+        # The expert-parallel exchange runs across ranks: no single-process cases, and why.
+        (["check", "moe.dispatch"], "runs across the ranks of a process group"),
+        (["bench", "moe.combine"], "runs across the ranks of a process group"),
+        (["explain", "moe.dispatch"], "runs across the ranks of a process group"),
     ],
 )
 def test_usage_errors_exit_2_with_a_message(argv, message, capsys):

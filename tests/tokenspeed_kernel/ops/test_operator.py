@@ -31,10 +31,17 @@ def test_an_operator_names_its_args_reference_kernel_custom_op_and_plan(name):
     assert dataclasses.is_dataclass(op.args)
     reference = op.reference_kernel()
     assert reference.op == name and Priority.band(reference.priority) == Priority.REFERENCE
-    assert hasattr(torch.ops.tokenspeed_kernel, op.custom_op)
+    assert hasattr(torch.ops.tokenspeed_kernel, op.custom_op) == op.traceable
     assert issubclass(op.plan, Plan)
     for method in ("key", "check", "run", "trace"):
         assert getattr(op.plan, method) is not getattr(Plan, method, None), f"{op.plan.__name__}.{method}"
+    if not op.traceable:  # no custom op: tracing raises, saying why
+        with pytest.raises(RuntimeError, match="cannot be traced by torch.compile"):
+            op.plan.trace(object.__new__(op.plan))
+
+
+def test_only_the_expert_parallel_exchange_is_not_traceable():
+    assert {op.name for op in operators() if not op.traceable} == {"moe.dispatch", "moe.combine"}
 
 
 @pytest.mark.parametrize("name", list(OPERATORS))

@@ -56,6 +56,30 @@ def test_replay_rejects_garbage(tmp_path):
         case_from_signature("nope", {})
 
 
+def test_replay_skips_the_expert_parallel_exchange(tmp_path):
+    """Its lines describe calls across ranks: a capture holding them still replays the rest."""
+    mixed = tmp_path / "mixed.jsonl"
+    lines = [
+        {"op": "moe.dispatch", "kernel": "torch_moe_dispatch_padded", "signature": {"world_size": 2}},
+        {
+            "op": "moe.topk",
+            "kernel": "torch_moe_topk",
+            "signature": {
+                "num_tokens": 3,
+                "num_experts": 8,
+                "top_k": 2,
+                "dtype": "float32",
+                "scoring": "softmax",
+                "renormalize": True,
+            },
+        },
+        {"op": "moe.combine", "kernel": "torch_moe_combine", "signature": {}},
+    ]
+    mixed.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (case,) = read_capture(str(mixed))
+    assert case.op == "moe.topk" and case.num_tokens == 3
+
+
 def test_no_capture_without_env(tmp_path):
     config.refresh()
     assert config.capture_path() is None

@@ -1,6 +1,8 @@
 """tokenspeed-kernel: portable operator APIs for LLM inference, a kernel registry and selector.
 
-Engines call the public operators below and never name hardware. Behind each call the
+Engines call the public operators below and never name hardware (expert parallelism:
+``moe_dispatch``/``moe_combine`` move tokens between the ranks of a ``torch.distributed``
+process group). Behind each call the
 selector picks the best registered kernel for the platform and the request (see
 :mod:`tokenspeed_kernel.selector`); ``explain`` shows why. Plans (``mha_decode_plan``,
 ``moe_plan``) select once and let the kernel prepare (batch layout, weights) outside the
@@ -26,7 +28,20 @@ from tokenspeed_kernel.ops.attention import (
     mha_prefill,
 )
 from tokenspeed_kernel.ops.kvcache import store_kvcache, store_request
-from tokenspeed_kernel.ops.moe import MoEPlan, moe_apply, moe_apply_request, moe_plan, moe_topk, moe_topk_request
+from tokenspeed_kernel.ops.moe import (
+    MoEDispatched,
+    MoEDispatchHandle,
+    MoEDispatchPlan,
+    MoEPlan,
+    moe_apply,
+    moe_apply_request,
+    moe_combine,
+    moe_dispatch,
+    moe_dispatch_plan,
+    moe_plan,
+    moe_topk,
+    moe_topk_request,
+)
 from tokenspeed_kernel.platform import Platform, current_platform, platform_for
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, backends, kernels, register_kernel
@@ -38,6 +53,9 @@ __all__ = [
     "Heads",
     "KernelOverrideError",
     "MXFP4Weight",
+    "MoEDispatchHandle",
+    "MoEDispatchPlan",
+    "MoEDispatched",
     "MoEPlan",
     "NoKernelFoundError",
     "Platform",
@@ -55,6 +73,9 @@ __all__ = [
     "mha_prefill",
     "moe_apply",
     "moe_apply_request",
+    "moe_combine",
+    "moe_dispatch",
+    "moe_dispatch_plan",
     "moe_plan",
     "moe_topk",
     "moe_topk_request",

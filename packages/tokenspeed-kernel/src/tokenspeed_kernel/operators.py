@@ -111,6 +111,23 @@ OPERATORS: dict[str, OperatorSchema] = {
             summary="mixture-of-experts expert computation and combine (moe_apply)",
             binds=True,
         ),
+        # Expert parallelism: the token exchange across the ranks of a process group. x is the
+        # activation dtype on both sides (the combine's y is in it too); world_size the group's
+        # size, num_experts the global expert count E (len(expert_map)).
+        OperatorSchema(
+            "moe.dispatch",
+            dtype_roles=("x",),
+            shape_keys=("world_size", "num_experts", "top_k", "hidden"),
+            features=(),
+            summary="expert parallelism: each token to the ranks that hold its experts (moe_dispatch, moe_dispatch_plan)",
+        ),
+        OperatorSchema(
+            "moe.combine",
+            dtype_roles=("x",),
+            shape_keys=("world_size", "hidden"),
+            features=(),
+            summary="expert parallelism: each token's expert outputs back to its rank, summed (moe_combine)",
+        ),
     )
 }
 

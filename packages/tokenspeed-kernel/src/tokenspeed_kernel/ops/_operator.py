@@ -9,7 +9,9 @@ owns everything the core knows about it:
 - ``reference``: the name of its pure-PyTorch reference kernel (``reference/<family>.py``);
 - ``custom_op``: the name of its ``torch.library`` custom op in ``torch.ops.tokenspeed_kernel``
   (``ops/<family>/_custom_ops.py``; the public function's name), which stands for the call
-  under ``torch.compile``;
+  under ``torch.compile``; an operator made with ``traceable=False`` has none (the
+  expert-parallel exchange: its calls validate collectively, synchronizing with the host, and
+  return a handle object), and its plan's ``trace`` raises, saying so;
 - ``plan``: the :class:`Plan` class of one call, which gives the call's ``key`` (which facts
   of a call its checks read, and whether the values they leave out are still fine), its
   ``check`` (every host check, in order, raising ``TypeError``/``ValueError`` naming the
@@ -134,20 +136,26 @@ class Operator(Calls):
         name: the operator, e.g. ``"attention.decode"`` (a key of ``OPERATORS``).
         args: the typed argument class its kernels receive.
         reference: the name of its reference kernel.
-        custom_op: its custom op's name in ``torch.ops.tokenspeed_kernel``.
+        custom_op: its custom op's name in ``torch.ops.tokenspeed_kernel``, which is also its
+            public function's name in ``tokenspeed_kernel``.
+        traceable: False for an operator without a custom op (``torch.compile`` cannot trace
+            it; its plan's ``trace`` raises ``RuntimeError`` saying why).
         plan, plans: as in :class:`Calls`.
     """
 
-    __slots__ = ("args", "custom_op", "name", "reference")
+    __slots__ = ("args", "custom_op", "name", "reference", "traceable")
 
-    def __init__(self, name: str, args: type, reference: str, custom_op: str, plan: type[Plan]) -> None:
+    def __init__(
+        self, name: str, args: type, reference: str, custom_op: str, plan: type[Plan], *, traceable: bool = True
+    ) -> None:
         operator_schema(name)  # a ValueError naming the known operators for a typo
         if name in _BY_NAME:
             raise ValueError(f"operator {name!r} is defined twice")
-        if not hasattr(torch.ops.tokenspeed_kernel, custom_op):
+        if traceable and not hasattr(torch.ops.tokenspeed_kernel, custom_op):
             raise ValueError(f"operator {name!r}: no custom op torch.ops.tokenspeed_kernel.{custom_op} is defined")
         super().__init__(plan)
         self.name, self.args, self.reference, self.custom_op = name, args, reference, custom_op
+        self.traceable = traceable
         _BY_NAME[name] = self
 
     def __repr__(self) -> str:

@@ -2,7 +2,8 @@
 
 An engine run with ``TOKENSPEED_KERNEL_CAPTURE=shapes.jsonl`` appends one line per distinct
 call signature (``{"op", "kernel", "signature"}``; shapes, dtypes and options, never data).
-``bench --replay shapes.jsonl`` benchmarks exactly those signatures.
+``bench --replay shapes.jsonl`` benchmarks exactly those signatures (but the expert-parallel
+exchange's, which run across ranks: ``cases.NO_CASES``).
 
 Signatures hold totals and maxima, not per-sequence lengths (those live in device tensors
 and reading them would synchronize). Replay therefore gives a prefill's first sequence the
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from tokenspeed_kernel.tools.cases import AttentionCase, Case, MoECase
+from tokenspeed_kernel.tools.cases import NO_CASES, AttentionCase, Case, MoECase
 
 __all__ = ["case_from_signature", "read_capture"]
 
@@ -133,7 +134,8 @@ def case_from_signature(op: str, signature: dict[str, Any]) -> Case:
 
 
 def read_capture(path: str) -> list[Case]:
-    """The cases of a capture file, one per line, in file order."""
+    """The cases of a capture file, one per line, in file order. Lines of an operator with no
+    single-process cases (``cases.NO_CASES``: the expert-parallel exchange) are skipped."""
     out = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -141,6 +143,8 @@ def read_capture(path: str) -> list[Case]:
                 continue
             try:
                 record = json.loads(line)
+                if record["op"] in NO_CASES:
+                    continue
                 out.append(case_from_signature(record["op"], record["signature"]))
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a capture record ({exc})") from None

@@ -301,6 +301,8 @@ def check(
     ``case`` without ``kernel`` or with a preset.
     """
     op_list = list(cases.OPS) if ops == "all" else [ops] if isinstance(ops, str) else list(ops)
+    for op in op_list:
+        cases.module_for(op)  # an operator without cases is an error before anything runs
     derived = preset == claims.DERIVED
     if case is not None and (not derived or kernel is None):
         raise ValueError("--case ID picks one derived case of one kernel: give --kernel, and no --preset")

@@ -1,4 +1,5 @@
-"""Typed argument objects: what a MoE kernel receives (``moe.topk``, ``moe.apply``)."""
+"""Typed argument objects: what a MoE kernel receives (``moe.topk``, ``moe.apply``, and the
+expert-parallel exchange ``moe.dispatch`` / ``moe.combine``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,19 @@ import torch
 
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 
-__all__ = ["ACTIVATIONS", "ACTIVATION_QUANTS", "ACTIVATION_QUANT_WEIGHTS", "MoEApplyArgs", "TopKArgs", "Weight"]
+__all__ = [
+    "ACTIVATIONS",
+    "ACTIVATION_QUANTS",
+    "ACTIVATION_QUANT_WEIGHTS",
+    "ExchangeRoute",
+    "MoEApplyArgs",
+    "MoECombineArgs",
+    "MoEDispatchArgs",
+    "MoEDispatchHandle",
+    "MoEDispatched",
+    "TopKArgs",
+    "Weight",
+]
 
 Weight = torch.Tensor | MXFP4Weight | FP8Weight
 
@@ -98,3 +111,160 @@ class MoEApplyArgs:
     out: torch.Tensor
     prepared: Any = None
     activation_quant: str | None = None
+
+
+# --- expert parallelism (moe.dispatch / moe.combine) ------------------------------------------
+#
+# The exchange layout, shared by every dispatch and combine kernel. A group of W ranks; each rank
+# holds some of the E global experts (``owner[e]`` is the rank holding expert e). Rank s sends
+# token t to rank r once when any of t's k experts is held by r, however many of them r holds
+# (one row per (token, rank), not per (token, choice): top-4 over 2 ranks sends each token at
+# most twice). Every rank's receive buffers have W blocks of C rows (C, the capacity, is at
+# least every rank's token count): block s holds the rows rank s sent, in s's token order, then
+# padding. Each row carries its token's whole ``topk_ids``/``topk_weights`` rows (global ids), so
+# ``moe_apply`` with the receiving rank's expert map computes exactly the weighted sum over the
+# choices that rank holds; padding rows carry the id E and weight 0.
+
+
+@dataclass(slots=True)
+class ExchangeRoute:
+    """Where one rank's tokens went: what a combine needs to bring their rows back.
+
+    Attributes:
+        world_size: W, the group's size. rank: this rank's index in the group.
+        capacity: C, rows per block (the receive buffers hold ``W * C`` rows).
+        slots: int64 ``[T, W]`` on x's device: ``slots[t, r] = r * C + i`` when token t went to
+            rank r as the ``i``-th row of its block there, else ``W * C`` (not sent).
+        counts: ``(sent, received)``, host ints per rank: the rows this rank sent to and received
+            from each rank, when the dispatch kernel moved only the valid rows (an exact
+            all-to-all-v; the combine then moves them back the same way); None when it moved
+            whole blocks of C rows (padding included).
+    """
+
+    world_size: int
+    rank: int
+    capacity: int
+    slots: torch.Tensor
+    counts: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+
+@dataclass(slots=True)
+class MoEDispatchArgs:
+    """The token exchange of expert parallelism on one rank (``moe.dispatch``; the layout is in
+    the comment above :class:`ExchangeRoute`). Every rank of the group launches its kernel with
+    the same W, C, E, k, H and dtype; the kernel runs the collectives of the exchange on
+    ``group`` (torch.distributed only: no transport of its own).
+
+    Attributes:
+        x: ``[T, H]`` bf16/fp16/fp32, contiguous: this rank's tokens (``0 <= T <= C``).
+        topk_ids: int32 ``[T, k]``, global expert ids in ``[0, E)``. topk_weights: float32 ``[T, k]``.
+        group: the ``torch.distributed.ProcessGroup`` of the W ranks.
+        rank: this rank's index in ``group``. world_size: W.
+        owner: int64 ``[E]`` on x's device: the rank holding each global expert.
+        capacity: C, rows per block.
+        recv_x: ``[W * C, H]`` in x's dtype, to be written: block s's first rows are the rows
+            rank s sent, in its token order; padding rows hold any finite values.
+        recv_topk_ids: int32 ``[W * C, k]``, to be written: each row's ``topk_ids`` row as sent;
+            padding rows E.
+        recv_topk_weights: float32 ``[W * C, k]``, to be written: each row's ``topk_weights``
+            row as sent; padding rows 0.
+        slots: int64 ``[T, W]``, to be written: see :class:`ExchangeRoute`.
+        counts: None, or set by a kernel that moved only the valid rows: ``(sent, received)``
+            (:class:`ExchangeRoute`).
+    """
+
+    x: torch.Tensor
+    topk_ids: torch.Tensor
+    topk_weights: torch.Tensor
+    group: Any
+    rank: int
+    world_size: int
+    owner: torch.Tensor
+    capacity: int
+    recv_x: torch.Tensor
+    recv_topk_ids: torch.Tensor
+    recv_topk_weights: torch.Tensor
+    slots: torch.Tensor
+    counts: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+
+@dataclass(slots=True)
+class MoECombineArgs:
+    """The way back (``moe.combine``): each rank returns the rows it computed to the ranks they
+    came from, and each rank sums its tokens' rows.
+
+    Attributes:
+        y: ``[W * C, H]`` in x's dtype, contiguous: one output row per received row (the
+            weighted sum over the receiving rank's experts, as ``moe_apply`` writes it);
+            padding rows are never read.
+        route: the dispatch's :class:`ExchangeRoute` on this rank.
+        group: the ``torch.distributed.ProcessGroup`` of the dispatch.
+        out: ``[T, H]`` in x's dtype, to be written: ``out[t]`` is the sum over the ranks r that
+            t went to, in rank order and in float32, of the row r computed for t.
+    """
+
+    y: torch.Tensor
+    route: ExchangeRoute
+    group: Any
+    out: torch.Tensor
+
+
+@dataclass(eq=False)
+class MoEDispatchHandle:
+    """One dispatch, as ``moe_combine`` needs it: valid for exactly one combine.
+
+    Attributes:
+        route: where this rank's tokens went (:class:`ExchangeRoute`).
+        group: the dispatch's process group.
+        num_tokens: T, this rank's tokens (the combine's output rows).
+        hidden: H. dtype: x's dtype. device: x's device.
+        kernel: the name of the dispatch kernel that moved the rows.
+        step: the dispatch's number: per group for ``moe_dispatch`` (1, 2, ... on every rank
+            alike), per plan for a plan's ``dispatch``.
+        plan: the plan's id for a plan's dispatch, 0 for ``moe_dispatch``.
+        combined: set once the combine has consumed the handle; a second combine raises.
+    """
+
+    route: ExchangeRoute
+    group: Any
+    num_tokens: int
+    hidden: int
+    dtype: torch.dtype
+    device: torch.device
+    kernel: str
+    step: int
+    plan: int = 0
+    combined: bool = False
+
+    @property
+    def num_rows(self) -> int:
+        """``W * C``: the rows a dispatch delivered to each rank (the combine's ``y`` rows)."""
+        return self.route.world_size * self.route.capacity
+
+
+@dataclass(frozen=True, eq=False)
+class MoEDispatched:
+    """What a dispatch delivered to this rank: the rows of the tokens routed to its experts,
+    laid out for ``moe_apply`` (``W`` ranks, capacity ``C``, ``E`` global experts).
+
+    ``y = moe_apply(d.x, w13, w2, d.topk_weights, d.topk_ids, expert_map=d.expert_map, ...)``
+    computes, for every row, the weighted sum over the choices this rank holds; then
+    ``moe_combine(y, d.handle)`` brings each token's rows back to its rank and sums them.
+
+    Attributes:
+        x: ``[W * C, H]`` in the dispatched dtype: block s (rows ``[s*C, (s+1)*C)``) holds the
+            tokens rank s routed here, in s's token order, then padding rows.
+        topk_weights: float32 ``[W * C, k]``: each row's token's ``topk_weights`` row; 0 on
+            padding rows.
+        topk_ids: int32 ``[W * C, k]``: each row's token's ``topk_ids`` row (global ids, the
+            choices held elsewhere included); ``E`` on padding rows.
+        expert_map: int32 ``[E + 1]``: this rank's ``expert_map`` with ``-1`` appended for the
+            padding id ``E``, so ``moe_apply`` skips the choices held elsewhere and the padding.
+        handle: the :class:`MoEDispatchHandle` for ``moe_combine``.
+    """
+
+    x: torch.Tensor
+    topk_weights: torch.Tensor
+    topk_ids: torch.Tensor
+    expert_map: torch.Tensor
+    handle: MoEDispatchHandle

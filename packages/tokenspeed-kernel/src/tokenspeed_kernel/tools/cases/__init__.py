@@ -19,6 +19,7 @@ from tokenspeed_kernel.tools.cases.attention import AttentionCase
 from tokenspeed_kernel.tools.cases.moe import MoECase
 
 __all__ = [
+    "NO_CASES",
     "OPS",
     "AttentionCase",
     "Case",
@@ -39,12 +40,23 @@ Case = AttentionCase | MoECase
 _MODULES: dict[str, ModuleType] = {op: module for module in (attention, moe) for op in module.OPS}
 OPS: tuple[str, ...] = tuple(_MODULES)
 
+_ACROSS_RANKS = (
+    "the expert-parallel exchange runs across the ranks of a process group, not in one process "
+    "(tests/tokenspeed_kernel/ops/moe/test_ep.py checks it on gloo ranks, ci/device/ep_bench.py on GPUs)"
+)
+# Operators with no single-process cases, and why: check, bench, explain by preset and
+# profile say so, and a capture file's lines of them are not replayed.
+NO_CASES: dict[str, str] = {"moe.dispatch": _ACROSS_RANKS, "moe.combine": _ACROSS_RANKS}
+
 
 def module_for(op: str) -> ModuleType:
-    """The case module serving ``op``; ``ValueError`` naming the known operators otherwise."""
+    """The case module serving ``op``; ``ValueError`` naming the known operators otherwise
+    (and why, for an operator of :data:`NO_CASES`)."""
     try:
         return _MODULES[op]
     except KeyError:
+        if op in NO_CASES:
+            raise ValueError(f"no cases for operator {op!r}: {NO_CASES[op]}") from None
         raise ValueError(f"no cases for operator {op!r}; known: {', '.join(OPS)}") from None
 
 

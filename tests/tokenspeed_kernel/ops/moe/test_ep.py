@@ -1,0 +1,108 @@
+"""Expert parallelism (moe_dispatch / moe_combine / moe_dispatch_plan) on gloo process groups of
+2 and 4 spawned CPU ranks, against the single-process float64 MoE (support/ep_worker.py runs
+the scenarios on each rank). Every collective times out after 30 s (the group's timeout) and
+the ranks are killed if they have not all reported within 150 s: a hang fails, it never blocks."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from support import ep_worker
+from tokenspeed_kernel_dev.ranks import run_ranks
+
+# Only the core's kernels in the ranks: each spawned process then imports no backend wheel.
+_ENV = {"TOKENSPEED_KERNEL_DISABLE_BACKENDS": "triton,nvidia,amd", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_scenario_passes_on_every_rank(world):
+    done = run_ranks(ep_worker.run, world, env=_ENV, timeout_s=30, deadline_s=150)
+    names = [scenario.__name__ for scenario in ep_worker.SCENARIOS]
+    assert done == [names] * world
+
+
+_BENCH = Path(__file__).resolve().parents[4] / "ci" / "device" / "ep_bench.py"
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("ep_bench", _BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_device_bench_defaults_to_gpt_oss_on_two_gpus_with_multicast_off():
+    bench = _bench_module()
+    args = bench.parse([])
+    assert args.token_counts == [1, 64, 4096] and args.world == 2 and not args.cpu
+    assert args.shapes == {"experts": 128, "top_k": 4, "hidden": 2880, "intermediate": 2880}
+    assert bench.MULTICAST_OFF == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+    assert args.budget_s < 8 * 60
+    with pytest.raises(SystemExit):
+        bench.parse(["--world", "1"])
+
+
+def test_the_device_bench_runs_its_numerics_and_table_on_gloo_ranks(tmp_path):
+    """The bench's --cpu form: 2 gloo ranks, small shapes, MXFP4 weights, numerics against the
+    one-process moe_apply and float64, every timed call, the table; within 120 s."""
+    out = tmp_path / "ep_bench.json"
+    env = {**os.environ, **_ENV}
+    done = subprocess.run(
+        [sys.executable, str(_BENCH), "--cpu", "--tokens", "3", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "numerics: all within tolerance" in done.stdout
+    report = json.loads(out.read_text())
+    (row,) = report["rows"]
+    assert report["env"] == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+    assert row["ok"] and row["dispatch_kernel"] == "torch_moe_dispatch_padded"
+    assert row["functional_vs_plan"]["rel_l2"] == 0.0
+    assert row["ep_vs_float64"]["rel_l2"] < 2e-2 and row["ep_vs_one_gpu"]["rel_l2"] < 2e-2
+    assert set(row["times"]) == {
+        "one_gpu_T",
+        "one_gpu_WT",
+        "ep_layer",
+        "ep_dispatch",
+        "ep_experts",
+        "ep_combine",
+        "nccl_all_to_all",
+    }
+    assert row["bytes_per_rank"] == 2 * 3 * 64 * 2  # W * C * H bf16
+
+
+# The checks across ranks are plain functions of the gathered facts: every rank calls them on
+# the same values and decides alike. Here without a process group.
+
+
+def test_the_maps_must_give_each_expert_to_exactly_one_rank():
+    from tokenspeed_kernel.ops.moe._validate import check_expert_owners
+
+    assert check_expert_owners([[0, -1, 1, -1], [-1, 0, -1, 5]]) == [0, 1, 0, 1]
+    assert check_expert_owners([[0, 1, 2], [-1, -1, -1]]) == [0, 0, 0]  # a rank may hold none
+    with pytest.raises(ValueError, match=r"experts \[1, 3\] \(2\) are held by no rank .* E = 4\)"):
+        check_expert_owners([[0, -1, 1, -1], [-1, -1, -1, -1]])
+    with pytest.raises(ValueError, match=r"expert 0: ranks \[0, 1\].*hold \[2, 2\] experts.*another world size"):
+        check_expert_owners([[0, 1, -1], [0, -1, 1]])
+    with pytest.raises(ValueError, match=r"values must be >= -1 .* on ranks \[1\]"):
+        check_expert_owners([[0, -1], [-1, -2]])
+
+
+def test_disagreeing_ranks_are_named_with_their_values():
+    from tokenspeed_kernel.ops.moe._validate import EP_DTYPES, check_dispatch_agreement
+
+    same = (5, 16, 2, 8, EP_DTYPES.index(torch.bfloat16) + 1)
+    check_dispatch_agreement("moe_dispatch", [same, (0, *same[1:])], plan=False)  # T may differ
+    with pytest.raises(ValueError, match="max_tokens .* got rank 0: 5, rank 1: 0"):
+        check_dispatch_agreement("moe_dispatch_plan", [same, (0, *same[1:])], plan=True)
+    fp16 = (*same[:4], EP_DTYPES.index(torch.float16) + 1)
+    with pytest.raises(ValueError, match="activation dtype .* got rank 0: bfloat16, rank 1: float16"):
+        check_dispatch_agreement("moe_dispatch", [same, fp16], plan=False)
