@@ -20,6 +20,17 @@
 set -uo pipefail
 # shellcheck source=ci/device/flashinfer_env.sh
 source "$(dirname "$0")/flashinfer_env.sh" || exit 1
+# FMHAv2's modules, built by an earlier call and carried back as .whl-nvidia/fi-fmha-v2-so.tar.xz
+# (the end of this script writes it): installed where FlashInfer loads AOT modules, so no call
+# waits ~80 s per dtype for the JIT. Their names (trtllm_fmha_v2_<layout>_<in>_<out>) say all
+# the module was built for; every head dim is inside.
+if [ -f .whl-nvidia/fi-fmha-v2-so.tar.xz ]; then
+  mkdir -p /tmp/fi-fmha && tar -xJf .whl-nvidia/fi-fmha-v2-so.tar.xz -C /tmp/fi-fmha
+  find /tmp/fi-fmha -name "trtllm_fmha_v2_*.so" | while read -r so; do
+    name=$(basename "$so" .so); mkdir -p "/tmp/site/flashinfer/data/aot/$name" && cp "$so" "/tmp/site/flashinfer/data/aot/$name/"
+    echo "AOT module: $name"
+  done
+fi
 python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__, torch.cuda.get_device_name())"
 status=0
 steps=" ${STEPS:-1 2 3} "
@@ -53,4 +64,7 @@ if [[ $steps == *" fa4 "* ]]; then
   TAIL=12 run 100 check_prefill python3 -W ignore -m tokenspeed_kernel check attention.prefill \
     --kernel trtllm_fmha_prefill --device cuda
 fi
+# FMHAv2 modules this call JIT-built: returned, to carry as .whl-nvidia/fi-fmha-v2-so.tar.xz
+(cd .fi-ws && find . -name "trtllm_fmha_v2_*.so" -print0 | tar --null -T - -cf - | xz -T0 -6 \
+  > "$OUT/fi-fmha-v2-so.tar.xz") 2>/dev/null && [ -s "$OUT/fi-fmha-v2-so.tar.xz" ] && ls -la "$OUT/fi-fmha-v2-so.tar.xz"
 exit $status
