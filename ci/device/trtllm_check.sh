@@ -64,7 +64,9 @@ if [[ $steps == *" fa4 "* ]]; then
   TAIL=12 run 100 check_prefill python3 -W ignore -m tokenspeed_kernel check attention.prefill \
     --kernel trtllm_fmha_prefill --device cuda
 fi
-# FMHAv2 modules this call JIT-built: returned, to carry as .whl-nvidia/fi-fmha-v2-so.tar.xz
-(cd .fi-ws && find . -name "trtllm_fmha_v2_*.so" -print0 | tar --null -T - -cf - | xz -T0 -6 \
-  > "$OUT/fi-fmha-v2-so.tar.xz") 2>/dev/null && [ -s "$OUT/fi-fmha-v2-so.tar.xz" ] && ls -la "$OUT/fi-fmha-v2-so.tar.xz"
+# FMHAv2 modules, carried ones and the ones this call JIT-built: returned together, to carry as
+# .whl-nvidia/fi-fmha-v2-so.tar.xz next time
+mkdir -p /tmp/fi-fmha && find .fi-ws -name "trtllm_fmha_v2_*.so" -exec cp {} /tmp/fi-fmha/ \;
+(cd /tmp/fi-fmha && find . -name "trtllm_fmha_v2_*.so" -print0 | tar --null -T - -cf - | xz -T0 -6 \
+  > "$OUT/fi-fmha-v2-so.tar.xz") && ls -la "$OUT/fi-fmha-v2-so.tar.xz"
 exit $status
