@@ -1,0 +1,133 @@
+"""The exchange's wire rows and buffers: the byte layout a padded dispatch sends, and where the
+kernels of ``moe.dispatch`` / ``moe.combine`` keep them (:class:`~tokenspeed_kernel.ops.moe.args.ExchangeBuffers`).
+
+A padded dispatch moves each row of the exchange as one row of ``R`` bytes that carries the
+activations and the routing of its token together, so one fixed-size ``all_to_all_single``
+(over uint8) moves both::
+
+    bytes [0, H*s)            the row's activations, in x's dtype (s: x's itemsize)
+    bytes [A, A + 4k)         its token's topk_ids, int32            (A: H*s rounded up to 16)
+    bytes [A + 4k, A + 8k)    its token's topk_weights, float32
+    bytes [A + 8k, R)         unused                                 (R: A + 8k rounded up to 16)
+
+Padding rows carry the ids ``E`` and the weights 0 (their activations: whatever the send
+buffer held). Rows start at multiples of 16 bytes, so every field is aligned for its dtype
+and the copies in and out of the wire can use 16-byte accesses. The receiving rank copies
+the three fields out into ``MoEDispatched``'s buffers.
+
+Buffers (all on x's device): ``send`` (:func:`send_rows`), uint8 ``[W * C + 1, R]``, zeros
+when allocated; its last row takes the writes of the (token, rank) pairs that are not sent.
+``recv``, one flat uint8 arena shared by the dispatch and the combine: the dispatch receives
+its wire rows in the first ``W * C * R`` bytes (:func:`recv_rows`); the combine receives
+the computed rows coming back in the last ``(W * C + 1) * H * s`` bytes, as ``[W * C + 1, H]``
+(:func:`returned_rows`), whose last row is zero for the slots that were not sent: the last
+``H * s`` bytes are zeroed when the arena is allocated and no kernel writes them. A step's
+dispatch is done with ``recv`` once it has copied the fields out, so its combine reuses the
+memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tokenspeed_kernel.ops.moe.args import ExchangeBuffers
+
+__all__ = ["WireLayout", "recv_rows", "returned_rows", "send_rows"]
+
+_ALIGN = 16  # bytes: where each row and its routing start
+
+
+def _round_up(n: int, to: int = _ALIGN) -> int:
+    return -(-n // to) * to
+
+
+@dataclass(frozen=True, slots=True)
+class WireLayout:
+    """The wire row of an exchange of ``hidden`` activations in ``dtype`` with ``top_k``
+    choices per token (see the module docstring)."""
+
+    hidden: int
+    top_k: int
+    dtype: torch.dtype
+
+    @property
+    def act_bytes(self) -> int:
+        """``H * s``: the activations' bytes."""
+        return self.hidden * self.dtype.itemsize
+
+    @property
+    def meta_offset(self) -> int:
+        """``A``: where the ids start (the activations' bytes rounded up to 16)."""
+        return _round_up(self.act_bytes)
+
+    @property
+    def row_bytes(self) -> int:
+        """``R``: one row's bytes (a multiple of 16)."""
+        return _round_up(self.meta_offset + 8 * self.top_k)
+
+    def act(self, wire: torch.Tensor) -> torch.Tensor:
+        """``[N, H]`` in the layout's dtype: the activations of the uint8 rows ``wire [N, R]`` (a view)."""
+        return wire.view(self.dtype)[:, : self.hidden]
+
+    def ids(self, wire: torch.Tensor) -> torch.Tensor:
+        """int32 ``[N, k]``: the ids of ``wire [N, R]`` (a view)."""
+        a = self.meta_offset
+        return wire[:, a : a + 4 * self.top_k].view(torch.int32)
+
+    def weights(self, wire: torch.Tensor) -> torch.Tensor:
+        """float32 ``[N, k]``: the weights of ``wire [N, R]`` (a view)."""
+        a = self.meta_offset + 4 * self.top_k
+        return wire[:, a : a + 4 * self.top_k].view(torch.float32)
+
+
+def send_rows(buffers: ExchangeBuffers, layout: WireLayout, rows: int, device: torch.device) -> torch.Tensor:
+    """uint8 ``[rows + 1, R]``: ``buffers.send``, allocated (zeros) unless it has that shape
+    on ``device`` already (a plan's earlier step)."""
+    send = buffers.send
+    shape = (rows + 1, layout.row_bytes)
+    if send is None or send.shape != shape or send.device != device:
+        send = buffers.send = torch.zeros(shape, dtype=torch.uint8, device=device)
+    return send
+
+
+def _arena_bytes(wire_bytes: int, rows: int, row_back: int) -> int:
+    """The arena that holds ``wire_bytes`` of dispatch rows first and ``rows + 1`` rows of
+    ``row_back`` bytes last (their start rounded up to 16), the last row past the dispatch's bytes."""
+    return _round_up(wire_bytes - rows * row_back) + (rows + 1) * row_back
+
+
+def recv_rows(buffers: ExchangeBuffers, layout: WireLayout, rows: int, device: torch.device) -> torch.Tensor:
+    """uint8 ``[rows, R]``: the first ``rows * R`` bytes of ``buffers.recv`` (allocated unless
+    it holds them and the combine's zero row past them)."""
+    wire = rows * layout.row_bytes
+    arena = _recv_arena(buffers, wire, rows, layout.act_bytes, device)
+    return arena[:wire].view(rows, layout.row_bytes)
+
+
+def returned_rows(
+    buffers: ExchangeBuffers, rows: int, hidden: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """``[rows + 1, hidden]`` in ``dtype``: the last ``(rows + 1) * hidden * s`` bytes of
+    ``buffers.recv`` (allocated unless there), the last row zero (never written)."""
+    row_back = hidden * dtype.itemsize
+    arena = _recv_arena(buffers, rows * row_back, rows, row_back, device)
+    start = arena.numel() - (rows + 1) * row_back
+    return arena[start:].view(dtype).view(rows + 1, hidden)
+
+
+def _recv_arena(buffers: ExchangeBuffers, wire: int, rows: int, row_back: int, device: torch.device) -> torch.Tensor:
+    """``buffers.recv``, or a new arena for ``wire`` bytes of dispatch rows and ``rows + 1``
+    returned rows of ``row_back`` bytes (:func:`_arena_bytes`): the current one serves when it
+    is on ``device``, holds ``wire`` bytes before its last ``row_back`` bytes (which stay
+    zero), and its returned rows start 16-byte aligned."""
+    recv = buffers.recv
+    if recv is not None and recv.device == device:
+        n = recv.numel()
+        if n >= wire + row_back and n >= (rows + 1) * row_back and (n - (rows + 1) * row_back) % _ALIGN == 0:
+            return recv
+    need = _arena_bytes(wire, rows, row_back)
+    recv = buffers.recv = torch.empty(need, dtype=torch.uint8, device=device)
+    recv[need - row_back :].zero_()
+    return recv
