@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from support.naive_moe import naive_moe
 from tokenspeed_kernel import config, last_kernel, moe_apply, moe_combine, moe_dispatch, moe_dispatch_plan
+from tokenspeed_kernel.ops.moe import ep_wire
 from tokenspeed_kernel.ops.moe.args import MoECombineArgs
 from tokenspeed_kernel.registry import Priority, register_kernel, unregister_kernel
 
@@ -363,58 +364,82 @@ def raising_plugin_is_skipped(rank: int, world: int) -> None:
 
 
 def wire_rows_round_trip(rank: int, world: int) -> None:
-    """The padded dispatch's wire rows (activations, ids and weights in one row of bytes)
-    deliver exactly what the reference's separate exchanges do: bf16/fp16/fp32 activations
-    of any bits (signed zeros, subnormals, inf, NaN) and H that leaves the routing unaligned,
-    ids up to E - 1, weights' bits (subnormal, -0.0); padding rows E and 0, finite."""
+    """The padded dispatch's wire rows deliver exactly what the reference's separate exchanges
+    do, packed (activations, ids and weights in one row of bytes, one collective) and split
+    (large exchanges: the activations in a collective of their own): bf16/fp16/fp32
+    activations of any bits (signed zeros, subnormals, inf, NaN) and H that leaves the
+    routing unaligned, ids up to E - 1, weights' bits (subnormal, -0.0); padding rows E and
+    0, finite."""
     owners = owners_interleaved(9, world)
+    for pack_bytes in (ep_wire.PACK_BYTES, 0):
+        for dtype, hidden in ((torch.bfloat16, 17), (torch.float16, 16), (torch.float32, 5)):
+            _round_trip(rank, world, owners, dtype, hidden, pack_bytes)
+    assert ep_wire.PACK_BYTES >= world * 4 * ep_wire.WireLayout(17, K, torch.bfloat16).row_bytes, "packed not run"
+
+
+def _round_trip(rank: int, world: int, owners: list[int], dtype: torch.dtype, hidden: int, pack_bytes: int) -> None:
     num_experts = len(owners)
-    for dtype, hidden in ((torch.bfloat16, 17), (torch.float16, 16), (torch.float32, 5)):
-        p = make_problem(rank, world, 20, [4, 1, 0, 3][:world], owners)
-        g = torch.Generator().manual_seed(30 + rank)
-        bits = torch.randint(-(2**15), 2**15, (p.x.shape[0], hidden), generator=g, dtype=torch.int16)
-        x = bits.view(dtype) if dtype != torch.float32 else torch.randn(p.x.shape[0], hidden, generator=g)
-        x = x.contiguous()
-        special = torch.tensor([0.0, -0.0, float("inf"), float("nan"), 1e-40]).to(dtype)
-        if x.shape[0]:
-            x[0, : min(hidden, 5)] = special[: min(hidden, 5)]
-            p.topk_ids[0, 0] = num_experts - 1
-            p.topk_weights[0, :2] = torch.tensor([-0.0, 1e-42])
-        got = {
-            kernel: moe_dispatch(
-                x, p.topk_ids, p.topk_weights, group=dist.group.WORLD, expert_map=p.expert_map, override=kernel
-            )
-            for kernel in KERNELS
-        }
-        ref, pad = got["torch_moe_dispatch"], got["torch_moe_dispatch_padded"]
-        as_int = torch.int16 if dtype != torch.float32 else torch.int32
-        valid = ref.topk_ids[:, 0] < num_experts
-        assert torch.equal(ref.x[valid].view(as_int), pad.x[valid].view(as_int))
-        assert torch.equal(ref.topk_ids, pad.topk_ids) and bool((pad.topk_ids[~valid] == num_experts).all())
-        assert torch.equal(ref.topk_weights.view(torch.int32), pad.topk_weights.view(torch.int32))
-        assert bool((pad.topk_weights[~valid] == 0).all()) and bool(pad.x[~valid].isfinite().all())
-        for d in got.values():
-            moe_combine(torch.zeros_like(d.x), d.handle)
+    p = make_problem(rank, world, 20, [4, 1, 0, 3][:world], owners)
+    g = torch.Generator().manual_seed(30 + rank)
+    bits = torch.randint(-(2**15), 2**15, (p.x.shape[0], hidden), generator=g, dtype=torch.int16)
+    x = bits.view(dtype) if dtype != torch.float32 else torch.randn(p.x.shape[0], hidden, generator=g)
+    x = x.contiguous()
+    special = torch.tensor([0.0, -0.0, float("inf"), float("nan"), 1e-40]).to(dtype)
+    if x.shape[0]:
+        x[0, : min(hidden, 5)] = special[: min(hidden, 5)]
+        p.topk_ids[0, 0] = num_experts - 1
+        p.topk_weights[0, :2] = torch.tensor([-0.0, 1e-42])
+    from tokenspeed_kernel_dev.op_count import count_ops
+
+    got = {}
+
+    def dispatch(kernel: str) -> None:
+        got[kernel] = moe_dispatch(
+            x, p.topk_ids, p.topk_weights, group=dist.group.WORLD, expert_map=p.expert_map, override=kernel
+        )
+
+    saved, ep_wire.PACK_BYTES = ep_wire.PACK_BYTES, pack_bytes
+    try:
+        dispatch("torch_moe_dispatch")
+        ops = count_ops(lambda: dispatch("torch_moe_dispatch_padded"))
+    finally:
+        ep_wire.PACK_BYTES = saved
+    ref, pad = got["torch_moe_dispatch"], got["torch_moe_dispatch_padded"]
+    assert ops.collectives.count("c10d::alltoall_base_") == (1 if pack_bytes else 2), ops.collectives
+    as_int = torch.int16 if dtype != torch.float32 else torch.int32
+    valid = ref.topk_ids[:, 0] < num_experts
+    assert torch.equal(ref.x[valid].view(as_int), pad.x[valid].view(as_int))
+    assert torch.equal(ref.topk_ids, pad.topk_ids) and bool((pad.topk_ids[~valid] == num_experts).all())
+    assert torch.equal(ref.topk_weights.view(torch.int32), pad.topk_weights.view(torch.int32))
+    assert bool((pad.topk_weights[~valid] == 0).all()) and bool(pad.x[~valid].isfinite().all())
+    for d in got.values():
+        moe_combine(torch.zeros_like(d.x), d.handle)
 
 
 def one_collective_each_way(rank: int, world: int) -> None:
-    """A plan step of the padded dispatch runs one collective and at most 15 torch ops; its
-    combine one collective and W + 1 ops (``tokenspeed_kernel_dev.op_count``, the profiler)."""
+    """A plan step of the padded dispatch runs one collective and at most 15 torch ops (a
+    large, split exchange two and 14); its combine one collective and 2 ops for W = 2, W + 1
+    for more (``tokenspeed_kernel_dev.op_count``, the profiler)."""
     from tokenspeed_kernel_dev.op_count import count_ops
 
     p = make_problem(rank, world, 21, [5] * world, owners_interleaved(8, world))
-    plan = moe_dispatch_plan(
-        dist.group.WORLD, p.expert_map, max_tokens=5, hidden=H, top_k=K, x_dtype=torch.float32, capturable=True
-    )
-    dispatch = count_ops(lambda: plan.dispatch(p.x, p.topk_ids, p.topk_weights))
-    assert len(dispatch.collectives) == 1 and len(dispatch.launches) <= 15, dispatch
-    d = plan.dispatch(p.x, p.topk_ids, p.topk_weights)
-    y = torch.zeros(d.x.shape)
-    combine = count_ops(
-        lambda: plan.combine_spec.fn(MoECombineArgs(y, d.handle.route, d.handle.group, p.x.new_empty(p.x.shape)))
-    )
-    assert len(combine.collectives) == 1 and len(combine.launches) <= world + 1, combine
-    plan.combine(y, d.handle)
+    saved = ep_wire.PACK_BYTES
+    try:
+        for pack_bytes, collectives, launches in ((saved, 1, 15), (0, 2, 14)):
+            ep_wire.PACK_BYTES = pack_bytes
+            plan = moe_dispatch_plan(
+                dist.group.WORLD, p.expert_map, max_tokens=5, hidden=H, top_k=K, x_dtype=torch.float32, capturable=True
+            )
+            dispatch = count_ops(lambda plan=plan: plan.dispatch(p.x, p.topk_ids, p.topk_weights))
+            assert len(dispatch.collectives) == collectives and len(dispatch.launches) <= launches, dispatch
+            d = plan.dispatch(p.x, p.topk_ids, p.topk_weights)
+            y = torch.zeros(d.x.shape)
+            args = MoECombineArgs(y, d.handle.route, d.handle.group, p.x.new_empty(p.x.shape))
+            combine = count_ops(lambda plan=plan, args=args: plan.combine_spec.fn(args))
+            assert len(combine.collectives) == 1 and len(combine.launches) <= (2 if world == 2 else world + 1), combine
+            plan.combine(y, d.handle)
+    finally:
+        ep_wire.PACK_BYTES = saved
 
 
 SCENARIOS: tuple[Callable[[int, int], None], ...] = (

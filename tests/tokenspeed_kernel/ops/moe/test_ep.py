@@ -145,6 +145,26 @@ def test_wire_rows_hold_activations_ids_and_weights_exactly(dtype, hidden, top_k
         start = view.storage_offset() * view.element_size()
         written[start : start + view.shape[1] * view.element_size()] += 1
     assert int(written.max()) == 1, "the fields overlap"
+    split = WireLayout(hidden, top_k, dtype, packed=False)  # the routing alone (large exchanges)
+    assert split.meta_offset == 0 and split.row_bytes == -(-8 * top_k // 16) * 16
+    meta = torch.zeros(rows, split.row_bytes, dtype=torch.uint8)
+    split.ids(meta).copy_(ids)
+    split.weights(meta).copy_(weights)
+    assert torch.equal(split.ids(meta), ids) and torch.equal(
+        split.weights(meta).view(torch.int32), weights.view(torch.int32)
+    )
+    with pytest.raises(ValueError, match="no activations"):
+        split.act(meta)
+
+
+def test_small_exchanges_are_packed_large_ones_split():
+    from tokenspeed_kernel.ops.moe.ep_wire import PACK_BYTES, wire_layout
+
+    row = 5792  # GPT-OSS: H = 2880 bf16, top-4
+    assert wire_layout(2880, 4, torch.bfloat16, 2 * 64).packed  # EP=2, 64 tokens per rank: 0.7 MiB
+    assert not wire_layout(2880, 4, torch.bfloat16, 2 * 4096).packed  # 4096 tokens: 45 MiB
+    assert wire_layout(2880, 4, torch.bfloat16, PACK_BYTES // row).packed
+    assert not wire_layout(2880, 4, torch.bfloat16, PACK_BYTES // row + 1).packed
 
 
 def test_exchange_buffers_keep_the_returned_rows_zero_row_past_the_dispatch_bytes():

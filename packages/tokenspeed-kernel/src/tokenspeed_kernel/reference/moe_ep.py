@@ -12,18 +12,19 @@ no vendor; the layout they write is the one of :class:`~tokenspeed_kernel.ops.mo
 - ``torch_moe_dispatch_padded`` (opt-in): the same routing, but every block of C rows moves
   whole (padding included) in one fixed-size ``all_to_all_single`` whose sizes are known
   before any count is: no host synchronization, so a plan's step can be captured in a CUDA
-  graph. Each row travels as one wire row of bytes with its token's ``topk_ids`` and
-  ``topk_weights`` (:mod:`~tokenspeed_kernel.ops.moe.ep_wire`), so activations and routing
-  move in that one collective. It moves ``W * C`` rows per rank whatever the routing (the
+  graph. In small exchanges each row travels as one wire row of bytes with its token's
+  ``topk_ids`` and ``topk_weights`` (:mod:`~tokenspeed_kernel.ops.moe.ep_wire`), so
+  activations and routing move in that one collective; large ones move the activations
+  straight into the receive buffer and the routing in a second collective. It moves ``W * C`` rows per rank whatever the routing (the
   reference moves only the routed ones). Opt-in until it has been run and timed on GPUs
   (``ci/device/ep_bench.py``). It lives in the core because it is PyTorch and
   ``torch.distributed`` only, like the reference: no compiled kernel, no library beyond torch.
-  Per call: 15 launches (torch ops) and one collective, whatever W.
+  Per call, whatever W: 15 launches (torch ops) and one collective, or (large) 14 and two.
 - ``torch_moe_combine`` (reference): moves the computed rows back the way the dispatch moved
   them (whole blocks, or exactly the routed rows when the dispatch says how many) into the
   route's buffers, gathers each token's W rows at once and sums them in rank order, in
   float32. It reads only host values the dispatch already holds, so it is graph-safe. After
-  a padded dispatch: one collective and ``W + 1`` launches.
+  a padded dispatch: one collective and two launches for W = 2 (W + 1 for more).
 
 In the reference dispatch each row's metadata (its token's ``topk_ids`` and ``topk_weights``
 rows) travels in a second all-to-all next to the activations, as one int32 ``[rows, 2k]``
@@ -38,7 +39,14 @@ import torch
 import torch.distributed as dist
 
 from tokenspeed_kernel.ops.moe.args import MoECombineArgs, MoEDispatchArgs
-from tokenspeed_kernel.ops.moe.ep_wire import WireLayout, recv_rows, returned_rows, send_rows
+from tokenspeed_kernel.ops.moe.ep_wire import (
+    recv_rows,
+    returned_rows,
+    send_act_rows,
+    send_rows,
+    wide,
+    wire_layout,
+)
 from tokenspeed_kernel.registry import Priority, register_kernel
 
 __all__ = ["torch_moe_combine", "torch_moe_dispatch", "torch_moe_dispatch_padded"]
@@ -125,35 +133,51 @@ def torch_moe_dispatch(args: MoEDispatchArgs) -> None:
 
 @_register("moe.dispatch", name="torch_moe_dispatch_padded", priority=Priority.OPT_IN)
 def torch_moe_dispatch_padded(args: MoEDispatchArgs) -> None:
-    """Fixed-size dispatch: whole blocks of C wire rows (activations and routing together,
-    :mod:`~tokenspeed_kernel.ops.moe.ep_wire`) in one uint8 all_to_all_single, no host sync.
+    """Fixed-size dispatch: whole blocks of C rows, no host sync. Small exchanges move each
+    row's activations and routing as one wire row in one uint8 all_to_all_single; large ones
+    the activations straight into ``recv_x`` and the routing in a second one
+    (:mod:`~tokenspeed_kernel.ops.moe.ep_wire`).
 
     Per call: the routing (seven launches), the send rows (the ids and weights of every row
     set to the padding's, then the sent rows' activations, ids and weights put in place:
-    five launches), the all-to-all, and three copies out of the received rows."""
+    five launches), the all-to-all(s), and the copies out of the received rows (three packed,
+    two split)."""
     _route(args)
-    layout = WireLayout(args.x.shape[1], args.topk_ids.shape[1], args.x.dtype)
-    rows, device = args.recv_x.shape[0], args.x.device
+    rows, hidden, device = args.recv_x.shape[0], args.x.shape[1], args.x.device
+    layout = wire_layout(hidden, args.topk_ids.shape[1], args.x.dtype, rows)
     send = send_rows(args.buffers, layout, rows, device)
     layout.ids(send).fill_(args.owner.shape[0])
     layout.weights(send).zero_()
     slots = (args.slots.t(),)  # [W, T]: each (rank, token)'s send row, W * C if not sent
-    layout.act(send).index_put_(slots, args.x)
+    if layout.packed:
+        send_x = layout.act(send)
+    else:
+        send_x = send_act_rows(args.buffers, rows, hidden, args.x.dtype, device)
+    send_wide, x = wide(send_x, args.x)  # 8-byte elements where the rows allow
+    send_wide.index_put_(slots, x)
     layout.ids(send).index_put_(slots, args.topk_ids)
     layout.weights(send).index_put_(slots, args.topk_weights)
     recv = recv_rows(args.buffers, layout, rows, device)
+    if not layout.packed:
+        dist.all_to_all_single(args.recv_x, send_x[:rows], group=args.group)
     dist.all_to_all_single(recv, send[:rows], group=args.group)
-    args.recv_x.copy_(layout.act(recv))
+    if layout.packed:
+        recv_x, recv_act = wide(args.recv_x, layout.act(recv))
+        recv_x.copy_(recv_act)
     args.recv_topk_ids.copy_(layout.ids(recv))
     args.recv_topk_weights.copy_(layout.weights(recv))
 
 
 def _sum_in_rank_order(rows: torch.Tensor, out: torch.Tensor) -> None:
     """``out = sum_r rows[r]`` for ``rows [W, T, H]``, added in float32 in rank order and
-    rounded once to out's dtype (the last add writes out)."""
+    rounded once to out's dtype (the last add writes out). Two ranks: one add of the two
+    rows, which PyTorch computes in float32 for bf16/fp16 (its ``opmath``) and rounds once."""
     world = rows.shape[0]
     if world == 1:
         out.copy_(rows[0])
+        return
+    if world == 2:
+        torch.add(rows[0], rows[1], out=out)
         return
     acc = rows[0].to(torch.promote_types(rows.dtype, torch.float32))
     for r in range(1, world - 1):
@@ -167,7 +191,7 @@ def torch_moe_combine(args: MoECombineArgs) -> None:
 
     The rows come back into the route's buffers (``ep_wire.returned_rows``: ``[W * C + 1, H]``,
     the last row zero for the slots not sent), then one gather of every token's W rows and
-    the sum (W launches)."""
+    the sum (one launch for W = 2, W for more)."""
     route, y = args.route, args.y
     rows, hidden = y.shape
     back = returned_rows(route.buffers, rows, hidden, y.dtype, y.device)
@@ -179,4 +203,5 @@ def torch_moe_combine(args: MoECombineArgs) -> None:
         src = _block_rows(received_n, route.capacity, y.device)
         dist.all_to_all_single(returned, y[src], list(sent_n), list(received_n), group=args.group)
         back.index_copy_(0, _block_rows(sent_n, route.capacity, y.device), returned)
-    _sum_in_rank_order(back[route.slots.t()], args.out)
+    (back_wide,) = wide(back)  # 8-byte elements where the rows allow
+    _sum_in_rank_order(back_wide[route.slots.t()].view(y.dtype), args.out)

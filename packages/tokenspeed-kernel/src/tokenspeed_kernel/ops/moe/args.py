@@ -140,6 +140,8 @@ class ExchangeBuffers:
             padded dispatch sends, block r the rows for rank r; the last row takes the writes of
             the (token, rank) pairs that are not sent. Zeros when allocated; padding rows keep
             what an earlier step left (the activations of an earlier ``x``).
+        send_x: None, or ``[W * C + 1, H]`` in x's dtype: the activations a padded dispatch
+            sends in a collective of their own (large exchanges; ``ep_wire``), laid out as ``send``.
         recv: None, or flat uint8 ``[N]``: the dispatch receives its ``W * C`` wire rows in the
             first ``W * C * R`` bytes; the combine receives the rows coming back in the last
             ``(W * C + 1) * H * s`` bytes (``s``: x's itemsize) as ``[W * C + 1, H]`` whose last
@@ -147,6 +149,7 @@ class ExchangeBuffers:
     """
 
     send: torch.Tensor | None = None
+    send_x: torch.Tensor | None = None
     recv: torch.Tensor | None = None
 
 

@@ -139,7 +139,7 @@ def launch_dispatch(
     if capacity:
         spec.fn(args)
     if buffers is None:
-        own.send = None  # the send rows are spent; the combine reuses only the receive arena
+        own.send = own.send_x = None  # spent; the combine reuses only the receive arena
     route = ExchangeRoute(world, rank, capacity, slots, args.counts, own)
     handle = MoEDispatchHandle(route, group, x.shape[0], x.shape[1], x.dtype, x.device, spec.name, step, plan)
     return MoEDispatched(recv_x, recv_weights, recv_ids, expert_map, handle)

@@ -1,25 +1,29 @@
 """The exchange's wire rows and buffers: the byte layout a padded dispatch sends, and where the
 kernels of ``moe.dispatch`` / ``moe.combine`` keep them (:class:`~tokenspeed_kernel.ops.moe.args.ExchangeBuffers`).
 
-A padded dispatch moves each row of the exchange as one row of ``R`` bytes that carries the
-activations and the routing of its token together, so one fixed-size ``all_to_all_single``
-(over uint8) moves both::
+A padded dispatch moves, for each row of the exchange, its activations and its token's
+routing. Small exchanges (``W * C * R <= PACK_BYTES``) send both in one row of ``R`` bytes,
+so one fixed-size ``all_to_all_single`` (over uint8) moves everything (*packed*)::
 
     bytes [0, H*s)            the row's activations, in x's dtype (s: x's itemsize)
     bytes [A, A + 4k)         its token's topk_ids, int32            (A: H*s rounded up to 16)
     bytes [A + 4k, A + 8k)    its token's topk_weights, float32
     bytes [A + 8k, R)         unused                                 (R: A + 8k rounded up to 16)
 
-Padding rows carry the ids ``E`` and the weights 0 (their activations: whatever the send
-buffer held). Rows start at multiples of 16 bytes, so every field is aligned for its dtype
-and the copies in and out of the wire can use 16-byte accesses. The receiving rank copies
-the three fields out into ``MoEDispatched``'s buffers.
+and the receiving rank copies the three fields out into ``MoEDispatched``'s buffers. Larger
+ones (*split*) send the activations in an ``all_to_all_single`` of their own, straight into
+``MoEDispatched.x`` (no copy out of the wire: at thousands of tokens that copy costs more
+than a second collective's latency), and the routing in a second one of rows ``[A = 0,
+R = 8k rounded up to 16)``. Both forms deliver the same bits. Padding rows carry the ids
+``E`` and the weights 0 (their activations: whatever the send buffer held). Rows and fields
+start at multiples of 16 bytes.
 
-Buffers (all on x's device): ``send`` (:func:`send_rows`), uint8 ``[W * C + 1, R]``, zeros
-when allocated; its last row takes the writes of the (token, rank) pairs that are not sent.
-``recv``, one flat uint8 arena shared by the dispatch and the combine: the dispatch receives
-its wire rows in the first ``W * C * R`` bytes (:func:`recv_rows`); the combine receives
-the computed rows coming back in the last ``(W * C + 1) * H * s`` bytes, as ``[W * C + 1, H]``
+Buffers (all on x's device): ``send`` (:func:`send_rows`), uint8 ``[W * C + 1, R]``, and, split,
+``send_x`` (:func:`send_act_rows`), ``[W * C + 1, H]`` in x's dtype: zeros when allocated;
+their last row takes the writes of the (token, rank) pairs that are not sent. ``recv``, one
+flat uint8 arena shared by the dispatch and the combine: the dispatch receives its wire rows
+in the first ``W * C * R`` bytes (:func:`recv_rows`); the combine receives the computed rows
+coming back in the last ``(W * C + 1) * H * s`` bytes, as ``[W * C + 1, H]``
 (:func:`returned_rows`), whose last row is zero for the slots that were not sent: the last
 ``H * s`` bytes are zeroed when the arena is allocated and no kernel writes them. A step's
 dispatch is done with ``recv`` once it has copied the fields out, so its combine reuses the
@@ -34,9 +38,23 @@ import torch
 
 from tokenspeed_kernel.ops.moe.args import ExchangeBuffers
 
-__all__ = ["WireLayout", "recv_rows", "returned_rows", "send_rows"]
+__all__ = [
+    "PACK_BYTES",
+    "WireLayout",
+    "recv_rows",
+    "returned_rows",
+    "send_act_rows",
+    "send_rows",
+    "wide",
+    "wire_layout",
+]
 
 _ALIGN = 16  # bytes: where each row and its routing start
+
+# The largest packed exchange, in wire bytes per rank (W * C * R). A guess until measured on
+# GPUs: where copying the activations out of the wire (read and write, ~2 * 16 MiB) costs
+# about one small collective's latency.
+PACK_BYTES = 16 << 20
 
 
 def _round_up(n: int, to: int = _ALIGN) -> int:
@@ -46,11 +64,13 @@ def _round_up(n: int, to: int = _ALIGN) -> int:
 @dataclass(frozen=True, slots=True)
 class WireLayout:
     """The wire row of an exchange of ``hidden`` activations in ``dtype`` with ``top_k``
-    choices per token (see the module docstring)."""
+    choices per token: the activations and the routing (``packed``), or the routing alone
+    (see the module docstring)."""
 
     hidden: int
     top_k: int
     dtype: torch.dtype
+    packed: bool = True
 
     @property
     def act_bytes(self) -> int:
@@ -59,8 +79,8 @@ class WireLayout:
 
     @property
     def meta_offset(self) -> int:
-        """``A``: where the ids start (the activations' bytes rounded up to 16)."""
-        return _round_up(self.act_bytes)
+        """``A``: where the ids start (packed: the activations' bytes rounded up to 16; else 0)."""
+        return _round_up(self.act_bytes) if self.packed else 0
 
     @property
     def row_bytes(self) -> int:
@@ -68,7 +88,9 @@ class WireLayout:
         return _round_up(self.meta_offset + 8 * self.top_k)
 
     def act(self, wire: torch.Tensor) -> torch.Tensor:
-        """``[N, H]`` in the layout's dtype: the activations of the uint8 rows ``wire [N, R]`` (a view)."""
+        """``[N, H]`` in the layout's dtype: the activations of the packed rows ``wire [N, R]`` (a view)."""
+        if not self.packed:
+            raise ValueError("a split wire row holds no activations")
         return wire.view(self.dtype)[:, : self.hidden]
 
     def ids(self, wire: torch.Tensor) -> torch.Tensor:
@@ -82,6 +104,32 @@ class WireLayout:
         return wire[:, a : a + 4 * self.top_k].view(torch.float32)
 
 
+def wire_layout(hidden: int, top_k: int, dtype: torch.dtype, rows: int) -> WireLayout:
+    """The layout of an exchange of ``rows`` (``W * C``) rows: packed when its packed rows
+    take at most :data:`PACK_BYTES`, else split."""
+    packed = WireLayout(hidden, top_k, dtype)
+    return packed if rows * packed.row_bytes <= PACK_BYTES else WireLayout(hidden, top_k, dtype, packed=False)
+
+
+_WIDE = (torch.int64, torch.int32, torch.int16, torch.uint8)
+
+
+def _fits(t: torch.Tensor, width: int) -> bool:
+    size = t.element_size()
+    return (t.shape[-1] * size) % width == 0 and all(
+        (n * size) % width == 0 for n in (*t.stride()[:-1], t.storage_offset())
+    )
+
+
+def wide(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The same bytes of each tensor (rows of a contiguous last axis) seen as the widest integer
+    elements all of them allow (int64 when every row's bytes, row stride and offset are
+    multiples of 8): a gather, scatter or strided copy of whole rows then moves 8 bytes per
+    element instead of 2, with the same bits."""
+    width = next(dt for dt in _WIDE if all(_fits(t, dt.itemsize) for t in tensors))
+    return tuple(t.view(width) for t in tensors)
+
+
 def send_rows(buffers: ExchangeBuffers, layout: WireLayout, rows: int, device: torch.device) -> torch.Tensor:
     """uint8 ``[rows + 1, R]``: ``buffers.send``, allocated (zeros) unless it has that shape
     on ``device`` already (a plan's earlier step)."""
@@ -92,10 +140,22 @@ def send_rows(buffers: ExchangeBuffers, layout: WireLayout, rows: int, device: t
     return send
 
 
+def send_act_rows(
+    buffers: ExchangeBuffers, rows: int, hidden: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """``[rows + 1, hidden]`` in ``dtype``: ``buffers.send_x`` (a split dispatch's activations),
+    allocated (zeros) unless it has that shape, dtype and device already."""
+    send_x = buffers.send_x
+    shape = (rows + 1, hidden)
+    if send_x is None or send_x.shape != shape or send_x.dtype != dtype or send_x.device != device:
+        send_x = buffers.send_x = torch.zeros(shape, dtype=dtype, device=device)
+    return send_x
+
+
 def _arena_bytes(wire_bytes: int, rows: int, row_back: int) -> int:
     """The arena that holds ``wire_bytes`` of dispatch rows first and ``rows + 1`` rows of
     ``row_back`` bytes last (their start rounded up to 16), the last row past the dispatch's bytes."""
-    return _round_up(wire_bytes - rows * row_back) + (rows + 1) * row_back
+    return _round_up(max(wire_bytes - rows * row_back, 0)) + (rows + 1) * row_back
 
 
 def recv_rows(buffers: ExchangeBuffers, layout: WireLayout, rows: int, device: torch.device) -> torch.Tensor:
