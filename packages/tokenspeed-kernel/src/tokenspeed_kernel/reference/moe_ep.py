@@ -39,14 +39,7 @@ import torch
 import torch.distributed as dist
 
 from tokenspeed_kernel.ops.moe.args import MoECombineArgs, MoEDispatchArgs
-from tokenspeed_kernel.ops.moe.ep_wire import (
-    recv_rows,
-    returned_rows,
-    send_act_rows,
-    send_rows,
-    wide,
-    wire_layout,
-)
+from tokenspeed_kernel.ops.moe.ep_wire import block_rows, exchange_back, exchange_wire, send_wire, wide
 from tokenspeed_kernel.registry import Priority, register_kernel
 
 __all__ = ["torch_moe_combine", "torch_moe_dispatch", "torch_moe_dispatch_padded"]
@@ -98,11 +91,6 @@ def _unpack(args: MoEDispatchArgs, metadata: torch.Tensor) -> None:
     args.recv_topk_weights.copy_(metadata[:, k:].view(torch.float32))
 
 
-def _block_rows(counts: list[int] | tuple[int, ...], capacity: int, device: torch.device) -> torch.Tensor:
-    """int64: the first ``counts[r]`` rows of each block r of C rows, blocks in rank order."""
-    return torch.cat([torch.arange(n, device=device) + r * capacity for r, n in enumerate(counts)])
-
-
 @_register(
     "moe.dispatch",
     name="torch_moe_dispatch",
@@ -118,7 +106,7 @@ def torch_moe_dispatch(args: MoEDispatchArgs) -> None:
     dist.all_to_all_single(received_counts, sent_counts, group=args.group)
     sent_n, received_n = sent_counts.tolist(), received_counts.tolist()
     token = sent.nonzero()[:, 1]  # rank by rank, each in token order: the send order
-    rows = _block_rows(received_n, capacity, device)
+    rows = block_rows(received_n, capacity, device)
     x = args.x.new_empty(rows.shape[0], args.x.shape[1])
     dist.all_to_all_single(x, args.x[token], received_n, sent_n, group=args.group)
     send_meta = _metadata(args, token)
@@ -143,24 +131,15 @@ def torch_moe_dispatch_padded(args: MoEDispatchArgs) -> None:
     five launches), the all-to-all(s), and the copies out of the received rows (three packed,
     two split)."""
     _route(args)
-    rows, hidden, device = args.recv_x.shape[0], args.x.shape[1], args.x.device
-    layout = wire_layout(hidden, args.topk_ids.shape[1], args.x.dtype, rows)
-    send = send_rows(args.buffers, layout, rows, device)
+    layout, send, send_x = send_wire(args)
     layout.ids(send).fill_(args.owner.shape[0])
     layout.weights(send).zero_()
     slots = (args.slots.t(),)  # [W, T]: each (rank, token)'s send row, W * C if not sent
-    if layout.packed:
-        send_x = layout.act(send)
-    else:
-        send_x = send_act_rows(args.buffers, rows, hidden, args.x.dtype, device)
     send_wide, x = wide(send_x, args.x)  # 8-byte elements where the rows allow
     send_wide.index_put_(slots, x)
     layout.ids(send).index_put_(slots, args.topk_ids)
     layout.weights(send).index_put_(slots, args.topk_weights)
-    recv = recv_rows(args.buffers, layout, rows, device)
-    if not layout.packed:
-        dist.all_to_all_single(args.recv_x, send_x[:rows], group=args.group)
-    dist.all_to_all_single(recv, send[:rows], group=args.group)
+    recv = exchange_wire(args, layout, send, send_x)
     if layout.packed:
         recv_x, recv_act = wide(args.recv_x, layout.act(recv))
         recv_x.copy_(recv_act)
@@ -192,16 +171,5 @@ def torch_moe_combine(args: MoECombineArgs) -> None:
     The rows come back into the route's buffers (``ep_wire.returned_rows``: ``[W * C + 1, H]``,
     the last row zero for the slots not sent), then one gather of every token's W rows and
     the sum (one launch for W = 2, W for more)."""
-    route, y = args.route, args.y
-    rows, hidden = y.shape
-    back = returned_rows(route.buffers, rows, hidden, y.dtype, y.device)
-    if route.counts is None:
-        dist.all_to_all_single(back[:rows], y, group=args.group)
-    else:
-        sent_n, received_n = route.counts
-        returned = y.new_empty(sum(sent_n), hidden)
-        src = _block_rows(received_n, route.capacity, y.device)
-        dist.all_to_all_single(returned, y[src], list(sent_n), list(received_n), group=args.group)
-        back.index_copy_(0, _block_rows(sent_n, route.capacity, y.device), returned)
-    (back_wide,) = wide(back)  # 8-byte elements where the rows allow
-    _sum_in_rank_order(back_wide[route.slots.t()].view(y.dtype), args.out)
+    (back,) = wide(exchange_back(args))  # 8-byte elements where the rows allow
+    _sum_in_rank_order(back[args.route.slots.t()].view(args.y.dtype), args.out)

@@ -35,16 +35,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
-from tokenspeed_kernel.ops.moe.args import ExchangeBuffers
+from tokenspeed_kernel.ops.moe.args import ExchangeBuffers, MoECombineArgs, MoEDispatchArgs
 
 __all__ = [
     "PACK_BYTES",
     "WireLayout",
+    "block_rows",
+    "exchange_back",
+    "exchange_wire",
     "recv_rows",
     "returned_rows",
     "send_act_rows",
     "send_rows",
+    "send_wire",
     "wide",
     "wire_layout",
 ]
@@ -191,3 +196,52 @@ def _recv_arena(buffers: ExchangeBuffers, wire: int, rows: int, row_back: int, d
     recv = buffers.recv = torch.empty(need, dtype=torch.uint8, device=device)
     recv[need - row_back :].zero_()
     return recv
+
+
+def send_wire(args: MoEDispatchArgs) -> tuple[WireLayout, torch.Tensor, torch.Tensor]:
+    """A padded dispatch's layout (:func:`wire_layout` of its ``W * C`` rows), its send rows
+    ``[W * C + 1, R]`` (:func:`send_rows`) and where the activations go: a view of the send
+    rows (packed) or :func:`send_act_rows`, ``[W * C + 1, H]`` in x's dtype."""
+    rows, hidden, device = args.recv_x.shape[0], args.x.shape[1], args.x.device
+    layout = wire_layout(hidden, args.topk_ids.shape[1], args.x.dtype, rows)
+    send = send_rows(args.buffers, layout, rows, device)
+    if layout.packed:
+        return layout, send, layout.act(send)
+    return layout, send, send_act_rows(args.buffers, rows, hidden, args.x.dtype, device)
+
+
+def exchange_wire(args: MoEDispatchArgs, layout: WireLayout, send: torch.Tensor, send_x: torch.Tensor) -> torch.Tensor:
+    """The collectives of a padded dispatch (every rank the same, fixed sizes): the first
+    ``W * C`` send rows, and split the activations ``send_x`` straight into ``args.recv_x``
+    first. Returns the received wire rows, uint8 ``[W * C, R]`` (:func:`recv_rows`)."""
+    rows = args.recv_x.shape[0]
+    recv = recv_rows(args.buffers, layout, rows, args.x.device)
+    if not layout.packed:
+        dist.all_to_all_single(args.recv_x, send_x[:rows], group=args.group)
+    dist.all_to_all_single(recv, send[:rows], group=args.group)
+    return recv
+
+
+def block_rows(counts: list[int] | tuple[int, ...], capacity: int, device: torch.device) -> torch.Tensor:
+    """int64: the first ``counts[r]`` rows of each block r of C rows, blocks in rank order."""
+    return torch.cat([torch.arange(n, device=device) + r * capacity for r, n in enumerate(counts)])
+
+
+def exchange_back(args: MoECombineArgs) -> torch.Tensor:
+    """The collective of a combine: every rank's ``y`` rows back to the ranks they came from,
+    the way the dispatch moved them (whole blocks, or the routed rows when ``route.counts``
+    says how many: an all-to-all-v). Returns ``[W * C + 1, H]`` in y's dtype
+    (:func:`returned_rows`): row ``slots[t, r]`` is the row rank r computed for token t, the
+    last row zero (the slots not sent)."""
+    route, y = args.route, args.y
+    rows, hidden = y.shape
+    back = returned_rows(route.buffers, rows, hidden, y.dtype, y.device)
+    if route.counts is None:
+        dist.all_to_all_single(back[:rows], y, group=args.group)
+    else:
+        sent_n, received_n = route.counts
+        returned = y.new_empty(sum(sent_n), hidden)
+        src = block_rows(received_n, route.capacity, y.device)
+        dist.all_to_all_single(returned, y[src], list(sent_n), list(received_n), group=args.group)
+        back.index_copy_(0, block_rows(sent_n, route.capacity, y.device), returned)
+    return back
