@@ -14,6 +14,7 @@ group still works afterwards (the next scenario exchanges again).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -224,7 +225,7 @@ def _plan_steps(rank: int, world: int, kernel: str, **options: object) -> None:
         torch.testing.assert_close(out.double(), p.want(), **TOL)
         arenas.add(tuple(t.data_ptr() for t in (plan.buffers.send, plan.buffers.recv) if t is not None))
     assert len(arenas) == 1, "a plan's steps must reuse its buffers (CUDA-graph replays write the same memory)"
-    assert (plan.buffers.send is not None) == (kernel == "torch_moe_dispatch_padded")
+    assert (plan.buffers.send is not None) == (kernel != "torch_moe_dispatch"), "only the padded kernels keep wire rows"
     # A handle serves one combine, before the plan's next dispatch (every rank does the same).
     first = plan.dispatch(base.x, base.topk_ids, base.topk_weights)
     second = plan.dispatch(base.x, base.topk_ids, base.topk_weights)
@@ -455,10 +456,80 @@ SCENARIOS: tuple[Callable[[int, int], None], ...] = (
 )
 
 
-def run(rank: int, world: int) -> list[str]:
+def run(rank: int, world: int, scenarios: tuple[Callable[[int, int], None], ...] = SCENARIOS) -> list[str]:
     """Every scenario in order on this rank; the names of those finished."""
     done = []
-    for scenario in SCENARIOS:
+    for scenario in scenarios:
         scenario(rank, world)
         done.append(scenario.__name__)
     return done
+
+
+# --- the Triton wheel's kernels (tests/tokenspeed_kernel_triton/ops/moe/test_ep.py: ranks with
+# the Triton backend under TRITON_INTERPRET=1) ----------------------------------------------
+
+
+def triton_matches_torch_bitwise(rank: int, world: int) -> None:
+    """triton_moe_dispatch / triton_moe_combine deliver the same bits as the core's padded
+    dispatch and combine (packed and split wire rows; bf16/fp16/fp32; a rank with no token;
+    H that leaves the routing unaligned), with the same collectives."""
+    from tokenspeed_kernel_dev.op_count import count_ops
+
+    owners = owners_interleaved(9, world)
+    group = dist.group.WORLD
+    saved = ep_wire.PACK_BYTES
+    try:
+        for pack_bytes in (saved, 0):
+            ep_wire.PACK_BYTES = pack_bytes
+            for dtype, hidden in ((torch.bfloat16, 17), (torch.bfloat16, 16), (torch.float16, 24), (torch.float32, 5)):
+                p = make_problem(rank, world, 40 + hidden, [4, 1, 0, 3][:world], owners)
+                x = (torch.randn(p.x.shape[0], hidden, generator=torch.Generator().manual_seed(rank)) * 50).to(dtype)
+                got = {}
+                for kernel in ("torch_moe_dispatch_padded", "triton_moe_dispatch"):
+                    got[kernel] = moe_dispatch(
+                        x, p.topk_ids, p.topk_weights, group=group, expert_map=p.expert_map, override=kernel
+                    )
+                ref, tri = got.values()
+                as_int = torch.int16 if dtype != torch.float32 else torch.int32
+                valid = ref.topk_ids[:, 0] < len(owners)
+                assert torch.equal(ref.x[valid].view(as_int), tri.x[valid].view(as_int))
+                assert torch.equal(ref.topk_ids, tri.topk_ids)
+                assert torch.equal(ref.topk_weights.view(torch.int32), tri.topk_weights.view(torch.int32))
+                assert torch.equal(ref.handle.route.slots, tri.handle.route.slots)
+                y = (torch.randn(ref.x.shape, generator=torch.Generator().manual_seed(9 + rank)) * 100).to(dtype)
+                y[~valid] = float("nan")  # padding rows are never read
+                ops = count_ops(functools.partial(_triton_exchange, p, x, y))
+                assert ops.collectives.count("c10d::alltoall_base_") == (2 if pack_bytes else 3), ops.collectives
+                out_ref = moe_combine(y, ref.handle, override="torch_moe_combine")
+                out_tri = moe_combine(y, tri.handle, override="triton_moe_combine")
+                assert torch.equal(out_ref.view(as_int), out_tri.view(as_int))
+    finally:
+        ep_wire.PACK_BYTES = saved
+
+
+def _triton_exchange(p: Problem, x: torch.Tensor, y: torch.Tensor) -> None:
+    """A functional dispatch and combine with the Triton kernels (``y`` for the experts' rows)."""
+    d = moe_dispatch(
+        x, p.topk_ids, p.topk_weights, group=dist.group.WORLD, expert_map=p.expert_map, override="triton_moe_dispatch"
+    )
+    moe_combine(y, d.handle, override="triton_moe_combine")
+
+
+def triton_plan_steps(rank: int, world: int) -> None:
+    """A capturable plan selects the Triton kernels (opt-in, above the core's padded dispatch)
+    and its steps (varying T, T = 0) equal the float64 MoE."""
+    _plan_steps(rank, world, "triton_moe_dispatch", capturable=True)
+    owners = owners_interleaved(8, world)
+    base = make_problem(rank, world, 4, [2] * world, owners)
+    plan = moe_dispatch_plan(
+        dist.group.WORLD, base.expert_map, max_tokens=2, hidden=H, top_k=K, x_dtype=torch.float32, capturable=True
+    )
+    assert plan.combine_spec.name == "triton_moe_combine", plan.combine_spec.name
+
+
+TRITON_SCENARIOS: tuple[Callable[[int, int], None], ...] = (triton_matches_torch_bitwise, triton_plan_steps)
+
+
+def run_triton(rank: int, world: int) -> list[str]:
+    """The Triton scenarios in order on this rank."""
+    return run(rank, world, TRITON_SCENARIOS)
