@@ -285,7 +285,7 @@ def _ep_kernels() -> list[tuple[str, object, dict, dict]]:
     route = {"Owner": "*i64", "Ids": "*i32", "SlotsT": "*i64", "RowToken": "*i32", "num_tokens": "i32"}
     route |= {"capacity": "i32", "TOP_K": "constexpr", "BLOCK_T": "constexpr", "BLOCK_K": "constexpr"}
     copy = {"row_elems": "i32", "stride_act": "i32", "stride_meta": "i32"}
-    consts = {"TOP_K": 4, "BLOCK_H": 512, "BLOCK_K": 4, "_options": {"num_warps": 4}}
+    consts = {"TOP_K": 4, "BLOCK_H": 1024, "BLOCK_K": 4, "_options": {"num_warps": 4}}
     pack = {"X": "*i64", "Ids": "*i32", "Weights": "*i32", "RowToken": "*i32", "Act": "*i64", "Meta": "*i32"}
     pack |= {**copy, "pad_id": "i32", "TOP_K": "constexpr", "BLOCK_H": "constexpr", "BLOCK_K": "constexpr"}
     unpack = {"Act": "*i64", "Meta": "*i32", "RecvX": "*i64", "RecvIds": "*i32", "RecvWeights": "*i32", **copy}
