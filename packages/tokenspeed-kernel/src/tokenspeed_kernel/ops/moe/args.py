@@ -194,7 +194,8 @@ class MoEDispatchArgs:
         owner: int64 ``[E]`` on x's device: the rank holding each global expert.
         capacity: C, rows per block.
         recv_x: ``[W * C, H]`` in x's dtype, to be written: block s's first rows are the rows
-            rank s sent, in its token order; padding rows hold any finite values.
+            rank s sent, in its token order; padding rows hold any values (the padded kernels:
+            rows of this or an earlier step's x, or zeros; finite when every x was).
         recv_topk_ids: int32 ``[W * C, k]``, to be written: each row's ``topk_ids`` row as sent;
             padding rows E.
         recv_topk_weights: float32 ``[W * C, k]``, to be written: each row's ``topk_weights``
