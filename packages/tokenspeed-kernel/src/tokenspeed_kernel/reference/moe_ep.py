@@ -15,11 +15,12 @@ no vendor; the layout they write is the one of :class:`~tokenspeed_kernel.ops.mo
   graph. In small exchanges each row travels as one wire row of bytes with its token's
   ``topk_ids`` and ``topk_weights`` (:mod:`~tokenspeed_kernel.ops.moe.ep_wire`), so
   activations and routing move in that one collective; large ones move the activations
-  straight into the receive buffer and the routing in a second collective. It moves ``W * C`` rows per rank whatever the routing (the
-  reference moves only the routed ones). Opt-in until it has been run and timed on GPUs
-  (``ci/device/ep_bench.py``). It lives in the core because it is PyTorch and
-  ``torch.distributed`` only, like the reference: no compiled kernel, no library beyond torch.
-  Per call, whatever W: 15 launches (torch ops) and one collective, or (large) 14 and two.
+  straight into the receive buffer and the routing in a second collective. It moves
+  ``W * C`` rows per rank whatever the routing (the reference moves only the routed ones).
+  Opt-in until it has been run and timed on GPUs (``ci/device/ep_bench.py``). It lives in
+  the core because it is PyTorch and ``torch.distributed`` only, like the reference: no
+  compiled kernel, no library beyond torch. Per call, whatever W: 15 launches (torch ops)
+  and one collective, or (large) 14 and two.
 - ``torch_moe_combine`` (reference): moves the computed rows back the way the dispatch moved
   them (whole blocks, or exactly the routed rows when the dispatch says how many) into the
   route's buffers, gathers each token's W rows at once and sums them in rank order, in
