@@ -118,10 +118,18 @@ def count_ops(fn: Callable[[], object]) -> OpCount:
     return counted
 
 
-def _rank_counts(rank: int, world: int, tokens: int, hidden: int, experts: int, top_k: int) -> dict[str, Any]:
-    """On one gloo rank: every dispatch kernel's and combine kernel's ops for one plan step."""
+def _rank_counts(
+    rank: int, world: int, tokens: int, hidden: int, experts: int, top_k: int, split: bool
+) -> dict[str, Any]:
+    """On one gloo rank: every dispatch kernel's and combine kernel's ops for one plan step
+    (``split``: the padded dispatch's large-exchange form at any size)."""
     import torch
     import torch.distributed as dist
+
+    if split:
+        from tokenspeed_kernel.ops.moe import ep_wire
+
+        ep_wire.PACK_BYTES = 0
 
     from tokenspeed_kernel import moe_dispatch_plan
     from tokenspeed_kernel.ops.moe.args import MoECombineArgs
@@ -153,13 +161,15 @@ def _rank_counts(rank: int, world: int, tokens: int, hidden: int, experts: int, 
     return table
 
 
-def ep_counts(world: int = 2, tokens: int = 64, hidden: int = 64, experts: int = 8, top_k: int = 2) -> dict[str, Any]:
+def ep_counts(
+    world: int = 2, tokens: int = 64, hidden: int = 64, experts: int = 8, top_k: int = 2, *, split: bool = False
+) -> dict[str, Any]:
     """Rank 0's op counts of every expert-parallel kernel (a plan step on ``world`` gloo ranks)."""
     from tokenspeed_kernel_dev.ranks import run_ranks
 
     env = {"TOKENSPEED_KERNEL_DISABLE_BACKENDS": "triton,nvidia,amd", "OMP_NUM_THREADS": "1"}
     results = run_ranks(
-        _rank_counts, world, args=(tokens, hidden, experts, top_k), env=env, timeout_s=60, deadline_s=180
+        _rank_counts, world, args=(tokens, hidden, experts, top_k, split), env=env, timeout_s=60, deadline_s=180
     )
     return results[0]
 
@@ -168,9 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="op counts of the expert-parallel kernels (gloo, CPU)")
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--verbose", action="store_true", help="list every op in call order")
+    p.add_argument("--split", action="store_true", help="the padded dispatch's large-exchange form (2 collectives)")
+    p.add_argument("--verbose", action="store_true", help="list every op by kind")
     args = p.parse_args(argv)
-    table = ep_counts(args.world, args.tokens)
+    table = ep_counts(args.world, args.tokens, split=args.split)
     print(f"{'kernel':<60} {'launches':>8} {'collectives':>11} {'allocations':>11} {'views':>5}")
     for name, kinds in table.items():
         c = OpCount(**kinds).summary()
