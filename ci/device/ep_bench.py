@@ -8,7 +8,9 @@ experts, top-4, H = I = 2880, swiglu_oai with biases, bf16 activations, MXFP4 we
 rank's routing is ``moe_topk`` of random logits (its own seed).
 
 1. Numerics, per T (tokens per rank): the EP layer (``moe_dispatch_plan`` with
-   ``capturable=True`` -> ``torch_moe_dispatch_padded``; ``moe_plan(...).apply`` on the local
+   ``capturable=True`` -> ``triton_moe_dispatch`` + ``triton_moe_combine`` where the Triton
+   wheel is installed, else ``torch_moe_dispatch_padded`` + ``torch_moe_combine``;
+   ``moe_plan(...).apply`` on the local
    experts with the dispatch's map; ``plan.combine``) against the single-GPU ``moe_apply``
    (``moe_plan`` over all E experts) of the same rank's tokens: relative L2 error and max
    |diff| (bf16 partial sums are rounded once per rank, so a few 1e-3 are expected; the check
@@ -21,7 +23,11 @@ rank's routing is ``moe_topk`` of random logits (its own seed).
    W * T tokens (``moe_plan.apply``, all experts, no communication), the EP layer
    (dispatch + experts + combine), its parts (``plan.dispatch``; the local experts;
    the combine kernel alone), and NCCL's own ``all_to_all_single`` of the same payload
-   (``W * C * H`` bf16 per rank, C = T) in the same run.
+   (``W * C * H`` bf16 per rank, C = T) in the same run. Then every other graph-safe
+   dispatch and combine kernel the device accepts (the core's where the Triton wheel's won),
+   timed the same way (``ep_dispatch:NAME``, ``ep_combine:NAME``) after a check that it
+   delivers the plan's kernels' bits; each row names its kernels and wire form (``ep_wire``:
+   packed, or split above ``PACK_BYTES``).
 3. All-to-all bandwidth: bus bandwidth ``bytes * (W - 1) / W / time`` (nccl-tests'
    convention) of NCCL's ``all_to_all_single``, of our dispatch and of our combine over
    the same activation bytes.
@@ -242,6 +248,7 @@ def _one_size(
 
     from tokenspeed_kernel import moe_combine, moe_dispatch, moe_dispatch_plan, moe_topk
     from tokenspeed_kernel.ops.moe.args import MoECombineArgs
+    from tokenspeed_kernel.ops.moe.ep_wire import wire_layout
 
     t_start = time.time()
     shapes = options["shapes"]
@@ -306,6 +313,32 @@ def _one_size(
         "nccl_all_to_all": lambda: dist.all_to_all_single(received, payload, group=group),
     }
     row["times"] = {name: clock.time(name, call) for name, call in calls.items()}
+    row["combine_kernel"] = ep.combine_spec.name
+    row["wire"] = "packed" if wire_layout(hidden, top_k, torch.bfloat16, world * tokens).packed else "split"
+    # 2b. the other graph-safe exchange kernels this device accepts, timed the same way (the
+    # core's padded dispatch and combine where the Triton wheel's rank above them), each
+    # checked to deliver the plan's rows (dispatch) or sums (combine of the same y) bit for bit
+    for spec in _alternates("moe.dispatch", ep.kernel, ep.dispatch_request, device):
+        alt = moe_dispatch_plan(
+            group, expert_map, max_tokens=tokens, hidden=hidden, top_k=top_k, x_dtype=torch.bfloat16, override=spec.name
+        )
+        a = alt.dispatch(x, ids, weights)  # d: the plan's buffers, after dispatches of the same tokens
+        valid = d.topk_ids[:, 0] < shapes["experts"]
+        same = all(torch.equal(u, v) for u, v in ((a.topk_ids, d.topk_ids), (a.topk_weights, d.topk_weights)))
+        same = same and torch.equal(a.x[valid], d.x[valid]) and torch.equal(a.handle.route.slots, d.handle.route.slots)
+        alt.combine(y, a.handle)
+        row["ok"] = row["ok"] and same
+        log(rank, f"  {spec.name}: {'bitwise equal to ' + ep.kernel if same else 'DIFFERS from ' + ep.kernel}")
+        row["times"][f"ep_dispatch:{spec.name}"] = clock.time(spec.name, lambda alt=alt: alt.dispatch(x, ids, weights))
+    for spec in _alternates("moe.combine", ep.combine_spec.name, ep.combine_request, device):
+        out_alt = torch.empty_like(x)
+        args = MoECombineArgs(y, d.handle.route, group, out_alt)
+        spec.fn(args)
+        combine(MoECombineArgs(y, d.handle.route, group, out))
+        same = torch.equal(out_alt, out)
+        row["ok"] = row["ok"] and same
+        log(rank, f"  {spec.name}: {'bitwise equal to ' + ep.combine_spec.name if same else 'DIFFERS'}")
+        row["times"][f"ep_combine:{spec.name}"] = clock.time(spec.name, lambda spec=spec, args=args: spec.fn(args))
     # 3. bandwidth over the same activation bytes
     row["bytes_per_rank"] = payload.numel() * payload.element_size()
     row["busbw_gbs"] = _busbw(row, world)
@@ -313,12 +346,32 @@ def _one_size(
     return row
 
 
+def _alternates(op: str, chosen: str, request: Any, device: Any) -> list[Any]:
+    """The graph-safe kernels of ``op`` other than ``chosen`` that the selector accepts for
+    ``request`` on ``device`` (every rank decides alike: same wheels, same request)."""
+    from tokenspeed_kernel.platform import platform_for
+    from tokenspeed_kernel.registry import kernels
+    from tokenspeed_kernel.selector import select
+
+    found = []
+    for spec in kernels(op):
+        if spec.name == chosen or not spec.graph_safe:
+            continue
+        try:
+            found.append(select(request, platform_for(device), spec.name))
+        except Exception:  # not for this request or device
+            continue
+    return found
+
+
 def _busbw(row: dict[str, Any], world: int) -> dict[str, float]:
-    """Bus bandwidth (GB/s) of NCCL's all-to-all, our dispatch and our combine over the row's
-    activation bytes per rank: ``bytes * (W - 1) / W / time``."""
+    """Bus bandwidth (GB/s) of NCCL's all-to-all, our dispatch and our combine (and the
+    alternates': ``dispatch:NAME``) over the row's activation bytes per rank:
+    ``bytes * (W - 1) / W / time``."""
     bus = row["bytes_per_rank"] * (world - 1) / world
-    keys = (("nccl", "nccl_all_to_all"), ("dispatch", "ep_dispatch"), ("combine", "ep_combine"))
-    return {name: bus / (row["times"][key]["us"] * 1e-6) / 1e9 for name, key in keys}
+    keys = {"nccl": "nccl_all_to_all", "dispatch": "ep_dispatch", "combine": "ep_combine"}
+    keys |= {key.removeprefix("ep_"): key for key in row["times"] if key.startswith(("ep_dispatch:", "ep_combine:"))}
+    return {name: bus / (row["times"][key]["us"] * 1e-6) / 1e9 for name, key in keys.items()}
 
 
 def _merge(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -355,6 +408,10 @@ def table(rows: list[dict[str, Any]], world: int) -> str:
             f"{bw['nccl']:>8.1f}/{bw['dispatch']:>8.1f}/{bw['combine']:>8.1f} "
             f"{row['ep_vs_one_gpu']['rel_l2']:>14.2e} {'yes' if row['ok'] else 'NO'}"
         )
+    for row in rows:
+        kernels = f"dispatch {row['dispatch_kernel']}, combine {row['combine_kernel']}, {row['wire']} wire rows"
+        others = [f"{key.removeprefix('ep_')} {t['us']:.1f}" for key, t in row["times"].items() if ":" in key]
+        lines.append(f"  T={row['tokens']}: {kernels}" + ("; others (µs): " + ", ".join(others) if others else ""))
     return "\n".join(lines)
 
 

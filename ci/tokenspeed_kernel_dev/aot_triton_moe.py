@@ -44,6 +44,7 @@ from tokenspeed_kernel_triton.ops.moe._gemm import (
 from tokenspeed_kernel_triton.ops.moe._mx_gemm import moe_mx_gemm_kernel, split_finish_kernel
 from tokenspeed_kernel_triton.ops.moe._mx_swap_gemm import moe_mx_swap_gemm_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import align_kernel
+from tokenspeed_kernel_triton.ops.moe.ep import ep_combine_kernel, ep_pack_kernel, ep_route_kernel, ep_unpack_kernel
 from tokenspeed_kernel_triton.ops.moe.topk import topk_kernel
 
 _FORMAT_NAMES = {PLAIN: "bf16", FP8_ROW: "fp8_row", FP8_BLOCK: "fp8_block", MXFP4: "mxfp4"}
@@ -274,7 +275,34 @@ def _small_kernels() -> list[tuple[str, object, dict, dict]]:
         ("moe_align", align_kernel, align, align_c),
         ("moe_combine", combine_kernel, combine, combine_c),
         ("moe_topk", topk_kernel, topk, topk_c),
+        *_ep_kernels(),
     ]
+
+
+def _ep_kernels() -> list[tuple[str, object, dict, dict]]:
+    """The expert-parallel exchange's kernels (``ops/moe/ep.py``) at GPT-OSS's shapes: bf16
+    rows of 2880 moved as 720 int64, top-4."""
+    route = {"Owner": "*i64", "Ids": "*i32", "SlotsT": "*i64", "RowToken": "*i32", "num_tokens": "i32"}
+    route |= {"capacity": "i32", "TOP_K": "constexpr", "BLOCK_T": "constexpr", "BLOCK_K": "constexpr"}
+    copy = {"row_elems": "i32", "stride_act": "i32", "stride_meta": "i32"}
+    consts = {"TOP_K": 4, "BLOCK_H": 1024, "BLOCK_K": 4, "_options": {"num_warps": 4}}
+    pack = {"X": "*i64", "Ids": "*i32", "Weights": "*i32", "RowToken": "*i32", "Act": "*i64", "Meta": "*i32"}
+    pack |= {**copy, "pad_id": "i32", "TOP_K": "constexpr", "BLOCK_H": "constexpr", "BLOCK_K": "constexpr"}
+    unpack = {"Act": "*i64", "Meta": "*i32", "RecvX": "*i64", "RecvIds": "*i32", "RecvWeights": "*i32", **copy}
+    unpack |= {"COPY_ACT": "constexpr", "TOP_K": "constexpr", "BLOCK_H": "constexpr", "BLOCK_K": "constexpr"}
+    combine = {"Back": "*bf16", "SlotsT": "*i64", "Out": "*bf16", "num_tokens": "i32", "hidden": "i32"}
+    combine |= {"WORLD": "constexpr", "BLOCK_H": "constexpr", "MANUAL_BF16": "constexpr"}
+    return [
+        ("ep_route", ep_route_kernel, route, {"TOP_K": 4, "BLOCK_T": 1024, "BLOCK_K": 4, "_options": {"num_warps": 4}}),
+        ("ep_pack", ep_pack_kernel, pack, consts),
+        ("ep_unpack", ep_unpack_kernel, unpack, {**consts, "COPY_ACT": True}),
+        *(
+            (f"ep_combine_w{world}{'_rne' if manual else ''}", ep_combine_kernel, combine, {
+                "WORLD": world, "BLOCK_H": 1024, "MANUAL_BF16": manual, "_options": {"num_warps": 4}
+            })
+            for world, manual in ((2, False), (4, False), (2, True))
+        ),
+    ]  # fmt: skip
 
 
 def _gemm_config(fmt: int, gated: bool, tile: Tile, target: GPUTarget, *, halves: bool):

@@ -14,6 +14,7 @@ group still works afterwards (the next scenario exchanges again).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -24,6 +25,8 @@ import torch.distributed as dist
 
 from support.naive_moe import naive_moe
 from tokenspeed_kernel import config, last_kernel, moe_apply, moe_combine, moe_dispatch, moe_dispatch_plan
+from tokenspeed_kernel.ops.moe import ep_wire
+from tokenspeed_kernel.ops.moe.args import MoECombineArgs
 from tokenspeed_kernel.registry import Priority, register_kernel, unregister_kernel
 
 __all__ = ["SCENARIOS", "Problem", "run"]
@@ -213,12 +216,16 @@ def _plan_steps(rank: int, world: int, kernel: str, **options: object) -> None:
         dist.group.WORLD, base.expert_map, max_tokens=cap, hidden=H, top_k=K, x_dtype=torch.float32, **options
     )
     assert plan.kernel == kernel, (plan.kernel, kernel)
+    arenas = set()
     for step, tokens in enumerate(([cap] * world, [0, 2, 6, 1][:world], [3] * world)):
         p = make_problem(rank, world, 10 + step, tokens, owners)
         d = plan.dispatch(p.x, p.topk_ids, p.topk_weights)
         assert d.x.data_ptr() == plan.recv_x.data_ptr() and d.x.shape == (world * cap, H)
         out = layer(p, d, plan.combine)
         torch.testing.assert_close(out.double(), p.want(), **TOL)
+        arenas.add(tuple(t.data_ptr() for t in (plan.buffers.send, plan.buffers.recv) if t is not None))
+    assert len(arenas) == 1, "a plan's steps must reuse its buffers (CUDA-graph replays write the same memory)"
+    assert (plan.buffers.send is not None) == (kernel != "torch_moe_dispatch"), "only the padded kernels keep wire rows"
     # A handle serves one combine, before the plan's next dispatch (every rank does the same).
     first = plan.dispatch(base.x, base.topk_ids, base.topk_weights)
     second = plan.dispatch(base.x, base.topk_ids, base.topk_weights)
@@ -357,6 +364,85 @@ def raising_plugin_is_skipped(rank: int, world: int) -> None:
             unregister_kernel(name)
 
 
+def wire_rows_round_trip(rank: int, world: int) -> None:
+    """The padded dispatch's wire rows deliver exactly what the reference's separate exchanges
+    do, packed (activations, ids and weights in one row of bytes, one collective) and split
+    (large exchanges: the activations in a collective of their own): bf16/fp16/fp32
+    activations of any bits (signed zeros, subnormals, inf, NaN) and H that leaves the
+    routing unaligned, ids up to E - 1, weights' bits (subnormal, -0.0); padding rows E and
+    0, finite."""
+    owners = owners_interleaved(9, world)
+    for pack_bytes in (ep_wire.PACK_BYTES, 0):
+        for dtype, hidden in ((torch.bfloat16, 17), (torch.float16, 16), (torch.float32, 5)):
+            _round_trip(rank, world, owners, dtype, hidden, pack_bytes)
+    assert ep_wire.PACK_BYTES >= world * 4 * ep_wire.WireLayout(17, K, torch.bfloat16).row_bytes, "packed not run"
+
+
+def _round_trip(rank: int, world: int, owners: list[int], dtype: torch.dtype, hidden: int, pack_bytes: int) -> None:
+    num_experts = len(owners)
+    p = make_problem(rank, world, 20, [4, 1, 0, 3][:world], owners)
+    g = torch.Generator().manual_seed(30 + rank)
+    bits = torch.randint(-(2**15), 2**15, (p.x.shape[0], hidden), generator=g, dtype=torch.int16)
+    x = bits.view(dtype) if dtype != torch.float32 else torch.randn(p.x.shape[0], hidden, generator=g)
+    x = x.contiguous()
+    special = torch.tensor([0.0, -0.0, float("inf"), float("nan"), 1e-40]).to(dtype)
+    if x.shape[0]:
+        x[0, : min(hidden, 5)] = special[: min(hidden, 5)]
+        p.topk_ids[0, 0] = num_experts - 1
+        p.topk_weights[0, :2] = torch.tensor([-0.0, 1e-42])
+    from tokenspeed_kernel_dev.op_count import count_ops
+
+    got = {}
+
+    def dispatch(kernel: str) -> None:
+        got[kernel] = moe_dispatch(
+            x, p.topk_ids, p.topk_weights, group=dist.group.WORLD, expert_map=p.expert_map, override=kernel
+        )
+
+    saved, ep_wire.PACK_BYTES = ep_wire.PACK_BYTES, pack_bytes
+    try:
+        dispatch("torch_moe_dispatch")
+        ops = count_ops(lambda: dispatch("torch_moe_dispatch_padded"))
+    finally:
+        ep_wire.PACK_BYTES = saved
+    ref, pad = got["torch_moe_dispatch"], got["torch_moe_dispatch_padded"]
+    assert ops.collectives.count("c10d::alltoall_base_") == (1 if pack_bytes else 2), ops.collectives
+    as_int = torch.int16 if dtype != torch.float32 else torch.int32
+    valid = ref.topk_ids[:, 0] < num_experts
+    assert torch.equal(ref.x[valid].view(as_int), pad.x[valid].view(as_int))
+    assert torch.equal(ref.topk_ids, pad.topk_ids) and bool((pad.topk_ids[~valid] == num_experts).all())
+    assert torch.equal(ref.topk_weights.view(torch.int32), pad.topk_weights.view(torch.int32))
+    assert bool((pad.topk_weights[~valid] == 0).all()) and bool(pad.x[~valid].isfinite().all())
+    for d in got.values():
+        moe_combine(torch.zeros_like(d.x), d.handle)
+
+
+def one_collective_each_way(rank: int, world: int) -> None:
+    """A plan step of the padded dispatch runs one collective and at most 15 torch ops (a
+    large, split exchange two and 14); its combine one collective and 2 ops for W = 2, W + 1
+    for more (``tokenspeed_kernel_dev.op_count``, the profiler)."""
+    from tokenspeed_kernel_dev.op_count import count_ops
+
+    p = make_problem(rank, world, 21, [5] * world, owners_interleaved(8, world))
+    saved = ep_wire.PACK_BYTES
+    try:
+        for pack_bytes, collectives, launches in ((saved, 1, 15), (0, 2, 14)):
+            ep_wire.PACK_BYTES = pack_bytes
+            plan = moe_dispatch_plan(
+                dist.group.WORLD, p.expert_map, max_tokens=5, hidden=H, top_k=K, x_dtype=torch.float32, capturable=True
+            )
+            dispatch = count_ops(lambda plan=plan: plan.dispatch(p.x, p.topk_ids, p.topk_weights))
+            assert len(dispatch.collectives) == collectives and len(dispatch.launches) <= launches, dispatch
+            d = plan.dispatch(p.x, p.topk_ids, p.topk_weights)
+            y = torch.zeros(d.x.shape)
+            args = MoECombineArgs(y, d.handle.route, d.handle.group, p.x.new_empty(p.x.shape))
+            combine = count_ops(lambda plan=plan, args=args: plan.combine_spec.fn(args))
+            assert len(combine.collectives) == 1 and len(combine.launches) <= (2 if world == 2 else world + 1), combine
+            plan.combine(y, d.handle)
+    finally:
+        ep_wire.PACK_BYTES = saved
+
+
 SCENARIOS: tuple[Callable[[int, int], None], ...] = (
     numerics_both_kernels,
     uneven_routing_and_order,
@@ -365,13 +451,85 @@ SCENARIOS: tuple[Callable[[int, int], None], ...] = (
     debug_plan_one_rank,
     nothing_to_send,
     raising_plugin_is_skipped,
+    wire_rows_round_trip,
+    one_collective_each_way,
 )
 
 
-def run(rank: int, world: int) -> list[str]:
+def run(rank: int, world: int, scenarios: tuple[Callable[[int, int], None], ...] = SCENARIOS) -> list[str]:
     """Every scenario in order on this rank; the names of those finished."""
     done = []
-    for scenario in SCENARIOS:
+    for scenario in scenarios:
         scenario(rank, world)
         done.append(scenario.__name__)
     return done
+
+
+# --- the Triton wheel's kernels (tests/tokenspeed_kernel_triton/ops/moe/test_ep.py: ranks with
+# the Triton backend under TRITON_INTERPRET=1) ----------------------------------------------
+
+
+def triton_matches_torch_bitwise(rank: int, world: int) -> None:
+    """triton_moe_dispatch / triton_moe_combine deliver the same bits as the core's padded
+    dispatch and combine (packed and split wire rows; bf16/fp16/fp32; a rank with no token;
+    H that leaves the routing unaligned), with the same collectives."""
+    from tokenspeed_kernel_dev.op_count import count_ops
+
+    owners = owners_interleaved(9, world)
+    group = dist.group.WORLD
+    saved = ep_wire.PACK_BYTES
+    try:
+        for pack_bytes in (saved, 0):
+            ep_wire.PACK_BYTES = pack_bytes
+            for dtype, hidden in ((torch.bfloat16, 17), (torch.bfloat16, 16), (torch.float16, 24), (torch.float32, 5)):
+                p = make_problem(rank, world, 40 + hidden, [4, 1, 0, 3][:world], owners)
+                x = (torch.randn(p.x.shape[0], hidden, generator=torch.Generator().manual_seed(rank)) * 50).to(dtype)
+                got = {}
+                for kernel in ("torch_moe_dispatch_padded", "triton_moe_dispatch"):
+                    got[kernel] = moe_dispatch(
+                        x, p.topk_ids, p.topk_weights, group=group, expert_map=p.expert_map, override=kernel
+                    )
+                ref, tri = got.values()
+                as_int = torch.int16 if dtype != torch.float32 else torch.int32
+                valid = ref.topk_ids[:, 0] < len(owners)
+                assert torch.equal(ref.x[valid].view(as_int), tri.x[valid].view(as_int))
+                assert torch.equal(ref.topk_ids, tri.topk_ids)
+                assert torch.equal(ref.topk_weights.view(torch.int32), tri.topk_weights.view(torch.int32))
+                assert torch.equal(ref.handle.route.slots, tri.handle.route.slots)
+                y = (torch.randn(ref.x.shape, generator=torch.Generator().manual_seed(9 + rank)) * 100).to(dtype)
+                y[~valid] = float("nan")  # padding rows are never read
+                ops = count_ops(functools.partial(_triton_exchange, p, x, y))
+                assert ops.collectives.count("c10d::alltoall_base_") == (2 if pack_bytes else 3), ops.collectives
+                out_ref = moe_combine(y, ref.handle, override="torch_moe_combine")
+                out_tri = moe_combine(y, tri.handle, override="triton_moe_combine")
+                assert torch.equal(out_ref.view(as_int), out_tri.view(as_int))
+    finally:
+        ep_wire.PACK_BYTES = saved
+
+
+def _triton_exchange(p: Problem, x: torch.Tensor, y: torch.Tensor) -> None:
+    """A functional dispatch and combine with the Triton kernels (``y`` for the experts' rows)."""
+    d = moe_dispatch(
+        x, p.topk_ids, p.topk_weights, group=dist.group.WORLD, expert_map=p.expert_map, override="triton_moe_dispatch"
+    )
+    moe_combine(y, d.handle, override="triton_moe_combine")
+
+
+def triton_plan_steps(rank: int, world: int) -> None:
+    """A capturable plan selects the Triton kernels (opt-in, above the core's padded dispatch)
+    and its steps (varying T, T = 0) equal the float64 MoE."""
+    _plan_steps(rank, world, "triton_moe_dispatch", capturable=True)
+    owners = owners_interleaved(8, world)
+    base = make_problem(rank, world, 4, [2] * world, owners)
+    plan = moe_dispatch_plan(
+        dist.group.WORLD, base.expert_map, max_tokens=2, hidden=H, top_k=K, x_dtype=torch.float32, capturable=True
+    )
+    assert plan.combine_spec.name == "triton_moe_combine", plan.combine_spec.name
+
+
+TRITON_SCENARIOS: tuple[Callable[[int, int], None], ...] = (triton_matches_torch_bitwise, triton_plan_steps)
+
+
+def run_triton(rank: int, world: int) -> list[str]:
+    """The Triton scenarios in order on this rank."""
+    return run(rank, world, TRITON_SCENARIOS)

@@ -7,7 +7,8 @@ table, split-K and public-scale variants included, on all three targets. The swa
 GEMM of ``triton_fused_moe_mx_swap`` (sm_90 only: inline PTX) builds at every tile of its
 table, and its main loop in SASS is what the design promises (wgmma A operand in registers,
 no shared stores or byte loads, every load pipelined, under 4 instructions per weight value:
-half of the ``tl.dot_scaled`` loop's). Runs ``python -m tokenspeed_kernel_dev.aot_triton_moe``
+half of the ``tl.dot_scaled`` loop's). The expert-parallel exchange's routing, copy and
+combine kernels build without spills on every target. Runs ``python -m tokenspeed_kernel_dev.aot_triton_moe``
 in subprocesses without TRITON_INTERPRET (the interpreter replaces the kernels in this
 process)."""
 
@@ -40,6 +41,9 @@ def test_every_moe_kernel_builds(results, target):
     assert not failed, "\n".join(failed)
     assert len(mine) >= 16
     assert {"moe_align", "moe_combine", "moe_topk"} <= {r["kernel"] for r in mine}
+    exchange = {"ep_route", "ep_pack", "ep_unpack", "ep_combine_w2", "ep_combine_w4", "ep_combine_w2_rne"}
+    assert exchange <= {r["kernel"] for r in mine}, "the expert-parallel exchange's kernels (ops/moe/ep.py)"
+    assert all(r["spills"] == 0 for r in mine if r["kernel"] in exchange)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -106,3 +106,93 @@ def test_disagreeing_ranks_are_named_with_their_values():
     fp16 = (*same[:4], EP_DTYPES.index(torch.float16) + 1)
     with pytest.raises(ValueError, match="activation dtype .* got rank 0: bfloat16, rank 1: float16"):
         check_dispatch_agreement("moe_dispatch", [same, fp16], plan=False)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "hidden", "top_k", "row_bytes"),
+    [
+        (torch.bfloat16, 2880, 4, 5792),
+        (torch.bfloat16, 17, 3, 80),
+        (torch.float16, 8, 1, 32),
+        (torch.float32, 5, 8, 96),
+    ],
+)
+def test_wire_rows_hold_activations_ids_and_weights_exactly(dtype, hidden, top_k, row_bytes):
+    """ep_wire's row: activations, then the ids and weights at a 16-byte offset, rows a multiple
+    of 16 bytes; the three views are disjoint and round-trip any bits, ids up to E included."""
+    from tokenspeed_kernel.ops.moe.ep_wire import WireLayout
+
+    layout = WireLayout(hidden, top_k, dtype)
+    assert layout.row_bytes == row_bytes and layout.row_bytes % 16 == 0 and layout.meta_offset % 16 == 0
+    assert layout.meta_offset >= hidden * dtype.itemsize and layout.meta_offset + 8 * top_k <= row_bytes
+    g = torch.Generator().manual_seed(0)
+    rows = 6
+    wire = torch.zeros(rows, layout.row_bytes, dtype=torch.uint8)
+    as_int = {2: torch.int16, 4: torch.int32}[dtype.itemsize]
+    x = torch.randint(-(2**15), 2**15, (rows, hidden), generator=g, dtype=torch.int32).to(as_int).view(dtype)
+    ids = torch.randint(0, 129, (rows, top_k), generator=g, dtype=torch.int32)
+    ids[0] = 128  # the padding id E
+    weights = torch.randn(rows, top_k, generator=g)
+    weights[1] = torch.tensor([-0.0, 1e-42, float("inf"), float("nan"), 0.5, 2.0, -1.0, 3.0][:top_k])
+    layout.act(wire).copy_(x)
+    layout.ids(wire).copy_(ids)
+    layout.weights(wire).copy_(weights)
+    assert torch.equal(layout.act(wire).view(as_int), x.view(as_int))
+    assert torch.equal(layout.ids(wire), ids)
+    assert torch.equal(layout.weights(wire).view(torch.int32), weights.view(torch.int32))
+    written = torch.zeros(layout.row_bytes, dtype=torch.int32)
+    for view in (layout.act(wire[:1]), layout.ids(wire[:1]), layout.weights(wire[:1])):
+        start = view.storage_offset() * view.element_size()
+        written[start : start + view.shape[1] * view.element_size()] += 1
+    assert int(written.max()) == 1, "the fields overlap"
+    split = WireLayout(hidden, top_k, dtype, packed=False)  # the routing alone (large exchanges)
+    assert split.meta_offset == 0 and split.row_bytes == -(-8 * top_k // 16) * 16
+    meta = torch.zeros(rows, split.row_bytes, dtype=torch.uint8)
+    split.ids(meta).copy_(ids)
+    split.weights(meta).copy_(weights)
+    assert torch.equal(split.ids(meta), ids) and torch.equal(
+        split.weights(meta).view(torch.int32), weights.view(torch.int32)
+    )
+    with pytest.raises(ValueError, match="no activations"):
+        split.act(meta)
+
+
+def test_small_exchanges_are_packed_large_ones_split():
+    from tokenspeed_kernel.ops.moe.ep_wire import PACK_BYTES, wire_layout
+
+    row = 5792  # GPT-OSS: H = 2880 bf16, top-4
+    assert wire_layout(2880, 4, torch.bfloat16, 2 * 64).packed  # EP=2, 64 tokens per rank: 0.7 MiB
+    assert not wire_layout(2880, 4, torch.bfloat16, 2 * 4096).packed  # 4096 tokens: 45 MiB
+    assert wire_layout(2880, 4, torch.bfloat16, PACK_BYTES // row).packed
+    assert not wire_layout(2880, 4, torch.bfloat16, PACK_BYTES // row + 1).packed
+
+
+def test_exchange_buffers_keep_the_returned_rows_zero_row_past_the_dispatch_bytes():
+    """The receive arena: the dispatch's wire rows first, the combine's [W*C + 1, H] rows last,
+    their last row zero and beyond every wire byte; a later step reuses the arena."""
+    from tokenspeed_kernel.ops.moe.args import ExchangeBuffers
+    from tokenspeed_kernel.ops.moe.ep_wire import WireLayout, recv_rows, returned_rows, send_rows
+
+    cpu = torch.device("cpu")
+    for dtype, hidden, top_k, rows in (
+        (torch.bfloat16, 17, 3, 10),
+        (torch.float32, 64, 4, 1),
+        (torch.float16, 8, 1, 7),
+    ):
+        buffers = ExchangeBuffers()
+        layout = WireLayout(hidden, top_k, dtype)
+        send = send_rows(buffers, layout, rows, cpu)
+        assert send.shape == (rows + 1, layout.row_bytes) and not bool(send.any())
+        wire = recv_rows(buffers, layout, rows, cpu)
+        wire.fill_(255)  # every byte a dispatch may write
+        back = returned_rows(buffers, rows, hidden, dtype, cpu)
+        assert back.shape == (rows + 1, hidden) and back.dtype == dtype
+        assert (back.data_ptr() - buffers.recv.data_ptr()) % 16 == 0
+        assert not bool(back[rows].view(torch.uint8).any()), "the zero row was written by the dispatch"
+        back[:rows].fill_(1)
+        assert recv_rows(buffers, layout, rows, cpu).data_ptr() == wire.data_ptr()
+        assert send_rows(buffers, layout, rows, cpu) is send
+        assert not bool(back[rows].view(torch.uint8).any())
+    combine_only = ExchangeBuffers()  # a dispatch that keeps no wire rows (the reference)
+    back = returned_rows(combine_only, 4, 8, torch.bfloat16, cpu)
+    assert combine_only.recv.numel() == 5 * 8 * 2 and not bool(back[4].any())

@@ -12,17 +12,24 @@ no vendor; the layout they write is the one of :class:`~tokenspeed_kernel.ops.mo
 - ``torch_moe_dispatch_padded`` (opt-in): the same routing, but every block of C rows moves
   whole (padding included) in one fixed-size ``all_to_all_single`` whose sizes are known
   before any count is: no host synchronization, so a plan's step can be captured in a CUDA
-  graph. It moves ``W * C`` rows per rank whatever the routing (the reference moves only the
-  routed ones). Opt-in until it has been run and timed on GPUs (``ci/device/ep_bench.py``).
-  It lives in the core because it is PyTorch and ``torch.distributed`` only, like the
-  reference: no compiled kernel, no library beyond torch.
+  graph. In small exchanges each row travels as one wire row of bytes with its token's
+  ``topk_ids`` and ``topk_weights`` (:mod:`~tokenspeed_kernel.ops.moe.ep_wire`), so
+  activations and routing move in that one collective; large ones move the activations
+  straight into the receive buffer and the routing in a second collective. It moves
+  ``W * C`` rows per rank whatever the routing (the reference moves only the routed ones).
+  Opt-in until it has been run and timed on GPUs (``ci/device/ep_bench.py``). It lives in
+  the core because it is PyTorch and ``torch.distributed`` only, like the reference: no
+  compiled kernel, no library beyond torch. Per call, whatever W: 15 launches (torch ops)
+  and one collective, or (large) 14 and two.
 - ``torch_moe_combine`` (reference): moves the computed rows back the way the dispatch moved
-  them (whole blocks, or exactly the routed rows when the dispatch says how many) and sums
-  each token's rows in rank order, in float32. It reads only host values the dispatch already
-  holds, so it is graph-safe.
+  them (whole blocks, or exactly the routed rows when the dispatch says how many) into the
+  route's buffers, gathers each token's W rows at once and sums them in rank order, in
+  float32. It reads only host values the dispatch already holds, so it is graph-safe. After
+  a padded dispatch: one collective and two launches for W = 2 (W + 1 for more).
 
-Each row's metadata (its token's ``topk_ids`` and ``topk_weights`` rows) travels in a second
-all-to-all next to the activations, as one int32 ``[rows, 2k]`` tensor (the weights' bits).
+In the reference dispatch each row's metadata (its token's ``topk_ids`` and ``topk_weights``
+rows) travels in a second all-to-all next to the activations, as one int32 ``[rows, 2k]``
+tensor (the weights' bits).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from tokenspeed_kernel.ops.moe.args import MoECombineArgs, MoEDispatchArgs
+from tokenspeed_kernel.ops.moe.ep_wire import block_rows, exchange_back, exchange_wire, send_wire, wide
 from tokenspeed_kernel.registry import Priority, register_kernel
 
 __all__ = ["torch_moe_combine", "torch_moe_dispatch", "torch_moe_dispatch_padded"]
@@ -49,16 +57,21 @@ _register = functools.partial(
 
 
 def _route(args: MoEDispatchArgs) -> torch.Tensor:
-    """Write ``args.slots`` (see ``ExchangeRoute``) and return ``sent``, bool ``[T, W]``: token t
-    goes to rank r. A token's row in its block to r is its rank among the tokens sent to r."""
+    """Write ``args.slots`` (see ``ExchangeRoute``) and return ``unsent``, bool ``[W, T]``:
+    token t does not go to rank r. A token's row in its block to r is its rank among the
+    tokens sent to r: ``t`` less the tokens before it that are not sent to r. Seven launches,
+    the scan along the contiguous token axis."""
     world, capacity = args.world_size, args.capacity
+    num_tokens = args.x.shape[0]
     device = args.x.device
-    dest = args.owner[args.topk_ids.long()]  # [T, k]: the rank holding each choice
-    sent = torch.zeros(args.x.shape[0], world, dtype=torch.bool, device=device).scatter_(1, dest, True)
-    row = sent.long().cumsum(0) - 1
-    first = torch.arange(world, device=device) * capacity
-    args.slots.copy_(torch.where(sent, first + row, world * capacity))
-    return sent
+    dest = args.owner[args.topk_ids]  # [T, k] int64: the rank holding each choice
+    unsent = torch.ones(world, num_tokens, dtype=torch.bool, device=device).scatter_(0, dest.t(), False)
+    slots = args.slots.t()  # [W, T], contiguous
+    torch.cumsum(unsent, 1, out=slots)  # the tokens up to t not sent to r
+    first = torch.arange(world * capacity, device=device).view(world, capacity)[:, :num_tokens]  # r * C + t
+    torch.sub(first, slots, out=slots)
+    slots.masked_fill_(unsent, world * capacity)
+    return unsent
 
 
 def _metadata(args: MoEDispatchArgs, token: torch.Tensor) -> torch.Tensor:
@@ -79,11 +92,6 @@ def _unpack(args: MoEDispatchArgs, metadata: torch.Tensor) -> None:
     args.recv_topk_weights.copy_(metadata[:, k:].view(torch.float32))
 
 
-def _block_rows(counts: list[int] | tuple[int, ...], capacity: int, device: torch.device) -> torch.Tensor:
-    """int64: the first ``counts[r]`` rows of each block r of C rows, blocks in rank order."""
-    return torch.cat([torch.arange(n, device=device) + r * capacity for r, n in enumerate(counts)])
-
-
 @_register(
     "moe.dispatch",
     name="torch_moe_dispatch",
@@ -92,14 +100,14 @@ def _block_rows(counts: list[int] | tuple[int, ...], capacity: int, device: torc
 )
 def torch_moe_dispatch(args: MoEDispatchArgs) -> None:
     """Reference dispatch: counts exchanged and read on the host, then an exact all-to-all-v."""
-    sent = _route(args)
+    sent = _route(args).logical_not()
     device, capacity = args.x.device, args.capacity
-    sent_counts = sent.sum(0)
+    sent_counts = sent.sum(1)
     received_counts = torch.empty_like(sent_counts)
     dist.all_to_all_single(received_counts, sent_counts, group=args.group)
     sent_n, received_n = sent_counts.tolist(), received_counts.tolist()
-    token = sent.t().nonzero()[:, 1]  # rank by rank, each in token order: the send order
-    rows = _block_rows(received_n, capacity, device)
+    token = sent.nonzero()[:, 1]  # rank by rank, each in token order: the send order
+    rows = block_rows(received_n, capacity, device)
     x = args.x.new_empty(rows.shape[0], args.x.shape[1])
     dist.all_to_all_single(x, args.x[token], received_n, sent_n, group=args.group)
     send_meta = _metadata(args, token)
@@ -114,43 +122,55 @@ def torch_moe_dispatch(args: MoEDispatchArgs) -> None:
 
 @_register("moe.dispatch", name="torch_moe_dispatch_padded", priority=Priority.OPT_IN)
 def torch_moe_dispatch_padded(args: MoEDispatchArgs) -> None:
-    """Fixed-size dispatch: whole blocks of C rows in one all_to_all_single, no host sync."""
+    """Fixed-size dispatch: whole blocks of C rows, no host sync. Small exchanges move each
+    row's activations and routing as one wire row in one uint8 all_to_all_single; large ones
+    the activations straight into ``recv_x`` and the routing in a second one
+    (:mod:`~tokenspeed_kernel.ops.moe.ep_wire`).
+
+    Per call: the routing (seven launches), the send rows (the ids and weights of every row
+    set to the padding's, then the sent rows' activations, ids and weights put in place:
+    five launches), the all-to-all(s), and the copies out of the received rows (three packed,
+    two split)."""
     _route(args)
-    num_tokens, hidden = args.x.shape
-    rows = args.recv_x.shape[0]
-    device = args.x.device
-    # The token of each send row (T: padding); the extra last entry takes the unsent slots.
-    token = torch.full((rows + 1,), num_tokens, dtype=torch.long, device=device)
-    token.scatter_(0, args.slots.view(-1), torch.arange(num_tokens, device=device).repeat_interleave(args.world_size))
-    token = token[:rows]
-    if num_tokens:  # padding rows repeat the last token (finite values; their ids say padding)
-        send_x = args.x[token.clamp(max=num_tokens - 1)]
-    else:
-        send_x = args.x.new_zeros(rows, hidden)
-    dist.all_to_all_single(args.recv_x, send_x, group=args.group)
-    send_meta = _metadata(args, token)
-    meta = torch.empty_like(send_meta)
-    dist.all_to_all_single(meta, send_meta, group=args.group)
-    _unpack(args, meta)
+    layout, send, send_x = send_wire(args)
+    layout.ids(send).fill_(args.owner.shape[0])
+    layout.weights(send).zero_()
+    slots = (args.slots.t(),)  # [W, T]: each (rank, token)'s send row, W * C if not sent
+    send_wide, x = wide(send_x, args.x)  # 8-byte elements where the rows allow
+    send_wide.index_put_(slots, x)
+    layout.ids(send).index_put_(slots, args.topk_ids)
+    layout.weights(send).index_put_(slots, args.topk_weights)
+    recv = exchange_wire(args, layout, send, send_x)
+    if layout.packed:
+        recv_x, recv_act = wide(args.recv_x, layout.act(recv))
+        recv_x.copy_(recv_act)
+    args.recv_topk_ids.copy_(layout.ids(recv))
+    args.recv_topk_weights.copy_(layout.weights(recv))
+
+
+def _sum_in_rank_order(rows: torch.Tensor, out: torch.Tensor) -> None:
+    """``out = sum_r rows[r]`` for ``rows [W, T, H]``, added in float32 in rank order and
+    rounded once to out's dtype (the last add writes out). Two ranks: one add of the two
+    rows, which PyTorch computes in float32 for bf16/fp16 (its ``opmath``) and rounds once."""
+    world = rows.shape[0]
+    if world == 1:
+        out.copy_(rows[0])
+        return
+    if world == 2:
+        torch.add(rows[0], rows[1], out=out)
+        return
+    acc = rows[0].to(torch.promote_types(rows.dtype, torch.float32))
+    for r in range(1, world - 1):
+        acc.add_(rows[r])
+    torch.add(acc, rows[world - 1], out=out)
 
 
 @_register("moe.combine", name="torch_moe_combine", priority=Priority.REFERENCE)
 def torch_moe_combine(args: MoECombineArgs) -> None:
-    """Reference combine: the rows back as the dispatch moved them, each token's summed in float32."""
-    route, y = args.route, args.y
-    rows, hidden = y.shape
-    back = y.new_empty(rows + 1, hidden)  # the extra last row: zeros, for the unsent slots
-    back[rows].zero_()
-    if route.counts is None:
-        dist.all_to_all_single(back[:rows], y, group=args.group)
-    else:
-        sent_n, received_n = route.counts
-        returned = y.new_empty(sum(sent_n), hidden)
-        src = _block_rows(received_n, route.capacity, y.device)
-        dist.all_to_all_single(returned, y[src], list(sent_n), list(received_n), group=args.group)
-        back.index_copy_(0, _block_rows(sent_n, route.capacity, y.device), returned)
-    compute = torch.promote_types(y.dtype, torch.float32)
-    acc = back[route.slots[:, 0]].to(compute)
-    for r in range(1, route.world_size):
-        acc += back[route.slots[:, r]]
-    args.out.copy_(acc)
+    """Reference combine: the rows back as the dispatch moved them, each token's summed in float32.
+
+    The rows come back into the route's buffers (``ep_wire.returned_rows``: ``[W * C + 1, H]``,
+    the last row zero for the slots not sent), then one gather of every token's W rows and
+    the sum (one launch for W = 2, W for more)."""
+    (back,) = wide(exchange_back(args))  # 8-byte elements where the rows allow
+    _sum_in_rank_order(back[args.route.slots.t()].view(args.y.dtype), args.out)

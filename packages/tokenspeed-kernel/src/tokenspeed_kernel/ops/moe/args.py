@@ -3,7 +3,7 @@ expert-parallel exchange ``moe.dispatch`` / ``moe.combine``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -14,6 +14,7 @@ __all__ = [
     "ACTIVATIONS",
     "ACTIVATION_QUANTS",
     "ACTIVATION_QUANT_WEIGHTS",
+    "ExchangeBuffers",
     "ExchangeRoute",
     "MoEApplyArgs",
     "MoECombineArgs",
@@ -126,6 +127,32 @@ class MoEApplyArgs:
 # choices that rank holds; padding rows carry the id E and weight 0.
 
 
+@dataclass(eq=False)
+class ExchangeBuffers:
+    """Device buffers of the exchange kernels, kept from one step to the next: a plan holds one
+    for all its steps (allocated by the first dispatch and combine that need them, then reused;
+    CUDA-graph replays write the same memory), a functional ``moe_dispatch`` makes a fresh one
+    per call. Only the layout of :mod:`tokenspeed_kernel.ops.moe.ep_wire` writes them (its
+    functions allocate and view them).
+
+    Attributes:
+        send: None, or uint8 ``[W * C + 1, R]`` (``R``: the wire row's bytes): the wire rows a
+            padded dispatch sends, block r the rows for rank r; the last row takes the writes of
+            the (token, rank) pairs that are not sent. Zeros when allocated; padding rows keep
+            what an earlier step left (the activations of an earlier ``x``).
+        send_x: None, or ``[W * C + 1, H]`` in x's dtype: the activations a padded dispatch
+            sends in a collective of their own (large exchanges; ``ep_wire``), laid out as ``send``.
+        recv: None, or flat uint8 ``[N]``: the dispatch receives its ``W * C`` wire rows in the
+            first ``W * C * R`` bytes; the combine receives the rows coming back in the last
+            ``(W * C + 1) * H * s`` bytes (``s``: x's itemsize) as ``[W * C + 1, H]`` whose last
+            row stays zero: no kernel writes the last ``H * s`` bytes.
+    """
+
+    send: torch.Tensor | None = None
+    send_x: torch.Tensor | None = None
+    recv: torch.Tensor | None = None
+
+
 @dataclass(slots=True)
 class ExchangeRoute:
     """Where one rank's tokens went: what a combine needs to bring their rows back.
@@ -133,12 +160,15 @@ class ExchangeRoute:
     Attributes:
         world_size: W, the group's size. rank: this rank's index in the group.
         capacity: C, rows per block (the receive buffers hold ``W * C`` rows).
-        slots: int64 ``[T, W]`` on x's device: ``slots[t, r] = r * C + i`` when token t went to
-            rank r as the ``i``-th row of its block there, else ``W * C`` (not sent).
+        slots: int64 ``[T, W]`` on x's device, column-major (strides ``(1, T)``: ``slots.t()``
+            is a contiguous ``[W, T]``): ``slots[t, r] = r * C + i`` when token t went to rank
+            r as the ``i``-th row of its block there, else ``W * C`` (not sent).
         counts: ``(sent, received)``, host ints per rank: the rows this rank sent to and received
             from each rank, when the dispatch kernel moved only the valid rows (an exact
             all-to-all-v; the combine then moves them back the same way); None when it moved
             whole blocks of C rows (padding included).
+        buffers: the :class:`ExchangeBuffers` of the dispatch (its plan's, or the call's own):
+            the combine receives the rows coming back in ``buffers.recv``.
     """
 
     world_size: int
@@ -146,6 +176,7 @@ class ExchangeRoute:
     capacity: int
     slots: torch.Tensor
     counts: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    buffers: ExchangeBuffers = field(default_factory=ExchangeBuffers)
 
 
 @dataclass(slots=True)
@@ -163,14 +194,17 @@ class MoEDispatchArgs:
         owner: int64 ``[E]`` on x's device: the rank holding each global expert.
         capacity: C, rows per block.
         recv_x: ``[W * C, H]`` in x's dtype, to be written: block s's first rows are the rows
-            rank s sent, in its token order; padding rows hold any finite values.
+            rank s sent, in its token order; padding rows hold any values (the padded kernels:
+            rows of this or an earlier step's x, or zeros; finite when every x was).
         recv_topk_ids: int32 ``[W * C, k]``, to be written: each row's ``topk_ids`` row as sent;
             padding rows E.
         recv_topk_weights: float32 ``[W * C, k]``, to be written: each row's ``topk_weights``
             row as sent; padding rows 0.
-        slots: int64 ``[T, W]``, to be written: see :class:`ExchangeRoute`.
+        slots: int64 ``[T, W]``, column-major (``slots.t()`` is contiguous), to be written:
+            see :class:`ExchangeRoute`.
         counts: None, or set by a kernel that moved only the valid rows: ``(sent, received)``
             (:class:`ExchangeRoute`).
+        buffers: the :class:`ExchangeBuffers` this kernel may use (kept across a plan's steps).
     """
 
     x: torch.Tensor
@@ -186,6 +220,7 @@ class MoEDispatchArgs:
     recv_topk_weights: torch.Tensor
     slots: torch.Tensor
     counts: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    buffers: ExchangeBuffers = field(default_factory=ExchangeBuffers)
 
 
 @dataclass(slots=True)

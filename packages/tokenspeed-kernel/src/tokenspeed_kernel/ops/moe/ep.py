@@ -60,6 +60,7 @@ from tokenspeed_kernel.ops.moe._validate import (
     dispatch_request,
 )
 from tokenspeed_kernel.ops.moe.args import (
+    ExchangeBuffers,
     ExchangeRoute,
     MoECombineArgs,
     MoEDispatchArgs,
@@ -121,19 +122,25 @@ def launch_dispatch(
     expert_map: torch.Tensor,
     step: int,
     plan: int = 0,
+    buffers: ExchangeBuffers | None = None,
 ) -> MoEDispatched:
     """Run the dispatch kernel ``spec`` into ``outputs`` (``recv_x``, ``recv_topk_ids``,
     ``recv_topk_weights``, ``[W * C, ...]``) and wrap them with their handle. ``capacity`` 0
-    (no rank has a token) moves nothing. ``expert_map`` is the extended map (:func:`extended_map`)."""
+    (no rank has a token) moves nothing. ``expert_map`` is the extended map (:func:`extended_map`).
+    ``buffers``: the plan's :class:`ExchangeBuffers` (None: fresh ones for this call, which
+    keep only what the combine reuses)."""
     world = group.size()
     recv_x, recv_ids, recv_weights = outputs
-    slots = torch.empty(x.shape[0], world, dtype=torch.int64, device=x.device)
+    slots = torch.empty(world, x.shape[0], dtype=torch.int64, device=x.device).t()  # [T, W], column-major
+    own = buffers if buffers is not None else ExchangeBuffers()
     args = MoEDispatchArgs(
-        x, topk_ids, topk_weights, group, rank, world, owner, capacity, recv_x, recv_ids, recv_weights, slots
+        x, topk_ids, topk_weights, group, rank, world, owner, capacity, recv_x, recv_ids, recv_weights, slots, None, own
     )
     if capacity:
         spec.fn(args)
-    route = ExchangeRoute(world, rank, capacity, slots, args.counts)
+    if buffers is None:
+        own.send = own.send_x = None  # spent; the combine reuses only the receive arena
+    route = ExchangeRoute(world, rank, capacity, slots, args.counts, own)
     handle = MoEDispatchHandle(route, group, x.shape[0], x.shape[1], x.dtype, x.device, spec.name, step, plan)
     return MoEDispatched(recv_x, recv_weights, recv_ids, expert_map, handle)
 

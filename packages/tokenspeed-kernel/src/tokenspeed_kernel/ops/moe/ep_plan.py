@@ -49,7 +49,7 @@ from tokenspeed_kernel.ops.moe._validate import (
     combine_request,
     dispatch_request,
 )
-from tokenspeed_kernel.ops.moe.args import MoEDispatched, MoEDispatchHandle
+from tokenspeed_kernel.ops.moe.args import ExchangeBuffers, MoEDispatched, MoEDispatchHandle
 from tokenspeed_kernel.ops.moe.ep import debug_ids_error, extended_map, launch_combine, launch_dispatch, untraceable
 from tokenspeed_kernel.platform import platform_for
 from tokenspeed_kernel.registry import KernelSpec, Request
@@ -78,6 +78,9 @@ class MoEDispatchPlan:
         recv_x: ``[W * C, H]``, recv_topk_ids: int32 ``[W * C, k]``, recv_topk_weights: float32
             ``[W * C, k]``: the receive buffers every dispatch writes (``MoEDispatched``'s
             layout) and returns.
+        buffers: the kernels' own buffers (:class:`~tokenspeed_kernel.ops.moe.args.ExchangeBuffers`:
+            the padded dispatch's wire rows, the rows the combine receives back), allocated
+            by the first step that needs them and reused by every later one.
         id: the plan's number (its handles carry it). step: dispatches so far.
     """
 
@@ -96,6 +99,7 @@ class MoEDispatchPlan:
     recv_x: torch.Tensor
     recv_topk_ids: torch.Tensor
     recv_topk_weights: torch.Tensor
+    buffers: ExchangeBuffers = field(default_factory=ExchangeBuffers)
     id: int = field(default_factory=lambda: next(_plan_ids))
     step: int = 0
 
@@ -202,6 +206,7 @@ class PlanDispatchCall(Plan):
             expert_map=plan.expert_map,
             step=plan.step,
             plan=plan.id,
+            buffers=plan.buffers,
         )
 
     def trace(self, *call: Any) -> MoEDispatched:
@@ -290,7 +295,9 @@ def moe_dispatch_plan(
     Every rank checks its arguments, then the ranks compare them (the capacity, H, k, E,
     dtype, and whether the maps give each expert to exactly one rank): every rank raises the
     error when any rank's are wrong. Allocates ``W * C * (H * itemsize + 8k)`` bytes of receive
-    buffers on the map's device.
+    buffers on the map's device; the first step adds the kernels' own (``plan.buffers``): with
+    the padded dispatch two sets of wire rows, about ``2 * W * C * (H * itemsize + 8k)`` bytes
+    more (``ep_wire``), which the combine's returned rows share.
     """
     rank, world = check_group(group)
     device = comm_device(group, expert_map)
