@@ -208,7 +208,7 @@ def test_key_function_distinguishes_what_triton_does():
     shape = _launcher._build_shape(fn, (x, y, 32, 0.5), {"FLAG": True, "num_warps": 4}, backend)
 
     def key(x=x, y=y, n=32, scale=0.5, flag=True, warps=4, dev=0):
-        return shape.key(dev, x, y, n, scale, flag, warps)
+        return shape.prep(dev, x, y, n, scale, flag, warps)[0]
 
     same = key(x=_tensors()[0], y=_tensors()[1], n=64, scale=2.0)
     assert key() == same

@@ -141,18 +141,17 @@ class _Shape:
     """One call shape of a kernel (positional count and keyword names): its generated key
     function, the constant tail of the launch arguments, and the remembered launches.
 
-    ``key(dev, *args, *kwarg_values)`` is the cache key; ``prep`` (same arguments) returns the
-    key and the positional launch arguments with each plain tensor replaced by its device
-    address, which spares Triton's C launcher a ``data_ptr()`` call and a driver query
-    (``cuPointerGetAttribute``) per tensor. The key holds each such tensor's device index, so
-    a tensor on the host or on another device misses and takes Triton's checked path."""
+    ``prep(dev, *args, *kwarg_values)`` returns the cache key and the positional launch
+    arguments with each plain tensor replaced by its device address, which spares Triton's C
+    launcher a ``data_ptr()`` call and a driver query (``cuPointerGetAttribute``) per tensor.
+    The key holds each such tensor's device index, so a tensor on the host or on another
+    device misses and takes Triton's checked path."""
 
-    __slots__ = ("by_value", "cache", "keep", "key", "nargs", "prep", "tail")
+    __slots__ = ("by_value", "cache", "keep", "nargs", "prep", "tail")
 
-    def __init__(self, nargs: int, key, prep, keep, tail: tuple, by_value: bool) -> None:
+    def __init__(self, nargs: int, prep, keep, tail: tuple, by_value: bool) -> None:
         self.nargs = nargs
         self.by_value = by_value
-        self.key = key
         self.prep = prep
         self.keep = keep
         self.tail = tail
@@ -261,12 +260,9 @@ def _build_shape(fn: JITFunction, args: tuple, kwargs: dict, backend, by_value: 
     parts += ["_ts_RT.debug", "_ts_FN.debug", "_ts_CO.instrumentation_mode"]
     head = ", ".join(["_ts_dev", *locals_])
     addresses = "".join(f"    {local}_p = {local}.data_ptr()\n" for local in addressed)
-    key_tuple = f"({', '.join(parts)},)"
     src = (
-        f"def key({head}):\n{addresses}"
-        f"    return {key_tuple}\n"
         f"def prep({head}):\n{addresses}"
-        f"    return {key_tuple}, ({''.join(part + ', ' for part in launch)})\n"
+        f"    return ({', '.join(parts)},), ({''.join(part + ', ' for part in launch)})\n"
         f"def keep({head}):\n"
         f"    return ({''.join(part + ', ' for part in keep)})\n"
     )
@@ -282,7 +278,7 @@ def _build_shape(fn: JITFunction, args: tuple, kwargs: dict, backend, by_value: 
         "_ts_id": id,
     }
     exec(compile(src, f"<launch key of {fn.__name__}>", "exec"), namespace)
-    return _Shape(len(args), namespace["key"], namespace["prep"], namespace["keep"], tuple(tail), by_value)
+    return _Shape(len(args), namespace["prep"], namespace["keep"], tuple(tail), by_value)
 
 
 def _bad_kind():
@@ -416,7 +412,7 @@ def _miss(state: _Kernel, fn, grid, args, kwargs, dev, shape, key):
             shape = state.shapes[names] = _build_shape(fn, args, kwargs, backend, by_value=True)
             key = None
         if key is None:
-            key = shape.key(dev, *args, *kwargs.values())
+            key = shape.prep(dev, *args, *kwargs.values())[0]
         hash(key)
         keep = shape.keep(dev, *args, *kwargs.values())
     except (AttributeError, TypeError):
@@ -588,7 +584,7 @@ class BoundLaunch:
             return
         dev = _DEVICE[1]()
         try:
-            entry = shape.cache.get(shape.key(dev, *args, *self._kwargs.values()))
+            entry = shape.cache.get(shape.prep(dev, *args, *self._kwargs.values())[0])
         except (AttributeError, TypeError):
             return
         if entry is None:
