@@ -130,13 +130,6 @@ def main() -> None:
     add("torch.empty_like", lambda: torch.empty_like(ts[0]))
     add("12 x data_ptr()", lambda: [t.data_ptr() for t in ts])
     add("current stream (raw)", lambda: torch._C._cuda_getCurrentRawStream(dev.index))
-    add(
-        "cuPointerGetAttribute-free int launch x2",
-        lambda: (
-            run(1, 1, 1, stream, function, coop, pdl, None, None, packed, None, None, None, *ptrs, 256, 3, *tail),
-            run(1, 1, 1, stream, function, coop, pdl, None, None, packed, None, None, None, *ptrs, 256, 3, *tail),
-        ),
-    )
     q = torch.randn(1, 64, 1, 64, device=dev, dtype=torch.bfloat16)
     k = torch.randn(1, 8, 256, 64, device=dev, dtype=torch.bfloat16)
     add(
