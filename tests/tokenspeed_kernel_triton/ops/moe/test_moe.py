@@ -23,7 +23,13 @@ from tokenspeed_kernel_triton.ops.moe._config import pick_tile, tiles_for
 from tokenspeed_kernel_triton.ops.moe._routing import align_launch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TRITON_MOE = ("triton_fused_moe", "triton_fused_moe_mx", "triton_fused_moe_mx_swap", "triton_moe_gemv_mx")
+TRITON_MOE = (
+    "triton_fused_moe",
+    "triton_fused_moe_mx",
+    "triton_fused_moe_mx_swap",
+    "triton_fused_moe_mx_swap_persistent",
+    "triton_moe_gemv_mx",
+)
 # Relative Frobenius error bounds: the intermediate activation is rounded to x's dtype.
 TOL = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-5}
 
