@@ -100,13 +100,14 @@ def test_without_the_plan_the_registered_kernel_runs_the_dot_scaled_layers(monke
 
 
 def test_schedule_table():
-    """Tails at the 64- and 128-row tiles of the GPT-OSS regimes (T = 2048, 4096 at 128
-    experts, top-4), none where the 32-row tiles would spill or the tile is 16 rows; the
-    dynamic counter everywhere; one program per SM."""
-    for tokens, tail in ((1, 0), (64, 0), (512, 0), (1024, 0), (2048, 32), (4096, 32)):
+    """At the GPT-OSS regimes (128 experts, top-4): tails at the 64- and 128-row tiles (T = 2048,
+    4096), none where the 32-row tiles would spill or the tile is 16 rows; the dynamic counter
+    everywhere; as many programs per SM as the table's tile fits at once (3, 2, then 1)."""
+    expected = {1: (0, 3), 64: (0, 3), 512: (0, 2), 1024: (0, 2), 2048: (32, 1), 4096: (32, 1)}
+    for tokens, (tail, per_sm) in expected.items():
         tile = pick_tile(4 * tokens, 128, "cuda", "mxfp4_swap")
         schedule = pick_schedule(4 * tokens, 128, tile)
-        assert (schedule.tail_m, schedule.dynamic, schedule.programs_per_sm) == (tail, True, 1), tokens
+        assert (schedule.tail_m, schedule.dynamic, schedule.programs_per_sm) == (tail, True, per_sm), tokens
         persistent.check_schedule(schedule, tile)
     assert pick_schedule(4 * 4096, 128, Tile(32, 128, 128, 8, 4, 4)).tail_m == 0  # the tail must be below block_m
 
@@ -356,3 +357,34 @@ def test_cuda_graph_capture_matches_eager(dynamic):
 @pytest.mark.skipif(not SM90, reason="bound plan runs: needs an sm_90 device (inline PTX bf16x2 multiplies, wgmma)")
 def test_gpu_plan_runs_bound_per_token_count():
     check_gpu_bound_runs(NAME, TOL, fused.BIND_MAX_TOKENS)
+
+
+@interpreter_only
+def test_the_device_sweep_checks_then_times_under_the_interpreter(tmp_path):
+    """ci/device/mxp_sweep.py --device cpu on a small layer (what the lead's GPU call runs at the
+    GPT-OSS sizes): each variant checked against float64 and the swapped kernel, then timed; a
+    variant the tile cannot take is ``n/a``; the table and the JSON rows."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[4] / "ci" / "device" / "mxp_sweep.py"
+    out = tmp_path / "mxp.json"
+    variants = "swap,persistent,p-static,p-tail16"
+    done = subprocess.run(
+        [sys.executable, str(script), "--device", "cpu", "--tokens", "5", "--variants", variants, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (result,) = json.loads(out.read_text())["results"]
+    rows = result["rows"]
+    assert rows["swap"]["status"] == rows["persistent"]["status"] == rows["p-static"]["status"] == "PASS"
+    assert rows["persistent"]["vs_swap"] == rows["p-static"]["vs_swap"] == "bitwise"
+    assert all(rows[name]["ms"] > 0 for name in ("swap", "persistent", "p-static"))
+    assert rows["p-tail16"]["status"] == "n/a" and "tail_m" in rows["p-tail16"]["reason"]  # 16-row tile at T = 5
+    assert "best persistent" in done.stdout and "x swap" in done.stdout

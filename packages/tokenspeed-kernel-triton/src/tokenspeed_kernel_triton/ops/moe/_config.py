@@ -191,12 +191,16 @@ class Schedule:
 
 
 # The persistent swapped GEMM's schedules, by rows per expert like the "mx_swap" tiles; the first
-# row whose bound is >= rows wins. Untimed starting points (branch mxp, 2026-11-27): tails only
-# where the two tile forms compile without spills for sm_90a (64- and 128-row tiles;
-# test_aot_compile_moe.py); the dynamic counter everywhere (tails make items of unequal cost).
+# row whose bound is >= rows wins. Untimed starting points (branch mxp, 2026-11-27): as many
+# programs per SM as fit at once at the table's tile for that bound (registers and shared memory
+# of the sm_90a compiles, test_aot_compile_moe.py: 3 of the 16 x 64 tile, 2 of 32 x 128, 1 of
+# the 8-warp tiles), so the persistent grid keeps the occupancy the one-tile grid had; tails
+# only where the two tile forms compile without spills (64- and 128-row tiles); the dynamic
+# counter everywhere (tails make items of unequal cost). ci/device/mxp_sweep.py times the others.
 _SCHEDULES: tuple[tuple[float, Schedule], ...] = (
-    (48, Schedule(tail_m=0)),
-    (float("inf"), Schedule(tail_m=32)),
+    (4, Schedule(programs_per_sm=3, tail_m=0)),
+    (48, Schedule(programs_per_sm=2, tail_m=0)),
+    (float("inf"), Schedule(programs_per_sm=1, tail_m=32)),
 )
 
 
