@@ -70,6 +70,7 @@ VARIANTS = (
     Variant("swap", SWAP),
     Variant("persistent", PERSISTENT),
     Variant("p-static", PERSISTENT, (("dynamic", False),)),
+    Variant("p-dynamic", PERSISTENT, (("dynamic", True),)),
     Variant("p-notail", PERSISTENT, (("tail_m", 0),)),
     Variant("p-tail16", PERSISTENT, (("tail_m", 16),)),
     Variant("p-tail64", PERSISTENT, (("tail_m", 64),), tokens=(4096,)),

@@ -247,14 +247,16 @@ def persistent_name(gated: bool, tile: Tile, schedule: Schedule, *, big: bool = 
 def persistent_variants(vendor: str) -> list[tuple[Tile, Schedule, bool]]:
     """(tile, schedule, big scales) of the persistent compiles: every ``mxfp4_swap`` tile with
     every schedule the table can give it (:func:`._config.schedules_for`); at the prefill tile
-    also the static schedule and the two-multiply decode."""
+    also its schedule with the other work order (static / dynamic) and the two-multiply decode.
+    One compile per kernel specialization (``programs_per_sm`` sizes the grid, no constexpr)."""
     if vendor != "cuda":
         return []
     tiles = list(dict.fromkeys(tiles_for(vendor, "mxfp4_swap")))
     out = [(tile, schedule, False) for tile in tiles for schedule in schedules_for(tile)]
     last = tiles[-1]
     default = schedules_for(last)[-1]
-    return [*out, (last, replace(default, dynamic=False), False), (last, default, True)]
+    out += [(last, replace(default, dynamic=not default.dynamic), False), (last, default, True)]
+    return list({persistent_name(True, t, s, big=b): (t, s, b) for t, s, b in out}.values())
 
 
 def _persistent_configs(vendor: str) -> list[tuple[str, object, dict, dict]]:
