@@ -23,7 +23,9 @@ in order, whichever program is free, so items of unequal cost (tails) balance. E
 program knows its next item, and has loaded its coordinates, one item ahead. (Triton 3.6's
 ``tl.range(..., flatten=True)`` on the item loop was tried: it fuses a single inner loop only,
 not the two of the tail form, and at 128 x 128 it pipelined no load and spilled 128 bytes for
-sm_90a; not offered.)
+sm_90a; so was one loop over (item, K step) written out, with the epilogue under ``if`` at the
+last step: 592 / 1872 bytes of spills at 128 x 128 and most loads synchronous. Neither is
+offered; several programs per SM overlap one program's item boundary with another's K loop.)
 
 **Tail tiles** (``TAIL_M``, 0 = off): an expert's last tile with at most ``TAIL_M`` real rows
 is computed as a ``TAIL_M``-row tile (its first ``TAIL_M`` slots): wgmma's N, the tokens, is
