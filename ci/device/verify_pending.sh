@@ -7,6 +7,10 @@
 #   mxswap: triton_fused_moe_mx_swap (opt-in, issue 21): GPU numerics and graph-capture tests, `check` on
 #        the awkward preset, `bench moe.apply` next to triton_fused_moe_mx (and matmul_ogs with .whl-ogs
 #        carried), then ci/device/tiles_sweep.py on its points until the call's 10 minutes are nearly up
+#   mxp: triton_fused_moe_mx_swap_persistent (branch mxp, opt-in, never run on a GPU): its GPU numerics,
+#        graph-capture and bound-run tests, then ci/device/mxp_sweep.py (every schedule checked against
+#        float64, then timed next to triton_fused_moe_mx_swap and matmul_ogs at T = 64, 512, 1024, 4096;
+#        .whl-ogs carried for the matmul_ogs rows) until the call's 10 minutes are nearly up (~6-8 min)
 #   nvidia: gluon_prefill_window_sm90: GPU numerics tests, `check` on the awkward preset, `bench
 #        attention.prefill` next to triton_prefill (~3 min)
 #   e2e: examples/gpt_oss end to end (short budget; E2E_ROWS picks rows, default torch,selector,nvidia)
@@ -27,8 +31,8 @@
 #         (optional) bash ci/device/flashinfer_bundle.sh
 #         (optional) bash ci/device/triton_kernels_bundle.sh   # .whl-ogs: matmul_ogs rows in `bench moe.apply`
 # Device: carry [".whl"] (and ".whl-nvidia", ".whl-ogs"), command: bash ci/device/verify_pending.sh STEP...
-# with STEP in moe, mxswap, gluonmoe, gluonmma, decode, prefill, nvidia, flashinfer, e2e (default: decode). A
-# call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap` alone.
+# with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, flashinfer, e2e (default: decode).
+# A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap` and `mxp` alone.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -88,6 +92,15 @@ kernel_step tests/tokenspeed_kernel_triton/ops/moe/test_moe_mx_swap.py "" moe.ap
 timeout "$(( ${MXSWAP_END_S:-590} - SECONDS ))" python3 -W ignore ci/device/tiles_sweep.py \
   --kernel triton_fused_moe_mx_swap --budget-s "$(( ${MXSWAP_END_S:-590} - 60 - SECONDS ))" \
   --json "$OUT/tiles_mx_swap.json" 2>&1 | tail -45 || status=1
+}
+
+mxp() {
+echo "== triton_fused_moe_mx_swap_persistent: GPU tests, then every schedule vs float64 and timed (mxp_sweep.py)"
+timeout 170 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_triton/ops/moe/test_moe_mx_swap_persistent.py \
+  2>&1 | tail -15 || status=1
+# the sweep gets what is left of the call's 600 s ($SECONDS counts from this script's start)
+timeout "$(( ${MXP_END_S:-590} - SECONDS ))" python3 -W ignore ci/device/mxp_sweep.py \
+  --budget-s "$(( ${MXP_END_S:-590} - 90 - SECONDS ))" --json "$OUT/mxp_sweep.json" 2>&1 | tail -60 || status=1
 }
 
 nvidia() {
@@ -159,8 +172,8 @@ fi
 
 for step in $steps; do
   case $step in
-    moe | mxswap | gluonmoe | gluonmma | decode | prefill | nvidia | flashinfer | e2e) "$step" ;;
-    *) echo "unknown step $step (expected moe, mxswap, gluonmoe, gluonmma, decode, prefill, nvidia, flashinfer, e2e)"
+    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | flashinfer | e2e) "$step" ;;
+    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, flashinfer, e2e)"
        status=2 ;;
   esac
 done

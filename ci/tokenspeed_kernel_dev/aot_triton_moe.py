@@ -7,8 +7,10 @@ largest tile of the target's table (and the layer-1 MXFP4 GEMM at every tile), t
 tile) and its split-K finish, plus the permutation, combine and top-k kernels, and prints one JSON line per compile: whether it
 built, how many matrix instructions the assembly holds (``mma``/``wgmma`` in PTX,
 ``v_mfma`` in AMDGCN), shared memory and spills. The MXFP4 GEMMs for sm_90 (``moe_mx_gemm``,
-``moe_mx_swap``) also report the registers and spill bytes of ``ptxas -v`` and the opcodes of
-their main loop in SASS (:func:`main_loop`). Must run without ``TRITON_INTERPRET``.
+``moe_mx_swap``, ``moe_mx_swap_persistent`` at every tile and schedule it can choose) also
+report the registers and spill bytes of ``ptxas -v`` and the opcodes of their main loop in
+SASS (:func:`main_loop`) and of each innermost loop with wgmma (:func:`mma_loops`: the
+persistent kernel's K loops). Must run without ``TRITON_INTERPRET``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import re
 import sys
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from triton.backends.compiler import GPUTarget
 
@@ -31,7 +33,7 @@ from tokenspeed_kernel_dev.aot_common import (
     sass_loops,
     target_label,
 )
-from tokenspeed_kernel_triton.ops.moe._config import Tile, tiles_for
+from tokenspeed_kernel_triton.ops.moe._config import Schedule, Tile, schedules_for, tiles_for
 from tokenspeed_kernel_triton.ops.moe._gemm import (
     FP8_BLOCK,
     FP8_ROW,
@@ -43,6 +45,7 @@ from tokenspeed_kernel_triton.ops.moe._gemm import (
 )
 from tokenspeed_kernel_triton.ops.moe._mx_gemm import moe_mx_gemm_kernel, split_finish_kernel
 from tokenspeed_kernel_triton.ops.moe._mx_swap_gemm import moe_mx_swap_gemm_kernel
+from tokenspeed_kernel_triton.ops.moe._mx_swap_persistent import moe_mx_swap_persistent_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import align_kernel
 from tokenspeed_kernel_triton.ops.moe.ep import ep_combine_kernel, ep_pack_kernel, ep_route_kernel, ep_unpack_kernel
 from tokenspeed_kernel_triton.ops.moe.topk import topk_kernel
@@ -220,6 +223,51 @@ def _swap_configs(vendor: str) -> list[tuple[str, object, dict, dict]]:
     return out
 
 
+def persistent_signature(gated: bool, tile: Tile, schedule: Schedule, *, big: bool = False) -> tuple[dict, dict]:
+    """The persistent swapped GEMM as the launcher specializes it at GPT-OSS shapes."""
+    pointers = _mx_pointers(gated, False, "*i32") | {"TileSpan": "*i32", "WorkCounters": "*i32"}
+    consts = {k: v for k, v in _mx_consts(gated, tile, False).items() if k not in ("GROUP_M", "SPLIT")}
+    consts |= {"TAIL_M": schedule.tail_m, "DYNAMIC": schedule.dynamic, "K_STAGES": tile.num_stages}
+    consts |= {"BIG_SCALES": big, "INTERPRET": False}
+    aligned = {"N", "K", "stride_am", "stride_we", "stride_ws", "stride_se", "stride_ss", "stride_be", "stride_om"}
+    options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
+    return _hinted(moe_mx_swap_persistent_kernel, pointers, consts, aligned, options)
+
+
+def persistent_name(gated: bool, tile: Tile, schedule: Schedule, *, big: bool = False) -> str:
+    """The sweep's name of a persistent-GEMM compile:
+    ``moe_mx_swap_persistent[w13-m128n128-tail32-dynamic(-big)]``."""
+    order = "dynamic" if schedule.dynamic else "static"
+    layer = "w13" if gated else "w2"
+    return f"moe_mx_swap_persistent[{layer}-m{tile.block_m}n{tile.block_n}-tail{schedule.tail_m}-{order}" + (
+        "-big]" if big else "]"
+    )
+
+
+def persistent_variants(vendor: str) -> list[tuple[Tile, Schedule, bool]]:
+    """(tile, schedule, big scales) of the persistent compiles: every ``mxfp4_swap`` tile with
+    every schedule the table can give it (:func:`._config.schedules_for`); at the prefill tile
+    also its schedule with the other work order (static / dynamic) and the two-multiply decode.
+    One compile per kernel specialization (``programs_per_sm`` sizes the grid, no constexpr)."""
+    if vendor != "cuda":
+        return []
+    tiles = list(dict.fromkeys(tiles_for(vendor, "mxfp4_swap")))
+    out = [(tile, schedule, False) for tile in tiles for schedule in schedules_for(tile)]
+    last = tiles[-1]
+    default = schedules_for(last)[-1]
+    out += [(last, replace(default, dynamic=not default.dynamic), False), (last, default, True)]
+    return list({persistent_name(True, t, s, big=b): (t, s, b) for t, s, b in out}.values())
+
+
+def _persistent_configs(vendor: str) -> list[tuple[str, object, dict, dict]]:
+    return [
+        (persistent_name(gated, tile, schedule, big=big), moe_mx_swap_persistent_kernel,
+         *persistent_signature(gated, tile, schedule, big=big))
+        for tile, schedule, big in persistent_variants(vendor)
+        for gated in (True, False)
+    ]  # fmt: skip
+
+
 def _small_kernels() -> list[tuple[str, object, dict, dict]]:
     align = {
         "Ids": "*i32",
@@ -227,7 +275,10 @@ def _small_kernels() -> list[tuple[str, object, dict, dict]]:
         "SortedIds": "*i32",
         "TileExpert": "*i32",
         "NumTiles": "*i32",
+        "TileSpan": "*i32",
+        "WorkCounters": "*i32",
         "num_pairs": "i32",
+        "tiles_bound": "i32",
         "HAS_MAP": "constexpr",
         "BLOCK_M": "constexpr",
         "BLOCK_E": "constexpr",
@@ -385,7 +436,14 @@ def configs(target: GPUTarget) -> list[tuple[str, object, dict, dict]]:
             out.append(_gemm_config(MXFP4, gated, tile, target, halves=True))
             if index == 0:  # the functional path's standard byte order
                 out.append(_gemm_config(MXFP4, gated, tile, target, halves=False))
-    return out + _mx_configs(vendor) + _swap_configs(vendor) + _small_kernels() + _fp8_quant_configs()
+    return (
+        out
+        + _mx_configs(vendor)
+        + _swap_configs(vendor)
+        + _persistent_configs(vendor)
+        + _small_kernels()
+        + _fp8_quant_configs()
+    )
 
 
 @dataclass(frozen=True)
@@ -400,6 +458,7 @@ class CompileResult:
     error: str = ""
     registers: int = 0
     loop: dict = field(default_factory=dict)
+    k_loops: list = field(default_factory=list)
 
 
 # Main-loop SASS opcode classes (prefixes; "LDG" = synchronous global loads, not the cp.async
@@ -408,12 +467,25 @@ _LOOP_CLASSES = ("LDS.U8", "LDS.128", "LDS", "STS", "BAR", "HGMMA", "HMUL2", "PR
 
 
 def main_loop(sass: str) -> dict:
-    """Counts in the longest loop of ``sass`` (the K loop): ``instructions``, each class of
+    """Counts in the longest loop of ``sass`` (the K loop of a one-tile program):
+    :func:`loop_counts`."""
+    loops = sass_loops(sass)
+    return loop_counts(max(loops, key=len) if loops else [])
+
+
+def mma_loops(sass: str) -> list[dict]:
+    """:func:`loop_counts` of each innermost loop of ``sass`` that holds an ``HGMMA`` (the K loops
+    of a persistent program, whose longest loop is the one over work items), longest first."""
+    loops = [body for body in sass_loops(sass) if any("HGMMA" in line for line in body)]
+    inner = [body for body in loops if not any(set(other) < set(body) for other in loops)]
+    return [loop_counts(body) for body in sorted(inner, key=len, reverse=True)]
+
+
+def loop_counts(body: list[str]) -> dict:
+    """Counts in one loop's disassembly lines: ``instructions``, each class of
     :data:`_LOOP_CLASSES` (an opcode counts in the first class it starts with; ``LDG`` only
     plain global loads) and ``hgmma_register_a`` (wgmma reading its A operand from registers:
     ``HGMMA Rd, Ra, gdesc[...]``, against ``HGMMA Rd, gdesc[...]`` for both from shared)."""
-    loops = sass_loops(sass)
-    body = max(loops, key=len) if loops else []
     ops = Counter(SASS_OPCODE.search(line).group(1) for line in body)
     out = {"instructions": len(body)}
     for name in _LOOP_CLASSES:
@@ -446,8 +518,10 @@ def compile_one(fn, signature: dict, constexprs: dict, target: GPUTarget, name: 
                 name, label, True, count, "wgmma." in ptx, shared, int(getattr(compiled, "n_spills", 0) or 0)
             )
         registers, spills = ptxas_stats(ptx)
-        loop = main_loop(disassemble(compiled.asm["cubin"]))
-        return CompileResult(name, label, True, count, "wgmma." in ptx, shared, spills, "", registers, loop)
+        sass = disassemble(compiled.asm["cubin"])
+        return CompileResult(
+            name, label, True, count, "wgmma." in ptx, shared, spills, "", registers, main_loop(sass), mma_loops(sass)
+        )
     amdgcn = compiled.asm.get("amdgcn", "")
     return CompileResult(name, label, True, len(re.findall(r"\bv_mfma", amdgcn)), False, shared, amd_spills(amdgcn))
 

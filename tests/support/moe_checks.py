@@ -110,17 +110,18 @@ def check_bound_runs(
     functional: Callable[..., None],
     tol: float,
     device: str,
+    steps: tuple[tuple[int, int | None], ...] = BOUND_STEPS,
     **overrides: Any,
 ) -> None:
     """A kernel's ``bind`` hook called directly with the ``prepare`` hook's weights, one runner
-    per token count of :data:`BOUND_STEPS` (bound at its first call with that step's ``splits``
-    and ``overrides``, e.g. ``tile``): fresh inputs of ``case`` at every call (the first call's
-    weights), outputs poisoned with NaN; each run matches the float64 ``naive_moe`` and equals
-    ``functional`` (same splits and overrides) bit for bit."""
+    per token count of ``steps`` (:data:`BOUND_STEPS`; bound at its first call with that step's
+    ``splits`` and ``overrides``, e.g. ``tile``): fresh inputs of ``case`` at every call (the
+    first call's weights), outputs poisoned with NaN; each run matches the float64
+    ``naive_moe`` and equals ``functional`` (same splits and overrides) bit for bit."""
     weights = {k: v for k, v in cases.make_inputs(case, device, seed=1).items() if k in WEIGHT_KEYS}
     prepared = prepare(w13=weights["w13"], w2=weights["w2"])
     runners: dict[int, Any] = {}
-    for seed, (num_tokens, splits) in enumerate(BOUND_STEPS):
+    for seed, (num_tokens, splits) in enumerate(steps):
         step = cases.make_inputs(dataclasses.replace(case, num_tokens=num_tokens), device, seed=20 + seed)
         step.update(weights)
         args = MoEApplyArgs(**step, out=torch.full_like(step["x"], float("nan")), prepared=prepared)

@@ -20,10 +20,16 @@ from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.tools import cases
 from tokenspeed_kernel_triton.ops.moe import fused
 from tokenspeed_kernel_triton.ops.moe._config import pick_tile, tiles_for
-from tokenspeed_kernel_triton.ops.moe._routing import sort_by_expert
+from tokenspeed_kernel_triton.ops.moe._routing import align_launch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TRITON_MOE = ("triton_fused_moe", "triton_fused_moe_mx", "triton_fused_moe_mx_swap", "triton_moe_gemv_mx")
+TRITON_MOE = (
+    "triton_fused_moe",
+    "triton_fused_moe_mx",
+    "triton_fused_moe_mx_swap",
+    "triton_fused_moe_mx_swap_persistent",
+    "triton_moe_gemv_mx",
+)
 # Relative Frobenius error bounds: the intermediate activation is rounded to x's dtype.
 TOL = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-5}
 
@@ -211,7 +217,9 @@ def test_permutation_groups_pairs_by_expert(with_map, block_m):
         num_local = 5
         mapping = torch.full((num_global,), -1, dtype=torch.int32)
         mapping[torch.randperm(num_global, generator=gen)[:num_local]] = torch.arange(num_local, dtype=torch.int32)
-    r = sort_by_expert(ids.to(DEVICE), None if mapping is None else mapping.to(DEVICE), num_local, block_m)
+    r, launch = align_launch(ids.to(DEVICE), None if mapping is None else mapping.to(DEVICE), num_local, block_m)
+    r.work_counters.fill_(7)  # a previous call's counts: the permutation zeroes them
+    launch()
     flat = ids.flatten().long()
     local = flat if mapping is None else mapping.long()[flat]
     num_tiles = int(r.num_tiles.item())
@@ -227,6 +235,14 @@ def test_permutation_groups_pairs_by_expert(with_map, block_m):
     for e in range(num_local):  # stable: ascending pair order within an expert
         mine = sorted_ids[real & (owner == e)]
         assert torch.equal(mine, mine.sort().values)
+    # The persistent GEMM's work list: each used tile's expert span (first tile, tiles, pairs),
+    # and its two work counters zeroed.
+    span = r.tile_span[:, :num_tiles].cpu().long()
+    tiles_of = (counts + block_m - 1) // block_m
+    first_of = torch.cumsum(tiles_of, 0) - tiles_of
+    assert torch.equal(span[0], first_of[tile_expert]), span
+    assert torch.equal(span[1], tiles_of[tile_expert]) and torch.equal(span[2], counts[tile_expert])
+    assert r.work_counters.cpu().tolist() == [0, 0]
 
 
 def test_combine_is_deterministic():

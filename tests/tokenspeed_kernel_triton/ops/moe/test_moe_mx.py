@@ -126,7 +126,7 @@ def test_serves_mxfp4_bf16_only():
 
 def _gpt_oss_splits(tokens: int, tile: Tile) -> tuple[int, int]:
     """(w13, w2) splits at GPT-OSS-120B shapes (E = 128, top-4, H = I = 2880) on an H100."""
-    routing = Routing(None, None, None, max_tiles(tokens * 4, 128, tile.block_m), tokens * 4)
+    routing = Routing(None, None, None, max_tiles(tokens * 4, 128, tile.block_m), tokens * 4, None, None)
     return tuple(fused_mx.plan_splits(routing, 2880, 2880, tile, 132) for _ in range(2))
 
 

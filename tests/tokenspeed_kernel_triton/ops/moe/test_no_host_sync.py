@@ -16,7 +16,15 @@ from tokenspeed_kernel import config
 from tokenspeed_kernel.ops.moe import moe_apply, moe_plan, moe_topk
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.tools import cases
-from tokenspeed_kernel_triton.ops.moe import _driver, _routing, fused, fused_mx, fused_mx_swap, topk
+from tokenspeed_kernel_triton.ops.moe import (
+    _driver,
+    _routing,
+    fused,
+    fused_mx,
+    fused_mx_swap,
+    fused_mx_swap_persistent,
+    topk,
+)
 
 HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy")
 LAUNCHES = ((topk, "topk_kernel"), (_routing, "align_kernel"), (fused, "moe_gemm_kernel"), (_driver, "combine_kernel"))
@@ -111,12 +119,16 @@ def test_launches_depend_on_shapes_only(monkeypatch, fmt, tokens, planned):
     assert uniform == skewed
 
 
-# The MXFP4 grouped GEMMs: (module, GEMM kernel name, prepare hook, run, bind hook), split-K at T = 1.
+# The MXFP4 grouped GEMMs: (module, GEMM kernel name, prepare hook, run, bind hook, K splits forced
+# at T = 1): split-K at T = 1 except for the persistent GEMM, which never splits.
 MX_KERNELS = {
     "dot_scaled": (fused_mx, "moe_mx_gemm_kernel", fused_mx.prepare_moe_mx, fused_mx.fused_moe_mx,
-                   fused_mx.bind_fused_moe_mx),
+                   fused_mx.bind_fused_moe_mx, 2),
     "swap": (fused_mx_swap, "moe_mx_swap_gemm_kernel", fused_mx_swap.prepare_moe_mx_swap,
-             fused_mx_swap.fused_moe_mx_swap, fused_mx_swap.bind_fused_moe_mx_swap),
+             fused_mx_swap.fused_moe_mx_swap, fused_mx_swap.bind_fused_moe_mx_swap, 2),
+    "persistent": (fused_mx_swap_persistent, "moe_mx_swap_persistent_kernel", fused_mx_swap.prepare_moe_mx_swap,
+                   fused_mx_swap_persistent.fused_moe_mx_swap_persistent,
+                   fused_mx_swap_persistent.bind_fused_moe_mx_swap_persistent, None),
 }  # fmt: skip
 
 
@@ -126,7 +138,7 @@ def _mx_launches(monkeypatch, kernel, tokens, skewed, planned):
     not selected there), but its host code can. No host read, and no tensor built from host
     data (a host-to-device copy, which CUDA-graph capture refuses). ``planned="bound"``: the
     prepared weights through the bind hook's runner (bound and run under the guards)."""
-    module, gemm, prepare, run, bind = MX_KERNELS[kernel]
+    module, gemm, prepare, run, bind, split_at_1 = MX_KERNELS[kernel]
     inputs, logits = _inputs("mxfp4", tokens, skewed)
     weights_, ids = (t.contiguous() for t in torch.topk(torch.softmax(logits, -1), 2))
     prepared = prepare(w13=inputs["w13"], w2=inputs["w2"]) if planned else None
@@ -150,7 +162,7 @@ def _mx_launches(monkeypatch, kernel, tokens, skewed, planned):
             out=torch.empty_like(inputs["x"]),
             prepared=prepared,
         )
-        splits = None if tokens > 1 else 2
+        splits = None if tokens > 1 else split_at_1
         if planned == "bound":
             bind(args, splits=splits)(args)
         else:
@@ -167,7 +179,7 @@ def test_mxfp4_gemm_launches_depend_on_shapes_only(monkeypatch, kernel, tokens, 
     skewed = _mx_launches(monkeypatch, kernel, tokens, skewed=True, planned=planned)
     names = [entry[0] for entry in uniform]
     assert names[0] == "align_kernel" and names[-1] == "combine_kernel" and names.count(MX_KERNELS[kernel][1]) == 2
-    assert ("split_finish_kernel" in names) == (tokens == 1), names
+    assert ("split_finish_kernel" in names) == (tokens == 1 and MX_KERNELS[kernel][5] is not None), names
     assert uniform == skewed
 
 

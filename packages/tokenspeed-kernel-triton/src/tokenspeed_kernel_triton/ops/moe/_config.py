@@ -18,7 +18,8 @@ in the decode regime its K loop may be split (:func:`split_k`) so that a few exp
 weights are streamed by enough programs to fill the GPU. The swapped MXFP4 kernel
 (:mod:`.fused_mx_swap`, ``"mxfp4_swap"``, NVIDIA only) has rows of its own too: there
 ``block_n`` counts weight rows (the MMA's M) and ``block_m`` token rows (its N), and
-``block_k`` is always its step of 128.
+``block_k`` is always its step of 128. Its persistent form (:mod:`.fused_mx_swap_persistent`)
+takes the same tiles and a :class:`Schedule` of its own (:func:`pick_schedule`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ __all__ = [
     "MIN_SPLIT_STEPS",
     "SMEM_BUDGET",
     "SPLIT_PROGRAMS_PER_SM",
+    "Schedule",
     "Tile",
     "fit_shared",
+    "pick_schedule",
     "pick_tile",
+    "schedules_for",
     "split_k",
     "staged_bytes",
     "tiles_for",
@@ -165,3 +169,54 @@ def split_k(programs: int, k_steps: int, num_sms: int) -> int:
     ):
         splits *= 2
     return splits
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How the persistent swapped GEMM (:mod:`._mx_swap_persistent`) walks its work list.
+
+    Attributes:
+        programs_per_sm: programs per multiprocessor (the grid, capped at the work items).
+        tail_m: 0, or the rows (a power of two, at least 16, below the tile's ``block_m``) of
+            the smaller tile an expert's last token tile is computed with when it holds no
+            more real rows than that.
+        dynamic: items taken from a counter as programs free up, else a fixed stride.
+        programs: the grid exactly, ignoring ``programs_per_sm`` (tests), or None.
+    """
+
+    programs_per_sm: int = 1
+    tail_m: int = 0
+    dynamic: bool = True
+    programs: int | None = None
+
+
+# The persistent swapped GEMM's schedules, by rows per expert like the "mx_swap" tiles; the first
+# row whose bound is >= rows wins. Untimed starting points (branch mxp, 2026-11-27): as many
+# programs per SM as fit at once at the table's tile for that bound (registers and shared memory
+# of the sm_90a compiles, test_aot_compile_moe.py: 3 of the 16 x 64 tile, 2 of 32 x 128, 1 of
+# the 8-warp tiles), so the persistent grid keeps the occupancy the one-tile grid had; tails
+# only where the two tile forms compile without spills (64- and 128-row tiles); the dynamic
+# counter only with tails, whose items cost unequal times (its atomic's result is broadcast
+# through shared memory behind a barrier: a wait per item that equal items need not pay).
+# ci/device/mxp_sweep.py times the others.
+_SCHEDULES: tuple[tuple[float, Schedule], ...] = (
+    (4, Schedule(programs_per_sm=3, tail_m=0, dynamic=False)),
+    (48, Schedule(programs_per_sm=2, tail_m=0, dynamic=False)),
+    (float("inf"), Schedule(programs_per_sm=1, tail_m=32, dynamic=True)),
+)
+
+
+def pick_schedule(num_pairs: int, num_experts: int, tile: Tile) -> Schedule:
+    """The persistent swapped GEMM's schedule for ``num_pairs = T * top_k`` rows over
+    ``num_experts`` local experts with ``tile`` (a tail no smaller than the tile is dropped)."""
+    rows = num_pairs / max(num_experts, 1)
+    return _fitted(next(s for bound, s in _SCHEDULES if rows <= bound), tile)
+
+
+def _fitted(schedule: Schedule, tile: Tile) -> Schedule:
+    return schedule if schedule.tail_m < tile.block_m else replace(schedule, tail_m=0)
+
+
+def schedules_for(tile: Tile) -> tuple[Schedule, ...]:
+    """Every schedule :func:`pick_schedule` can give with ``tile`` (the ahead-of-time compile sweep)."""
+    return tuple(dict.fromkeys(_fitted(s, tile) for _, s in _SCHEDULES))

@@ -54,6 +54,7 @@ __all__ = [
     "epilogue",
     "moe_gemm_kernel",
     "program_tile",
+    "slot_rows",
     "tile_block",
     "tile_coords",
     "tile_rows",
@@ -228,14 +229,24 @@ def tile_rows(SortedIds, TileExpert, pid_m, num_pairs, stride_am, TOP_K: tl.cons
     the row mask, and the A row offsets (int64, elements): x's row ``pair // TOP_K`` for
     layer 1 (GATED), the intermediate's row ``slot`` for layer 2."""
     expert = tl.load(TileExpert + pid_m).to(tl.int64)
-    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    slots, pairs, m_ok, a_rows = slot_rows(SortedIds, pid_m * BLOCK_M, num_pairs, stride_am, TOP_K, GATED, BLOCK_M)
+    return expert, slots, pairs, m_ok, a_rows
+
+
+@triton.jit
+def slot_rows(SortedIds, first_slot, num_pairs, stride_am, TOP_K: tl.constexpr, GATED: tl.constexpr,
+              ROWS: tl.constexpr):  # fmt: skip
+    """The ``ROWS`` sorted slots from ``first_slot`` (int32 ``[ROWS]``), their pair ids
+    (``num_pairs`` on padding slots), the row mask, and the A row offsets (int64, elements):
+    x's row ``pair // TOP_K`` for layer 1 (GATED), the intermediate's row ``slot`` for layer 2."""
+    slots = first_slot + tl.arange(0, ROWS)
     pairs = tl.load(SortedIds + slots)
     m_ok = pairs < num_pairs
     if GATED:
         a_rows = (pairs // TOP_K).to(tl.int64) * stride_am
     else:
         a_rows = slots.to(tl.int64) * stride_am
-    return expert, slots, pairs, m_ok, a_rows
+    return slots, pairs, m_ok, a_rows
 
 
 @triton.jit

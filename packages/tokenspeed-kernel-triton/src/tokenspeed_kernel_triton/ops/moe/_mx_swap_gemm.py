@@ -49,7 +49,7 @@ import triton.language as tl
 
 from tokenspeed_kernel_triton.ops.moe._gemm import epilogue, program_tile, tile_block
 
-__all__ = ["STEP_K", "WORDS_PER_ROW", "moe_mx_swap_gemm_kernel"]
+__all__ = ["STEP_K", "WORDS_PER_ROW", "moe_mx_swap_gemm_kernel", "swap_tile"]
 
 STEP_K = 128  # K values per step (one weight row's 64 bytes, 4 E8M0 groups)
 WORDS_PER_ROW = 16  # int32 words per weight row and step
@@ -134,31 +134,20 @@ def _step_dot(acc, a_t, w_ptr, s_ptr, w_mask, s_mask, BLOCK_N: tl.constexpr, BIG
 
 
 @triton.jit
-def moe_mx_swap_gemm_kernel(
-    A, W, S, Bias, Out, SortedIds, TileExpert, NumTiles, TopkWeights,
-    num_pairs, N, K, tiles_bound, step_split,
-    stride_am, stride_we, stride_ws, stride_se, stride_ss, stride_be, stride_om, stride_os,
-    TOP_K: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
-    BIG_SCALES: tl.constexpr, INTERPRET: tl.constexpr,
+def swap_tile(
+    A, W, S, Bias, Out, TopkWeights, expert, slots, pairs, m_ok, a_rows, offs_n, n_ok,
+    N, K, s_lo, s_hi, split,
+    stride_we, stride_ws, stride_se, stride_ss, stride_be, stride_om, stride_os,
+    GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, BIG_SCALES: tl.constexpr, INTERPRET: tl.constexpr,
+    K_STAGES: tl.constexpr,
 ):  # fmt: skip
-    """Program ``(tile x column block, split)``: one ``[BLOCK_M, BLOCK_N]`` output tile of one
-    expert over the split's steps (see the module docstring).
-
-    A: bf16, x ``[T, K]`` gathered by pair (GATED) or the intermediate ``[rows, K]`` (row stride
-    ``stride_am``). W: int32 words ``[E, S, rows, 16]`` (rows ``2N`` for w13: gate ``n``, up
-    ``N + n``; strides ``stride_we``, ``stride_ws``, row stride 16); S: int32 scale words
-    ``[E, S, rows]`` (strides ``stride_se``, ``stride_ss``, row stride 1). Out and the epilogue:
-    as :func:`._mx_gemm.moe_mx_gemm_kernel` (GATED: the intermediate ``[tiles_bound * BLOCK_M,
-    N]`` at sorted rows, or with SPLIT float32 raw partials ``[S, rows, 2N]``; else float32
-    ``[S, P, N]`` at pair rows times the routing weight)."""
-    pid_m, pid_n, used = program_tile(NumTiles, N, tiles_bound, BLOCK_N, GROUP_M)
-    split = tl.program_id(1)
-    if not used:
-        return
-    expert, slots, pairs, m_ok, a_rows, offs_n, n_ok = tile_block(
-        SortedIds, TileExpert, pid_m, pid_n, num_pairs, N, stride_am, TOP_K, GATED, BLOCK_M, BLOCK_N
-    )
+    """One ``[BLOCK_M, BLOCK_N]`` output tile of ``expert`` (rows: ``slots``, ``pairs``,
+    ``m_ok``, ``a_rows`` of :func:`._gemm.slot_rows`; columns ``offs_n`` / ``n_ok``) over the
+    K steps ``[s_lo, s_hi)``, stored: raw gate | up partials at ``split`` (GATED with SPLIT),
+    else through :func:`._gemm.epilogue` (bias only in split 0). ``K_STAGES``: the K loop's
+    ``tl.range`` pipeline depth (None: the launch's ``num_stages``). Arguments as
+    :func:`moe_mx_swap_gemm_kernel`'s."""
     rows = offs_n.to(tl.int64)
     word = tl.arange(0, 4)[:, None] * 4 + tl.arange(0, 4)[None, :]  # [q, i] → 4 q + i
     w_ptr = W + expert * stride_we + (rows * 16)[:, None, None] + word[None, :, :]
@@ -167,14 +156,7 @@ def moe_mx_swap_gemm_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     if GATED:
         acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    steps = tl.cdiv(K, 128)
-    if SPLIT:
-        s_lo = split * step_split
-        s_hi = tl.minimum(s_lo + step_split, steps)
-    else:
-        s_lo = 0
-        s_hi = steps
-    for step in range(s_lo, s_hi):
+    for step in tl.range(s_lo, s_hi, num_stages=K_STAGES):
         offs_k = step * 128 + tl.arange(0, 128)
         a = tl.load(A + a_rows[:, None] + offs_k[None, :], mask=m_ok[:, None] & (offs_k[None, :] < K), other=0.0)
         if INTERPRET:
@@ -217,3 +199,44 @@ def moe_mx_swap_gemm_kernel(
             ACTIVATION,
             HAS_BIAS,
         )
+
+
+@triton.jit
+def moe_mx_swap_gemm_kernel(
+    A, W, S, Bias, Out, SortedIds, TileExpert, NumTiles, TopkWeights,
+    num_pairs, N, K, tiles_bound, step_split,
+    stride_am, stride_we, stride_ws, stride_se, stride_ss, stride_be, stride_om, stride_os,
+    TOP_K: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
+    BIG_SCALES: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """Program ``(tile x column block, split)``: one ``[BLOCK_M, BLOCK_N]`` output tile of one
+    expert over the split's steps (see the module docstring).
+
+    A: bf16, x ``[T, K]`` gathered by pair (GATED) or the intermediate ``[rows, K]`` (row stride
+    ``stride_am``). W: int32 words ``[E, S, rows, 16]`` (rows ``2N`` for w13: gate ``n``, up
+    ``N + n``; strides ``stride_we``, ``stride_ws``, row stride 16); S: int32 scale words
+    ``[E, S, rows]`` (strides ``stride_se``, ``stride_ss``, row stride 1). Out and the epilogue:
+    as :func:`._mx_gemm.moe_mx_gemm_kernel` (GATED: the intermediate ``[tiles_bound * BLOCK_M,
+    N]`` at sorted rows, or with SPLIT float32 raw partials ``[S, rows, 2N]``; else float32
+    ``[S, P, N]`` at pair rows times the routing weight)."""
+    pid_m, pid_n, used = program_tile(NumTiles, N, tiles_bound, BLOCK_N, GROUP_M)
+    split = tl.program_id(1)
+    if not used:
+        return
+    expert, slots, pairs, m_ok, a_rows, offs_n, n_ok = tile_block(
+        SortedIds, TileExpert, pid_m, pid_n, num_pairs, N, stride_am, TOP_K, GATED, BLOCK_M, BLOCK_N
+    )
+    steps = tl.cdiv(K, 128)
+    if SPLIT:
+        s_lo = split * step_split
+        s_hi = tl.minimum(s_lo + step_split, steps)
+    else:
+        s_lo = 0
+        s_hi = steps
+    swap_tile(
+        A, W, S, Bias, Out, TopkWeights, expert, slots, pairs, m_ok, a_rows, offs_n, n_ok,
+        N, K, s_lo, s_hi, split,
+        stride_we, stride_ws, stride_se, stride_ss, stride_be, stride_om, stride_os,
+        GATED, ACTIVATION, HAS_BIAS, BLOCK_M, BLOCK_N, SPLIT, BIG_SCALES, INTERPRET, None,
+    )  # fmt: skip

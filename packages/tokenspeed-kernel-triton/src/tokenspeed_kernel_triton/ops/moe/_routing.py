@@ -24,13 +24,15 @@ __all__ = ["Routing", "align_kernel", "align_launch", "max_tiles", "sort_by_expe
 
 @triton.jit
 def align_kernel(
-    Ids, ExpertMap, SortedIds, TileExpert, NumTiles,
-    num_pairs,
+    Ids, ExpertMap, SortedIds, TileExpert, NumTiles, TileSpan, WorkCounters,
+    num_pairs, tiles_bound,
     HAS_MAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
     """Ids int32 ``[P]`` (global expert per pair), ExpertMap int32 ``[E_global]`` → SortedIds
     int32 ``[>= padded P]`` (pair ids grouped by local expert, each group padded to BLOCK_M
-    with ``P``), TileExpert int32 ``[>= tiles]``, NumTiles int32 ``[1]``."""
+    with ``P``), TileExpert int32 ``[>= tiles]``, NumTiles int32 ``[1]``, TileSpan int32
+    ``[3, tiles_bound]`` (row stride ``tiles_bound``; per used tile: its expert's first tile,
+    tile count and pair count), WorkCounters int32 ``[2]`` (zeroed)."""
     expert = tl.program_id(0)
     hist = tl.zeros((BLOCK_E,), dtype=tl.int32)
     for start in range(0, num_pairs, BLOCK_P):
@@ -49,6 +51,7 @@ def align_kernel(
     my_padded = tl.sum(tl.where(mine, padded, 0))
     if expert == 0:
         tl.store(NumTiles, tl.sum(padded) // BLOCK_M)
+        tl.store(WorkCounters + tl.arange(0, 2), tl.zeros((2,), dtype=tl.int32))
     if count > 0:
         seen = 0
         for start in range(0, num_pairs, BLOCK_P):
@@ -64,9 +67,14 @@ def align_kernel(
         pad = count + tl.arange(0, BLOCK_M)
         tl.store(SortedIds + start_row + pad, num_pairs, mask=pad < my_padded)
         first_tile = start_row // BLOCK_M
-        for t in range(0, my_padded // BLOCK_M, BLOCK_P):
+        my_tiles = my_padded // BLOCK_M
+        for t in range(0, my_tiles, BLOCK_P):
             tiles = t + tl.arange(0, BLOCK_P)
-            tl.store(TileExpert + first_tile + tiles, expert, mask=tiles < my_padded // BLOCK_M)
+            mine_t = tiles < my_tiles
+            tl.store(TileExpert + first_tile + tiles, expert, mask=mine_t)
+            tl.store(TileSpan + first_tile + tiles, first_tile, mask=mine_t)
+            tl.store(TileSpan + tiles_bound + first_tile + tiles, my_tiles, mask=mine_t)
+            tl.store(TileSpan + 2 * tiles_bound + first_tile + tiles, count, mask=mine_t)
 
 
 def max_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -87,6 +95,11 @@ class Routing:
         num_tiles: int32 ``[1]``: tiles in use (device scalar, read by the GEMMs).
         tiles_bound: host upper bound of ``num_tiles`` (grid size).
         num_pairs: ``T * top_k``.
+        tile_span: int32 ``[3, tiles_bound]``: for each used tile, its expert's first tile,
+            number of tiles and number of pairs (the persistent GEMM's work list); columns past
+            ``num_tiles`` are never written.
+        work_counters: int32 ``[2]``, zeroed by the permutation: the persistent GEMM's dynamic
+            work counters (layer 1, layer 2).
     """
 
     sorted_ids: torch.Tensor
@@ -94,6 +107,8 @@ class Routing:
     num_tiles: torch.Tensor
     tiles_bound: int
     num_pairs: int
+    tile_span: torch.Tensor
+    work_counters: torch.Tensor
 
 
 def align_launch(
@@ -107,6 +122,8 @@ def align_launch(
     sorted_ids = torch.empty(bound * block_m, dtype=torch.int32, device=device)
     tile_expert = torch.empty(bound, dtype=torch.int32, device=device)
     num_tiles = torch.empty(1, dtype=torch.int32, device=device)
+    tile_span = torch.empty((3, bound), dtype=torch.int32, device=device)
+    work_counters = torch.empty(2, dtype=torch.int32, device=device)
     block_p = min(1024, max(next_pow2(num_pairs), 16))
     launch = Launch(
         align_kernel,
@@ -117,7 +134,10 @@ def align_launch(
             sorted_ids,
             tile_expert,
             num_tiles,
+            tile_span,
+            work_counters,
             num_pairs,
+            bound,
         ),
         dict(
             HAS_MAP=expert_map is not None,
@@ -127,7 +147,7 @@ def align_launch(
             num_warps=4,
         ),
     )
-    return Routing(sorted_ids, tile_expert, num_tiles, bound, num_pairs), launch
+    return Routing(sorted_ids, tile_expert, num_tiles, bound, num_pairs, tile_span, work_counters), launch
 
 
 def sort_by_expert(topk_ids: torch.Tensor, expert_map: torch.Tensor | None, num_experts: int, block_m: int) -> Routing:

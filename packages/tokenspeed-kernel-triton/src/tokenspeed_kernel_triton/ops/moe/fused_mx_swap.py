@@ -49,6 +49,7 @@ bf16x2 pattern (:mod:`._mx_swap_gemm`), with the 4 scales of a step in one pipel
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -79,11 +80,16 @@ __all__ = [
     "PreparedSwap",
     "SwapOperand",
     "bind_fused_moe_mx_swap",
+    "bindable_swap",
+    "checked_swap_tile",
     "fused_moe_mx_swap",
     "prepare_moe_mx_swap",
+    "swap_constexprs",
     "swap_operand",
     "swap_predicate",
     "swap_scales",
+    "swap_strides",
+    "swap_tensors",
     "swap_words",
     "triton_fused_moe_mx_swap",
 ]
@@ -188,6 +194,44 @@ def prepare_moe_mx_swap(
     return PreparedSwap(swap_operand(w13, check_scales=True), swap_operand(w2, check_scales=True))
 
 
+def swap_tensors(
+    a: torch.Tensor,
+    op: SwapOperand,
+    bias: torch.Tensor | None,
+    routing: Routing,
+    weights: torch.Tensor,
+    out: torch.Tensor,
+) -> tuple:
+    """The arguments both swapped GEMMs take first (``A`` ... ``TopkWeights``: ``a`` at position
+    0, ``weights`` at 8)."""
+    bias_arg = op.words if bias is None else bias
+    return (a, op.words, op.scales, bias_arg, out, routing.sorted_ids, routing.tile_expert, routing.num_tiles, weights)
+
+
+def swap_strides(a: torch.Tensor, op: SwapOperand, bias: torch.Tensor | None, out: torch.Tensor) -> tuple:
+    """``stride_am`` ... ``stride_om`` of both swapped GEMMs."""
+    bias_stride = 0 if bias is None else bias.stride(0)
+    return (a.stride(0), *op.words.stride()[:2], *op.scales.stride()[:2], bias_stride, out.stride(-2))
+
+
+def swap_constexprs(
+    a: torch.Tensor, op: SwapOperand, bias: torch.Tensor | None, *, top_k: int, tile: Tile, gated: bool, activation: str
+) -> dict:
+    """The constexprs and launch options both swapped GEMMs take."""
+    return dict(
+        TOP_K=top_k,
+        GATED=gated,
+        ACTIVATION=ACTIVATION_CODES[activation],
+        HAS_BIAS=bias is not None,
+        BLOCK_M=tile.block_m,
+        BLOCK_N=tile.block_n,
+        BIG_SCALES=op.big_scales,
+        INTERPRET=interpreted(a.device),
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+    )
+
+
 def _swap_launch(
     a: torch.Tensor,
     op: SwapOperand,
@@ -210,42 +254,19 @@ def _swap_launch(
         moe_mx_swap_gemm_kernel,
         (routing.tiles_bound * cdiv(n, tile.block_n), splits),
         (
-            a,
-            op.words,
-            op.scales,
-            op.words if bias is None else bias,
-            out,
-            routing.sorted_ids,
-            routing.tile_expert,
-            routing.num_tiles,
-            weights,
+            *swap_tensors(a, op, bias, routing, weights, out),
             routing.num_pairs,
             n,
             k,
             routing.tiles_bound,
             k_split // STEP_K,
-            a.stride(0),
-            op.words.stride(0),
-            op.words.stride(1),
-            op.scales.stride(0),
-            op.scales.stride(1),
-            0 if bias is None else bias.stride(0),
-            out.stride(-2),
+            *swap_strides(a, op, bias, out),
             out.stride(0) if out.dim() == 3 else 0,
         ),
         dict(
-            TOP_K=top_k,
-            GATED=gated,
-            ACTIVATION=ACTIVATION_CODES[activation],
-            HAS_BIAS=bias is not None,
-            BLOCK_M=tile.block_m,
-            BLOCK_N=tile.block_n,
+            swap_constexprs(a, op, bias, top_k=top_k, tile=tile, gated=gated, activation=activation),
             GROUP_M=tile.group_m,
             SPLIT=splits > 1,
-            BIG_SCALES=op.big_scales,
-            INTERPRET=interpreted(a.device),
-            num_warps=tile.num_warps,
-            num_stages=tile.num_stages,
         ),
     )
 
@@ -253,12 +274,31 @@ def _swap_launch(
 _swap_gemm = functools.partial(split_layer, gemm=_swap_launch)  # one layer (a _driver.Layer)
 
 
-def _swap_tile(args: MoEApplyArgs, tile: Tile | None) -> Tile:
-    """``tile``, else the ``mxfp4_swap`` table's; its ``block_k`` must be the kernel's step."""
-    tile = tile or pick_tile(args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), "mxfp4_swap")
+def checked_swap_tile(args: MoEApplyArgs, tile: Tile | None, pick: Callable[..., Tile], kernel: str) -> Tile:
+    """``tile``, else ``pick``'s (:func:`._config.pick_tile`) from the ``mxfp4_swap`` table; its
+    ``block_k`` must be the swapped GEMM's step (``kernel`` names the caller in the error)."""
+    tile = tile or pick(args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), "mxfp4_swap")
     if tile.block_k != STEP_K:
-        raise ValueError(f"triton_fused_moe_mx_swap steps K by {STEP_K}: tile.block_k must be {STEP_K}, got {tile}")
+        raise ValueError(f"{kernel} steps K by {STEP_K}: tile.block_k must be {STEP_K}, got {tile}")
     return tile
+
+
+def _swap_tile(args: MoEApplyArgs, tile: Tile | None) -> Tile:
+    """:func:`checked_swap_tile` with this module's ``pick_tile`` (the tile sweep replaces it)."""
+    return checked_swap_tile(args, tile, pick_tile, "triton_fused_moe_mx_swap")
+
+
+def bindable_swap(args: MoEApplyArgs) -> PreparedSwap | None:
+    """The plan's :class:`PreparedSwap` weights when a bound runner may serve ``args`` (up to
+    :data:`.fused.BIND_MAX_TOKENS` tokens, no ``activation_quant``), else None."""
+    prepared = args.prepared
+    if (
+        not isinstance(prepared, PreparedSwap)
+        or args.topk_ids.shape[0] > BIND_MAX_TOKENS
+        or args.activation_quant is not None
+    ):
+        return None
+    return prepared
 
 
 def fused_moe_mx_swap(args: MoEApplyArgs, tile: Tile | None = None, splits: int | None = None) -> None:
@@ -275,12 +315,8 @@ def bind_fused_moe_mx_swap(args: MoEApplyArgs, tile: Tile | None = None, splits:
     on the plan's :class:`PreparedSwap` weights (``tile`` and ``splits`` as there). None (``fn``
     serves) without them (``fn`` then runs ``triton_fused_moe_mx``'s layers), above
     :data:`.fused.BIND_MAX_TOKENS` tokens and with ``activation_quant``."""
-    prepared = args.prepared
-    if (
-        not isinstance(prepared, PreparedSwap)
-        or args.topk_ids.shape[0] > BIND_MAX_TOKENS
-        or args.activation_quant is not None
-    ):
+    prepared = bindable_swap(args)
+    if prepared is None:
         return None
     return bind_layers(args, prepared, _swap_tile(args, tile), _swap_launch, splits)
 
