@@ -48,3 +48,96 @@ def test_ring_depth_follows_the_grid(programs, stages):
     assert cfg.stages == stages
     assert cfg.block_n == decode_config(64, 16).block_n == 64  # the split count's tile is fixed
     assert decode_config(64, 16, programs) is cfg  # cached: one config object per choice
+
+
+# --- functional calls: one runner per key, every tensor passed per run --------------------
+
+_NO_SINKS = object()
+
+
+class _Recorder:
+    """Stands in for ``jit_launch`` and ``BoundLaunch`` in the kernel module: records each
+    launch as (kernel name, grid, effective positional args, constexprs)."""
+
+    def __init__(self) -> None:
+        self.launches: list = []
+        self.bound = 0
+
+    def jit_launch(self, fn, grid, *args, **kwargs):
+        self.launches.append((fn.__name__, grid, args, kwargs))
+
+    def bound_launch(self, fn, grid, args, kwargs, varying):
+        self.bound += 1
+        recorder = self
+
+        def launch(*values):
+            full = list(args)
+            for position, value in zip(varying, values, strict=True):
+                full[position] = value
+            recorder.launches.append((fn.__name__, grid, tuple(full), kwargs))
+
+        return launch
+
+
+def _decode_args(layer: int, max_seqlen_k: int, sinks=True, lse=False, batch=2):
+    import torch
+
+    from tokenspeed_kernel.ops.attention.args import DecodeArgs
+
+    g = torch.Generator().manual_seed(layer)
+    q = torch.randn(batch, 1, 8, 64, generator=g).to(torch.bfloat16)
+    k = torch.randn(32, 16, 2, 64, generator=g).to(torch.bfloat16)
+    v = torch.randn(32, 16, 2, 64, generator=g).to(torch.bfloat16)
+    table = torch.arange(batch * 16, dtype=torch.int32).reshape(batch, 16) % 32
+    lengths = torch.full((batch,), max_seqlen_k, dtype=torch.int32)
+    return DecodeArgs(
+        q, k, v, table, lengths, max_seqlen_k, 0.125, -1,
+        torch.randn(8, generator=g) if sinks else None, 0.0, None, None,
+        torch.empty_like(q), torch.empty(batch, 8, 1) if lse else None,
+    )  # fmt: skip
+
+
+def _same(a, b) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
+    return a == b
+
+
+@pytest.mark.parametrize("sinks", [True, False])
+@pytest.mark.parametrize("lse", [True, False])
+@pytest.mark.parametrize("max_seqlen_k", [200, 8192])  # fused merge / a separate merge kernel
+def test_functional_runner_launches_what_a_fresh_bind_launches(monkeypatch, sinks, lse, max_seqlen_k):
+    """Every call of a key runs one cached runner; each launch gets that call's tensors (another
+    layer's caches, page table, lengths, sinks, q, out, lse) and the same scalars and
+    constexprs as binding afresh would give."""
+    from tokenspeed_kernel_nvidia.ops.attention import gluon_decode as mod
+
+    rec = _Recorder()
+    monkeypatch.setattr(mod, "jit_launch", rec.jit_launch)
+    monkeypatch.setattr(mod, "BoundLaunch", rec.bound_launch)
+    monkeypatch.setattr(mod, "sm_count", lambda device: 132)
+    monkeypatch.setattr(mod, "_RUNNERS", {})
+    for layer in range(3):
+        args = _decode_args(layer, max_seqlen_k, sinks=sinks, lse=lse)
+        start = len(rec.launches)
+        mod.gluon_decode(args)
+        cached = rec.launches[start:]
+        mod.bind_decode(args, bound=False)(args)  # the reference: bound afresh, full arguments
+        fresh = rec.launches[start + len(cached) :]
+        assert len(cached) == len(fresh) == (1 if max_seqlen_k == 200 else 2)
+        for (name, grid, got, kw), (name2, grid2, want, kw2) in zip(cached, fresh, strict=True):
+            assert (name, grid, kw) == (name2, grid2, kw2)
+            assert len(got) == len(want) and all(_same(a, b) for a, b in zip(got, want, strict=True)), name
+    assert len(mod._RUNNERS) == 1, "three layers of one shape share one runner"
+    assert rec.bound == 2, "bound once (its decode and merge launches) for all three layers"
+
+
+def test_functional_runner_key_follows_the_split_count_not_the_length(monkeypatch):
+    from tokenspeed_kernel_nvidia.ops.attention import gluon_decode as mod
+
+    monkeypatch.setattr(mod, "sm_count", lambda device: 132)
+    keys = {mod._runner_key(_decode_args(0, n)) for n in (4097, 4100, 4150)}
+    assert len(keys) == 1, "lengths with the same split count share a runner"
+    assert mod._runner_key(_decode_args(0, 100)) != mod._runner_key(_decode_args(0, 4096))

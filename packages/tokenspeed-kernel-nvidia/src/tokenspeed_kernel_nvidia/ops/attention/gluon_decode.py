@@ -121,13 +121,16 @@ def _partials(device: torch.device, batch: int, heads: int, splits: int, head_di
     )
 
 
-def bind_decode(args: DecodeArgs, *, bound: bool = True) -> Callable[[DecodeArgs], None]:
+def bind_decode(args: DecodeArgs, *, bound: bool = True, tables_vary: bool = False) -> Callable[[DecodeArgs], None]:
     """The ``bind`` hook: everything a launch needs but q, out and lse, worked out once
     (configuration, split count, workspaces, strides, constexprs); the returned runner only
     launches. ``args`` may hold placeholders for q/out/lse (a plan's): only their shapes,
     dtypes and device are read here. ``bound`` (a plan's runner, called many times): the
-    launches are :class:`BoundLaunch` objects, keyed once; a functional call, which runs
-    once, passes False and launches through ``jit_launch``."""
+    launches are :class:`BoundLaunch` objects, keyed once; ``bound=False`` launches through
+    ``jit_launch``. ``tables_vary`` (the functional calls' runner cache,
+    :func:`gluon_decode`): the caches, page table, lengths and sinks are taken from each
+    run's ``args`` too, so one runner serves every call with the same :func:`_runner_key`
+    (every layer's cache of one shape)."""
     from tokenspeed_kernel_nvidia.ops.attention._gluon_decode_kernel import combine_kernel, decode_kernel
 
     batch, _, num_q_heads, head_dim = args.q.shape
@@ -142,13 +145,11 @@ def bind_decode(args: DecodeArgs, *, bound: bool = True) -> Callable[[DecodeArgs
     load, smem, mma = cfg.layouts
     fused = splits <= cfg.fused_max_splits
     # The fused merge's per-(sequence, KV head) arrival counters: zeroed once, and reset to
-    # 0 by the program that merges, so every call (and graph replay) starts from 0. Absent
-    # operands get a placeholder pointer the kernel never dereferences.
-    count = (
-        workspace(device, "decode_count", (batch * num_kv_heads,), torch.int32, zero=True)
-        if fused
-        else args.cache_seqlens
-    )
+    # 0 by the program that merges, so every call (and graph replay) starts from 0. Without
+    # the fused merge the kernel never dereferences them (a workspace, not a call's tensor, so
+    # a runner binds nothing of one call). Absent operands get a placeholder pointer the
+    # kernel never dereferences.
+    count = workspace(device, "decode_count", (batch * num_kv_heads,), torch.int32, zero=True)
     sinks = args.sinks if args.sinks is not None else part_lse
     has_lse = args.lse is not None
     tables = (args.k_cache, args.v_cache, args.page_table, args.cache_seqlens, part_out, part_lse, sinks)
@@ -199,9 +200,37 @@ def bind_decode(args: DecodeArgs, *, bound: bool = True) -> Callable[[DecodeArgs
 
         return run
 
-    # q, out and lse vary per run (positions 0, 8, 9 of the decode kernel; 3, 4 of the combine).
-    decode = BoundLaunch(decode_kernel, grid, (None, *tables, None, None, count, *scalars), constexprs, (0, 8, 9))
-    merge = BoundLaunch(combine_kernel, (batch, num_q_heads), (part_out, part_lse, sinks, None, None), combine, (3, 4))
+    has_sinks = args.sinks is not None
+    if tables_vary:
+        # Every tensor of the call varies: q, k/v cache, page table, lengths (0-4), the sinks
+        # when given (7), out and lse (8, 9); the workspaces stay bound.
+        decode_at = (0, 1, 2, 3, 4, 7, 8, 9) if has_sinks else (0, 1, 2, 3, 4, 8, 9)
+        merge_at = (2, 3, 4) if has_sinks else (3, 4)
+    else:  # a plan's: q, out and lse vary per run
+        decode_at, merge_at = (0, 8, 9), (3, 4)
+    decode = BoundLaunch(decode_kernel, grid, (None, *tables, None, None, count, *scalars), constexprs, decode_at)
+    merge = BoundLaunch(
+        combine_kernel, (batch, num_q_heads), (part_out, part_lse, sinks, None, None), combine, merge_at
+    )
+
+    if tables_vary and has_sinks:
+
+        def run_tables(a: DecodeArgs) -> None:
+            lse = a.lse if has_lse else part_lse
+            decode(a.q, a.k_cache, a.v_cache, a.page_table, a.cache_seqlens, a.sinks, a.out, lse)
+            if not fused:
+                merge(a.sinks, a.out, lse)
+
+        return run_tables
+    if tables_vary:
+
+        def run_tables_no_sinks(a: DecodeArgs) -> None:
+            lse = a.lse if has_lse else part_lse
+            decode(a.q, a.k_cache, a.v_cache, a.page_table, a.cache_seqlens, a.out, lse)
+            if not fused:
+                merge(a.out, lse)
+
+        return run_tables_no_sinks
 
     def run_bound(a: DecodeArgs) -> None:
         lse = a.lse if has_lse else part_lse
@@ -210,6 +239,42 @@ def bind_decode(args: DecodeArgs, *, bound: bool = True) -> Callable[[DecodeArgs
             merge(a.out, lse)
 
     return run_bound
+
+
+# Functional calls' runners (``tables_vary``), by :func:`_runner_key`; emptied when full (the
+# keys repeat across layers and steps; a miss only costs a bind).
+_RUNNERS: dict[tuple, Callable[[DecodeArgs], None]] = {}
+_RUNNERS_LIMIT = 256
+
+
+def _runner_key(args: DecodeArgs) -> tuple:
+    """What :func:`bind_decode` reads of a call besides the tensors' addresses: shapes,
+    strides, dtypes and device of every tensor, the scalars, and the split count (not
+    ``max_seqlen_k`` itself, which grows every decode step). A tensor's dtype or alignment
+    that differs from the bound runner's first launch takes that launch's checked path."""
+    q, k, v, table = args.q, args.k_cache, args.v_cache, args.page_table
+    batch, _, _, head_dim = q.shape
+    _, page_size, num_kv_heads, _ = k.shape
+    visible = args.max_seqlen_k if args.window_left < 0 else min(args.max_seqlen_k, args.window_left + 1)
+    block_n = _config(head_dim, page_size, 3).block_n
+    splits = num_splits(batch, num_kv_heads, visible, sm_count(q.device), block_n)
+    sinks, lse = args.sinks, args.lse
+    return (
+        q.shape,
+        q.dtype,
+        q.device,
+        k.shape,
+        k.dtype,
+        k.stride(),
+        v.stride(),
+        table.stride(0),
+        splits,
+        args.window_left,
+        args.softmax_scale,
+        args.logit_cap,
+        None if sinks is None else sinks.dtype,
+        None if lse is None else lse.dtype,
+    )
 
 
 @register_kernel(
@@ -232,5 +297,12 @@ def bind_decode(args: DecodeArgs, *, bound: bool = True) -> Callable[[DecodeArgs
 def gluon_decode(args: DecodeArgs) -> None:
     """Gluon Hopper decode: cp.async multi-stage gather of paged K/V, GQA group on
     mma.sync, split-KV with a combine that adds the sink. A plan binds it once
-    (:func:`bind_decode`); a functional call binds and runs."""
-    bind_decode(args, bound=False)(args)
+    (:func:`bind_decode`); a functional call runs the runner bound for its
+    :func:`_runner_key`, every tensor passed per run (bound at the key's first call)."""
+    key = _runner_key(args)
+    run = _RUNNERS.get(key)
+    if run is None:
+        if len(_RUNNERS) >= _RUNNERS_LIMIT:
+            _RUNNERS.clear()
+        run = _RUNNERS[key] = bind_decode(args, tables_vary=True)
+    run(args)
