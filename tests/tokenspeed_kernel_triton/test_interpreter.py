@@ -4,6 +4,7 @@ the ``INTERPRET`` constexpr follows the launch's device."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -118,3 +119,46 @@ def test_on_a_gpu_host_the_interpreter_never_runs_gpu_tensors():
         text=True,
     )
     assert early.returncode != 0 and "defined while TRITON_INTERPRET was on" in early.stderr, early.stderr[-3000:]
+
+
+_SCALAR_RANGE = """
+import sys, warnings
+import torch, triton, triton.language as tl
+if sys.argv[1] == "mend":
+    import tokenspeed_kernel_triton._interpreter  # noqa: F401  (mends while TRITON_INTERPRET is on)
+# NumPy >= 2.4 raises where 1.25-2.3 warn: the warning as an error stands for the newer NumPy.
+warnings.filterwarnings("error", message="Conversion of an array with ndim > 0", category=DeprecationWarning)
+
+@triton.jit
+def total(X, Out, n, BLOCK: tl.constexpr):
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc += tl.load(X + offs, mask=offs < n, other=0.0)
+    tl.store(Out, tl.sum(acc))
+
+x = torch.randn(37)
+out = torch.full((1,), float("nan"))
+total[(1,)](x, out, 37, BLOCK=8)
+torch.testing.assert_close(out[0], x.sum())
+print("summed")
+"""
+
+
+@pytest.mark.parametrize("mend", [True, False])
+def test_a_runtime_scalar_bounds_a_loop_under_newer_numpy(mend):
+    """A kernel looping to a runtime scalar (``range(0, n, BLOCK)``) runs under the interpreter
+    where NumPy refuses ``int()`` of a one-element array, once this wheel is imported; the
+    unmended interpreter fails there (triton-lang/triton#9171), which shows the check bites."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", _SCALAR_RANGE, "mend" if mend else "plain"], capture_output=True, text=True, env=env
+    )
+    from triton.runtime import interpreter
+
+    unmended = inspect.getsource(interpreter)
+    fixed_upstream = "int(self.handle.data)" not in unmended  # a Triton after 3.6
+    if mend or fixed_upstream:
+        assert run.returncode == 0 and "summed" in run.stdout, run.stderr
+    else:
+        assert run.returncode != 0 and "ndim > 0" in run.stderr, run.stdout + run.stderr

@@ -123,7 +123,7 @@ def test_equal_keys_reuse_the_binary_on_the_current_stream(toy):
     drv.stream = 9
     assert _go(fn, x2, y2, n=48) is None  # a cached launch returns None
     assert len(compiled) == 1
-    assert _launcher.launcher_stats(fn) == {"hits": 1, "misses": 1, "fallbacks": 0, "entries": 1}
+    assert _launcher.launcher_stats(fn) == {"hits": 1, "misses": 1, "fallbacks": 0, "direct": 0, "entries": 1}
     last = drv.launches[-1]
     assert last["stream"] == 9 and last["grid"] == (3, 2, 1) and last["function"] == 1000
     # signature order, then the constexpr slots (skipped by the C launcher): FLAG, BLOCK default
@@ -323,7 +323,8 @@ def test_bound_launch_is_direct_after_the_first(toy):
     drv.stream = 5
     launch(x2)
     launch(x2)
-    assert _launcher.launcher_stats(fn) == stats, "direct launches bypass jit_launch"
+    # Direct launches bypass jit_launch (no hit, miss, fallback or entry there) and count apart.
+    assert _launcher.launcher_stats(fn) == {**stats, "direct": 2}
     assert len(compiled) == 1
     last = drv.launches[-1]
     assert last["function"] == 1000 and last["stream"] == 5 and last["grid"] == (3, 2, 1)
@@ -441,7 +442,7 @@ def test_interpreter_and_disabled_take_the_plain_path(monkeypatch):
         _go(fn, x, y)
         _go(fn, x, y)
         assert len(drv.launches) == 2 and len(compiled) == 1
-        assert _launcher.launcher_stats(fn) == {"hits": 0, "misses": 0, "fallbacks": 0, "entries": 0}
+        assert _launcher.launcher_stats(fn) == {"hits": 0, "misses": 0, "fallbacks": 0, "direct": 0, "entries": 0}
     _launcher.clear()
     monkeypatch.setattr(_launcher, "_interpreting", lambda: False)
     previous = _launcher.set_enabled(False)

@@ -179,12 +179,14 @@ def test_cached_launches_match_the_normal_path(name):
     variants = [(torch.bfloat16, False), (torch.float16, False)]
     if name == "triton_moe_topk":
         variants += [(torch.float32, False), (torch.float32, True)]
-    hits = sum(s.hits for s in _launcher._KERNELS.values())
+    # Served from the cache: a hit of jit_launch's cache, or a BoundLaunch's direct launch
+    # (gluon_decode_sm90's functional calls run a runner cached per call key).
+    hits = sum(s.hits + s.direct for s in _launcher._KERNELS.values())
     for dtype, misaligned in variants:
         plain = _bits(run, dtype, misaligned, cached=False)
         for _ in range(2):  # fills the cache, then launches from it
             _same(_bits(run, dtype, misaligned, cached=True), plain)
-    assert sum(s.hits for s in _launcher._KERNELS.values()) > hits, "no launch was served from the cache"
+    assert sum(s.hits + s.direct for s in _launcher._KERNELS.values()) > hits, "no launch was served from the cache"
 
 
 def test_graph_capture_replays_cached_launches():

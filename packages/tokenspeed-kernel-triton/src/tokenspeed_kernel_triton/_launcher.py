@@ -161,7 +161,18 @@ class _Shape:
 class _Kernel:
     """Per-kernel state: one :class:`_Shape` per keyword-name tuple seen, and counters."""
 
-    __slots__ = ("fallbacks", "fn", "globals_seen", "hash", "hits", "interpreted", "misses", "plain", "shapes")
+    __slots__ = (
+        "direct",
+        "fallbacks",
+        "fn",
+        "globals_seen",
+        "hash",
+        "hits",
+        "interpreted",
+        "misses",
+        "plain",
+        "shapes",
+    )
 
     def __init__(self, fn) -> None:
         self.fn = fn
@@ -171,7 +182,7 @@ class _Kernel:
         self.interpreted = _is_interpreted(fn)
         self.shapes: dict[tuple, _Shape | None] = {}  # None: a shape that is never cached
         self.hash = None
-        self.hits = self.misses = self.fallbacks = 0
+        self.hits = self.misses = self.fallbacks = self.direct = 0
 
 
 _KERNELS: dict[int, _Kernel] = {}  # id(kernel) -> state; the state holds the kernel alive
@@ -436,10 +447,17 @@ def _miss(state: _Kernel, fn, grid, args, kwargs, dev, shape, key):
 
 def launcher_stats(fn) -> dict[str, int]:
     """Cached launches (``hits``), launches that filled the cache (``misses``), launches
-    that took the normal path without caching (``fallbacks``), and ``entries``."""
+    that took the normal path without caching (``fallbacks``), :class:`BoundLaunch` launches
+    that skipped :func:`jit_launch` (``direct``), and ``entries``."""
     state = _state(fn)
     entries = sum(len(shape.cache) for shape in state.shapes.values() if shape is not None)
-    return {"hits": state.hits, "misses": state.misses, "fallbacks": state.fallbacks, "entries": entries}
+    return {
+        "hits": state.hits,
+        "misses": state.misses,
+        "fallbacks": state.fallbacks,
+        "direct": state.direct,
+        "entries": entries,
+    }
 
 
 def set_enabled(enabled: bool) -> bool:
@@ -554,6 +572,7 @@ class BoundLaunch:
                         run(g0, g1, g2, stream, function, coop, pdl, None, None, packed, None, None, None, *fast)
                     else:
                         run(g0, g1, g2, stream, function, packed, None, None, None, *fast)
+                    self._state.direct += 1
                     return
         if len(values) != len(self._varying):
             raise TypeError(f"{self._fn.__name__}: expected {len(self._varying)} varying arguments, got {len(values)}")
