@@ -1,8 +1,8 @@
 """``triton_fused_moe_mx_swap_persistent`` (the swapped MXFP4 MoE with persistent grouped GEMMs):
 registration, schedules and their checks, and numerics.
 
-- Gating: ``Priority.OPT_IN`` without ``rank_when`` (never chosen over the swapped kernel until
-  a GPU run says so), sm_90 only like the swapped kernel, the same plan hook.
+- Gating: ``Priority.OPT_IN``, ranked above the swapped kernel from the 4096-token bucket up
+  (where a GPU run measured it faster), sm_90 only like the swapped kernel, the same plan hook.
 - Schedules: the table, the tail dropped at tiles it does not fit, bad schedules, tiles and
   splits refused before any launch; the grid.
 - CPU numerics: the real kernel under the interpreter (the swapped kernel's float32 decode
@@ -55,7 +55,10 @@ TOL = 2e-2  # relative Frobenius error: the intermediate is rounded to bf16
 
 def test_registration_is_opt_in_with_the_swapped_kernels_metadata():
     spec, swap = get_kernel(NAME), get_kernel(SWAP)
-    assert spec.priority == Priority.OPT_IN and not spec.rank_shapes
+    assert spec.priority == Priority.OPT_IN
+    buckets = {persistent.RANKED_FROM_TOKENS << i for i in range(6)}
+    assert dict(spec.rank_shapes) == {"num_tokens_bucket": frozenset(buckets)} and min(buckets) == 4096
+    assert spec.rank_priority > swap.priority and 4096 not in dict(swap.rank_shapes).get("num_tokens_bucket", ())
     assert spec.prepare is swap.prepare is fused_mx_swap.prepare_moe_mx_swap
     assert spec.bind is persistent.bind_fused_moe_mx_swap_persistent
     assert (spec.vendors, spec.archs, spec.features, spec.dtypes) == (
@@ -68,12 +71,19 @@ def test_registration_is_opt_in_with_the_swapped_kernels_metadata():
 
 
 @pytest.mark.parametrize("case", ["mxfp4_t33", "gpt_oss_like"])
-def test_never_chosen_over_the_swapped_kernel(case):
-    """Accepted on sm_90 (an override picks it), ranked below the swapped kernel everywhere."""
-    selection = explain(cases.request(awkward_apply_cases()[case]), platform=platform_from_arch("sm_90"))
+@pytest.mark.parametrize("bucket", [None, 2048, 4096, 8192])
+def test_chosen_over_the_swapped_kernel_from_4096_tokens_only(case, bucket):
+    """Accepted on sm_90 (an override picks it at any size); first from the 4096-token bucket,
+    below the swapped kernel under it (None: the case's own, small, bucket)."""
+    request = cases.request(awkward_apply_cases()[case])
+    if bucket is not None:
+        shapes = {**dict(request.shapes), "num_tokens_bucket": bucket}
+        request = dataclasses.replace(request, shapes=tuple(sorted(shapes.items())))
+    selection = explain(request, platform=platform_from_arch("sm_90"))
     names = [c.spec.name for c in selection.candidates if c.accepted]
-    assert NAME in names and selection.winner.name != NAME
-    assert names.index(SWAP) < names.index(NAME)
+    first = bucket is not None and bucket >= 4096
+    assert NAME in names and (selection.winner.name == NAME) == first
+    assert (names.index(NAME) < names.index(SWAP)) == first
 
 
 def test_the_cpu_is_never_served_with_the_reasons():

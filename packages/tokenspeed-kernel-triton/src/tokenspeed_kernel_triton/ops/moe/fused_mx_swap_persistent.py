@@ -19,11 +19,12 @@ instead of ~5900 programs (a third of them empty past the used tiles), loads eac
 coordinates one item ahead, and the tail tiles cut the MMA work of experts with a few rows in
 their last tile (1.48x the useful work at T = 4096 with 128-row tiles).
 
-- **Gating**: ``Priority.OPT_IN`` (chosen only by an override) with no ``rank_when``, until a
-  GPU run measures it faster: ``ci/device/mxp_sweep.py`` checks every schedule against
-  float64 and times it next to ``triton_fused_moe_mx_swap`` and ``matmul_ogs`` at T = 64, 512,
-  1024 and 4096. Registered for sm_90 only (the swapped kernel's inline PTX); its tests run
-  the kernel under the interpreter directly.
+- **Gating**: ``Priority.OPT_IN`` (chosen only by an override) except for token buckets from
+  :data:`RANKED_FROM_TOKENS` up (``rank_when``, above the swapped kernel), where
+  ``ci/device/mxp_sweep.py`` measured it faster (1.14x at T = 4096 on an H200; 0.90-0.96x at
+  T = 64-1024). Every schedule passed against float64 there and was bitwise equal to the
+  swapped kernel. Registered for sm_90 only (the swapped kernel's inline PTX); its CPU tests
+  run the kernel under the interpreter directly.
 - **Without a plan** the registered kernel runs ``triton_fused_moe_mx``'s layers, as the
   swapped kernel does; :func:`fused_moe_mx_swap_persistent` itself repacks per call.
 - **Bound runs**: :func:`bind_fused_moe_mx_swap_persistent`, the swapped kernel's rules
@@ -65,6 +66,7 @@ from tokenspeed_kernel_triton.ops.moe.fused_mx_swap import (
 
 __all__ = [
     "PERSISTENT_REGISTRATION",
+    "RANKED_FROM_TOKENS",
     "bind_fused_moe_mx_swap_persistent",
     "check_schedule",
     "fused_moe_mx_swap_persistent",
@@ -179,14 +181,19 @@ def bind_fused_moe_mx_swap_persistent(
     return bind_layers(args, prepared, tile, functools.partial(_persistent_launch, schedule=schedule), 1)
 
 
-# Registration metadata (data): the swapped kernel's, opt-in. When a GPU run of
-# ci/device/mxp_sweep.py measures it faster than triton_fused_moe_mx_swap at some token counts,
-# rank it there: "rank_when": ({"num_tokens_bucket": (<the buckets measured faster>,)},
-# Priority.PERFORMANT + 5), with the measurement cited here.
+# Registration metadata (data): the swapped kernel's, opt-in except from T = 4096 tokens, where
+# it measured faster (ci/device/mxp_sweep.py, H200, 2026-11-27, GPT-OSS-120B layer, us per
+# call): T = 4096 2302 vs triton_fused_moe_mx_swap 2631 (matmul_ogs+sort 2332); slower at
+# T = 1024 (1136 vs 1084), 512 (772 vs 739) and 64 (588 vs 530). Larger buckets carry more items
+# per program and were not timed; 2048 was not timed either, so it stays with the swapped kernel.
+RANKED_FROM_TOKENS = 4096
 PERSISTENT_REGISTRATION = {
     **SWAP_REGISTRATION,
     "priority": Priority.OPT_IN,
-    "rank_when": None,
+    "rank_when": (
+        {"num_tokens_bucket": tuple(RANKED_FROM_TOKENS << i for i in range(6))},
+        Priority.PERFORMANT + 5,
+    ),
     "bind": bind_fused_moe_mx_swap_persistent,
 }
 
