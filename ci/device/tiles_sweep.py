@@ -116,7 +116,11 @@ _TILE_TYPE = {
 @contextlib.contextmanager
 def _replaced(hook: tuple[str, str], value: Any, seen: list) -> Any:
     """While inside, ``module.name(...)`` returns ``value`` (None: what it returns as
-    shipped); every value it gave is appended to ``seen``."""
+    shipped); every value it gave is appended to ``seen``. The functional calls' runner caches
+    are emptied on the way in and out (a runner keeps the tile it was bound with)."""
+    from tokenspeed_kernel_triton._runners import clear_runners
+
+    clear_runners()
     module = importlib.import_module(hook[0])
     original = getattr(module, hook[1])
 
@@ -130,6 +134,7 @@ def _replaced(hook: tuple[str, str], value: Any, seen: list) -> Any:
         yield
     finally:
         setattr(module, hook[1], original)
+        clear_runners()
 
 
 def _case(point: Point, preset: str | None):

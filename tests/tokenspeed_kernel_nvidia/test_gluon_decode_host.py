@@ -52,32 +52,6 @@ def test_ring_depth_follows_the_grid(programs, stages):
 
 # --- functional calls: one runner per key, every tensor passed per run --------------------
 
-_NO_SINKS = object()
-
-
-class _Recorder:
-    """Stands in for ``jit_launch`` and ``BoundLaunch`` in the kernel module: records each
-    launch as (kernel name, grid, effective positional args, constexprs)."""
-
-    def __init__(self) -> None:
-        self.launches: list = []
-        self.bound = 0
-
-    def jit_launch(self, fn, grid, *args, **kwargs):
-        self.launches.append((fn.__name__, grid, args, kwargs))
-
-    def bound_launch(self, fn, grid, args, kwargs, varying):
-        self.bound += 1
-        recorder = self
-
-        def launch(*values):
-            full = list(args)
-            for position, value in zip(varying, values, strict=True):
-                full[position] = value
-            recorder.launches.append((fn.__name__, grid, tuple(full), kwargs))
-
-        return launch
-
 
 def _decode_args(layer: int, max_seqlen_k: int, sinks=True, lse=False, batch=2):
     import torch
@@ -97,14 +71,6 @@ def _decode_args(layer: int, max_seqlen_k: int, sinks=True, lse=False, batch=2):
     )  # fmt: skip
 
 
-def _same(a, b) -> bool:
-    import torch
-
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return a is b
-    return a == b
-
-
 @pytest.mark.parametrize("sinks", [True, False])
 @pytest.mark.parametrize("lse", [True, False])
 @pytest.mark.parametrize("max_seqlen_k", [200, 8192])  # fused merge / a separate merge kernel
@@ -112,26 +78,27 @@ def test_functional_runner_launches_what_a_fresh_bind_launches(monkeypatch, sink
     """Every call of a key runs one cached runner; each launch gets that call's tensors (another
     layer's caches, page table, lengths, sinks, q, out, lse) and the same scalars and
     constexprs as binding afresh would give."""
+    from support.launch_recorder import Recorder, assert_same_launches
+
     from tokenspeed_kernel_nvidia.ops.attention import gluon_decode as mod
 
-    rec = _Recorder()
-    monkeypatch.setattr(mod, "jit_launch", rec.jit_launch)
-    monkeypatch.setattr(mod, "BoundLaunch", rec.bound_launch)
+    rec = Recorder().install(monkeypatch)
     monkeypatch.setattr(mod, "sm_count", lambda device: 132)
-    monkeypatch.setattr(mod, "_RUNNERS", {})
+    mod._RUNNERS.clear()
+    binds = mod._RUNNERS.binds
     for layer in range(3):
         args = _decode_args(layer, max_seqlen_k, sinks=sinks, lse=lse)
         start = len(rec.launches)
         mod.gluon_decode(args)
-        cached = rec.launches[start:]
-        mod.bind_decode(args, bound=False)(args)  # the reference: bound afresh, full arguments
-        fresh = rec.launches[start + len(cached) :]
-        assert len(cached) == len(fresh) == (1 if max_seqlen_k == 200 else 2)
-        for (name, grid, got, kw), (name2, grid2, want, kw2) in zip(cached, fresh, strict=True):
-            assert (name, grid, kw) == (name2, grid2, kw2)
-            assert len(got) == len(want) and all(_same(a, b) for a, b in zip(got, want, strict=True)), name
-    assert len(mod._RUNNERS) == 1, "three layers of one shape share one runner"
-    assert rec.bound == 2, "bound once (its decode and merge launches) for all three layers"
+        cached = rec.since(start)
+        mod._fresh(args)  # the reference: bound afresh, full arguments
+        fresh = rec.since(start + len(cached))
+        assert len(cached) == (1 if max_seqlen_k == 200 else 2)
+        assert_same_launches(cached, fresh, [args.q, args.k_cache, args.v_cache, args.page_table,
+                                             args.cache_seqlens, args.sinks, args.out, args.lse])  # fmt: skip
+    assert len(mod._RUNNERS.runners) == 1, "three layers of one shape share one runner"
+    assert mod._RUNNERS.binds == binds + 1
+    assert rec.bound == (1 if max_seqlen_k == 200 else 2), "bound once (its launches) for all three layers"
 
 
 def test_functional_runner_key_follows_the_split_count_not_the_length(monkeypatch):

@@ -62,7 +62,8 @@ def test_forced_splits_match_naive(monkeypatch, case, dtype, splits):
     expected_out, expected_lse = _expected(inputs)
     poisoned = torch.full(expected_out.shape, float("nan"), dtype=dtype, device=DEVICE)
     result = cases.call(case, inputs, out=poisoned)
-    assert last_kernel() == "triton_decode" and seen == [splits], (last_kernel(), seen)
+    # The runner cache's key reads the split count, and a bind reads it again.
+    assert last_kernel() == "triton_decode" and seen and set(seen) == {splits}, (last_kernel(), seen)
     out, lse = result if case.return_lse else (result, None)
     assert not torch.isnan(out).any(), "an output element was never written"
     tol = TOL[dtype]

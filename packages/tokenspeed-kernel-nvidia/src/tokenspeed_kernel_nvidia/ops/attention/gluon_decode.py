@@ -20,7 +20,8 @@ from tokenspeed_kernel.ops.attention.args import DecodeArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia._workspace import workspace
 from tokenspeed_kernel_nvidia.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS
-from tokenspeed_kernel_triton._launcher import BoundLaunch, jit_launch
+from tokenspeed_kernel_triton._launcher import Launch
+from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, run_fresh
 
 __all__ = ["GluonDecodeConfig", "decode_config", "gluon_decode"]
 
@@ -121,16 +122,11 @@ def _partials(device: torch.device, batch: int, heads: int, splits: int, head_di
     )
 
 
-def bind_decode(args: DecodeArgs, *, bound: bool = True, tables_vary: bool = False) -> Callable[[DecodeArgs], None]:
-    """The ``bind`` hook: everything a launch needs but q, out and lse, worked out once
-    (configuration, split count, workspaces, strides, constexprs); the returned runner only
-    launches. ``args`` may hold placeholders for q/out/lse (a plan's): only their shapes,
-    dtypes and device are read here. ``bound`` (a plan's runner, called many times): the
-    launches are :class:`BoundLaunch` objects, keyed once; ``bound=False`` launches through
-    ``jit_launch``. ``tables_vary`` (the functional calls' runner cache,
-    :func:`gluon_decode`): the caches, page table, lengths and sinks are taken from each
-    run's ``args`` too, so one runner serves every call with the same :func:`_runner_key`
-    (every layer's cache of one shape)."""
+def _launches(args: DecodeArgs) -> Built:
+    """The launches of ``args`` (the decode, then the merge when it is not fused), no scratch,
+    and the workspaces they use: configuration, split count, strides and constexprs worked out here.
+    ``args`` may hold a plan's placeholders for q/out/lse: only their shapes, dtypes and
+    device are read."""
     from tokenspeed_kernel_nvidia.ops.attention._gluon_decode_kernel import combine_kernel, decode_kernel
 
     batch, _, num_q_heads, head_dim = args.q.shape
@@ -146,13 +142,11 @@ def bind_decode(args: DecodeArgs, *, bound: bool = True, tables_vary: bool = Fal
     fused = splits <= cfg.fused_max_splits
     # The fused merge's per-(sequence, KV head) arrival counters: zeroed once, and reset to
     # 0 by the program that merges, so every call (and graph replay) starts from 0. Without
-    # the fused merge the kernel never dereferences them (a workspace, not a call's tensor, so
-    # a runner binds nothing of one call). Absent operands get a placeholder pointer the
-    # kernel never dereferences.
+    # the fused merge the kernel never dereferences them. Absent operands get a placeholder
+    # pointer the kernel never dereferences (a workspace).
     count = workspace(device, "decode_count", (batch * num_kv_heads,), torch.int32, zero=True)
     sinks = args.sinks if args.sinks is not None else part_lse
-    has_lse = args.lse is not None
-    tables = (args.k_cache, args.v_cache, args.page_table, args.cache_seqlens, part_out, part_lse, sinks)
+    lse = args.lse if args.lse is not None else part_lse
     scalars = (
         args.page_table.stride(0),
         *args.k_cache.stride()[:3],
@@ -161,7 +155,6 @@ def bind_decode(args: DecodeArgs, *, bound: bool = True, tables_vary: bool = Fal
         float(args.logit_cap) or 1.0,
         window,
     )
-    grid = (batch, num_kv_heads, splits)
     constexprs = dict(
         HQ=num_q_heads,
         HKV=num_kv_heads,
@@ -177,78 +170,57 @@ def bind_decode(args: DecodeArgs, *, bound: bool = True, tables_vary: bool = Fal
         MMA=mma,
         FUSED=fused,
         HAS_SINKS=args.sinks is not None,
-        HAS_LSE=has_lse,
+        HAS_LSE=args.lse is not None,
         num_warps=cfg.num_warps,
     )
-    combine = dict(
-        HQ=num_q_heads,
-        D=head_dim,
-        SPLITS=splits,
-        SPLITS_P2=next_pow2(splits),
-        HAS_SINKS=args.sinks is not None,
-        HAS_LSE=has_lse,
-        num_warps=2,
-    )
-
-    if not bound:
-
-        def run(a: DecodeArgs) -> None:
-            lse = a.lse if has_lse else part_lse
-            jit_launch(decode_kernel, grid, a.q, *tables, a.out, lse, count, *scalars, **constexprs)
-            if not fused:
-                jit_launch(combine_kernel, (batch, num_q_heads), part_out, part_lse, sinks, a.out, lse, **combine)
-
-        return run
-
-    has_sinks = args.sinks is not None
-    if tables_vary:
-        # Every tensor of the call varies: q, k/v cache, page table, lengths (0-4), the sinks
-        # when given (7), out and lse (8, 9); the workspaces stay bound.
-        decode_at = (0, 1, 2, 3, 4, 7, 8, 9) if has_sinks else (0, 1, 2, 3, 4, 8, 9)
-        merge_at = (2, 3, 4) if has_sinks else (3, 4)
-    else:  # a plan's: q, out and lse vary per run
-        decode_at, merge_at = (0, 8, 9), (3, 4)
-    decode = BoundLaunch(decode_kernel, grid, (None, *tables, None, None, count, *scalars), constexprs, decode_at)
-    merge = BoundLaunch(
-        combine_kernel, (batch, num_q_heads), (part_out, part_lse, sinks, None, None), combine, merge_at
-    )
-
-    if tables_vary and has_sinks:
-
-        def run_tables(a: DecodeArgs) -> None:
-            lse = a.lse if has_lse else part_lse
-            decode(a.q, a.k_cache, a.v_cache, a.page_table, a.cache_seqlens, a.sinks, a.out, lse)
-            if not fused:
-                merge(a.sinks, a.out, lse)
-
-        return run_tables
-    if tables_vary:
-
-        def run_tables_no_sinks(a: DecodeArgs) -> None:
-            lse = a.lse if has_lse else part_lse
-            decode(a.q, a.k_cache, a.v_cache, a.page_table, a.cache_seqlens, a.out, lse)
-            if not fused:
-                merge(a.out, lse)
-
-        return run_tables_no_sinks
-
-    def run_bound(a: DecodeArgs) -> None:
-        lse = a.lse if has_lse else part_lse
-        decode(a.q, a.out, lse)
-        if not fused:
-            merge(a.out, lse)
-
-    return run_bound
+    tables = (args.k_cache, args.v_cache, args.page_table, args.cache_seqlens, part_out, part_lse, sinks)
+    launches = [
+        Launch(
+            decode_kernel, (batch, num_kv_heads, splits), (args.q, *tables, args.out, lse, count, *scalars), constexprs
+        )
+    ]
+    if not fused:
+        combine = dict(
+            HQ=num_q_heads,
+            D=head_dim,
+            SPLITS=splits,
+            SPLITS_P2=next_pow2(splits),
+            HAS_SINKS=args.sinks is not None,
+            HAS_LSE=args.lse is not None,
+            num_warps=2,
+        )
+        launches.append(
+            Launch(combine_kernel, (batch, num_q_heads), (part_out, part_lse, sinks, args.out, lse), combine)
+        )
+    return launches, (), (part_out, part_lse, count)
 
 
-# Functional calls' runners (``tables_vary``), by :func:`_runner_key`; emptied when full (the
-# keys repeat across layers and steps; a miss only costs a bind).
-_RUNNERS: dict[tuple, Callable[[DecodeArgs], None]] = {}
-_RUNNERS_LIMIT = 256
+def _fresh(args: DecodeArgs) -> None:
+    """One call, bound afresh and launched through ``jit_launch`` (the uncached path)."""
+    run_fresh(_launches, args)
+
+
+# What varies per run: a plan's q, out and lse; a functional call's every tensor.
+_PLAN_INPUTS = by_fields("q", "out", "lse")
+_CALL_INPUTS = by_fields("q", "k_cache", "v_cache", "page_table", "cache_seqlens", "sinks", "out", "lse")
+
+
+def bind_decode(args: DecodeArgs) -> Callable[[DecodeArgs], None]:
+    """The ``bind`` hook (``DecodePlan``): the launches of the plan's calls bound once; a run
+    launches them with its q, out and lse (the plan's caches, tables and sinks bound).
+    ``args`` holds the plan's placeholders for q/out/lse."""
+    keep = (args.k_cache, args.v_cache, args.page_table, args.cache_seqlens, args.sinks)
+    return bind_runner(_launches, args, *_PLAN_INPUTS, keep=keep)
+
+
+def _bind_call(args: DecodeArgs) -> Callable[[DecodeArgs], None]:
+    """A functional call's runner (:data:`_RUNNERS`): every tensor of the call (q, caches,
+    page table, lengths, sinks, out, lse) passed per run; the workspaces bound."""
+    return bind_runner(_launches, args, *_CALL_INPUTS)
 
 
 def _runner_key(args: DecodeArgs) -> tuple:
-    """What :func:`bind_decode` reads of a call besides the tensors' addresses: shapes,
+    """What :func:`_launches` reads of a call besides the tensors' addresses: shapes,
     strides, dtypes and device of every tensor, the scalars, and the split count (not
     ``max_seqlen_k`` itself, which grows every decode step). A tensor's dtype or alignment
     that differs from the bound runner's first launch takes that launch's checked path."""
@@ -277,6 +249,10 @@ def _runner_key(args: DecodeArgs) -> tuple:
     )
 
 
+# Functional calls' runners, by _runner_key (the keys repeat across layers and steps).
+_RUNNERS = RunnerCache("gluon_decode_sm90", _runner_key, _bind_call, _fresh)
+
+
 @register_kernel(
     "attention.decode",
     name="gluon_decode_sm90",
@@ -298,11 +274,5 @@ def gluon_decode(args: DecodeArgs) -> None:
     """Gluon Hopper decode: cp.async multi-stage gather of paged K/V, GQA group on
     mma.sync, split-KV with a combine that adds the sink. A plan binds it once
     (:func:`bind_decode`); a functional call runs the runner bound for its
-    :func:`_runner_key`, every tensor passed per run (bound at the key's first call)."""
-    key = _runner_key(args)
-    run = _RUNNERS.get(key)
-    if run is None:
-        if len(_RUNNERS) >= _RUNNERS_LIMIT:
-            _RUNNERS.clear()
-        run = _RUNNERS[key] = bind_decode(args, tables_vary=True)
-    run(args)
+    :func:`_runner_key` (``tokenspeed_kernel_triton._runners``), every tensor passed per run."""
+    _RUNNERS(args)

@@ -16,13 +16,16 @@ Tile parameters come from :data:`TILES` (data, keyed by operator regime), docume
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from tokenspeed_kernel.kit import cdiv, fill_splits, next_pow2, sm_count, vendor_of
 from tokenspeed_kernel.ops.attention.rows import QueryRows
-from tokenspeed_kernel_triton._launcher import jit_launch
+from tokenspeed_kernel_triton._launcher import Launch
+from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, run_fresh
 from tokenspeed_kernel_triton.ops.attention._kernel import attention_kernel, combine_kernel
 
 MIN_SPLIT_KEYS = 256
@@ -198,14 +201,17 @@ def kernel_config(
     return KernelConfig(constexprs, tile.num_warps, tile.num_stages, q_blocks)
 
 
-def launch(rows: QueryRows, *, splits: int, regime: str) -> None:
-    """Launch the attention kernel (and the combine when ``splits > 1``) over ``rows``
-    (:func:`tokenspeed_kernel.ops.attention.rows.query_rows` of the call's arguments): ``q``
+def build(rows: QueryRows, *, splits: int, regime: str) -> Built:
+    """The launches of the attention kernel (and the combine when ``splits > 1``) over ``rows``
+    (:func:`tokenspeed_kernel.ops.attention.rows.query_rows` of the call's arguments), the
+    scratch buffers they use (the split partials) and the placeholder they keep (a float32
+    ``[1]`` tensor in the place of each absent optional tensor, never read): ``q``
     ``[total_q, Hq, D]``, ``out`` ``[total_q, Hq, Dv]``, ``lse`` float32 ``[total_q, Hq]`` or
     None; ``k``/``v`` ``[total_k, Hkv, D]`` (contiguous batch, no ``page_table``) or caches
     ``[pages, P, Hkv, D]``; no ``cu_seqlens_q``: every sequence has ``q_len`` queries stored
     back to back (decode). ``regime``: ``"prefill"`` (also extend) or ``"decode"``, the tile
-    table's row; ``splits``: key-range splits (decode, :func:`num_splits`), else 1.
+    table's row; ``splits``: key-range splits (decode, :func:`num_splits`), else 1. No
+    launches for an empty batch.
     """
     q, k, v, out, lse, sinks = rows.q, rows.k, rows.v, rows.out, rows.lse, rows.sinks
     k_scale, v_scale, page_table = rows.k_scale, rows.v_scale, rows.page_table
@@ -213,7 +219,7 @@ def launch(rows: QueryRows, *, splits: int, regime: str) -> None:
     window_left, logit_cap = rows.window_left, rows.logit_cap
     total_q, num_q_heads, head_dim = q.shape
     if total_q == 0 or rows.batch == 0:  # an empty batch: nothing to launch
-        return
+        return [], (), ()
     max_q = min(rows.max_q, total_q)  # the grid follows real rows, not a loose bound
     paged = page_table is not None
     cfg = kernel_config(
@@ -238,68 +244,147 @@ def launch(rows: QueryRows, *, splits: int, regime: str) -> None:
     )
     block_dv = cfg.constexprs["BLOCK_DV"]
     dummy = q.new_empty(1, dtype=torch.float32)
+    scratch: tuple[torch.Tensor, ...] = ()
     if splits > 1:
         part_out = torch.empty((total_q * num_q_heads * splits, block_dv), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((total_q * num_q_heads * splits,), dtype=torch.float32, device=q.device)
+        scratch = (part_out, part_lse)
     else:
         part_out = part_lse = dummy
     grid = (rows.batch * cfg.q_blocks, k.shape[-2], splits)
-    jit_launch(
-        attention_kernel,
-        grid,
-        q,
-        k,
-        v,
-        out,
-        lse if lse is not None else dummy,
-        part_out,
-        part_lse,
-        sinks if sinks is not None else dummy,
-        k_scale if k_scale is not None else dummy,
-        v_scale if v_scale is not None else dummy,
-        page_table if paged else dummy,
-        cu_seqlens_q if cu_seqlens_q is not None else dummy,
-        cu_seqlens_k if cu_seqlens_k is not None else dummy,
-        cache_seqlens if cache_seqlens is not None else dummy,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1) if paged else k.stride(0),
-        k.stride(-2),
-        v.stride(0),
-        v.stride(1) if paged else v.stride(0),
-        v.stride(-2),
-        out.stride(0),
-        out.stride(1),
-        page_table.stride(0) if paged else 0,
-        num_q_heads,
-        rows.q_len,
-        rows.softmax_scale,
-        logit_cap if logit_cap > 0 else 1.0,
-        window_left,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        **cfg.constexprs,
-    )
-    if splits > 1:
-        jit_launch(
-            combine_kernel,
-            (total_q, num_q_heads),
-            part_out,
-            part_lse,
-            out,
-            lse if lse is not None else dummy,
-            sinks if sinks is not None else dummy,
-            v_scale if v_scale is not None else dummy,
-            out.stride(0),
-            out.stride(1),
-            num_q_heads,
-            NUM_SPLITS=splits,
-            SPLITS_PAD=next_pow2(splits),
-            HEAD_DIM_V=v.shape[-1],
-            BLOCK_DV=block_dv,
-            HAS_SINKS=sinks is not None,
-            HAS_SCALES=v_scale is not None,
-            WRITE_LSE=lse is not None,
-            num_warps=1,
+    launches = [
+        Launch(
+            attention_kernel,
+            grid,
+            (
+                q,
+                k,
+                v,
+                out,
+                lse if lse is not None else dummy,
+                part_out,
+                part_lse,
+                sinks if sinks is not None else dummy,
+                k_scale if k_scale is not None else dummy,
+                v_scale if v_scale is not None else dummy,
+                page_table if paged else dummy,
+                cu_seqlens_q if cu_seqlens_q is not None else dummy,
+                cu_seqlens_k if cu_seqlens_k is not None else dummy,
+                cache_seqlens if cache_seqlens is not None else dummy,
+                q.stride(0),
+                q.stride(1),
+                k.stride(0),
+                k.stride(1) if paged else k.stride(0),
+                k.stride(-2),
+                v.stride(0),
+                v.stride(1) if paged else v.stride(0),
+                v.stride(-2),
+                out.stride(0),
+                out.stride(1),
+                page_table.stride(0) if paged else 0,
+                num_q_heads,
+                rows.q_len,
+                rows.softmax_scale,
+                logit_cap if logit_cap > 0 else 1.0,
+                window_left,
+            ),
+            dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, **cfg.constexprs),
         )
+    ]
+    if splits > 1:
+        launches.append(
+            Launch(
+                combine_kernel,
+                (total_q, num_q_heads),
+                (
+                    part_out,
+                    part_lse,
+                    out,
+                    lse if lse is not None else dummy,
+                    sinks if sinks is not None else dummy,
+                    v_scale if v_scale is not None else dummy,
+                    out.stride(0),
+                    out.stride(1),
+                    num_q_heads,
+                ),
+                dict(
+                    NUM_SPLITS=splits,
+                    SPLITS_PAD=next_pow2(splits),
+                    HEAD_DIM_V=v.shape[-1],
+                    BLOCK_DV=block_dv,
+                    HAS_SINKS=sinks is not None,
+                    HAS_SCALES=v_scale is not None,
+                    WRITE_LSE=lse is not None,
+                    num_warps=1,
+                ),
+            )
+        )
+    return launches, scratch, (dummy,)
+
+
+def launch(rows: QueryRows, *, splits: int, regime: str) -> None:
+    """Launch :func:`build`'s launches for ``rows`` once (the uncached call)."""
+    run_fresh(functools.partial(build, splits=splits, regime=regime), rows)
+
+
+# The tensors of a call's rows that vary per run, in QueryRows' field order.
+_ROW_INPUTS = by_fields(
+    "q", "k", "v", "out", "lse", "sinks", "k_scale", "v_scale", "page_table", "cu_seqlens_q", "cu_seqlens_k",
+    "cache_seqlens",
+)  # fmt: skip
+
+
+def _rows_key(rows: QueryRows, splits: int) -> tuple:
+    """What :func:`build` reads of ``rows`` besides the tensors' addresses (the runner-cache key
+    contract of ``tokenspeed_kernel_triton._runners``): shapes, strides, dtypes and device of
+    q, k and v, out's strides, the page table's row stride, which optional tensors are present,
+    the batch, the query rows' bound (the query-tile count and grid follow it; not the key
+    bound, which only bounds the work), the options and the split count. The dtypes of out,
+    lse, sinks, scales and tables are fixed by the operators' contracts (and checked per
+    launch by ``BoundLaunch``)."""
+    q, k, v, table = rows.q, rows.k, rows.v, rows.page_table
+    return (
+        q.shape,
+        q.stride(),
+        q.dtype,
+        q.device,
+        k.shape,
+        k.stride(),
+        k.dtype,
+        v.shape,
+        v.stride(),
+        rows.out.stride(),
+        None if table is None else table.stride(0),
+        rows.lse is None,
+        rows.sinks is None,
+        rows.k_scale is None,
+        rows.v_scale is None,
+        rows.cu_seqlens_q is None,
+        rows.cu_seqlens_k is None,
+        rows.cache_seqlens is None,
+        rows.batch,
+        rows.max_q,
+        rows.q_len,
+        rows.causal,
+        rows.softmax_scale,
+        rows.window_left,
+        rows.logit_cap,
+        splits,
+    )
+
+
+def runner_cache(name: str, regime: str, splits_of: Callable[[QueryRows], int]) -> RunnerCache[QueryRows]:
+    """The functional calls' runner cache of one attention kernel (``regime`` as in
+    :func:`build`; ``splits_of(rows)`` its split count): ``cache(rows)`` launches the runner
+    bound for the rows' key, every tensor of the rows passed per run."""
+
+    def key(rows: QueryRows) -> tuple:
+        return _rows_key(rows, splits_of(rows))
+
+    def bind(rows: QueryRows) -> Callable[[QueryRows], None]:
+        return bind_runner(functools.partial(build, splits=splits_of(rows), regime=regime), rows, *_ROW_INPUTS)
+
+    def fresh(rows: QueryRows) -> None:
+        launch(rows, splits=splits_of(rows), regime=regime)
+
+    return RunnerCache(name, key, bind, fresh)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tokenspeed_kernel.ops.attention.args import DecodeArgs
-from tokenspeed_kernel.ops.attention.rows import query_rows
+from tokenspeed_kernel.ops.attention.rows import QueryRows, query_rows
 from tokenspeed_kernel.registry import Priority, register_kernel
 from tokenspeed_kernel_triton.ops.attention._common import (
     COMMON_FEATURES,
@@ -15,7 +15,15 @@ from tokenspeed_kernel_triton.ops.attention._common import (
     VENDORS,
     head_dim_v_and_group_fit,
 )
-from tokenspeed_kernel_triton.ops.attention._launch import launch, num_splits
+from tokenspeed_kernel_triton.ops.attention._launch import num_splits, runner_cache
+
+
+def _splits(rows: QueryRows) -> int:
+    return num_splits(rows.batch, rows.k.shape[2], rows.visible_keys, rows.q.device)
+
+
+# Functional calls' runners by key (the split count keyed, not the growing max_seqlen_k).
+_RUNNERS = runner_cache("triton_decode", "decode", _splits)
 
 
 @register_kernel(
@@ -32,7 +40,6 @@ from tokenspeed_kernel_triton.ops.attention._launch import launch, num_splits
 )
 def triton_decode(args: DecodeArgs) -> None:
     """Paged decode: one program per (sequence, KV head, key split) serving the whole GQA
-    group; partials merged by a combine kernel when the key range is split."""
-    rows = query_rows(args)
-    splits = num_splits(rows.batch, args.k_cache.shape[2], rows.visible_keys, args.q.device)
-    launch(rows, splits=splits, regime="decode")
+    group; partials merged by a combine kernel when the key range is split. Launched by the
+    runner cached for the call's key (``_launch.runner_cache``), every tensor passed per run."""
+    _RUNNERS(query_rows(args))

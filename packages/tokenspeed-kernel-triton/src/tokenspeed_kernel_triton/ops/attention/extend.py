@@ -15,7 +15,10 @@ from tokenspeed_kernel_triton.ops.attention._common import (
     VENDORS,
     head_dim_v_and_group_fit,
 )
-from tokenspeed_kernel_triton.ops.attention._launch import launch
+from tokenspeed_kernel_triton.ops.attention._launch import runner_cache
+
+# Functional calls' runners by key (shapes, strides, options, the query rows' bound).
+_RUNNERS = runner_cache("triton_extend", "prefill", lambda rows: 1)
 
 
 @register_kernel(
@@ -32,4 +35,4 @@ from tokenspeed_kernel_triton.ops.attention._launch import launch
 )
 def triton_extend(args: ExtendArgs) -> None:
     """Chunked prefill: the prefill tiles, keys gathered through the page table."""
-    launch(query_rows(args), splits=1, regime="prefill")
+    _RUNNERS(query_rows(args))

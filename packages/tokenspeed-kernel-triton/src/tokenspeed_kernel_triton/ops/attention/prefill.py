@@ -13,7 +13,10 @@ from tokenspeed_kernel_triton.ops.attention._common import (
     VENDORS,
     head_dim_v_and_group_fit,
 )
-from tokenspeed_kernel_triton.ops.attention._launch import launch
+from tokenspeed_kernel_triton.ops.attention._launch import runner_cache
+
+# Functional calls' runners by key (shapes, strides, options, the query rows' bound).
+_RUNNERS = runner_cache("triton_prefill", "prefill", lambda rows: 1)
 
 
 @register_kernel(
@@ -30,4 +33,4 @@ from tokenspeed_kernel_triton.ops.attention._launch import launch
 )
 def triton_prefill(args: PrefillArgs) -> None:
     """Ragged prefill: one program per (128 query rows of a GQA group, KV head); in-window tiles only."""
-    launch(query_rows(args), splits=1, regime="prefill")
+    _RUNNERS(query_rows(args))

@@ -1,0 +1,278 @@
+"""Runner caches of the functional calls: a kernel's launches bound once per call key, then
+launched with each call's tensors.
+
+A public call (``mha_decode_with_kvcache``, ``moe_apply``, ...) hands its kernel new tensors
+every time, but a model repeats a handful of call shapes (every layer of a step has the same
+one). Binding a call (tile and split choice, strides, constexpr dicts, the launch cache's key
+of 30 arguments) costs tens of microseconds of host time; a :class:`RunnerCache` binds once per
+*key* and later calls of the key only launch, every tensor of the call passed per run through
+:class:`~tokenspeed_kernel_triton._launcher.BoundLaunch` (direct launches on a GPU; under the
+interpreter and on other backends each launch takes ``jit_launch`` with its full arguments, as
+before).
+
+**Key contract.** ``key(args)`` is a hashable of everything the kernel's launch building reads
+of a call besides its tensors' addresses:
+
+- the shape, strides, dtype and device of every tensor it reads them of (shapes and strides
+  become scalar arguments, grids and constexprs);
+- which optional tensors are present (a placeholder takes an absent one's place, and the
+  launches' tensor positions differ);
+- every scalar option it passes or branches on (scale, window, cap, causal, activation, ...);
+- every derived number that picks a configuration, a grid or a split count (decode's split
+  count, the query-tile count). A per-step value (decode's ``max_seqlen_k``) is keyed through
+  what it picks (the split count), not itself, so that the steps share a runner.
+
+Not keyed: the tensors' addresses (every call tensor varies per run) and their 16-byte
+alignment (``BoundLaunch`` checks each launch's tensors against its first launch and takes
+``jit_launch`` on a difference: correct, only slower). A key the contract misses would launch
+a configuration of another call: the kernels' tests compare every cached launch's arguments
+with a fresh bind's.
+
+**Pipeline contract.** :class:`Pipeline` binds a call's launches (``Launch`` objects, built by
+the same code that launches an uncached call) given where each tensor argument comes from:
+
+- ``inputs``: the call's tensors, in an order the runner reproduces per run (``None`` for an
+  absent one). Each launch argument that *is* one of them varies per run; a runner must never
+  launch with a stale tensor, so no input is held.
+- ``scratch``: buffers the launches fill and read within one call (uninitialized at its start:
+  ``torch.empty``, contiguous, not views); each run allocates new ones of the same shape, dtype
+  and device, as an uncached call does (stream-ordered by torch's caching allocator, and from
+  the graph's pool under CUDA-graph capture).
+- ``keep``: objects that persist across calls (workspaces the kernel resets itself, a
+  placeholder that is never read, a plan's own caches): bound.
+
+Any other tensor or descriptor in a launch is an error at bind time (a view of an input, a
+tensor computed from one: it would go stale). A runner maps each launch position to an input
+by identity, so :func:`bind_runner` builds the launches from stand-ins (one distinct tensor
+object per input): inputs that are one tensor in the bind call (``cu_seqlens_q is
+cu_seqlens_k``) keep positions of their own.
+
+``TOKENSPEED_KERNEL_LAUNCH_CACHE=0`` (``_launcher.set_enabled(False)``) turns the runner caches
+off too: every call binds afresh and launches through Triton's path (the GPU tests' baseline).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Generic, TypeVar
+
+import torch
+
+from tokenspeed_kernel_triton import _launcher
+from tokenspeed_kernel_triton._launcher import BoundLaunch, Launch
+
+__all__ = [
+    "Built",
+    "Pipeline",
+    "RunnerCache",
+    "bind_runner",
+    "by_fields",
+    "clear_runners",
+    "pipeline",
+    "run_fresh",
+    "runner_stats",
+]
+
+A = TypeVar("A")
+RUNNERS_LIMIT = 256  # runners per cache; a full cache is emptied (a miss only costs a bind)
+
+
+def _picker(slots: list[int]) -> Callable[[Sequence[Any]], tuple]:
+    """``values -> tuple(values[s] for s in slots)``, in C for two or more slots."""
+    if not slots:
+        return lambda values: ()
+    if len(slots) == 1:
+        slot = slots[0]
+        return lambda values: (values[slot],)
+    return operator.itemgetter(*slots)
+
+
+def _is_tensor_like(value: object) -> bool:
+    """A tensor, or an object that holds one (a Gluon ``TensorDescriptor``)."""
+    return isinstance(value, torch.Tensor) or isinstance(getattr(value, "base", None), torch.Tensor)
+
+
+class Pipeline:
+    """Launches bound once; ``pipe(inputs)`` launches them with a run's inputs (in the order
+    they were bound with) and new scratch buffers. Built by :func:`pipeline`."""
+
+    __slots__ = ("_scratch", "_steps", "_width")
+
+    def __init__(self, steps: tuple, scratch: tuple, width: int) -> None:
+        self._steps = steps  # (BoundLaunch, picker of its varying values), in launch order
+        self._scratch = scratch  # (shape, dtype, device) per scratch buffer
+        self._width = width  # number of inputs
+
+    def __call__(self, inputs: Sequence[Any]) -> None:
+        if len(inputs) != self._width:
+            raise TypeError(f"expected {self._width} inputs, got {len(inputs)}")
+        values = inputs
+        if self._scratch:
+            values = (
+                *inputs,
+                *[torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in self._scratch],
+            )
+        for launch, pick in self._steps:
+            launch(*pick(values))
+
+
+def pipeline(
+    launches: Sequence[Launch],
+    inputs: Sequence[Any],
+    *,
+    scratch: Sequence[torch.Tensor] = (),
+    keep: Sequence[object] = (),
+) -> Pipeline:
+    """Bind ``launches`` (see the module docstring's pipeline contract). ``TypeError`` for two
+    inputs that are one object (a position could not be told from the other), a launch tensor
+    that is none of ``inputs``, ``scratch`` and ``keep``, or a scratch buffer that is not a
+    contiguous, unviewed tensor."""
+    slot: dict[int, int] = {}
+    for i, value in enumerate(inputs):
+        if value is not None:
+            if id(value) in slot:
+                raise TypeError(f"inputs {slot[id(value)]} and {i} are one object: bind with stand-ins (bind_runner)")
+            slot[id(value)] = i
+    specs = []
+    for t in scratch:
+        if id(t) in slot:
+            continue
+        if t._base is not None or not t.is_contiguous() or t.storage_offset() != 0:
+            raise TypeError("a scratch buffer must be a fresh contiguous tensor (torch.empty), not a view")
+        slot[id(t)] = len(inputs) + len(specs)
+        specs.append((tuple(t.shape), t.dtype, t.device))
+    kept = {id(x) for x in keep}
+    steps = []
+    for launch in launches:
+        if any(_is_tensor_like(v) for v in launch.kwargs.values()):
+            raise TypeError(f"{launch.fn.__name__}: tensors passed by keyword cannot be bound")
+        args, positions, slots = list(launch.args), [], []
+        for position, value in enumerate(args):
+            if isinstance(value, tuple) and any(_is_tensor_like(v) for v in value):
+                raise TypeError(f"{launch.fn.__name__}: argument {position} is a tuple holding tensors")
+            if not _is_tensor_like(value):
+                continue
+            where = slot.get(id(value))
+            if where is not None:
+                positions.append(position)
+                slots.append(where)
+                args[position] = None  # no input or scratch buffer of the bind call is held
+            elif id(value) not in kept:
+                raise TypeError(
+                    f"{launch.fn.__name__}: argument {position} is a tensor that is neither an input, a scratch "
+                    "buffer nor kept (a view of an input, or one computed from it, would go stale)"
+                )
+        bound = BoundLaunch(launch.fn, launch.grid, tuple(args), launch.kwargs, tuple(positions))
+        steps.append((bound, _picker(slots)))
+    return Pipeline(tuple(steps), tuple(specs), len(inputs))
+
+
+# What a kernel's launch builder returns for a call: its launches, the scratch buffers they use
+# (allocated by the builder) and the objects they use that persist across calls.
+Built = tuple[Sequence[Launch], Sequence[torch.Tensor], Sequence[object]]
+
+
+def _stand_in(t: Any) -> Any:
+    """A new tensor object over ``t``'s memory with its shape, strides and offset (None: None)."""
+    return None if t is None else t.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def bind_runner(
+    build: Callable[[A], Built],
+    args: A,
+    inputs_of: Callable[[A], Sequence[Any]],
+    with_inputs: Callable[[A, tuple], A],
+    *,
+    keep: Sequence[object] = (),
+) -> Callable[[A], None]:
+    """The runner of ``build``'s launches for calls like ``args``: each run launches them with
+    ``inputs_of(run_args)`` and new scratch buffers.
+
+    ``inputs_of(args)`` lists the call's tensors that vary per run (the pipeline's inputs);
+    ``with_inputs(args, tensors)`` is ``args`` with those replaced (same order). The launches
+    are built from ``args`` with a stand-in for each input (a distinct tensor object over the
+    same memory, shape and strides), so two inputs that are one tensor in this call (a
+    self-attention's ``cu_seqlens_q`` and ``cu_seqlens_k``) still get a position each, and a
+    later call where they differ launches correctly. ``build`` must not branch on tensor
+    identity. ``keep``: objects bound besides ``build``'s own (a plan's caches)."""
+    stand_ins = tuple(map(_stand_in, inputs_of(args)))
+    launches, scratch, kept = build(with_inputs(args, stand_ins))
+    pipe = pipeline(launches, stand_ins, scratch=scratch, keep=(*kept, *keep))
+    return lambda a: pipe(inputs_of(a))
+
+
+def by_fields(*names: str) -> tuple[Callable[[Any], tuple], Callable[[Any, tuple], Any]]:
+    """``(inputs_of, with_inputs)`` for :func:`bind_runner` when the inputs are fields of a
+    dataclass (at least two): read in C (``operator.attrgetter``), replaced with
+    ``dataclasses.replace``."""
+    if len(names) < 2:
+        raise ValueError("by_fields needs at least two field names")
+    return operator.attrgetter(*names), lambda args, tensors: dataclasses.replace(args, **dict(zip(names, tensors)))
+
+
+def run_fresh(build: Callable[[A], Built], args: A) -> None:
+    """Build ``args``' launches and launch each once (``jit_launch``): the uncached call."""
+    for launch in build(args)[0]:
+        launch()
+
+
+class RunnerCache(Generic[A]):
+    """A kernel's functional calls' runners, by key (see the module docstring).
+
+    ``cache(args)`` runs the call: the runner bound for ``key(args)`` (``bind(args)`` at the
+    key's first call), or ``fresh(args)`` (the uncached launch) when the launch cache is off. At most :data:`RUNNERS_LIMIT`
+    runners; a full cache is emptied. The kernel validates its arguments before calling it.
+    """
+
+    __slots__ = ("_bind", "_fresh", "_key", "binds", "limit", "name", "runners")
+
+    def __init__(
+        self,
+        name: str,
+        key: Callable[[A], Hashable],
+        bind: Callable[[A], Callable[[A], None]],
+        fresh: Callable[[A], None],
+        limit: int = RUNNERS_LIMIT,
+    ) -> None:
+        self.name = name
+        self._key = key
+        self._bind = bind
+        self._fresh = fresh
+        self.limit = limit
+        self.runners: dict[Hashable, Callable[[A], None]] = {}
+        self.binds = 0  # runners bound so far (tests, runner_stats)
+        _CACHES.append(self)
+
+    def __call__(self, args: A) -> None:
+        if not _launcher._enabled:
+            self._fresh(args)
+            return
+        key = self._key(args)
+        run = self.runners.get(key)
+        if run is None:
+            run = self._bind(args)
+            if len(self.runners) >= self.limit:
+                self.runners.clear()
+            self.runners[key] = run
+            self.binds += 1
+        run(args)
+
+    def clear(self) -> None:
+        """Forget every runner (the next call of each key binds again)."""
+        self.runners.clear()
+
+
+_CACHES: list[RunnerCache] = []
+
+
+def clear_runners() -> None:
+    """Forget every cache's runners (tests)."""
+    for cache in _CACHES:
+        cache.clear()
+
+
+def runner_stats() -> dict[str, dict[str, int]]:
+    """Per cache (by name): runners held (``runners``) and bound so far (``binds``)."""
+    return {cache.name: {"runners": len(cache.runners), "binds": cache.binds} for cache in _CACHES}
