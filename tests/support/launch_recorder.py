@@ -12,8 +12,17 @@ import pytest
 import torch
 
 
+def isolate_runners(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Give every runner cache an empty table for the test: runners bound while the test swaps
+    kernels or launch helpers (recorders) are dropped with it, and the earlier ones return."""
+    from tokenspeed_kernel_triton import _runners
+
+    for cache in _runners._CACHES:
+        monkeypatch.setattr(cache, "runners", {})
+
+
 class Recorder:
-    """Install with :meth:`install`; ``launches`` lists every launch, ``bound`` counts the
+    """Install with :meth:`install` (which also isolates the runner caches); ``launches`` lists every launch, ``bound`` counts the
     ``BoundLaunch`` objects made (one per launch of each runner bound)."""
 
     def __init__(self) -> None:
@@ -23,6 +32,7 @@ class Recorder:
     def install(self, monkeypatch: pytest.MonkeyPatch) -> Recorder:
         from tokenspeed_kernel_triton import _launcher, _runners
 
+        isolate_runners(monkeypatch)
         monkeypatch.setattr(_launcher, "jit_launch", self.jit_launch)
         monkeypatch.setattr(_runners, "BoundLaunch", self.bound_launch)
         return self

@@ -39,8 +39,11 @@ pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
+_LAYER = [0]  # test_functional_runners_*: the "layer" whose data the cases draw
+
+
 def _gen(seed):
-    return torch.Generator(device="cuda").manual_seed(seed)
+    return torch.Generator(device="cuda").manual_seed(seed + 1000 * _LAYER[0])
 
 
 def _paged(dtype, lens, hq=8, hkv=2, d=64, page=16, seed=0):
@@ -213,3 +216,35 @@ def test_graph_capture_replays_cached_launches():
     graph.replay()
     torch.cuda.synchronize()
     _same([out], q_out)
+
+
+# The kernels whose functional calls run a runner cached per call key (tokenspeed_kernel_triton._runners).
+RUNNER_KERNELS = ("triton_decode", "triton_extend", "triton_prefill", "triton_fused_moe", "gluon_decode_sm90")
+
+
+@pytest.mark.parametrize("name", RUNNER_KERNELS)
+def test_functional_runners_match_the_uncached_call_for_every_layer(name):
+    """Three "layers" of one call key, each with its own caches, tables, q, out (weights and
+    routing for the MoE): served by one runner, bound once, with every tensor of the call
+    passed per run, bitwise equal to the uncached call (launch cache off: bound afresh,
+    Triton's own path). A runner that launched a stale tensor would repeat layer 0's output."""
+    from tokenspeed_kernel_triton import _runners
+
+    run, needs_sm90 = CASES[name]
+    if needs_sm90 and not SM90:
+        pytest.skip(f"{name} runs on sm_90 only")
+    cache = next(c for c in _runners._CACHES if c.name == name)
+    cache.clear()
+    binds = cache.binds
+    outs = []
+    try:
+        for layer in range(3):
+            _LAYER[0] = layer
+            plain = _bits(run, torch.bfloat16, False, cached=False)
+            got = _bits(run, torch.bfloat16, False, cached=True)
+            _same(got, plain)
+            outs.append(got[0])
+    finally:
+        _LAYER[0] = 0
+    assert cache.binds == binds + 1, "one runner for the three layers"
+    assert not torch.equal(outs[0], outs[1]) and not torch.equal(outs[1], outs[2]), "layers must differ"

@@ -73,3 +73,28 @@ def test_the_standalone_command_rejects_a_bad_device_in_one_line(capsys):
     assert err == "tokenspeed-kernel overhead: error: unknown device 'tpu'; available here: cpu\n" or (
         torch.cuda.is_available() and err.startswith("tokenspeed-kernel overhead: error: unknown device 'tpu'")
     )
+
+
+def test_device_mode_adds_a_row_served_by_the_portable_kernel():
+    """``--device cuda`` adds ``NAME (portable)`` rows where the pick is not the portable
+    kernel (the runner caches of the portable Triton kernels are measured on an sm_90 host
+    too): here a pretend performant kernel wins, and the added row forces the portable one."""
+    from tokenspeed_kernel.ops._dispatch import last_kernel
+    from tokenspeed_kernel.registry import Priority
+    from tokenspeed_kernel.tools.overhead_device import portable_cases
+
+    reference = next(s for s in registry.kernels("attention.decode") if s.priority == Priority.REFERENCE)
+    names = {"test_portable_decode": Priority.PORTABLE, "test_performant_decode": Priority.PERFORMANT}
+    for name, priority in names.items():
+        registry.register_kernel(
+            "attention.decode", name=name, solution="test", features=reference.features, priority=priority
+        )(reference.fn)
+    try:
+        chosen = [c for c in overhead.cases() if c.name in ("mha_decode_with_kvcache", "DecodePlan.run")]
+        (extra,) = portable_cases(chosen, torch.device("cpu"))
+        assert extra.name == "mha_decode_with_kvcache (portable)" and extra.op == "attention.decode"
+        extra.make(torch.device("cpu"))()
+        assert last_kernel() == "test_portable_decode"
+    finally:
+        for name in names:
+            registry.unregister_kernel(name)

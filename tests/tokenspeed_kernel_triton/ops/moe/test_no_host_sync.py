@@ -10,6 +10,7 @@ GPU, the calls are captured in a CUDA graph and replayed against eager results.
 
 import pytest
 import torch
+from support.launch_recorder import isolate_runners
 from support.moe_checks import capture
 
 from tokenspeed_kernel import config
@@ -84,6 +85,9 @@ def _launches(monkeypatch, fmt, tokens, skewed, planned):
         )
     log = []
     with monkeypatch.context() as m:
+        # A functional call's runner keeps the kernels it was bound with: bind with the
+        # recorders, and drop those runners afterwards.
+        isolate_runners(m)
         for module, name in LAUNCHES:
             m.setattr(module, name, _Recorder(name, log))
         _forbid_host_reads(m)

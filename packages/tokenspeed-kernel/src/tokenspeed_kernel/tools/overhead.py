@@ -50,6 +50,7 @@ from tokenspeed_kernel.tools.common import provenance, resolve_device, write_jso
 
 __all__ = [
     "CATEGORIES",
+    "FUNCTIONAL_CALLS",
     "NOOP_PREFIX",
     "OverheadCase",
     "OverheadRow",
@@ -118,33 +119,42 @@ def _paged(device: torch.device, batch: int = 1, tokens: int = 256) -> dict[str,
     }
 
 
-def _prefill(device: torch.device) -> Callable[[], object]:
+def _prefill(device: torch.device, override: str | None = None) -> Callable[[], object]:
     from tokenspeed_kernel import mha_prefill
 
     q, k, v = (_randn(64, h, HEAD_DIM, device=device) for h in (HEADS, KV_HEADS, KV_HEADS))
     cu = torch.tensor([0, 64], dtype=torch.int32, device=device)
     sinks = torch.randn(HEADS, device=device, dtype=torch.float32)
-    return lambda: mha_prefill(q, k, v, cu, cu, 64, 64, window_left=127, sinks=sinks)
+    return lambda: mha_prefill(q, k, v, cu, cu, 64, 64, window_left=127, sinks=sinks, override=override)
 
 
-def _extend(device: torch.device) -> Callable[[], object]:
+def _extend(device: torch.device, override: str | None = None) -> Callable[[], object]:
     from tokenspeed_kernel import mha_extend_with_kvcache
 
     c = _paged(device)
     q = _randn(16, HEADS, HEAD_DIM, device=device)
     cu = torch.tensor([0, 16], dtype=torch.int32, device=device)
     return lambda: mha_extend_with_kvcache(
-        q, c["k_cache"], c["v_cache"], c["page_table"], cu, c["cache_seqlens"], 16, 256, sinks=c["sinks"]
+        q,
+        c["k_cache"],
+        c["v_cache"],
+        c["page_table"],
+        cu,
+        c["cache_seqlens"],
+        16,
+        256,
+        sinks=c["sinks"],
+        override=override,
     )
 
 
-def _decode(device: torch.device) -> Callable[[], object]:
+def _decode(device: torch.device, override: str | None = None) -> Callable[[], object]:
     from tokenspeed_kernel import mha_decode_with_kvcache
 
     c = _paged(device)
     q = _randn(1, HEADS, HEAD_DIM, device=device)
     return lambda: mha_decode_with_kvcache(
-        q, c["k_cache"], c["v_cache"], c["page_table"], c["cache_seqlens"], 256, sinks=c["sinks"]
+        q, c["k_cache"], c["v_cache"], c["page_table"], c["cache_seqlens"], 256, sinks=c["sinks"], override=override
     )
 
 
@@ -194,11 +204,11 @@ def _moe(device: torch.device) -> dict[str, torch.Tensor]:
     }
 
 
-def _apply(device: torch.device) -> Callable[[], object]:
+def _apply(device: torch.device, override: str | None = None) -> Callable[[], object]:
     from tokenspeed_kernel import moe_apply
 
     m = _moe(device)
-    return lambda: moe_apply(m["x"], m["w13"], m["w2"], m["topk_weights"], m["topk_ids"])
+    return lambda: moe_apply(m["x"], m["w13"], m["w2"], m["topk_weights"], m["topk_ids"], override=override)
 
 
 def _apply_plan(device: torch.device) -> Callable[[], object]:
@@ -226,6 +236,16 @@ def _apply_plan_mxfp4(device: torch.device) -> Callable[[], object]:
         w2_bias=_randn(experts, hidden, device=device),
     )
     return lambda: plan.apply(m["x"], m["topk_weights"], m["topk_ids"])
+
+
+# The functional calls whose case makers take ``override=`` (``--device cuda`` adds a row per
+# call served by its portable kernel where the GPU's pick is another one).
+FUNCTIONAL_CALLS: dict[str, Callable[..., Callable[[], object]]] = {
+    "mha_prefill": _prefill,
+    "mha_extend_with_kvcache": _extend,
+    "mha_decode_with_kvcache": _decode,
+    "moe_apply": _apply,
+}
 
 
 def cases() -> tuple[OverheadCase, ...]:

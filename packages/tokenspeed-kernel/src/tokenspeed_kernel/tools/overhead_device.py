@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import io
 import pstats
 import statistics
@@ -34,7 +35,15 @@ from dataclasses import dataclass
 import torch
 
 from tokenspeed_kernel.ops._dispatch import last_kernel
-from tokenspeed_kernel.tools.overhead import CATEGORIES, OverheadCase, baselines, cases, profile_calls, shares
+from tokenspeed_kernel.tools.overhead import (
+    CATEGORIES,
+    FUNCTIONAL_CALLS,
+    OverheadCase,
+    baselines,
+    cases,
+    profile_calls,
+    shares,
+)
 
 __all__ = ["DeviceRow", "measure_device", "run_device"]
 
@@ -96,6 +105,44 @@ def _top_text(profiler: cProfile.Profile, top: int) -> str:
     return body[body.find("ncalls") :] if "ncalls" in body else body
 
 
+def _portable_kernel(case: OverheadCase, device: torch.device) -> str | None:
+    """The best accepted kernel of the portable band for ``case``'s request on this platform,
+    when the selector picks another one (None otherwise)."""
+    from tokenspeed_kernel.ops._dispatch import last_request
+    from tokenspeed_kernel.registry import Priority
+    from tokenspeed_kernel.selector import explain
+
+    case.make(device)()
+    request = last_request()
+    if request is None:
+        return None
+    selection = explain(request)
+    portable = [
+        c.spec
+        for c in selection.candidates
+        if c.accepted and Priority.PORTABLE <= c.spec.priority < Priority.PERFORMANT
+    ]
+    if not portable or selection.winner is None:
+        return None
+    best = max(portable, key=lambda spec: spec.priority)
+    return None if best.name == selection.winner.name else best.name
+
+
+def portable_cases(chosen: list[OverheadCase], device: torch.device) -> tuple[OverheadCase, ...]:
+    """For each functional call among ``chosen`` whose pick on this GPU is not its portable
+    kernel: the same call with ``override=`` that kernel (``NAME (portable)``), the host cost
+    a GPU without the faster kernel pays (an sm_90 host measures both)."""
+    extra = []
+    for case in chosen:
+        make = FUNCTIONAL_CALLS.get(case.name)
+        if make is None:
+            continue
+        kernel = _portable_kernel(case, device)
+        if kernel is not None:
+            extra.append(OverheadCase(f"{case.name} (portable)", case.op, functools.partial(make, override=kernel)))
+    return tuple(extra)
+
+
 def run_device(
     device: torch.device,
     ops: list[str] | None = None,
@@ -105,11 +152,12 @@ def run_device(
     profile: bool = True,
     top: int = 0,
 ) -> list[DeviceRow]:
-    """Measure the baselines, then every case (of ``ops``, or all), on ``device``."""
+    """Measure the baselines, then every case (of ``ops``, or all), then
+    :func:`portable_cases` of those, on ``device``."""
     chosen = [c for c in cases() if ops is None or c.op in ops]
     return [
         measure_device(c, device, number=number, repeats=repeats, profile=profile, top=top)
-        for c in baselines() + tuple(chosen)
+        for c in baselines() + tuple(chosen) + portable_cases(chosen, device)
     ]
 
 

@@ -22,6 +22,7 @@ import torch
 from tokenspeed_kernel.kit import cdiv, next_pow2
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel_triton._launcher import Launch
+from tokenspeed_kernel_triton._runners import Built
 from tokenspeed_kernel_triton.ops.moe._config import Tile
 from tokenspeed_kernel_triton.ops.moe._gemm import combine_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing, align_launch, sort_by_expert
@@ -35,6 +36,7 @@ __all__ = [
     "combine",
     "combine_launch",
     "layer_output",
+    "moe_launches",
     "run_moe",
 ]
 
@@ -192,20 +194,38 @@ class LayerLaunches(Protocol):
     ) -> tuple[torch.Tensor, tuple[Launch, ...]]: ...
 
 
-def bind_moe(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: LayerLaunches) -> Runner:
-    """:func:`run_moe` (``combine="reduce"``) bound once for ``args``' token count: the
-    permutation, both layers' launches from ``layer`` and the combine, with the permutation
-    buffers and the layers' outputs as the runner's workspaces. A call of the runner launches
-    with its x, topk_weights, topk_ids and out (same shapes, dtypes and device)."""
+def _pipeline(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: LayerLaunches):
+    """:func:`run_moe`'s (``combine="reduce"``) buffers and launches as data: (routing, the
+    permutation's launch, the intermediate, layer 1's launches, the w2 rows, layer 2's
+    launches, the combine's launch)."""
     top_k = args.topk_ids.shape[1]
     hidden, inter = args.x.shape[1], args.w2.shape[-1]
     routing, align = align_launch(args.topk_ids, args.expert_map, args.w13.shape[0], tile.block_m)
     common = dict(top_k=top_k, tile=tile, activation=args.activation)
     h, first = layer(args.x, w13, args.w13_bias, routing, args.topk_weights, n=inter, k=hidden, gated=True, **common)
     y, second = layer(h, w2, args.w2_bias, routing, args.topk_weights, n=hidden, k=inter, gated=False, **common)
+    total = combine_launch(y, args.topk_ids, args.expert_map, args.out)
+    return routing, align, h, first, y, second, total
+
+
+def moe_launches(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: LayerLaunches) -> Built:
+    """:func:`run_moe` (``combine="reduce"``) for ``args`` as a runner cache's build
+    (``tokenspeed_kernel_triton._runners``): its launches in order, the permutation buffers
+    and layer outputs as scratch (allocated afresh per call), nothing kept."""
+    routing, align, h, first, y, second, total = _pipeline(args, w13, w2, tile, layer)
+    buffers = (routing.sorted_ids, routing.tile_expert, routing.num_tiles, routing.tile_span, routing.work_counters)
+    return [align, *first, *second, total], (*buffers, h, y), ()
+
+
+def bind_moe(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: LayerLaunches) -> Runner:
+    """:func:`run_moe` (``combine="reduce"``) bound once for ``args``' token count: the
+    permutation, both layers' launches from ``layer`` and the combine, with the permutation
+    buffers and the layers' outputs as the runner's workspaces. A call of the runner launches
+    with its x, topk_weights, topk_ids and out (same shapes, dtypes and device)."""
+    _, align, _, first, _, second, combined = _pipeline(args, w13, w2, tile, layer)
     sort, w13_gemm, w2_gemm = align.bound(0), first[0].bound(0, 8), second[0].bound(8)
     after13, after2 = tuple(x.bound() for x in first[1:]), tuple(x.bound() for x in second[1:])  # split-K finish
-    total = combine_launch(y, args.topk_ids, args.expert_map, args.out).bound(1, 3)
+    total = combined.bound(1, 3)
 
     def run(a: MoEApplyArgs) -> None:
         sort(a.topk_ids)

@@ -1,0 +1,190 @@
+"""Host µs of the functional runner caches on the CPU: a key against a bind, per call.
+
+For each kernel whose functional calls run a runner cached per key
+(``tokenspeed_kernel_triton._runners``), at the ``tokenspeed-kernel overhead`` shapes
+(GPT-OSS-120B attention: 64 query / 8 KV heads of dim 64, bf16, sinks; decode B=1 over 256
+keys, extend 16 onto 256, prefill 64 with window 128; MoE 4 tokens, 32 experts of 512 x 512,
+top-4), with every launch stubbed out (nothing runs), it times:
+
+- ``key``: the runner key of a call (what every call pays on top of its runner);
+- ``bind``: binding a runner (the launch building and ``BoundLaunch`` set-up a cache hit skips);
+- ``uncached``: the uncached call's host work up to its launches (building them);
+- ``cached``: a cache hit up to its launches (key, look-up, the run's inputs and scratch).
+  On the CPU a bound launch takes ``jit_launch`` with its full arguments (stubbed here); on a
+  GPU it is a direct launch, whose cost this figure leaves out, as ``uncached`` leaves out
+  ``jit_launch``'s keying of the full arguments (what the GPU measurement adds back).
+
+    PYTHONPATH=ci:packages/tokenspeed-kernel/src:packages/tokenspeed-kernel-triton/src:packages/tokenspeed-kernel-nvidia/src \\
+        python3 -m tokenspeed_kernel_dev.runner_bench [--number 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+HEADS, KV_HEADS, HEAD_DIM, PAGE = 64, 8, 64, 16
+
+
+def _stub_launches() -> None:
+    """Every launch of the Triton wheel's helpers becomes a no-op."""
+    from tokenspeed_kernel_triton import _launcher, _runners
+
+    def nothing(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    class _Bound:
+        def __init__(self, fn, grid, args, kwargs, varying) -> None:
+            self.varying = varying
+
+        def __call__(self, *values: Any) -> None:
+            return None
+
+    _launcher.jit_launch = nothing  # type: ignore[assignment]
+    _runners.BoundLaunch = _Bound  # type: ignore[assignment,misc]
+
+
+def _capture(module: Any, call: Callable[[], object]) -> Any:
+    """What ``module._RUNNERS`` receives from one public call."""
+    seen: list = []
+    cache = module._RUNNERS
+    module._RUNNERS = seen.append
+    try:
+        call()
+    finally:
+        module._RUNNERS = cache
+    return seen[0]
+
+
+def _attention_rows() -> dict[str, tuple[Any, Any]]:
+    from tokenspeed_kernel import mha_decode_with_kvcache, mha_extend_with_kvcache, mha_prefill
+    from tokenspeed_kernel_triton.ops.attention import decode, extend, prefill
+
+    bf = torch.bfloat16
+    pages = 256 // PAGE + 1
+    k = torch.randn(pages, PAGE, KV_HEADS, HEAD_DIM, dtype=bf)
+    v = torch.randn(pages, PAGE, KV_HEADS, HEAD_DIM, dtype=bf)
+    table = torch.arange(pages, dtype=torch.int32).view(1, pages)
+    lens = torch.tensor([256], dtype=torch.int32)
+    sinks = torch.randn(HEADS)
+    q1 = torch.randn(1, HEADS, HEAD_DIM, dtype=bf)
+    q16 = torch.randn(16, HEADS, HEAD_DIM, dtype=bf)
+    cu16 = torch.tensor([0, 16], dtype=torch.int32)
+    q64 = torch.randn(64, HEADS, HEAD_DIM, dtype=bf)
+    kv64 = torch.randn(64, KV_HEADS, HEAD_DIM, dtype=bf)
+    cu64 = torch.tensor([0, 64], dtype=torch.int32)
+    return {
+        "triton_decode": (
+            decode,
+            _capture(decode, lambda: mha_decode_with_kvcache(q1, k, v, table, lens, 256, sinks=sinks)),
+        ),
+        "triton_extend": (
+            extend,
+            _capture(extend, lambda: mha_extend_with_kvcache(q16, k, v, table, cu16, lens, 16, 256, sinks=sinks)),
+        ),
+        "triton_prefill": (
+            prefill,
+            _capture(prefill, lambda: mha_prefill(q64, kv64, kv64, cu64, cu64, 64, 64, window_left=127, sinks=sinks)),
+        ),
+    }
+
+
+def _gluon_decode() -> tuple[Any, Any] | None:
+    try:
+        from tokenspeed_kernel.ops.attention.args import DecodeArgs
+        from tokenspeed_kernel_nvidia.ops.attention import gluon_decode
+    except ImportError:  # no NVIDIA wheel on the path
+        return None
+    bf = torch.bfloat16
+    pages = 256 // PAGE + 1
+    q = torch.randn(1, 1, HEADS, HEAD_DIM, dtype=bf)
+    args = DecodeArgs(
+        q,
+        torch.randn(pages, PAGE, KV_HEADS, HEAD_DIM, dtype=bf),
+        torch.randn(pages, PAGE, KV_HEADS, HEAD_DIM, dtype=bf),
+        torch.arange(pages, dtype=torch.int32).view(1, pages),
+        torch.tensor([256], dtype=torch.int32),
+        256,
+        0.125,
+        -1,
+        torch.randn(HEADS),
+        0.0,
+        None,
+        None,
+        torch.empty_like(q),
+        None,
+    )
+    return gluon_decode, args
+
+
+def _moe() -> tuple[Any, Any]:
+    from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
+    from tokenspeed_kernel_triton.ops.moe import fused
+
+    experts, hidden, inter, tokens, top_k = 32, 512, 512, 4, 4
+    x = torch.randn(tokens, hidden, dtype=torch.bfloat16)
+    args = MoEApplyArgs(
+        x,
+        torch.randn(experts, 2 * inter, hidden, dtype=torch.bfloat16),
+        torch.randn(experts, hidden, inter, dtype=torch.bfloat16),
+        torch.rand(tokens, top_k),
+        torch.randperm(experts)[: tokens * top_k].view(tokens, top_k).int(),
+        "silu",
+        None,
+        None,
+        None,
+        torch.empty_like(x),
+        None,
+        None,
+    )
+    return fused, args
+
+
+def _time(fn: Callable[[], object], number: int) -> float:
+    runs = timeit.repeat(fn, number=number, repeat=5)
+    return statistics.median(runs) / number * 1e6
+
+
+def run(number: int) -> list[tuple[str, float, float, float, float]]:
+    """(kernel, key µs, bind µs, uncached µs, cached µs) per kernel."""
+    _stub_launches()
+    kernels = _attention_rows()
+    gluon = _gluon_decode()
+    if gluon is not None:
+        kernels["gluon_decode_sm90"] = gluon
+    kernels["triton_fused_moe"] = _moe()
+    rows = []
+    for name, (module, args) in kernels.items():
+        cache = module._RUNNERS
+        cache.clear()
+        cache(args)  # bound: later calls hit
+        rows.append(
+            (
+                name,
+                _time(lambda c=cache, a=args: c._key(a), number),
+                _time(lambda c=cache, a=args: c._bind(a), max(number // 10, 10)),
+                _time(lambda c=cache, a=args: c._fresh(a), max(number // 10, 10)),
+                _time(lambda c=cache, a=args: c(a), number),
+            )
+        )
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--number", type=int, default=2000, help="calls per timed run (median of 5)")
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, CPU, launches stubbed: host µs per call")
+    print(f"{'kernel':<20} {'key':>7} {'bind':>7} {'uncached':>9} {'cached':>7}")
+    for name, key, bind, fresh, cached in run(args.number):
+        print(f"{name:<20} {key:>7.2f} {bind:>7.2f} {fresh:>9.2f} {cached:>7.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
