@@ -23,9 +23,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import torch
-
-from tokenspeed_kernel.kit import cdiv, equal_head_dims
+from tokenspeed_kernel.kit import cdiv, equal_head_dims, sm_count
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia.ops.attention._common import Q_DTYPES, VENDORS, head_tile_descriptor
@@ -120,11 +118,6 @@ def key_tiles(len_q: int, len_k: int, m0: int, wg: int, block_n: int) -> tuple[i
     return n_kv, n_kv - min(max(p0 + 1, 0) // block_n, n_kv)
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def grid(max_seqlen_q: int, batch: int, num_q_heads: int, sms: int) -> tuple[int, int]:
     """``(programs, n_m)``: the persistent grid (at most one program per SM) over
     ``n_m * batch * num_q_heads`` work tiles, ``n_m = cdiv(max_seqlen_q, BLOCK_M)``."""
@@ -146,7 +139,7 @@ def _check_call(args: PrefillArgs) -> None:
     if not args.softmax_scale > 0:
         # the kernel takes the row max of the raw scores (one FFMA per score after it)
         raise ValueError(f"gluon_prefill_fa3_sm90 needs softmax_scale > 0 (got {args.softmax_scale})")
-    for name in ("q", "k", "v", "out"):
+    for name in ("q", "k", "v"):  # TMA operands (out is written with plain stores)
         if getattr(args, name).data_ptr() % _ALIGN:
             raise ValueError(f"gluon_prefill_fa3_sm90 needs {name} {_ALIGN}-byte aligned (TMA)")
 
@@ -168,8 +161,8 @@ def gluon_prefill_fa3(args: PrefillArgs) -> None:
     """Gluon Hopper dense causal prefill (FlashAttention-3 design): warp-specialized TMA
     producer, two ping-pong wgmma consumer warpgroups, persistent heaviest-first grid.
 
-    q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]`` (bf16/fp16, contiguous, 16-byte
-    aligned), D 64 or 128, causal (bottom-right), no window or cap; sinks float32 ``[Hq]``
+    q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]`` (bf16/fp16, contiguous, q/k/v
+    16-byte aligned for TMA), D 64 or 128, causal (bottom-right), no window or cap; sinks float32 ``[Hq]``
     optional; writes ``args.out`` ``[total_q, Hq, D]`` and ``args.lse`` (float32
     ``[total_q, Hq]``) when given.
     """
@@ -189,7 +182,7 @@ def launch(args: PrefillArgs, cfg: Fa3Config | None = None) -> None:
         return
     cfg = cfg or fa3_config(head_dim)
     q_smem, kv_smem, s_mma, o_mma = cfg.layouts
-    programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, _sm_count(args.q.device.index or 0))
+    programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device))
     dummy = args.cu_seqlens_q  # never read when the flag is off
     jit_launch(
         prefill_fa3_kernel,
