@@ -3,11 +3,11 @@
 Issue 20: the FA3-style Gluon prefill aims at >= ~480 TFLOP/s for causal S = 8192 and
 B = 4 x 4096 with 64 query / 8 KV heads, head dim 64, bf16, sinks (``triton_prefill`` ~360,
 FA4 ~530 on an H200). Each case times every configuration of :data:`CONFIGS` for its head
-dim through the module's launcher, and ``triton_prefill`` and ``fa4_prefill_sm90`` (when its
-AOT bundle or JIT extra is present; else the row says why) through the public call. Every
-configuration and peer is first checked against a float64 attention of a few heads (one
-per KV head and the group's last; relative Frobenius error < 2e-2) and timed only if it
-passes, by CUDA-graph replay (``tools.timing.time_fn``, L2 flushed by a read).
+dim (K/V tile, ring depth, ping-pong on or off) through the module's launcher, and
+``triton_prefill`` and ``fa4_prefill_sm90`` (when its AOT bundle or JIT extra is present;
+else the row says why) through the public call. Every configuration and peer is first
+checked against a float64 attention of :data:`CHECK_HEADS` (five heads of four KV heads,
+group ends included; relative Frobenius error < 2e-2) and timed only if it passes, by CUDA-graph replay (``tools.timing.time_fn``, L2 flushed by a read).
 TFLOP/s count the causal half: ``4 * B * Hq * D * S * (S + 1) / 2``.
 
 Usage (repository root, wheels installed): ``python3 ci/device/fa3_sweep.py [--quick]
@@ -29,9 +29,9 @@ import torch
 DEV = torch.device("cuda")
 HQ, HKV = 64, 8
 CASES = ((1, 8192, 64), (4, 4096, 64), (1, 8192, 128), (4, 4096, 128))  # (batch, seq, head dim)
-CONFIGS = {  # head dim -> (block_n, stages) alternatives; the first is fa3_config's
-    64: ((128, 3), (128, 2), (64, 4)),
-    128: ((128, 2), (64, 3)),
+CONFIGS = {  # head dim -> (block_n, stages, pingpong) alternatives; the first is fa3_config's
+    64: ((128, 3, True), (128, 3, False), (128, 2, True), (64, 4, True)),
+    128: ((128, 2, True), (128, 2, False), (64, 3, True)),
 }
 PEERS = ("triton_prefill", "fa4_prefill_sm90")
 CHECK_HEADS = (0, 7, 8, 31, 63)  # float64 reference heads (several KV heads and group ends)
@@ -84,8 +84,8 @@ def sweep_case(batch: int, seq: int, d: int, quick: bool) -> list[dict]:
     flops = 4 * batch * HQ * d * seq * (seq + 1) / 2
     out = torch.empty_like(q)
     runs = []
-    for block_n, stages in CONFIGS[d][:1] if quick else CONFIGS[d]:
-        cfg = fa3.Fa3Config(d, block_n=block_n, stages=stages)
+    for block_n, stages, pingpong in CONFIGS[d][:1] if quick else CONFIGS[d]:
+        cfg = fa3.Fa3Config(d, block_n=block_n, stages=stages, pingpong=pingpong)
         args = PrefillArgs(q, k, v, cu, cu, seq, seq, True, scale, -1, sinks, 0.0, out, None)
         runs.append((f"fa3 {cfg.tag}", functools.partial(fa3.launch, args, cfg)))
     for peer in PEERS:

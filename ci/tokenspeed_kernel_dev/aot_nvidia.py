@@ -264,6 +264,7 @@ def compile_prefill_fa3(
         "O_MMA": o_mma,
         "CONSUMER_REGS": cfg.consumer_regs,
         "PRODUCER_REGS": cfg.producer_regs,
+        "PINGPONG": cfg.pingpong,
     }
     for name in constexprs:
         signature[name] = "constexpr"
@@ -552,7 +553,8 @@ def prefill_grid():
 
 def prefill_fa3_grid():
     """The launcher's configurations (D 64 and 128) with sinks on and off, LSE, fp16, GQA 8
-    and 1, plus the alternatives the device sweep times (D = 64 with 2 stages, 64-key tiles)."""
+    and 1, plus the alternatives the device sweep times (D = 64 with 2 stages, 64-key tiles,
+    no ping-pong hand-off)."""
     return [
         (torch.bfloat16, 64, 8, True, False, None),
         (torch.bfloat16, 64, 8, False, False, None),
@@ -564,6 +566,7 @@ def prefill_fa3_grid():
         (torch.bfloat16, 64, 8, True, False, Fa3Config(64, block_n=128, stages=2)),
         (torch.bfloat16, 64, 8, True, False, Fa3Config(64, block_n=64, stages=4)),
         (torch.bfloat16, 128, 8, True, False, Fa3Config(128, block_n=64, stages=3)),
+        (torch.bfloat16, 64, 8, True, False, Fa3Config(64, block_n=128, stages=3, pingpong=False)),
     ]
 
 

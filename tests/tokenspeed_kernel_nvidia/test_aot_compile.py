@@ -79,6 +79,11 @@ def test_gluon_prefill_fa3_compiles_warp_specialized_with_wgmma():
         # The next S = Q·Kᵀ is awaited with the P·V product still in flight: one wait(1) per consumer.
         assert row["wgmma_wait1"] == 2, row
         assert row["mbar_wait"] > 0 and row["mbar_arrive"] > 0, row
+    # The ping-pong hand-off: a wait and an arrive at each of the 3 issue sites of each consumer.
+    by_name = {r["kernel"]: r for r in rows}
+    pp = by_name["gluon_prefill_fa3-bfloat16-g8-d64-n128-st3-r240.24-sinks"]
+    free = by_name["gluon_prefill_fa3-bfloat16-g8-d64-n128-st3-r240.24-free-sinks"]
+    assert pp["mbar_wait"] - free["mbar_wait"] == 6 and pp["mbar_arrive"] - free["mbar_arrive"] == 6, (pp, free)
 
 
 def test_gluon_moe_decode_compiles_for_sm90_with_vector_loads():

@@ -92,13 +92,16 @@ def test_gluon_prefill_fa3_numerics(lens_q, lens_k, hq, hkv, d, sinks, dtype):
     _assert_close(*_run(lens_q, lens_k, hq, hkv, d, sinks, dtype))
 
 
-@pytest.mark.parametrize("d,block_n,stages", [(64, 128, 2), (64, 64, 4), (128, 64, 3)])
-def test_gluon_prefill_fa3_sweep_configs(d, block_n, stages):
+@pytest.mark.parametrize(
+    "d,block_n,stages,pingpong",
+    [(64, 128, 2, True), (64, 64, 4, True), (128, 64, 3, True), (64, 128, 3, False), (128, 128, 2, False)],
+)
+def test_gluon_prefill_fa3_sweep_configs(d, block_n, stages, pingpong):
     # the alternatives ci/device/fa3_sweep.py times are checked here first
     _skip()
     from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import Fa3Config
 
-    cfg = Fa3Config(d, block_n=block_n, stages=stages)
+    cfg = Fa3Config(d, block_n=block_n, stages=stages, pingpong=pingpong)
     _assert_close(*_run(RAGGED, None, 16, 2, d, True, torch.bfloat16, cfg=cfg))
 
 

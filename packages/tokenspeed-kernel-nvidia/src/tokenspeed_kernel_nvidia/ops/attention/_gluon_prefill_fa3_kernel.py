@@ -122,6 +122,22 @@ def _producer(
 
 
 @gluon.jit
+def _wait_turn(turn, rnd, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: before its issue round ``rnd``, warpgroup ``WG`` waits until the other one
+    has issued its round ``rnd - 1`` (warpgroup 0) or ``rnd`` (warpgroup 1). mbarriers start
+    in phase 0, and waiting on parity 1 of a fresh barrier passes: warpgroup 0 goes first."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), (rnd & 1) ^ (1 - WG))
+
+
+@gluon.jit
+def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: warpgroup ``WG`` has issued its wgmma round; the other one may issue."""
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG), count=1)
+
+
+@gluon.jit
 def _softmax_step(s, m_i, l_i, row_pos, cols, start, qk_scale, masked, dtype: gl.constexpr, p_layout: gl.constexpr):
     """One online-softmax step on the raw scores ``s [HALF, BLOCK_N]`` (fp32): mask (only
     when ``masked``: keys past a row's position), running max ``m_i`` in scaled base-2
@@ -163,6 +179,7 @@ def _consumer(
     HAS_LSE: gl.constexpr,
     S_MMA: gl.constexpr,
     O_MMA: gl.constexpr,
+    PINGPONG: gl.constexpr,
 ):
     """One warpgroup: rows ``[m0 + WG * HALF, + HALF)`` of every tile of this program."""
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
@@ -197,9 +214,9 @@ def _consumer(
                 # ---- step 0: S_0 = Q·K_0ᵀ alone
                 slot = it % STAGES
                 mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
-                mbarrier.wait(turn.index(WG), (rnd & 1) ^ (1 - WG))
+                _wait_turn(turn, rnd, WG, PINGPONG)
                 s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                mbarrier.arrive(turn.index(1 - WG), count=1)
+                _pass_turn(turn, WG, PINGPONG)
                 rnd += 1
                 s = warpgroup_mma_wait(0, deps=[s_tok])
                 mbarrier.arrive(k_empty.index(slot), count=1)
@@ -214,12 +231,12 @@ def _consumer(
                     slot = it % STAGES
                     mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
                     mbarrier.wait(v_ready.index(prev), ((it - 1) // STAGES) & 1)
-                    mbarrier.wait(turn.index(WG), (rnd & 1) ^ (1 - WG))
+                    _wait_turn(turn, rnd, WG, PINGPONG)
                     s_tok = warpgroup_mma(
                         my_q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True
                     )
                     o_tok = warpgroup_mma(p, v_smem.index(prev), acc, is_async=True)
-                    mbarrier.arrive(turn.index(1 - WG), count=1)
+                    _pass_turn(turn, WG, PINGPONG)
                     rnd += 1
                     s = warpgroup_mma_wait(1, deps=[s_tok])
                     mbarrier.arrive(k_empty.index(slot), count=1)
@@ -234,9 +251,9 @@ def _consumer(
                 mbarrier.arrive(q_empty.index(WG), count=1)
                 # ---- last: O += P·V of the last key tile
                 mbarrier.wait(v_ready.index(slot), (it // STAGES) & 1)
-                mbarrier.wait(turn.index(WG), (rnd & 1) ^ (1 - WG))
+                _wait_turn(turn, rnd, WG, PINGPONG)
                 o_tok = warpgroup_mma(p, v_smem.index(slot), acc, is_async=True)
-                mbarrier.arrive(turn.index(1 - WG), count=1)
+                _pass_turn(turn, WG, PINGPONG)
                 rnd += 1
                 acc = warpgroup_mma_wait(0, deps=[o_tok])
                 mbarrier.arrive(v_empty.index(slot), count=1)
@@ -288,6 +305,7 @@ def prefill_fa3_kernel(
     O_MMA: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
+    PINGPONG: gl.constexpr,
 ):
     """Dense causal attention, persistent over ``n_m * batch * HQ`` work tiles.
 
@@ -296,7 +314,9 @@ def prefill_fa3_kernel(
     o: ``[total_q, HQ, D]`` in q's dtype; lse float32 ``[total_q, HQ]`` (natural log, sink
     included; written when ``HAS_LSE``); sinks float32 ``[HQ]``; cu_q / cu_k int32
     ``[batch + 1]``; ``n_m = cdiv(max_seqlen_q, 2 * HALF)``. Launch with ``num_warps=4``
-    (consumer 0) and a grid of at most the number of SMs.
+    (consumer 0) and a grid of at most the number of SMs. ``PINGPONG``: the hand-off that
+    makes the two consumer warpgroups issue their wgmma rounds alternately (off: each issues
+    as soon as its data is there).
     """
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF, D], q_desc.layout)
@@ -327,12 +347,12 @@ def prefill_fa3_kernel(
             (
                 _consumer,
                 (q_smem, k_smem, v_smem, bars, o_ptr, lse_ptr, sinks_ptr, cu_q_ptr, cu_k_ptr, sm_scale, n_m, batch,
-                 total, 0, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA),
+                 total, 0, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG),
             ),
             (
                 _consumer,
                 (q_smem, k_smem, v_smem, bars, o_ptr, lse_ptr, sinks_ptr, cu_q_ptr, cu_k_ptr, sm_scale, n_m, batch,
-                 total, 1, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA),
+                 total, 1, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG),
             ),
             (
                 _producer,

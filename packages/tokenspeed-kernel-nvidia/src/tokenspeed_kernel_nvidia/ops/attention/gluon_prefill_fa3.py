@@ -56,7 +56,8 @@ class Fa3Config:
     split of the warp specialization: ``maxnreg`` per thread at launch over 12 warps
     (two consumer warpgroups + the producer's, padded to a warpgroup), then
     ``consumer_regs`` for each consumer warpgroup and ``producer_regs`` for the producer
-    (``2 * consumer + producer <= 3 * maxnreg``).
+    (``2 * consumer + producer <= 3 * maxnreg``); ``pingpong``: the consumer warpgroups
+    issue their wgmma rounds alternately (FA3's schedule) or freely.
     """
 
     head_dim: int
@@ -65,6 +66,7 @@ class Fa3Config:
     consumer_regs: int = 240
     producer_regs: int = 24
     maxnreg: int = 168
+    pingpong: bool = True
 
     def shared_bytes(self, elem_bytes: int = 2) -> int:
         """Explicit shared memory: two Q halves + the K and V rings (barriers come on top)."""
@@ -72,7 +74,8 @@ class Fa3Config:
 
     @property
     def tag(self) -> str:
-        return f"d{self.head_dim}-n{self.block_n}-st{self.stages}-r{self.consumer_regs}.{self.producer_regs}"
+        tag = f"d{self.head_dim}-n{self.block_n}-st{self.stages}-r{self.consumer_regs}.{self.producer_regs}"
+        return tag + ("" if self.pingpong else "-free")
 
     @functools.cached_property
     def layouts(self):
@@ -210,6 +213,7 @@ def launch(args: PrefillArgs, cfg: Fa3Config | None = None) -> None:
         O_MMA=o_mma,
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
+        PINGPONG=cfg.pingpong,
         num_warps=4,
         maxnreg=cfg.maxnreg,
     )
