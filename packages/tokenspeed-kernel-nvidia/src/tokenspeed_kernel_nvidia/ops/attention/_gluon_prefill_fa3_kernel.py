@@ -235,7 +235,8 @@ def _consumer(
                     s_tok = warpgroup_mma(
                         my_q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True
                     )
-                    o_tok = warpgroup_mma(p, v_smem.index(prev), acc, is_async=True)
+                    p_prev = p
+                    o_tok = warpgroup_mma(p_prev, v_smem.index(prev), acc, is_async=True)
                     _pass_turn(turn, WG, PINGPONG)
                     rnd += 1
                     s = warpgroup_mma_wait(1, deps=[s_tok])
@@ -244,7 +245,8 @@ def _consumer(
                     p, alpha_i, m_i, l_i = _softmax_step(
                         s, m_i, l_i, row_pos, cols, start, qk_scale, i < n_masked, dtype, p_layout
                     )
-                    acc = warpgroup_mma_wait(0, deps=[o_tok])
+                    # p_prev (the A operand in registers) stays live until its product retires
+                    acc, _p_done = warpgroup_mma_wait(0, deps=[o_tok, p_prev])
                     mbarrier.arrive(v_empty.index(prev), count=1)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha_i, gl.SliceLayout(1, O_MMA)), 1)
                 # Q is no longer read: the producer may load the next tile's half.
