@@ -83,7 +83,8 @@ def _assert_close(res, lse, ro, rl):
     finite = torch.isfinite(rl)
     assert torch.equal(torch.isfinite(lse), finite)  # -inf exactly where a row sees nothing
     torch.testing.assert_close(lse.double()[finite], rl[finite], atol=2e-2, rtol=2e-2)
-    assert float(res.double()[~finite].abs().max(initial=0.0)) == 0.0
+    blind = res.double()[~finite]  # rows that see no key: zeros
+    assert blind.numel() == 0 or float(blind.abs().max()) == 0.0
 
 
 @pytest.mark.parametrize("lens_q,lens_k,hq,hkv,d,sinks,dtype", CASES)
