@@ -7,12 +7,16 @@
 #   mxswap: triton_fused_moe_mx_swap (opt-in, issue 21): GPU numerics and graph-capture tests, `check` on
 #        the awkward preset, `bench moe.apply` next to triton_fused_moe_mx (and matmul_ogs with .whl-ogs
 #        carried), then ci/device/tiles_sweep.py on its points until the call's 10 minutes are nearly up
-#   mxp: triton_fused_moe_mx_swap_persistent (branch mxp, opt-in, never run on a GPU): its GPU numerics,
+#   mxp: triton_fused_moe_mx_swap_persistent (first from 4096 tokens): its GPU numerics,
 #        graph-capture and bound-run tests, then ci/device/mxp_sweep.py (every schedule checked against
 #        float64, then timed next to triton_fused_moe_mx_swap and matmul_ogs at T = 64, 512, 1024, 4096;
 #        .whl-ogs carried for the matmul_ogs rows) until the call's 10 minutes are nearly up (~6-8 min)
 #   nvidia: gluon_prefill_window_sm90: GPU numerics tests, `check` on the awkward preset, `bench
 #        attention.prefill` next to triton_prefill (~3 min)
+#   fa3g: gluon_prefill_fa3_sm90 (issue 20, FA3-style dense causal prefill, opt-in): GPU numerics tests, `check`
+#        on the awkward preset, `bench attention.prefill` next to triton_prefill and fa4_prefill_sm90 (FA4 rows
+#        need .whl-cute/bundle carried), then ci/device/fa3_sweep.py (configs at S=8192 / B=4x4096, D 64 and 128)
+#        until the call's 10 minutes are nearly up (~7-9 min)
 #   e2e: examples/gpt_oss end to end (short budget; E2E_ROWS picks rows, default torch,selector,nvidia)
 #   flashinfer: tests/tokenspeed_kernel_nvidia/test_flashinfer_gpu.py (needs .whl-nvidia)
 #   gluonmoe: gluon_moe_decode_mx_sm90 GPU tests, then ci/device/gluon_moe_bench.py (T <= 8, ~3 min)
@@ -30,9 +34,9 @@
 #             packages/tokenspeed-kernel-triton packages/tokenspeed-kernel-nvidia
 #         (optional) bash ci/device/flashinfer_bundle.sh
 #         (optional) bash ci/device/triton_kernels_bundle.sh   # .whl-ogs: matmul_ogs rows in `bench moe.apply`
-# Device: carry [".whl"] (and ".whl-nvidia", ".whl-ogs"), command: bash ci/device/verify_pending.sh STEP...
-# with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, flashinfer, e2e (default: decode).
-# A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap` and `mxp` alone.
+# Device: carry [".whl"] (and ".whl-nvidia", ".whl-ogs", ".whl-cute/bundle"), command: bash ci/device/verify_pending.sh
+# STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, flashinfer, e2e (default:
+# decode). A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap`, `mxp` and `fa3g` alone.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -42,6 +46,10 @@ if [ -f .whl-nvidia/flashinfer-python.tar.xz ]; then
   mkdir -p /tmp/site && tar -xJf .whl-nvidia/flashinfer-python.tar.xz -C /tmp/site
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl-nvidia/*.whl
   export PYTHONPATH=/tmp/site
+fi
+if [ -f .whl-cute/bundle/fa4-aot.tar.xz ]; then  # FA4's AOT bundle: the fa4_prefill_sm90 peer rows
+  python3 -m pip install -q --no-deps --no-index .whl-cute/bundle/*.whl
+  tar -xJf .whl-cute/bundle/fa4-aot.tar.xz -C /tmp && export TOKENSPEED_KERNEL_FA4_AOT=/tmp/fa4
 fi
 if [ -f .whl-ogs/triton_kernels.tar.xz ]; then  # OpenAI's triton_kernels: the matmul_ogs baselines of bench
   mkdir -p /tmp/ogs && tar -xJf .whl-ogs/triton_kernels.tar.xz -C /tmp/ogs
@@ -109,6 +117,16 @@ kernel_step tests/tokenspeed_kernel_nvidia/test_gluon_prefill_gpu.py "" attentio
   triton_prefill
 }
 
+fa3g() {
+echo "== gluon_prefill_fa3_sm90: GPU tests, check vs float64, bench next to triton_prefill and FA4, config sweep"
+# A hung mbarrier (a warp-specialization protocol bug) must not cost the call: each part on its own clock.
+kernel_step tests/tokenspeed_kernel_nvidia/test_gluon_prefill_fa3_gpu.py "" attention.prefill gluon_prefill_fa3_sm90 \
+  triton_prefill,fa4_prefill_sm90
+# the sweep gets what is left of the call's 600 s ($SECONDS counts from this script's start)
+timeout "$(( ${FA3G_END_S:-585} - SECONDS ))" python3 -W ignore ci/device/fa3_sweep.py --json "$OUT/fa3_sweep.json" \
+  2>&1 | tail -30 || status=1
+}
+
 e2e() {
 echo "== examples/gpt_oss end to end"
 timeout 200 python3 -m examples.gpt_oss.bench --rows "${E2E_ROWS:-torch,selector,nvidia}" --budget-s 90 --rep-ms 60 \
@@ -172,8 +190,8 @@ fi
 
 for step in $steps; do
   case $step in
-    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | flashinfer | e2e) "$step" ;;
-    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, flashinfer, e2e)"
+    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | fa3g | flashinfer | e2e) "$step" ;;
+    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, flashinfer, e2e)"
        status=2 ;;
   esac
 done

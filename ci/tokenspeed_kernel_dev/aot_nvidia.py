@@ -1,13 +1,15 @@
 """Ahead-of-time compilation of the Gluon kernels for sm_90 on a machine without a GPU.
 
-``PYTHONPATH=ci python -m tokenspeed_kernel_dev.aot_nvidia [decode] [prefill] [moe] [moe_mma]`` compiles the
-configurations the Gluon launchers can choose (decode, the window prefill, the two layers of
-the MXFP4 MoE decode on FMAs and on mma.sync; all when no kind is named) for
+``PYTHONPATH=ci python -m tokenspeed_kernel_dev.aot_nvidia [decode] [prefill] [prefill_fa3] [moe] [moe_mma]``
+compiles the configurations the Gluon launchers can choose (decode, the window prefill, the
+FA3-style dense prefill, the two layers of the MXFP4 MoE decode on FMAs and on mma.sync; all
+when no kind is named) for
 ``GPUTarget("cuda", 90, 32)`` and prints one JSON line each: whether it built, the counts of
 the instructions the design relies on in the PTX (``cp.async`` gathers, ``mma.sync`` and
 ``wgmma`` tensor-core products, ``cp.async.bulk.tensor`` TMA copies, ``.local`` accesses,
-16-byte ``ld.global.v4.b32`` loads and ``cvt.f32.f16`` widenings for the MoE decode),
-shared memory, and the registers and spill bytes that Triton's bundled ``ptxas -v`` reports
+16-byte ``ld.global.v4.b32`` loads and ``cvt.f32.f16`` widenings for the MoE decode; for
+warp-specialized kernels the ``setmaxnreg`` register counts, ``wgmma.wait_group 1`` waits
+(an MMA left in flight) and ``mbarrier.arrive``/``try_wait`` counts), shared memory, and the registers and spill bytes that Triton's bundled ``ptxas -v`` reports
 for ``sm_90a`` (the compiled object carries no register count without a device). Must run
 without ``TRITON_INTERPRET`` (the test suite runs it in a subprocess).
 """
@@ -28,9 +30,11 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from tokenspeed_kernel_dev.aot_common import SASS_OPCODE, disassemble, ptxas_stats, sass_loops
 from tokenspeed_kernel_nvidia.ops.attention._gluon_decode_kernel import decode_kernel
+from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_fa3_kernel import prefill_fa3_kernel
 from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import prefill_window_kernel
 from tokenspeed_kernel_nvidia.ops.attention.gluon_decode import decode_config
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill import GluonPrefillConfig, prefill_config
+from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import HALF, Fa3Config, fa3_config
 from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_decode as gmoe
 from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_mma as gmma
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_decode_kernel import w2_kernel, w13_kernel
@@ -58,6 +62,10 @@ class CompileResult:
     cvt_f16: int = 0
     atom_acq_rel_gpu: int = 0
     ld_cg: int = 0
+    setmaxnreg: list = field(default_factory=list)
+    wgmma_wait1: int = 0
+    mbar_arrive: int = 0
+    mbar_wait: int = 0
     sass: dict = field(default_factory=dict)
     error: str = ""
 
@@ -73,7 +81,9 @@ def _sass_counts(text: str) -> dict[str, int]:
     """Static SASS opcode counts of the opcodes in :data:`SASS_OPS` in disassembly ``text``:
     ``LDG.128`` = 16-byte global loads, ``LDG`` = all global loads, ``HADD2.F32`` / ``F2F``
     = the two ways ``cvt.f32.f16`` can be lowered. ``LOOP`` = the instructions of the first
-    loop (a label to a backward branch), the main K loop of the MoE decode kernels."""
+    loop (a label to a backward branch), the main K loop of the MoE decode kernels. ``REGS``
+    = one past the highest general register named (under ``setmaxnreg`` a partition may use
+    more than the launch count ``ptxas -v`` reports)."""
     ops = Counter(SASS_OPCODE.findall(text))
     out = {}
     for name in SASS_OPS:
@@ -82,6 +92,7 @@ def _sass_counts(text: str) -> dict[str, int]:
         else:
             out[name] = sum(n for op, n in ops.items() if op == name or op.startswith(name + "."))
     out["LOOP"] = _first_loop_length(text)
+    out["REGS"] = max((int(r) for r in re.findall(r"\bR(\d+)\b", text)), default=-1) + 1
     return out
 
 
@@ -214,6 +225,53 @@ def compile_prefill(
     name = f"gluon_prefill-{str(dtype)[6:]}-d{head_dim}-g{group}-n{cfg.block_n}-st{cfg.stages}-w{cfg.num_warps}{flags}"
     src = GluonASTSource(prefill_window_kernel, signature, constexprs, _attrs(signature))
     return name, triton_compile(src, target=SM90, options={"num_warps": cfg.num_warps})
+
+
+def compile_prefill_fa3(
+    dtype: torch.dtype, head_dim: int, group: int, sinks: bool, lse: bool, cfg: Fa3Config | None = None
+):
+    """Compile one configuration of the FA3-style dense causal prefill for sm_90 (``cfg``
+    defaults to the launcher's choice); returns (name, compiled). Q/K/V arrive as TMA
+    descriptors (boxes ``[64, D]`` and ``[block_n, D]``); the launch options are the
+    launcher's (4 warps for the default partition, ``maxnreg`` for the register split)."""
+    cfg = cfg or fa3_config(head_dim)
+    q_smem, kv_smem, s_mma, o_mma = cfg.layouts
+    t = _TYPE[dtype]
+    kv_desc = f"tensordesc<{t[1:]}[{cfg.block_n}, {head_dim}],{kv_smem!r}>"
+    signature = {
+        "q_desc": f"tensordesc<{t[1:]}[{HALF}, {head_dim}],{q_smem!r}>",
+        "k_desc": kv_desc,
+        "v_desc": kv_desc,
+        "o_ptr": t,
+        "lse_ptr": "*fp32",
+        "sinks_ptr": "*fp32",
+        "cu_q_ptr": "*i32",
+        "cu_k_ptr": "*i32",
+        "sm_scale": "fp32",
+        "n_m": "i32",
+        "batch": "i32",
+    }
+    constexprs = {
+        "HQ": 8 * group,
+        "G": group,
+        "D": head_dim,
+        "HALF": HALF,
+        "BLOCK_N": cfg.block_n,
+        "STAGES": cfg.stages,
+        "HAS_SINKS": sinks,
+        "HAS_LSE": lse,
+        "S_MMA": s_mma,
+        "O_MMA": o_mma,
+        "CONSUMER_REGS": cfg.consumer_regs,
+        "PRODUCER_REGS": cfg.producer_regs,
+        "PINGPONG": cfg.pingpong,
+    }
+    for name in constexprs:
+        signature[name] = "constexpr"
+    flags = "".join(f"-{f}" for f, on in (("sinks", sinks), ("lse", lse)) if on)
+    name = f"gluon_prefill_fa3-{str(dtype)[6:]}-g{group}-{cfg.tag}{flags}"
+    src = GluonASTSource(prefill_fa3_kernel, signature, constexprs, _attrs(signature))
+    return name, triton_compile(src, target=SM90, options={"num_warps": 4, "maxnreg": cfg.maxnreg})
 
 
 def compile_moe(
@@ -493,15 +551,35 @@ def prefill_grid():
     ]
 
 
+def prefill_fa3_grid():
+    """The launcher's configurations (D 64 and 128) with sinks on and off, LSE, fp16, GQA 8
+    and 1, plus the alternatives the device sweep times (D = 64 with 2 stages, 64-key tiles,
+    no ping-pong hand-off)."""
+    return [
+        (torch.bfloat16, 64, 8, True, False, None),
+        (torch.bfloat16, 64, 8, False, False, None),
+        (torch.bfloat16, 64, 8, True, True, None),
+        (torch.float16, 64, 1, False, True, None),
+        (torch.bfloat16, 128, 8, True, False, None),
+        (torch.bfloat16, 128, 8, False, True, None),
+        (torch.float16, 128, 4, True, True, None),
+        (torch.bfloat16, 64, 8, True, False, Fa3Config(64, block_n=128, stages=2)),
+        (torch.bfloat16, 64, 8, True, False, Fa3Config(64, block_n=64, stages=4)),
+        (torch.bfloat16, 128, 8, True, False, Fa3Config(128, block_n=64, stages=3)),
+        (torch.bfloat16, 64, 8, True, False, Fa3Config(64, block_n=128, stages=3, pingpong=False)),
+    ]
+
+
 _BUILDERS = {
     "decode": (compile_decode, decode_grid),
     "prefill": (compile_prefill, prefill_grid),
+    "prefill_fa3": (compile_prefill_fa3, prefill_fa3_grid),
     "moe": (compile_moe, moe_grid),
     "moe_mma": (compile_moe_mma, moe_mma_grid),
 }
 
 
-def run(kinds: tuple[str, ...] = ("decode", "prefill", "moe", "moe_mma")) -> list[CompileResult]:
+def run(kinds: tuple[str, ...] = ("decode", "prefill", "prefill_fa3", "moe", "moe_mma")) -> list[CompileResult]:
     results = []
     for kind in kinds:
         build, configs = _BUILDERS[kind]
@@ -528,6 +606,12 @@ def run(kinds: tuple[str, ...] = ("decode", "prefill", "moe", "moe_mma")) -> lis
                         cvt_f16=_count(r"\bcvt\.f32\.f16\b", ptx),
                         atom_acq_rel_gpu=_count(r"\batom\.global\.gpu\.acq_rel\.", ptx),
                         ld_cg=_count(r"\bld\.global\.cg\b", ptx),
+                        setmaxnreg=sorted(
+                            {int(n) for n in re.findall(r"\bsetmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}
+                        ),
+                        wgmma_wait1=_count(r"\bwgmma\.wait_group\.sync\.aligned 1;", ptx),
+                        mbar_arrive=_count(r"\bmbarrier\.arrive\.", ptx),
+                        mbar_wait=_count(r"\bmbarrier\.try_wait\.", ptx),
                         sass=_sass_counts(disassemble(compiled.asm["cubin"])) if "cubin" in compiled.asm else {},
                     )
                 )

@@ -1,6 +1,6 @@
 """Ahead-of-time compile of the Gluon kernels for sm_90 (no GPU): the PTX holds the intended
-instructions (decode: cp.async gathers, mma.sync; window prefill: TMA copies, wgmma), and
-ptxas reports no spills."""
+instructions (decode: cp.async gathers, mma.sync; window prefill: TMA copies, wgmma; FA3-style
+prefill: warp specialization with setmaxnreg, wgmma left in flight), and ptxas reports no spills."""
 
 import re
 
@@ -57,6 +57,33 @@ def test_gluon_prefill_d64_default_fits_two_programs_per_sm(prefill_rows):
     row = next(r for r in prefill_rows if r["kernel"] == "gluon_prefill-bfloat16-d64-g8-n64-st3-w8-sinks")
     assert row["shared_bytes"] <= 70 * 1024, row
     assert row["registers"] * 256 * 2 <= 65536, row
+
+
+def test_gluon_prefill_fa3_compiles_warp_specialized_with_wgmma():
+    rows = _compile("prefill_fa3")
+    assert len(rows) >= 10
+    names = {r["kernel"] for r in rows}
+    assert "gluon_prefill_fa3-bfloat16-g8-d64-n128-st3-r240.24-sinks" in names  # GPT-OSS's launch
+    assert "gluon_prefill_fa3-bfloat16-g8-d128-n128-st2-r240.24-sinks" in names
+    for row in rows:
+        d, n = (int(x) for x in re.search(r"-d(\d+)-n(\d+)-", row["kernel"]).groups())
+        # Two consumer warpgroups, each: S = Q·Kᵀ as D/16 m64nNk16 steps (first key tile and
+        # loop) and O += P·V as N/16 m64nDk16 steps (loop and last tile); no mma.sync, no cp.async.
+        assert row["wgmma"] == 2 * 2 * (d // 16 + n // 16), row
+        assert row["mma"] == 0 and row["cp_async"] == 0, row
+        # TMA only: the two Q halves, one K and one V box (split in two 128-byte-wide copies at D = 128)
+        assert row["tma"] == 4 * (d // 64), row
+        # Warp specialization: the producer shrinks to 24 registers, the consumers grow to 240.
+        # (the consumers' SASS names up to ~204 registers at D = 128, ~168 at D = 64)
+        assert {24, 240} <= set(row["setmaxnreg"]) and row["sass"]["REGS"] <= 240, row
+        # The next S = Q·Kᵀ is awaited with the P·V product still in flight: one wait(1) per consumer.
+        assert row["wgmma_wait1"] == 2, row
+        assert row["mbar_wait"] > 0 and row["mbar_arrive"] > 0, row
+    # The ping-pong hand-off: a wait and an arrive at each of the 3 issue sites of each consumer.
+    by_name = {r["kernel"]: r for r in rows}
+    pp = by_name["gluon_prefill_fa3-bfloat16-g8-d64-n128-st3-r240.24-sinks"]
+    free = by_name["gluon_prefill_fa3-bfloat16-g8-d64-n128-st3-r240.24-free-sinks"]
+    assert pp["mbar_wait"] - free["mbar_wait"] == 6 and pp["mbar_arrive"] - free["mbar_arrive"] == 6, (pp, free)
 
 
 def test_gluon_moe_decode_compiles_for_sm90_with_vector_loads():

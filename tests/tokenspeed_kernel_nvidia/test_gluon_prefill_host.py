@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from support.naive_attention import naive_prefill
+from support.online_softmax import close_online_softmax
 
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
 from tokenspeed_kernel_nvidia.ops.attention import gluon_prefill as gp
@@ -145,19 +146,11 @@ def _emulate(q, k, v, cu_q, cu_k, *, window, sinks, cap, scale, block_t, block_n
                     ell = ell * alpha + p.sum(1)
                     acc = acc * alpha[:, None] + p @ vt
                     m = m_new
+                sink = None
                 if sinks is not None:
                     sink = torch.tensor([float(sinks[h]) * log2e for _ in tokens for h in heads], dtype=torch.float64)
-                    m_fin = torch.maximum(m, sink)
-                    m_use = torch.where(m_fin == float("-inf"), 0.0, m_fin)
-                    old = torch.exp2(m - m_use)
-                    ell = ell * old + torch.exp2(sink - m_use)
-                else:
-                    m_use = torch.where(m == float("-inf"), 0.0, m)
-                    old = torch.ones_like(ell)
-                has = ell > 0
-                inv = torch.where(has, old / torch.where(has, ell, 1.0), 0.0)
+                inv, ls = close_online_softmax(m, ell, sink)
                 o = acc * inv[:, None]
-                ls = torch.where(has, (m_use + torch.log2(torch.where(has, ell, 1.0))) * math.log(2), float("-inf"))
                 for r, (t, h) in enumerate((t, h) for t in tokens for h in heads):
                     out[cu_q[b] + t, h], lse[cu_q[b] + t, h] = o[r], ls[r]
     return out, lse

@@ -15,6 +15,7 @@ NVIDIA_KERNELS = {
     "flashinfer_prefill": "attention.prefill",
     "gluon_decode_sm90": "attention.decode",
     "gluon_prefill_window_sm90": "attention.prefill",
+    "gluon_prefill_fa3_sm90": "attention.prefill",
     "gluon_moe_decode_mx_sm90": "moe.apply",
     "gluon_moe_mma_sm90": "moe.apply",
     "flashinfer_cutlass_moe": "moe.apply",
@@ -48,7 +49,7 @@ def test_backend_loads_and_registers_every_kernel():
 
 # Measured correct and faster than every portable kernel in their regime on an H100
 # (docs/history.md): ranked above the Triton kernels.
-PROMOTED = {"gluon_moe_decode_mx_sm90", "gluon_moe_mma_sm90"}
+PROMOTED = {"gluon_moe_decode_mx_sm90", "gluon_moe_mma_sm90", "gluon_prefill_fa3_sm90"}
 
 
 def test_priorities_and_gates_are_honest():

@@ -1,6 +1,6 @@
 """NVIDIA attention kernels: FlashInfer decode/extend/prefill, TensorRT-LLM XQA decode and FMHAv2 prefill
-(through FlashInfer), Gluon Hopper decode and window prefill, FlashAttention-4 (CuTe DSL) Hopper prefill
-(registered on import)."""
+(through FlashInfer), Gluon Hopper decode, window prefill and FlashAttention-3-style dense causal prefill,
+FlashAttention-4 (CuTe DSL) Hopper prefill (registered on import)."""
 
 from tokenspeed_kernel_nvidia.ops.attention import (  # noqa: F401
     fa4_prefill,
@@ -9,6 +9,7 @@ from tokenspeed_kernel_nvidia.ops.attention import (  # noqa: F401
     flashinfer_prefill,
     gluon_decode,
     gluon_prefill,
+    gluon_prefill_fa3,
     trtllm_fmha_prefill,
     trtllm_xqa_decode,
 )

@@ -26,3 +26,15 @@ FLASHINFER_CAPABILITIES = ("bf16", "cp_async")
 # they are refused until a GPU of theirs passes test_flashinfer_gpu.py.
 FLASHINFER_ARCHS = ("sm_90",)
 FLASHINFER_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
+
+
+def head_tile_descriptor(x: torch.Tensor, block_rows: int, layout):
+    """A TMA descriptor over ``x [rows, heads, dim]`` (contiguous) viewed as ``[rows, heads *
+    dim]``, box ``[block_rows, dim]``: ``block_rows`` consecutive tokens of one head are one
+    copy at ``[row, head * dim]``. An empty ``x`` gets a one-row zero stand-in (TMA needs
+    a positive extent; nothing is read from it)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rows, heads, dim = x.shape
+    flat = x.view(rows, heads * dim) if rows > 0 else x.new_zeros(1, heads * dim)
+    return TensorDescriptor(flat, list(flat.shape), [heads * dim, 1], [block_rows, dim], layout)

@@ -49,6 +49,28 @@ def _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bar, v_bar, row, col):
     tma.async_copy_global_to_shared(v_desc, [row, col], v_bar, v_smem)
 
 
+@gluon.jit
+def softmax_epilogue(m_i, l_i, sink, HAS_SINKS: gl.constexpr):
+    """Close an online softmax (running max ``m_i`` and sum ``l_i`` of ``exp2(s - m)``, base 2,
+    fp32 per row): the sink logit ``sink`` (base-2 units, a row tensor or scalar; ignored
+    without ``HAS_SINKS``) joins the denominator once. Returns ``(m_use, l_fin, has, inv)``:
+    the finite max, the final sum, whether the row has any weight, and the factor that turns
+    the accumulator into the output (0 for a row that saw nothing and has no sink);
+    ``lse = (m_use + log2(l_fin)) * ln 2`` where ``has``."""
+    if HAS_SINKS:
+        m_fin = gl.maximum(m_i, sink)
+        m_use = gl.where(m_fin == float("-inf"), 0.0, m_fin)
+        scale_old = gl.exp2(m_i - m_use)
+        l_fin = l_i * scale_old + gl.exp2(sink - m_use)
+    else:
+        m_use = gl.where(m_i == float("-inf"), 0.0, m_i)
+        scale_old = 1.0
+        l_fin = l_i
+    has = l_fin > 0.0
+    inv = gl.where(has, scale_old / gl.where(has, l_fin, 1.0), 0.0)
+    return m_use, l_fin, has, inv
+
+
 # window_left is never specialized: the JIT would turn window_left=1 into a constexpr (and
 # compile one kernel per such value); the mask needs it as a runtime i32.
 @gluon.jit(do_not_specialize=["window_left"])
@@ -223,20 +245,11 @@ def prefill_window_kernel(
         mbarrier.invalidate(v_bars.index(st))
 
     # ---- Epilogue: the sink joins the denominator; natural-log LSE; store the group's rows.
-    m_fin = m_i
+    sink = 0.0
     if HAS_SINKS:
         head = kv_head * G + gl.minimum(s_rows % G_PAD, G - 1)
         sink = gl.load(sinks_ptr + head) * LOG2E
-        m_fin = gl.maximum(m_i, sink)
-        m_use = gl.where(m_fin == float("-inf"), 0.0, m_fin)
-        scale_old = gl.exp2(m_i - m_use)
-        l_fin = l_i * scale_old + gl.exp2(sink - m_use)
-    else:
-        m_use = gl.where(m_fin == float("-inf"), 0.0, m_fin)
-        scale_old = gl.full([BLOCK_M], 1.0, gl.float32, layout=gl.SliceLayout(1, S_MMA))
-        l_fin = l_i
-    has = l_fin > 0.0
-    inv = gl.where(has, scale_old / gl.where(has, l_fin, 1.0), 0.0)
+    m_use, l_fin, has, inv = softmax_epilogue(m_i, l_i, sink, HAS_SINKS)
     out = acc * gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, O_MMA)), 1)
     out = gl.convert_layout(out.to(dtype), IO)
     gl.store(o_ptr + io_offs, out, mask=io_mask)

@@ -8,13 +8,15 @@ an AOT bundle compiled on a CPU machine (``TOKENSPEED_KERNEL_FA4_AOT``), or the 
 extra, which compiles each variant on its first call. Without either, ``explain`` shows
 the reason.
 
-Ranked first for unwindowed prefill at head dim 64 (``rank_when``), opt-in elsewhere, from its
-first H100 run (2026-11-27, AOT bundle; docs/benchmarks.md): float64 numerics passed (GPU tests
+Ranked first for unwindowed prefill at head dims 64 and 128 (``rank_when``), opt-in elsewhere,
+from its first H100 run (2026-11-27, AOT bundle; docs/benchmarks.md): float64 numerics passed (GPU tests
 including bottom-right causal, empty key runs and graph replay; ``check --preset awkward``), and
 causal S = 8192 with sinks took 0.999 ms (550 TFLOP/s): 1.54x ``triton_prefill`` and 1.18x cuDNN
 SDPA without sinks; B = 4 x 4096, 1.40x and 1.11x. With the 128-token window it is slower (0.72x
-``triton_prefill``), so windowed calls keep the kernels measured first there; head dim 128 has
-not been timed.
+``triton_prefill``), so windowed calls keep the kernels measured first there. Head dim 128 on an
+H200 (2026-11-27, same run as ``gluon_prefill_fa3_sm90``, ci/device/fa3_sweep.py): S = 8192
+645 TFLOP/s, B = 4 x 4096 587, against ``gluon_prefill_fa3_sm90`` 595 / 541 and
+``triton_prefill`` 259 / 244; at head dim 64 FA4 536 / 481, the Gluon kernel 434 / 416.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ FEATURES = ("non_causal", "sinks", "sliding_window", "return_lse")
     shapes={"head_dim": HEAD_DIMS, "head_dim_v": HEAD_DIMS},
     features=FEATURES,
     priority=Priority.OPT_IN,
-    # Measured faster on the H100 unwindowed at D = 64 only (module docstring); a priority above
-    # triton_prefill's PORTABLE, below gluon_prefill_window_sm90's (window calls never reach it).
-    rank_when=({"window_left": (None,), "head_dim": (64,)}, Priority.PERFORMANT),
+    # Measured fastest unwindowed at D = 64 (H100, H200) and D = 128 (H200) (module docstring):
+    # above gluon_prefill_fa3_sm90 (PERFORMANT) and triton_prefill (PORTABLE); window calls
+    # never reach this rank (gluon_prefill_window_sm90 / triton_prefill were faster there).
+    rank_when=({"window_left": (None,), "head_dim": (64, 128)}, Priority.PERFORMANT + 10),
     predicate=fa4_predicate,
     available=fa4_missing,
     # One launch on the caller's stream (TVM-FFI's environment stream), no host reads of

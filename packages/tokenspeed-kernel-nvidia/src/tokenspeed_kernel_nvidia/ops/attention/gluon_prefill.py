@@ -14,12 +14,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import torch
-
 from tokenspeed_kernel.kit import cdiv, equal_head_dims, next_pow2
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
-from tokenspeed_kernel_nvidia.ops.attention._common import Q_DTYPES, VENDORS
+from tokenspeed_kernel_nvidia.ops.attention._common import Q_DTYPES, VENDORS, head_tile_descriptor
 from tokenspeed_kernel_triton._launcher import jit_launch
 
 __all__ = [
@@ -143,16 +141,6 @@ def _check_call(args: PrefillArgs) -> None:
         )
 
 
-def _kv_descriptor(x: torch.Tensor, cfg: GluonPrefillConfig, layout):
-    """A TMA descriptor over ``x [total_k, Hkv, D]`` viewed as ``[total_k, Hkv * D]``, box
-    ``[block_n, D]``: a key tile of one KV head is one copy at ``[row, kv_head * D]``."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    rows, heads, dim = x.shape
-    flat = x.view(rows, heads * dim) if rows > 0 else x.new_zeros(1, heads * dim)
-    return TensorDescriptor(flat, list(flat.shape), [heads * dim, 1], [cfg.block_n, dim], layout)
-
-
 @register_kernel(
     "attention.prefill",
     name="gluon_prefill_window_sm90",
@@ -200,8 +188,8 @@ def launch(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> None:
         args.out,
         args.lse if args.lse is not None else dummy,
         args.sinks if args.sinks is not None else dummy,
-        _kv_descriptor(args.k, cfg, kv_smem),
-        _kv_descriptor(args.v, cfg, kv_smem),
+        head_tile_descriptor(args.k, cfg.block_n, kv_smem),
+        head_tile_descriptor(args.v, cfg.block_n, kv_smem),
         args.cu_seqlens_q,
         args.cu_seqlens_k,
         float(args.softmax_scale),

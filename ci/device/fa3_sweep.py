@@ -1,0 +1,137 @@
+"""Launch configurations of ``gluon_prefill_fa3_sm90`` at GPT-OSS-120B prefill sizes, D 64 and 128 (one call).
+
+Issue 20: the FA3-style Gluon prefill aims at >= ~480 TFLOP/s for causal S = 8192 and
+B = 4 x 4096 with 64 query / 8 KV heads, head dim 64, bf16, sinks (``triton_prefill`` ~360,
+FA4 ~530 on an H200). Each case times every configuration of :data:`CONFIGS` for its head
+dim (K/V tile, ring depth, ping-pong on or off) through the module's launcher, and
+``triton_prefill`` and ``fa4_prefill_sm90`` (when its AOT bundle or JIT extra is present;
+else the row says why) through the public call. Every configuration and peer is first
+checked against a float64 attention of :data:`CHECK_HEADS` (five heads of four KV heads,
+group ends included; relative Frobenius error < 2e-2) and timed only if it passes, by CUDA-graph replay (``tools.timing.time_fn``, L2 flushed by a read).
+TFLOP/s count the causal half: ``4 * B * Hq * D * S * (S + 1) / 2``.
+
+Usage (repository root, wheels installed): ``python3 ci/device/fa3_sweep.py [--quick]
+[--json FILE]`` (``--quick``: the shipped configuration and the peers only); prints one table
+last and writes JSON (default ``$OUT/fa3_sweep.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import sys
+
+import torch
+
+DEV = torch.device("cuda")
+HQ, HKV = 64, 8
+CASES = ((1, 8192, 64), (4, 4096, 64), (1, 8192, 128), (4, 4096, 128))  # (batch, seq, head dim)
+CONFIGS = {  # head dim -> (block_n, stages, pingpong) alternatives; the first is fa3_config's
+    64: ((128, 3, True), (128, 3, False), (128, 2, True), (64, 4, True)),
+    128: ((128, 2, True), (128, 2, False), (64, 3, True)),
+}
+PEERS = ("triton_prefill", "fa4_prefill_sm90")
+CHECK_HEADS = (0, 7, 8, 31, 63)  # float64 reference heads (several KV heads and group ends)
+TOL = 2e-2
+
+
+def inputs(batch: int, seq: int, d: int):
+    g = torch.Generator(device=DEV).manual_seed(batch * 7919 + seq + d)
+    total = batch * seq
+    q = torch.randn(total, HQ, d, device=DEV, generator=g).bfloat16()
+    k, v = (torch.randn(total, HKV, d, device=DEV, generator=g).bfloat16() for _ in range(2))
+    cu = torch.arange(0, total + 1, seq, dtype=torch.int32, device=DEV)
+    return q, k, v, cu, torch.randn(HQ, device=DEV, generator=g) * 2
+
+
+def reference(q, k, v, cu, sinks, scale):
+    """float64 causal attention with sinks of the :data:`CHECK_HEADS`: ``[total, len(heads), D]``."""
+    outs = []
+    for b in range(len(cu) - 1):
+        lo, hi = int(cu[b]), int(cu[b + 1])
+        n = hi - lo
+        mask = torch.ones(n, n, dtype=torch.bool, device=DEV).tril()
+        per_head = []
+        for h in CHECK_HEADS:
+            qh, kh, vh = (x[lo:hi, i].double() for x, i in ((q, h), (k, h // (HQ // HKV)), (v, h // (HQ // HKV))))
+            s = (qh @ kh.T * scale).masked_fill(~mask, float("-inf"))
+            s = torch.cat([s, torch.full((n, 1), float(sinks[h]), dtype=torch.float64, device=DEV)], 1)
+            per_head.append(torch.softmax(s, 1)[:, :n] @ vh)
+        outs.append(torch.stack(per_head, 1))
+    return torch.cat(outs)
+
+
+def rel_err(out, ref) -> float:
+    got = out[:, list(CHECK_HEADS)].double()
+    if torch.isnan(got).any():
+        return float("nan")
+    return float((got - ref).norm() / ref.norm())
+
+
+def sweep_case(batch: int, seq: int, d: int, quick: bool) -> list[dict]:
+    """Check then time every configuration of head dim ``d`` and the peers on one case."""
+    from tokenspeed_kernel import mha_prefill
+    from tokenspeed_kernel.ops.attention.args import PrefillArgs
+    from tokenspeed_kernel.tools.timing import time_fn
+    from tokenspeed_kernel_nvidia.ops.attention import gluon_prefill_fa3 as fa3
+
+    q, k, v, cu, sinks = inputs(batch, seq, d)
+    scale = 1 / math.sqrt(d)
+    ref = reference(q, k, v, cu, sinks, scale)
+    flops = 4 * batch * HQ * d * seq * (seq + 1) / 2
+    out = torch.empty_like(q)
+    runs = []
+    for block_n, stages, pingpong in CONFIGS[d][:1] if quick else CONFIGS[d]:
+        cfg = fa3.Fa3Config(d, block_n=block_n, stages=stages, pingpong=pingpong)
+        args = PrefillArgs(q, k, v, cu, cu, seq, seq, True, scale, -1, sinks, 0.0, out, None)
+        runs.append((f"fa3 {cfg.tag}", functools.partial(fa3.launch, args, cfg)))
+    for peer in PEERS:
+        call = functools.partial(mha_prefill, q, k, v, cu, cu, seq, seq, sinks=sinks, out=out, override=peer)
+        runs.append((peer, call))
+    rows = []
+    for name, fn in runs:
+        row = {"batch": batch, "seq": seq, "head_dim": d, "kernel": name}
+        try:
+            out.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            row["rel_err"] = err = rel_err(out, ref)
+            if not err < TOL:
+                row["status"] = f"FAIL rel_err {err:.3g}"
+            else:
+                ms = time_fn(fn, DEV).median_ms
+                row |= {"status": "ok", "ms": ms, "tflops": flops / ms / 1e9}
+        except Exception as exc:  # a peer that is not installed, or a launch that fails: say why
+            row["status"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the shipped configuration and the peers only")
+    parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp/out"), "fa3_sweep.json"))
+    opts = parser.parse_args()
+    print("device:", torch.cuda.get_device_name(), flush=True)
+    rows = []
+    for batch, seq, d in CASES:
+        rows += sweep_case(batch, seq, d, opts.quick)
+        torch.cuda.empty_cache()
+    os.makedirs(os.path.dirname(opts.json) or ".", exist_ok=True)
+    with open(opts.json, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+    print(f"\n{'case':<18} {'kernel':<34} {'rel_err':>9} {'ms':>8} {'TFLOP/s':>8}  status")
+    for r in rows:
+        case = f"B{r['batch']} S{r['seq']} D{r['head_dim']}"
+        ms = f"{r['ms']:.3f}" if "ms" in r else "-"
+        tf = f"{r['tflops']:.0f}" if "tflops" in r else "-"
+        print(f"{case:<18} {r['kernel']:<34} {r.get('rel_err', float('nan')):>9.2e} {ms:>8} {tf:>8}  {r['status']}")
+    return 0 if all(r["status"] == "ok" for r in rows if r["kernel"].startswith("fa3")) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
