@@ -47,6 +47,10 @@ by identity, so :func:`bind_runner` builds the launches from stand-ins (one dist
 object per input): inputs that are one tensor in the bind call (``cu_seqlens_q is
 cu_seqlens_k``) keep positions of their own.
 
+A runner also keeps what the launch building read from module globals (the kernel objects, a
+tile table): code that swaps those at run time (``ci/device/tiles_sweep.py``, tests that
+record launches) calls :func:`clear_runners` around the swap.
+
 ``TOKENSPEED_KERNEL_LAUNCH_CACHE=0`` (``_launcher.set_enabled(False)``) turns the runner caches
 off too: every call binds afresh and launches through Triton's path (the GPU tests' baseline).
 """
