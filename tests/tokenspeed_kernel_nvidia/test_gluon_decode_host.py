@@ -108,3 +108,37 @@ def test_functional_runner_key_follows_the_split_count_not_the_length(monkeypatc
     keys = {mod._runner_key(_decode_args(0, n)) for n in (4097, 4100, 4150)}
     assert len(keys) == 1, "lengths with the same split count share a runner"
     assert mod._runner_key(_decode_args(0, 100)) != mod._runner_key(_decode_args(0, 4096))
+
+
+def test_plan_runner_launches_what_a_fresh_bind_launches(monkeypatch):
+    """``bind_decode`` (a ``DecodePlan``'s runner, bound with placeholders for q/out/lse): each
+    run launches with its own q, out and lse and the plan's caches and tables."""
+    import dataclasses
+
+    import torch
+    from support.launch_recorder import Recorder, assert_same_launches
+
+    from tokenspeed_kernel_nvidia.ops.attention import gluon_decode as mod
+
+    rec = Recorder().install(monkeypatch)
+    monkeypatch.setattr(mod, "sm_count", lambda device: 132)
+    plan = _decode_args(0, 8192, lse=True)
+    layout = dataclasses.replace(
+        plan,
+        q=torch.empty(1, dtype=plan.q.dtype).expand(plan.q.shape),
+        out=torch.empty(1, dtype=plan.out.dtype).expand(plan.out.shape),
+        lse=torch.empty(1).expand(plan.lse.shape),
+    )
+    run = mod.bind_decode(layout)
+    for step in range(3):
+        args = dataclasses.replace(
+            plan, q=torch.randn_like(plan.q), out=torch.empty_like(plan.out), lse=torch.empty_like(plan.lse)
+        )
+        start = len(rec.launches)
+        run(args)
+        cached = rec.since(start)
+        mod._fresh(args)
+        assert_same_launches(cached, rec.since(start + len(cached)), [args.q, args.out, args.lse, plan.k_cache,
+                                                                      plan.v_cache, plan.page_table, plan.cache_seqlens,
+                                                                      plan.sinks])  # fmt: skip
+    assert rec.bound == 2

@@ -1,0 +1,83 @@
+"""``tokenspeed_kernel_triton._runners``: the pipeline's classification of launch tensors and
+the runner cache's bound, off switch and bind count (launches recorded, nothing runs)."""
+
+import pytest
+import torch
+from support.launch_recorder import Recorder
+
+from tokenspeed_kernel_triton import _launcher, _runners
+from tokenspeed_kernel_triton._launcher import Launch
+
+
+def _kernel():
+    """A stand-in for a kernel object (only its name is read by the recorder)."""
+
+    def probe():
+        return None
+
+    return probe
+
+
+def test_a_view_of_an_input_in_a_launch_is_refused():
+    x = torch.zeros(4, 4)
+    with pytest.raises(TypeError, match="neither an input"):
+        _runners.pipeline([Launch(_kernel(), (1,), (x.view(16),), {})], (x,))
+
+
+def test_inputs_that_are_one_tensor_are_refused_by_the_pipeline():
+    x = torch.zeros(4)
+    with pytest.raises(TypeError, match="one object"):
+        _runners.pipeline([Launch(_kernel(), (1,), (x,), {})], (x, x))
+
+
+def test_a_scratch_buffer_must_be_fresh():
+    x, buf = torch.zeros(4), torch.empty(8)
+    with pytest.raises(TypeError, match="scratch"):
+        _runners.pipeline([Launch(_kernel(), (1,), (x, buf[2:]), {})], (x,), scratch=(buf[2:],))
+
+
+def test_runs_take_their_inputs_new_scratch_and_the_kept_objects(monkeypatch):
+    rec = Recorder().install(monkeypatch)
+    kernel, kept = _kernel(), torch.zeros(1)
+
+    def build(inputs):
+        a, b = inputs
+        scratch = torch.empty(3)
+        return (
+            [Launch(kernel, (2,), (a, scratch, kept, b, 7), {"K": 1}), Launch(kernel, (1,), (scratch, b), {})],
+            (scratch,),
+            (kept,),
+        )
+
+    args = (torch.zeros(2), torch.ones(2))
+    run = _runners.bind_runner(build, args, lambda t: t, lambda _, t: t)
+    later = (torch.full((2,), 5.0), torch.full((2,), 6.0))
+    run(later)
+    first, second = rec.launches
+    assert first[2][0] is later[0] and first[2][3] is later[1] and first[2][2] is kept and first[2][4] == 7
+    assert first[2][1] is second[2][0], "one scratch buffer per run, shared by its launches"
+    assert first[2][1].shape == (3,) and second[2][1] is later[1]
+    run(later)
+    assert rec.launches[2][2][1] is not first[2][1], "a new scratch buffer per run"
+
+
+def test_the_cache_binds_once_per_key_is_bounded_and_turns_off_with_the_launch_cache(monkeypatch):
+    bound, fresh = [], []
+
+    def bind(args):
+        bound.append(args)
+        return lambda a: None
+
+    cache = _runners.RunnerCache("test_cache", key=lambda a: a % 3, bind=bind, fresh=fresh.append, limit=2)
+    try:
+        for value in (0, 3, 6, 1, 4):
+            cache(value)
+        assert bound == [0, 1] and cache.binds == 2 and len(cache.runners) == 2
+        cache(2)  # a third key: the full cache is emptied first
+        assert len(cache.runners) == 1 and bound[-1] == 2
+        monkeypatch.setattr(_launcher, "_enabled", False)
+        cache(0)
+        assert fresh == [0] and cache.binds == 3
+        assert _runners.runner_stats()["test_cache"] == {"runners": 1, "binds": 3}
+    finally:
+        _runners._CACHES.remove(cache)
