@@ -130,7 +130,7 @@ def test_plan_runner_launches_what_a_fresh_bind_launches(monkeypatch):
         lse=torch.empty(1).expand(plan.lse.shape),
     )
     run = mod.bind_decode(layout)
-    for step in range(3):
+    for _ in range(3):
         args = dataclasses.replace(
             plan, q=torch.randn_like(plan.q), out=torch.empty_like(plan.out), lse=torch.empty_like(plan.lse)
         )
