@@ -44,6 +44,7 @@ __all__ = [
     "Fa3Config",
     "exp2_fma_reference",
     "fa3_config",
+    "fa3_variant",
     "gluon_prefill_fa3",
     "grid",
     "key_tiles",
@@ -174,6 +175,12 @@ _SHIFTER = 12582912.0  # 1.5 * 2**23: x + it rounds x to an integer held in the 
 # Three 64-row consumer warpgroups at D = 64 (16 warps: 128 registers each at launch, 160 per
 # consumer thread after setmaxnreg: 3 x 160 + 24 <= 4 x 128).
 WIDE = {"consumers": 3, "consumer_regs": 160, "producer_regs": 24, "maxnreg": 128}
+
+
+def fa3_variant(head_dim: int, wide: bool = False, **kw) -> Fa3Config:
+    """A configuration from keywords, as the device sweep and the GPU tests name them:
+    ``wide`` adds :data:`WIDE` (three consumer warpgroups), the rest are ``Fa3Config`` fields."""
+    return Fa3Config(head_dim, **kw, **(WIDE if wide else {}))
 
 
 def exp2_fma_reference(x: torch.Tensor) -> torch.Tensor:
