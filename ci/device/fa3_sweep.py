@@ -3,16 +3,22 @@
 Issue 20: the FA3-style Gluon prefill aims at >= ~480 TFLOP/s for causal S = 8192 and
 B = 4 x 4096 with 64 query / 8 KV heads, head dim 64, bf16, sinks (``triton_prefill`` ~360,
 FA4 ~530 on an H200). Each case times every configuration of :data:`CONFIGS` for its head
-dim (K/V tile, ring depth, ping-pong on or off) through the module's launcher, and
+dim through the module's launcher: the shipped one first, then the opt-in variants
+(``ex<k>``: k of every 8 exp2 on the FMA pipe; ``wg3``: three consumer warpgroups, 192-row
+tiles; ``lz8``: the lazy rescale, threshold 8) and the older alternatives (K/V tile, ring
+depth, ping-pong off; ``--variants`` leaves those out), and
 ``triton_prefill`` and ``fa4_prefill_sm90`` (when its AOT bundle or JIT extra is present;
 else the row says why) through the public call. Every configuration and peer is first
 checked against a float64 attention of :data:`CHECK_HEADS` (five heads of four KV heads,
 group ends included; relative Frobenius error < 2e-2) and timed only if it passes, by CUDA-graph replay (``tools.timing.time_fn``, L2 flushed by a read).
 TFLOP/s count the causal half: ``4 * B * Hq * D * S * (S + 1) / 2``.
 
-Usage (repository root, wheels installed): ``python3 ci/device/fa3_sweep.py [--quick]
-[--json FILE]`` (``--quick``: the shipped configuration and the peers only); prints one table
-last and writes JSON (default ``$OUT/fa3_sweep.json``).
+Usage (repository root, wheels installed): ``python3 ci/device/fa3_sweep.py [--quick |
+--variants] [--budget-s S] [--json FILE]`` (``--quick``: the shipped configuration and the
+peers only; ``--budget-s``: rows not started within S seconds are listed as skipped, so the
+table always prints); the cases run D = 64 first; prints one table last (with each row's
+speed relative to the shipped configuration of its case) and writes JSON (default
+``$OUT/fa3_sweep.json``).
 """
 
 from __future__ import annotations
@@ -23,15 +29,36 @@ import json
 import math
 import os
 import sys
+import time
 
 import torch
 
 DEV = torch.device("cuda")
 HQ, HKV = 64, 8
 CASES = ((1, 8192, 64), (4, 4096, 64), (1, 8192, 128), (4, 4096, 128))  # (batch, seq, head dim)
-CONFIGS = {  # head dim -> (block_n, stages, pingpong) alternatives; the first is fa3_config's
-    64: ((128, 3, True), (128, 3, False), (128, 2, True), (64, 4, True)),
-    128: ((128, 2, True), (128, 2, False), (64, 3, True)),
+# head dim -> (Fa3Config keywords, timed under --variants); the first is fa3_config's. "wide":
+# three consumer warpgroups (gluon_prefill_fa3.WIDE). tests/.../test_gluon_prefill_fa3_gpu.py
+# checks each of them on awkward shapes.
+CONFIGS = {
+    64: (
+        ({"stages": 3}, True),
+        ({"stages": 3, "exp2_poly": 1}, True),
+        ({"stages": 3, "exp2_poly": 2}, True),
+        ({"stages": 3, "rescale_threshold": 8.0}, True),
+        ({"stages": 3, "wide": True}, True),
+        ({"stages": 3, "wide": True, "exp2_poly": 2}, True),
+        ({"stages": 3, "wide": True, "exp2_poly": 2, "rescale_threshold": 8.0}, True),
+        ({"stages": 3, "pingpong": False}, False),
+        ({"stages": 2}, False),
+        ({"block_n": 64, "stages": 4}, False),
+    ),
+    128: (
+        ({"stages": 2}, True),
+        ({"stages": 2, "exp2_poly": 1}, True),
+        ({"stages": 2, "rescale_threshold": 8.0}, True),
+        ({"stages": 2, "pingpong": False}, False),
+        ({"block_n": 64, "stages": 3}, False),
+    ),
 }
 PEERS = ("triton_prefill", "fa4_prefill_sm90")
 CHECK_HEADS = (0, 7, 8, 31, 63)  # float64 reference heads (several KV heads and group ends)
@@ -71,8 +98,10 @@ def rel_err(out, ref) -> float:
     return float((got - ref).norm() / ref.norm())
 
 
-def sweep_case(batch: int, seq: int, d: int, quick: bool) -> list[dict]:
-    """Check then time every configuration of head dim ``d`` and the peers on one case."""
+def sweep_case(batch: int, seq: int, d: int, mode: str, deadline: float) -> list[dict]:
+    """Check then time the configurations of head dim ``d`` that ``mode`` picks ("all",
+    "variants", "quick") and the peers on one case; rows not started by ``deadline``
+    (``time.monotonic``) are skipped."""
     from tokenspeed_kernel import mha_prefill
     from tokenspeed_kernel.ops.attention.args import PrefillArgs
     from tokenspeed_kernel.tools.timing import time_fn
@@ -84,8 +113,9 @@ def sweep_case(batch: int, seq: int, d: int, quick: bool) -> list[dict]:
     flops = 4 * batch * HQ * d * seq * (seq + 1) / 2
     out = torch.empty_like(q)
     runs = []
-    for block_n, stages, pingpong in CONFIGS[d][:1] if quick else CONFIGS[d]:
-        cfg = fa3.Fa3Config(d, block_n=block_n, stages=stages, pingpong=pingpong)
+    picked = {"quick": CONFIGS[d][:1], "variants": [c for c in CONFIGS[d] if c[1]], "all": CONFIGS[d]}[mode]
+    for kw, _variant in picked:
+        cfg = fa3.fa3_variant(d, **kw)
         args = PrefillArgs(q, k, v, cu, cu, seq, seq, True, scale, -1, sinks, 0.0, out, None)
         runs.append((f"fa3 {cfg.tag}", functools.partial(fa3.launch, args, cfg)))
     for peer in PEERS:
@@ -94,6 +124,10 @@ def sweep_case(batch: int, seq: int, d: int, quick: bool) -> list[dict]:
     rows = []
     for name, fn in runs:
         row = {"batch": batch, "seq": seq, "head_dim": d, "kernel": name}
+        if time.monotonic() > deadline:
+            row["status"] = "skipped: budget spent"
+            rows.append(row)
+            continue
         try:
             out.fill_(float("nan"))
             fn()
@@ -111,26 +145,42 @@ def sweep_case(batch: int, seq: int, d: int, quick: bool) -> list[dict]:
     return rows
 
 
+def print_table(rows: list[dict]) -> None:
+    """One line per row: case, kernel, error vs float64, time, TFLOP/s, speed relative to the
+    case's first row (the shipped configuration), status."""
+    print(f"\n{'case':<16} {'kernel':<44} {'rel_err':>9} {'ms':>8} {'TFLOP/s':>8} {'vs ship':>8}  status")
+    for r in rows:
+        case = f"B{r['batch']} S{r['seq']} D{r['head_dim']}"
+        ship = next(x for x in rows if x["head_dim"] == r["head_dim"] and x["batch"] == r["batch"])  # first row
+        ms = f"{r['ms']:.3f}" if "ms" in r else "-"
+        tf = f"{r['tflops']:.0f}" if "tflops" in r else "-"
+        rel = f"{ship['ms'] / r['ms']:.3f}x" if "ms" in r and "ms" in ship else "-"
+        err = r.get("rel_err", float("nan"))
+        print(f"{case:<16} {r['kernel']:<44} {err:>9.2e} {ms:>8} {tf:>8} {rel:>8}  {r['status']}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the shipped configuration and the peers only")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="the shipped configuration and the peers only")
+    mode.add_argument("--variants", action="store_true", help="the shipped configuration, the variants, the peers")
+    parser.add_argument("--budget-s", type=float, default=1e9, help="start no row after this many seconds")
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp/out"), "fa3_sweep.json"))
     opts = parser.parse_args()
     print("device:", torch.cuda.get_device_name(), flush=True)
+    deadline = time.monotonic() + opts.budget_s
+    mode = "quick" if opts.quick else "variants" if opts.variants else "all"
     rows = []
     for batch, seq, d in CASES:
-        rows += sweep_case(batch, seq, d, opts.quick)
+        rows += sweep_case(batch, seq, d, mode, deadline)
         torch.cuda.empty_cache()
     os.makedirs(os.path.dirname(opts.json) or ".", exist_ok=True)
     with open(opts.json, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
-    print(f"\n{'case':<18} {'kernel':<34} {'rel_err':>9} {'ms':>8} {'TFLOP/s':>8}  status")
-    for r in rows:
-        case = f"B{r['batch']} S{r['seq']} D{r['head_dim']}"
-        ms = f"{r['ms']:.3f}" if "ms" in r else "-"
-        tf = f"{r['tflops']:.0f}" if "tflops" in r else "-"
-        print(f"{case:<18} {r['kernel']:<34} {r.get('rel_err', float('nan')):>9.2e} {ms:>8} {tf:>8}  {r['status']}")
-    return 0 if all(r["status"] == "ok" for r in rows if r["kernel"].startswith("fa3")) else 1
+    print_table(rows)
+    return (
+        0 if all(r["status"] in ("ok", "skipped: budget spent") for r in rows if r["kernel"].startswith("fa3")) else 1
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,12 @@
 #        on the awkward preset, `bench attention.prefill` next to triton_prefill and fa4_prefill_sm90 (FA4 rows
 #        need .whl-cute/bundle carried), then ci/device/fa3_sweep.py (configs at S=8192 / B=4x4096, D 64 and 128)
 #        until the call's 10 minutes are nearly up (~7-9 min)
+#   fa3v: gluon_prefill_fa3_sm90's opt-in variants (exp2 partly on FMA, three consumer warpgroups, lazy rescale):
+#        the sweep-configuration tests of its GPU test file (every configuration and variant vs float64 on
+#        awkward shapes; the shipped configuration's own tests are fa3g's), then
+#        ci/device/fa3_sweep.py --variants (D = 64 at S = 8192 and B = 4 x 4096 first, then D = 128; each variant
+#        vs float64, then timed next to the shipped configuration, triton_prefill and fa4_prefill_sm90; FA4 rows
+#        need .whl-cute/bundle carried) on a budget that ends the call by ~4 min; one table last (~3-4 min)
 #   e2e: examples/gpt_oss end to end (short budget; E2E_ROWS picks rows, default torch,selector,nvidia)
 #   flashinfer: tests/tokenspeed_kernel_nvidia/test_flashinfer_gpu.py (needs .whl-nvidia)
 #   gluonmoe: gluon_moe_decode_mx_sm90 GPU tests, then ci/device/gluon_moe_bench.py (T <= 8, ~3 min)
@@ -35,7 +41,7 @@
 #         (optional) bash ci/device/flashinfer_bundle.sh
 #         (optional) bash ci/device/triton_kernels_bundle.sh   # .whl-ogs: matmul_ogs rows in `bench moe.apply`
 # Device: carry [".whl"] (and ".whl-nvidia", ".whl-ogs", ".whl-cute/bundle"), command: bash ci/device/verify_pending.sh
-# STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, flashinfer, e2e (default:
+# STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, flashinfer, e2e (default:
 # decode). A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap`, `mxp` and `fa3g` alone.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -127,6 +133,17 @@ timeout "$(( ${FA3G_END_S:-585} - SECONDS ))" python3 -W ignore ci/device/fa3_sw
   2>&1 | tail -30 || status=1
 }
 
+fa3v() {
+echo "== gluon_prefill_fa3_sm90 variants: GPU tests (each variant vs float64), then the variant sweep"
+# A hung mbarrier (a protocol bug in a variant) must not cost the call: each part on its own clock.
+timeout 130 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_gluon_prefill_fa3_gpu.py \
+  -k "sweep_configs or variants" 2>&1 | tail -12 || status=1
+# the sweep gets what is left of ~4 minutes ($SECONDS counts from this script's start); rows not started
+# 25 s before its end are listed as skipped, so the table always prints
+timeout "$(( ${FA3V_END_S:-235} - SECONDS ))" python3 -W ignore ci/device/fa3_sweep.py --variants \
+  --budget-s "$(( ${FA3V_END_S:-235} - 25 - SECONDS ))" --json "$OUT/fa3_variants.json" 2>&1 | tail -32 || status=1
+}
+
 e2e() {
 echo "== examples/gpt_oss end to end"
 timeout 200 python3 -m examples.gpt_oss.bench --rows "${E2E_ROWS:-torch,selector,nvidia}" --budget-s 90 --rep-ms 60 \
@@ -190,8 +207,8 @@ fi
 
 for step in $steps; do
   case $step in
-    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | fa3g | flashinfer | e2e) "$step" ;;
-    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, flashinfer, e2e)"
+    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | fa3g | fa3v | flashinfer | e2e) "$step" ;;
+    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, flashinfer, e2e)"
        status=2 ;;
   esac
 done

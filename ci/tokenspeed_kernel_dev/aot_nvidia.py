@@ -21,7 +21,7 @@ import json
 import re
 import sys
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from triton.backends.compiler import GPUTarget
@@ -34,7 +34,7 @@ from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_fa3_kernel import pre
 from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import prefill_window_kernel
 from tokenspeed_kernel_nvidia.ops.attention.gluon_decode import decode_config
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill import GluonPrefillConfig, prefill_config
-from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import HALF, Fa3Config, fa3_config
+from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import HALF, WIDE, Fa3Config, fa3_config
 from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_decode as gmoe
 from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_mma as gmma
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_decode_kernel import w2_kernel, w13_kernel
@@ -93,7 +93,26 @@ def _sass_counts(text: str) -> dict[str, int]:
             out[name] = sum(n for op, n in ops.items() if op == name or op.startswith(name + "."))
     out["LOOP"] = _first_loop_length(text)
     out["REGS"] = max((int(r) for r in re.findall(r"\bR(\d+)\b", text)), default=-1) + 1
+    out |= _kv_loop_mix(text)
     return out
+
+
+KV_LOOP_OPS = ("HGMMA", "MUFU.EX2", "FFMA", "FADD", "FMUL", "FMNMX", "IMAD")
+
+
+def _kv_loop_mix(text: str) -> dict[str, int]:
+    """``KV_<op>``: static counts of :data:`KV_LOOP_OPS` in the first loop that holds both
+    ``HGMMA`` and ``MUFU.EX2`` (the key-tile loop of an attention kernel's first consumer:
+    its masked path included; empty when there is none). The softmax's split between MUFU
+    and the FMA pipe reads off ``KV_MUFU.EX2`` and ``KV_FFMA`` / ``KV_FADD``."""
+    for ops in sass_loops(text):
+        names = Counter(SASS_OPCODE.search(x).group(1) for x in ops)
+        counts = {
+            op: sum(n for name, n in names.items() if name == op or name.startswith(op + ".")) for op in KV_LOOP_OPS
+        }
+        if counts["HGMMA"] and counts["MUFU.EX2"]:
+            return {f"KV_{op}": n for op, n in counts.items()}
+    return {}
 
 
 def _first_loop_length(text: str) -> int:
@@ -235,7 +254,7 @@ def compile_prefill_fa3(
     descriptors (boxes ``[64, D]`` and ``[block_n, D]``); the launch options are the
     launcher's (4 warps for the default partition, ``maxnreg`` for the register split)."""
     cfg = cfg or fa3_config(head_dim)
-    q_smem, kv_smem, s_mma, o_mma = cfg.layouts
+    q_smem, kv_smem, _, _ = cfg.layouts
     t = _TYPE[dtype]
     kv_desc = f"tensordesc<{t[1:]}[{cfg.block_n}, {head_dim}],{kv_smem!r}>"
     signature = {
@@ -255,16 +274,9 @@ def compile_prefill_fa3(
         "HQ": 8 * group,
         "G": group,
         "D": head_dim,
-        "HALF": HALF,
-        "BLOCK_N": cfg.block_n,
-        "STAGES": cfg.stages,
         "HAS_SINKS": sinks,
         "HAS_LSE": lse,
-        "S_MMA": s_mma,
-        "O_MMA": o_mma,
-        "CONSUMER_REGS": cfg.consumer_regs,
-        "PRODUCER_REGS": cfg.producer_regs,
-        "PINGPONG": cfg.pingpong,
+        **cfg.constexprs(),
     }
     for name in constexprs:
         signature[name] = "constexpr"
@@ -554,7 +566,9 @@ def prefill_grid():
 def prefill_fa3_grid():
     """The launcher's configurations (D 64 and 128) with sinks on and off, LSE, fp16, GQA 8
     and 1, plus the alternatives the device sweep times (D = 64 with 2 stages, 64-key tiles,
-    no ping-pong hand-off)."""
+    no ping-pong hand-off; the variants: exp2 partly on FMA, three consumer warpgroups, the
+    lazy rescale, alone and together)."""
+    wide = Fa3Config(64, stages=3, **WIDE)
     return [
         (torch.bfloat16, 64, 8, True, False, None),
         (torch.bfloat16, 64, 8, False, False, None),
@@ -567,6 +581,15 @@ def prefill_fa3_grid():
         (torch.bfloat16, 64, 8, True, False, Fa3Config(64, block_n=64, stages=4)),
         (torch.bfloat16, 128, 8, True, False, Fa3Config(128, block_n=64, stages=3)),
         (torch.bfloat16, 64, 8, True, False, Fa3Config(64, block_n=128, stages=3, pingpong=False)),
+        (torch.bfloat16, 64, 8, True, False, Fa3Config(64, stages=3, exp2_poly=1)),
+        (torch.bfloat16, 64, 8, True, False, Fa3Config(64, stages=3, exp2_poly=2)),
+        (torch.bfloat16, 64, 8, True, False, Fa3Config(64, stages=3, rescale_threshold=8.0)),
+        (torch.bfloat16, 64, 8, True, False, wide),
+        (torch.float16, 64, 1, False, True, wide),
+        (torch.bfloat16, 64, 8, True, False, replace(wide, exp2_poly=2)),
+        (torch.bfloat16, 64, 8, True, True, replace(wide, exp2_poly=2, rescale_threshold=8.0)),
+        (torch.bfloat16, 128, 8, True, False, Fa3Config(128, exp2_poly=1)),
+        (torch.bfloat16, 128, 8, True, False, Fa3Config(128, rescale_threshold=8.0)),
     ]
 
 

@@ -59,31 +59,53 @@ def test_gluon_prefill_d64_default_fits_two_programs_per_sm(prefill_rows):
     assert row["registers"] * 256 * 2 <= 65536, row
 
 
+def _fa3_consumers(name: str) -> int:
+    m = re.search(r"-wg(\d+)", name)
+    return int(m.group(1)) if m else 2
+
+
 def test_gluon_prefill_fa3_compiles_warp_specialized_with_wgmma():
     rows = _compile("prefill_fa3")
-    assert len(rows) >= 10
+    assert len(rows) >= 20
     names = {r["kernel"] for r in rows}
     assert "gluon_prefill_fa3-bfloat16-g8-d64-n128-st3-r240.24-sinks" in names  # GPT-OSS's launch
     assert "gluon_prefill_fa3-bfloat16-g8-d128-n128-st2-r240.24-sinks" in names
     for row in rows:
-        d, n = (int(x) for x in re.search(r"-d(\d+)-n(\d+)-", row["kernel"]).groups())
-        # Two consumer warpgroups, each: S = Q·Kᵀ as D/16 m64nNk16 steps (first key tile and
-        # loop) and O += P·V as N/16 m64nDk16 steps (loop and last tile); no mma.sync, no cp.async.
-        assert row["wgmma"] == 2 * 2 * (d // 16 + n // 16), row
+        name = row["kernel"]
+        d, n = (int(x) for x in re.search(r"-d(\d+)-n(\d+)-", name).groups())
+        wg = _fa3_consumers(name)
+        consumer, producer = (int(x) for x in re.search(r"-r(\d+)\.(\d+)", name).groups())
+        # Each consumer warpgroup: S = Q·Kᵀ as D/16 m64nNk16 steps (first key tile and loop) and
+        # O += P·V as N/16 m64nDk16 steps (loop and last tile); no mma.sync, no cp.async.
+        assert row["wgmma"] == wg * 2 * (d // 16 + n // 16), row
         assert row["mma"] == 0 and row["cp_async"] == 0, row
-        # TMA only: the two Q halves, one K and one V box (split in two 128-byte-wide copies at D = 128)
-        assert row["tma"] == 4 * (d // 64), row
-        # Warp specialization: the producer shrinks to 24 registers, the consumers grow to 240.
-        # (the consumers' SASS names up to ~204 registers at D = 128, ~168 at D = 64)
-        assert {24, 240} <= set(row["setmaxnreg"]) and row["sass"]["REGS"] <= 240, row
+        # TMA only: the Q halves, one K and one V box (each split in two 128-byte-wide copies at D = 128)
+        assert row["tma"] == (wg + 2) * (d // 64), row
+        # Warp specialization: the producer shrinks to 24 registers, the consumers grow (240;
+        # 160 with three consumer warpgroups, whose SASS names at most ~165 registers).
+        assert {producer, consumer} <= set(row["setmaxnreg"]) and row["sass"]["REGS"] <= 240, row
         # The next S = Q·Kᵀ is awaited with the P·V product still in flight: one wait(1) per consumer.
-        assert row["wgmma_wait1"] == 2, row
+        assert row["wgmma_wait1"] == wg, row
         assert row["mbar_wait"] > 0 and row["mbar_arrive"] > 0, row
+        # The key-tile loop's softmax: 64 scores per thread (block_n = 128; 32 at 64) plus the
+        # two rows' alpha on MUFU, less the exp2_poly of every 8 moved to the FMA pipe (3 FFMA
+        # + 3 FADD each: Horner, and the round-trip through the 1.5 * 2**23 shifter).
+        sass = row["sass"]
+        poly = int(re.search(r"-ex(\d)", name).group(1)) if "-ex" in name else 0
+        per_thread = n // 2
+        moved = per_thread * poly // 8
+        assert sass["KV_MUFU.EX2"] == per_thread + 2 - moved, row
+        assert sass["KV_FFMA"] == per_thread + 2 + 3 * moved, row
+        assert sass["KV_HGMMA"] == d // 16 + n // 16, row
     # The ping-pong hand-off: a wait and an arrive at each of the 3 issue sites of each consumer.
     by_name = {r["kernel"]: r for r in rows}
     pp = by_name["gluon_prefill_fa3-bfloat16-g8-d64-n128-st3-r240.24-sinks"]
     free = by_name["gluon_prefill_fa3-bfloat16-g8-d64-n128-st3-r240.24-free-sinks"]
     assert pp["mbar_wait"] - free["mbar_wait"] == 6 and pp["mbar_arrive"] - free["mbar_arrive"] == 6, (pp, free)
+    # Three consumer warpgroups fit 160 registers without spills (checked for every row above)
+    # and 123 KB of shared memory (three Q halves and the 3-stage ring).
+    wide = by_name["gluon_prefill_fa3-bfloat16-g8-d64-n128-st3-r160.24-wg3-sinks"]
+    assert wide["registers"] == 128 and wide["shared_bytes"] <= 124 * 1024, wide
 
 
 def test_gluon_moe_decode_compiles_for_sm90_with_vector_loads():

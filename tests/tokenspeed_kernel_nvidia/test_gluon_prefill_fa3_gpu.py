@@ -4,8 +4,9 @@ Runs only on an sm_90 GPU (skips with the reason otherwise): ragged batches with
 that are not multiples of the 128-token tile (1, 37, 129, 300, 1025), GQA groups 8 and 4
 and 1, sinks on and off, D 64 and 128, fp16, LSE, Lk > Lq (bottom-right causal), Lq > Lk
 (rows that see nothing), more work tiles than SMs (the persistent loop), a misaligned
-``out`` view and the launch configurations the device sweep times. Outputs are poisoned with
-NaN so an unwritten row fails.
+``out`` view and the launch configurations the device sweep times, the opt-in variants
+(exp2 partly on the FMA pipe, three consumer warpgroups, the lazy rescale) included. Outputs
+are poisoned with NaN so an unwritten row fails.
 """
 
 import math
@@ -14,6 +15,8 @@ import pytest
 import torch
 from support.dense_attention import dense_reference
 from support.gpu import sm90_skip_reason
+
+from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import fa3_variant
 
 KERNEL = "gluon_prefill_fa3_sm90"
 NO_WINDOW = 1 << 30
@@ -93,17 +96,40 @@ def test_gluon_prefill_fa3_numerics(lens_q, lens_k, hq, hkv, d, sinks, dtype):
     _assert_close(*_run(lens_q, lens_k, hq, hkv, d, sinks, dtype))
 
 
-@pytest.mark.parametrize(
-    "d,block_n,stages,pingpong",
-    [(64, 128, 2, True), (64, 64, 4, True), (128, 64, 3, True), (64, 128, 3, False), (128, 128, 2, False)],
-)
-def test_gluon_prefill_fa3_sweep_configs(d, block_n, stages, pingpong):
-    # the alternatives ci/device/fa3_sweep.py times are checked here first
-    _skip()
-    from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import Fa3Config
+# The alternatives ci/device/fa3_sweep.py times (its VARIANTS are checked here first):
+# (head dim, Fa3Config keywords; "wide" = three consumer warpgroups, gluon_prefill_fa3.WIDE)
+SWEEP_CONFIGS = [
+    (64, {"stages": 2}),
+    (64, {"block_n": 64, "stages": 4}),
+    (128, {"block_n": 64, "stages": 3}),
+    (64, {"stages": 3, "pingpong": False}),
+    (128, {"pingpong": False}),
+    (64, {"stages": 3, "exp2_poly": 1}),
+    (64, {"stages": 3, "exp2_poly": 2}),
+    (64, {"stages": 3, "rescale_threshold": 8.0}),
+    (64, {"stages": 3, "wide": True}),
+    (64, {"stages": 3, "wide": True, "exp2_poly": 2}),
+    (64, {"stages": 3, "wide": True, "exp2_poly": 2, "rescale_threshold": 8.0}),
+    (128, {"exp2_poly": 1}),
+    (128, {"rescale_threshold": 8.0}),
+]
 
-    cfg = Fa3Config(d, block_n=block_n, stages=stages, pingpong=pingpong)
+
+@pytest.mark.parametrize("d,kw", SWEEP_CONFIGS, ids=lambda x: str(x))
+def test_gluon_prefill_fa3_sweep_configs(d, kw):
+    _skip()
+    cfg = fa3_variant(d, **kw)
     _assert_close(*_run(RAGGED, None, 16, 2, d, True, torch.bfloat16, cfg=cfg))
+
+
+@pytest.mark.parametrize("d,kw", [c for c in SWEEP_CONFIGS if set(c[1]) - {"block_n", "stages", "pingpong"}])
+def test_gluon_prefill_fa3_variants_on_rows_that_see_nothing_and_lk_gt_lq(d, kw):
+    # the variants change the softmax: rows with no key must stay exactly zero with -inf LSE
+    # (no sink), and bottom-right causal with Lk > Lq must still hold (the sweep-config test
+    # above covers ragged lengths, sinks, LSE and more work tiles than SMs)
+    _skip()
+    cfg = fa3_variant(d, **kw)
+    _assert_close(*_run([50, 130, 7], [20, 130, 300], 16, 2, d, False, torch.bfloat16, cfg=cfg))
 
 
 def test_gluon_prefill_fa3_writes_a_misaligned_out_view():

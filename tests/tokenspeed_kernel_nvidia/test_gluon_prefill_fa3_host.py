@@ -1,11 +1,15 @@
 """Host logic of ``gluon_prefill_fa3_sm90`` on CPU: the heaviest-first tile order, the key tiles
 each consumer warpgroup visits and masks (vs brute force over every (query, key) pair), the
-persistent grid, the configuration table, call-time checks, and a float64 emulation of the
-kernel's schedule (persistent programs, two 64-row warpgroups, key tiles from the diagonal
-down, the P·V product one step behind the softmax, sink in the epilogue, TMA rows read past
-a sequence) against the independent naive attention."""
+persistent grid, the configuration table, call-time checks, the FMA-pipe exp2 (its float32
+model against float64, and the PTX it emits), and a float64 emulation of the kernel's schedule
+(persistent programs, two or three 64-row warpgroups, key tiles from the diagonal down, the
+P·V product one step behind the softmax, sink in the epilogue, TMA rows read past a
+sequence; the variants: the polynomial exp2, the lazy rescale) against the independent naive
+attention."""
 
 import math
+import re
+import struct
 
 import pytest
 import torch
@@ -36,12 +40,14 @@ def _visible(p: int, j: int, len_k: int) -> bool:
 
 @pytest.mark.parametrize("len_q,len_k", LENGTHS)
 @pytest.mark.parametrize("block_n", [64, 128])
-def test_key_tiles_cover_what_rows_see_and_mask_only_where_needed(len_q, len_k, block_n):
-    for m0 in range(0, len_q, fa3.BLOCK_M):
-        rows_all = [len_k - len_q + t for t in range(m0, min(m0 + fa3.BLOCK_M, len_q))]
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_key_tiles_cover_what_rows_see_and_mask_only_where_needed(len_q, len_k, block_n, consumers):
+    block_m = consumers * fa3.HALF
+    for m0 in range(0, len_q, block_m):
+        rows_all = [len_k - len_q + t for t in range(m0, min(m0 + block_m, len_q))]
         counts = set()
-        for wg in (0, 1):
-            n_kv, n_masked = fa3.key_tiles(len_q, len_k, m0, wg, block_n)
+        for wg in range(consumers):
+            n_kv, n_masked = fa3.key_tiles(len_q, len_k, m0, wg, block_n, block_m)
             counts.add(n_kv)
             assert 0 <= n_masked <= n_kv
             first = m0 + wg * fa3.HALF
@@ -53,7 +59,7 @@ def test_key_tiles_cover_what_rows_see_and_mask_only_where_needed(len_q, len_k, 
                 j = n_kv - 1 - i
                 if i >= n_masked:
                     assert all(_visible(p, j * block_n + c, len_k) for p in rows for c in range(block_n))
-        # both warpgroups visit the same tiles (the ping-pong hand-off counts rounds), and no
+        # all warpgroups visit the same tiles (the ping-pong hand-off counts rounds), and no
         # more than the tile's last real row needs
         assert len(counts) == 1
         (n_kv,) = counts
@@ -122,19 +128,23 @@ def test_call_time_checks_reject_what_the_request_cannot_say(kw, match):
 
 
 # ---------------------------------------------------------------- algorithm emulation
-def _emulate(q, k, v, cu_q, cu_k, max_q, *, sinks, scale, block_n, programs):
-    """float64 model of the kernel: persistent programs walk the tile order; per tile, each
-    warpgroup's 64 rows visit ``key_tiles`` from the diagonal down, masking the first
-    ``n_masked``; online softmax with the max of the raw scores; ``O += P·V`` one step late
-    (after the next tile's max); sink and LSE in the epilogue. Q and K/V tiles are read at
-    absolute rows like the TMA boxes (past a sequence: the next one's rows; past the tensor: 0)."""
+def _emulate(q, k, v, cu_q, cu_k, max_q, *, sinks, scale, block_n, programs, consumers=2, poly=False, lazy=0.0):
+    """float64 model of the kernel: persistent programs walk the tile order; per tile, each of
+    the ``consumers`` warpgroups' 64 rows visit ``key_tiles`` from the diagonal down, masking
+    the first ``n_masked``; online softmax with the max of the raw scores (``lazy > 0``: a
+    row's max moves only when a tile raises it by more than ``lazy``); ``p`` by exp2 or
+    (``poly``) the float32 model of the FMA-pipe exp2; ``O += P·V`` one step late (after the
+    next tile's max); sink and LSE in the epilogue. Q and K/V tiles are read at absolute rows
+    like the TMA boxes (past a sequence: the next one's rows; past the tensor: 0)."""
     log2e = 1 / math.log(2)
     total_q, hq, d = q.shape
     group = hq // k.shape[1]
     out = torch.full_like(q, float("nan"))
     lse = torch.full((total_q, hq), float("nan"), dtype=torch.float64)
     batch = len(cu_q) - 1
-    _, n_m = fa3.grid(max_q, batch, hq, programs)
+    block_m = consumers * fa3.HALF
+    _, n_m = fa3.grid(max_q, batch, hq, programs, block_m)
+    exp2 = (lambda x: fa3.exp2_fma_reference(x.float()).double()) if poly else torch.exp2
 
     def rows_at(x, start, n, head):  # a TMA box [n, D] at row ``start``; zero past the tensor
         box = torch.zeros(n, d, dtype=torch.float64)
@@ -147,14 +157,14 @@ def _emulate(q, k, v, cu_q, cu_k, max_q, *, sinks, scale, block_n, programs):
         for t in range(pid, n_m * batch * hq, programs):
             m_block, b, head = fa3.tile_order(t, n_m, batch, hq)
             len_q, len_k = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
-            m0 = m_block * fa3.BLOCK_M
+            m0 = m_block * block_m
             if m0 >= len_q:
                 continue
-            for wg in (0, 1):
+            for wg in range(consumers):
                 r0 = m0 + wg * fa3.HALF
                 qt = rows_at(q, cu_q[b] + r0, fa3.HALF, head)
                 pos = torch.arange(fa3.HALF) + len_k - len_q + r0
-                n_kv, n_masked = fa3.key_tiles(len_q, len_k, m0, wg, block_n)
+                n_kv, n_masked = fa3.key_tiles(len_q, len_k, m0, wg, block_n, block_m)
                 m = torch.full((fa3.HALF,), float("-inf"), dtype=torch.float64)
                 ell = torch.zeros(fa3.HALF, dtype=torch.float64)
                 acc = torch.zeros(fa3.HALF, d, dtype=torch.float64)
@@ -167,9 +177,11 @@ def _emulate(q, k, v, cu_q, cu_k, max_q, *, sinks, scale, block_n, programs):
                         keys = torch.arange(block_n) + j * block_n
                         s = s.masked_fill(keys[None, :] > pos[:, None], float("-inf"))
                     m_new = torch.maximum(m, s.max(1).values * scale * log2e)
+                    if lazy:
+                        m_new = torch.where(m_new > m + lazy, m_new, m)
                     m_use = torch.where(m_new == float("-inf"), 0.0, m_new)
                     alpha = torch.exp2(m - m_use)
-                    p = torch.exp2(s * scale * log2e - m_use[:, None])
+                    p = exp2(s * scale * log2e - m_use[:, None])
                     ell = ell * alpha + p.sum(1)
                     m = m_new
                     if pending is not None:
@@ -189,16 +201,22 @@ def _emulate(q, k, v, cu_q, cu_k, max_q, *, sinks, scale, block_n, programs):
     return out, lse
 
 
-@pytest.mark.parametrize(
-    "lens_q,lens_k,group,sinks,block_n,programs",
-    [
-        ([1, 37, 129, 200], None, 4, True, 128, 5),
-        ([70, 5], [300, 5], 2, False, 64, 3),  # Lk > Lq (bottom-right), a short one after
-        ([40, 65], [5, 65], 2, True, 128, 2),  # Lq > Lk: rows that see nothing (sink only)
-        ([130], None, 1, True, 64, 1),
-    ],
-)
-def test_emulated_schedule_matches_naive_attention(lens_q, lens_k, group, sinks, block_n, programs):
+EMULATED = [
+    ([1, 37, 129, 200], None, 4, True, 128, 5),
+    ([70, 5], [300, 5], 2, False, 64, 3),  # Lk > Lq (bottom-right), a short one after
+    ([40, 65], [5, 65], 2, True, 128, 2),  # Lq > Lk: rows that see nothing (sink only)
+    ([130], None, 1, True, 64, 1),
+    ([200, 450], None, 2, True, 128, 3),  # three warpgroups: 192-token tiles, a ragged last one
+]
+# (consumers, poly exp2, lazy rescale threshold): the default and each variant (alone, together)
+VARIANTS = [(2, False, 0.0), (3, False, 0.0), (2, True, 0.0), (2, False, 8.0), (3, True, 8.0)]
+
+
+@pytest.mark.parametrize("lens_q,lens_k,group,sinks,block_n,programs", EMULATED)
+@pytest.mark.parametrize("consumers,poly,lazy", VARIANTS)
+def test_emulated_schedule_matches_naive_attention(
+    lens_q, lens_k, group, sinks, block_n, programs, consumers, poly, lazy
+):
     torch.manual_seed(sum(lens_q) + group)
     hkv, d = 2, 16
     lens_k = lens_k or lens_q
@@ -211,9 +229,79 @@ def test_emulated_schedule_matches_naive_attention(lens_q, lens_k, group, sinks,
     v = torch.randn(cu_k[-1], hkv, d, dtype=torch.float64)
     sk = torch.randn(hkv * group, dtype=torch.float64) * 2 if sinks else None
     scale = 1 / math.sqrt(d)
-    out, lse = _emulate(q, k, v, cu_q, cu_k, max(lens_q), sinks=sk, scale=scale, block_n=block_n, programs=programs)
+    out, lse = _emulate(
+        q, k, v, cu_q, cu_k, max(lens_q), sinks=sk, scale=scale, block_n=block_n, programs=programs,
+        consumers=consumers, poly=poly, lazy=lazy,
+    )  # fmt: skip
     cq, ck = torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32)
     ro, rl = naive_prefill(q, k, v, cq, ck, softmax_scale=scale, window_left=-1, sinks=sk, logit_cap=0.0)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
-    torch.testing.assert_close(out, ro, rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(lse, rl, rtol=1e-9, atol=1e-9)
+    # exact up to float64 rounding; the polynomial exp2 (relative error <= 1.0e-4 per weight)
+    # moves outputs and LSE by about that much
+    tol = 1e-3 if poly else 1e-9
+    torch.testing.assert_close(out, ro, rtol=tol, atol=tol)
+    torch.testing.assert_close(lse, rl, rtol=tol, atol=tol)
+    # rows that see no key stay exactly zero with -inf LSE when there is no sink, on either exp2
+    blind = torch.isinf(rl)
+    assert torch.equal(torch.isinf(lse), blind) and float(out[blind].abs().sum()) == 0.0
+
+
+# ---------------------------------------------------------------- exp2 on the FMA pipe
+def test_fma_exp2_model_is_within_1e4_of_float64():
+    x = torch.linspace(-126.0, 8.0, 2_000_001, dtype=torch.float64)
+    got = fa3.exp2_fma_reference(x.float()).double()
+    want = torch.exp2(x.float().double())  # the same float32 argument
+    rel = ((got - want) / want).abs()
+    assert float(rel.max()) <= 1.02e-4, float(rel.max())
+    # the mean relative bias (4.4e-5) is far below bf16's half ulp (2**-9); a common factor on
+    # every weight cancels anyway (the row sum and P·V use the same p)
+    assert abs(float(((got - want) / want).mean())) < 5e-5
+
+
+def test_fma_exp2_model_gives_exact_zero_below_the_floor_and_never_nan():
+    x = torch.tensor([float("-inf"), -1e30, -300.0, -127.0, -126.99, -126.5, -126.0, 0.0, -0.5, 0.5])
+    got = fa3.exp2_fma_reference(x)
+    assert torch.equal(got[:4], torch.zeros(4))  # masked scores (-inf) and the floor: +0.0 exactly
+    assert not torch.isnan(got).any() and bool((got >= 0).all()) and bool((got[4:7] < 2**-125).all())
+    assert float(got[7]) == 1.0  # p(0) = 1: the row maximum's weight is exact
+    # every float32 just above the floor: no borrow into the sign bit, no NaN
+    near = torch.linspace(-127.0, -125.0, 100_001)
+    val = fa3.exp2_fma_reference(near)
+    assert not torch.isnan(val).any() and bool((val >= 0).all()) and bool((val <= 2**-124).all())
+
+
+@pytest.mark.parametrize("n_poly", range(9))
+def test_exp2_asm_splits_the_pack_between_fma_and_mufu(n_poly):
+    from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_fa3_kernel import _exp2_asm_text, _f32_hex
+
+    text = _exp2_asm_text(n_poly)
+    assert text.count("ex2.approx.ftz.f32") == fa3.EXP2_PACK - n_poly
+    assert text.count("fma.rn.ftz.f32") == 3 * n_poly and text.count("shl.b32") == n_poly
+    # every output written once, every input read once ($0..$7 out, $8..$15 in)
+    for i in range(2 * fa3.EXP2_PACK):
+        assert len(re.findall(rf"\${i}\b", text)) == 1, (i, text)
+    # the constants are the model's (float32 immediates)
+    for c in fa3.EXP2_POLY[1:] if n_poly else ():
+        assert _f32_hex(c) in text and _f32_hex(c) == "0f" + struct.pack(">f", c).hex().upper()
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"consumers": 4}, "consumers"),
+        ({"exp2_poly": 9}, "exp2_poly"),
+        ({"rescale_threshold": -1.0}, "rescale_threshold"),
+        ({"consumers": 3}, "maxnreg"),  # 16 warps x 168 registers > 64 K
+        ({"consumers": 3, "maxnreg": 128}, "consumer_regs"),  # 3 x 240 + 24 > 4 x 128
+    ],
+)
+def test_config_rejects_what_does_not_fit(kw, match):
+    with pytest.raises(ValueError, match=match):
+        fa3.Fa3Config(64, **kw)
+
+
+def test_wide_config_fits():
+    cfg = fa3.Fa3Config(64, stages=3, **fa3.WIDE)
+    assert cfg.block_m == 192 and cfg.shared_bytes() <= 124 * 1024
+    assert cfg.constexprs()["NUM_WG"] == 3 and cfg.tag.endswith("-wg3")
+    assert fa3.grid(8192, 1, 64, 132, cfg.block_m) == (132, 43)

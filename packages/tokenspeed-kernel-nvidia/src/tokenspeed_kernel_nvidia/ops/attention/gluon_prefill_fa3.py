@@ -28,6 +28,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import torch
+
 from tokenspeed_kernel.kit import cdiv, equal_head_dims, sm_count
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
@@ -36,9 +38,13 @@ from tokenspeed_kernel_triton._launcher import jit_launch
 
 __all__ = [
     "BLOCK_M",
+    "EXP2_POLY",
     "HALF",
+    "WIDE",
     "Fa3Config",
+    "exp2_fma_reference",
     "fa3_config",
+    "fa3_variant",
     "gluon_prefill_fa3",
     "grid",
     "key_tiles",
@@ -48,7 +54,7 @@ __all__ = [
 
 HEAD_DIMS = (64, 128)
 HALF = 64  # query rows per consumer warpgroup (one m64 wgmma row block)
-BLOCK_M = 2 * HALF  # query tokens per work tile (two consumer warpgroups)
+BLOCK_M = 2 * HALF  # query tokens per work tile (two consumer warpgroups; Fa3Config.block_m in general)
 FEATURES = ("sinks", "return_lse")
 _ALIGN = 16  # TMA: 16-byte aligned bases (q, k, v) and row strides
 
@@ -58,11 +64,25 @@ class Fa3Config:
     """Compile-time choices of one launch (also the AOT test's grid).
 
     ``block_n`` keys per K/V tile; ``stages`` K/V buffers in the TMA ring; the register
-    split of the warp specialization: ``maxnreg`` per thread at launch over 12 warps
-    (two consumer warpgroups + the producer's, padded to a warpgroup), then
-    ``consumer_regs`` for each consumer warpgroup and ``producer_regs`` for the producer
-    (``2 * consumer + producer <= 3 * maxnreg``); ``pingpong``: the consumer warpgroups
-    issue their wgmma rounds alternately (FA3's schedule) or freely.
+    split of the warp specialization: ``maxnreg`` per thread at launch over
+    ``4 * (consumers + 1)`` warps (the consumer warpgroups + the producer's, padded to a
+    warpgroup), then ``consumer_regs`` for each consumer warpgroup and ``producer_regs`` for
+    the producer (``consumers * consumer + producer <= (consumers + 1) * maxnreg``);
+    ``pingpong``: the consumer warpgroups issue their wgmma rounds in turn (FA3's schedule)
+    or freely.
+
+    Variants (off by default; ci/device/fa3_sweep.py times them):
+
+    - ``consumers``: consumer warpgroups of 64 query rows each, so a work tile holds
+      ``64 * consumers`` tokens (3: FA3's choice at head dim 64; needs ``maxnreg = 128`` and
+      ``consumer_regs <= 160``, see :data:`WIDE`);
+    - ``exp2_poly``: of every 8 exponentials of a score tile, this many run on the FMA pipe
+      (Cody-Waite split + the degree-3 polynomial :data:`EXP2_POLY`) instead of MUFU.EX2,
+      whose 16 lanes per SM bound the softmax at head dim 64;
+    - ``rescale_threshold``: a positive value (base-2 units) keeps a row's running max until
+      a tile raises it by more than this (one warpgroup-wide vote per tile skips ``O *=
+      alpha`` when no row needs it); exact, since the sum and the output use the same max,
+      and ``exp2(s - m) <= 2**threshold`` stays far from overflow.
     """
 
     head_dim: int
@@ -72,15 +92,42 @@ class Fa3Config:
     producer_regs: int = 24
     maxnreg: int = 168
     pingpong: bool = True
+    consumers: int = 2
+    exp2_poly: int = 0
+    rescale_threshold: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.consumers not in (2, 3):
+            raise ValueError(f"Fa3Config.consumers must be 2 or 3 (got {self.consumers})")
+        if not 0 <= self.exp2_poly <= EXP2_PACK:
+            raise ValueError(f"Fa3Config.exp2_poly must be in [0, {EXP2_PACK}] (got {self.exp2_poly})")
+        if self.rescale_threshold < 0 or self.rescale_threshold > 32:
+            raise ValueError(f"Fa3Config.rescale_threshold must be in [0, 32] (got {self.rescale_threshold})")
+        warpgroups = self.consumers + 1
+        if warpgroups * 128 * self.maxnreg > 65536:
+            raise ValueError(f"Fa3Config.maxnreg={self.maxnreg} x {warpgroups * 128} threads exceeds 65536 registers")
+        if self.consumers * self.consumer_regs + self.producer_regs > warpgroups * self.maxnreg:
+            raise ValueError(
+                f"Fa3Config: {self.consumers} x consumer_regs={self.consumer_regs} + producer_regs="
+                f"{self.producer_regs} exceeds {warpgroups} x maxnreg={self.maxnreg}"
+            )
+
+    @property
+    def block_m(self) -> int:
+        """Query tokens per work tile: one 64-row half per consumer warpgroup."""
+        return self.consumers * HALF
 
     def shared_bytes(self, elem_bytes: int = 2) -> int:
-        """Explicit shared memory: two Q halves + the K and V rings (barriers come on top)."""
-        return elem_bytes * self.head_dim * (BLOCK_M + 2 * self.stages * self.block_n)
+        """Explicit shared memory: the Q halves + the K and V rings (barriers come on top)."""
+        return elem_bytes * self.head_dim * (self.block_m + 2 * self.stages * self.block_n)
 
     @property
     def tag(self) -> str:
         tag = f"d{self.head_dim}-n{self.block_n}-st{self.stages}-r{self.consumer_regs}.{self.producer_regs}"
-        return tag + ("" if self.pingpong else "-free")
+        tag += "" if self.pingpong else "-free"
+        tag += "" if self.consumers == 2 else f"-wg{self.consumers}"
+        tag += f"-ex{self.exp2_poly}" if self.exp2_poly else ""
+        return tag + (f"-lz{self.rescale_threshold:g}" if self.rescale_threshold else "")
 
     @functools.cached_property
     def layouts(self):
@@ -94,6 +141,60 @@ class Fa3Config:
         s_mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, self.block_n, 16])
         o_mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, self.head_dim, 16])
         return q_smem, kv_smem, s_mma, o_mma
+
+    def constexprs(self) -> dict:
+        """The kernel's compile-time arguments that this configuration sets (the launcher and
+        the AOT compile pass the same)."""
+        _, _, s_mma, o_mma = self.layouts
+        return {
+            "HALF": HALF,
+            "BLOCK_N": self.block_n,
+            "STAGES": self.stages,
+            "S_MMA": s_mma,
+            "O_MMA": o_mma,
+            "CONSUMER_REGS": self.consumer_regs,
+            "PRODUCER_REGS": self.producer_regs,
+            "PINGPONG": self.pingpong,
+            "NUM_WG": self.consumers,
+            "EXP2_POLY": self.exp2_poly,
+            "RESCALE_THRESHOLD": float(self.rescale_threshold),
+        }
+
+
+# exp2 on the FMA pipe (``Fa3Config.exp2_poly``): x = j + f with j = round(x) (the 1.5 * 2**23
+# shifter), f in [-1/2, 1/2]; 2**f by this degree-3 polynomial (Horner, constant term first):
+# the relative-error minimax on [-1/2, 1/2] with p(0) = 1 exactly (a linear program on a grid;
+# max relative error 1.0e-4, bf16 P keeps 8 bits); 2**j by adding j << 23 to the bits. x is
+# clamped at -127 first: there f = 0, p = 1.0 and the bits come out as +0.0 exactly (masked
+# scores give 0, as on MUFU), and no x >= -127 can borrow into the sign bit.
+EXP2_POLY = (1.0, 0.6932829022407532, 0.2422109693288803, 0.055009059607982635)
+EXP2_PACK = 8  # exponentials per inline-asm block: the first exp2_poly on FMA, the rest on MUFU
+EXP2_FLOOR = -127.0
+_SHIFTER = 12582912.0  # 1.5 * 2**23: x + it rounds x to an integer held in the low mantissa bits
+
+# Three 64-row consumer warpgroups at D = 64 (16 warps: 128 registers each at launch, 160 per
+# consumer thread after setmaxnreg: 3 x 160 + 24 <= 4 x 128).
+WIDE = {"consumers": 3, "consumer_regs": 160, "producer_regs": 24, "maxnreg": 128}
+
+
+def fa3_variant(head_dim: int, wide: bool = False, **kw) -> Fa3Config:
+    """A configuration from keywords, as the device sweep and the GPU tests name them:
+    ``wide`` adds :data:`WIDE` (three consumer warpgroups), the rest are ``Fa3Config`` fields."""
+    return Fa3Config(head_dim, **kw, **(WIDE if wide else {}))
+
+
+def exp2_fma_reference(x: torch.Tensor) -> torch.Tensor:
+    """float32 model of the FMA-pipe exp2 (the kernel's instruction sequence, each step
+    rounded to float32; the FMA steps rounded once): ``x`` float32, any shape."""
+    x = torch.clamp(x.float(), min=EXP2_FLOOR)
+    t = x + _SHIFTER
+    f = x - (t - _SHIFTER)
+    p = torch.full_like(f, EXP2_POLY[3])
+    for c in EXP2_POLY[2::-1]:
+        p = (p.double() * f.double() + c).float()
+    # the integer held in t's low bits moved to the exponent field, added to p's bits (mod 2**32)
+    bits = (p.view(torch.int32).long() + (t.view(torch.int32).long() << 23)) & 0xFFFFFFFF
+    return torch.where(bits >= 1 << 31, bits - (1 << 32), bits).int().view(torch.float32)
 
 
 # D = 64: 3 stages (112 KiB); D = 128: 2 stages (160 KiB: a third would not fit in 227 KiB).
@@ -115,21 +216,23 @@ def tile_order(t: int, n_m: int, batch: int, num_q_heads: int) -> tuple[int, int
     return n_m - 1 - m_rev, b, head
 
 
-def key_tiles(len_q: int, len_k: int, m0: int, wg: int, block_n: int) -> tuple[int, int]:
-    """``(n_kv, n_masked)`` of the tile starting at token ``m0`` for consumer warpgroup ``wg``:
-    ``n_kv`` key tiles ``[j * block_n, ...)``, ``j = n_kv - 1 .. 0`` in visiting order
-    (both warpgroups visit the same ones), of which the first ``n_masked`` need the mask for
-    this warpgroup's rows (bottom-right causal: token ``i`` sits at ``len_k - len_q + i``)."""
-    last = len_k - len_q + min(m0 + BLOCK_M, len_q)
+def key_tiles(len_q: int, len_k: int, m0: int, wg: int, block_n: int, block_m: int = BLOCK_M) -> tuple[int, int]:
+    """``(n_kv, n_masked)`` of the ``block_m``-token tile starting at token ``m0`` for consumer
+    warpgroup ``wg``: ``n_kv`` key tiles ``[j * block_n, ...)``, ``j = n_kv - 1 .. 0`` in
+    visiting order (every warpgroup visits the same ones), of which the first ``n_masked``
+    need the mask for this warpgroup's rows (bottom-right causal: token ``i`` sits at
+    ``len_k - len_q + i``)."""
+    last = len_k - len_q + min(m0 + block_m, len_q)
     n_kv = cdiv(min(max(last, 0), len_k), block_n)
     p0 = len_k - len_q + m0 + wg * HALF
     return n_kv, n_kv - min(max(p0 + 1, 0) // block_n, n_kv)
 
 
-def grid(max_seqlen_q: int, batch: int, num_q_heads: int, sms: int) -> tuple[int, int]:
+def grid(max_seqlen_q: int, batch: int, num_q_heads: int, sms: int, block_m: int = BLOCK_M) -> tuple[int, int]:
     """``(programs, n_m)``: the persistent grid (at most one program per SM) over
-    ``n_m * batch * num_q_heads`` work tiles, ``n_m = cdiv(max_seqlen_q, BLOCK_M)``."""
-    n_m = max(cdiv(max_seqlen_q, BLOCK_M), 1)
+    ``n_m * batch * num_q_heads`` work tiles of ``block_m`` tokens, ``n_m = cdiv(max_seqlen_q,
+    block_m)``."""
+    n_m = max(cdiv(max_seqlen_q, block_m), 1)
     return max(min(n_m * batch * num_q_heads, sms), 1), n_m
 
 
@@ -190,8 +293,8 @@ def launch(args: PrefillArgs, cfg: Fa3Config | None = None) -> None:
     if total_q == 0 or batch == 0:
         return
     cfg = cfg or fa3_config(head_dim)
-    q_smem, kv_smem, s_mma, o_mma = cfg.layouts
-    programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device))
+    q_smem, kv_smem, _, _ = cfg.layouts
+    programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device), cfg.block_m)
     dummy = args.cu_seqlens_q  # never read when the flag is off
     jit_launch(
         prefill_fa3_kernel,
@@ -210,16 +313,9 @@ def launch(args: PrefillArgs, cfg: Fa3Config | None = None) -> None:
         HQ=num_q_heads,
         G=num_q_heads // num_kv_heads,
         D=head_dim,
-        HALF=HALF,
-        BLOCK_N=cfg.block_n,
-        STAGES=cfg.stages,
         HAS_SINKS=args.sinks is not None,
         HAS_LSE=args.lse is not None,
-        S_MMA=s_mma,
-        O_MMA=o_mma,
-        CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs,
-        PINGPONG=cfg.pingpong,
+        **cfg.constexprs(),
         num_warps=4,
         maxnreg=cfg.maxnreg,
     )
