@@ -23,6 +23,9 @@
 #        ci/device/fa3_sweep.py --variants (D = 64 at S = 8192 and B = 4 x 4096 first, then D = 128; each variant
 #        vs float64, then timed next to the shipped configuration, triton_prefill and fa4_prefill_sm90; FA4 rows
 #        need .whl-cute/bundle carried) on a budget that ends the call by ~4 min; one table last (~3-4 min)
+#   fa3x: gluon_extend_fa3_sm90 (issue 20, FA3-style paged extend, opt-in, never run on a GPU yet): GPU numerics
+#        tests (100 s), `check attention.extend --preset awkward` (50 s), `bench attention.extend` next to
+#        triton_extend on the gpt-oss-120b preset (90 s): under 4 minutes, each part on its own clock
 #   e2e: examples/gpt_oss end to end (short budget; E2E_ROWS picks rows, default torch,selector,nvidia)
 #   flashinfer: tests/tokenspeed_kernel_nvidia/test_flashinfer_gpu.py (needs .whl-nvidia)
 #   gluonmoe: gluon_moe_decode_mx_sm90 GPU tests, then ci/device/gluon_moe_bench.py (T <= 8, ~3 min)
@@ -41,8 +44,8 @@
 #         (optional) bash ci/device/flashinfer_bundle.sh
 #         (optional) bash ci/device/triton_kernels_bundle.sh   # .whl-ogs: matmul_ogs rows in `bench moe.apply`
 # Device: carry [".whl"] (and ".whl-nvidia", ".whl-ogs", ".whl-cute/bundle"), command: bash ci/device/verify_pending.sh
-# STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, flashinfer, e2e (default:
-# decode). A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap`, `mxp` and `fa3g` alone.
+# STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3x, flashinfer, e2e
+# (default: decode). A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap`, `mxp` and `fa3g` alone.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -144,6 +147,17 @@ timeout "$(( ${FA3V_END_S:-235} - SECONDS ))" python3 -W ignore ci/device/fa3_sw
   --budget-s "$(( ${FA3V_END_S:-235} - 25 - SECONDS ))" --json "$OUT/fa3_variants.json" 2>&1 | tail -32 || status=1
 }
 
+fa3x() {
+echo "== gluon_extend_fa3_sm90: GPU tests, check vs float64, bench next to triton_extend"
+# A hung mbarrier (a warp-specialization protocol bug) must not cost the call: each part on its own clock.
+timeout 100 python3 -m pytest -q -rs -s -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_gluon_extend_fa3_gpu.py \
+  2>&1 | tail -25 || status=1
+timeout 50 python3 -W ignore -m tokenspeed_kernel check attention.extend --kernel gluon_extend_fa3_sm90 --preset awkward \
+  --device cuda 2>&1 | tail -20 || status=1
+timeout 90 python3 -W ignore -m tokenspeed_kernel bench attention.extend --kernel gluon_extend_fa3_sm90,triton_extend \
+  --preset gpt-oss-120b --device cuda --json "$OUT/bench_gluon_extend_fa3_sm90.json" 2>&1 | tail -30 || status=1
+}
+
 e2e() {
 echo "== examples/gpt_oss end to end"
 timeout 200 python3 -m examples.gpt_oss.bench --rows "${E2E_ROWS:-torch,selector,nvidia}" --budget-s 90 --rep-ms 60 \
@@ -207,8 +221,8 @@ fi
 
 for step in $steps; do
   case $step in
-    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | fa3g | fa3v | flashinfer | e2e) "$step" ;;
-    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, flashinfer, e2e)"
+    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | fa3g | fa3v | fa3x | flashinfer | e2e) "$step" ;;
+    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3x, flashinfer, e2e)"
        status=2 ;;
   esac
 done

@@ -1,0 +1,270 @@
+"""Gluon paged extend for Hopper after FlashAttention-3 (``attention.extend``, sm_90 only).
+
+See :mod:`._gluon_extend_fa3_kernel` for the kernel: the dense FA3-style prefill's
+warp-specialized design (one-warp TMA producer, two consumer warpgroups on ``wgmma``,
+persistent heaviest-first grid) reading K/V from a paged cache by TMA, one box per page,
+with the page ids fetched one key tile ahead. This module holds the schedule and page
+arithmetic the kernel performs (mirrored in plain Python for the CPU tests), the call
+checks, the descriptors, the launch and the registration.
+
+How pages reach shared memory: TMA (``cp.async.bulk.tensor``) boxes ``[1, 1, BOX, D]`` of a
+4-D view ``[num_pages, Hkv, P, D]`` of each cache (``BOX = min(P, BLOCK_N)``), so a strided
+view (HND, vLLM's interleaved K|V rows, a stacked pool) is read through its own strides
+with no gather arithmetic per row. At P = 16 and D = 64 a 128-key tile is 8 boxes of 2 KiB
+per operand, 16 copies per step for one thread against ~2000 cycles of consumer math per
+step, and one transaction-count ``expect`` per tile. ``cp.async`` gathers (FA3's paged
+path) would need a 4-warp producer with per-row addressing and more registers; Blackwell's
+TMA gather4 is not on sm_90. The price: a box is one 128-byte swizzle row wide (64
+columns; D = 128 takes two per page) and must be whole 1 KiB swizzle atoms (8 rows: P >= 8),
+and the strides must be 16-byte multiples (``kv_align`` 16).
+
+Registered ``Priority.OPT_IN``: compiled and inspected ahead of time for sm_90a, not yet
+run on a GPU. It does not serve: non-causal extend, logit caps, fp8 caches, head dims
+other than 64/128, unequal q/v head dims, pages of fewer than 8 tokens, strided
+caches whose strides or base are not 16-byte multiples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from tokenspeed_kernel.kit import cdiv, equal_head_dims, sm_count
+from tokenspeed_kernel.ops.attention.args import ExtendArgs
+from tokenspeed_kernel.registry import Priority, Request, register_kernel
+from tokenspeed_kernel_nvidia.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS, head_tile_descriptor
+from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import BLOCK_M, HALF, Fa3Config, fa3_config, grid
+from tokenspeed_kernel_triton._launcher import jit_launch
+
+__all__ = [
+    "NO_WINDOW",
+    "ExtendPlan",
+    "box_rows",
+    "dirty",
+    "gluon_extend_fa3",
+    "key_band",
+    "launch",
+    "masked",
+    "page_boxes",
+    "supported_page",
+]
+
+HEAD_DIMS = (64, 128)
+NO_WINDOW = 2**30  # the kernel's window without one (keys never sit that far back)
+_SWIZZLE_ATOM = 1024  # bytes: a 128-byte-swizzled box must start on this boundary
+_ALIGN = 16  # TMA: 16-byte aligned bases and strides
+SWIZZLE_COLS = 64  # bf16/fp16 columns of one 128-byte swizzle row: a box's width
+
+
+def box_rows(page_size: int, block_n: int) -> int:
+    """Rows of one TMA box: a whole page, or ``block_n`` rows of a page larger than a tile."""
+    return min(page_size, block_n)
+
+
+def supported_page(page_size: int, elem_bytes: int = 2, block_n: int = 128) -> bool:
+    """Whether a page size composes a key tile of whole swizzle atoms: a power of two whose
+    box (``box_rows`` rows of one 128-byte swizzle row) is a multiple of the 1 KiB atom
+    (8 rows), at any head dim (a D = 128 row takes two boxes)."""
+    rows = box_rows(page_size, block_n)
+    return page_size in PAGE_SIZES and (rows * SWIZZLE_COLS * elem_bytes) % _SWIZZLE_ATOM == 0
+
+
+def key_band(len_q: int, len_k: int, m0: int, block_n: int, window: int = NO_WINDOW) -> tuple[int, int]:
+    """``(j_lo, n_kv)`` of the work tile starting at query ``m0`` (what the kernel's ``_tile``
+    computes): key tiles ``j_lo .. j_lo + n_kv - 1`` (``[j * block_n, + block_n)``), from the
+    window's left edge of the first row (``max(p0 - window, 0)``, aligned down) to the tile
+    holding the last real row's position, visited from the last down."""
+    p0 = len_k - len_q + m0
+    hi = len_k - len_q + min(m0 + BLOCK_M, len_q)
+    j_lo = max(p0 - window, 0) // block_n
+    j_hi = cdiv(min(max(hi, 0), len_k), block_n)
+    return j_lo, max(j_hi - j_lo, 0)
+
+
+def masked(j: int, first: int, last: int, block_n: int, window: int = NO_WINDOW) -> bool:
+    """Whether key tile ``j`` needs the mask for rows at positions ``first .. last`` (the
+    kernel's ``_edge``): it crosses the first row's diagonal or the last row's window edge."""
+    start = j * block_n
+    return start + block_n - 1 > first or start < last - window
+
+
+def dirty(j: int, p0: int, block_n: int, window: int = NO_WINDOW) -> bool:
+    """Whether key tile ``j`` holds a key some row of the work tile starting at position ``p0``
+    may not see (its V tile is cleaned of non-finite values before ``P·V``)."""
+    return masked(j, p0, p0 + BLOCK_M - 1, block_n, window)
+
+
+def page_boxes(j: int, block_n: int, page_size: int, len_k: int, max_pages: int) -> list[tuple[int | None, int]]:
+    """The TMA boxes of key tile ``j``: ``(page_column, token)`` per box, ``page_column`` the
+    page-table column (None: past the sequence's pages, the box gets the out-of-bounds page
+    and is zero-filled) and ``token`` the first row of the page it reads."""
+    rows = box_rows(page_size, block_n)
+    out: list[tuple[int | None, int]] = []
+    for r in range(block_n // rows):
+        key = j * block_n + r * rows
+        col = key // page_size
+        ok = 0 <= col < min(cdiv(len_k, page_size), max_pages)
+        out.append((col if ok else None, key % page_size))
+    return out
+
+
+def _supported(request: Request) -> str | None:
+    why = equal_head_dims(request)
+    if why:
+        return why
+    return None
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    size = t.element_size()
+    return t.data_ptr() % _ALIGN == 0 and all((s * size) % _ALIGN == 0 for s in t.stride()[:-1])
+
+
+def _check_call(args: ExtendArgs) -> None:
+    """What the request cannot express, checked before any launch (ValueError)."""
+    if not args.causal:
+        raise ValueError("gluon_extend_fa3_sm90 serves causal extend only (causal=False)")
+    if args.logit_cap > 0:
+        raise ValueError(f"gluon_extend_fa3_sm90 has no logit cap (logit_cap={args.logit_cap})")
+    if not args.softmax_scale > 0:
+        raise ValueError(f"gluon_extend_fa3_sm90 needs softmax_scale > 0 (got {args.softmax_scale})")
+    if args.k_cache.dtype != args.q.dtype:
+        raise ValueError(f"gluon_extend_fa3_sm90 needs the cache in q's dtype (k_cache is {args.k_cache.dtype})")
+    page_size = args.k_cache.shape[1]
+    if not supported_page(page_size, args.q.element_size()):
+        raise ValueError(f"gluon_extend_fa3_sm90 cannot tile page_size {page_size} (TMA boxes of 8+ rows)")
+    if args.q.data_ptr() % _ALIGN:
+        raise ValueError(f"gluon_extend_fa3_sm90 needs q {_ALIGN}-byte aligned (TMA)")
+    for name in ("k_cache", "v_cache"):
+        if not _aligned(getattr(args, name)):
+            raise ValueError(f"gluon_extend_fa3_sm90 needs {name}'s base and strides {_ALIGN}-byte multiples (TMA)")
+
+
+@dataclass(frozen=True)
+class ExtendPlan:
+    """Host facts of one launch: the configuration, the box rows and the layouts."""
+
+    cfg: Fa3Config
+    box: int
+
+    @property
+    def layouts(self):
+        """(Q_SMEM, KV_SMEM, S_MMA, O_MMA, BOX_SMEM, CLEAN): the dense kernel's layouts, the
+        NVMMA layout of a ``[1, 1, box, D]`` TMA box (the same 128-byte swizzle), and the
+        4-warp blocked layout of a ``[HALF, D]`` half V tile (16-byte vectors)."""
+        from triton.experimental.gluon import language as gl
+
+        q_smem, kv_smem, s_mma, o_mma = self.cfg.layouts
+        d = self.cfg.head_dim
+        box_smem = gl.NVMMASharedLayout.get_default_for([1, 1, self.box, SWIZZLE_COLS], gl.bfloat16)
+        tpw_d = d // 8
+        clean = gl.BlockedLayout([1, 8], [32 // tpw_d, tpw_d] if tpw_d <= 32 else [1, 32], [4, 1], [1, 0])
+        return q_smem, kv_smem, s_mma, o_mma, box_smem, clean
+
+
+def extend_plan(head_dim: int, page_size: int) -> ExtendPlan:
+    """The launch configuration: the dense kernel's tile and ring (:func:`fa3_config`) with
+    the registers split 232 / 40 (``2 x 232 + 40 = 3 x 168``): the producer's page-id
+    extraction spills at 24 registers (P = 8: 24 bytes), the D = 128 consumers at 224
+    (64 bytes); ptxas reports no spills at 232 / 40 (tests/tokenspeed_kernel_nvidia/test_aot_extend_fa3.py)."""
+    cfg = dataclasses.replace(fa3_config(head_dim), consumer_regs=232, producer_regs=40)
+    return ExtendPlan(cfg, box_rows(page_size, cfg.block_n))
+
+
+def _cache_descriptor(cache: torch.Tensor, box: int, layout):
+    """A TMA descriptor over ``cache [num_pages, P, Hkv, D]`` (any strides, stride 1 in D)
+    viewed ``[num_pages, Hkv, P, D]``, box ``[1, 1, box, 64]`` (one 128-byte swizzle row; a
+    D = 128 row takes two boxes)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    pages, page_size, heads, dim = cache.shape
+    sp, st, sh, _ = cache.stride()
+    return TensorDescriptor(cache, [pages, heads, page_size, dim], [sp, sh, st, 1], [1, 1, box, SWIZZLE_COLS], layout)
+
+
+@register_kernel(
+    "attention.extend",
+    name="gluon_extend_fa3_sm90",
+    solution="gluon",
+    vendors=VENDORS,
+    archs=("sm_90",),
+    capabilities=("tma", "wgmma"),
+    dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
+    # Page sizes whose boxes are whole 1 KiB swizzle atoms (8 rows of 128 bytes): 8 .. 256.
+    shapes={"head_dim": HEAD_DIMS, "head_dim_v": HEAD_DIMS, "page_size": PAGE_SIZES[3:], "kv_align": (16,)},
+    features=("sinks", "sliding_window", "return_lse", "strided_kv"),
+    # Compiled and inspected ahead of time only; not yet run on a GPU.
+    priority=Priority.OPT_IN,
+    predicate=_supported,
+)
+def gluon_extend_fa3(args: ExtendArgs) -> None:
+    """Gluon Hopper paged extend (FlashAttention-3 design): one-warp TMA producer reading
+    the cache page by page, two ping-pong wgmma consumer warpgroups, persistent grid.
+
+    q ``[total_q, Hq, D]`` (bf16/fp16, 16-byte aligned), k_cache/v_cache ``[num_pages, P,
+    Hkv, D]`` in q's dtype (strided views allowed: stride 1 in D, the other strides and the
+    base 16-byte multiples), page_table int32 ``[batch, max_pages]``, cache_seqlens int32
+    ``[batch]`` (including the chunk), D 64 or 128, causal (query ``t`` at
+    ``cache_seqlens[b] - len_q + t``), optional window and sinks (float32 ``[Hq]``); writes
+    ``args.out`` ``[total_q, Hq, D]`` and ``args.lse`` (float32 ``[total_q, Hq]``) when given.
+    """
+    launch(args)
+
+
+def launch(args: ExtendArgs, plan: ExtendPlan | None = None) -> None:
+    """Check and launch (``plan`` defaults to :func:`extend_plan`)."""
+    from tokenspeed_kernel_nvidia.ops.attention._gluon_extend_fa3_kernel import extend_fa3_kernel
+
+    _check_call(args)
+    total_q, num_q_heads, head_dim = args.q.shape
+    num_pages, page_size, num_kv_heads, _ = args.k_cache.shape
+    batch = args.cu_seqlens_q.shape[0] - 1
+    if total_q == 0 or batch == 0:
+        return
+    plan = plan or extend_plan(head_dim, page_size)
+    cfg = plan.cfg
+    q_smem, kv_smem, s_mma, o_mma, box_smem, clean = plan.layouts
+    programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device))
+    dummy = args.cu_seqlens_q  # never read when the flag is off
+    table = args.page_table
+    jit_launch(
+        extend_fa3_kernel,
+        (programs,),
+        head_tile_descriptor(args.q, HALF, q_smem),
+        _cache_descriptor(args.k_cache, plan.box, box_smem),
+        _cache_descriptor(args.v_cache, plan.box, box_smem),
+        args.out,
+        args.lse if args.lse is not None else dummy,
+        args.sinks if args.sinks is not None else dummy,
+        args.cu_seqlens_q,
+        args.cache_seqlens,
+        table,
+        table.stride(0),
+        table.shape[1],
+        num_pages,
+        float(args.softmax_scale),
+        args.window_left if args.window_left >= 0 else NO_WINDOW,
+        n_m,
+        batch,
+        HQ=num_q_heads,
+        G=num_q_heads // num_kv_heads,
+        D=head_dim,
+        HALF=HALF,
+        BLOCK_N=cfg.block_n,
+        PAGE=page_size,
+        BOX=plan.box,
+        STAGES=cfg.stages,
+        HAS_SINKS=args.sinks is not None,
+        HAS_LSE=args.lse is not None,
+        S_MMA=s_mma,
+        O_MMA=o_mma,
+        KV_SMEM=kv_smem,
+        CLEAN=clean,
+        CONSUMER_REGS=cfg.consumer_regs,
+        PRODUCER_REGS=cfg.producer_regs,
+        PINGPONG=cfg.pingpong,
+        num_warps=4,
+        maxnreg=cfg.maxnreg,
+    )
