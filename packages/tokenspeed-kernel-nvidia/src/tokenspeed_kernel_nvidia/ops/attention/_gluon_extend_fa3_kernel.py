@@ -276,7 +276,7 @@ def _consumer(
                 mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
                 _wait_turn(turn, rnd, WG, PINGPONG)
                 s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                _pass_turn(turn, WG, PINGPONG)
+                _pass_turn(turn, WG, 2, PINGPONG)  # two consumer warpgroups
                 rnd += 1
                 s = warpgroup_mma_wait(0, deps=[s_tok])
                 mbarrier.arrive(k_empty.index(slot), count=1)
@@ -300,7 +300,7 @@ def _consumer(
                     )
                     p_prev = p
                     o_tok = warpgroup_mma(p_prev, v_smem.index(prev), acc, is_async=True)
-                    _pass_turn(turn, WG, PINGPONG)
+                    _pass_turn(turn, WG, 2, PINGPONG)  # two consumer warpgroups
                     rnd += 1
                     s = warpgroup_mma_wait(1, deps=[s_tok])
                     mbarrier.arrive(k_empty.index(slot), count=1)
@@ -320,7 +320,7 @@ def _consumer(
                 n_dirty = _clean_v(v_smem.index(slot), dirty, clean, n_dirty, WG, HALF, CLEAN)
                 _wait_turn(turn, rnd, WG, PINGPONG)
                 o_tok = warpgroup_mma(p, v_smem.index(slot), acc, is_async=True)
-                _pass_turn(turn, WG, PINGPONG)
+                _pass_turn(turn, WG, 2, PINGPONG)  # two consumer warpgroups
                 rnd += 1
                 acc = warpgroup_mma_wait(0, deps=[o_tok])
                 mbarrier.arrive(v_empty.index(slot), count=1)
