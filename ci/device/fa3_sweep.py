@@ -4,9 +4,10 @@ Issue 20: the FA3-style Gluon prefill aims at >= ~480 TFLOP/s for causal S = 819
 B = 4 x 4096 with 64 query / 8 KV heads, head dim 64, bf16, sinks (``triton_prefill`` ~360,
 FA4 ~530 on an H200). Each case times every configuration of :data:`CONFIGS` for its head
 dim through the module's launcher: the shipped one first, then the opt-in variants
-(``ex<k>``: k of every 8 exp2 on the FMA pipe; ``wg3``: three consumer warpgroups, 192-row
-tiles; ``lz8``: the lazy rescale, threshold 8) and the older alternatives (K/V tile, ring
-depth, ping-pong off; ``--variants`` leaves those out), and
+(``ov``: the P·V wait after the softmax; ``ex<k>``: k of every 8 exp2 on the FMA pipe;
+``wg3``: three consumer warpgroups, 192-row tiles; ``lz8``: the lazy rescale, threshold 8)
+and the older alternatives (K/V tile, ring depth, ping-pong off; ``--variants`` leaves
+those out), and
 ``triton_prefill`` and ``fa4_prefill_sm90`` (when its AOT bundle or JIT extra is present;
 else the row says why) through the public call. Every configuration and peer is first
 checked against a float64 attention of :data:`CHECK_HEADS` (five heads of four KV heads,
@@ -42,6 +43,8 @@ CASES = ((1, 8192, 64), (4, 4096, 64), (1, 8192, 128), (4, 4096, 128))  # (batch
 CONFIGS = {
     64: (
         ({"stages": 3}, True),
+        ({"stages": 3, "pv_overlap": True}, True),
+        ({"stages": 3, "pv_overlap": True, "exp2_poly": 1}, True),
         ({"stages": 3, "exp2_poly": 1}, True),
         ({"stages": 3, "exp2_poly": 2}, True),
         ({"stages": 3, "rescale_threshold": 8.0}, True),
@@ -54,6 +57,7 @@ CONFIGS = {
     ),
     128: (
         ({"stages": 2}, True),
+        ({"stages": 2, "pv_overlap": True}, True),
         ({"stages": 2, "exp2_poly": 1}, True),
         ({"stages": 2, "rescale_threshold": 8.0}, True),
         ({"stages": 2, "pingpong": False}, False),

@@ -17,12 +17,13 @@
 #        on the awkward preset, `bench attention.prefill` next to triton_prefill and fa4_prefill_sm90 (FA4 rows
 #        need .whl-cute/bundle carried), then ci/device/fa3_sweep.py (configs at S=8192 / B=4x4096, D 64 and 128)
 #        until the call's 10 minutes are nearly up (~7-9 min)
-#   fa3v: gluon_prefill_fa3_sm90's opt-in variants (exp2 partly on FMA, three consumer warpgroups, lazy rescale):
+#   fa3v: gluon_prefill_fa3_sm90's opt-in variants (P·V wait after the softmax, exp2 partly on FMA, three consumer
+#        warpgroups, lazy rescale):
 #        the sweep-configuration tests of its GPU test file (every configuration and variant vs float64 on
 #        awkward shapes; the shipped configuration's own tests are fa3g's), then
 #        ci/device/fa3_sweep.py --variants (D = 64 at S = 8192 and B = 4 x 4096 first, then D = 128; each variant
 #        vs float64, then timed next to the shipped configuration, triton_prefill and fa4_prefill_sm90; FA4 rows
-#        need .whl-cute/bundle carried) on a budget that ends the call by ~4 min; one table last (~3-4 min)
+#        need .whl-cute/bundle carried) on a budget that ends the call by ~4.5 min; one table last (~4-5 min)
 #   fa3x: gluon_extend_fa3_sm90 (issue 20, FA3-style paged extend, opt-in, never run on a GPU yet): GPU numerics
 #        tests (100 s), `check attention.extend --preset awkward` (50 s), `bench attention.extend` next to
 #        triton_extend on the gpt-oss-120b preset (90 s): under 4 minutes, each part on its own clock
@@ -139,12 +140,12 @@ timeout "$(( ${FA3G_END_S:-585} - SECONDS ))" python3 -W ignore ci/device/fa3_sw
 fa3v() {
 echo "== gluon_prefill_fa3_sm90 variants: GPU tests (each variant vs float64), then the variant sweep"
 # A hung mbarrier (a protocol bug in a variant) must not cost the call: each part on its own clock.
-timeout 130 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_gluon_prefill_fa3_gpu.py \
+timeout 160 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_gluon_prefill_fa3_gpu.py \
   -k "sweep_configs or variants" 2>&1 | tail -12 || status=1
-# the sweep gets what is left of ~4 minutes ($SECONDS counts from this script's start); rows not started
+# the sweep gets what is left of ~4.5 minutes ($SECONDS counts from this script's start); rows not started
 # 25 s before its end are listed as skipped, so the table always prints
-timeout "$(( ${FA3V_END_S:-235} - SECONDS ))" python3 -W ignore ci/device/fa3_sweep.py --variants \
-  --budget-s "$(( ${FA3V_END_S:-235} - 25 - SECONDS ))" --json "$OUT/fa3_variants.json" 2>&1 | tail -32 || status=1
+timeout "$(( ${FA3V_END_S:-270} - SECONDS ))" python3 -W ignore ci/device/fa3_sweep.py --variants \
+  --budget-s "$(( ${FA3V_END_S:-270} - 25 - SECONDS ))" --json "$OUT/fa3_variants.json" 2>&1 | tail -32 || status=1
 }
 
 fa3x() {

@@ -111,8 +111,21 @@ def _kv_loop_mix(text: str) -> dict[str, int]:
             op: sum(n for name, n in names.items() if name == op or name.startswith(op + ".")) for op in KV_LOOP_OPS
         }
         if counts["HGMMA"] and counts["MUFU.EX2"]:
-            return {f"KV_{op}": n for op, n in counts.items()}
+            return {f"KV_{op}": n for op, n in counts.items()} | {"KV_EX2_UNDER_PV": _ex2_under_pv(ops)}
     return {}
+
+
+def _ex2_under_pv(ops: list[str]) -> int:
+    """MUFU.EX2 instructions of a key-tile loop (``ops``, in program order) between the wait
+    for the scores (``WARPGROUP.DEPBAR.LE gsb0, 0x1``: the P·V group still in flight) and the
+    wait for the P·V group (``gsb0, 0x0``): the exponentials that can overlap the P·V product;
+    0 when a wait is missing or the P·V wait comes first."""
+    try:
+        s_wait = next(i for i, x in enumerate(ops) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in x)
+        pv_wait = next(i for i, x in enumerate(ops) if i > s_wait and "WARPGROUP.DEPBAR.LE gsb0, 0x0" in x)
+    except StopIteration:
+        return 0
+    return sum(SASS_OPCODE.search(x).group(1) == "MUFU.EX2" for x in ops[s_wait:pv_wait])
 
 
 def _first_loop_length(text: str) -> int:
@@ -567,7 +580,7 @@ def prefill_fa3_grid():
     """The launcher's configurations (D 64 and 128) with sinks on and off, LSE, fp16, GQA 8
     and 1, plus the alternatives the device sweep times (D = 64 with 2 stages, 64-key tiles,
     no ping-pong hand-off; the variants: exp2 partly on FMA, three consumer warpgroups, the
-    lazy rescale, alone and together)."""
+    lazy rescale, alone and together; the P·V wait after the softmax, alone and with the others)."""
     wide = Fa3Config(64, stages=3, **WIDE)
     return [
         (torch.bfloat16, 64, 8, True, False, None),
@@ -590,6 +603,11 @@ def prefill_fa3_grid():
         (torch.bfloat16, 64, 8, True, True, replace(wide, exp2_poly=2, rescale_threshold=8.0)),
         (torch.bfloat16, 128, 8, True, False, Fa3Config(128, exp2_poly=1)),
         (torch.bfloat16, 128, 8, True, False, Fa3Config(128, rescale_threshold=8.0)),
+        (torch.bfloat16, 64, 8, True, False, Fa3Config(64, stages=3, pv_overlap=True)),
+        (torch.float16, 64, 1, False, True, Fa3Config(64, stages=3, pv_overlap=True, exp2_poly=1)),
+        (torch.bfloat16, 64, 8, True, True, replace(wide, pv_overlap=True)),
+        (torch.bfloat16, 128, 8, True, False, Fa3Config(128, pv_overlap=True)),
+        (torch.bfloat16, 64, 8, True, False, Fa3Config(64, stages=3, pv_overlap=True, rescale_threshold=8.0)),
     ]
 
 

@@ -64,9 +64,14 @@ def _fa3_consumers(name: str) -> int:
     return int(m.group(1)) if m else 2
 
 
-def test_gluon_prefill_fa3_compiles_warp_specialized_with_wgmma():
-    rows = _compile("prefill_fa3")
-    assert len(rows) >= 20
+@pytest.fixture(scope="module")
+def fa3_rows() -> list[dict]:
+    return _compile("prefill_fa3")
+
+
+def test_gluon_prefill_fa3_compiles_warp_specialized_with_wgmma(fa3_rows):
+    rows = fa3_rows
+    assert len(rows) >= 25
     names = {r["kernel"] for r in rows}
     assert "gluon_prefill_fa3-bfloat16-g8-d64-n128-st3-r240.24-sinks" in names  # GPT-OSS's launch
     assert "gluon_prefill_fa3-bfloat16-g8-d128-n128-st2-r240.24-sinks" in names
@@ -106,6 +111,37 @@ def test_gluon_prefill_fa3_compiles_warp_specialized_with_wgmma():
     # and 123 KB of shared memory (three Q halves and the 3-stage ring).
     wide = by_name["gluon_prefill_fa3-bfloat16-g8-d64-n128-st3-r160.24-wg3-sinks"]
     assert wide["registers"] == 128 and wide["shared_bytes"] <= 124 * 1024, wide
+
+
+def test_gluon_prefill_fa3_pv_overlap_moves_the_pv_wait_after_the_softmax(fa3_rows):
+    # KV_EX2_UNDER_PV: the key-tile loop's MUFU.EX2 between the wait for S_i (WARPGROUP.DEPBAR.LE
+    # gsb0, 0x1) and the wait for P_{i-1}·V_{i-1} (gsb0, 0x0). By default ptxas hoists the P·V
+    # wait to the top of the softmax's basic block: no exponential overlaps the P·V product
+    # (the rows assert the default lacks it). Fa3Config.pv_overlap ends that block with an
+    # mbarrier wait that passes at once, and every exponential of the loop is issued before the
+    # P·V wait (the new P is packed after it), with no spills (checked for every row) and the
+    # registers within the consumers' budget. The lazy rescale's warpgroup vote is itself a
+    # block boundary and gets part of the way by accident.
+    by_name = {r["kernel"]: r for r in fa3_rows}
+    overlapped = [r for r in fa3_rows if "-ov" in r["kernel"]]
+    assert len(overlapped) >= 5
+    for row in fa3_rows:
+        sass = row["sass"]
+        if "-ov" in row["kernel"]:
+            # with the lazy rescale the two rows' alpha (read only by the skippable O *= alpha)
+            # may follow the wait; every score exponential precedes it
+            alphas = 2 if "-lz" in row["kernel"] else 0
+            assert 0 < sass["KV_MUFU.EX2"] - alphas <= sass["KV_EX2_UNDER_PV"] <= sass["KV_MUFU.EX2"], row
+            budget = 160 if "-wg3" in row["kernel"] else 240
+            assert sass["REGS"] <= budget and row["spills"] == 0, row
+        elif "-lz" not in row["kernel"]:
+            assert sass["KV_EX2_UNDER_PV"] == 0, row
+    # the cost: one more mbarrier wait per consumer warpgroup, nothing else in the PTX
+    base = by_name["gluon_prefill_fa3-bfloat16-g8-d64-n128-st3-r240.24-sinks"]
+    ov = by_name["gluon_prefill_fa3-bfloat16-g8-d64-n128-st3-r240.24-ov-sinks"]
+    assert ov["mbar_wait"] - base["mbar_wait"] == 2, (base, ov)
+    for key in ("wgmma", "wgmma_wait1", "tma", "mbar_arrive", "shared_bytes"):
+        assert ov[key] == base[key], (key, base, ov)
 
 
 def test_gluon_moe_decode_compiles_for_sm90_with_vector_loads():

@@ -112,6 +112,10 @@ SWEEP_CONFIGS = [
     (64, {"stages": 3, "wide": True, "exp2_poly": 2, "rescale_threshold": 8.0}),
     (128, {"exp2_poly": 1}),
     (128, {"rescale_threshold": 8.0}),
+    (64, {"stages": 3, "pv_overlap": True}),
+    (64, {"stages": 3, "pv_overlap": True, "exp2_poly": 1}),
+    (64, {"stages": 3, "wide": True, "pv_overlap": True}),
+    (128, {"pv_overlap": True}),
 ]
 
 

@@ -300,6 +300,19 @@ def test_config_rejects_what_does_not_fit(kw, match):
         fa3.Fa3Config(64, **kw)
 
 
+def test_pv_overlap_is_a_compile_switch_only():
+    # pv_overlap moves where the kernel waits for the P·V product (the SASS test in
+    # test_aot_compile.py checks it), not what it computes: same tiles, same schedule, so the
+    # float64 emulation above covers its numerics; the GPU tests run it on the device.
+    base, ov = fa3.Fa3Config(64, stages=3), fa3.Fa3Config(64, stages=3, pv_overlap=True)
+    assert ov.tag == base.tag + "-ov" and fa3.fa3_config(64) == base and not base.pv_overlap
+    assert {k: v for k, v in ov.constexprs().items() if k != "PV_OVERLAP"} == {
+        k: v for k, v in base.constexprs().items() if k != "PV_OVERLAP"
+    }
+    assert ov.constexprs()["PV_OVERLAP"] is True and base.constexprs()["PV_OVERLAP"] is False
+    assert ov.block_m == base.block_m and ov.shared_bytes() == base.shared_bytes()
+
+
 def test_wide_config_fits():
     cfg = fa3.Fa3Config(64, stages=3, **fa3.WIDE)
     assert cfg.block_m == 192 and cfg.shared_bytes() <= 124 * 1024

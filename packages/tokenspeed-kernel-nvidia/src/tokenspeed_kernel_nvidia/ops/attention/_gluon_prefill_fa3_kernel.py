@@ -34,7 +34,9 @@ with fp32 statistics; the sink joins the denominator once in the epilogue.
 Variants (constexpr switches, see ``Fa3Config``): ``EXP2_POLY`` of every 8 exponentials on
 the FMA pipe (:func:`_exp2`); ``RESCALE_THRESHOLD > 0``: a row's max moves only when a tile
 raises it by more than the threshold, and ``O *= alpha`` is skipped when no row of the
-warpgroup moved.
+warpgroup moved; ``PV_OVERLAP``: an mbarrier wait that passes at once between the softmax and
+the ``P·V`` wait, so that ptxas keeps that wait after the softmax (otherwise it hoists it to
+the top of the softmax's basic block and the intra-warpgroup overlap above does not happen).
 """
 
 from __future__ import annotations
@@ -256,6 +258,7 @@ def _consumer(
     NUM_WG: gl.constexpr,
     EXP2_POLY: gl.constexpr,
     RESCALE_THRESHOLD: gl.constexpr,
+    PV_OVERLAP: gl.constexpr,
 ):
     """One warpgroup: rows ``[m0 + WG * HALF, + HALF)`` of every tile of this program.
     ``common``: the runtime arguments all consumers share (shared buffers, barriers, pointers,
@@ -326,6 +329,11 @@ def _consumer(
                         s, m_i, l_i, row_pos, cols, start, qk_scale, i < n_masked, dtype, p_layout, EXP2_POLY,
                         RESCALE_THRESHOLD,
                     )  # fmt: skip
+                    if PV_OVERLAP:
+                        # Passes at once (V_{i-1} is released only below) but ends the softmax's
+                        # basic block: ptxas, which hoists the P·V wait to the top of its block,
+                        # leaves it after the softmax (and packs the new P after the wait).
+                        mbarrier.wait(v_ready.index(prev), ((it - 1) // STAGES) & 1)
                     # p_prev (the A operand in registers) stays live until its product retires
                     acc, _p_done = warpgroup_mma_wait(0, deps=[o_tok, p_prev])
                     mbarrier.arrive(v_empty.index(prev), count=1)
@@ -393,6 +401,7 @@ def prefill_fa3_kernel(
     NUM_WG: gl.constexpr,
     EXP2_POLY: gl.constexpr,
     RESCALE_THRESHOLD: gl.constexpr,
+    PV_OVERLAP: gl.constexpr,
 ):
     """Dense causal attention, persistent over ``n_m * batch * HQ`` work tiles.
 
@@ -403,8 +412,8 @@ def prefill_fa3_kernel(
     ``[batch + 1]``; ``n_m = cdiv(max_seqlen_q, NUM_WG * HALF)``. Launch with ``num_warps=4``
     (consumer 0) and a grid of at most the number of SMs. ``PINGPONG``: the hand-off that
     makes the ``NUM_WG`` (2 or 3) consumer warpgroups issue their wgmma rounds in turn (off:
-    each issues as soon as its data is there); ``EXP2_POLY``, ``RESCALE_THRESHOLD``: see
-    ``Fa3Config``.
+    each issues as soon as its data is there); ``EXP2_POLY``, ``RESCALE_THRESHOLD``,
+    ``PV_OVERLAP``: see ``Fa3Config``.
     """
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [NUM_WG, HALF, D], q_desc.layout)
@@ -436,9 +445,9 @@ def prefill_fa3_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (common, 0, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                             NUM_WG, EXP2_POLY, RESCALE_THRESHOLD)),
+                             NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP)),
                 (_consumer, (common, 1, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                             NUM_WG, EXP2_POLY, RESCALE_THRESHOLD)),
+                             NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP)),
                 (_producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG)),
             ],
             [4, 1],
@@ -448,11 +457,11 @@ def prefill_fa3_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (common, 0, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                             NUM_WG, EXP2_POLY, RESCALE_THRESHOLD)),
+                             NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP)),
                 (_consumer, (common, 1, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                             NUM_WG, EXP2_POLY, RESCALE_THRESHOLD)),
+                             NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP)),
                 (_consumer, (common, 2, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                             NUM_WG, EXP2_POLY, RESCALE_THRESHOLD)),
+                             NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP)),
                 (_producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG)),
             ],
             [4, 4, 1],

@@ -82,7 +82,12 @@ class Fa3Config:
     - ``rescale_threshold``: a positive value (base-2 units) keeps a row's running max until
       a tile raises it by more than this (one warpgroup-wide vote per tile skips ``O *=
       alpha`` when no row needs it); exact, since the sum and the output use the same max,
-      and ``exp2(s - m) <= 2**threshold`` stays far from overflow.
+      and ``exp2(s - m) <= 2**threshold`` stays far from overflow;
+    - ``pv_overlap``: the softmax of key tile ``i`` runs under the ``P·V`` product of tile
+      ``i - 1`` in the SASS too. Without it ptxas hoists the ``P·V`` wait to the top of the
+      softmax's basic block (the PTX asks for it after the softmax); with it an mbarrier wait
+      that passes at once (``V_{i-1}`` is still held) ends that block, and the wait stays
+      after the exponentials (the new P is packed after it). Same arithmetic, same order.
     """
 
     head_dim: int
@@ -95,6 +100,7 @@ class Fa3Config:
     consumers: int = 2
     exp2_poly: int = 0
     rescale_threshold: float = 0.0
+    pv_overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.consumers not in (2, 3):
@@ -127,6 +133,7 @@ class Fa3Config:
         tag += "" if self.pingpong else "-free"
         tag += "" if self.consumers == 2 else f"-wg{self.consumers}"
         tag += f"-ex{self.exp2_poly}" if self.exp2_poly else ""
+        tag += "-ov" if self.pv_overlap else ""
         return tag + (f"-lz{self.rescale_threshold:g}" if self.rescale_threshold else "")
 
     @functools.cached_property
@@ -158,6 +165,7 @@ class Fa3Config:
             "NUM_WG": self.consumers,
             "EXP2_POLY": self.exp2_poly,
             "RESCALE_THRESHOLD": float(self.rescale_threshold),
+            "PV_OVERLAP": self.pv_overlap,
         }
 
 
