@@ -27,6 +27,7 @@ caches whose strides or base are not 16-byte multiples.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -34,9 +35,18 @@ import torch
 from tokenspeed_kernel.kit import cdiv, equal_head_dims, sm_count
 from tokenspeed_kernel.ops.attention.args import ExtendArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
-from tokenspeed_kernel_nvidia.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS, head_tile_descriptor
+from tokenspeed_kernel_nvidia.ops.attention._common import (
+    PAGE_SIZES,
+    Q_DTYPES,
+    VENDORS,
+    attention_call_key,
+    fa3_head_constexprs,
+    head_tile_descriptor,
+    written_and_sinks,
+)
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import BLOCK_M, HALF, Fa3Config, fa3_config, grid
-from tokenspeed_kernel_triton._launcher import jit_launch
+from tokenspeed_kernel_triton._launcher import Launch
+from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, derive, run_fresh
 
 __all__ = [
     "NO_WINDOW",
@@ -149,7 +159,7 @@ class ExtendPlan:
     cfg: Fa3Config
     box: int
 
-    @property
+    @functools.cached_property
     def layouts(self):
         """(Q_SMEM, KV_SMEM, S_MMA, O_MMA, BOX_SMEM, CLEAN): the dense kernel's layouts, the
         NVMMA layout of a ``[1, 1, box, D]`` TMA box (the same 128-byte swizzle), and the
@@ -164,6 +174,7 @@ class ExtendPlan:
         return q_smem, kv_smem, s_mma, o_mma, box_smem, clean
 
 
+@functools.cache
 def extend_plan(head_dim: int, page_size: int) -> ExtendPlan:
     """The launch configuration: the dense kernel's tile and ring (:func:`fa3_config`) with
     the registers split 232 / 40 (``2 x 232 + 40 = 3 x 168``): the producer's page-id
@@ -209,62 +220,97 @@ def gluon_extend_fa3(args: ExtendArgs) -> None:
     ``[batch]`` (including the chunk), D 64 or 128, causal (query ``t`` at
     ``cache_seqlens[b] - len_q + t``), optional window and sinks (float32 ``[Hq]``); writes
     ``args.out`` ``[total_q, Hq, D]`` and ``args.lse`` (float32 ``[total_q, Hq]``) when given.
+    A functional call runs the runner bound for its :func:`_runner_key`
+    (``tokenspeed_kernel_triton._runners``): every tensor passed per run, the Q and cache TMA
+    descriptors derived per run from the run's q and caches.
     """
-    launch(args)
+    _check_call(args)
+    _RUNNERS(args)
 
 
 def launch(args: ExtendArgs, plan: ExtendPlan | None = None) -> None:
-    """Check and launch (``plan`` defaults to :func:`extend_plan`)."""
+    """Check and launch once, uncached (``plan`` defaults to :func:`extend_plan`)."""
+    _check_call(args)
+    run_fresh(functools.partial(_launches, plan=plan), args)
+
+
+def _launches(args: ExtendArgs, plan: ExtendPlan | None = None) -> Built:
+    """The launch of ``args`` (none for an empty batch), no scratch, nothing kept, and the Q
+    and K/V cache descriptors derived from q and the caches."""
     from tokenspeed_kernel_nvidia.ops.attention._gluon_extend_fa3_kernel import extend_fa3_kernel
 
-    _check_call(args)
     total_q, num_q_heads, head_dim = args.q.shape
     num_pages, page_size, num_kv_heads, _ = args.k_cache.shape
     batch = args.cu_seqlens_q.shape[0] - 1
     if total_q == 0 or batch == 0:
-        return
+        return (), (), ()
     plan = plan or extend_plan(head_dim, page_size)
     cfg = plan.cfg
     q_smem, kv_smem, s_mma, o_mma, box_smem, clean = plan.layouts
     programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device))
-    dummy = args.cu_seqlens_q  # never read when the flag is off
     table = args.page_table
-    jit_launch(
+    descriptors = (
+        derive(head_tile_descriptor, args.q, HALF, q_smem),
+        derive(_cache_descriptor, args.k_cache, plan.box, box_smem),
+        derive(_cache_descriptor, args.v_cache, plan.box, box_smem),
+    )
+    launch = Launch(
         extend_fa3_kernel,
         (programs,),
-        head_tile_descriptor(args.q, HALF, q_smem),
-        _cache_descriptor(args.k_cache, plan.box, box_smem),
-        _cache_descriptor(args.v_cache, plan.box, box_smem),
-        args.out,
-        args.lse if args.lse is not None else dummy,
-        args.sinks if args.sinks is not None else dummy,
-        args.cu_seqlens_q,
-        args.cache_seqlens,
-        table,
-        table.stride(0),
-        table.shape[1],
-        num_pages,
-        float(args.softmax_scale),
-        args.window_left if args.window_left >= 0 else NO_WINDOW,
-        n_m,
-        batch,
-        HQ=num_q_heads,
-        G=num_q_heads // num_kv_heads,
-        D=head_dim,
-        HALF=HALF,
-        BLOCK_N=cfg.block_n,
-        PAGE=page_size,
-        BOX=plan.box,
-        STAGES=cfg.stages,
-        HAS_SINKS=args.sinks is not None,
-        HAS_LSE=args.lse is not None,
-        S_MMA=s_mma,
-        O_MMA=o_mma,
-        KV_SMEM=kv_smem,
-        CLEAN=clean,
-        CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs,
-        PINGPONG=cfg.pingpong,
-        num_warps=4,
-        maxnreg=cfg.maxnreg,
+        (
+            *(d.value for d in descriptors),
+            *written_and_sinks(args),
+            args.cu_seqlens_q,
+            args.cache_seqlens,
+            table,
+            table.stride(0),
+            table.shape[1],
+            num_pages,
+            float(args.softmax_scale),
+            args.window_left if args.window_left >= 0 else NO_WINDOW,
+            n_m,
+            batch,
+        ),
+        dict(
+            **fa3_head_constexprs(args, num_kv_heads),
+            HALF=HALF,
+            BLOCK_N=cfg.block_n,
+            PAGE=page_size,
+            BOX=plan.box,
+            STAGES=cfg.stages,
+            S_MMA=s_mma,
+            O_MMA=o_mma,
+            KV_SMEM=kv_smem,
+            CLEAN=clean,
+            CONSUMER_REGS=cfg.consumer_regs,
+            PRODUCER_REGS=cfg.producer_regs,
+            PINGPONG=cfg.pingpong,
+            num_warps=4,
+            maxnreg=cfg.maxnreg,
+        ),
     )
+    return [launch], (), (), descriptors
+
+
+def _runner_key(args: ExtendArgs) -> tuple:
+    """:func:`~tokenspeed_kernel_nvidia.ops.attention._common.attention_call_key` of q and the
+    caches, the page table's shape and row stride (launch scalars) and the persistent grid
+    (program and query-block counts, which follow ``max_seqlen_q``; not ``max_seqlen_k``,
+    which the launch does not read)."""
+    q, table = args.q, args.page_table
+    batch = args.cu_seqlens_q.shape[0] - 1
+    return (
+        attention_call_key(args, args.k_cache, args.v_cache),
+        table.shape,
+        table.stride(0),
+        grid(args.max_seqlen_q, batch, q.shape[1], sm_count(q.device)),
+    )
+
+
+# What varies per run: every tensor of a functional call.
+_CALL_INPUTS = by_fields(
+    "q", "k_cache", "v_cache", "page_table", "cu_seqlens_q", "cache_seqlens", "sinks", "out", "lse"
+)
+_RUNNERS = RunnerCache(
+    "gluon_extend_fa3_sm90", _runner_key, lambda args: bind_runner(_launches, args, *_CALL_INPUTS), launch
+)

@@ -33,8 +33,16 @@ import torch
 from tokenspeed_kernel.kit import cdiv, equal_head_dims, sm_count
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
-from tokenspeed_kernel_nvidia.ops.attention._common import Q_DTYPES, VENDORS, head_tile_descriptor
-from tokenspeed_kernel_triton._launcher import jit_launch
+from tokenspeed_kernel_nvidia.ops.attention._common import (
+    Q_DTYPES,
+    VENDORS,
+    attention_call_key,
+    fa3_head_constexprs,
+    head_tile_descriptor,
+    written_and_sinks,
+)
+from tokenspeed_kernel_triton._launcher import Launch
+from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, derive, run_fresh
 
 __all__ = [
     "BLOCK_M",
@@ -284,46 +292,74 @@ def gluon_prefill_fa3(args: PrefillArgs) -> None:
     q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]`` (bf16/fp16, contiguous, q/k/v
     16-byte aligned for TMA), D 64 or 128, causal (bottom-right), no window or cap; sinks float32 ``[Hq]``
     optional; writes ``args.out`` ``[total_q, Hq, D]`` and ``args.lse`` (float32
-    ``[total_q, Hq]``) when given.
+    ``[total_q, Hq]``) when given. A functional call runs the runner bound for its
+    :func:`_runner_key` (``tokenspeed_kernel_triton._runners``): every tensor passed per run,
+    the Q/K/V TMA descriptors derived per run from the run's q, k and v.
     """
-    launch(args)
+    _check_call(args)
+    _RUNNERS(args)
 
 
 def launch(args: PrefillArgs, cfg: Fa3Config | None = None) -> None:
-    """Launch the kernel with ``cfg`` (default :func:`fa3_config`); the device sweep script
-    passes alternatives to time them in the same run."""
+    """Check and launch once, uncached, with ``cfg`` (default :func:`fa3_config`); the device
+    sweep script passes alternatives to time them in the same run."""
+    _check_call(args)
+    run_fresh(functools.partial(_launches, cfg=cfg), args)
+
+
+def _launches(args: PrefillArgs, cfg: Fa3Config | None = None) -> Built:
+    """The launch of ``args`` (none for an empty batch), no scratch, nothing kept, and the
+    Q/K/V descriptors derived from q, k and v."""
     from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_fa3_kernel import prefill_fa3_kernel
 
-    _check_call(args)
     total_q, num_q_heads, head_dim = args.q.shape
     num_kv_heads = args.k.shape[1]
     batch = args.cu_seqlens_q.shape[0] - 1
     if total_q == 0 or batch == 0:
-        return
+        return (), (), ()
     cfg = cfg or fa3_config(head_dim)
     q_smem, kv_smem, _, _ = cfg.layouts
     programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device), cfg.block_m)
-    dummy = args.cu_seqlens_q  # never read when the flag is off
-    jit_launch(
+    descriptors = (
+        derive(head_tile_descriptor, args.q, HALF, q_smem),
+        derive(head_tile_descriptor, args.k, cfg.block_n, kv_smem),
+        derive(head_tile_descriptor, args.v, cfg.block_n, kv_smem),
+    )
+    launch = Launch(
         prefill_fa3_kernel,
         (programs,),
-        head_tile_descriptor(args.q, HALF, q_smem),
-        head_tile_descriptor(args.k, cfg.block_n, kv_smem),
-        head_tile_descriptor(args.v, cfg.block_n, kv_smem),
-        args.out,
-        args.lse if args.lse is not None else dummy,
-        args.sinks if args.sinks is not None else dummy,
-        args.cu_seqlens_q,
-        args.cu_seqlens_k,
-        float(args.softmax_scale),
-        n_m,
-        batch,
-        HQ=num_q_heads,
-        G=num_q_heads // num_kv_heads,
-        D=head_dim,
-        HAS_SINKS=args.sinks is not None,
-        HAS_LSE=args.lse is not None,
-        **cfg.constexprs(),
-        num_warps=4,
-        maxnreg=cfg.maxnreg,
+        (
+            *(d.value for d in descriptors),
+            *written_and_sinks(args),
+            args.cu_seqlens_q,
+            args.cu_seqlens_k,
+            float(args.softmax_scale),
+            n_m,
+            batch,
+        ),
+        dict(
+            **fa3_head_constexprs(args, num_kv_heads),
+            **cfg.constexprs(),
+            num_warps=4,
+            maxnreg=cfg.maxnreg,
+        ),
     )
+    return [launch], (), (), descriptors
+
+
+def _runner_key(args: PrefillArgs) -> tuple:
+    """:func:`~tokenspeed_kernel_nvidia.ops.attention._common.attention_call_key` and the
+    persistent grid (its program count and query-block count ``n_m``, which follow
+    ``max_seqlen_q``; calls with the same ones share a runner)."""
+    batch = args.cu_seqlens_q.shape[0] - 1
+    block_m = fa3_config(args.q.shape[2]).block_m
+    return attention_call_key(args, args.k, args.v), grid(
+        args.max_seqlen_q, batch, args.q.shape[1], sm_count(args.q.device), block_m
+    )
+
+
+# What varies per run: every tensor of a functional call.
+_CALL_INPUTS = by_fields("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "sinks", "out", "lse")
+_RUNNERS = RunnerCache(
+    "gluon_prefill_fa3_sm90", _runner_key, lambda args: bind_runner(_launches, args, *_CALL_INPUTS), launch
+)
