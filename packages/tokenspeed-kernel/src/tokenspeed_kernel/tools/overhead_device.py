@@ -151,7 +151,9 @@ def portable_cases(chosen: list[OverheadCase], device: torch.device) -> tuple[Ov
     extra = []
     for case in chosen:
         make = FUNCTIONAL_CALLS.get(case.name)
-        found = None if make is None else _accepted(case, device)
+        if make is None:
+            continue
+        found = _accepted(case, device)
         if found is None:
             continue
         portable = _portable_kernel(*found)
