@@ -207,6 +207,10 @@ def producer(
     q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, cu_q_ptr, k_ptr, table_ptr, table_stride, max_pages, \
         num_pages, window, n_m, batch, total = args  # fmt: skip
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, _turn, _clean = bars
+    descs = (k_desc, v_desc)
+    rings = (k_smem, v_smem)
+    ready = (k_ready, v_ready)
+    empty = (k_empty, v_empty)
     if PAGED:
         ids_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         boxes = gl.arange(0, BLOCK_N // BOX, layout=ids_layout)
@@ -245,22 +249,17 @@ def producer(
                     row = k_begin + (n_kv - 1 - i) * BLOCK_N
                 slot = it % STAGES
                 phase = ((it // STAGES) & 1) ^ 1
-                mbarrier.wait(k_empty.index(slot), phase)
-                # (the dense copies stay inline: a helper's inlined scope adds PTX labels, which
-                # split ptxas's basic blocks and would change the shipped kernel's SASS)
-                if PAGED:
-                    _issue_pages(k_desc, k_smem.index(slot), k_ready.index(slot), ids, boxes, j, kv_head, BLOCK_N, BOX,
-                                 PAGE, D)  # fmt: skip
-                else:
-                    mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(k_desc, [row, col], k_ready.index(slot), k_smem.index(slot))
-                mbarrier.wait(v_empty.index(slot), phase)
-                if PAGED:
-                    _issue_pages(v_desc, v_smem.index(slot), v_ready.index(slot), ids, boxes, j, kv_head, BLOCK_N, BOX,
-                                 PAGE, D)  # fmt: skip
-                else:
-                    mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(v_desc, [row, col], v_ready.index(slot), v_smem.index(slot))
+                # K, then V (unrolled); the dense copies stay inline: a helper's inlined scope
+                # adds PTX labels, which split ptxas's basic blocks and would change the SASS
+                for o in gl.static_range(2):
+                    desc = descs[o]
+                    mbarrier.wait(empty[o].index(slot), phase)
+                    if PAGED:
+                        _issue_pages(desc, rings[o].index(slot), ready[o].index(slot), ids, boxes, j, kv_head, BLOCK_N,
+                                     BOX, PAGE, D)  # fmt: skip
+                    else:
+                        mbarrier.expect(ready[o].index(slot), desc.block_type.nbytes)
+                        tma.async_copy_global_to_shared(desc, [row, col], ready[o].index(slot), rings[o].index(slot))
                 if PAGED:
                     ids = nxt
                     j -= 1
