@@ -23,13 +23,16 @@ from tokenspeed_kernel_nvidia.ops.attention._gluon_extend_fa3_kernel import exte
 from tokenspeed_kernel_nvidia.ops.attention.gluon_extend_fa3 import HALF, extend_plan
 
 
-def compile_extend_fa3(dtype: torch.dtype, head_dim: int, page_size: int, group: int, sinks: bool, lse: bool):
-    """Compile one configuration of the paged extend for sm_90 with the launcher's plan;
-    returns (name, compiled). Q arrives as a 2-D TMA descriptor (box ``[64, D]``), the
-    caches as 4-D ones (box ``[1, 1, BOX, D]``)."""
-    plan = extend_plan(head_dim, page_size)
+def compile_extend_fa3(
+    dtype: torch.dtype, head_dim: int, page_size: int, group: int, sinks: bool, lse: bool, variant: dict | None = None
+):
+    """Compile one configuration of the paged extend for sm_90 with the launcher's plan
+    (``variant``: ``Fa3Config`` fields for :func:`extend_plan`); returns (name, compiled). Q
+    arrives as a 2-D TMA descriptor (box ``[64, D]``), the caches as 4-D ones (box ``[1, 1,
+    BOX, D]``)."""
+    plan = extend_plan(head_dim, page_size, **(variant or {}))
     cfg = plan.cfg
-    q_smem, kv_smem, s_mma, o_mma, box_smem, clean = plan.layouts
+    q_smem, _, _, _, box_smem, _ = plan.layouts
     t = aot_nvidia._TYPE[dtype]
     kv_desc = f"tensordesc<{t[1:]}[1, 1, {plan.box}, 64],{box_smem!r}>"
     signature = {
@@ -50,25 +53,7 @@ def compile_extend_fa3(dtype: torch.dtype, head_dim: int, page_size: int, group:
         "n_m": "i32",
         "batch": "i32",
     }
-    constexprs = {
-        "HQ": 8 * group,
-        "G": group,
-        "D": head_dim,
-        "HALF": HALF,
-        "BLOCK_N": cfg.block_n,
-        "PAGE": page_size,
-        "BOX": plan.box,
-        "STAGES": cfg.stages,
-        "HAS_SINKS": sinks,
-        "HAS_LSE": lse,
-        "S_MMA": s_mma,
-        "O_MMA": o_mma,
-        "KV_SMEM": kv_smem,
-        "CLEAN": clean,
-        "CONSUMER_REGS": cfg.consumer_regs,
-        "PRODUCER_REGS": cfg.producer_regs,
-        "PINGPONG": cfg.pingpong,
-    }
+    constexprs = plan.constexprs(8 * group, 8, sinks, lse)
     for name in constexprs:
         signature[name] = "constexpr"
     flags = "".join(f"-{f}" for f, on in (("sinks", sinks), ("lse", lse)) if on)
@@ -87,6 +72,10 @@ def extend_fa3_grid():
         (torch.float16, 64, 32, 1, False, False),
         (torch.bfloat16, 128, 16, 8, True, False),
         (torch.bfloat16, 128, 8, 4, False, True),
+        (torch.bfloat16, 64, 16, 8, True, False, {"pv_overlap": True}),
+        (torch.bfloat16, 128, 16, 8, True, False, {"pv_overlap": True}),
+        (torch.bfloat16, 64, 16, 8, True, False, {"exp2_poly": 1}),
+        (torch.bfloat16, 64, 16, 8, True, False, {"rescale_threshold": 8.0}),
     ]
 
 

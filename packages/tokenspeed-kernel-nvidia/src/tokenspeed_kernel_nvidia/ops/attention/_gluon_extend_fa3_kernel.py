@@ -75,6 +75,10 @@ def extend_fa3_kernel(
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
     PINGPONG: gl.constexpr,
+    NUM_WG: gl.constexpr,
+    EXP2_POLY: gl.constexpr,
+    RESCALE_THRESHOLD: gl.constexpr,
+    PV_OVERLAP: gl.constexpr,
 ):
     """Paged causal extend, persistent over ``n_m * batch * HQ`` work tiles.
 
@@ -88,7 +92,11 @@ def extend_fa3_kernel(
     a large value (2**30) for none; ``n_m = cdiv(max_seqlen_q, 2 * HALF)``. ``KV_SMEM``: the
     NVMMA layout of a ``[BLOCK_N, D]`` ring slot; ``CLEAN``: a 4-warp blocked layout of a
     ``[HALF, D]`` half tile. Launch with ``num_warps=4`` and at most one program per SM.
+    ``NUM_WG`` must be 2 (the V cleaning splits a V tile in two halves); ``EXP2_POLY``,
+    ``RESCALE_THRESHOLD``, ``PV_OVERLAP``: the dense kernel's variants (see ``Fa3Config``),
+    which the shared consumer applies here too.
     """
+    gl.static_assert(NUM_WG == 2, "extend_fa3_kernel: two consumer warpgroups (NUM_WG == 2)")
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF, D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], KV_SMEM)
@@ -119,14 +127,13 @@ def extend_fa3_kernel(
               batch, total)  # fmt: skip
     prod = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, cu_q_ptr, seqlens_ptr, table_ptr, table_stride,
             max_pages, num_pages, window, n_m, batch, total)  # fmt: skip
-    # two consumer warpgroups (the V cleaning splits a 128-row V tile in halves)
     gl.warp_specialize(
         [
-            (consumer, (common, 0, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG, 2,
-                        0, 0.0, False, True, CLEAN)),
-            (consumer, (common, 1, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG, 2,
-                        0, 0.0, False, True, CLEAN)),
-            (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, 2, True, PAGE, BOX)),
+            (consumer, (common, 0, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG, NUM_WG,
+                        EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, True, CLEAN)),
+            (consumer, (common, 1, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG, NUM_WG,
+                        EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, True, CLEAN)),
+            (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, True, PAGE, BOX)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
