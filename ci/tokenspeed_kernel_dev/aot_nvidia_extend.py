@@ -20,7 +20,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from tokenspeed_kernel_dev import aot_nvidia
 from tokenspeed_kernel_nvidia.ops.attention._gluon_extend_fa3_kernel import extend_fa3_kernel
-from tokenspeed_kernel_nvidia.ops.attention.gluon_extend_fa3 import HALF, extend_plan
+from tokenspeed_kernel_nvidia.ops.attention.gluon_extend_fa3 import extend_plan
 
 
 def compile_extend_fa3(
@@ -33,16 +33,8 @@ def compile_extend_fa3(
     plan = extend_plan(head_dim, page_size, **(variant or {}))
     cfg = plan.cfg
     q_smem, _, _, _, box_smem, _ = plan.layouts
-    t = aot_nvidia._TYPE[dtype]
-    kv_desc = f"tensordesc<{t[1:]}[1, 1, {plan.box}, 64],{box_smem!r}>"
-    signature = {
-        "q_desc": f"tensordesc<{t[1:]}[{HALF}, {head_dim}],{q_smem!r}>",
-        "k_desc": kv_desc,
-        "v_desc": kv_desc,
-        "o_ptr": t,
-        "lse_ptr": "*fp32",
-        "sinks_ptr": "*fp32",
-        "cu_q_ptr": "*i32",
+    kv_desc = f"tensordesc<{aot_nvidia._TYPE[dtype][1:]}[1, 1, {plan.box}, 64],{box_smem!r}>"
+    signature = aot_nvidia.fa3_signature(dtype, head_dim, q_smem, kv_desc) | {
         "seqlens_ptr": "*i32",
         "table_ptr": "*i32",
         "table_stride": "i32",
@@ -64,7 +56,9 @@ def compile_extend_fa3(
 
 def extend_fa3_grid():
     """GPT-OSS's launch (D 64, GQA 8, P 16, sinks), the smallest page at D 64 (8) and at
-    D 128 (8), a page larger than a key tile (256), LSE, fp16 and GQA 1."""
+    D 128 (8), a page larger than a key tile (256), LSE, fp16 and GQA 1; then the dense
+    kernel's variants on GPT-OSS's launch (``pv_overlap`` at D 64 and 128, ``exp2_poly = 1``,
+    ``rescale_threshold = 8``), which the shared consumer gives the extend too."""
     return [
         (torch.bfloat16, 64, 16, 8, True, False),
         (torch.bfloat16, 64, 8, 8, False, True),
