@@ -2,8 +2,10 @@
 
 New query tokens attend to a paged KV cache that already holds their prefix and themselves
 (query ``t`` of sequence ``b`` sits at position ``cache_seqlens[b] - len_q + t``; causal,
-optional sliding window, optional sinks). The design is the dense FA3-style prefill's
-(:mod:`._gluon_prefill_fa3_kernel`): persistent grid over per-head work tiles of
+optional sliding window, optional sinks). The design and the code are the dense FA3-style
+prefill's (:mod:`._gluon_prefill_fa3_kernel`; the producer and consumers of
+:mod:`._gluon_fa3_common` with ``PAGED`` on, and so its variants ``EXP2_POLY``,
+``RESCALE_THRESHOLD``, ``PV_OVERLAP`` too): persistent grid over per-head work tiles of
 ``BLOCK_M = 2 x HALF`` query tokens, heaviest first; warp specialization into a one-warp TMA
 producer and two consumer warpgroups on ``wgmma`` (intra-warpgroup overlap of the softmax
 with ``P·V``, optional ping-pong between the warpgroups). What differs:

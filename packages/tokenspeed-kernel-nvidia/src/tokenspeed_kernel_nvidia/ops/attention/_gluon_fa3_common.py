@@ -13,6 +13,15 @@ positions of the cache (prefix included) with an optional window, key tiles alig
 masks). Everything else is one code path; the variants (``EXP2_POLY``,
 ``RESCALE_THRESHOLD``, ``PV_OVERLAP``: see ``Fa3Config``) apply to both.
 
+Folded so that the shipped kernels' SASS stayed byte-identical (every configuration of
+both AOT grids). What stays in the kernel modules, or inline here, does so because ptxas
+schedules by PTX basic blocks and every inlined ``@gluon.jit`` call opens a debug-info scope
+whose start gets a PTX label, which ptxas treats as a block boundary: a helper for the
+shared buffers and barriers (the kernels' prologue), for the dense producer's copies, around
+the softmax call, or ``_exp2`` on the extend's default path each moved instructions in some
+configurations (same arithmetic, another schedule). The same effect is what ``PV_OVERLAP``
+uses on purpose.
+
 The runtime arguments travel as tuples (one per partition, flattened by
 ``gl.warp_specialize`` in their order); arguments a kernel does not have are constexpr
 placeholders (0 or None), which add no captures.

@@ -1,7 +1,7 @@
 """Gluon (Triton's explicit-layout dialect) dense causal prefill for Hopper, after FlashAttention-3.
 
 Persistent grid: program ``pid`` takes work tiles ``pid, pid + nprog, ...`` of the list
-ordered heaviest first (see :func:`_tile`). A work tile is ``BLOCK_M = 2 x HALF`` consecutive
+ordered heaviest first (see :func:`._gluon_fa3_common._tile`). A work tile is ``BLOCK_M = 2 x HALF`` consecutive
 query tokens of one sequence and ONE query head (per-head tiles, not GQA packing: the causal
 diagonal of a square 128 x 128 tile is exact, Q arrives as one 2-D TMA box, and the eight
 query heads of a KV head are neighbours in the tile order so their K/V reads hit L2).
@@ -32,11 +32,15 @@ position ``p0``) evaluate the mask; positions are bottom-right aligned
 with fp32 statistics; the sink joins the denominator once in the epilogue.
 
 Variants (constexpr switches, see ``Fa3Config``): ``EXP2_POLY`` of every 8 exponentials on
-the FMA pipe (:func:`_exp2`); ``RESCALE_THRESHOLD > 0``: a row's max moves only when a tile
+the FMA pipe (:func:`._gluon_fa3_common._exp2`); ``RESCALE_THRESHOLD > 0``: a row's max moves only when a tile
 raises it by more than the threshold, and ``O *= alpha`` is skipped when no row of the
 warpgroup moved; ``PV_OVERLAP``: an mbarrier wait that passes at once between the softmax and
 the ``P·V`` wait, so that ptxas keeps that wait after the softmax (otherwise it hoists it to
 the top of the softmax's basic block and the intra-warpgroup overlap above does not happen).
+
+The producer, the consumers and their helpers live in :mod:`._gluon_fa3_common`, shared with
+the paged extend (``PAGED`` off here); this module holds the kernel: its shared buffers and
+barriers (inline: see that module on why) and the warp specialization.
 """
 
 from __future__ import annotations
