@@ -25,8 +25,10 @@
 #        vs float64, then timed next to the shipped configuration, triton_prefill and fa4_prefill_sm90; FA4 rows
 #        need .whl-cute/bundle carried) on a budget that ends the call by ~4.5 min; one table last (~4-5 min)
 #   fa3x: gluon_extend_fa3_sm90 (issue 20, FA3-style paged extend, opt-in, never run on a GPU yet): GPU numerics
-#        tests (100 s), `check attention.extend --preset awkward` (50 s), `bench attention.extend` next to
-#        triton_extend on the gpt-oss-120b preset (90 s): under 4 minutes, each part on its own clock
+#        tests, with the dense kernel's variants the shared consumer gives it (pv_overlap, exp2_poly, lazy
+#        rescale: 6 more tests) (130 s), `check attention.extend --preset awkward` (50 s), `bench
+#        attention.extend` next to triton_extend on the gpt-oss-120b preset (90 s): under 4.5 minutes, each part
+#        on its own clock
 #   e2e: examples/gpt_oss end to end (short budget; E2E_ROWS picks rows, default torch,selector,nvidia)
 #   flashinfer: tests/tokenspeed_kernel_nvidia/test_flashinfer_gpu.py (needs .whl-nvidia)
 #   gluonmoe: gluon_moe_decode_mx_sm90 GPU tests, then ci/device/gluon_moe_bench.py (T <= 8, ~3 min)
@@ -151,8 +153,8 @@ timeout "$(( ${FA3V_END_S:-270} - SECONDS ))" python3 -W ignore ci/device/fa3_sw
 fa3x() {
 echo "== gluon_extend_fa3_sm90: GPU tests, check vs float64, bench next to triton_extend"
 # A hung mbarrier (a warp-specialization protocol bug) must not cost the call: each part on its own clock.
-timeout 100 python3 -m pytest -q -rs -s -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_gluon_extend_fa3_gpu.py \
-  2>&1 | tail -25 || status=1
+timeout 130 python3 -m pytest -q -rs -s -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_gluon_extend_fa3_gpu.py \
+  2>&1 | tail -32 || status=1
 timeout 50 python3 -W ignore -m tokenspeed_kernel check attention.extend --kernel gluon_extend_fa3_sm90 --preset awkward \
   --device cuda 2>&1 | tail -20 || status=1
 timeout 90 python3 -W ignore -m tokenspeed_kernel bench attention.extend --kernel gluon_extend_fa3_sm90,triton_extend \

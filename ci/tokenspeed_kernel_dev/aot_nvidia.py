@@ -259,6 +259,22 @@ def compile_prefill(
     return name, triton_compile(src, target=SM90, options={"num_warps": cfg.num_warps})
 
 
+def fa3_signature(dtype: torch.dtype, head_dim: int, q_smem, kv_desc: str) -> dict[str, str]:
+    """The leading arguments of both FA3-style kernels (the dense prefill's and the paged
+    extend's): the Q descriptor (box ``[64, D]``), the K/V descriptors ``kv_desc``, the
+    output, LSE and sink pointers and cu_seqlens_q; the callers append their own."""
+    t = _TYPE[dtype]
+    return {
+        "q_desc": f"tensordesc<{t[1:]}[{HALF}, {head_dim}],{q_smem!r}>",
+        "k_desc": kv_desc,
+        "v_desc": kv_desc,
+        "o_ptr": t,
+        "lse_ptr": "*fp32",
+        "sinks_ptr": "*fp32",
+        "cu_q_ptr": "*i32",
+    }
+
+
 def compile_prefill_fa3(
     dtype: torch.dtype, head_dim: int, group: int, sinks: bool, lse: bool, cfg: Fa3Config | None = None
 ):
@@ -268,16 +284,8 @@ def compile_prefill_fa3(
     launcher's (4 warps for the default partition, ``maxnreg`` for the register split)."""
     cfg = cfg or fa3_config(head_dim)
     q_smem, kv_smem, _, _ = cfg.layouts
-    t = _TYPE[dtype]
-    kv_desc = f"tensordesc<{t[1:]}[{cfg.block_n}, {head_dim}],{kv_smem!r}>"
-    signature = {
-        "q_desc": f"tensordesc<{t[1:]}[{HALF}, {head_dim}],{q_smem!r}>",
-        "k_desc": kv_desc,
-        "v_desc": kv_desc,
-        "o_ptr": t,
-        "lse_ptr": "*fp32",
-        "sinks_ptr": "*fp32",
-        "cu_q_ptr": "*i32",
+    kv_desc = f"tensordesc<{_TYPE[dtype][1:]}[{cfg.block_n}, {head_dim}],{kv_smem!r}>"
+    signature = fa3_signature(dtype, head_dim, q_smem, kv_desc) | {
         "cu_k_ptr": "*i32",
         "sm_scale": "fp32",
         "n_m": "i32",

@@ -20,26 +20,21 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from tokenspeed_kernel_dev import aot_nvidia
 from tokenspeed_kernel_nvidia.ops.attention._gluon_extend_fa3_kernel import extend_fa3_kernel
-from tokenspeed_kernel_nvidia.ops.attention.gluon_extend_fa3 import HALF, extend_plan
+from tokenspeed_kernel_nvidia.ops.attention.gluon_extend_fa3 import extend_plan
 
 
-def compile_extend_fa3(dtype: torch.dtype, head_dim: int, page_size: int, group: int, sinks: bool, lse: bool):
-    """Compile one configuration of the paged extend for sm_90 with the launcher's plan;
-    returns (name, compiled). Q arrives as a 2-D TMA descriptor (box ``[64, D]``), the
-    caches as 4-D ones (box ``[1, 1, BOX, D]``)."""
-    plan = extend_plan(head_dim, page_size)
+def compile_extend_fa3(
+    dtype: torch.dtype, head_dim: int, page_size: int, group: int, sinks: bool, lse: bool, variant: dict | None = None
+):
+    """Compile one configuration of the paged extend for sm_90 with the launcher's plan
+    (``variant``: ``Fa3Config`` fields for :func:`extend_plan`); returns (name, compiled). Q
+    arrives as a 2-D TMA descriptor (box ``[64, D]``), the caches as 4-D ones (box ``[1, 1,
+    BOX, D]``)."""
+    plan = extend_plan(head_dim, page_size, **(variant or {}))
     cfg = plan.cfg
-    q_smem, kv_smem, s_mma, o_mma, box_smem, clean = plan.layouts
-    t = aot_nvidia._TYPE[dtype]
-    kv_desc = f"tensordesc<{t[1:]}[1, 1, {plan.box}, 64],{box_smem!r}>"
-    signature = {
-        "q_desc": f"tensordesc<{t[1:]}[{HALF}, {head_dim}],{q_smem!r}>",
-        "k_desc": kv_desc,
-        "v_desc": kv_desc,
-        "o_ptr": t,
-        "lse_ptr": "*fp32",
-        "sinks_ptr": "*fp32",
-        "cu_q_ptr": "*i32",
+    q_smem, _, _, _, box_smem, _ = plan.layouts
+    kv_desc = f"tensordesc<{aot_nvidia._TYPE[dtype][1:]}[1, 1, {plan.box}, 64],{box_smem!r}>"
+    signature = aot_nvidia.fa3_signature(dtype, head_dim, q_smem, kv_desc) | {
         "seqlens_ptr": "*i32",
         "table_ptr": "*i32",
         "table_stride": "i32",
@@ -50,25 +45,7 @@ def compile_extend_fa3(dtype: torch.dtype, head_dim: int, page_size: int, group:
         "n_m": "i32",
         "batch": "i32",
     }
-    constexprs = {
-        "HQ": 8 * group,
-        "G": group,
-        "D": head_dim,
-        "HALF": HALF,
-        "BLOCK_N": cfg.block_n,
-        "PAGE": page_size,
-        "BOX": plan.box,
-        "STAGES": cfg.stages,
-        "HAS_SINKS": sinks,
-        "HAS_LSE": lse,
-        "S_MMA": s_mma,
-        "O_MMA": o_mma,
-        "KV_SMEM": kv_smem,
-        "CLEAN": clean,
-        "CONSUMER_REGS": cfg.consumer_regs,
-        "PRODUCER_REGS": cfg.producer_regs,
-        "PINGPONG": cfg.pingpong,
-    }
+    constexprs = plan.constexprs(8 * group, 8, sinks, lse)
     for name in constexprs:
         signature[name] = "constexpr"
     flags = "".join(f"-{f}" for f, on in (("sinks", sinks), ("lse", lse)) if on)
@@ -79,7 +56,9 @@ def compile_extend_fa3(dtype: torch.dtype, head_dim: int, page_size: int, group:
 
 def extend_fa3_grid():
     """GPT-OSS's launch (D 64, GQA 8, P 16, sinks), the smallest page at D 64 (8) and at
-    D 128 (8), a page larger than a key tile (256), LSE, fp16 and GQA 1."""
+    D 128 (8), a page larger than a key tile (256), LSE, fp16 and GQA 1; then the dense
+    kernel's variants on GPT-OSS's launch (``pv_overlap`` at D 64 and 128, ``exp2_poly = 1``,
+    ``rescale_threshold = 8``), which the shared consumer gives the extend too."""
     return [
         (torch.bfloat16, 64, 16, 8, True, False),
         (torch.bfloat16, 64, 8, 8, False, True),
@@ -87,6 +66,10 @@ def extend_fa3_grid():
         (torch.float16, 64, 32, 1, False, False),
         (torch.bfloat16, 128, 16, 8, True, False),
         (torch.bfloat16, 128, 8, 4, False, True),
+        (torch.bfloat16, 64, 16, 8, True, False, {"pv_overlap": True}),
+        (torch.bfloat16, 128, 16, 8, True, False, {"pv_overlap": True}),
+        (torch.bfloat16, 64, 16, 8, True, False, {"exp2_poly": 1}),
+        (torch.bfloat16, 64, 16, 8, True, False, {"rescale_threshold": 8.0}),
     ]
 
 

@@ -51,6 +51,26 @@ def _rel(out, ref):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_matches_float64(case):
     _skip()
+    _check(case)
+
+
+# The dense kernel's variants, which the shared consumer gives the extend (opt-in, off by
+# default): on the ragged windowed case (masked, dirty and full tiles) and at D 128.
+VARIANTS = {"ov": {"pv_overlap": True}, "ex1": {"exp2_poly": 1}, "lz8": {"rescale_threshold": 8.0}}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", [CASES[1], CASES[4]], ids=lambda c: c.name)
+def test_variants_match_float64(case, variant, monkeypatch):
+    _skip()
+    from tokenspeed_kernel_nvidia.ops.attention import gluon_extend_fa3 as ext
+
+    plan = ext.extend_plan
+    monkeypatch.setattr(ext, "extend_plan", lambda d, p: plan(d, p, **VARIANTS[variant]))
+    _check(case)
+
+
+def _check(case):
     inputs = cases.make_inputs(case, device="cuda", seed=len(case.name))
     ref, ref_lse = cases.reference(case, inputs)
     q = inputs["q"]

@@ -141,6 +141,23 @@ def test_call_checks_name_what_the_request_cannot_express():
             ext._check_call(_args(**over))
 
 
+def test_plan_carries_the_dense_variants_and_rejects_what_the_extend_cannot_run():
+    from tokenspeed_kernel_nvidia.ops.attention._gluon_extend_fa3_kernel import extend_fa3_kernel
+
+    plan = ext.extend_plan(64, 16, pv_overlap=True, exp2_poly=1)
+    consts = plan.constexprs(64, 8, sinks=True, lse=False)
+    assert consts["PV_OVERLAP"] is True and consts["EXP2_POLY"] == 1 and consts["NUM_WG"] == 2
+    assert (consts["HQ"], consts["G"], consts["D"], consts["PAGE"], consts["BOX"]) == (64, 8, 64, 16, 16)
+    # the launcher passes exactly the kernel's compile-time parameters
+    kernel_consts = {p.name for p in extend_fa3_kernel.params if p.is_constexpr}
+    assert set(consts) == kernel_consts
+    assert ext.extend_plan(64, 16).cfg.pv_overlap is False  # the shipped default
+    with pytest.raises(ValueError, match="consumers"):
+        ext.extend_plan(64, 16, consumers=3, consumer_regs=160, producer_regs=24, maxnreg=128)
+    with pytest.raises(ValueError, match="plan"):
+        ext.launch(_args(), ext.extend_plan(64, 32))  # a plan for another page size
+
+
 def _emulate(q, k_cache, v_cache, table, len_q, len_k, window, sink, scale):
     """The kernel's arithmetic for one sequence and head (float64): per work tile and
     warpgroup, key tiles from the diagonal down, each gathered box by box as the TMA unit

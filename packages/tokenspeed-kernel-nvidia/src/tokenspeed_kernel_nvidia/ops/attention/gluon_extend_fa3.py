@@ -40,7 +40,6 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     Q_DTYPES,
     VENDORS,
     attention_call_key,
-    fa3_head_constexprs,
     head_tile_descriptor,
     written_and_sinks,
 )
@@ -154,10 +153,20 @@ def _check_call(args: ExtendArgs) -> None:
 
 @dataclass(frozen=True)
 class ExtendPlan:
-    """Host facts of one launch: the configuration, the box rows and the layouts."""
+    """Host facts of one launch: the configuration (the dense kernel's ``Fa3Config``: tile,
+    ring, register split and its variants ``exp2_poly``, ``rescale_threshold``,
+    ``pv_overlap``, which the shared consumer applies here too; two consumer warpgroups
+    only), the box rows and the layouts."""
 
     cfg: Fa3Config
     box: int
+    page_size: int
+
+    def __post_init__(self) -> None:
+        if self.cfg.consumers != 2:
+            raise ValueError(
+                f"ExtendPlan: the paged extend runs two consumer warpgroups (consumers={self.cfg.consumers})"
+            )
 
     @functools.cached_property
     def layouts(self):
@@ -173,15 +182,34 @@ class ExtendPlan:
         clean = gl.BlockedLayout([1, 8], [32 // tpw_d, tpw_d] if tpw_d <= 32 else [1, 32], [4, 1], [1, 0])
         return q_smem, kv_smem, s_mma, o_mma, box_smem, clean
 
+    def constexprs(self, num_q_heads: int, num_kv_heads: int, sinks: bool, lse: bool) -> dict:
+        """The kernel's compile-time arguments (the launcher and the AOT compile pass the
+        same): the dense kernel's (``Fa3Config.constexprs``) and the paged ones."""
+        _, kv_smem, _, _, _, clean = self.layouts
+        return {
+            "HQ": num_q_heads,
+            "G": num_q_heads // num_kv_heads,
+            "D": self.cfg.head_dim,
+            "PAGE": self.page_size,
+            "BOX": self.box,
+            "HAS_SINKS": sinks,
+            "HAS_LSE": lse,
+            "KV_SMEM": kv_smem,
+            "CLEAN": clean,
+            **self.cfg.constexprs(),
+        }
+
 
 @functools.cache
-def extend_plan(head_dim: int, page_size: int) -> ExtendPlan:
+def extend_plan(head_dim: int, page_size: int, **variant) -> ExtendPlan:
     """The launch configuration: the dense kernel's tile and ring (:func:`fa3_config`) with
     the registers split 232 / 40 (``2 x 232 + 40 = 3 x 168``): the producer's page-id
     extraction spills at 24 registers (P = 8: 24 bytes), the D = 128 consumers at 224
-    (64 bytes); ptxas reports no spills at 232 / 40 (tests/tokenspeed_kernel_nvidia/test_aot_extend_fa3.py)."""
-    cfg = dataclasses.replace(fa3_config(head_dim), consumer_regs=232, producer_regs=40)
-    return ExtendPlan(cfg, box_rows(page_size, cfg.block_n))
+    (64 bytes); ptxas reports no spills at 232 / 40 (tests/tokenspeed_kernel_nvidia/test_aot_extend_fa3.py).
+    ``variant``: ``Fa3Config`` fields to change (``pv_overlap=True``, ``exp2_poly=1``,
+    ``rescale_threshold=8.0``; off by default; ``consumers`` other than 2 is a ValueError)."""
+    cfg = dataclasses.replace(fa3_config(head_dim), **({"consumer_regs": 232, "producer_regs": 40} | variant))
+    return ExtendPlan(cfg, box_rows(page_size, cfg.block_n), page_size)
 
 
 def _cache_descriptor(cache: torch.Tensor, box: int, layout):
@@ -229,7 +257,8 @@ def gluon_extend_fa3(args: ExtendArgs) -> None:
 
 
 def launch(args: ExtendArgs, plan: ExtendPlan | None = None) -> None:
-    """Check and launch once, uncached (``plan`` defaults to :func:`extend_plan`)."""
+    """Check and launch once, uncached (``plan`` defaults to :func:`extend_plan`; one for
+    another head dim or page size is a ValueError, before any launch)."""
     _check_call(args)
     run_fresh(functools.partial(_launches, plan=plan), args)
 
@@ -245,8 +274,12 @@ def _launches(args: ExtendArgs, plan: ExtendPlan | None = None) -> Built:
     if total_q == 0 or batch == 0:
         return (), (), ()
     plan = plan or extend_plan(head_dim, page_size)
-    cfg = plan.cfg
-    q_smem, kv_smem, s_mma, o_mma, box_smem, clean = plan.layouts
+    if (plan.cfg.head_dim, plan.page_size) != (head_dim, page_size):
+        raise ValueError(
+            f"gluon_extend_fa3_sm90: plan is for head_dim {plan.cfg.head_dim}, page_size {plan.page_size}; "
+            f"the call has {head_dim}, {page_size}"
+        )
+    q_smem, _, _, _, box_smem, _ = plan.layouts
     programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device))
     table = args.page_table
     descriptors = (
@@ -272,21 +305,9 @@ def _launches(args: ExtendArgs, plan: ExtendPlan | None = None) -> Built:
             batch,
         ),
         dict(
-            **fa3_head_constexprs(args, num_kv_heads),
-            HALF=HALF,
-            BLOCK_N=cfg.block_n,
-            PAGE=page_size,
-            BOX=plan.box,
-            STAGES=cfg.stages,
-            S_MMA=s_mma,
-            O_MMA=o_mma,
-            KV_SMEM=kv_smem,
-            CLEAN=clean,
-            CONSUMER_REGS=cfg.consumer_regs,
-            PRODUCER_REGS=cfg.producer_regs,
-            PINGPONG=cfg.pingpong,
+            **plan.constexprs(num_q_heads, num_kv_heads, args.sinks is not None, args.lse is not None),
             num_warps=4,
-            maxnreg=cfg.maxnreg,
+            maxnreg=plan.cfg.maxnreg,
         ),
     )
     return [launch], (), (), descriptors
