@@ -59,7 +59,7 @@ from tokenspeed_kernel_nvidia.ops.attention._gluon_fa3_common import (  # noqa: 
 
 # n_m and batch are never specialized: 1 would become a constexpr (one more compile per such
 # call shape) for no gain in this kernel.
-@gluon.jit(do_not_specialize=["n_m", "batch"])
+@gluon.jit(do_not_specialize=["n_m", "batch", "window"])
 def prefill_fa3_kernel(
     q_desc,
     k_desc,
@@ -72,6 +72,7 @@ def prefill_fa3_kernel(
     sm_scale,
     n_m,
     batch,
+    window,
     HQ: gl.constexpr,
     G: gl.constexpr,
     D: gl.constexpr,
@@ -89,6 +90,7 @@ def prefill_fa3_kernel(
     EXP2_POLY: gl.constexpr,
     RESCALE_THRESHOLD: gl.constexpr,
     PV_OVERLAP: gl.constexpr,
+    WINDOW: gl.constexpr,
 ):
     """Dense causal attention, persistent over ``n_m * batch * HQ`` work tiles.
 
@@ -127,18 +129,21 @@ def prefill_fa3_kernel(
     bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, 0)  # no V-cleaning barrier (0)
     total = n_m * batch * HQ
     # the consumer warpgroups run the same function on their own rows (WG 0 .. NUM_WG - 1);
-    # no window (0) and no page table (0s): the shared pipeline's dense path
-    common = (q_smem, k_smem, v_smem, bars, o_ptr, lse_ptr, sinks_ptr, cu_q_ptr, cu_k_ptr, sm_scale, 0, n_m, batch,
+    # no page table (0s): the shared pipeline's dense path; the window (a placeholder 0
+    # without WINDOW: the argument is then never read)
+    win = window if WINDOW else 0
+    common = (q_smem, k_smem, v_smem, bars, o_ptr, lse_ptr, sinks_ptr, cu_q_ptr, cu_k_ptr, sm_scale, win, n_m, batch,
               total)  # fmt: skip
-    prod = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, cu_q_ptr, cu_k_ptr, 0, 0, 0, 0, 0, n_m, batch, total)
+    prod = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, cu_q_ptr, cu_k_ptr, 0, 0, 0, 0, win, n_m, batch,
+            total)  # fmt: skip
     if NUM_WG == 2:
         gl.warp_specialize(
             [
                 (consumer, (common, 0, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None, WINDOW)),
                 (consumer, (common, 1, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None)),
-                (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, False, 0, 0)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None, WINDOW)),
+                (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, False, 0, 0, WINDOW)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -147,12 +152,12 @@ def prefill_fa3_kernel(
         gl.warp_specialize(
             [
                 (consumer, (common, 0, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None, WINDOW)),
                 (consumer, (common, 1, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None, WINDOW)),
                 (consumer, (common, 2, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None)),
-                (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, False, 0, 0)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None, WINDOW)),
+                (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, False, 0, 0, WINDOW)),
             ],
             [4, 4, 1],
             [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
