@@ -10,7 +10,9 @@ K/V read as one 2-D TMA box per key tile, keys bottom-right aligned to ``cu_seql
 on: the paged cache read one 4-D box per page with the page ids one tile ahead, keys at the
 positions of the cache (prefix included) with an optional window, key tiles aligned to
 ``BLOCK_N`` within the band, and the V tile cleaned of non-finite values on tiles some row
-masks). Everything else is one code path; the variants (``EXP2_POLY``,
+masks). The dense kernel's constexpr ``WINDOW`` (its sliding-window build) takes the paged
+path's key band, window mask and tile walk while keeping the dense K/V reads and no V
+cleaning. Everything else is one code path; the variants (``EXP2_POLY``,
 ``RESCALE_THRESHOLD``, ``PV_OVERLAP``: see ``Fa3Config``) apply to both.
 
 Folded so that the shipped kernels' SASS stayed byte-identical (every configuration of

@@ -38,6 +38,11 @@ warpgroup moved; ``PV_OVERLAP``: an mbarrier wait that passes at once between th
 the ``P·V`` wait, so that ptxas keeps that wait after the softmax (otherwise it hoists it to
 the top of the softmax's basic block and the intra-warpgroup overlap above does not happen).
 
+``WINDOW`` (the sliding-window build): each tile visits only its key band, from the window's
+left edge of its first row (aligned down to ``BLOCK_N``) to its diagonal, and masks the band's
+edge tiles with the window compare (the paged path's band and mask); off, none of that code
+is emitted (the causal-only SASS is byte-identical to the build before the switch).
+
 The producer, the consumers and their helpers live in :mod:`._gluon_fa3_common`, shared with
 the paged extend (``PAGED`` off here); this module holds the kernel: its shared buffers and
 barriers (inline: see that module on why) and the warp specialization.
@@ -102,7 +107,8 @@ def prefill_fa3_kernel(
     (consumer 0) and a grid of at most the number of SMs. ``PINGPONG``: the hand-off that
     makes the ``NUM_WG`` (2 or 3) consumer warpgroups issue their wgmma rounds in turn (off:
     each issues as soon as its data is there); ``EXP2_POLY``, ``RESCALE_THRESHOLD``,
-    ``PV_OVERLAP``: see ``Fa3Config``.
+    ``PV_OVERLAP``: see ``Fa3Config``. ``window``: ``window_left`` (a query at position ``p``
+    sees keys ``p - window .. p``), read only when ``WINDOW``.
     """
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [NUM_WG, HALF, D], q_desc.layout)

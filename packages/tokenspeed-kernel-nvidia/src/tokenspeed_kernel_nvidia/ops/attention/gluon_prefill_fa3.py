@@ -1,4 +1,5 @@
-"""Gluon dense causal prefill for Hopper after FlashAttention-3 (``attention.prefill``, sm_90 only).
+"""Gluon dense causal prefill for Hopper after FlashAttention-3 (``attention.prefill``, sm_90 only),
+with or without a sliding window.
 
 See :mod:`._gluon_prefill_fa3_kernel` for the kernel (warp-specialized: a one-warp TMA
 producer and two ping-ponging consumer warpgroups on ``wgmma`` with intra-warpgroup overlap;
@@ -21,6 +22,13 @@ Ranked at ``Priority.PERFORMANT``: first for causal unwindowed prefill where FA4
 and B = 4 x 4096 1.324 ms (415 TFLOP/s): 1.21x / 1.17x ``triton_prefill``, 0.96x / 0.95x cuDNN
 SDPA (no sinks), 0.82x / 0.86x FA4. Head dim 128: 595 / 541 TFLOP/s, 2.3x ``triton_prefill``.
 With the ping-pong hand-off off (``-free`` in the sweep) it is 0.3-2% slower.
+
+``gluon_prefill_fa3_window_sm90`` is the same kernel built with a sliding window
+(``Fa3Config.window``, :func:`fa3_window_config`): each work tile visits only its key band
+(:func:`key_band`) in 64-key tiles, masking the band's edge tiles (:func:`edge`). A separate
+registration at ``Priority.OPT_IN`` (compiled and inspected ahead of time, not yet run on a
+GPU), so the causal-only one keeps its measured metadata; ``gluon_prefill_window_sm90`` stays
+first at window 127 until the device step ``fa3w`` measures this one faster there.
 """
 
 from __future__ import annotations
