@@ -14,10 +14,19 @@ checked against a float64 attention of :data:`CHECK_HEADS` (five heads of four K
 group ends included; relative Frobenius error < 2e-2) and timed only if it passes, by CUDA-graph replay (``tools.timing.time_fn``, L2 flushed by a read).
 TFLOP/s count the causal half: ``4 * B * Hq * D * S * (S + 1) / 2``.
 
+``--window W`` times the sliding-window build (``gluon_prefill_fa3_window_sm90``) instead:
+its configurations of :data:`WINDOW_CONFIGS` (the shipped 64-key tiles first, then
+``pv_overlap`` and 128-key tiles) at window ``W`` with sinks, next to
+``gluon_prefill_window_sm90``, ``triton_prefill`` and FA4 (the peers of
+:data:`WINDOW_PEERS`), checked against the windowed float64 attention; TFLOP/s count the
+pairs a window shows, ``4 * B * Hq * D * sum_i (min(i, W) + 1)``. Issue 20's goal there:
+>= 2x ``flex_attention`` at GPT-OSS's window 127 (S = 8192, H200: flex 180.6 us,
+``gluon_prefill_window_sm90`` ~120 us).
+
 Usage (repository root, wheels installed): ``python3 ci/device/fa3_sweep.py [--quick |
---variants] [--budget-s S] [--json FILE]`` (``--quick``: the shipped configuration and the
-peers only; ``--budget-s``: rows not started within S seconds are listed as skipped, so the
-table always prints); the cases run D = 64 first; prints one table last (with each row's
+--variants] [--window W] [--budget-s S] [--json FILE]`` (``--quick``: the shipped
+configuration and the peers only; ``--budget-s``: rows not started within S seconds are
+listed as skipped, so the table always prints); the cases run D = 64 first; prints one table last (with each row's
 speed relative to the shipped configuration of its case) and writes JSON (default
 ``$OUT/fa3_sweep.json``).
 """
@@ -65,6 +74,20 @@ CONFIGS = {
     ),
 }
 PEERS = ("triton_prefill", "fa4_prefill_sm90")
+# The sliding-window build (--window), same shape as CONFIGS (every one has window=True); the
+# first is fa3_window_config's. tests/.../test_gluon_prefill_fa3_gpu.py checks each of them.
+WINDOW_CONFIGS = {
+    64: (
+        ({"block_n": 64, "stages": 4}, True),
+        ({"block_n": 64, "stages": 4, "pv_overlap": True}, True),
+        ({"block_n": 128, "stages": 3}, True),
+    ),
+    128: (
+        ({"block_n": 64, "stages": 3}, True),
+        ({"block_n": 128, "stages": 2}, True),
+    ),
+}
+WINDOW_PEERS = ("gluon_prefill_window_sm90", "triton_prefill", "fa4_prefill_sm90")
 CHECK_HEADS = (0, 7, 8, 31, 63)  # float64 reference heads (several KV heads and group ends)
 TOL = 2e-2
 
@@ -78,13 +101,16 @@ def inputs(batch: int, seq: int, d: int):
     return q, k, v, cu, torch.randn(HQ, device=DEV, generator=g) * 2
 
 
-def reference(q, k, v, cu, sinks, scale):
-    """float64 causal attention with sinks of the :data:`CHECK_HEADS`: ``[total, len(heads), D]``."""
+def reference(q, k, v, cu, sinks, scale, window: int = -1):
+    """float64 causal attention with sinks (and the window, when ``window >= 0``) of the
+    :data:`CHECK_HEADS`: ``[total, len(heads), D]``."""
     outs = []
     for b in range(len(cu) - 1):
         lo, hi = int(cu[b]), int(cu[b + 1])
         n = hi - lo
         mask = torch.ones(n, n, dtype=torch.bool, device=DEV).tril()
+        if window >= 0:
+            mask = mask.triu(-window)  # key j visible from query i iff 0 <= i - j <= window
         per_head = []
         for h in CHECK_HEADS:
             qh, kh, vh = (x[lo:hi, i].double() for x, i in ((q, h), (k, h // (HQ // HKV)), (v, h // (HQ // HKV))))
@@ -102,10 +128,18 @@ def rel_err(out, ref) -> float:
     return float((got - ref).norm() / ref.norm())
 
 
-def sweep_case(batch: int, seq: int, d: int, mode: str, deadline: float) -> list[dict]:
+def visible_pairs(seq: int, window: int) -> int:
+    """(query, key) pairs one sequence of ``seq`` tokens shows: causal, within ``window``
+    when ``window >= 0``."""
+    if window < 0 or window >= seq:
+        return seq * (seq + 1) // 2
+    return (window + 1) * (window + 2) // 2 + (seq - window - 1) * (window + 1)
+
+
+def sweep_case(batch: int, seq: int, d: int, mode: str, deadline: float, window: int = -1) -> list[dict]:
     """Check then time the configurations of head dim ``d`` that ``mode`` picks ("all",
-    "variants", "quick") and the peers on one case; rows not started by ``deadline``
-    (``time.monotonic``) are skipped."""
+    "variants", "quick") and the peers on one case (with ``window >= 0``: the windowed
+    build's and peers); rows not started by ``deadline`` (``time.monotonic``) are skipped."""
     from tokenspeed_kernel import mha_prefill
     from tokenspeed_kernel.ops.attention.args import PrefillArgs
     from tokenspeed_kernel.tools.timing import time_fn
@@ -113,21 +147,24 @@ def sweep_case(batch: int, seq: int, d: int, mode: str, deadline: float) -> list
 
     q, k, v, cu, sinks = inputs(batch, seq, d)
     scale = 1 / math.sqrt(d)
-    ref = reference(q, k, v, cu, sinks, scale)
-    flops = 4 * batch * HQ * d * seq * (seq + 1) / 2
+    ref = reference(q, k, v, cu, sinks, scale, window)
+    flops = 4 * batch * HQ * d * visible_pairs(seq, window)
     out = torch.empty_like(q)
     runs = []
-    picked = {"quick": CONFIGS[d][:1], "variants": [c for c in CONFIGS[d] if c[1]], "all": CONFIGS[d]}[mode]
+    configs, peers = (WINDOW_CONFIGS, WINDOW_PEERS) if window >= 0 else (CONFIGS, PEERS)
+    picked = {"quick": configs[d][:1], "variants": [c for c in configs[d] if c[1]], "all": configs[d]}[mode]
     for kw, _variant in picked:
-        cfg = fa3.fa3_variant(d, **kw)
-        args = PrefillArgs(q, k, v, cu, cu, seq, seq, True, scale, -1, sinks, 0.0, out, None)
+        cfg = fa3.fa3_variant(d, **kw, **({"window": True} if window >= 0 else {}))
+        args = PrefillArgs(q, k, v, cu, cu, seq, seq, True, scale, window, sinks, 0.0, out, None)
         runs.append((f"fa3 {cfg.tag}", functools.partial(fa3.launch, args, cfg)))
-    for peer in PEERS:
-        call = functools.partial(mha_prefill, q, k, v, cu, cu, seq, seq, sinks=sinks, out=out, override=peer)
+    for peer in peers:
+        call = functools.partial(
+            mha_prefill, q, k, v, cu, cu, seq, seq, window_left=window, sinks=sinks, out=out, override=peer
+        )
         runs.append((peer, call))
     rows = []
     for name, fn in runs:
-        row = {"batch": batch, "seq": seq, "head_dim": d, "kernel": name}
+        row = {"batch": batch, "seq": seq, "head_dim": d, "window": window, "kernel": name}
         if time.monotonic() > deadline:
             row["status"] = "skipped: budget spent"
             rows.append(row)
@@ -168,6 +205,7 @@ def main() -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="the shipped configuration and the peers only")
     mode.add_argument("--variants", action="store_true", help="the shipped configuration, the variants, the peers")
+    parser.add_argument("--window", type=int, default=-1, help="time the sliding-window build at this window_left")
     parser.add_argument("--budget-s", type=float, default=1e9, help="start no row after this many seconds")
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp/out"), "fa3_sweep.json"))
     opts = parser.parse_args()
@@ -176,7 +214,7 @@ def main() -> int:
     mode = "quick" if opts.quick else "variants" if opts.variants else "all"
     rows = []
     for batch, seq, d in CASES:
-        rows += sweep_case(batch, seq, d, mode, deadline)
+        rows += sweep_case(batch, seq, d, mode, deadline, opts.window)
         torch.cuda.empty_cache()
     os.makedirs(os.path.dirname(opts.json) or ".", exist_ok=True)
     with open(opts.json, "w") as f:

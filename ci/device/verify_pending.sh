@@ -29,6 +29,13 @@
 #        rescale: 6 more tests) (130 s), `check attention.extend --preset awkward` (50 s), `bench
 #        attention.extend` next to triton_extend on the gpt-oss-120b preset (90 s): under 4.5 minutes, each part
 #        on its own clock
+#   fa3w: gluon_prefill_fa3_window_sm90 (issue 20, the dense FA3-style prefill's sliding-window build, opt-in, never
+#        run on a GPU yet): its GPU numerics tests (windows 0, 4, 127, 200, past the sequence; ragged, Lk > Lq,
+#        Lq > Lk, sinks, D 128; the swept alternatives) (<= 120 s), `check attention.prefill --preset awkward`
+#        (<= 45 s), `bench attention.prefill` next to gluon_prefill_window_sm90 and triton_prefill on the
+#        gpt-oss-120b preset (<= 75 s; the window-127 rows are the goal's), then ci/device/fa3_sweep.py --window 127
+#        (the window build's configurations next to those peers and FA4, S = 8192 first) on what is left of
+#        4 minutes (at least 30 s): ~4 min, 4.5 at most
 #   e2e: examples/gpt_oss end to end (short budget; E2E_ROWS picks rows, default torch,selector,nvidia)
 #   flashinfer: tests/tokenspeed_kernel_nvidia/test_flashinfer_gpu.py (needs .whl-nvidia)
 #   gluonmoe: gluon_moe_decode_mx_sm90 GPU tests, then ci/device/gluon_moe_bench.py (T <= 8, ~3 min)
@@ -47,7 +54,7 @@
 #         (optional) bash ci/device/flashinfer_bundle.sh
 #         (optional) bash ci/device/triton_kernels_bundle.sh   # .whl-ogs: matmul_ogs rows in `bench moe.apply`
 # Device: carry [".whl"] (and ".whl-nvidia", ".whl-ogs", ".whl-cute/bundle"), command: bash ci/device/verify_pending.sh
-# STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3x, flashinfer, e2e
+# STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, flashinfer, e2e
 # (default: decode). A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap`, `mxp` and `fa3g` alone.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -150,6 +157,23 @@ timeout "$(( ${FA3V_END_S:-270} - SECONDS ))" python3 -W ignore ci/device/fa3_sw
   --budget-s "$(( ${FA3V_END_S:-270} - 25 - SECONDS ))" --json "$OUT/fa3_variants.json" 2>&1 | tail -32 || status=1
 }
 
+fa3w() {
+echo "== gluon_prefill_fa3_window_sm90: GPU tests, check vs float64, bench next to gluon_prefill_window_sm90, sweep"
+# A hung mbarrier (a protocol bug in the windowed walk) must not cost the call: each part on its own clock.
+timeout 120 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_gluon_prefill_fa3_gpu.py \
+  -k window 2>&1 | tail -15 || status=1
+timeout 45 python3 -W ignore -m tokenspeed_kernel check attention.prefill --kernel gluon_prefill_fa3_window_sm90 \
+  --preset awkward --device cuda 2>&1 | tail -14 || status=1
+timeout 75 python3 -W ignore -m tokenspeed_kernel bench attention.prefill \
+  --kernel gluon_prefill_fa3_window_sm90,gluon_prefill_window_sm90,triton_prefill --preset gpt-oss-120b \
+  --device cuda --json "$OUT/bench_gluon_prefill_fa3_window_sm90.json" 2>&1 | tail -40 || status=1
+# the sweep gets what is left of ~4 minutes ($SECONDS counts from this script's start; at least 30 s)
+local left=$(( ${FA3W_END_S:-240} - SECONDS ))
+(( left < 30 )) && left=30
+timeout "$left" python3 -W ignore ci/device/fa3_sweep.py --window 127 --variants --budget-s "$(( left - 20 ))" \
+  --json "$OUT/fa3_window_sweep.json" 2>&1 | tail -20 || status=1
+}
+
 fa3x() {
 echo "== gluon_extend_fa3_sm90: GPU tests, check vs float64, bench next to triton_extend"
 # A hung mbarrier (a warp-specialization protocol bug) must not cost the call: each part on its own clock.
@@ -224,8 +248,8 @@ fi
 
 for step in $steps; do
   case $step in
-    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | fa3g | fa3v | fa3x | flashinfer | e2e) "$step" ;;
-    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3x, flashinfer, e2e)"
+    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | fa3g | fa3v | fa3w | fa3x | flashinfer | e2e) "$step" ;;
+    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, flashinfer, e2e)"
        status=2 ;;
   esac
 done

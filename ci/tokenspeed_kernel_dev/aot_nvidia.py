@@ -34,7 +34,13 @@ from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_fa3_kernel import pre
 from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import prefill_window_kernel
 from tokenspeed_kernel_nvidia.ops.attention.gluon_decode import decode_config
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill import GluonPrefillConfig, prefill_config
-from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import HALF, WIDE, Fa3Config, fa3_config
+from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import (
+    HALF,
+    WIDE,
+    Fa3Config,
+    fa3_config,
+    fa3_window_config,
+)
 from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_decode as gmoe
 from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_mma as gmma
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_decode_kernel import w2_kernel, w13_kernel
@@ -290,6 +296,7 @@ def compile_prefill_fa3(
         "sm_scale": "fp32",
         "n_m": "i32",
         "batch": "i32",
+        "window": "i32",
     }
     constexprs = {
         "HQ": 8 * group,
@@ -588,7 +595,8 @@ def prefill_fa3_grid():
     """The launcher's configurations (D 64 and 128) with sinks on and off, LSE, fp16, GQA 8
     and 1, plus the alternatives the device sweep times (D = 64 with 2 stages, 64-key tiles,
     no ping-pong hand-off; the variants: exp2 partly on FMA, three consumer warpgroups, the
-    lazy rescale, alone and together; the P·V wait after the softmax, alone and with the others)."""
+    lazy rescale, alone and together; the P·V wait after the softmax, alone and with the others),
+    then the sliding-window build's."""
     wide = Fa3Config(64, stages=3, **WIDE)
     return [
         (torch.bfloat16, 64, 8, True, False, None),
@@ -616,6 +624,14 @@ def prefill_fa3_grid():
         (torch.bfloat16, 64, 8, True, True, replace(wide, pv_overlap=True)),
         (torch.bfloat16, 128, 8, True, False, Fa3Config(128, pv_overlap=True)),
         (torch.bfloat16, 64, 8, True, False, Fa3Config(64, stages=3, pv_overlap=True, rescale_threshold=8.0)),
+        # the sliding-window build (gluon_prefill_fa3_window_sm90): its launcher's configurations
+        # and the alternatives the device sweep times (128-key tiles, pv_overlap)
+        (torch.bfloat16, 64, 8, True, False, fa3_window_config(64)),
+        (torch.bfloat16, 64, 8, False, True, fa3_window_config(64)),
+        (torch.float16, 64, 1, True, True, fa3_window_config(64)),
+        (torch.bfloat16, 128, 8, True, False, fa3_window_config(128)),
+        (torch.bfloat16, 64, 8, True, False, Fa3Config(64, block_n=128, stages=3, window=True)),
+        (torch.bfloat16, 64, 8, True, False, replace(fa3_window_config(64), pv_overlap=True)),
     ]
 
 

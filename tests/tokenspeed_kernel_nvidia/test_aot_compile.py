@@ -144,6 +144,32 @@ def test_gluon_prefill_fa3_pv_overlap_moves_the_pv_wait_after_the_softmax(fa3_ro
         assert ov[key] == base[key], (key, base, ov)
 
 
+def test_gluon_prefill_fa3_window_build_keeps_the_pipeline(fa3_rows):
+    # The sliding-window build (gluon_prefill_fa3_window_sm90, "-sw"): the launcher's
+    # configurations (D 64: 64-key tiles, 4 stages; D 128: 64-key tiles, 3 stages) compile
+    # without spills (every row above) and with the pipeline of the causal-only build of the
+    # same tile: the window changes the key band walked and the mask, not the wgmma products,
+    # the TMA copies, the in-flight P·V or the barriers.
+    from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import fa3_window_config
+
+    by_name = {r["kernel"]: r for r in fa3_rows}
+    for d in (64, 128):
+        assert f"gluon_prefill_fa3-bfloat16-g8-{fa3_window_config(d).tag}-sinks" in by_name
+    windowed = [r for r in fa3_rows if "-sw" in r["kernel"]]
+    assert len(windowed) >= 6
+    pairs = [
+        ("gluon_prefill_fa3-bfloat16-g8-d64-n64-st4-r240.24-sw-sinks", "gluon_prefill_fa3-bfloat16-g8-d64-n64-st4-r240.24-sinks"),
+        ("gluon_prefill_fa3-bfloat16-g8-d128-n64-st3-r240.24-sw-sinks", "gluon_prefill_fa3-bfloat16-g8-d128-n64-st3-r240.24-sinks"),
+    ]  # fmt: skip
+    for win, base in pairs:
+        w, b = by_name[win], by_name[base]
+        for key in ("wgmma", "wgmma_wait1", "tma", "mbar_arrive", "mbar_wait", "setmaxnreg"):
+            assert w[key] == b[key], (key, w, b)
+        for key in ("KV_HGMMA", "KV_MUFU.EX2"):
+            assert w["sass"][key] == b["sass"][key], (key, w, b)
+        assert w["shared_bytes"] == b["shared_bytes"] and w["spills"] == 0, (w, b)
+
+
 def test_gluon_moe_decode_compiles_for_sm90_with_vector_loads():
     rows = _compile("moe")
     assert len(rows) >= 18

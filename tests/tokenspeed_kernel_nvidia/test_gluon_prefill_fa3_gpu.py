@@ -5,8 +5,10 @@ that are not multiples of the 128-token tile (1, 37, 129, 300, 1025), GQA groups
 and 1, sinks on and off, D 64 and 128, fp16, LSE, Lk > Lq (bottom-right causal), Lq > Lk
 (rows that see nothing), more work tiles than SMs (the persistent loop), a misaligned
 ``out`` view and the launch configurations the device sweep times, the opt-in variants
-(exp2 partly on the FMA pipe, three consumer warpgroups, the lazy rescale) included. Outputs
-are poisoned with NaN so an unwritten row fails.
+(exp2 partly on the FMA pipe, three consumer warpgroups, the lazy rescale) included; the
+sliding-window build (``gluon_prefill_fa3_window_sm90``) on the same awkward shapes with
+windows 0, 4, 127, 200 and larger than the sequences. Outputs are poisoned with NaN so an
+unwritten row fails.
 """
 
 import math
@@ -19,6 +21,7 @@ from support.gpu import sm90_skip_reason
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import fa3_variant
 
 KERNEL = "gluon_prefill_fa3_sm90"
+WINDOW_KERNEL = "gluon_prefill_fa3_window_sm90"
 NO_WINDOW = 1 << 30
 RAGGED = [1, 37, 129, 300, 1025]
 CASES = [
@@ -54,7 +57,7 @@ def _inputs(lens_q, lens_k, hq, hkv, d, dtype, seed):
     return q, k, v, cu_q, cu_k
 
 
-def _run(lens_q, lens_k, hq, hkv, d, sinks, dtype, *, cfg=None, out=None):
+def _run(lens_q, lens_k, hq, hkv, d, sinks, dtype, *, cfg=None, out=None, window=-1):
     from tokenspeed_kernel import mha_prefill
     from tokenspeed_kernel.ops.attention.args import PrefillArgs
     from tokenspeed_kernel_nvidia.ops.attention import gluon_prefill_fa3 as fa3
@@ -67,14 +70,15 @@ def _run(lens_q, lens_k, hq, hkv, d, sinks, dtype, *, cfg=None, out=None):
     scale = 1 / math.sqrt(d)
     if cfg is None:
         res, lse = mha_prefill(
-            q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), sinks=sk, return_lse=True, out=out, override=KERNEL
-        )
+            q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), window_left=window, sinks=sk, return_lse=True, out=out,
+            override=KERNEL if window < 0 else WINDOW_KERNEL,
+        )  # fmt: skip
     else:  # a non-default launch configuration, through the module's launcher
-        args = PrefillArgs(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), True, scale, -1, sk, 0.0, out, lse)
+        args = PrefillArgs(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), True, scale, window, sk, 0.0, out, lse)
         fa3.launch(args, cfg)
         res = out
     torch.cuda.synchronize()
-    ro, rl = dense_reference(q, k, v, cu_q, cu_k, scale=scale, window=NO_WINDOW, sinks=sk)
+    ro, rl = dense_reference(q, k, v, cu_q, cu_k, scale=scale, window=window if window >= 0 else NO_WINDOW, sinks=sk)
     return res, lse, ro, rl
 
 
@@ -142,3 +146,41 @@ def test_gluon_prefill_fa3_writes_a_misaligned_out_view():
     total = sum(RAGGED)
     out = torch.empty(total * 16 * 64 + 1, dtype=torch.bfloat16, device="cuda")[1:].view(total, 16, 64)
     _assert_close(*_run(RAGGED, None, 16, 2, 64, True, torch.bfloat16, out=out))
+
+
+# The sliding-window build: (lens_q, lens_k, hq, hkv, d, sinks, dtype, window)
+WINDOW_CASES = [
+    (RAGGED, None, 16, 2, 64, True, torch.bfloat16, 127),  # GPT-OSS's window, ragged
+    (RAGGED, None, 16, 2, 64, False, torch.bfloat16, 0),  # the diagonal key only
+    (RAGGED, None, 16, 4, 64, True, torch.float16, 4),
+    (RAGGED, None, 16, 2, 64, True, torch.bfloat16, 5000),  # larger than every sequence: causal
+    (RAGGED, None, 16, 2, 128, True, torch.bfloat16, 127),
+    (RAGGED, None, 8, 8, 128, False, torch.float16, 200),  # group 1
+    ([200, 77], None, 64, 8, 64, True, torch.bfloat16, 127),  # GPT-OSS heads
+    ([100, 37, 5], [300, 40, 133], 16, 2, 64, True, torch.bfloat16, 127),  # Lk > Lq
+    ([100, 37, 5], [300, 40, 133], 16, 2, 64, True, torch.bfloat16, 3),
+    ([50, 130], [20, 130], 16, 2, 64, False, torch.bfloat16, 127),  # Lq > Lk: rows with no key, no sink
+    ([3000, 1500], None, 16, 2, 64, True, torch.bfloat16, 127),  # several tiles per program
+]
+
+
+@pytest.mark.parametrize("lens_q,lens_k,hq,hkv,d,sinks,dtype,window", WINDOW_CASES)
+def test_gluon_prefill_fa3_window_numerics(lens_q, lens_k, hq, hkv, d, sinks, dtype, window):
+    _skip()
+    _assert_close(*_run(lens_q, lens_k, hq, hkv, d, sinks, dtype, window=window))
+
+
+# The windowed alternatives ci/device/fa3_sweep.py times (--window): 128-key tiles, pv_overlap
+WINDOW_SWEEP_CONFIGS = [
+    (64, {"block_n": 128, "stages": 3}),
+    (64, {"block_n": 64, "stages": 4, "pv_overlap": True}),
+    (128, {"block_n": 128, "stages": 2}),
+]
+
+
+@pytest.mark.parametrize("d,kw", WINDOW_SWEEP_CONFIGS, ids=lambda x: str(x))
+@pytest.mark.parametrize("window", [0, 127])
+def test_gluon_prefill_fa3_window_sweep_configs(d, kw, window):
+    _skip()
+    cfg = fa3_variant(d, window=True, **kw)
+    _assert_close(*_run(RAGGED, None, 16, 2, d, True, torch.bfloat16, cfg=cfg, window=window))

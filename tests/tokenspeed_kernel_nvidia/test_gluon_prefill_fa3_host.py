@@ -92,6 +92,60 @@ def test_gpt_oss_schedule():
     assert fa3.key_tiles(4096, 8192, 0, 0, 128) == (33, 1)  # Lk > Lq: bottom-right aligned
 
 
+WINDOWS = [0, 4, 127, 200, 5000, fa3.NO_WINDOW]
+
+
+def _sees(p: int, key: int, len_k: int, window: int) -> bool:
+    return 0 <= key < len_k and 0 <= p - key <= window
+
+
+@pytest.mark.parametrize("len_q,len_k", [*LENGTHS, (600, 600), (256, 700)])
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("block_n", [64, 128])
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_window_band_covers_what_rows_see_and_masks_only_the_edges(len_q, len_k, window, block_n, consumers):
+    block_m = consumers * fa3.HALF
+    for m0 in range(0, len_q, block_m):
+        j_lo, n_kv = fa3.key_band(len_q, len_k, m0, block_n, window, block_m)
+        tiles = range(j_lo, j_lo + n_kv)
+        p0 = len_k - len_q + m0
+        real = [len_k - len_q + t for t in range(m0, min(m0 + block_m, len_q))]
+        seen = {key // block_n for p in real for key in range(len_k) if _sees(p, key, len_k, window)}
+        assert seen == set(tiles)  # every tile some row of the work tile sees, and no other
+        for wg in range(consumers):
+            first = p0 + wg * fa3.HALF
+            rows = [p for p in real if first <= p < first + fa3.HALF]
+            for j in tiles:
+                keys = range(j * block_n, (j + 1) * block_n)
+                if rows and not fa3.edge(j, first, first + fa3.HALF - 1, block_n, window):
+                    # an unmasked tile: real keys, every one inside every row's window
+                    assert all(_sees(p, key, len_k, window) for p in rows for key in keys)
+
+
+def test_gpt_oss_window_schedule():
+    # S = 8192, window 127, 64-key tiles: every work tile past the first visits 4 key tiles
+    # (the band [p0 - 127, p0 + 127] aligned out to 256 keys, as with 2 tiles of 128), of
+    # which each warpgroup masks 3 (its window's edge, its diagonal, the tile past it) and
+    # sees one whole
+    cfg = fa3.fa3_window_config(64)
+    assert (cfg.block_n, cfg.stages, cfg.window) == (64, 4, True)
+    for m in (1, 10, 63):
+        m0 = m * fa3.BLOCK_M
+        j_lo, n_kv = fa3.key_band(8192, 8192, m0, 64, 127)
+        assert (j_lo, n_kv) == (m0 // 64 - 2, 4)
+        assert fa3.key_band(8192, 8192, m0, 128, 127) == (m0 // 128 - 1, 2)
+        for wg in (0, 1):
+            first = m0 + wg * fa3.HALF
+            edges = [fa3.edge(j, first, first + fa3.HALF - 1, 64, 127) for j in range(j_lo, j_lo + n_kv)]
+            assert sum(edges) == 3, (m, wg, edges)
+    assert fa3.key_band(8192, 8192, 0, 64, 127) == (0, 2)  # the first tile: no keys before it
+    assert fa3.key_band(4096, 8192, 0, 64, 127) == (62, 4)  # Lk > Lq: the band moves right
+    for d in fa3.HEAD_DIMS:
+        w = fa3.fa3_window_config(d)
+        assert w.window and w.shared_bytes() <= 227 * 1024 and "-sw" in w.tag
+        assert not fa3.fa3_config(d).window  # the causal-only build is unchanged
+
+
 def test_config_table():
     for d in fa3.HEAD_DIMS:
         cfg = fa3.fa3_config(d)
@@ -127,15 +181,84 @@ def test_call_time_checks_reject_what_the_request_cannot_say(kw, match):
         fa3.gluon_prefill_fa3(_args(**kw))
 
 
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"window_left": -1}, "windowed build"),
+        ({"causal": False, "window_left": 127}, "causal"),
+        ({"logit_cap": 30.0, "window_left": 127}, "logit cap"),
+        ({"softmax_scale": 0.0, "window_left": 127}, "softmax_scale"),
+        ({"head_dim_check": True}, "head_dim 96"),
+    ],
+)
+def test_windowed_build_rejects_what_it_cannot_serve(kw, match):
+    if kw.pop("head_dim_check", False):
+        args = ragged_prefill_args(lens_q=(4,), lens_k=(4,), hq=8, hkv=1, d=96, window_left=127)
+    else:
+        args = _args(**kw)
+    with pytest.raises(ValueError, match=match):
+        fa3.gluon_prefill_fa3_window(args)
+    # a configuration of the other build is refused too, before any launch
+    with pytest.raises(ValueError, match="unwindowed build"):
+        fa3.launch(_args(window_left=127), fa3.fa3_config(64))
+
+
+def _prefill_request(head_dim=64, **options):
+    from tokenspeed_kernel.ops.attention.api import attention_request
+    from tokenspeed_kernel.ops.attention.args import Heads
+
+    heads = Heads(64, 8, head_dim, head_dim)
+    return attention_request(
+        "attention.prefill", q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, heads=heads, **options
+    )
+
+
+def test_window_build_registered_opt_in_and_ranked_below_the_measured_window_kernel():
+    from tokenspeed_kernel import registry, selector
+    from tokenspeed_kernel.platform import platform_from_arch
+    from tokenspeed_kernel.registry import Priority
+
+    name = "gluon_prefill_fa3_window_sm90"
+    spec = registry.get_kernel(name)
+    assert spec.op == "attention.prefill" and spec.archs == frozenset({"sm_90"})
+    assert spec.priority == Priority.OPT_IN and spec.rank_priority is None  # not yet run on a GPU
+    assert spec.features == frozenset({"sinks", "sliding_window", "return_lse"})
+    # the causal-only registration is unchanged: no window, ranked performant
+    dense = registry.get_kernel("gluon_prefill_fa3_sm90")
+    assert "sliding_window" not in dense.features and dense.priority == Priority.PERFORMANT
+
+    def verdict(request, arch="sm_90"):
+        selection = selector.explain(request, platform=platform_from_arch(arch))
+        return {c.spec.name: c.reasons for c in selection.candidates}, selection
+
+    gpt_oss = _prefill_request(sinks=True, window_left=127)
+    reasons, selection = verdict(gpt_oss)
+    assert reasons[name] == ()
+    # gluon_prefill_window_sm90 (measured first at window 127, D 64) stays the choice
+    assert selection.winner.name == "gluon_prefill_window_sm90"
+    assert verdict(_prefill_request(head_dim=128, window_left=1000))[0][name] == ()
+    assert _reasons_has(verdict(_prefill_request(sinks=True))[0], name, "windowed calls only")
+    assert verdict(_prefill_request(window_left=127), arch="sm_80")[0][name]
+    assert verdict(_prefill_request(window_left=127, logit_cap=30.0))[0][name]
+
+
+def _reasons_has(reasons: dict, name: str, text: str) -> bool:
+    return any(text in r for r in reasons[name])
+
+
 # ---------------------------------------------------------------- algorithm emulation
-def _emulate(q, k, v, cu_q, cu_k, max_q, *, sinks, scale, block_n, programs, consumers=2, poly=False, lazy=0.0):
+def _emulate(
+    q, k, v, cu_q, cu_k, max_q, *, sinks, scale, block_n, programs, consumers=2, poly=False, lazy=0.0, window=None
+):
     """float64 model of the kernel: persistent programs walk the tile order; per tile, each of
     the ``consumers`` warpgroups' 64 rows visit ``key_tiles`` from the diagonal down, masking
     the first ``n_masked``; online softmax with the max of the raw scores (``lazy > 0``: a
     row's max moves only when a tile raises it by more than ``lazy``); ``p`` by exp2 or
     (``poly``) the float32 model of the FMA-pipe exp2; ``O += P·V`` one step late (after the
     next tile's max); sink and LSE in the epilogue. Q and K/V tiles are read at absolute rows
-    like the TMA boxes (past a sequence: the next one's rows; past the tensor: 0)."""
+    like the TMA boxes (past a sequence: the next one's rows; past the tensor: 0). ``window``
+    (the windowed build): the tiles of ``key_band`` from its last down, masking those ``edge``
+    names with ``0 <= p - key <= window``."""
     log2e = 1 / math.log(2)
     total_q, hq, d = q.shape
     group = hq // k.shape[1]
@@ -164,18 +287,24 @@ def _emulate(q, k, v, cu_q, cu_k, max_q, *, sinks, scale, block_n, programs, con
                 r0 = m0 + wg * fa3.HALF
                 qt = rows_at(q, cu_q[b] + r0, fa3.HALF, head)
                 pos = torch.arange(fa3.HALF) + len_k - len_q + r0
-                n_kv, n_masked = fa3.key_tiles(len_q, len_k, m0, wg, block_n, block_m)
+                if window is None:
+                    j_lo, (n_kv, n_masked) = 0, fa3.key_tiles(len_q, len_k, m0, wg, block_n, block_m)
+                else:
+                    j_lo, n_kv = fa3.key_band(len_q, len_k, m0, block_n, window, block_m)
                 m = torch.full((fa3.HALF,), float("-inf"), dtype=torch.float64)
                 ell = torch.zeros(fa3.HALF, dtype=torch.float64)
                 acc = torch.zeros(fa3.HALF, d, dtype=torch.float64)
                 pending = None  # (p, v tile) of the previous step
                 for i in range(n_kv):
-                    j = n_kv - 1 - i
+                    j = j_lo + n_kv - 1 - i
                     kt = rows_at(k, cu_k[b] + j * block_n, block_n, head // group)
                     s = qt @ kt.T
-                    if i < n_masked:
-                        keys = torch.arange(block_n) + j * block_n
+                    keys = torch.arange(block_n) + j * block_n
+                    if window is None and i < n_masked:
                         s = s.masked_fill(keys[None, :] > pos[:, None], float("-inf"))
+                    elif window is not None and fa3.edge(j, int(pos[0]), int(pos[-1]), block_n, window):
+                        dist = pos[:, None] - keys[None, :]
+                        s = s.masked_fill((dist < 0) | (dist > window), float("-inf"))
                     m_new = torch.maximum(m, s.max(1).values * scale * log2e)
                     if lazy:
                         m_new = torch.where(m_new > m + lazy, m_new, m)
@@ -212,12 +341,10 @@ EMULATED = [
 VARIANTS = [(2, False, 0.0), (3, False, 0.0), (2, True, 0.0), (2, False, 8.0), (3, True, 8.0)]
 
 
-@pytest.mark.parametrize("lens_q,lens_k,group,sinks,block_n,programs", EMULATED)
-@pytest.mark.parametrize("consumers,poly,lazy", VARIANTS)
-def test_emulated_schedule_matches_naive_attention(
-    lens_q, lens_k, group, sinks, block_n, programs, consumers, poly, lazy
-):
-    torch.manual_seed(sum(lens_q) + group)
+def _emulated_vs_naive(lens_q, lens_k, group, sinks, block_n, programs, *, seed, tol=1e-9, window=None, **variant):
+    """Emulate the kernel (``variant``: ``_emulate``'s consumers / poly / lazy) on ragged
+    float64 inputs (2 KV heads, D 16) and compare with the naive attention."""
+    torch.manual_seed(seed)
     hkv, d = 2, 16
     lens_k = lens_k or lens_q
     cu_q, cu_k = [0], [0]
@@ -230,20 +357,53 @@ def test_emulated_schedule_matches_naive_attention(
     sk = torch.randn(hkv * group, dtype=torch.float64) * 2 if sinks else None
     scale = 1 / math.sqrt(d)
     out, lse = _emulate(
-        q, k, v, cu_q, cu_k, max(lens_q), sinks=sk, scale=scale, block_n=block_n, programs=programs,
-        consumers=consumers, poly=poly, lazy=lazy,
+        q, k, v, cu_q, cu_k, max(lens_q), sinks=sk, scale=scale, block_n=block_n, programs=programs, window=window,
+        **variant,
     )  # fmt: skip
     cq, ck = torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32)
-    ro, rl = naive_prefill(q, k, v, cq, ck, softmax_scale=scale, window_left=-1, sinks=sk, logit_cap=0.0)
+    window_left = -1 if window is None else window
+    ro, rl = naive_prefill(q, k, v, cq, ck, softmax_scale=scale, window_left=window_left, sinks=sk, logit_cap=0.0)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
-    # exact up to float64 rounding; the polynomial exp2 (relative error <= 1.0e-4 per weight)
-    # moves outputs and LSE by about that much
-    tol = 1e-3 if poly else 1e-9
     torch.testing.assert_close(out, ro, rtol=tol, atol=tol)
     torch.testing.assert_close(lse, rl, rtol=tol, atol=tol)
     # rows that see no key stay exactly zero with -inf LSE when there is no sink, on either exp2
     blind = torch.isinf(rl)
     assert torch.equal(torch.isinf(lse), blind) and float(out[blind].abs().sum()) == 0.0
+
+
+@pytest.mark.parametrize("lens_q,lens_k,group,sinks,block_n,programs", EMULATED)
+@pytest.mark.parametrize("consumers,poly,lazy", VARIANTS)
+def test_emulated_schedule_matches_naive_attention(
+    lens_q, lens_k, group, sinks, block_n, programs, consumers, poly, lazy
+):
+    # exact up to float64 rounding; the polynomial exp2 (relative error <= 1.0e-4 per weight)
+    # moves outputs and LSE by about that much
+    _emulated_vs_naive(
+        lens_q, lens_k, group, sinks, block_n, programs, seed=sum(lens_q) + group, tol=1e-3 if poly else 1e-9,
+        consumers=consumers, poly=poly, lazy=lazy,
+    )  # fmt: skip
+
+
+EMULATED_WINDOW = [
+    # (lens_q, lens_k, group, sinks, block_n, programs, consumers, window)
+    ([1, 37, 129, 300], None, 4, True, 64, 5, 2, 127),  # ragged, GPT-OSS's window
+    ([300, 130], None, 2, False, 64, 3, 2, 0),  # window 0: the diagonal key only
+    ([300, 130], None, 2, True, 128, 3, 2, 4),
+    ([200, 65], None, 2, True, 64, 2, 2, 5000),  # larger than the sequence: causal
+    ([70, 5], [300, 5], 2, True, 64, 3, 2, 127),  # Lk > Lq (bottom-right), a short one after
+    ([40, 65], [5, 65], 2, False, 64, 2, 2, 3),  # Lq > Lk: rows that see nothing
+    ([450, 200], None, 2, True, 64, 3, 3, 127),  # three warpgroups: 192-token tiles
+    ([400], [520], 1, True, 128, 1, 2, 200),  # 128-key tiles, a band of 3
+]
+
+
+@pytest.mark.parametrize("lens_q,lens_k,group,sinks,block_n,programs,consumers,window", EMULATED_WINDOW)
+def test_emulated_window_schedule_matches_naive_attention(
+    lens_q, lens_k, group, sinks, block_n, programs, consumers, window
+):
+    _emulated_vs_naive(
+        lens_q, lens_k, group, sinks, block_n, programs, seed=sum(lens_q) + window, window=window, consumers=consumers
+    )
 
 
 # ---------------------------------------------------------------- exp2 on the FMA pipe

@@ -1,5 +1,6 @@
 """Functional runners of the Gluon TMA attention kernels (no GPU): ``gluon_prefill_window_sm90``,
-``gluon_prefill_fa3_sm90`` and ``gluon_extend_fa3_sm90`` run a runner cached per call key, every
+``gluon_prefill_fa3_sm90``, ``gluon_prefill_fa3_window_sm90`` and ``gluon_extend_fa3_sm90`` run a
+runner cached per call key, every
 tensor of the call passed per run and their TMA descriptors derived per run from the run's
 tensors (``tokenspeed_kernel_triton._runners``). Launches are recorded, nothing runs: three
 "layers" of one key, each with its own q/k/v (caches, tables), out, lse and sinks, launch
@@ -9,6 +10,8 @@ base, scalars, constexprs)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -50,11 +53,32 @@ def _extend_args(layer: int, *, sinks=True, lse=False, max_q=None, lens_q=(5, 9)
     )  # fmt: skip
 
 
+class Kernel(NamedTuple):
+    call: Any  # the functional call (checked, cached)
+    runners: Any  # its RunnerCache
+    fresh: Any  # the uncached launch (checked, bound afresh)
+    key: Any  # its runner key
+    make: Any  # args of layer ``i``
+
+
 KERNELS = {
-    "gluon_prefill_window_sm90": (gluon_prefill, gluon_prefill.gluon_prefill_window, _window_args),
-    "gluon_prefill_fa3_sm90": (gluon_prefill_fa3, gluon_prefill_fa3.gluon_prefill_fa3, _dense_args),
-    "gluon_extend_fa3_sm90": (gluon_extend_fa3, gluon_extend_fa3.gluon_extend_fa3, _extend_args),
-}
+    "gluon_prefill_window_sm90": Kernel(
+        gluon_prefill.gluon_prefill_window, gluon_prefill._RUNNERS, gluon_prefill.launch,
+        gluon_prefill._runner_key, _window_args,
+    ),
+    "gluon_prefill_fa3_sm90": Kernel(
+        gluon_prefill_fa3.gluon_prefill_fa3, gluon_prefill_fa3._RUNNERS, gluon_prefill_fa3.launch,
+        gluon_prefill_fa3._runner_key, _dense_args,
+    ),
+    "gluon_prefill_fa3_window_sm90": Kernel(
+        gluon_prefill_fa3.gluon_prefill_fa3_window, gluon_prefill_fa3._WINDOW_RUNNERS,
+        functools.partial(gluon_prefill_fa3.launch, windowed=True), gluon_prefill_fa3._runner_key, _window_args,
+    ),
+    "gluon_extend_fa3_sm90": Kernel(
+        gluon_extend_fa3.gluon_extend_fa3, gluon_extend_fa3._RUNNERS, gluon_extend_fa3.launch,
+        gluon_extend_fa3._runner_key, _extend_args,
+    ),
+}  # fmt: skip
 
 
 def _tensors(args) -> list:
@@ -73,32 +97,31 @@ def test_functional_runner_launches_what_a_fresh_bind_launches(monkeypatch, name
     """Three layers of one key: one runner, bound once; every launch argument of each layer's
     call (tensors, the descriptors' bases, shapes, strides, block shapes and layouts, scalars,
     constexprs) equals a fresh bind's of that layer. A stale tensor would show as layer 0's."""
-    module, kernel, make = KERNELS[name]
+    k = KERNELS[name]
     rec = Recorder().install(monkeypatch)
     _sm_count(monkeypatch)
-    binds = module._RUNNERS.binds
+    binds = k.runners.binds
     bases = []
     for layer in range(3):
-        args = make(layer, sinks=sinks, lse=lse)
+        args = k.make(layer, sinks=sinks, lse=lse)
         start = len(rec.launches)
-        kernel(args)
+        k.call(args)
         cached = rec.since(start)
-        module.launch(args)  # the reference: checked, bound afresh, full arguments
+        k.fresh(args)  # the reference: checked, bound afresh, full arguments
         fresh = rec.since(start + len(cached))
         assert len(cached) == len(fresh) == 1
         assert_same_launches(cached, fresh, _tensors(args))
         bases.append([a.base.data_ptr() for a in cached[0][2] if hasattr(a, "block_shape")])
-    assert len(module._RUNNERS.runners) == 1, "three layers of one shape share one runner"
-    assert module._RUNNERS.binds == binds + 1 and rec.bound == 1, "bound once for all three layers"
+    assert len(k.runners.runners) == 1, "three layers of one shape share one runner"
+    assert k.runners.binds == binds + 1 and rec.bound == 1, "bound once for all three layers"
     assert len(bases[0]) == (2 if name == "gluon_prefill_window_sm90" else 3)
     assert len({tuple(b) for b in bases}) == 3, "each layer's descriptors over its own tensors"
 
 
 @pytest.mark.parametrize("name", list(KERNELS))
 def test_runner_key_follows_the_grid_and_the_options(monkeypatch, name):
-    module, _kernel, make = KERNELS[name]
+    key, make = KERNELS[name].key, KERNELS[name].make
     _sm_count(monkeypatch)
-    key = module._runner_key
     base = key(make(0))
     assert key(make(1)) == base, "another layer's tensors: the same key"
     assert key(make(0, sinks=False)) != base and key(make(0, lse=True)) != base
@@ -107,15 +130,41 @@ def test_runner_key_follows_the_grid_and_the_options(monkeypatch, name):
     assert key(make(0, max_q=many)) != base, "another grid"
     if name == "gluon_extend_fa3_sm90":
         assert key(make(0, strided=True)) != base, "another cache layout"
+    if make is _window_args:  # the window is a launch scalar a runner binds
+        assert key(make(0, window=4)) != base, "another window"
+
+
+@pytest.mark.parametrize("name", ["gluon_prefill_window_sm90", "gluon_prefill_fa3_window_sm90"])
+def test_a_windowed_runner_launches_its_own_window(monkeypatch, name):
+    """Calls alternating two windows of one shape: a runner per window, and each cached launch
+    equals a fresh bind's of its call (its window scalar included), never the other window's."""
+    k = KERNELS[name]
+    rec = Recorder().install(monkeypatch)
+    _sm_count(monkeypatch)
+    binds = k.runners.binds
+    launched = {}
+    for layer, window in enumerate((127, 4, 127, 4)):
+        args = _window_args(layer, window=window)
+        start = len(rec.launches)
+        k.call(args)
+        cached = rec.since(start)
+        k.fresh(args)
+        fresh = rec.since(start + len(cached))
+        assert len(cached) == len(fresh) == 1
+        assert_same_launches(cached, fresh, _tensors(args))
+        launched.setdefault(window, []).append([a for a in cached[0][2] if isinstance(a, int)])
+    assert k.runners.binds == binds + 2 and len(k.runners.runners) == 2, "one runner per window"
+    assert launched[127][0] == launched[127][1] and launched[4][0] == launched[4][1]
+    assert launched[127][0] != launched[4][0], "the window reaches the launch's scalars"
 
 
 def test_an_empty_batch_launches_nothing(monkeypatch):
     rec = Recorder().install(monkeypatch)
     _sm_count(monkeypatch)
-    for _module, kernel, make in KERNELS.values():
-        args = make(0)
+    for k in KERNELS.values():
+        args = k.make(0)
         empty = dataclasses.replace(args, q=args.q[:0], out=args.out[:0], lse=None)
-        kernel(empty)
+        k.call(empty)
     assert rec.launches == []
 
 
@@ -126,6 +175,8 @@ def test_bad_calls_raise_before_the_runner(monkeypatch):
         gluon_prefill.gluon_prefill_window(_window_args(0, window=-1))
     with pytest.raises(ValueError, match="window"):
         gluon_prefill_fa3.gluon_prefill_fa3(dataclasses.replace(_dense_args(0), window_left=127))
+    with pytest.raises(ValueError, match="window"):
+        gluon_prefill_fa3.gluon_prefill_fa3_window(_dense_args(0))
     with pytest.raises(ValueError, match="causal"):
         gluon_extend_fa3.gluon_extend_fa3(dataclasses.replace(_extend_args(0), causal=False))
     assert rec.launches == []

@@ -16,6 +16,7 @@ NVIDIA_KERNELS = {
     "gluon_decode_sm90": "attention.decode",
     "gluon_prefill_window_sm90": "attention.prefill",
     "gluon_prefill_fa3_sm90": "attention.prefill",
+    "gluon_prefill_fa3_window_sm90": "attention.prefill",
     "gluon_extend_fa3_sm90": "attention.extend",
     "gluon_moe_decode_mx_sm90": "moe.apply",
     "gluon_moe_mma_sm90": "moe.apply",

@@ -132,10 +132,10 @@ def extend_fa3_kernel(
     gl.warp_specialize(
         [
             (consumer, (common, 0, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG, NUM_WG,
-                        EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, True, CLEAN)),
+                        EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, True, CLEAN, False)),
             (consumer, (common, 1, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG, NUM_WG,
-                        EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, True, CLEAN)),
-            (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, True, PAGE, BOX)),
+                        EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, True, CLEAN, False)),
+            (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, True, PAGE, BOX, False)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],

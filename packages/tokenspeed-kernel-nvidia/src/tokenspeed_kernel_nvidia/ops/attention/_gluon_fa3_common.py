@@ -10,7 +10,9 @@ K/V read as one 2-D TMA box per key tile, keys bottom-right aligned to ``cu_seql
 on: the paged cache read one 4-D box per page with the page ids one tile ahead, keys at the
 positions of the cache (prefix included) with an optional window, key tiles aligned to
 ``BLOCK_N`` within the band, and the V tile cleaned of non-finite values on tiles some row
-masks). Everything else is one code path; the variants (``EXP2_POLY``,
+masks). The dense kernel's constexpr ``WINDOW`` (its sliding-window build) takes the paged
+path's key band, window mask and tile walk while keeping the dense K/V reads and no V
+cleaning. Everything else is one code path; the variants (``EXP2_POLY``,
 ``RESCALE_THRESHOLD``, ``PV_OVERLAP``: see ``Fa3Config``) apply to both.
 
 Folded so that the shipped kernels' SASS stayed byte-identical (every configuration of
@@ -116,6 +118,7 @@ def _tile(
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     PAGED: gl.constexpr,
+    WINDOW: gl.constexpr,
 ):
     """Work tile ``t`` of the heaviest-first order: query block ``n_m - 1 - t // (batch * HQ)``
     (the last blocks of the sequences, which see the most keys, come first), then sequence,
@@ -124,10 +127,10 @@ def _tile(
     position, key tiles ``j_lo .. j_lo + n_kv - 1`` (those its last real row sees).
 
     Dense (``k_ptr`` = cu_seqlens_k): keys ``[k_begin, + len_k)``, bottom-right aligned
-    causal, ``j_lo = 0`` (``p0`` is not computed: 0). Paged (``k_ptr`` = cache_seqlens): the
-    band from the window's left edge of the first row (``max(p0 - window, 0)``, aligned
-    down) to the last real row's position (:func:`gluon_extend_fa3.key_band` mirrors it),
-    ``k_begin = 0``."""
+    causal, ``j_lo = 0`` (``p0`` is not computed: 0). Paged (``k_ptr`` = cache_seqlens,
+    ``k_begin = 0``) or dense with ``WINDOW``: the band from the window's left edge of the
+    first row (``max(p0 - window, 0)``, aligned down) to the last real row's position
+    (:func:`gluon_prefill_fa3.key_band` mirrors it)."""
     per_block = batch * HQ
     m_rev = t // per_block
     rest = t - m_rev * per_block
@@ -139,16 +142,17 @@ def _tile(
     if PAGED:
         k_begin = 0
         len_k = gl.load(k_ptr + b)
-        valid = m0 < len_q
+    else:
+        k_begin = gl.load(k_ptr + b)
+        len_k = gl.load(k_ptr + b + 1) - k_begin
+    valid = m0 < len_q
+    if PAGED or WINDOW:
         p0 = len_k - len_q + m0
         hi = len_k - len_q + gl.minimum(m0 + BLOCK_M, len_q)  # last real row's position + 1
         j_lo = gl.maximum(p0 - window, 0) // BLOCK_N
         j_hi = gl.cdiv(gl.minimum(gl.maximum(hi, 0), len_k), BLOCK_N)
         n_kv = gl.maximum(j_hi - j_lo, 0)
     else:
-        k_begin = gl.load(k_ptr + b)
-        len_k = gl.load(k_ptr + b + 1) - k_begin
-        valid = m0 < len_q
         last = len_k - len_q + gl.minimum(m0 + BLOCK_M, len_q)  # last real row's position + 1
         n_kv = gl.cdiv(gl.minimum(gl.maximum(last, 0), len_k), BLOCK_N)
         p0 = 0
@@ -158,7 +162,7 @@ def _tile(
 
 @gluon.jit
 def _edge(j, first, last, window, BLOCK_N: gl.constexpr):
-    """Paged: whether key tile ``j`` needs the mask for rows at positions ``first .. last``:
+    """Paged or windowed: whether key tile ``j`` needs the mask for rows at positions ``first .. last``:
     it crosses the diagonal of the first row or the window's left edge of the last one."""
     start = j * BLOCK_N
     return (start + BLOCK_N - 1 > first) | (start < last - window)
@@ -206,13 +210,14 @@ def producer(
     PAGED: gl.constexpr,
     PAGE: gl.constexpr,
     BOX: gl.constexpr,
+    WINDOW: gl.constexpr,
 ):
     """One warp: TMA copies of each tile's ``NUM_WG`` Q halves, then its K/V tiles from the
     diagonal down, each into the ring slot the consumers released (paged: page by page, the
     page ids of key tile ``i + 1`` loaded while tile ``i`` is issued). ``args``: ``(q_desc,
     k_desc, v_desc, q_smem, k_smem, v_smem, bars, cu_q_ptr, k_ptr, table_ptr, table_stride,
-    max_pages, num_pages, window, n_m, batch, total)``, the page-table entries and the window
-    placeholders (0) when dense."""
+    max_pages, num_pages, window, n_m, batch, total)``, the page-table entries placeholders
+    (0) when dense, the window too unless ``WINDOW`` (dense: the key band from ``j_lo``)."""
     q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, cu_q_ptr, k_ptr, table_ptr, table_stride, max_pages, \
         num_pages, window, n_m, batch, total = args  # fmt: skip
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, _turn, _clean = bars
@@ -229,7 +234,7 @@ def producer(
     n_done = 0
     for t in range(gl.program_id(0), total, gl.num_programs(0)):
         valid, b, head, q_begin, k_begin, m0, _len_q, len_k, _p0, j_lo, n_kv = _tile(
-            t, n_m, batch, cu_q_ptr, k_ptr, window, HQ, NUM_WG * HALF, BLOCK_N, PAGED
+            t, n_m, batch, cu_q_ptr, k_ptr, window, HQ, NUM_WG * HALF, BLOCK_N, PAGED, WINDOW
         )
         if valid:
             for w in gl.static_range(NUM_WG):
@@ -254,6 +259,8 @@ def producer(
             for i in range(n_kv):
                 if PAGED:
                     nxt = _page_ids(table_ptr, row, j - 1, n_pages, max_pages, num_pages, boxes, BLOCK_N, BOX, PAGE)
+                elif WINDOW:
+                    row = k_begin + (j_lo + n_kv - 1 - i) * BLOCK_N
                 else:
                     row = k_begin + (n_kv - 1 - i) * BLOCK_N
                 slot = it % STAGES
@@ -330,17 +337,19 @@ def _softmax_step(
     EXP2_POLY: gl.constexpr,
     RESCALE_THRESHOLD: gl.constexpr,
     PAGED: gl.constexpr,
+    BAND: gl.constexpr,
 ):
     """One online-softmax step on the raw scores ``s [HALF, BLOCK_N]`` (fp32) of keys
     ``start + c``: mask (only when ``masked``; by selection: dense, keys past a row's
-    position; paged, keep iff ``0 <= p - start - c <= window``, one unsigned compare),
+    position; ``BAND`` (paged or windowed), keep iff ``0 <= p - start - c <= window``, one
+    unsigned compare),
     running max ``m_i`` in scaled base-2 units, ``p = exp2(s * qk_scale - m)``. Returns
     ``(p, alpha, m_new, l_new, moved)`` with ``p`` already in the input dtype and the wgmma
     A-operand layout (half the registers of fp32); ``moved``: whether some row's max moved
     (always 1 without ``RESCALE_THRESHOLD``; with it, a row keeps its max unless this tile
     raises it by more than the threshold)."""
     if masked:
-        if PAGED:
+        if BAND:
             dist = gl.expand_dims(row_pos - start, 1) - gl.expand_dims(cols, 0)
             s = gl.where(dist.to(gl.uint32, bitcast=True) <= window.to(gl.uint32), s, float("-inf"))
         else:
@@ -384,12 +393,14 @@ def consumer(
     PV_OVERLAP: gl.constexpr,
     PAGED: gl.constexpr,
     CLEAN: gl.constexpr,
+    WINDOW: gl.constexpr,
 ):
     """One warpgroup: rows ``[m0 + WG * HALF, + HALF)`` of every tile of this program.
     ``common``: the runtime arguments all consumers share, ``(q_smem, k_smem, v_smem, bars,
     o_ptr, lse_ptr, sinks_ptr, cu_q_ptr, k_ptr, sm_scale, window, n_m, batch, total)`` (the
-    window a placeholder 0 when dense), one tuple so each partition passes it whole.
-    ``CLEAN`` (paged): a 4-warp blocked layout of a ``[HALF, D]`` half V tile."""
+    window a placeholder 0 when dense without ``WINDOW``), one tuple so each partition passes
+    it whole. ``CLEAN`` (paged): a 4-warp blocked layout of a ``[HALF, D]`` half V tile.
+    ``WINDOW`` (dense): the paged path's key band, window mask and tile walk (no V cleaning)."""
     q_smem, k_smem, v_smem, bars, o_ptr, lse_ptr, sinks_ptr, cu_q_ptr, k_ptr, sm_scale, window, n_m, batch, \
         total = common  # fmt: skip
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, clean = bars
@@ -408,11 +419,11 @@ def consumer(
     n_dirty = 0  # paged: dirty V tiles cleaned (the clean barrier's phase)
     for t in range(gl.program_id(0), total, gl.num_programs(0)):
         valid, _b, head, q_begin, _k_begin, m0, len_q, len_k, p0, j_lo, n_kv = _tile(
-            t, n_m, batch, cu_q_ptr, k_ptr, window, HQ, NUM_WG * HALF, BLOCK_N, PAGED
+            t, n_m, batch, cu_q_ptr, k_ptr, window, HQ, NUM_WG * HALF, BLOCK_N, PAGED, WINDOW
         )
         if valid:
             r0 = m0 + WG * HALF  # this warpgroup's first token
-            if PAGED:
+            if PAGED or WINDOW:
                 my_p0 = p0 + WG * HALF  # ... and its position
                 row_pos = my_p0 + rows
                 tile_last = p0 + NUM_WG * HALF - 1  # the work tile's last row position (dirty tiles)
@@ -430,7 +441,7 @@ def consumer(
             n_done += 1
             if n_kv > 0:
                 # ---- step 0: S_0 = Q·K_0ᵀ alone (the diagonal tile, j = j_lo + n_kv - 1)
-                if PAGED:
+                if PAGED or WINDOW:
                     j = j_lo + n_kv - 1
                 else:
                     j = 0
@@ -442,7 +453,7 @@ def consumer(
                 rnd += 1
                 s = warpgroup_mma_wait(0, deps=[s_tok])
                 mbarrier.arrive(k_empty.index(slot), count=1)
-                if PAGED:
+                if PAGED or WINDOW:
                     masked = _edge(j, my_p0, my_p0 + HALF - 1, window, BLOCK_N)
                     start = j * BLOCK_N
                 else:
@@ -450,7 +461,7 @@ def consumer(
                     masked = n_masked > 0
                 p, _alpha0, m_i, l_i, _moved0 = _softmax_step(
                     s, m_i, l_i, row_pos, cols, start, qk_scale, window, masked, dtype, p_layout, EXP2_POLY,
-                    RESCALE_THRESHOLD, PAGED,
+                    RESCALE_THRESHOLD, PAGED, PAGED or WINDOW,
                 )  # fmt: skip
                 if PAGED:
                     dirty = _edge(j, p0, tile_last, window, BLOCK_N)
@@ -460,7 +471,7 @@ def consumer(
                 for i in range(1, n_kv):
                     prev = slot
                     it += 1
-                    if PAGED:
+                    if PAGED or WINDOW:
                         j -= 1
                     slot = it % STAGES
                     mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
@@ -477,7 +488,7 @@ def consumer(
                     rnd += 1
                     s = warpgroup_mma_wait(1, deps=[s_tok])
                     mbarrier.arrive(k_empty.index(slot), count=1)
-                    if PAGED:
+                    if PAGED or WINDOW:
                         masked = _edge(j, my_p0, my_p0 + HALF - 1, window, BLOCK_N)
                         start = j * BLOCK_N
                     else:
@@ -485,7 +496,7 @@ def consumer(
                         masked = i < n_masked
                     p, alpha_i, m_i, l_i, moved = _softmax_step(
                         s, m_i, l_i, row_pos, cols, start, qk_scale, window, masked, dtype, p_layout, EXP2_POLY,
-                        RESCALE_THRESHOLD, PAGED,
+                        RESCALE_THRESHOLD, PAGED, PAGED or WINDOW,
                     )  # fmt: skip
                     if PAGED:
                         dirty = _edge(j, p0, tile_last, window, BLOCK_N)

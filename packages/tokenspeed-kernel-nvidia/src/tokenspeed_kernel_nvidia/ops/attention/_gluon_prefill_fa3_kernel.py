@@ -38,6 +38,11 @@ warpgroup moved; ``PV_OVERLAP``: an mbarrier wait that passes at once between th
 the ``P·V`` wait, so that ptxas keeps that wait after the softmax (otherwise it hoists it to
 the top of the softmax's basic block and the intra-warpgroup overlap above does not happen).
 
+``WINDOW`` (the sliding-window build): each tile visits only its key band, from the window's
+left edge of its first row (aligned down to ``BLOCK_N``) to its diagonal, and masks the band's
+edge tiles with the window compare (the paged path's band and mask); off, none of that code
+is emitted (the causal-only SASS is byte-identical to the build before the switch).
+
 The producer, the consumers and their helpers live in :mod:`._gluon_fa3_common`, shared with
 the paged extend (``PAGED`` off here); this module holds the kernel: its shared buffers and
 barriers (inline: see that module on why) and the warp specialization.
@@ -59,7 +64,7 @@ from tokenspeed_kernel_nvidia.ops.attention._gluon_fa3_common import (  # noqa: 
 
 # n_m and batch are never specialized: 1 would become a constexpr (one more compile per such
 # call shape) for no gain in this kernel.
-@gluon.jit(do_not_specialize=["n_m", "batch"])
+@gluon.jit(do_not_specialize=["n_m", "batch", "window"])
 def prefill_fa3_kernel(
     q_desc,
     k_desc,
@@ -72,6 +77,7 @@ def prefill_fa3_kernel(
     sm_scale,
     n_m,
     batch,
+    window,
     HQ: gl.constexpr,
     G: gl.constexpr,
     D: gl.constexpr,
@@ -89,6 +95,7 @@ def prefill_fa3_kernel(
     EXP2_POLY: gl.constexpr,
     RESCALE_THRESHOLD: gl.constexpr,
     PV_OVERLAP: gl.constexpr,
+    WINDOW: gl.constexpr,
 ):
     """Dense causal attention, persistent over ``n_m * batch * HQ`` work tiles.
 
@@ -100,7 +107,8 @@ def prefill_fa3_kernel(
     (consumer 0) and a grid of at most the number of SMs. ``PINGPONG``: the hand-off that
     makes the ``NUM_WG`` (2 or 3) consumer warpgroups issue their wgmma rounds in turn (off:
     each issues as soon as its data is there); ``EXP2_POLY``, ``RESCALE_THRESHOLD``,
-    ``PV_OVERLAP``: see ``Fa3Config``.
+    ``PV_OVERLAP``: see ``Fa3Config``. ``window``: ``window_left`` (a query at position ``p``
+    sees keys ``p - window .. p``), read only when ``WINDOW``.
     """
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [NUM_WG, HALF, D], q_desc.layout)
@@ -127,18 +135,21 @@ def prefill_fa3_kernel(
     bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, 0)  # no V-cleaning barrier (0)
     total = n_m * batch * HQ
     # the consumer warpgroups run the same function on their own rows (WG 0 .. NUM_WG - 1);
-    # no window (0) and no page table (0s): the shared pipeline's dense path
-    common = (q_smem, k_smem, v_smem, bars, o_ptr, lse_ptr, sinks_ptr, cu_q_ptr, cu_k_ptr, sm_scale, 0, n_m, batch,
+    # no page table (0s): the shared pipeline's dense path; the window (a placeholder 0
+    # without WINDOW: the argument is then never read)
+    win = window if WINDOW else 0
+    common = (q_smem, k_smem, v_smem, bars, o_ptr, lse_ptr, sinks_ptr, cu_q_ptr, cu_k_ptr, sm_scale, win, n_m, batch,
               total)  # fmt: skip
-    prod = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, cu_q_ptr, cu_k_ptr, 0, 0, 0, 0, 0, n_m, batch, total)
+    prod = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, cu_q_ptr, cu_k_ptr, 0, 0, 0, 0, win, n_m, batch,
+            total)  # fmt: skip
     if NUM_WG == 2:
         gl.warp_specialize(
             [
                 (consumer, (common, 0, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None, WINDOW)),
                 (consumer, (common, 1, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None)),
-                (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, False, 0, 0)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None, WINDOW)),
+                (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, False, 0, 0, WINDOW)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -147,12 +158,12 @@ def prefill_fa3_kernel(
         gl.warp_specialize(
             [
                 (consumer, (common, 0, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None, WINDOW)),
                 (consumer, (common, 1, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None, WINDOW)),
                 (consumer, (common, 2, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None)),
-                (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, False, 0, 0)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None, WINDOW)),
+                (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, False, 0, 0, WINDOW)),
             ],
             [4, 4, 1],
             [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],

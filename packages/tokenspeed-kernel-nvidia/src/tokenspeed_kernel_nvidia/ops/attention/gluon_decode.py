@@ -122,6 +122,16 @@ def _partials(device: torch.device, batch: int, heads: int, splits: int, head_di
     )
 
 
+def _split_count(args: DecodeArgs) -> int:
+    """The key-range split count of a call (:func:`num_splits` over the keys it can see; the
+    tile does not depend on the ring depth): what :func:`_launches` binds and
+    :func:`_runner_key` keys, from one computation."""
+    batch, _, _, head_dim = args.q.shape
+    _, page_size, num_kv_heads, _ = args.k_cache.shape
+    visible = args.max_seqlen_k if args.window_left < 0 else min(args.max_seqlen_k, args.window_left + 1)
+    return num_splits(batch, num_kv_heads, visible, sm_count(args.q.device), decode_config(head_dim, page_size).block_n)
+
+
 def _launches(args: DecodeArgs) -> Built:
     """The launches of ``args`` (the decode, then the merge when it is not fused), no scratch,
     and the workspaces they use: configuration, split count, strides and constexprs worked out here.
@@ -132,10 +142,8 @@ def _launches(args: DecodeArgs) -> Built:
     batch, _, num_q_heads, head_dim = args.q.shape
     _, page_size, num_kv_heads, _ = args.k_cache.shape
     device = args.q.device
-    cfg = decode_config(head_dim, page_size)
     window = args.window_left if args.window_left >= 0 else NO_WINDOW
-    visible = args.max_seqlen_k if args.window_left < 0 else min(args.max_seqlen_k, args.window_left + 1)
-    splits = num_splits(batch, num_kv_heads, visible, sm_count(device), cfg.block_n)
+    splits = _split_count(args)
     cfg = decode_config(head_dim, page_size, batch * num_kv_heads * splits)
     part_out, part_lse = _partials(device, batch, num_q_heads, splits, head_dim)
     load, smem, mma = cfg.layouts
@@ -225,11 +233,7 @@ def _runner_key(args: DecodeArgs) -> tuple:
     ``max_seqlen_k`` itself, which grows every decode step). A tensor's dtype or alignment
     that differs from the bound runner's first launch takes that launch's checked path."""
     q, k, v, table = args.q, args.k_cache, args.v_cache, args.page_table
-    batch, _, _, head_dim = q.shape
-    _, page_size, num_kv_heads, _ = k.shape
-    visible = args.max_seqlen_k if args.window_left < 0 else min(args.max_seqlen_k, args.window_left + 1)
-    block_n = _config(head_dim, page_size, 3).block_n
-    splits = num_splits(batch, num_kv_heads, visible, sm_count(q.device), block_n)
+    splits = _split_count(args)
     sinks, lse = args.sinks, args.lse
     return (
         q.shape,

@@ -43,7 +43,16 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     head_tile_descriptor,
     written_and_sinks,
 )
-from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import BLOCK_M, HALF, Fa3Config, fa3_config, grid
+from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import (
+    BLOCK_M,
+    HALF,
+    NO_WINDOW,
+    Fa3Config,
+    edge,
+    fa3_config,
+    grid,
+    key_band,
+)
 from tokenspeed_kernel_triton._launcher import Launch
 from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, derive, run_fresh
 
@@ -61,7 +70,6 @@ __all__ = [
 ]
 
 HEAD_DIMS = (64, 128)
-NO_WINDOW = 2**30  # the kernel's window without one (keys never sit that far back)
 _SWIZZLE_ATOM = 1024  # bytes: a 128-byte-swizzled box must start on this boundary
 _ALIGN = 16  # TMA: 16-byte aligned bases and strides
 SWIZZLE_COLS = 64  # bf16/fp16 columns of one 128-byte swizzle row: a box's width
@@ -80,23 +88,10 @@ def supported_page(page_size: int, elem_bytes: int = 2, block_n: int = 128) -> b
     return page_size in PAGE_SIZES and (rows * SWIZZLE_COLS * elem_bytes) % _SWIZZLE_ATOM == 0
 
 
-def key_band(len_q: int, len_k: int, m0: int, block_n: int, window: int = NO_WINDOW) -> tuple[int, int]:
-    """``(j_lo, n_kv)`` of the work tile starting at query ``m0`` (what the kernel's ``_tile``
-    computes): key tiles ``j_lo .. j_lo + n_kv - 1`` (``[j * block_n, + block_n)``), from the
-    window's left edge of the first row (``max(p0 - window, 0)``, aligned down) to the tile
-    holding the last real row's position, visited from the last down."""
-    p0 = len_k - len_q + m0
-    hi = len_k - len_q + min(m0 + BLOCK_M, len_q)
-    j_lo = max(p0 - window, 0) // block_n
-    j_hi = cdiv(min(max(hi, 0), len_k), block_n)
-    return j_lo, max(j_hi - j_lo, 0)
-
-
-def masked(j: int, first: int, last: int, block_n: int, window: int = NO_WINDOW) -> bool:
-    """Whether key tile ``j`` needs the mask for rows at positions ``first .. last`` (the
-    kernel's ``_edge``): it crosses the first row's diagonal or the last row's window edge."""
-    start = j * block_n
-    return start + block_n - 1 > first or start < last - window
+# The band and the edge-tile test are the dense windowed prefill's (one definition, both kernels'
+# ``_tile`` / ``_edge``): ``key_band(len_q, len_k, m0, block_n, window)``, ``masked(j, first,
+# last, block_n, window)``.
+masked = edge
 
 
 def dirty(j: int, p0: int, block_n: int, window: int = NO_WINDOW) -> bool:
@@ -167,6 +162,8 @@ class ExtendPlan:
             raise ValueError(
                 f"ExtendPlan: the paged extend runs two consumer warpgroups (consumers={self.cfg.consumers})"
             )
+        if self.cfg.window:
+            raise ValueError("ExtendPlan: the paged extend always runs the key band (its window is a runtime value)")
 
     @functools.cached_property
     def layouts(self):
@@ -196,7 +193,8 @@ class ExtendPlan:
             "HAS_LSE": lse,
             "KV_SMEM": kv_smem,
             "CLEAN": clean,
-            **self.cfg.constexprs(),
+            # the dense kernel's switch for the band (always on here: PAGED)
+            **{k: v for k, v in self.cfg.constexprs().items() if k != "WINDOW"},
         }
 
 

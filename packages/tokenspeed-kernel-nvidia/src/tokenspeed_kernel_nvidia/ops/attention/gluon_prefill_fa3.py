@@ -1,4 +1,5 @@
-"""Gluon dense causal prefill for Hopper after FlashAttention-3 (``attention.prefill``, sm_90 only).
+"""Gluon dense causal prefill for Hopper after FlashAttention-3 (``attention.prefill``, sm_90 only),
+with or without a sliding window.
 
 See :mod:`._gluon_prefill_fa3_kernel` for the kernel (warp-specialized: a one-warp TMA
 producer and two ping-ponging consumer warpgroups on ``wgmma`` with intra-warpgroup overlap;
@@ -21,6 +22,13 @@ Ranked at ``Priority.PERFORMANT``: first for causal unwindowed prefill where FA4
 and B = 4 x 4096 1.324 ms (415 TFLOP/s): 1.21x / 1.17x ``triton_prefill``, 0.96x / 0.95x cuDNN
 SDPA (no sinks), 0.82x / 0.86x FA4. Head dim 128: 595 / 541 TFLOP/s, 2.3x ``triton_prefill``.
 With the ping-pong hand-off off (``-free`` in the sweep) it is 0.3-2% slower.
+
+``gluon_prefill_fa3_window_sm90`` is the same kernel built with a sliding window
+(``Fa3Config.window``, :func:`fa3_window_config`): each work tile visits only its key band
+(:func:`key_band`) in 64-key tiles, masking the band's edge tiles (:func:`edge`). A separate
+registration at ``Priority.OPT_IN`` (compiled and inspected ahead of time, not yet run on a
+GPU), so the causal-only one keeps its measured metadata; ``gluon_prefill_window_sm90`` stays
+first at window 127 until the device step ``fa3w`` measures this one faster there.
 """
 
 from __future__ import annotations
@@ -48,13 +56,18 @@ __all__ = [
     "BLOCK_M",
     "EXP2_POLY",
     "HALF",
+    "NO_WINDOW",
     "WIDE",
     "Fa3Config",
+    "edge",
     "exp2_fma_reference",
     "fa3_config",
     "fa3_variant",
+    "fa3_window_config",
     "gluon_prefill_fa3",
+    "gluon_prefill_fa3_window",
     "grid",
+    "key_band",
     "key_tiles",
     "launch",
     "tile_order",
@@ -64,6 +77,8 @@ HEAD_DIMS = (64, 128)
 HALF = 64  # query rows per consumer warpgroup (one m64 wgmma row block)
 BLOCK_M = 2 * HALF  # query tokens per work tile (two consumer warpgroups; Fa3Config.block_m in general)
 FEATURES = ("sinks", "return_lse")
+WINDOW_FEATURES = ("sinks", "sliding_window", "return_lse")
+NO_WINDOW = 2**30  # the kernel's window without one (keys never sit that far back)
 _ALIGN = 16  # TMA: 16-byte aligned bases (q, k, v) and row strides
 
 
@@ -96,6 +111,11 @@ class Fa3Config:
       softmax's basic block (the PTX asks for it after the softmax); with it an mbarrier wait
       that passes at once (``V_{i-1}`` is still held) ends that block, and the wait stays
       after the exponentials (the new P is packed after it). Same arithmetic, same order.
+
+    ``window``: the sliding-window build (``gluon_prefill_fa3_window_sm90``): each work tile
+    visits only its key band (:func:`key_band`) and masks the band's edge tiles
+    (:func:`edge`) with the window compare; off, the causal-only code is unchanged (its SASS
+    is byte-identical to the build before the switch existed).
     """
 
     head_dim: int
@@ -109,6 +129,7 @@ class Fa3Config:
     exp2_poly: int = 0
     rescale_threshold: float = 0.0
     pv_overlap: bool = False
+    window: bool = False
 
     def __post_init__(self) -> None:
         if self.consumers not in (2, 3):
@@ -142,6 +163,7 @@ class Fa3Config:
         tag += "" if self.consumers == 2 else f"-wg{self.consumers}"
         tag += f"-ex{self.exp2_poly}" if self.exp2_poly else ""
         tag += "-ov" if self.pv_overlap else ""
+        tag += "-sw" if self.window else ""
         return tag + (f"-lz{self.rescale_threshold:g}" if self.rescale_threshold else "")
 
     @functools.cached_property
@@ -174,6 +196,7 @@ class Fa3Config:
             "EXP2_POLY": self.exp2_poly,
             "RESCALE_THRESHOLD": float(self.rescale_threshold),
             "PV_OVERLAP": self.pv_overlap,
+            "WINDOW": self.window,
         }
 
 
@@ -217,9 +240,24 @@ def exp2_fma_reference(x: torch.Tensor) -> torch.Tensor:
 _CONFIGS = {64: Fa3Config(64, block_n=128, stages=3), 128: Fa3Config(128, block_n=128, stages=2)}
 
 
+# The windowed build: 64-key tiles (a 128-token tile's band at window 127 is 4 steps of 64
+# keys instead of 2 of 128, the same keys: the first S = Q·Kᵀ and the last P·V, which
+# nothing overlaps, are a quarter of the tile's products instead of half); the ring holds a
+# whole band at D 64 (4 stages: 80 KiB with Q), 3 tiles at D 128 (128 KiB).
+_WINDOW_CONFIGS = {
+    64: Fa3Config(64, block_n=64, stages=4, window=True),
+    128: Fa3Config(128, block_n=64, stages=3, window=True),
+}
+
+
 def fa3_config(head_dim: int) -> Fa3Config:
     """The launch configuration for a head dim (metadata as data)."""
     return _CONFIGS[head_dim]
+
+
+def fa3_window_config(head_dim: int) -> Fa3Config:
+    """The sliding-window launch configuration for a head dim (metadata as data)."""
+    return _WINDOW_CONFIGS[head_dim]
 
 
 def tile_order(t: int, n_m: int, batch: int, num_q_heads: int) -> tuple[int, int, int]:
@@ -244,6 +282,29 @@ def key_tiles(len_q: int, len_k: int, m0: int, wg: int, block_n: int, block_m: i
     return n_kv, n_kv - min(max(p0 + 1, 0) // block_n, n_kv)
 
 
+def key_band(
+    len_q: int, len_k: int, m0: int, block_n: int, window: int = NO_WINDOW, block_m: int = BLOCK_M
+) -> tuple[int, int]:
+    """``(j_lo, n_kv)`` of the ``block_m``-token work tile starting at query ``m0`` with a
+    window (what the kernel's ``_tile`` computes when paged or windowed): key tiles ``j_lo ..
+    j_lo + n_kv - 1`` (``[j * block_n, + block_n)``), from the window's left edge of the
+    first row (``max(p0 - window, 0)``, aligned down) to the tile holding the last real
+    row's position (bottom-right: query ``t`` sits at ``len_k - len_q + t``), visited from
+    the last down; every warpgroup of the tile visits the same ones."""
+    p0 = len_k - len_q + m0
+    hi = len_k - len_q + min(m0 + block_m, len_q)
+    j_lo = max(p0 - window, 0) // block_n
+    j_hi = cdiv(min(max(hi, 0), len_k), block_n)
+    return j_lo, max(j_hi - j_lo, 0)
+
+
+def edge(j: int, first: int, last: int, block_n: int, window: int = NO_WINDOW) -> bool:
+    """Whether key tile ``j`` needs the mask for rows at positions ``first .. last`` (the
+    kernel's ``_edge``): it crosses the first row's diagonal or the last row's window edge."""
+    start = j * block_n
+    return start + block_n - 1 > first or start < last - window
+
+
 def grid(max_seqlen_q: int, batch: int, num_q_heads: int, sms: int, block_m: int = BLOCK_M) -> tuple[int, int]:
     """``(programs, n_m)``: the persistent grid (at most one program per SM) over
     ``n_m * batch * num_q_heads`` work tiles of ``block_m`` tokens, ``n_m = cdiv(max_seqlen_q,
@@ -256,30 +317,49 @@ def _supported(request: Request) -> str | None:
     return equal_head_dims(request)
 
 
-def _check_call(args: PrefillArgs) -> None:
+def _windowed(request: Request) -> str | None:
+    why = equal_head_dims(request)
+    if why:
+        return why
+    if request.shape("window_left") is None:
+        return "serves windowed calls only (gluon_prefill_fa3_sm90 serves unwindowed ones)"
+    return None
+
+
+def _check_call(args: PrefillArgs, cfg: Fa3Config) -> None:
+    """What the call cannot ask of a build with or without the window (ValueError)."""
+    name = "gluon_prefill_fa3_window_sm90" if cfg.window else "gluon_prefill_fa3_sm90"
     if not args.causal:
-        raise ValueError("gluon_prefill_fa3_sm90 serves causal prefill only (causal=False)")
-    if args.window_left >= 0:
-        raise ValueError(f"gluon_prefill_fa3_sm90 has no sliding window (window_left={args.window_left})")
+        raise ValueError(f"{name} serves causal prefill only (causal=False)")
+    if (args.window_left >= 0) != cfg.window:
+        raise ValueError(
+            f"{name} is the {'windowed' if cfg.window else 'unwindowed'} build (window_left={args.window_left})"
+        )
     if args.logit_cap > 0:
-        raise ValueError(f"gluon_prefill_fa3_sm90 has no logit cap (logit_cap={args.logit_cap})")
+        raise ValueError(f"{name} has no logit cap (logit_cap={args.logit_cap})")
     if not args.softmax_scale > 0:
         # the kernel takes the row max of the raw scores (one FFMA per score after it)
-        raise ValueError(f"gluon_prefill_fa3_sm90 needs softmax_scale > 0 (got {args.softmax_scale})")
-    for name in ("q", "k", "v"):  # TMA operands (out is written with plain stores)
-        if getattr(args, name).data_ptr() % _ALIGN:
-            raise ValueError(f"gluon_prefill_fa3_sm90 needs {name} {_ALIGN}-byte aligned (TMA)")
+        raise ValueError(f"{name} needs softmax_scale > 0 (got {args.softmax_scale})")
+    for operand in ("q", "k", "v"):  # TMA operands (out is written with plain stores)
+        if getattr(args, operand).data_ptr() % _ALIGN:
+            raise ValueError(f"{name} needs {operand} {_ALIGN}-byte aligned (TMA)")
+
+
+# What both builds' registrations share (metadata as data).
+_META = {
+    "solution": "gluon",
+    "vendors": VENDORS,
+    "archs": ("sm_90",),
+    "capabilities": ("tma", "wgmma"),
+    "dtypes": {"q": Q_DTYPES, "kv": Q_DTYPES},
+    "shapes": {"head_dim": HEAD_DIMS, "head_dim_v": HEAD_DIMS},
+}
 
 
 @register_kernel(
     "attention.prefill",
     name="gluon_prefill_fa3_sm90",
-    solution="gluon",
-    vendors=VENDORS,
-    archs=("sm_90",),
-    capabilities=("tma", "wgmma"),
-    dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
-    shapes={"head_dim": HEAD_DIMS, "head_dim_v": HEAD_DIMS},
+    **_META,
     features=FEATURES,
     # Measured faster than triton_prefill (PORTABLE) wherever it serves (module docstring).
     priority=Priority.PERFORMANT,
@@ -296,28 +376,73 @@ def gluon_prefill_fa3(args: PrefillArgs) -> None:
     :func:`_runner_key` (``tokenspeed_kernel_triton._runners``): every tensor passed per run,
     the Q/K/V TMA descriptors derived per run from the run's q, k and v.
     """
-    _check_call(args)
+    _check_call(args, _config(args.q.shape[2], windowed=False))
     _RUNNERS(args)
 
 
-def launch(args: PrefillArgs, cfg: Fa3Config | None = None) -> None:
-    """Check and launch once, uncached, with ``cfg`` (default :func:`fa3_config`); the device
-    sweep script passes alternatives to time them in the same run."""
-    _check_call(args)
+@register_kernel(
+    "attention.prefill",
+    name="gluon_prefill_fa3_window_sm90",
+    **_META,
+    features=WINDOW_FEATURES,
+    # Compiled and inspected ahead of time only; not yet run on a GPU (gluon_prefill_window_sm90
+    # stays first at window 127 by its rank_when until this one measures faster there).
+    priority=Priority.OPT_IN,
+    predicate=_windowed,
+)
+def gluon_prefill_fa3_window(args: PrefillArgs) -> None:
+    """The same kernel built with a sliding window (:func:`fa3_window_config`): each work
+    tile visits only its key band, from the window's left edge of its first row (aligned
+    down to a 64-key tile) to its diagonal, and masks the band's edge tiles only.
+
+    q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]`` (bf16/fp16, contiguous, q/k/v 16-byte
+    aligned for TMA), D 64 or 128, causal (bottom-right) with ``window_left >= 0`` (query at
+    position ``p`` sees keys ``p - window_left .. p``), no cap; sinks float32 ``[Hq]``
+    optional; writes ``args.out`` ``[total_q, Hq, D]`` and ``args.lse`` (float32 ``[total_q,
+    Hq]``) when given. K/V rows outside a query's window but inside its band tiles are read
+    and masked by selection (the band's keys are its sequence's own). A functional call runs
+    the runner bound for its :func:`_runner_key` (the window is part of it: a runner binds its
+    window as a launch scalar), as :func:`gluon_prefill_fa3` does.
+    """
+    _check_call(args, _config(args.q.shape[2], windowed=True))
+    _WINDOW_RUNNERS(args)
+
+
+def _config(head_dim: int, windowed: bool) -> Fa3Config:
+    """The shipped configuration of the build with or without the window for ``head_dim``
+    (ValueError for another head dim, before any launch)."""
+    table = _WINDOW_CONFIGS if windowed else _CONFIGS
+    if head_dim not in table:
+        raise ValueError(f"gluon_prefill_fa3: head_dim {head_dim} not in {sorted(table)}")
+    return table[head_dim]
+
+
+def launch(args: PrefillArgs, cfg: Fa3Config | None = None, *, windowed: bool = False) -> None:
+    """Check and launch once, uncached, with ``cfg`` (default :func:`fa3_config`, or
+    :func:`fa3_window_config` when ``windowed``); the device sweep script passes alternatives
+    to time them in the same run. A windowed call needs a ``window`` build, an unwindowed one
+    a build without it (ValueError otherwise)."""
+    cfg = cfg or _config(args.q.shape[2], windowed)
+    _check_call(args, cfg)
     run_fresh(functools.partial(_launches, cfg=cfg), args)
 
 
-def _launches(args: PrefillArgs, cfg: Fa3Config | None = None) -> Built:
-    """The launch of ``args`` (none for an empty batch), no scratch, nothing kept, and the
-    Q/K/V descriptors derived from q, k and v."""
+def _window(args: PrefillArgs) -> int:
+    """The kernel's runtime window argument: ``window_left`` (capped at :data:`NO_WINDOW`), or
+    :data:`NO_WINDOW` without one (the unwindowed build never reads it)."""
+    return min(args.window_left, NO_WINDOW) if args.window_left >= 0 else NO_WINDOW
+
+
+def _launches(args: PrefillArgs, cfg: Fa3Config) -> Built:
+    """The launch of ``args`` with ``cfg`` (none for an empty batch), no scratch, nothing
+    kept, and the Q/K/V descriptors derived from q, k and v."""
     from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_fa3_kernel import prefill_fa3_kernel
 
-    total_q, num_q_heads, head_dim = args.q.shape
+    total_q, num_q_heads, _ = args.q.shape
     num_kv_heads = args.k.shape[1]
     batch = args.cu_seqlens_q.shape[0] - 1
     if total_q == 0 or batch == 0:
         return (), (), ()
-    cfg = cfg or fa3_config(head_dim)
     q_smem, kv_smem, _, _ = cfg.layouts
     programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device), cfg.block_m)
     descriptors = (
@@ -336,6 +461,7 @@ def _launches(args: PrefillArgs, cfg: Fa3Config | None = None) -> Built:
             float(args.softmax_scale),
             n_m,
             batch,
+            _window(args),
         ),
         dict(
             **fa3_head_constexprs(args, num_kv_heads),
@@ -348,18 +474,28 @@ def _launches(args: PrefillArgs, cfg: Fa3Config | None = None) -> Built:
 
 
 def _runner_key(args: PrefillArgs) -> tuple:
-    """:func:`~tokenspeed_kernel_nvidia.ops.attention._common.attention_call_key` and the
-    persistent grid (its program count and query-block count ``n_m``, which follow
-    ``max_seqlen_q``; calls with the same ones share a runner)."""
+    """:func:`~tokenspeed_kernel_nvidia.ops.attention._common.attention_call_key` (with the
+    window, a launch scalar) and the persistent grid of the call's build (its program count
+    and query-block count ``n_m``, which follow ``max_seqlen_q``; calls with the same ones
+    share a runner). Called after the build's check: ``window_left >= 0`` names the build."""
     batch = args.cu_seqlens_q.shape[0] - 1
-    block_m = fa3_config(args.q.shape[2]).block_m
+    block_m = _config(args.q.shape[2], args.window_left >= 0).block_m
     return attention_call_key(args, args.k, args.v), grid(
         args.max_seqlen_q, batch, args.q.shape[1], sm_count(args.q.device), block_m
     )
 
 
+def _runner_cache(name: str, windowed: bool) -> RunnerCache[PrefillArgs]:
+    """The functional calls' runners of one build (its shipped configuration per head dim)."""
+
+    def bind(args: PrefillArgs):
+        build = functools.partial(_launches, cfg=_config(args.q.shape[2], windowed))
+        return bind_runner(build, args, *_CALL_INPUTS)
+
+    return RunnerCache(name, _runner_key, bind, functools.partial(launch, windowed=windowed))
+
+
 # What varies per run: every tensor of a functional call.
 _CALL_INPUTS = by_fields("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "sinks", "out", "lse")
-_RUNNERS = RunnerCache(
-    "gluon_prefill_fa3_sm90", _runner_key, lambda args: bind_runner(_launches, args, *_CALL_INPUTS), launch
-)
+_RUNNERS = _runner_cache("gluon_prefill_fa3_sm90", windowed=False)
+_WINDOW_RUNNERS = _runner_cache("gluon_prefill_fa3_window_sm90", windowed=True)
