@@ -21,15 +21,39 @@
 #   WORKERS      pytest-xdist workers per shard (default: CPU count / lanes, at least 2);
 #                without pytest-xdist the shards run in one process each
 #   PYTEST_ARGS  extra pytest arguments for every shard (e.g. -x: stop a shard at its first failure)
-#   PART         1 or 2: the suite as two device calls (the lanes of each below; LANES overrides)
+#   PART         1 or 2: the suite as two device calls (the lanes of each below; LANES overrides);
+#                both: the two parts at once on a two-GPU host (below)
 set -uo pipefail
 # The suite outgrew one 10-minute call (H100, 2026-11-27: core alone 415 s): PART=1, then PART=2
 # in a second call, run every shard (DEADLINE_S=560 and 400 fit them); LANES overrides both.
+# PART=both on a host with two GPUs (kind nvidia-h100-x2 / nvidia-h200-x2): part 1 on GPU 0 and
+# part 2 on GPU 1 side by side, each with half the CPUs (the lanes' workers as on a 16-CPU host),
+# logs under $OUT/part1 and $OUT/part2: the whole suite in one call.
+if [ "${PART:-}" = both ]; then
+  OUT=${OUT:-/tmp/gpu_suite}; mkdir -p "$OUT"
+  if [ "${INSTALL:-1}" != 0 ]; then
+    python3 -m pip install -q --force-reinstall --no-deps --no-index .whl/*.whl
+    [ -d .whl-test ] && python3 -m pip install -q --no-deps --no-index .whl-test/*.whl
+  fi
+  GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+  (( GPUS >= 2 )) || { echo "gpu_suite: PART=both needs two GPUs, this host has $GPUS" >&2; exit 2; }
+  HALF_CPUS=$(( $(nproc) / 2 ))
+  CUDA_VISIBLE_DEVICES=0 PART=1 INSTALL=0 OUT="$OUT/part1" WORKERS=${WORKERS:-$(( HALF_CPUS / 3 ))} \
+    DEADLINE_S=${DEADLINE_S:-560} bash "$0" > "$OUT.part1.txt" 2>&1 &
+  p1=$!
+  CUDA_VISIBLE_DEVICES=1 PART=2 INSTALL=0 OUT="$OUT/part2" WORKERS=${WORKERS:-$(( HALF_CPUS / 2 ))} \
+    DEADLINE_S=${DEADLINE_S:-560} bash "$0" > "$OUT.part2.txt" 2>&1 &
+  p2=$!
+  wait $p1; rc1=$?
+  wait $p2; rc2=$?
+  cat "$OUT.part1.txt" "$OUT.part2.txt"
+  exit $(( rc1 || rc2 ))
+fi
 case "${PART:-}" in
   1) LANES=${LANES:-"core | nvidia triton_attn | triton_misc"} ;;
   2) LANES=${LANES:-"triton_moe | amd_vllm_examples"} ;;
   "") ;;
-  *) echo "gpu_suite: PART must be 1 or 2, got '$PART'" >&2; exit 2 ;;
+  *) echo "gpu_suite: PART must be 1, 2 or both, got '$PART'" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/gpu_suite}
 mkdir -p "$OUT"
