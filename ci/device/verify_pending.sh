@@ -55,12 +55,12 @@
 #         (optional) bash ci/device/triton_kernels_bundle.sh   # .whl-ogs: matmul_ogs rows in `bench moe.apply`
 # Device: carry [".whl"] (and ".whl-nvidia", ".whl-ogs", ".whl-cute/bundle"), command: bash ci/device/verify_pending.sh
 # STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, flashinfer, e2e
-# (default: decode). A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap`, `mxp` and `fa3g` alone.
+# (default: decode); INSTALL=0 skips installing .whl (another lane of the call did). A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap`, `mxp` and `fa3g` alone.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --force-reinstall --no-deps --no-index .whl/*.whl || exit 1
+[ "${INSTALL:-1}" = 0 ] || python3 -m pip install -q --force-reinstall --no-deps --no-index .whl/*.whl || exit 1
 if [ -f .whl-nvidia/flashinfer-python.tar.xz ]; then
   mkdir -p /tmp/site && tar -xJf .whl-nvidia/flashinfer-python.tar.xz -C /tmp/site
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl-nvidia/*.whl

@@ -3,18 +3,20 @@
 For each kernel whose functional calls run a runner cached per key
 (``tokenspeed_kernel_triton._runners``), at the ``tokenspeed-kernel overhead`` shapes
 (GPT-OSS-120B attention: 64 query / 8 KV heads of dim 64, bf16, sinks; decode B=1 over 256
-keys, extend 16 onto 256, prefill 64 with window 128; MoE 4 tokens, 32 experts of 512 x 512,
-top-4), with every launch stubbed out (nothing runs), it times:
+keys, extend 16 onto 256, prefill 64 with window 128, and without one for the dense Gluon
+prefill; MoE 4 tokens, 32 experts of 512 x 512, top-4), with every launch stubbed out (nothing
+runs), it times:
 
 - ``key``: the runner key of a call (what every call pays on top of its runner);
 - ``bind``: binding a runner (the launch building and ``BoundLaunch`` set-up a cache hit skips);
 - ``uncached``: the uncached call's host work up to its launches (building them);
-- ``cached``: a cache hit up to its launches (key, look-up, the run's inputs and scratch).
+- ``cached``: a cache hit up to its launches (key, look-up, the run's inputs, scratch and
+  derived arguments: the Gluon TMA kernels' descriptors, built per run).
   On the CPU a bound launch takes ``jit_launch`` with its full arguments (stubbed here); on a
   GPU it is a direct launch, whose cost this figure leaves out, as ``uncached`` leaves out
   ``jit_launch``'s keying of the full arguments (what the GPU measurement adds back).
 
-    PYTHONPATH=ci:packages/tokenspeed-kernel/src:packages/tokenspeed-kernel-triton/src:packages/tokenspeed-kernel-nvidia/src \\
+    TRITON_INTERPRET=1 PYTHONPATH=ci:packages/tokenspeed-kernel/src:packages/tokenspeed-kernel-triton/src:packages/tokenspeed-kernel-nvidia/src \\
         python3 -m tokenspeed_kernel_dev.runner_bench [--number 2000]
 """
 
@@ -122,6 +124,46 @@ def _gluon_decode() -> tuple[Any, Any] | None:
     return gluon_decode, args
 
 
+def _gluon_tma() -> dict[str, tuple[Any, Any]]:
+    """The Gluon TMA attention kernels at the overhead shapes: the window prefill (64 tokens,
+    window 128), the dense FA3 prefill (64 tokens, no window) and the FA3 paged extend (16
+    onto 256); their runners derive the TMA descriptors per run (built here, not encoded:
+    the tensor-map encoding happens in the launch, stubbed)."""
+    try:
+        from tokenspeed_kernel.ops.attention.args import ExtendArgs, PrefillArgs
+        from tokenspeed_kernel_nvidia.ops.attention import gluon_extend_fa3, gluon_prefill, gluon_prefill_fa3
+    except ImportError:  # no NVIDIA wheel on the path
+        return {}
+    for module in (gluon_prefill_fa3, gluon_extend_fa3):
+        module.sm_count = lambda device: 132  # type: ignore[attr-defined]  # an H100's (the CPU has none)
+    bf = torch.bfloat16
+    q64 = torch.randn(64, HEADS, HEAD_DIM, dtype=bf)
+    kv64 = torch.randn(64, KV_HEADS, HEAD_DIM, dtype=bf)
+    cu64 = torch.tensor([0, 64], dtype=torch.int32)
+    sinks = torch.randn(HEADS)
+
+    def prefill(window: int) -> Any:
+        return PrefillArgs(q64, kv64, kv64.clone(), cu64, cu64, 64, 64, True, 0.125, window, sinks, 0.0,
+                           torch.empty_like(q64), None)  # fmt: skip
+
+    pages = 256 // PAGE + 1
+    q16 = torch.randn(16, HEADS, HEAD_DIM, dtype=bf)
+    extend = ExtendArgs(
+        q16,
+        torch.randn(pages, PAGE, KV_HEADS, HEAD_DIM, dtype=bf),
+        torch.randn(pages, PAGE, KV_HEADS, HEAD_DIM, dtype=bf),
+        torch.arange(pages, dtype=torch.int32).view(1, pages),
+        torch.tensor([0, 16], dtype=torch.int32),
+        torch.tensor([256], dtype=torch.int32),
+        16, 256, True, 0.125, -1, sinks, 0.0, None, None, torch.empty_like(q16), None,
+    )  # fmt: skip
+    return {
+        "gluon_prefill_window": (gluon_prefill, prefill(127)),
+        "gluon_prefill_fa3": (gluon_prefill_fa3, prefill(-1)),
+        "gluon_extend_fa3": (gluon_extend_fa3, extend),
+    }
+
+
 def _moe() -> tuple[Any, Any]:
     from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
     from tokenspeed_kernel_triton.ops.moe import fused
@@ -157,6 +199,7 @@ def run(number: int) -> list[tuple[str, float, float, float, float]]:
     gluon = _gluon_decode()
     if gluon is not None:
         kernels["gluon_decode_sm90"] = gluon
+    kernels.update(_gluon_tma())
     kernels["triton_fused_moe"] = _moe()
     rows = []
     for name, (module, args) in kernels.items():
@@ -180,9 +223,9 @@ def main() -> int:
     parser.add_argument("--number", type=int, default=2000, help="calls per timed run (median of 5)")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, CPU, launches stubbed: host µs per call")
-    print(f"{'kernel':<20} {'key':>7} {'bind':>7} {'uncached':>9} {'cached':>7}")
+    print(f"{'kernel':<22} {'key':>7} {'bind':>7} {'uncached':>9} {'cached':>7}")
     for name, key, bind, fresh, cached in run(args.number):
-        print(f"{name:<20} {key:>7.2f} {bind:>7.2f} {fresh:>9.2f} {cached:>7.2f}")
+        print(f"{name:<22} {key:>7.2f} {bind:>7.2f} {fresh:>9.2f} {cached:>7.2f}")
     return 0
 
 

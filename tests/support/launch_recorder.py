@@ -74,14 +74,17 @@ def _layout(t: torch.Tensor) -> tuple:
 def _same_arg(got, want, call: set[int]) -> bool:
     """A tensor of the call (one sharing a call tensor's storage): the same memory (address,
     shape, strides, dtype). Any other tensor (a scratch buffer or workspace): the same layout.
-    A descriptor: the same of its base tensor, block shape and layout. Anything else: equal."""
+    A descriptor: the same of its base tensor, and the same shape, strides, block shape, layout
+    and padding. Anything else: equal."""
     got_t, want_t = _tensors(got), _tensors(want)
     if got_t or want_t:
         if len(got_t) != 1 or len(want_t) != 1 or type(got) is not type(want):
             return False
         a, b = got_t[0], want_t[0]
         if not isinstance(got, torch.Tensor) and (
-            list(got.block_shape) != list(want.block_shape) or got.layout is not want.layout
+            [list(got.shape), list(got.strides), list(got.block_shape), got.padding]
+            != [list(want.shape), list(want.strides), list(want.block_shape), want.padding]
+            or got.layout is not want.layout
         ):
             return False
         if _storage(a) in call or _storage(b) in call:

@@ -516,17 +516,174 @@ def test_bound_descriptors_are_expanded_once_as_triton_would():
     c_launch, wrapper = _descriptor_wrapper(calls)
     head = (1, 1, 1, 7, 1000, False, False, None, None, (4, 1, 0), None, None, None)
     fast = [1234, desc, 5]
-    launcher, expanded, slots, bases = _launcher._expand_descriptors(wrapper, fast, (0,))
-    assert launcher is c_launch and slots == (0,) and bases == [base]
+    launcher, expanded, slots, bases, encode = _launcher._expand_descriptors(wrapper, fast, (0,))
+    assert launcher is c_launch and slots == (0,) and bases == [base] and encode == (None,)
     wrapper(*head, *fast)
     launcher(*head, *expanded)
     assert len(calls) == 2 and len(calls[0]) == len(calls[1])
     assert all(a is b or a == b for a, b in zip(calls[0], calls[1])), "the same arguments reach the C launch"
     assert expanded[-1] == 5 and expanded[0] == 1234
     assert _launcher._expand_descriptors(wrapper, fast, (2, 0))[2] == (len(expanded) - 1, 0)
-    # A varying descriptor, or a launcher without the wrapper: nothing to expand.
-    assert _launcher._expand_descriptors(wrapper, fast, (1,)) is None
+    # A varying descriptor: placeholders of its encoding's width, encoded per launch.
+    launcher, varying, slots, bases, encode = _launcher._expand_descriptors(wrapper, fast, (1,))
+    width = len(expanded) - 2
+    assert slots == (1,) and bases == [] and varying[1 : 1 + width] == [None] * width
+    make, meta, n = encode[0]
+    assert n == width and meta is None and make(desc, meta) == expanded[1 : 1 + width]
+    # A launcher without the wrapper: nothing to expand (the launcher encodes them itself).
     assert _launcher._expand_descriptors(c_launch, fast, (0,)) is None
+
+
+# --- varying descriptors: encoded per launch as Triton's own launcher would ---------------
+
+
+def _toy_desc(X, D, E, n, FLAG: tl.constexpr):
+    pass
+
+
+_TMA_META = {"swizzle": 128, "elem_size": 2, "elem_type": 10, "block_size": [32, 64], "fp4_padded": False}
+
+
+@pytest.fixture
+def desc_toy(monkeypatch):
+    """A kernel with descriptor arguments D and E (positions 1 and 2) on the fake GPU, whose
+    compiled kernels' raw launcher is Triton's own descriptor wrapper (with TMA metadata, as
+    a Gluon kernel's) around the fake C launch; the fake driver's ``fill_tma_descriptor``
+    returns a tuple of what it was asked to encode and counts its calls."""
+    from types import SimpleNamespace
+
+    from triton.backends.nvidia.driver import wrap_handle_tensordesc
+
+    monkeypatch.setattr(_launcher, "_interpreting", lambda: False)
+    _launcher.clear()
+    fn = JITFunction(_toy_desc)
+    encoded: list = []
+
+    def fill(ptr, swizzle, elem_size, elem_type, block, shape, strides, padding):
+        encoded.append(ptr)
+        return ("map", ptr, swizzle, elem_type, tuple(block), tuple(shape), tuple(strides), padding)
+
+    with _fake_gpu(fn) as (drv, compiled):
+        drv.utils = SimpleNamespace(fill_tma_descriptor=fill)
+        make = fn._do_compile
+
+        def do_compile(key, signature, device, constexprs, options, attrs, warmup):
+            kernel = make(key, signature, device, constexprs, options, attrs, warmup)
+            count = sum(str(sig).startswith("tensordesc") for sig in signature.values())
+            kernel._run.launch = wrap_handle_tensordesc(kernel._run.launch, signature, [_TMA_META] * count)
+            return kernel
+
+        fn._do_compile = do_compile
+        monkeypatch.setattr(_launcher, "_device_of", lambda t: drv.device if t.device.type == "cpu" else -2)
+        yield fn, drv, compiled, encoded
+    _launcher.clear()
+
+
+def _layout():
+    """The NVMMA layout of a ``[32, 64]`` bf16 box (a new object per call)."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for([32, 64], gl.bfloat16)
+
+
+_LAYOUT = _layout()  # the layout object the descriptors share (a cached config's)
+
+
+def _desc(rows=64, dtype=torch.bfloat16, block=(32, 64), layout=_LAYOUT, padding="zero"):
+    """A descriptor over a new ``[rows, 64]`` tensor."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    base = torch.randn(rows, 64).to(dtype)
+    return TensorDescriptor(base, [rows, 64], [64, 1], list(block), layout, padding)
+
+
+def _triton_args(fn, drv, x, d, e):
+    """What Triton's own path hands the C launch for these arguments (cache off)."""
+    previous = _launcher.set_enabled(False)
+    try:
+        _launcher.jit_launch(fn, (2,), x, d, e, 9, FLAG=True)
+    finally:
+        _launcher.set_enabled(previous)
+    return drv.launches.pop()["args"]
+
+
+def _same_args(got: tuple, want: tuple) -> bool:
+    return len(got) == len(want) and all(a is b or (type(a) is type(b) and a == b) for a, b in zip(got, want))
+
+
+def test_bound_launch_encodes_varying_descriptors_per_launch(desc_toy):
+    """X (a tensor) and D (a descriptor) vary, E (a descriptor) is bound: each direct launch
+    encodes D's tensor map anew (its base, shape, strides, padding) and E's never again; the C
+    launch gets the same arguments as Triton's own path with the full arguments."""
+    fn, drv, compiled, encoded = desc_toy
+    x, e = torch.randn(8).to(torch.bfloat16), _desc(128)
+    launch = _launcher.BoundLaunch(fn, (2,), (None, None, e, 9), {"FLAG": True}, varying=(0, 1))
+    launch(x, _desc())  # through jit_launch: compiles, fills the cache
+    for rows, padding in ((64, "zero"), (96, "zero"), (64, "nan")):
+        x2, d2 = torch.randn(8).to(torch.bfloat16), _desc(rows, padding=padding)
+        before, direct = len(encoded), _launcher.launcher_stats(fn)["direct"]
+        launch(x2, d2)
+        assert _launcher.launcher_stats(fn)["direct"] == direct + 1, "a direct launch"
+        assert encoded[before:] == [d2.base.data_ptr()], "only the varying descriptor is encoded"
+        got = drv.launches[-1]["args"]
+        assert got[0] == x2.data_ptr() and got[1] == ("map", d2.base.data_ptr(), 128, 9, (32, 64), (rows, 64), (64, 1),
+                                                     1 if padding == "nan" else 0)  # fmt: skip
+        want = _triton_args(fn, drv, x2, d2, e)
+        # (the last slot is FLAG's, a constexpr the C launch skips: None here, its value there)
+        assert want[0] is x2 and _same_args(got[1:-1], want[1:-1]), "Triton's own encoding of the same arguments"
+    assert len(compiled) == 1
+    width = launch._checks[1][2][-1]  # the tensor map, then the shape and strides
+    assert width == 5 and launch._fast[1 : 1 + width] == [None] * width, "no varying descriptor's encoding is held"
+
+
+DESC_CHANGES = {
+    # (the changed descriptor, whether Triton compiles anew: its key changed)
+    "another block shape": (lambda: _desc(block=(16, 64)), True),
+    "another dtype": (lambda: _desc(dtype=torch.float16), True),
+    "an equal layout, another object": (lambda: _desc(layout=_layout()), False),
+    "a tensor, not a descriptor": (lambda: torch.zeros(64, 64, dtype=torch.bfloat16), True),
+}
+
+
+@pytest.mark.parametrize("name", list(DESC_CHANGES))
+def test_a_varying_descriptor_unlike_the_first_takes_the_full_path(desc_toy, name):
+    fn, _drv, compiled, _encoded = desc_toy
+    x, e = torch.randn(8).to(torch.bfloat16), _desc(128)
+    launch = _launcher.BoundLaunch(fn, (2,), (None, None, e, 9), {"FLAG": True}, varying=(0, 1))
+    launch(x, _desc())
+    launch(x, _desc())
+    direct = _launcher.launcher_stats(fn)["direct"]
+    assert direct == 1
+    changed, recompiles = DESC_CHANGES[name]
+    launch(x, changed())
+    assert _launcher.launcher_stats(fn)["direct"] == direct, "not direct"
+    assert len(compiled) == (2 if recompiles else 1)
+    launch(x, _desc())  # like the first again: direct
+    assert _launcher.launcher_stats(fn)["direct"] == direct + 1
+
+
+def test_a_varying_descriptor_over_a_misaligned_base_takes_tritons_path(desc_toy):
+    fn, _drv, _compiled, encoded = desc_toy
+    x, e = torch.randn(8).to(torch.bfloat16), _desc(128)
+    launch = _launcher.BoundLaunch(fn, (2,), (None, None, e, 9), {"FLAG": True}, varying=(0, 1))
+    launch(x, _desc())
+    bad = _desc()
+    object.__setattr__(bad, "base", torch.randn(64 * 64 + 1).to(torch.bfloat16)[1:].view(64, 64))
+    launch(x, bad)  # Triton's path (here the fake encoder accepts it; a GPU's raises)
+    assert _launcher.launcher_stats(fn)["direct"] == 0 and encoded[-2:] == [bad.base.data_ptr(), e.base.data_ptr()]
+
+
+def test_a_varying_descriptor_is_passed_whole_to_a_launcher_that_encodes_it(toy):
+    """Without Triton's wrapper to unwrap (here the fake C launch itself), a varying
+    descriptor reaches the launcher as the object, checked as above."""
+    fn, drv, _compiled = toy
+    x, _y = _tensors()
+    launch = _launcher.BoundLaunch(fn, (3, 2), (x, None, 32, 0.5), {"FLAG": True}, varying=(1,))
+    launch(_desc())
+    d = _desc()
+    launch(d)
+    assert _launcher.launcher_stats(fn)["direct"] == 1 and drv.launches[-1]["args"][1] is d
+    assert launch._fast[1] is None
 
 
 def test_a_changed_global_takes_tritons_path_which_raises(toy):

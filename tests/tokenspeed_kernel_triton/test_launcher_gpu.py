@@ -23,6 +23,7 @@ from tokenspeed_kernel import (
     mha_prefill,
     moe_apply,
     moe_topk,
+    registry,
     store_kvcache,
 )
 
@@ -72,19 +73,22 @@ def _decode(kernel):
     return run
 
 
-def _extend(dtype, misaligned=False):
-    lens_q, lens_k = [3, 17], [40, 90]
-    k, v, table, seqlens, sinks = _paged(dtype, lens_k)
-    q = torch.randn(sum(lens_q), 8, 64, generator=_gen(2), device="cuda").to(dtype)
-    cu_q = torch.tensor([0, 3, 20], dtype=torch.int32, device="cuda")
-    out = torch.full_like(q, float("nan"))
-    mha_extend_with_kvcache(
-        q, k, v, table, cu_q, seqlens, max(lens_q), max(lens_k), sinks=sinks, out=out, override="triton_extend"
-    )
-    return (out,)
+def _extend(kernel):
+    def run(dtype, misaligned=False):
+        lens_q, lens_k = [3, 17], [40, 90]
+        k, v, table, seqlens, sinks = _paged(dtype, lens_k)
+        q = torch.randn(sum(lens_q), 8, 64, generator=_gen(2), device="cuda").to(dtype)
+        cu_q = torch.tensor([0, 3, 20], dtype=torch.int32, device="cuda")
+        out = torch.full_like(q, float("nan"))
+        mha_extend_with_kvcache(
+            q, k, v, table, cu_q, seqlens, max(lens_q), max(lens_k), sinks=sinks, out=out, override=kernel
+        )
+        return (out,)
+
+    return run
 
 
-def _prefill(kernel):
+def _prefill(kernel, window_left=127):
     def run(dtype, misaligned=False):
         lens = [70, 129]
         g = _gen(3)
@@ -95,8 +99,9 @@ def _prefill(kernel):
         sinks = torch.randn(8, generator=g, device="cuda")
         out = torch.full_like(q, float("nan"))
         mha_prefill(
-            q, k, v, cu, cu, max(lens), max(lens), causal=True, window_left=127, sinks=sinks, out=out, override=kernel
-        )
+            q, k, v, cu, cu, max(lens), max(lens), causal=True, window_left=window_left, sinks=sinks, out=out,
+            override=kernel,
+        )  # fmt: skip
         return (out,)
 
     return run
@@ -142,13 +147,15 @@ def _moe(kernel, mxfp4):
 
 CASES = {
     "triton_decode": (_decode("triton_decode"), False),
-    "triton_extend": (_extend, False),
+    "triton_extend": (_extend("triton_extend"), False),
     "triton_prefill": (_prefill("triton_prefill"), False),
     "triton_store_kvcache": (_store, False),
     "triton_moe_topk": (_topk, False),
     "triton_fused_moe": (_moe("triton_fused_moe", False), False),
     "gluon_decode_sm90": (_decode("gluon_decode_sm90"), True),
     "gluon_prefill_window_sm90": (_prefill("gluon_prefill_window_sm90"), True),
+    "gluon_prefill_fa3_sm90": (_prefill("gluon_prefill_fa3_sm90", window_left=-1), True),
+    "gluon_extend_fa3_sm90": (_extend("gluon_extend_fa3_sm90"), True),
     "gluon_moe_decode_mx_sm90": (_moe("gluon_moe_decode_mx_sm90", True), True),
     "gluon_moe_mma_sm90": (_moe("gluon_moe_mma_sm90", True), True),
 }
@@ -219,7 +226,18 @@ def test_graph_capture_replays_cached_launches():
 
 
 # The kernels whose functional calls run a runner cached per call key (tokenspeed_kernel_triton._runners).
-RUNNER_KERNELS = ("triton_decode", "triton_extend", "triton_prefill", "triton_fused_moe", "gluon_decode_sm90")
+# The Gluon TMA kernels' descriptors are derived per run from the layer's tensors (BoundLaunch
+# encodes each run's tensor maps).
+RUNNER_KERNELS = (
+    "triton_decode",
+    "triton_extend",
+    "triton_prefill",
+    "triton_fused_moe",
+    "gluon_decode_sm90",
+    "gluon_prefill_window_sm90",
+    "gluon_prefill_fa3_sm90",
+    "gluon_extend_fa3_sm90",
+)
 
 
 @pytest.mark.parametrize("name", RUNNER_KERNELS)
@@ -233,6 +251,7 @@ def test_functional_runners_match_the_uncached_call_for_every_layer(name):
     run, needs_sm90 = CASES[name]
     if needs_sm90 and not SM90:
         pytest.skip(f"{name} runs on sm_90 only")
+    registry.get_kernel(name)  # loads the backends: a kernel module registers its cache on import
     cache = next(c for c in _runners._CACHES if c.name == name)
     cache.clear()
     binds = cache.binds

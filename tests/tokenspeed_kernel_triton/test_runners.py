@@ -81,3 +81,72 @@ def test_the_cache_binds_once_per_key_is_bounded_and_turns_off_with_the_launch_c
         assert _runners.runner_stats()["test_cache"] == {"runners": 1, "binds": 3}
     finally:
         _runners._CACHES.remove(cache)
+
+
+def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    """A derived launch argument: ``x`` viewed as ``n`` rows."""
+    return x.view(n, -1)
+
+
+def test_derived_arguments_are_computed_per_run_from_the_runs_tensors(monkeypatch):
+    """A view of an input (declared derived) is computed anew per run from the run's input and
+    the bound constants; the runner holds no tensor of the bind call."""
+    rec = Recorder().install(monkeypatch)
+    kernel = _kernel()
+
+    def build(inputs):
+        a, b = inputs
+        rows = _runners.derive(_rows, a, 2)
+        return [Launch(kernel, (1,), (rows.value, b, a), {})], (), (), (rows,)
+
+    run = _runners.bind_runner(build, (torch.zeros(8), torch.zeros(3)), lambda t: t, lambda _, t: t)
+    for _ in range(2):
+        later = (torch.randn(8), torch.randn(3))
+        run(later)
+        got = rec.launches[-1][2]
+        assert got[0].shape == (2, 4) and got[0]._base is later[0]
+        assert got[1] is later[1] and got[2] is later[0]
+    a = torch.zeros(8)
+    rows = _runners.derive(_rows, a, 2)
+    pipe = _runners.pipeline([Launch(kernel, (1,), (rows.value,), {})], (a,), derived=(rows,))
+    ((fn, bound, positions, slots),) = pipe._derived
+    assert fn is _rows and bound == (None, 2) and positions == (0,) and slots == (0,), "no tensor held"
+
+
+def test_a_derived_value_of_a_foreign_tensor_is_refused():
+    a, other = torch.zeros(8), torch.zeros(8)
+    rows = _runners.derive(_rows, other, 2)
+    with pytest.raises(TypeError, match="_rows: argument 0 of a derived value is a tensor that is neither"):
+        _runners.pipeline([Launch(_kernel(), (1,), (rows.value, a), {})], (a,), derived=(rows,))
+    buf = torch.empty(8)
+    from_scratch = _runners.derive(_rows, buf, 4)  # from a scratch buffer: computed after it per run
+    _runners.pipeline(
+        [Launch(_kernel(), (1,), (from_scratch.value, a), {})], (a,), scratch=(buf,), derived=(from_scratch,)
+    )
+
+
+def test_a_derived_tma_descriptor_follows_each_runs_tensor(monkeypatch):
+    """The Gluon case: a TMA descriptor over an input, rebuilt per run over the run's tensor
+    (base, shape and strides its own), with the bound block shape and layout."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rec = Recorder().install(monkeypatch)
+    kernel = _kernel()
+    layout = gl.NVMMASharedLayout.get_default_for([16, 64], gl.bfloat16)
+
+    def descriptor(x, rows, layout):
+        return TensorDescriptor(x, list(x.shape), list(x.stride()), [rows, 64], layout)
+
+    def build(inputs):
+        (x,) = inputs
+        desc = _runners.derive(descriptor, x, 16, layout)
+        return [Launch(kernel, (1,), (desc.value, x.shape[0]), {})], (), (), (desc,)
+
+    run = _runners.bind_runner(build, (torch.zeros(32, 64, dtype=torch.bfloat16),), lambda t: t, lambda _, t: t)
+    for _ in range(3):
+        x = torch.randn(32, 64).to(torch.bfloat16)
+        run((x,))
+        got = rec.launches[-1][2][0]
+        assert got.base is x and got.block_shape == [16, 64] and got.layout is layout and got.shape == [32, 64]
+    assert rec.bound == 1

@@ -98,3 +98,28 @@ def test_device_mode_adds_a_row_served_by_the_portable_kernel():
     finally:
         for name in names:
             registry.unregister_kernel(name)
+
+
+def test_device_mode_adds_a_row_per_accepted_opt_in_kernel():
+    """An opt-in kernel that accepts a functional call (here a pretend one, below a pretend
+    portable pick) gets its own row, ``NAME (KERNEL)``, served by it through ``override=``;
+    the pick gets none."""
+    from tokenspeed_kernel.ops._dispatch import last_kernel
+    from tokenspeed_kernel.registry import Priority
+    from tokenspeed_kernel.tools.overhead_device import portable_cases
+
+    reference = next(s for s in registry.kernels("attention.extend") if s.priority == Priority.REFERENCE)
+    names = {"test_opt_in_extend": Priority.OPT_IN, "test_portable_extend": Priority.PORTABLE}
+    for name, priority in names.items():
+        registry.register_kernel(
+            "attention.extend", name=name, solution="test", features=reference.features, priority=priority
+        )(reference.fn)
+    try:
+        chosen = [c for c in overhead.cases() if c.op == "attention.extend"]
+        (extra,) = portable_cases(chosen, torch.device("cpu"))
+        assert extra.name == "mha_extend_with_kvcache (test_opt_in_extend)" and extra.op == "attention.extend"
+        extra.make(torch.device("cpu"))()
+        assert last_kernel() == "test_opt_in_extend"
+    finally:
+        for name in names:
+            registry.unregister_kernel(name)

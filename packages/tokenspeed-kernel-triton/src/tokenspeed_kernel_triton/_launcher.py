@@ -41,9 +41,10 @@ The stream is read at every launch (Triton's current stream: torch's current CUD
 so launches go to the caller's stream and are captured by CUDA graphs like any other.
 
 ``BoundLaunch(fn, grid, args, kwargs, varying)`` goes one step further for a plan, whose
-launches repeat with the same arguments except a few tensors (q, out, lse): the key is
-worked out once, at its first launch, and each later launch only checks what the key read
-of those tensors (dtype and 16-byte alignment) and of the bound tensors (alignment), then
+launches repeat with the same arguments except a few tensors (q, out, lse) or TMA
+descriptors over them: the key is worked out once, at its first launch, and each later
+launch only checks what the key read of those (a tensor's dtype and 16-byte alignment; a
+descriptor's dtype, block shape and layout) and of the bound tensors (alignment), then
 calls the C launcher. Any doubt takes :func:`jit_launch` with the full arguments.
 
 ``Launch(fn, grid, args, kwargs)`` is one launch as data, so that one function builds a
@@ -491,8 +492,8 @@ class Launch(NamedTuple):
 
 class BoundLaunch:
     """``fn[grid](*args, **kwargs)`` bound once; ``launch(*values)`` launches it with
-    ``values`` at the argument positions ``varying`` (tensors only; placeholders there in
-    ``args`` are replaced at every launch).
+    ``values`` at the argument positions ``varying`` (tensors or Gluon ``TensorDescriptor``
+    objects; placeholders there in ``args`` are replaced at every launch).
 
     The first launch goes through :func:`jit_launch` (compiling if needed) and remembers the
     compiled kernel and the launch arguments with every tensor as its device address: the
@@ -502,7 +503,13 @@ class BoundLaunch:
     current device, of the remembered dtype and, for parameters Triton specializes on
     alignment, as 16-byte aligned as at the first launch. A later launch is direct when
     nothing the key covers changed: same device, same kernel source and globals, no launch
-    hooks, those checks, and every bound tensor still at its remembered address. Otherwise
+    hooks, those checks, and every bound tensor still at its remembered address. A varying
+    descriptor is checked for what Triton's key reads of it (its base's dtype, its block shape,
+    its layout: the first launch's object) and for a plain tensor base on the current device,
+    16-byte aligned; it is then encoded for this launch as Triton's launcher would
+    (``make_tensordesc_arg``: a CUDA tensor map of its base address, shape, strides and
+    padding) and spliced into the pre-encoded arguments, the bound descriptors encoded once
+    (:func:`_expand_descriptors`). Otherwise
     it takes :func:`jit_launch` with the full arguments (correct, only slower), and a bound
     tensor that moved (``set_``) is remembered anew. The bound arguments are held by
     reference: their values (a plan's caches and tables, scalars) should not change; their
@@ -535,7 +542,9 @@ class BoundLaunch:
         self._varying = tuple(varying)
         # After the first launch: (run is the raw C launcher, run, function, packed, coop, pdl).
         self._direct = None
-        self._checks: tuple = ()  # per varying position: (dtype, aligned or None)
+        # Per varying position: (dtype, aligned or None, None for a tensor; for a descriptor
+        # (its type, block shape, layout, make or None, meta, width of its encoding)).
+        self._checks: tuple = ()
         self._fast: list = []  # the launch arguments: addresses for tensors, then the tail
         self._slots: tuple[int, ...] = ()  # where each varying tensor's address goes in _fast
         self._bound: tuple = ()  # (bound tensor, its remembered address)
@@ -557,13 +566,30 @@ class BoundLaunch:
                 and self._unmoved()
             ):
                 fast = self._fast.copy()
-                for position, (dtype, aligned), t in zip(self._slots, self._checks, values):
-                    if type(t) is not _TENSOR or t.dtype is not dtype or _device_of(t) != dev:
+                for position, (dtype, aligned, desc), t in zip(self._slots, self._checks, values):
+                    if desc is None:
+                        if type(t) is not _TENSOR or t.dtype is not dtype or _device_of(t) != dev:
+                            break
+                        ptr = t.data_ptr()
+                        if aligned is not None and (not ptr & 15) is not aligned:
+                            break
+                        fast[position] = ptr
+                        continue
+                    kind, block_shape, layout, make, meta, width = desc
+                    if type(t) is not kind or t.layout is not layout or t.block_shape != block_shape:
                         break
-                    ptr = t.data_ptr()
-                    if aligned is not None and (not ptr & 15) is not aligned:
+                    base = t.base
+                    if type(base) is not _TENSOR or base.dtype is not dtype or _device_of(base) != dev:
                         break
-                    fast[position] = ptr
+                    if base.data_ptr() & 15:
+                        break  # Triton's path raises for it, as an uncached launch would
+                    if make is None:
+                        fast[position] = t  # the launcher encodes it
+                        continue
+                    encoded = make(t, meta)
+                    if len(encoded) != width:
+                        break
+                    fast[position : position + width] = encoded
                 else:
                     raw, run, function, packed, coop, pdl = direct
                     g0, g1, g2 = self._grid
@@ -608,14 +634,24 @@ class BoundLaunch:
             return
         if entry is None:
             return
+        kind = _descriptor_type()
         fast, checks, bound = [], {}, []
         for position, value in enumerate(args):
             if position in self._varying:
+                if kind is not None and type(value) is kind:
+                    base = value.base
+                    if type(base) is not _TENSOR or _device_of(base) != dev:
+                        return
+                    # Triton keys a descriptor on its dtype, block shape and layout; the
+                    # rest (base address, shape, strides, padding) is encoded per launch.
+                    checks[position] = (base.dtype, True, (kind, list(value.block_shape), value.layout))
+                    fast.append(value)  # its width is read below; replaced, never held
+                    continue
                 if type(value) is not _TENSOR:
-                    return  # a varying argument that is not a plain tensor: never direct
+                    return  # a varying argument that is neither a tensor nor a descriptor: never direct
                 kp = fn.params[position]
                 fixed = kp.do_not_specialize or kp.do_not_specialize_on_alignment
-                checks[position] = (value.dtype, None if fixed else not value.data_ptr() & 15)
+                checks[position] = (value.dtype, None if fixed else not value.data_ptr() & 15, None)
                 fast.append(None)  # filled at each launch
             elif isinstance(value, _TENSOR):
                 if type(value) is not _TENSOR or _device_of(value) != dev:
@@ -626,12 +662,20 @@ class BoundLaunch:
                 fast.append(value)
         direct, run, function, packed, coop, pdl, _ = entry
         fast, slots = fast + list(shape.tail), self._varying
-        if direct:
-            expanded = _expand_descriptors(run, fast, slots)
-            if expanded is not None:
-                run, fast, slots, bases = expanded
-                bound.extend((t, t.data_ptr()) for t in bases)
-        self._checks = tuple(checks[position] for position in self._varying)
+        # Per varying slot: None (a tensor), or how a descriptor reaches the launcher: encoded
+        # here per launch (make, meta, width), or passed whole (None, None, 1).
+        encode: tuple = tuple(None if checks[p][2] is None else (None, None, 1) for p in slots)
+        expanded = _expand_descriptors(run, fast, slots) if direct else None
+        if expanded is not None:
+            run, fast, slots, bases, encode = expanded
+            bound.extend((t, t.data_ptr()) for t in bases)
+        else:
+            for p in slots:
+                fast[p] = None  # no varying descriptor is held
+        self._checks = tuple(
+            (dtype, aligned, None if how is None else (*desc, *how))
+            for (dtype, aligned, desc), how in zip((checks[p] for p in self._varying), encode)
+        )
         self._fast, self._slots = fast, slots
         self._bound = tuple(bound)
         self._dev, self._hash, self._state = dev, state.hash, state
@@ -641,10 +685,15 @@ class BoundLaunch:
 def _expand_descriptors(run, fast: list, slots: tuple[int, ...]):
     """For a kernel with Gluon ``TensorDescriptor`` arguments, Triton 3.6's raw launcher is a
     Python wrapper (``wrap_handle_tensordesc``) that encodes each descriptor into a CUDA
-    tensor map at every launch. A bound launch whose descriptors are all bound encodes them
-    once here: returns (the C launcher under the wrapper, the arguments with each descriptor
-    expanded as the wrapper would, the varying slots in them, the descriptors' base tensors),
-    or None (no wrapper, a varying descriptor, another Triton)."""
+    tensor map at every launch (``make_tensordesc_arg``). A bound launch encodes its bound
+    descriptors once here and only its varying ones per launch.
+
+    ``fast``: the launch arguments in signature order, a varying descriptor's slot holding the
+    first launch's descriptor (its encoding's width is read from it). Returns (the C launcher
+    under the wrapper, the arguments with each bound descriptor encoded as the wrapper would
+    and ``width`` placeholders per varying one, where each varying slot starts in them, the
+    bound descriptors' base tensors, per varying slot None for a tensor or ``(make, meta,
+    width)`` for a descriptor), or None (no wrapper, another Triton)."""
     code, cells = getattr(run, "__code__", None), getattr(run, "__closure__", None)
     if code is None or cells is None:
         return None
@@ -654,18 +703,22 @@ def _expand_descriptors(run, fast: list, slots: tuple[int, ...]):
     if make is None or any(name not in free for name in needed):
         return None
     launcher, indices, meta = (free[name].cell_contents for name in needed)
-    if any(slot in indices for slot in slots):
-        return None
-    expanded, where, bases, k = [], {}, [], 0
+    varying = set(slots)
+    expanded, where, bases, encode, k = [], {}, [], {}, 0
     for i, value in enumerate(fast):
+        where[i] = len(expanded)
         if i in indices:
-            expanded.extend(make(value, meta[k]))
-            bases.append(value.base)
+            parts = make(value, meta[k])
+            if i in varying:
+                encode[i] = (make, meta[k], len(parts))
+                expanded.extend([None] * len(parts))
+            else:
+                expanded.extend(parts)
+                bases.append(value.base)
             k += 1
         else:
-            where[i] = len(expanded)
             expanded.append(value)
-    return launcher, expanded, tuple(where[slot] for slot in slots), bases
+    return launcher, expanded, tuple(where[slot] for slot in slots), bases, tuple(encode.get(s) for s in slots)
 
 
 _TENSOR = torch.Tensor

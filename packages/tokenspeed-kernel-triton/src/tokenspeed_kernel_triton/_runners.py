@@ -40,9 +40,13 @@ the same code that launches an uncached call) given where each tensor argument c
   the graph's pool under CUDA-graph capture).
 - ``keep``: objects that persist across calls (workspaces the kernel resets itself, a
   placeholder that is never read, a plan's own caches): bound.
+- ``derived``: launch arguments computed from the run's inputs (:class:`Derived`, made by
+  :func:`derive`: ``fn(*args)``, each tensor among ``args`` an input or a scratch buffer, the
+  rest bound), computed anew at every run as the uncached call computes them: a Gluon TMA
+  ``TensorDescriptor`` over an input (a varying descriptor of ``BoundLaunch``), a view of one.
 
 Any other tensor or descriptor in a launch is an error at bind time (a view of an input, a
-tensor computed from one: it would go stale). A runner maps each launch position to an input
+tensor computed from one, not declared derived: it would go stale). A runner maps each launch position to an input
 by identity, so :func:`bind_runner` builds the launches from stand-ins (one distinct tensor
 object per input): inputs that are one tensor in the bind call (``cu_seqlens_q is
 cu_seqlens_k``) keep positions of their own.
@@ -60,7 +64,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import torch
 
@@ -69,11 +73,13 @@ from tokenspeed_kernel_triton._launcher import BoundLaunch, Launch
 
 __all__ = [
     "Built",
+    "Derived",
     "Pipeline",
     "RunnerCache",
     "bind_runner",
     "by_fields",
     "clear_runners",
+    "derive",
     "pipeline",
     "run_fresh",
     "runner_stats",
@@ -98,26 +104,51 @@ def _is_tensor_like(value: object) -> bool:
     return isinstance(value, torch.Tensor) or isinstance(getattr(value, "base", None), torch.Tensor)
 
 
+class Derived(NamedTuple):
+    """A launch argument computed from a call's inputs: ``value = fn(*args)`` (see
+    :func:`derive`). ``value`` is what the build put in its launches; a runner computes it
+    anew per run from the run's inputs."""
+
+    value: Any
+    fn: Callable[..., Any]
+    args: tuple
+
+
+def derive(fn: Callable[..., Any], *args: Any) -> Derived:
+    """``fn(*args)`` as a launch argument derived per run (the pipeline contract's
+    ``derived``): a builder puts ``.value`` in its launches and returns the record. ``fn`` must
+    be a pure function of ``args`` (no state of its own), since a run calls it again with the
+    run's tensors in place of the bind call's; an uncached call computes it once, here."""
+    return Derived(fn(*args), fn, args)
+
+
 class Pipeline:
     """Launches bound once; ``pipe(inputs)`` launches them with a run's inputs (in the order
-    they were bound with) and new scratch buffers. Built by :func:`pipeline`."""
+    they were bound with), new scratch buffers and the derived arguments computed from them.
+    Built by :func:`pipeline`."""
 
-    __slots__ = ("_scratch", "_steps", "_width")
+    __slots__ = ("_derived", "_scratch", "_steps", "_width")
 
-    def __init__(self, steps: tuple, scratch: tuple, width: int) -> None:
+    def __init__(self, steps: tuple, scratch: tuple, width: int, derived: tuple = ()) -> None:
         self._steps = steps  # (BoundLaunch, picker of its varying values), in launch order
         self._scratch = scratch  # (shape, dtype, device) per scratch buffer
         self._width = width  # number of inputs
+        self._derived = derived  # (fn, bound arguments, positions of tensors, their value slots)
 
     def __call__(self, inputs: Sequence[Any]) -> None:
         if len(inputs) != self._width:
             raise TypeError(f"expected {self._width} inputs, got {len(inputs)}")
         values = inputs
-        if self._scratch:
-            values = (
+        if self._scratch or self._derived:
+            values = [
                 *inputs,
                 *[torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in self._scratch],
-            )
+            ]
+            for fn, bound, positions, slots in self._derived:
+                call = list(bound)
+                for position, where in zip(positions, slots):
+                    call[position] = values[where]
+                values.append(fn(*call))
         for launch, pick in self._steps:
             launch(*pick(values))
 
@@ -128,11 +159,13 @@ def pipeline(
     *,
     scratch: Sequence[torch.Tensor] = (),
     keep: Sequence[object] = (),
+    derived: Sequence[Derived] = (),
 ) -> Pipeline:
     """Bind ``launches`` (see the module docstring's pipeline contract). ``TypeError`` for two
     inputs that are one object (a position could not be told from the other), a launch tensor
-    that is none of ``inputs``, ``scratch`` and ``keep``, or a scratch buffer that is not a
-    contiguous, unviewed tensor."""
+    that is none of ``inputs``, ``scratch``, ``keep`` and the ``derived`` values, a derived
+    value computed from a tensor that is neither an input nor a scratch buffer (nor an earlier
+    derived value), or a scratch buffer that is not a contiguous, unviewed tensor."""
     slot: dict[int, int] = {}
     for i, value in enumerate(inputs):
         if value is not None:
@@ -147,6 +180,23 @@ def pipeline(
             raise TypeError("a scratch buffer must be a fresh contiguous tensor (torch.empty), not a view")
         slot[id(t)] = len(inputs) + len(specs)
         specs.append((tuple(t.shape), t.dtype, t.device))
+    computed = []
+    for d in derived:
+        bound, positions, slots = list(d.args), [], []
+        for position, value in enumerate(bound):
+            if not _is_tensor_like(value):
+                continue
+            where = slot.get(id(value))
+            if where is None:
+                raise TypeError(
+                    f"{getattr(d.fn, '__name__', d.fn)}: argument {position} of a derived value is a tensor that is "
+                    "neither an input nor a scratch buffer"
+                )
+            positions.append(position)
+            slots.append(where)
+            bound[position] = None  # the run's own tensor takes its place
+        slot[id(d.value)] = len(inputs) + len(specs) + len(computed)
+        computed.append((d.fn, tuple(bound), tuple(positions), tuple(slots)))
     kept = {id(x) for x in keep}
     steps = []
     for launch in launches:
@@ -170,12 +220,16 @@ def pipeline(
                 )
         bound = BoundLaunch(launch.fn, launch.grid, tuple(args), launch.kwargs, tuple(positions))
         steps.append((bound, _picker(slots)))
-    return Pipeline(tuple(steps), tuple(specs), len(inputs))
+    return Pipeline(tuple(steps), tuple(specs), len(inputs), tuple(computed))
 
 
 # What a kernel's launch builder returns for a call: its launches, the scratch buffers they use
-# (allocated by the builder) and the objects they use that persist across calls.
-Built = tuple[Sequence[Launch], Sequence[torch.Tensor], Sequence[object]]
+# (allocated by the builder), the objects they use that persist across calls and, optionally,
+# the launch arguments it derived from the call's inputs (:func:`derive`).
+Built = (
+    tuple[Sequence[Launch], Sequence[torch.Tensor], Sequence[object]]
+    | tuple[Sequence[Launch], Sequence[torch.Tensor], Sequence[object], Sequence[Derived]]
+)
 
 
 def _stand_in(t: Any) -> Any:
@@ -202,8 +256,8 @@ def bind_runner(
     later call where they differ launches correctly. ``build`` must not branch on tensor
     identity. ``keep``: objects bound besides ``build``'s own (a plan's caches)."""
     stand_ins = tuple(map(_stand_in, inputs_of(args)))
-    launches, scratch, kept = build(with_inputs(args, stand_ins))
-    pipe = pipeline(launches, stand_ins, scratch=scratch, keep=(*kept, *keep))
+    launches, scratch, kept, *derived = build(with_inputs(args, stand_ins))
+    pipe = pipeline(launches, stand_ins, scratch=scratch, keep=(*kept, *keep), derived=derived[0] if derived else ())
     return lambda a: pipe(inputs_of(a))
 
 

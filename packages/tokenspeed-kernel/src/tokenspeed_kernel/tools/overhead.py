@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import functools
 import os
 import statistics
 import sys
@@ -119,13 +120,17 @@ def _paged(device: torch.device, batch: int = 1, tokens: int = 256) -> dict[str,
     }
 
 
-def _prefill(device: torch.device, override: str | None = None) -> Callable[[], object]:
+def _prefill(device: torch.device, override: str | None = None, window_left: int = 127) -> Callable[[], object]:
     from tokenspeed_kernel import mha_prefill
 
     q, k, v = (_randn(64, h, HEAD_DIM, device=device) for h in (HEADS, KV_HEADS, KV_HEADS))
     cu = torch.tensor([0, 64], dtype=torch.int32, device=device)
     sinks = torch.randn(HEADS, device=device, dtype=torch.float32)
-    return lambda: mha_prefill(q, k, v, cu, cu, 64, 64, window_left=127, sinks=sinks, override=override)
+    return lambda: mha_prefill(q, k, v, cu, cu, 64, 64, window_left=window_left, sinks=sinks, override=override)
+
+
+# GPT-OSS's full-attention layers (every other layer): causal, no window.
+_prefill_full = functools.partial(_prefill, window_left=-1)
 
 
 def _extend(device: torch.device, override: str | None = None) -> Callable[[], object]:
@@ -239,9 +244,11 @@ def _apply_plan_mxfp4(device: torch.device) -> Callable[[], object]:
 
 
 # The functional calls whose case makers take ``override=`` (``--device cuda`` adds a row per
-# call served by its portable kernel where the GPU's pick is another one).
+# call served by its portable kernel where the GPU's pick is another one, and one per opt-in
+# kernel that accepts the call there).
 FUNCTIONAL_CALLS: dict[str, Callable[..., Callable[[], object]]] = {
     "mha_prefill": _prefill,
+    "mha_prefill full": _prefill_full,
     "mha_extend_with_kvcache": _extend,
     "mha_decode_with_kvcache": _decode,
     "moe_apply": _apply,
@@ -251,11 +258,13 @@ FUNCTIONAL_CALLS: dict[str, Callable[..., Callable[[], object]]] = {
 def cases() -> tuple[OverheadCase, ...]:
     """The timed calls: every public operator and each plan's per-step call, at GPT-OSS-120B's
     attention heads (64 query / 8 KV heads of dim 64, bf16, sinks): prefill 64 tokens with
-    window 128; extend 16 onto 256 cached; decode B=1 over 256 keys; store 1 token; top-4 of
+    window 128 (the window layers) and without (``full``: the full-attention layers); extend
+    16 onto 256 cached; decode B=1 over 256 keys; store 1 token; top-4 of
     128 over 4 tokens; MoE 4 tokens, 32 experts of 512 x 512, top-4 (bf16 weights; the plan
     also with MXFP4 weights, biases and swiglu_oai)."""
     return (
         OverheadCase("mha_prefill", "attention.prefill", _prefill),
+        OverheadCase("mha_prefill full", "attention.prefill", _prefill_full),
         OverheadCase("mha_extend_with_kvcache", "attention.extend", _extend),
         OverheadCase("mha_decode_with_kvcache", "attention.decode", _decode),
         OverheadCase("DecodePlan.run", "attention.decode", _decode_plan),

@@ -6,7 +6,9 @@ kernels. This mode times what an engine pays on a GPU host: every public operato
 GPT-OSS-120B's attention layout (64 query heads, 8 KV heads, head dim 64, bf16, sinks) and a
 small MoE, with the tensors on the GPU. Beside them, in the same process: torch's eager
 ``scaled_dot_product_attention`` at the decode shape and a small ``torch.matmul``, the
-baselines the targets are stated against.
+baselines the targets are stated against. After them, per functional call: ``NAME
+(portable)``, the call forced onto its portable kernel where the pick is another one, and
+``NAME (KERNEL)`` per opt-in kernel that accepts the call on this GPU.
 
 **Host µs per call**: ``number`` back-to-back calls, timed on the host clock *before* the
 closing synchronize, divided by ``number``; the median of ``repeats`` runs. The problems are
@@ -105,11 +107,10 @@ def _top_text(profiler: cProfile.Profile, top: int) -> str:
     return body[body.find("ncalls") :] if "ncalls" in body else body
 
 
-def _portable_kernel(case: OverheadCase, device: torch.device) -> str | None:
-    """The best accepted kernel of the portable band for ``case``'s request on this platform,
-    when the selector picks another one (None otherwise)."""
+def _accepted(case: OverheadCase, device: torch.device) -> tuple[str, list] | None:
+    """(the selector's pick, the accepted candidates' specs) for ``case``'s request on this
+    platform, or None when the call recorded no request or nothing serves it."""
     from tokenspeed_kernel.ops._dispatch import last_request
-    from tokenspeed_kernel.registry import Priority
     from tokenspeed_kernel.selector import explain
 
     case.make(device)()
@@ -117,29 +118,48 @@ def _portable_kernel(case: OverheadCase, device: torch.device) -> str | None:
     if request is None:
         return None
     selection = explain(request)
-    portable = [
-        c.spec
-        for c in selection.candidates
-        if c.accepted and Priority.PORTABLE <= c.spec.priority < Priority.PERFORMANT
-    ]
-    if not portable or selection.winner is None:
+    if selection.winner is None:
+        return None
+    return selection.winner.name, [c.spec for c in selection.candidates if c.accepted]
+
+
+def _portable_kernel(winner: str, accepted: list) -> str | None:
+    """The best accepted kernel of the portable band, when the selector picks another one."""
+    from tokenspeed_kernel.registry import Priority
+
+    portable = [spec for spec in accepted if Priority.PORTABLE <= spec.priority < Priority.PERFORMANT]
+    if not portable:
         return None
     best = max(portable, key=lambda spec: spec.priority)
-    return None if best.name == selection.winner.name else best.name
+    return None if best.name == winner else best.name
+
+
+def _opt_in_kernels(winner: str, accepted: list) -> list[str]:
+    """The accepted kernels of the opt-in band that the selector does not pick, by name."""
+    from tokenspeed_kernel.registry import Priority
+
+    band = [spec.name for spec in accepted if Priority.OPT_IN <= spec.priority < Priority.PORTABLE]
+    return sorted(name for name in band if name != winner)
 
 
 def portable_cases(chosen: list[OverheadCase], device: torch.device) -> tuple[OverheadCase, ...]:
     """For each functional call among ``chosen`` whose pick on this GPU is not its portable
     kernel: the same call with ``override=`` that kernel (``NAME (portable)``), the host cost
-    a GPU without the faster kernel pays (an sm_90 host measures both)."""
+    a GPU without the faster kernel pays (an sm_90 host measures both); and one ``NAME
+    (KERNEL)`` row per opt-in kernel that accepts the call here and is not the pick (the host
+    cost of naming it by ``override=``)."""
     extra = []
     for case in chosen:
         make = FUNCTIONAL_CALLS.get(case.name)
         if make is None:
             continue
-        kernel = _portable_kernel(case, device)
-        if kernel is not None:
-            extra.append(OverheadCase(f"{case.name} (portable)", case.op, functools.partial(make, override=kernel)))
+        found = _accepted(case, device)
+        if found is None:
+            continue
+        portable = _portable_kernel(*found)
+        names = ([("portable", portable)] if portable else []) + [(name, name) for name in _opt_in_kernels(*found)]
+        for label, kernel in names:
+            extra.append(OverheadCase(f"{case.name} ({label})", case.op, functools.partial(make, override=kernel)))
     return tuple(extra)
 
 

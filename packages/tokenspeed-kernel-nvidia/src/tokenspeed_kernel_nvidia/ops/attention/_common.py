@@ -38,3 +38,52 @@ def head_tile_descriptor(x: torch.Tensor, block_rows: int, layout):
     rows, heads, dim = x.shape
     flat = x.view(rows, heads * dim) if rows > 0 else x.new_zeros(1, heads * dim)
     return TensorDescriptor(flat, list(flat.shape), [heads * dim, 1], [block_rows, dim], layout)
+
+
+def attention_call_key(args, k: torch.Tensor, v: torch.Tensor) -> tuple:
+    """What a Gluon attention launch building reads of a call (``PrefillArgs`` with its k/v,
+    ``ExtendArgs`` with its caches) besides its tensors' addresses, but the grid and the
+    kernel's own tables: the shapes, strides, dtypes and device of q, k and v (their TMA
+    descriptors' shapes and strides follow), out's strides, the batch, which optional tensors
+    are present and the scalar options (the runner-cache key contract of
+    ``tokenspeed_kernel_triton._runners``)."""
+    q = args.q
+    return (
+        q.shape,
+        q.stride(),
+        q.dtype,
+        q.device,
+        k.shape,
+        k.stride(),
+        k.dtype,
+        v.shape,
+        v.stride(),
+        args.out.stride(),
+        args.cu_seqlens_q.shape[0],
+        args.lse is None,
+        args.sinks is None,
+        args.causal,
+        args.softmax_scale,
+        args.window_left,
+        args.logit_cap,
+    )
+
+
+def written_and_sinks(args) -> tuple:
+    """``(out, lse, sinks)`` launch tensors of a Gluon attention call: an absent lse or sinks
+    takes ``cu_seqlens_q``'s place (a pointer the kernel never reads when its flag is off)."""
+    dummy = args.cu_seqlens_q
+    return (args.out, dummy if args.lse is None else args.lse, dummy if args.sinks is None else args.sinks)
+
+
+def fa3_head_constexprs(args, num_kv_heads: int) -> dict:
+    """The head and flag constexprs of the FA3-style kernels (prefill and extend): ``HQ``,
+    ``G`` (query heads per KV head), ``D`` and whether sinks and lse are given."""
+    _, num_q_heads, head_dim = args.q.shape
+    return dict(
+        HQ=num_q_heads,
+        G=num_q_heads // num_kv_heads,
+        D=head_dim,
+        HAS_SINKS=args.sinks is not None,
+        HAS_LSE=args.lse is not None,
+    )

@@ -27,6 +27,7 @@ caches whose strides or base are not 16-byte multiples.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +35,14 @@ import torch
 from tokenspeed_kernel.kit import cdiv, equal_head_dims, sm_count
 from tokenspeed_kernel.ops.attention.args import ExtendArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
-from tokenspeed_kernel_nvidia.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS, head_tile_descriptor
+from tokenspeed_kernel_nvidia.ops.attention._common import (
+    PAGE_SIZES,
+    Q_DTYPES,
+    VENDORS,
+    attention_call_key,
+    head_tile_descriptor,
+    written_and_sinks,
+)
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import (
     BLOCK_M,
     HALF,
@@ -45,7 +53,8 @@ from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import (
     grid,
     key_band,
 )
-from tokenspeed_kernel_triton._launcher import jit_launch
+from tokenspeed_kernel_triton._launcher import Launch
+from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, derive, run_fresh
 
 __all__ = [
     "NO_WINDOW",
@@ -156,7 +165,7 @@ class ExtendPlan:
         if self.cfg.window:
             raise ValueError("ExtendPlan: the paged extend always runs the key band (its window is a runtime value)")
 
-    @property
+    @functools.cached_property
     def layouts(self):
         """(Q_SMEM, KV_SMEM, S_MMA, O_MMA, BOX_SMEM, CLEAN): the dense kernel's layouts, the
         NVMMA layout of a ``[1, 1, box, D]`` TMA box (the same 128-byte swizzle), and the
@@ -189,6 +198,7 @@ class ExtendPlan:
         }
 
 
+@functools.cache
 def extend_plan(head_dim: int, page_size: int, **variant) -> ExtendPlan:
     """The launch configuration: the dense kernel's tile and ring (:func:`fa3_config`) with
     the registers split 232 / 40 (``2 x 232 + 40 = 3 x 168``): the producer's page-id
@@ -236,21 +246,31 @@ def gluon_extend_fa3(args: ExtendArgs) -> None:
     ``[batch]`` (including the chunk), D 64 or 128, causal (query ``t`` at
     ``cache_seqlens[b] - len_q + t``), optional window and sinks (float32 ``[Hq]``); writes
     ``args.out`` ``[total_q, Hq, D]`` and ``args.lse`` (float32 ``[total_q, Hq]``) when given.
+    A functional call runs the runner bound for its :func:`_runner_key`
+    (``tokenspeed_kernel_triton._runners``): every tensor passed per run, the Q and cache TMA
+    descriptors derived per run from the run's q and caches.
     """
-    launch(args)
+    _check_call(args)
+    _RUNNERS(args)
 
 
 def launch(args: ExtendArgs, plan: ExtendPlan | None = None) -> None:
-    """Check and launch (``plan`` defaults to :func:`extend_plan`; one for another head dim
-    or page size is a ValueError)."""
+    """Check and launch once, uncached (``plan`` defaults to :func:`extend_plan`; one for
+    another head dim or page size is a ValueError, before any launch)."""
+    _check_call(args)
+    run_fresh(functools.partial(_launches, plan=plan), args)
+
+
+def _launches(args: ExtendArgs, plan: ExtendPlan | None = None) -> Built:
+    """The launch of ``args`` (none for an empty batch), no scratch, nothing kept, and the Q
+    and K/V cache descriptors derived from q and the caches."""
     from tokenspeed_kernel_nvidia.ops.attention._gluon_extend_fa3_kernel import extend_fa3_kernel
 
-    _check_call(args)
     total_q, num_q_heads, head_dim = args.q.shape
     num_pages, page_size, num_kv_heads, _ = args.k_cache.shape
     batch = args.cu_seqlens_q.shape[0] - 1
     if total_q == 0 or batch == 0:
-        return
+        return (), (), ()
     plan = plan or extend_plan(head_dim, page_size)
     if (plan.cfg.head_dim, plan.page_size) != (head_dim, page_size):
         raise ValueError(
@@ -259,28 +279,57 @@ def launch(args: ExtendArgs, plan: ExtendPlan | None = None) -> None:
         )
     q_smem, _, _, _, box_smem, _ = plan.layouts
     programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device))
-    dummy = args.cu_seqlens_q  # never read when the flag is off
     table = args.page_table
-    jit_launch(
+    descriptors = (
+        derive(head_tile_descriptor, args.q, HALF, q_smem),
+        derive(_cache_descriptor, args.k_cache, plan.box, box_smem),
+        derive(_cache_descriptor, args.v_cache, plan.box, box_smem),
+    )
+    launch = Launch(
         extend_fa3_kernel,
         (programs,),
-        head_tile_descriptor(args.q, HALF, q_smem),
-        _cache_descriptor(args.k_cache, plan.box, box_smem),
-        _cache_descriptor(args.v_cache, plan.box, box_smem),
-        args.out,
-        args.lse if args.lse is not None else dummy,
-        args.sinks if args.sinks is not None else dummy,
-        args.cu_seqlens_q,
-        args.cache_seqlens,
-        table,
-        table.stride(0),
-        table.shape[1],
-        num_pages,
-        float(args.softmax_scale),
-        args.window_left if args.window_left >= 0 else NO_WINDOW,
-        n_m,
-        batch,
-        **plan.constexprs(num_q_heads, num_kv_heads, args.sinks is not None, args.lse is not None),
-        num_warps=4,
-        maxnreg=plan.cfg.maxnreg,
+        (
+            *(d.value for d in descriptors),
+            *written_and_sinks(args),
+            args.cu_seqlens_q,
+            args.cache_seqlens,
+            table,
+            table.stride(0),
+            table.shape[1],
+            num_pages,
+            float(args.softmax_scale),
+            args.window_left if args.window_left >= 0 else NO_WINDOW,
+            n_m,
+            batch,
+        ),
+        dict(
+            **plan.constexprs(num_q_heads, num_kv_heads, args.sinks is not None, args.lse is not None),
+            num_warps=4,
+            maxnreg=plan.cfg.maxnreg,
+        ),
     )
+    return [launch], (), (), descriptors
+
+
+def _runner_key(args: ExtendArgs) -> tuple:
+    """:func:`~tokenspeed_kernel_nvidia.ops.attention._common.attention_call_key` of q and the
+    caches, the page table's shape and row stride (launch scalars) and the persistent grid
+    (program and query-block counts, which follow ``max_seqlen_q``; not ``max_seqlen_k``,
+    which the launch does not read)."""
+    q, table = args.q, args.page_table
+    batch = args.cu_seqlens_q.shape[0] - 1
+    return (
+        attention_call_key(args, args.k_cache, args.v_cache),
+        table.shape,
+        table.stride(0),
+        grid(args.max_seqlen_q, batch, q.shape[1], sm_count(q.device)),
+    )
+
+
+# What varies per run: every tensor of a functional call.
+_CALL_INPUTS = by_fields(
+    "q", "k_cache", "v_cache", "page_table", "cu_seqlens_q", "cache_seqlens", "sinks", "out", "lse"
+)
+_RUNNERS = RunnerCache(
+    "gluon_extend_fa3_sm90", _runner_key, lambda args: bind_runner(_launches, args, *_CALL_INPUTS), launch
+)

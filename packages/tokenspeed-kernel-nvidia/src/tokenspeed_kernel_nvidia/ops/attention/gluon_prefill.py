@@ -17,8 +17,15 @@ from dataclasses import dataclass
 from tokenspeed_kernel.kit import cdiv, equal_head_dims, next_pow2
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
-from tokenspeed_kernel_nvidia.ops.attention._common import Q_DTYPES, VENDORS, head_tile_descriptor
-from tokenspeed_kernel_triton._launcher import jit_launch
+from tokenspeed_kernel_nvidia.ops.attention._common import (
+    Q_DTYPES,
+    VENDORS,
+    attention_call_key,
+    head_tile_descriptor,
+    written_and_sinks,
+)
+from tokenspeed_kernel_triton._launcher import Launch
+from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, derive, run_fresh
 
 __all__ = [
     "MAX_WINDOW",
@@ -162,39 +169,37 @@ def gluon_prefill_window(args: PrefillArgs) -> None:
 
     q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]`` (bf16/fp16, contiguous), D 64 or 128,
     ``0 <= window_left <= MAX_WINDOW``; writes ``args.out`` and ``args.lse`` when given.
+    A functional call runs the runner bound for its :func:`_runner_key`
+    (``tokenspeed_kernel_triton._runners``): every tensor passed per run, the K/V TMA
+    descriptors derived per run from the run's k and v.
     """
-    launch(args)
+    _check_call(args)
+    _RUNNERS(args)
 
 
 def launch(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> None:
-    """Launch the kernel with ``cfg`` (default :func:`prefill_config`); the device script
-    passes alternatives (e.g. 8 warps for D=64) to time them in the same run."""
+    """Check and launch once, uncached, with ``cfg`` (default :func:`prefill_config`); the
+    device script passes alternatives (e.g. 8 warps for D=64) to time them in the same run."""
+    _check_call(args)
+    run_fresh(functools.partial(_launches, cfg=cfg), args)
+
+
+def _launches(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> Built:
+    """The launch of ``args`` (none for an empty batch), no scratch, nothing kept, and the
+    K/V descriptors derived from k and v."""
     from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import prefill_window_kernel
 
-    _check_call(args)
     total_q, num_q_heads, head_dim = args.q.shape
     num_kv_heads = args.k.shape[1]
     batch = args.cu_seqlens_q.shape[0] - 1
     if total_q == 0 or batch == 0:
-        return
+        return (), (), ()
     group = num_q_heads // num_kv_heads
     cfg = cfg or prefill_config(head_dim, group)
     io, q_smem, kv_smem, s_mma, o_mma = cfg.layouts
-    dummy = args.cu_seqlens_q  # never read when the flag is off
-    jit_launch(
-        prefill_window_kernel,
-        grid(args.max_seqlen_q, num_kv_heads, batch, cfg.block_t),
-        args.q,
-        args.out,
-        args.lse if args.lse is not None else dummy,
-        args.sinks if args.sinks is not None else dummy,
-        head_tile_descriptor(args.k, cfg.block_n, kv_smem),
-        head_tile_descriptor(args.v, cfg.block_n, kv_smem),
-        args.cu_seqlens_q,
-        args.cu_seqlens_k,
-        float(args.softmax_scale),
-        float(args.logit_cap) or 1.0,
-        int(args.window_left),
+    k_desc = derive(head_tile_descriptor, args.k, cfg.block_n, kv_smem)
+    v_desc = derive(head_tile_descriptor, args.v, cfg.block_n, kv_smem)
+    constexprs = dict(
         HQ=num_q_heads,
         HKV=num_kv_heads,
         G=group,
@@ -212,3 +217,35 @@ def launch(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> None:
         O_MMA=o_mma,
         num_warps=cfg.num_warps,
     )
+    tensors = (
+        args.q,
+        *written_and_sinks(args),
+        k_desc.value,
+        v_desc.value,
+        args.cu_seqlens_q,
+        args.cu_seqlens_k,
+    )
+    scalars = (float(args.softmax_scale), float(args.logit_cap) or 1.0, int(args.window_left))
+    launch = Launch(
+        prefill_window_kernel,
+        grid(args.max_seqlen_q, num_kv_heads, batch, cfg.block_t),
+        (*tensors, *scalars),
+        constexprs,
+    )
+    return [launch], (), (), (k_desc, v_desc)
+
+
+def _runner_key(args: PrefillArgs) -> tuple:
+    """:func:`~tokenspeed_kernel_nvidia.ops.attention._common.attention_call_key` and the grid
+    (the query-tile count follows ``max_seqlen_q``; calls with the same count share a runner)."""
+    head_dim, num_kv_heads = args.q.shape[2], args.k.shape[1]
+    cfg = prefill_config(head_dim, args.q.shape[1] // num_kv_heads)
+    batch = args.cu_seqlens_q.shape[0] - 1
+    return attention_call_key(args, args.k, args.v), grid(args.max_seqlen_q, num_kv_heads, batch, cfg.block_t)
+
+
+# What varies per run: every tensor of a functional call.
+_CALL_INPUTS = by_fields("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "sinks", "out", "lse")
+_RUNNERS = RunnerCache(
+    "gluon_prefill_window_sm90", _runner_key, lambda args: bind_runner(_launches, args, *_CALL_INPUTS), launch
+)

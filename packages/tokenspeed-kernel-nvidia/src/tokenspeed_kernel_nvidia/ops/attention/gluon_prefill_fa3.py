@@ -41,8 +41,16 @@ import torch
 from tokenspeed_kernel.kit import cdiv, equal_head_dims, sm_count
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
-from tokenspeed_kernel_nvidia.ops.attention._common import Q_DTYPES, VENDORS, head_tile_descriptor
-from tokenspeed_kernel_triton._launcher import jit_launch
+from tokenspeed_kernel_nvidia.ops.attention._common import (
+    Q_DTYPES,
+    VENDORS,
+    attention_call_key,
+    fa3_head_constexprs,
+    head_tile_descriptor,
+    written_and_sinks,
+)
+from tokenspeed_kernel_triton._launcher import Launch
+from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, derive, run_fresh
 
 __all__ = [
     "BLOCK_M",
@@ -364,9 +372,12 @@ def gluon_prefill_fa3(args: PrefillArgs) -> None:
     q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]`` (bf16/fp16, contiguous, q/k/v
     16-byte aligned for TMA), D 64 or 128, causal (bottom-right), no window or cap; sinks float32 ``[Hq]``
     optional; writes ``args.out`` ``[total_q, Hq, D]`` and ``args.lse`` (float32
-    ``[total_q, Hq]``) when given.
+    ``[total_q, Hq]``) when given. A functional call runs the runner bound for its
+    :func:`_runner_key` (``tokenspeed_kernel_triton._runners``): every tensor passed per run,
+    the Q/K/V TMA descriptors derived per run from the run's q, k and v.
     """
-    launch(args)
+    _check_call(args, _config(args.q.shape[2], windowed=False))
+    _RUNNERS(args)
 
 
 @register_kernel(
@@ -389,53 +400,102 @@ def gluon_prefill_fa3_window(args: PrefillArgs) -> None:
     position ``p`` sees keys ``p - window_left .. p``), no cap; sinks float32 ``[Hq]``
     optional; writes ``args.out`` ``[total_q, Hq, D]`` and ``args.lse`` (float32 ``[total_q,
     Hq]``) when given. K/V rows outside a query's window but inside its band tiles are read
-    and masked by selection (the band's keys are its sequence's own).
+    and masked by selection (the band's keys are its sequence's own). A functional call runs
+    the runner bound for its :func:`_runner_key` (the window is part of it: a runner binds its
+    window as a launch scalar), as :func:`gluon_prefill_fa3` does.
     """
-    launch(args, windowed=True)
+    _check_call(args, _config(args.q.shape[2], windowed=True))
+    _WINDOW_RUNNERS(args)
+
+
+def _config(head_dim: int, windowed: bool) -> Fa3Config:
+    """The shipped configuration of the build with or without the window for ``head_dim``
+    (ValueError for another head dim, before any launch)."""
+    table = _WINDOW_CONFIGS if windowed else _CONFIGS
+    if head_dim not in table:
+        raise ValueError(f"gluon_prefill_fa3: head_dim {head_dim} not in {sorted(table)}")
+    return table[head_dim]
 
 
 def launch(args: PrefillArgs, cfg: Fa3Config | None = None, *, windowed: bool = False) -> None:
-    """Launch the kernel with ``cfg`` (default :func:`fa3_config`, or :func:`fa3_window_config`
-    when ``windowed``); the device sweep script passes alternatives to time them in the same
-    run. A windowed call needs a ``window`` build, an unwindowed one a build without it
-    (ValueError otherwise)."""
+    """Check and launch once, uncached, with ``cfg`` (default :func:`fa3_config`, or
+    :func:`fa3_window_config` when ``windowed``); the device sweep script passes alternatives
+    to time them in the same run. A windowed call needs a ``window`` build, an unwindowed one
+    a build without it (ValueError otherwise)."""
+    cfg = cfg or _config(args.q.shape[2], windowed)
+    _check_call(args, cfg)
+    run_fresh(functools.partial(_launches, cfg=cfg), args)
+
+
+def _window(args: PrefillArgs) -> int:
+    """The kernel's runtime window argument: ``window_left`` (capped at :data:`NO_WINDOW`), or
+    :data:`NO_WINDOW` without one (the unwindowed build never reads it)."""
+    return min(args.window_left, NO_WINDOW) if args.window_left >= 0 else NO_WINDOW
+
+
+def _launches(args: PrefillArgs, cfg: Fa3Config) -> Built:
+    """The launch of ``args`` with ``cfg`` (none for an empty batch), no scratch, nothing
+    kept, and the Q/K/V descriptors derived from q, k and v."""
     from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_fa3_kernel import prefill_fa3_kernel
 
-    total_q, num_q_heads, head_dim = args.q.shape
-    if cfg is None:
-        table = _WINDOW_CONFIGS if windowed else _CONFIGS
-        if head_dim not in table:
-            raise ValueError(f"gluon_prefill_fa3: head_dim {head_dim} not in {sorted(table)}")
-        cfg = table[head_dim]
-    _check_call(args, cfg)
+    total_q, num_q_heads, _ = args.q.shape
     num_kv_heads = args.k.shape[1]
     batch = args.cu_seqlens_q.shape[0] - 1
     if total_q == 0 or batch == 0:
-        return
+        return (), (), ()
     q_smem, kv_smem, _, _ = cfg.layouts
     programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device), cfg.block_m)
-    dummy = args.cu_seqlens_q  # never read when the flag is off
-    jit_launch(
+    descriptors = (
+        derive(head_tile_descriptor, args.q, HALF, q_smem),
+        derive(head_tile_descriptor, args.k, cfg.block_n, kv_smem),
+        derive(head_tile_descriptor, args.v, cfg.block_n, kv_smem),
+    )
+    launch = Launch(
         prefill_fa3_kernel,
         (programs,),
-        head_tile_descriptor(args.q, HALF, q_smem),
-        head_tile_descriptor(args.k, cfg.block_n, kv_smem),
-        head_tile_descriptor(args.v, cfg.block_n, kv_smem),
-        args.out,
-        args.lse if args.lse is not None else dummy,
-        args.sinks if args.sinks is not None else dummy,
-        args.cu_seqlens_q,
-        args.cu_seqlens_k,
-        float(args.softmax_scale),
-        n_m,
-        batch,
-        min(args.window_left, NO_WINDOW) if args.window_left >= 0 else NO_WINDOW,
-        HQ=num_q_heads,
-        G=num_q_heads // num_kv_heads,
-        D=head_dim,
-        HAS_SINKS=args.sinks is not None,
-        HAS_LSE=args.lse is not None,
-        **cfg.constexprs(),
-        num_warps=4,
-        maxnreg=cfg.maxnreg,
+        (
+            *(d.value for d in descriptors),
+            *written_and_sinks(args),
+            args.cu_seqlens_q,
+            args.cu_seqlens_k,
+            float(args.softmax_scale),
+            n_m,
+            batch,
+            _window(args),
+        ),
+        dict(
+            **fa3_head_constexprs(args, num_kv_heads),
+            **cfg.constexprs(),
+            num_warps=4,
+            maxnreg=cfg.maxnreg,
+        ),
     )
+    return [launch], (), (), descriptors
+
+
+def _runner_key(args: PrefillArgs) -> tuple:
+    """:func:`~tokenspeed_kernel_nvidia.ops.attention._common.attention_call_key` (with the
+    window, a launch scalar) and the persistent grid of the call's build (its program count
+    and query-block count ``n_m``, which follow ``max_seqlen_q``; calls with the same ones
+    share a runner). Called after the build's check: ``window_left >= 0`` names the build."""
+    batch = args.cu_seqlens_q.shape[0] - 1
+    block_m = _config(args.q.shape[2], args.window_left >= 0).block_m
+    return attention_call_key(args, args.k, args.v), grid(
+        args.max_seqlen_q, batch, args.q.shape[1], sm_count(args.q.device), block_m
+    )
+
+
+def _runner_cache(name: str, windowed: bool) -> RunnerCache[PrefillArgs]:
+    """The functional calls' runners of one build (its shipped configuration per head dim)."""
+
+    def bind(args: PrefillArgs):
+        build = functools.partial(_launches, cfg=_config(args.q.shape[2], windowed))
+        return bind_runner(build, args, *_CALL_INPUTS)
+
+    return RunnerCache(name, _runner_key, bind, functools.partial(launch, windowed=windowed))
+
+
+# What varies per run: every tensor of a functional call.
+_CALL_INPUTS = by_fields("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "sinks", "out", "lse")
+_RUNNERS = _runner_cache("gluon_prefill_fa3_sm90", windowed=False)
+_WINDOW_RUNNERS = _runner_cache("gluon_prefill_fa3_window_sm90", windowed=True)

@@ -1,0 +1,182 @@
+"""Functional runners of the Gluon TMA attention kernels (no GPU): ``gluon_prefill_window_sm90``,
+``gluon_prefill_fa3_sm90``, ``gluon_prefill_fa3_window_sm90`` and ``gluon_extend_fa3_sm90`` run a
+runner cached per call key, every
+tensor of the call passed per run and their TMA descriptors derived per run from the run's
+tensors (``tokenspeed_kernel_triton._runners``). Launches are recorded, nothing runs: three
+"layers" of one key, each with its own q/k/v (caches, tables), out, lse and sinks, launch
+exactly what a fresh bind of each layer launches (kernel, grid, every tensor and descriptor
+base, scalars, constexprs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import pytest
+import torch
+from support.launch_recorder import Recorder, assert_same_launches
+from support.prefill_args import ragged_prefill_args
+
+from tokenspeed_kernel.ops.attention.args import ExtendArgs
+from tokenspeed_kernel_nvidia.ops.attention import gluon_extend_fa3, gluon_prefill, gluon_prefill_fa3
+
+
+def _window_args(layer: int, *, sinks=True, lse=False, max_q=None, lens_q=(5, 9), window=127):
+    args = ragged_prefill_args(
+        lens_q=lens_q, lens_k=(7, 9), hq=8, hkv=2, seed=layer, window_left=window, sinks=sinks, return_lse=lse
+    )
+    return args if max_q is None else dataclasses.replace(args, max_seqlen_q=max_q)
+
+
+def _dense_args(layer: int, *, sinks=True, lse=False, max_q=None, lens_q=(5, 9)):
+    return _window_args(layer, sinks=sinks, lse=lse, max_q=max_q, lens_q=lens_q, window=-1)
+
+
+def _extend_args(layer: int, *, sinks=True, lse=False, max_q=None, lens_q=(5, 9), strided=False):
+    g = torch.Generator().manual_seed(layer)
+    total = sum(lens_q)
+    q = torch.randn(total, 8, 64, generator=g).to(torch.bfloat16)
+    if strided:  # K|V interleaved per token, as vLLM's pool: 16-byte multiples
+        pool = torch.randn(6, 16, 2, 2, 64, generator=g).to(torch.bfloat16)
+        k, v = pool[:, :, 0], pool[:, :, 1]
+    else:
+        k, v = (torch.randn(6, 16, 2, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    table = torch.randperm(6, generator=g).int()[:6].view(2, 3)
+    return ExtendArgs(
+        q, k, v, table,
+        torch.tensor([0, lens_q[0], total], dtype=torch.int32),
+        torch.tensor([20, 40], dtype=torch.int32),
+        max(lens_q) if max_q is None else max_q, 40, True, 0.125, -1,
+        torch.randn(8, generator=g) if sinks else None, 0.0, None, None,
+        torch.empty_like(q), torch.empty(total, 8) if lse else None,
+    )  # fmt: skip
+
+
+class Kernel(NamedTuple):
+    call: Any  # the functional call (checked, cached)
+    runners: Any  # its RunnerCache
+    fresh: Any  # the uncached launch (checked, bound afresh)
+    key: Any  # its runner key
+    make: Any  # args of layer ``i``
+
+
+KERNELS = {
+    "gluon_prefill_window_sm90": Kernel(
+        gluon_prefill.gluon_prefill_window, gluon_prefill._RUNNERS, gluon_prefill.launch,
+        gluon_prefill._runner_key, _window_args,
+    ),
+    "gluon_prefill_fa3_sm90": Kernel(
+        gluon_prefill_fa3.gluon_prefill_fa3, gluon_prefill_fa3._RUNNERS, gluon_prefill_fa3.launch,
+        gluon_prefill_fa3._runner_key, _dense_args,
+    ),
+    "gluon_prefill_fa3_window_sm90": Kernel(
+        gluon_prefill_fa3.gluon_prefill_fa3_window, gluon_prefill_fa3._WINDOW_RUNNERS,
+        functools.partial(gluon_prefill_fa3.launch, windowed=True), gluon_prefill_fa3._runner_key, _window_args,
+    ),
+    "gluon_extend_fa3_sm90": Kernel(
+        gluon_extend_fa3.gluon_extend_fa3, gluon_extend_fa3._RUNNERS, gluon_extend_fa3.launch,
+        gluon_extend_fa3._runner_key, _extend_args,
+    ),
+}  # fmt: skip
+
+
+def _tensors(args) -> list:
+    """Every tensor of the call."""
+    return [getattr(args, f.name) for f in dataclasses.fields(args) if isinstance(getattr(args, f.name), torch.Tensor)]
+
+
+def _sm_count(monkeypatch) -> None:
+    for module in (gluon_prefill_fa3, gluon_extend_fa3):
+        monkeypatch.setattr(module, "sm_count", lambda device: 132)
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+@pytest.mark.parametrize("sinks, lse", [(True, False), (False, True)])
+def test_functional_runner_launches_what_a_fresh_bind_launches(monkeypatch, name, sinks, lse):
+    """Three layers of one key: one runner, bound once; every launch argument of each layer's
+    call (tensors, the descriptors' bases, shapes, strides, block shapes and layouts, scalars,
+    constexprs) equals a fresh bind's of that layer. A stale tensor would show as layer 0's."""
+    k = KERNELS[name]
+    rec = Recorder().install(monkeypatch)
+    _sm_count(monkeypatch)
+    binds = k.runners.binds
+    bases = []
+    for layer in range(3):
+        args = k.make(layer, sinks=sinks, lse=lse)
+        start = len(rec.launches)
+        k.call(args)
+        cached = rec.since(start)
+        k.fresh(args)  # the reference: checked, bound afresh, full arguments
+        fresh = rec.since(start + len(cached))
+        assert len(cached) == len(fresh) == 1
+        assert_same_launches(cached, fresh, _tensors(args))
+        bases.append([a.base.data_ptr() for a in cached[0][2] if hasattr(a, "block_shape")])
+    assert len(k.runners.runners) == 1, "three layers of one shape share one runner"
+    assert k.runners.binds == binds + 1 and rec.bound == 1, "bound once for all three layers"
+    assert len(bases[0]) == (2 if name == "gluon_prefill_window_sm90" else 3)
+    assert len({tuple(b) for b in bases}) == 3, "each layer's descriptors over its own tensors"
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_runner_key_follows_the_grid_and_the_options(monkeypatch, name):
+    key, make = KERNELS[name].key, KERNELS[name].make
+    _sm_count(monkeypatch)
+    base = key(make(0))
+    assert key(make(1)) == base, "another layer's tensors: the same key"
+    assert key(make(0, sinks=False)) != base and key(make(0, lse=True)) != base
+    assert key(make(0, lens_q=(5, 10))) != base, "another q shape"
+    many = 200 if name == "gluon_prefill_window_sm90" else 300
+    assert key(make(0, max_q=many)) != base, "another grid"
+    if name == "gluon_extend_fa3_sm90":
+        assert key(make(0, strided=True)) != base, "another cache layout"
+    if make is _window_args:  # the window is a launch scalar a runner binds
+        assert key(make(0, window=4)) != base, "another window"
+
+
+@pytest.mark.parametrize("name", ["gluon_prefill_window_sm90", "gluon_prefill_fa3_window_sm90"])
+def test_a_windowed_runner_launches_its_own_window(monkeypatch, name):
+    """Calls alternating two windows of one shape: a runner per window, and each cached launch
+    equals a fresh bind's of its call (its window scalar included), never the other window's."""
+    k = KERNELS[name]
+    rec = Recorder().install(monkeypatch)
+    _sm_count(monkeypatch)
+    binds = k.runners.binds
+    launched = {}
+    for layer, window in enumerate((127, 4, 127, 4)):
+        args = _window_args(layer, window=window)
+        start = len(rec.launches)
+        k.call(args)
+        cached = rec.since(start)
+        k.fresh(args)
+        fresh = rec.since(start + len(cached))
+        assert len(cached) == len(fresh) == 1
+        assert_same_launches(cached, fresh, _tensors(args))
+        launched.setdefault(window, []).append([a for a in cached[0][2] if isinstance(a, int)])
+    assert k.runners.binds == binds + 2 and len(k.runners.runners) == 2, "one runner per window"
+    assert launched[127][0] == launched[127][1] and launched[4][0] == launched[4][1]
+    assert launched[127][0] != launched[4][0], "the window reaches the launch's scalars"
+
+
+def test_an_empty_batch_launches_nothing(monkeypatch):
+    rec = Recorder().install(monkeypatch)
+    _sm_count(monkeypatch)
+    for k in KERNELS.values():
+        args = k.make(0)
+        empty = dataclasses.replace(args, q=args.q[:0], out=args.out[:0], lse=None)
+        k.call(empty)
+    assert rec.launches == []
+
+
+def test_bad_calls_raise_before_the_runner(monkeypatch):
+    rec = Recorder().install(monkeypatch)
+    _sm_count(monkeypatch)
+    with pytest.raises(ValueError, match="window"):
+        gluon_prefill.gluon_prefill_window(_window_args(0, window=-1))
+    with pytest.raises(ValueError, match="window"):
+        gluon_prefill_fa3.gluon_prefill_fa3(dataclasses.replace(_dense_args(0), window_left=127))
+    with pytest.raises(ValueError, match="window"):
+        gluon_prefill_fa3.gluon_prefill_fa3_window(_dense_args(0))
+    with pytest.raises(ValueError, match="causal"):
+        gluon_extend_fa3.gluon_extend_fa3(dataclasses.replace(_extend_args(0), causal=False))
+    assert rec.launches == []
