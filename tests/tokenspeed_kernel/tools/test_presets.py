@@ -75,8 +75,9 @@ def test_names_unique_and_counted_work():
     for preset in PRESETS:
         for op in cases.OPS:
             found = preset_cases(preset, op)
-            assert bool(found) == (preset != "prefill-lengths" or op == "attention.prefill"), (preset, op)
-            if preset in ("gpt-oss-120b", "prefill-lengths"):
+            only = {"prefill-lengths": "attention.prefill", "extend-lengths": "attention.extend"}.get(preset, op)
+            assert bool(found) == (op == only), (preset, op)
+            if preset in ("gpt-oss-120b", "prefill-lengths", "extend-lengths"):
                 assert len({c.name for c in found}) == len(found), (preset, op)
             assert all(c.op == op and c.bytes_moved() > 0 for c in found)
 
@@ -89,6 +90,16 @@ def test_prefill_lengths_sweeps_the_length_bucket_of_full_attention_layers():
         assert (c.num_q_heads, c.num_kv_heads, c.head_dim, c.window_left) == (64, 8, 64, -1)
         assert c.seqlens_q == c.seqlens_k and c.dtype == torch.bfloat16
     assert {(c.sinks, c.causal) for c in sweep} == {(True, True), (False, True), (True, False)}
+    assert any(len(set(c.seqlens_q)) > 1 for c in sweep)  # a ragged batch
+
+
+def test_extend_lengths_sweeps_the_length_bucket_on_a_paged_prefix():
+    sweep = preset_cases("extend-lengths", "attention.extend")
+    buckets = {cases.request(c).shape("max_seqlen_q_bucket") for c in sweep}
+    assert buckets == {16, 64, 256, 512, 1024, 2048}
+    for c in sweep:
+        assert (c.num_q_heads, c.num_kv_heads, c.head_dim, c.window_left, c.page_size) == (64, 8, 64, -1, 16)
+        assert all(k > q for q, k in zip(c.seqlens_q, c.seqlens_k)) and c.sinks and c.dtype == torch.bfloat16
     assert any(len(set(c.seqlens_q)) > 1 for c in sweep)  # a ragged batch
 
 

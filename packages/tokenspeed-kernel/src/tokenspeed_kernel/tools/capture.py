@@ -6,11 +6,11 @@ call signature (``{"op", "kernel", "signature"}``; shapes, dtypes and options, n
 exchange's, which run across ranks: ``cases.NO_CASES``).
 
 Signatures hold totals and maxima, not per-sequence lengths (those live in device tensors
-and reading them would synchronize). Replay therefore gives a prefill's first sequence the
-longest lengths (``max_seqlen_q``/``max_seqlen_k``, so the selector sees the call's length
-bucket) and spreads the rest evenly over the others (the remainder to the first ones), and
-gives every paged sequence ``max_seqlen_k`` keys: an upper bound of the work the engine's
-call did.
+and reading them would synchronize). Replay therefore gives a prefill's or an extend's
+first sequence the longest query length (``max_seqlen_q``, so the selector sees the call's
+length bucket; a prefill's first sequence also gets ``max_seqlen_k`` keys) and spreads the
+rest evenly over the others (the remainder to the first ones), and gives every paged
+sequence ``max_seqlen_k`` keys: an upper bound of the work the engine's call did.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _extend(sig: dict[str, Any]) -> Case:
     b = sig["batch"]
     return AttentionCase(
         "attention.extend",
-        _split(sig["total_q"], b),
+        _split_longest(sig["total_q"], b, sig["max_seqlen_q"]),
         (sig["max_seqlen_k"],) * b,
         page_size=sig["page_size"],
         **_heads(sig),

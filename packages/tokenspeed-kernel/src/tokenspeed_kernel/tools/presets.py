@@ -11,6 +11,10 @@
                   heads, bf16, full-attention layers, at query lengths 512 to 16384, one
                   sequence or several, a ragged batch, without sinks, non-causal. The sweep
                   for ranking prefill kernels by length (``max_seqlen_q_bucket``).
+``extend-lengths``  ``attention.extend`` only: GPT-OSS heads, bf16, sinks, page size 16,
+                  full-attention layers, 16 to 2048 new tokens on a 6144-token paged prefix,
+                  a batch of four and a ragged batch. The sweep for ranking extend kernels
+                  by length (``max_seqlen_q_bucket``).
 ``small``         one tiny case per operator (CPU-cheap; the first awkward case in bf16).
 ``awkward``       the awkward-shape cases of the case modules (ragged lengths, partial
                   pages, GQA ratios, windows, sinks, ...) in bf16 and fp16.
@@ -162,6 +166,24 @@ def _prefill_lengths(op: str) -> list[Case]:
     ]
 
 
+# (name, new tokens per sequence, keys per sequence = prefix + new): the extend length sweep.
+_EXTEND_SWEEP: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...] = (
+    *((f"extend_{q}_on_6144", (q,), (6144 + q,)) for q in (16, 64, 256, 512, 1024, 2048)),
+    ("extend_b4_512_on_2048", (512,) * 4, (2560,) * 4),
+    ("extend_ragged_1024_300_37_2", (1024, 300, 37, 2), (7168, 2348, 4133, 98)),
+)
+
+
+def _extend_lengths(op: str) -> list[Case]:
+    """The extend length sweep (``extend-lengths``): extend only."""
+    if op != "attention.extend":
+        return []
+    return [
+        AttentionCase(op, q, k, num_kv_heads=_HKV, head_dim=_D, page_size=_PAGE, name=name, **_SWEEP_FIELDS)
+        for name, q, k in _EXTEND_SWEEP
+    ]
+
+
 def _small(op: str) -> list[Case]:
     return cases.awkward_cases(op, torch.bfloat16)[:1]
 
@@ -173,6 +195,7 @@ def _awkward(op: str) -> list[Case]:
 PRESETS: dict[str, Callable[[str], list[Case]]] = {
     "gpt-oss-120b": _gpt_oss,
     "prefill-lengths": _prefill_lengths,
+    "extend-lengths": _extend_lengths,
     "small": _small,
     "awkward": _awkward,
 }

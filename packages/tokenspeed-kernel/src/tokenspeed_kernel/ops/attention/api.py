@@ -102,7 +102,7 @@ def _facts(
     capture signature (given the per-call lengths: ``signature(max_seqlen_k=...)``); none while tracing (``compiling``: the custom op
     selects when it runs). ``causal`` None: decode (always causal; its request carries
     ``batch_bucket`` and ``q_len``); ``caches``: the paged K/V whose layout the request
-    carries; ``max_seqlen_q``: prefill's length bucket; ``kv_prefix``: prefill's (keys may
+    carries; ``max_seqlen_q``: prefill's and extend's length bucket; ``kv_prefix``: prefill's (keys may
     outnumber queries: ``cu_seqlens_k`` is not ``cu_seqlens_q``)."""
     if compiling:
         return None, dict
@@ -432,13 +432,15 @@ class ExtendCall(Plan):
             return None
         return call_key(
             (q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, sinks, k_scale, v_scale, out),
-            (causal, softmax_scale, window_left, logit_cap, return_lse, override),
+            (causal, softmax_scale, window_left, logit_cap, return_lse, override, pow2_bucket(max_seqlen_q)),  # type: ignore[arg-type]
         )
 
     @classmethod
     def check(cls, compiling: bool, *call: Any) -> ExtendCall:
         heads, page_size, scale = check_extend(*call)
-        q, k_cache, v_cache, page_table, cu_seqlens_q, _, _, _, causal, _, window_left, sinks, logit_cap = call[:13]
+        q, k_cache, v_cache, page_table, cu_seqlens_q, _, max_seqlen_q, _, causal, _, window_left, sinks, logit_cap = (
+            call[:13]
+        )
         return_lse = call[15]
         total_q = q.shape[0]
         request, signature = _facts(
@@ -455,6 +457,7 @@ class ExtendCall(Plan):
             causal=causal,
             caches=(k_cache, v_cache),
             page_size=page_size,
+            max_seqlen_q=max_seqlen_q,
             total_q=total_q,
         )
         return cls(

@@ -205,7 +205,7 @@ def request(case: AttentionCase) -> Request:
         page_size=case.page_size if case.op != "attention.prefill" else None,
         q_len=case.seqlens_q[0] if case.op == "attention.decode" else None,
         batch=len(case.seqlens_q) if case.op == "attention.decode" else None,
-        max_seqlen_q=max(case.seqlens_q, default=0) if case.op == "attention.prefill" else None,
+        max_seqlen_q=max(case.seqlens_q, default=0) if case.op != "attention.decode" else None,
         strided_kv=strided,
         kv_align=align,
         # make_inputs passes one lengths tensor when the lengths are equal (as engines do)
