@@ -9,7 +9,7 @@ the instructions the design relies on in the PTX (``cp.async`` gathers, ``mma.sy
 ``wgmma`` tensor-core products, ``cp.async.bulk.tensor`` TMA copies, ``.local`` accesses,
 16-byte ``ld.global.v4.b32`` loads and ``cvt.f32.f16`` widenings for the MoE decode; for
 warp-specialized kernels the ``setmaxnreg`` register counts, ``wgmma.wait_group 1`` waits
-(an MMA left in flight) and ``mbarrier.arrive``/``try_wait`` counts), shared memory, and the registers and spill bytes that Triton's bundled ``ptxas -v`` reports
+(an MMA left in flight), ``mbarrier.arrive``/``try_wait`` and ``fence.proxy.async`` counts), shared memory, and the registers and spill bytes that Triton's bundled ``ptxas -v`` reports
 for ``sm_90a`` (the compiled object carries no register count without a device). Must run
 without ``TRITON_INTERPRET`` (the test suite runs it in a subprocess).
 """
@@ -72,6 +72,7 @@ class CompileResult:
     wgmma_wait1: int = 0
     mbar_arrive: int = 0
     mbar_wait: int = 0
+    fence_async: int = 0
     sass: dict = field(default_factory=dict)
     error: str = ""
 
@@ -677,6 +678,7 @@ def run(kinds: tuple[str, ...] = ("decode", "prefill", "prefill_fa3", "moe", "mo
                         wgmma_wait1=_count(r"\bwgmma\.wait_group\.sync\.aligned 1;", ptx),
                         mbar_arrive=_count(r"\bmbarrier\.arrive\.", ptx),
                         mbar_wait=_count(r"\bmbarrier\.try_wait\.", ptx),
+                        fence_async=_count(r"\bfence\.proxy\.async\b", ptx),
                         sass=_sass_counts(disassemble(compiled.asm["cubin"])) if "cubin" in compiled.asm else {},
                     )
                 )

@@ -92,6 +92,9 @@ def test_gluon_prefill_fa3_compiles_warp_specialized_with_wgmma(fa3_rows):
         # The next S = Q·Kᵀ is awaited with the P·V product still in flight: one wait(1) per consumer.
         assert row["wgmma_wait1"] == wg, row
         assert row["mbar_wait"] > 0 and row["mbar_arrive"] > 0, row
+        # V cleaned on dirty tiles (docs/api.md: unseen NaN never leaks) at both P·V sites of
+        # each consumer: the stores made visible to wgmma, after the barrier inits' fence
+        assert row["fence_async"] == 1 + 2 * wg, row
         # The key-tile loop's softmax: 64 scores per thread (block_n = 128; 32 at 64) plus the
         # two rows' alpha on MUFU, less the exp2_poly of every 8 moved to the FMA pipe (3 FFMA
         # + 3 FADD each: Horner, and the round-trip through the 1.5 * 2**23 shifter).
@@ -132,7 +135,9 @@ def test_gluon_prefill_fa3_pv_overlap_moves_the_pv_wait_after_the_softmax(fa3_ro
             # may follow the wait; every score exponential precedes it
             alphas = 2 if "-lz" in row["kernel"] else 0
             assert 0 < sass["KV_MUFU.EX2"] - alphas <= sass["KV_EX2_UNDER_PV"] <= sass["KV_MUFU.EX2"], row
-            budget = 160 if "-wg3" in row["kernel"] else 240
+            # REGS is the kernel's highest register: with three consumer warpgroups the default
+            # partition (consumer 0) runs at setmaxnreg 168, the two workers at 160
+            budget = 168 if "-wg3" in row["kernel"] else 240
             assert sass["REGS"] <= budget and row["spills"] == 0, row
         elif "-lz" not in row["kernel"]:
             assert sass["KV_EX2_UNDER_PV"] == 0, row
@@ -167,7 +172,8 @@ def test_gluon_prefill_fa3_window_build_keeps_the_pipeline(fa3_rows):
             assert w[key] == b[key], (key, w, b)
         for key in ("KV_HGMMA", "KV_MUFU.EX2"):
             assert w["sass"][key] == b["sass"][key], (key, w, b)
-        assert w["shared_bytes"] == b["shared_bytes"] and w["spills"] == 0, (w, b)
+        # the same buffers (the compiler's scratch for layout conversions may land a few bytes apart)
+        assert abs(w["shared_bytes"] - b["shared_bytes"]) <= 64 and w["spills"] == 0, (w, b)
 
 
 def test_gluon_moe_decode_compiles_for_sm90_with_vector_loads():

@@ -32,6 +32,7 @@ def test_gluon_extend_fa3_compiles_warp_specialized_with_paged_tma():
         assert row["tma"] == (2 + 2 * boxes) * (d // 64), row
         assert {40, 232} <= set(row["setmaxnreg"]) and row["sass"]["REGS"] <= 232, row
         assert row["wgmma_wait1"] == 2, row
+        assert row["fence_async"] == 1 + 2 * 2, row  # the barrier inits; V cleaning at both P·V sites
     # The variants, against GPT-OSS's launch: KV_EX2_UNDER_PV counts the key-tile loop's
     # MUFU.EX2 between the wait for S_i and the wait for P_{i-1}·V_{i-1} (see
     # test_aot_compile.py): none by default (ptxas hoists the P·V wait), all with pv_overlap

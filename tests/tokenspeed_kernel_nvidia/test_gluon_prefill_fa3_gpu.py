@@ -57,27 +57,35 @@ def _inputs(lens_q, lens_k, hq, hkv, d, dtype, seed):
     return q, k, v, cu_q, cu_k
 
 
-def _run(lens_q, lens_k, hq, hkv, d, sinks, dtype, *, cfg=None, out=None, window=-1):
+def _launch(q, k, v, cu_q, cu_k, lens_q, lens_k, sk, *, cfg=None, out=None, window=-1):
+    """The kernel (``cfg`` None: the registered build through the public call; else that
+    configuration through the module's launcher) on NaN-poisoned ``out`` and LSE."""
     from tokenspeed_kernel import mha_prefill
     from tokenspeed_kernel.ops.attention.args import PrefillArgs
     from tokenspeed_kernel_nvidia.ops.attention import gluon_prefill_fa3 as fa3
 
-    lens_k = lens_k or lens_q
-    q, k, v, cu_q, cu_k = _inputs(lens_q, lens_k, hq, hkv, d, dtype, seed=sum(lens_q) + hq + d)
-    sk = torch.randn(hq, device="cuda") * 2 if sinks else None
     out = torch.full_like(q, float("nan")) if out is None else out.fill_(float("nan"))
-    lse = torch.full((q.shape[0], hq), float("nan"), device="cuda")
-    scale = 1 / math.sqrt(d)
+    lse = torch.full((q.shape[0], q.shape[1]), float("nan"), device="cuda")
+    scale = 1 / math.sqrt(q.shape[-1])
     if cfg is None:
         res, lse = mha_prefill(
             q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), window_left=window, sinks=sk, return_lse=True, out=out,
             override=KERNEL if window < 0 else WINDOW_KERNEL,
         )  # fmt: skip
-    else:  # a non-default launch configuration, through the module's launcher
+    else:
         args = PrefillArgs(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), True, scale, window, sk, 0.0, out, lse)
         fa3.launch(args, cfg)
         res = out
     torch.cuda.synchronize()
+    return res, lse
+
+
+def _run(lens_q, lens_k, hq, hkv, d, sinks, dtype, *, cfg=None, out=None, window=-1):
+    lens_k = lens_k or lens_q
+    q, k, v, cu_q, cu_k = _inputs(lens_q, lens_k, hq, hkv, d, dtype, seed=sum(lens_q) + hq + d)
+    sk = torch.randn(hq, device="cuda") * 2 if sinks else None
+    res, lse = _launch(q, k, v, cu_q, cu_k, lens_q, lens_k, sk, cfg=cfg, out=out, window=window)
+    scale = 1 / math.sqrt(d)
     ro, rl = dense_reference(q, k, v, cu_q, cu_k, scale=scale, window=window if window >= 0 else NO_WINDOW, sinks=sk)
     return res, lse, ro, rl
 
@@ -184,3 +192,84 @@ def test_gluon_prefill_fa3_window_sweep_configs(d, kw, window):
     _skip()
     cfg = fa3_variant(d, window=True, **kw)
     _assert_close(*_run(RAGGED, None, 16, 2, d, True, torch.bfloat16, cfg=cfg, window=window))
+
+
+# Unseen NaN/inf (docs/api.md: a key or value a query cannot see never affects it): K and V
+# poisoned at one key at a time, the rows that cannot see it keep every bit of their output
+# and LSE (against the clean run) and stay finite. The keys: each sequence's first, middle and
+# last, and those around the 64- and 128-key tile edges, so the poison lands on the diagonal
+# tile, on the second dirty tile when Lk - Lq is not a tile multiple, in the previous
+# sequence's last tile (the dense view's next rows, masked as causally later), and outside a
+# window's left edge. (lens_q, lens_k, d, sinks, window)
+NAN_CASES = [
+    ([40, 9], None, 64, True, -1),  # one tile: the diagonal and the next sequence's keys
+    ([300, 129], None, 64, True, -1),  # three tiles, a ragged last one
+    ([300, 129], None, 128, False, -1),
+    ([100, 37, 5], [300, 40, 133], 64, True, -1),  # Lk > Lq: two dirty tiles per work tile
+    ([50, 130], [20, 130], 64, False, -1),  # Lq > Lk: rows that see nothing stay 0 / -inf
+    ([300, 129], None, 64, True, 5),  # the windowed build: left edges
+    ([300, 130], None, 128, True, 127),
+    ([100, 37, 5], [300, 40, 133], 64, False, 127),
+]
+POISON_VALUES = (float("nan"), float("inf"), float("-inf"))
+
+
+def _poison_keys(lens_k) -> list[int]:
+    """K/V rows to poison (one at a time): per sequence its first, middle and last key and
+    those at the 64- and 128-key tile edges."""
+    starts = [0, *torch.tensor(lens_k).cumsum(0).tolist()]
+    picks = (0, 63, 64, 127, 128, 255, 256)
+    return sorted({starts[b] + j for b, n in enumerate(lens_k) for j in (*picks, n // 2, n - 1) if 0 <= j < n})
+
+
+def _blind_rows(lens_q, lens_k, key_row: int, window: int) -> torch.Tensor:
+    """Per query row of the batch: whether it cannot see K/V row ``key_row`` (another
+    sequence's, causally later or outside its window)."""
+    blind, k0 = [], 0
+    for lq, lk in zip(lens_q, lens_k, strict=True):
+        j = key_row - k0
+        for t in range(lq):
+            p = lk - lq + t
+            sees = 0 <= j < lk and j <= p and (window < 0 or p - j <= window)
+            blind.append(not sees)
+        k0 += lk
+    return torch.tensor(blind, device="cuda")
+
+
+def _assert_unseen_poison_changes_nothing(lens_q, lens_k, d, sinks, window, *, cfg=None, values=POISON_VALUES):
+    lens_k = lens_k or lens_q
+    q, k, v, cu_q, cu_k = _inputs(lens_q, lens_k, 16, 2, d, torch.bfloat16, seed=sum(lens_q) + d + window)
+    sk = torch.randn(16, device="cuda") * 2 if sinks else None
+    out, lse = _launch(q, k, v, cu_q, cu_k, lens_q, lens_k, sk, cfg=cfg, window=window)
+    keys = _poison_keys(lens_k)
+    for n, key_row in enumerate(keys):
+        value = values[n % len(values)]
+        bad_k, bad_v = k.clone(), v.clone()
+        bad_k[key_row], bad_v[key_row] = value, value
+        bad_out, bad_lse = _launch(q, bad_k, bad_v, cu_q, cu_k, lens_q, lens_k, sk, cfg=cfg, window=window)
+        blind = _blind_rows(lens_q, lens_k, key_row, window)
+        where = f"key row {key_row} = {value}"
+        assert torch.isfinite(bad_out[blind]).all(), f"{where}: leaked into rows that cannot see it"
+        assert torch.equal(bad_out[blind], out[blind]), f"{where}: changed the output of rows that cannot see it"
+        assert torch.equal(bad_lse[blind], lse[blind]), f"{where}: changed the LSE of rows that cannot see it"
+
+
+@pytest.mark.parametrize("lens_q,lens_k,d,sinks,window", NAN_CASES)
+@pytest.mark.parametrize("value", POISON_VALUES, ids=("nan", "inf", "-inf"))
+def test_gluon_prefill_fa3_unseen_nan_changes_nothing(lens_q, lens_k, d, sinks, window, value):
+    _skip()
+    _assert_unseen_poison_changes_nothing(lens_q, lens_k, d, sinks, window, values=(value,))
+
+
+@pytest.mark.parametrize("d,kw", SWEEP_CONFIGS, ids=lambda x: str(x))
+def test_gluon_prefill_fa3_sweep_configs_unseen_nan_changes_nothing(d, kw):
+    # every swept configuration (64-key tiles, three warpgroups, the variants): Lk > Lq, so
+    # work tiles have two dirty tiles, and NaN / inf / -inf in turn over the poisoned keys
+    _skip()
+    _assert_unseen_poison_changes_nothing([100, 37, 5], [300, 40, 133], d, True, -1, cfg=fa3_variant(d, **kw))
+
+
+@pytest.mark.parametrize("d,kw", WINDOW_SWEEP_CONFIGS, ids=lambda x: str(x))
+def test_gluon_prefill_fa3_window_sweep_configs_unseen_nan_changes_nothing(d, kw):
+    _skip()
+    _assert_unseen_poison_changes_nothing([300, 129], None, d, True, 5, cfg=fa3_variant(d, window=True, **kw))

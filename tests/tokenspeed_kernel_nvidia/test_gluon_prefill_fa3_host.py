@@ -146,6 +146,43 @@ def test_gpt_oss_window_schedule():
         assert not fa3.fa3_config(d).window  # the causal-only build is unchanged
 
 
+@pytest.mark.parametrize("len_q,len_k", [*LENGTHS, (600, 600), (256, 700), (129, 1), (200, 73)])
+@pytest.mark.parametrize("window", [None, 0, 4, 127, 200])
+@pytest.mark.parametrize("block_n", [64, 128])
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_dirty_tiles_hold_every_key_some_row_of_the_work_tile_cannot_see(len_q, len_k, window, block_n, consumers):
+    # docs/api.md: a NaN/inf key or value a query cannot see never reaches it. The kernel
+    # cleans the V tiles ``dirty`` names (every warpgroup of the work tile the same ones: they
+    # meet on a barrier): brute force over every (row, key) pair of each visited tile, keys
+    # past the sequence included (the dense view's next sequence: seen by no row).
+    block_m = consumers * fa3.HALF
+    w = fa3.NO_WINDOW if window is None else window
+    for m0 in range(0, len_q, block_m):
+        p0 = len_k - len_q + m0
+        real = [p0 + t for t in range(min(block_m, len_q - m0))]
+        if window is None:
+            n_kv, n_unclean = fa3.key_tiles(len_q, len_k, m0, 0, block_n, block_m)
+            tiles = [n_kv - 1 - i for i in range(n_kv)]  # visiting order
+            # the kernel's causal walk: the first n_unclean visited tiles are the dirty ones
+            assert [fa3.dirty(j, p0, block_n, w, block_m) for j in tiles] == [i < n_unclean for i in range(n_kv)]
+            for wg in range(consumers):  # a tile a warpgroup masks is dirty
+                n_masked = fa3.key_tiles(len_q, len_k, m0, wg, block_n, block_m)[1]
+                assert n_masked <= n_unclean
+        else:
+            j_lo, n_kv = fa3.key_band(len_q, len_k, m0, block_n, w, block_m)
+            tiles = list(range(j_lo + n_kv - 1, j_lo - 1, -1))
+        for j in tiles:
+            keys = range(j * block_n, (j + 1) * block_n)
+            unseen = any(not _sees(p, key, len_k, w) for p in real for key in keys)
+            if unseen:
+                assert fa3.dirty(j, p0, block_n, w, block_m), (m0, j)
+            if window is None or len(real) == block_m:
+                # exact when the rule's last row is a real one (causal: only the first row counts)
+                assert fa3.dirty(j, p0, block_n, w, block_m) == unseen, (m0, j)
+            if (j + 1) * block_n > len_k:  # keys past the sequence (the next one's rows): dirty
+                assert fa3.dirty(j, p0, block_n, w, block_m)
+
+
 def test_config_table():
     for d in fa3.HEAD_DIMS:
         cfg = fa3.fa3_config(d)
@@ -248,8 +285,9 @@ def _reasons_has(reasons: dict, name: str, text: str) -> bool:
 
 # ---------------------------------------------------------------- algorithm emulation
 def _emulate(
-    q, k, v, cu_q, cu_k, max_q, *, sinks, scale, block_n, programs, consumers=2, poly=False, lazy=0.0, window=None
-):
+    q, k, v, cu_q, cu_k, max_q, *, sinks, scale, block_n, programs, consumers=2, poly=False, lazy=0.0, window=None,
+    clean_v=True,
+):  # fmt: skip
     """float64 model of the kernel: persistent programs walk the tile order; per tile, each of
     the ``consumers`` warpgroups' 64 rows visit ``key_tiles`` from the diagonal down, masking
     the first ``n_masked``; online softmax with the max of the raw scores (``lazy > 0``: a
@@ -258,7 +296,8 @@ def _emulate(
     next tile's max); sink and LSE in the epilogue. Q and K/V tiles are read at absolute rows
     like the TMA boxes (past a sequence: the next one's rows; past the tensor: 0). ``window``
     (the windowed build): the tiles of ``key_band`` from its last down, masking those ``edge``
-    names with ``0 <= p - key <= window``."""
+    names with ``0 <= p - key <= window``. ``clean_v``: the non-finite values of a V tile
+    zeroed on the tiles ``dirty`` names (off: the kernel before it cleaned, NaN x 0 = NaN)."""
     log2e = 1 / math.log(2)
     total_q, hq, d = q.shape
     group = hq // k.shape[1]
@@ -316,7 +355,11 @@ def _emulate(
                     if pending is not None:
                         acc = acc + pending[0] @ pending[1]
                     acc = acc * alpha[:, None]
-                    pending = (p, rows_at(v, cu_k[b] + j * block_n, block_n, head // group))
+                    vt = rows_at(v, cu_k[b] + j * block_n, block_n, head // group)
+                    p0 = len_k - len_q + m0  # the work tile's first row: every warpgroup agrees
+                    if clean_v and fa3.dirty(j, p0, block_n, fa3.NO_WINDOW if window is None else window, block_m):
+                        vt = torch.where(torch.isfinite(vt), vt, 0.0)
+                    pending = (p, vt)
                 if pending is not None:
                     acc = acc + pending[0] @ pending[1]
                 sink = (
@@ -404,6 +447,58 @@ def test_emulated_window_schedule_matches_naive_attention(
     _emulated_vs_naive(
         lens_q, lens_k, group, sinks, block_n, programs, seed=sum(lens_q) + window, window=window, consumers=consumers
     )
+
+
+POISONED = [
+    # (lens_q, lens_k, block_n, consumers, window)
+    ([40, 9], None, 128, 2, None),  # one tile: the diagonal and the next sequence's keys
+    ([300, 129], None, 128, 2, None),  # three tiles, a ragged last one
+    ([100, 37, 5], [300, 40, 133], 128, 2, None),  # Lk > Lq: two dirty tiles per work tile
+    ([50, 130], [20, 130], 64, 2, None),  # Lq > Lk: rows that see nothing
+    ([200, 70], None, 128, 3, None),  # three warpgroups: 192-token work tiles
+    ([300, 129], None, 64, 2, 5),  # window edges
+    ([70, 130], [300, 130], 64, 2, 127),
+]
+
+
+def _key_sees(cu_q, cu_k, row: int, key_row: int, window: int | None) -> bool:
+    """Whether query row ``row`` (of the ragged batch) may see K/V row ``key_row``."""
+    b = max(i for i in range(len(cu_q) - 1) if cu_q[i] <= row)
+    if not cu_k[b] <= key_row < cu_k[b + 1]:
+        return False
+    p = (cu_k[b + 1] - cu_k[b]) - (cu_q[b + 1] - cu_q[b]) + row - cu_q[b]
+    return _sees(p, key_row - cu_k[b], cu_k[b + 1] - cu_k[b], fa3.NO_WINDOW if window is None else window)
+
+
+@pytest.mark.parametrize("lens_q,lens_k,block_n,consumers,window", POISONED)
+def test_emulated_schedule_keeps_unseen_nan_out(lens_q, lens_k, block_n, consumers, window):
+    # NaN / inf in K and V at one key at a time: rows that cannot see it keep every bit (the
+    # scores masked by selection, V cleaned on dirty tiles); without the cleaning NaN x 0
+    # leaks (the bug this emulation mirrors).
+    torch.manual_seed(len(lens_q) + block_n)
+    lens_k = lens_k or lens_q
+    cu_q, cu_k = [0], [0]
+    for a, c in zip(lens_q, lens_k, strict=True):
+        cu_q.append(cu_q[-1] + a)
+        cu_k.append(cu_k[-1] + c)
+    q = torch.randn(cu_q[-1], 4, 16, dtype=torch.float64)
+    k = torch.randn(cu_k[-1], 2, 16, dtype=torch.float64)
+    v = torch.randn(cu_k[-1], 2, 16, dtype=torch.float64)
+    kw = dict(sinks=None, scale=0.25, block_n=block_n, programs=3, consumers=consumers, window=window)
+    out, lse = _emulate(q, k, v, cu_q, cu_k, max(lens_q), **kw)
+    keys = sorted({cu_k[b] + j for b, n in enumerate(lens_k) for j in (0, n // 2, n - 1, 63, 64, 127, 128) if j < n})
+    leaked = 0
+    for key_row, value in zip(keys, [float("nan"), float("inf"), float("-inf")] * len(keys)):
+        bad_k, bad_v = k.clone(), v.clone()
+        bad_k[key_row], bad_v[key_row] = value, value
+        blind = torch.tensor([not _key_sees(cu_q, cu_k, r, key_row, window) for r in range(cu_q[-1])])
+        bad_out, bad_lse = _emulate(q, bad_k, bad_v, cu_q, cu_k, max(lens_q), **kw)
+        assert torch.isfinite(bad_out[blind]).all(), key_row
+        assert torch.equal(bad_out[blind], out[blind]) and torch.equal(bad_lse[blind], lse[blind]), key_row
+        if math.isnan(value):
+            raw, _ = _emulate(q, bad_k, bad_v, cu_q, cu_k, max(lens_q), clean_v=False, **kw)
+            leaked += int(not torch.isfinite(raw[blind]).all())
+    assert leaked > 0  # the cleaning is what keeps them out
 
 
 # ---------------------------------------------------------------- exp2 on the FMA pipe

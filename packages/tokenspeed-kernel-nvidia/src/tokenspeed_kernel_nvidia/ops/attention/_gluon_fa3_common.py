@@ -303,16 +303,29 @@ def _pass_turn(turn, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.conste
         mbarrier.arrive(turn.index((WG + 1) % NUM_WG), count=1)
 
 
+@gluon.constexpr_function
+def _clean_shares(num_wg):
+    """The row shares a V tile is cleaned in: ``num_wg`` rounded up to a power of two (a
+    share's rows must be one), dealt round robin to the consumer warpgroups."""
+    return 1 << (int(num_wg) - 1).bit_length()
+
+
 @gluon.jit
-def _clean_v(v_tile, dirty, clean, n_dirty, WG: gl.constexpr, HALF: gl.constexpr, CLEAN: gl.constexpr):
-    """Paged: on a tile some row masks (``dirty``): zero the non-finite values of this
-    warpgroup's half of the V tile ``v_tile [2 * HALF, D]`` in shared memory, then wait until
-    the other warpgroup has cleaned its half (``clean``: one arrival per warpgroup per dirty
-    tile). Returns the dirty-tile count (the barrier's phase)."""
+def _clean_v(v_tile, dirty, clean, n_dirty, WG: gl.constexpr, NUM_WG: gl.constexpr, BLOCK_N: gl.constexpr,
+             CLEAN: gl.constexpr):  # fmt: skip
+    """On a tile some row of the work tile masks (``dirty``): zero the non-finite values of
+    this warpgroup's rows of the V tile ``v_tile [BLOCK_N, D]`` in shared memory (shares of
+    ``BLOCK_N / _clean_shares(NUM_WG)`` rows, share ``c`` to warpgroup ``c % NUM_WG``: with
+    two warpgroups, one half each), then wait until every warpgroup has cleaned its rows
+    (``clean``: one arrival per warpgroup per dirty tile, so they must all agree on which
+    tiles are dirty). Returns the dirty-tile count (the barrier's phase)."""
     if dirty:
-        half = v_tile.slice(WG * HALF, HALF)
-        x = half.load(CLEAN)
-        half.store(gl.where(gl.abs(x) < float("inf"), x, gl.zeros_like(x)))
+        ROWS: gl.constexpr = BLOCK_N // _clean_shares(NUM_WG)
+        for c in gl.static_range(BLOCK_N // ROWS):
+            if c % NUM_WG == WG:
+                part = v_tile.slice(c * ROWS, ROWS)
+                x = part.load(CLEAN)
+                part.store(gl.where(gl.abs(x) < float("inf"), x, gl.zeros_like(x)))
         fence_async_shared()  # the generic-proxy stores visible to wgmma (async proxy)
         gl.thread_barrier()  # every thread of the warpgroup has stored before the arrival
         mbarrier.arrive(clean, count=1)
@@ -416,7 +429,7 @@ def consumer(
     it = 0  # K/V ring position (shared order with the producer)
     rnd = 0  # wgmma issue rounds (ping-pong hand-off)
     n_done = 0
-    n_dirty = 0  # paged: dirty V tiles cleaned (the clean barrier's phase)
+    n_dirty = 0  # dirty V tiles cleaned (the clean barrier's phase)
     for t in range(gl.program_id(0), total, gl.num_programs(0)):
         valid, _b, head, q_begin, _k_begin, m0, len_q, len_k, p0, j_lo, n_kv = _tile(
             t, n_m, batch, cu_q_ptr, k_ptr, window, HQ, NUM_WG * HALF, BLOCK_N, PAGED, WINDOW
@@ -428,11 +441,15 @@ def consumer(
                 row_pos = my_p0 + rows
                 tile_last = p0 + NUM_WG * HALF - 1  # the work tile's last row position (dirty tiles)
                 n_masked = 0
+                n_unclean = 0
             else:
                 my_p0 = len_k - len_q + r0  # ... and its position
                 row_pos = my_p0 + rows
                 # key tiles every row sees in full: [0, (p0 + 1) // BLOCK_N); the rest are masked
                 n_masked = n_kv - gl.minimum(gl.maximum(my_p0 + 1, 0) // BLOCK_N, n_kv)
+                # ... and those the work tile's first row masks (every warpgroup the same): the
+                # dirty ones, V cleaned (they hold every key past the sequence, the next one's rows)
+                n_unclean = n_kv - gl.minimum(gl.maximum(len_k - len_q + m0 + 1, 0) // BLOCK_N, n_kv)
                 tile_last = 0
             m_i = gl.full([HALF], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_MMA))
             l_i = gl.zeros([HALF], gl.float32, layout=gl.SliceLayout(1, S_MMA))
@@ -463,10 +480,10 @@ def consumer(
                     s, m_i, l_i, row_pos, cols, start, qk_scale, window, masked, dtype, p_layout, EXP2_POLY,
                     RESCALE_THRESHOLD, PAGED, PAGED or WINDOW,
                 )  # fmt: skip
-                if PAGED:
+                if PAGED or WINDOW:
                     dirty = _edge(j, p0, tile_last, window, BLOCK_N)
                 else:
-                    dirty = 0
+                    dirty = n_unclean > 0
                 # ---- steps 1 ..: S_i = Q·K_iᵀ and O += P_{i-1}·V_{i-1} in flight together
                 for i in range(1, n_kv):
                     prev = slot
@@ -476,8 +493,7 @@ def consumer(
                     slot = it % STAGES
                     mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
                     mbarrier.wait(v_ready.index(prev), ((it - 1) // STAGES) & 1)
-                    if PAGED:
-                        n_dirty = _clean_v(v_smem.index(prev), dirty, clean, n_dirty, WG, HALF, CLEAN)
+                    n_dirty = _clean_v(v_smem.index(prev), dirty, clean, n_dirty, WG, NUM_WG, BLOCK_N, CLEAN)
                     _wait_turn(turn, rnd, WG, PINGPONG)
                     s_tok = warpgroup_mma(
                         my_q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True
@@ -498,8 +514,10 @@ def consumer(
                         s, m_i, l_i, row_pos, cols, start, qk_scale, window, masked, dtype, p_layout, EXP2_POLY,
                         RESCALE_THRESHOLD, PAGED, PAGED or WINDOW,
                     )  # fmt: skip
-                    if PAGED:
+                    if PAGED or WINDOW:
                         dirty = _edge(j, p0, tile_last, window, BLOCK_N)
+                    else:
+                        dirty = i < n_unclean
                     if PV_OVERLAP:
                         # Passes at once (V_{i-1} is released only below) but ends the softmax's
                         # basic block: ptxas, which hoists the P·V wait to the top of its block,
@@ -514,8 +532,7 @@ def consumer(
                 mbarrier.arrive(q_empty.index(WG), count=1)
                 # ---- last: O += P·V of the last key tile
                 mbarrier.wait(v_ready.index(slot), (it // STAGES) & 1)
-                if PAGED:
-                    n_dirty = _clean_v(v_smem.index(slot), dirty, clean, n_dirty, WG, HALF, CLEAN)
+                n_dirty = _clean_v(v_smem.index(slot), dirty, clean, n_dirty, WG, NUM_WG, BLOCK_N, CLEAN)
                 _wait_turn(turn, rnd, WG, PINGPONG)
                 o_tok = warpgroup_mma(p, v_smem.index(slot), acc, is_async=True)
                 _pass_turn(turn, WG, NUM_WG, PINGPONG)

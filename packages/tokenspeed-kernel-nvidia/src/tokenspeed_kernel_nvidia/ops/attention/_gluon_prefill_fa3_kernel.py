@@ -88,6 +88,7 @@ def prefill_fa3_kernel(
     HAS_LSE: gl.constexpr,
     S_MMA: gl.constexpr,
     O_MMA: gl.constexpr,
+    CLEAN: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
     PINGPONG: gl.constexpr,
@@ -117,6 +118,7 @@ def prefill_fa3_kernel(
     q_ready = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+    clean = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -125,6 +127,7 @@ def prefill_fa3_kernel(
         mbarrier.init(q_ready.index(w), count=1)
         mbarrier.init(q_empty.index(w), count=1)
         mbarrier.init(turn.index(w), count=1)
+    mbarrier.init(clean.index(0), count=NUM_WG)  # one arrival per consumer warpgroup per dirty V tile
     for st in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(st), count=1)
         mbarrier.init(v_ready.index(st), count=1)
@@ -132,7 +135,7 @@ def prefill_fa3_kernel(
         mbarrier.init(v_empty.index(st), count=NUM_WG)
     fence_async_shared()  # the barrier inits visible to the TMA unit (async proxy)
     # (inline, not a shared helper: its inlined scope adds PTX labels that change ptxas's schedule)
-    bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, 0)  # no V-cleaning barrier (0)
+    bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, clean.index(0))
     total = n_m * batch * HQ
     # the consumer warpgroups run the same function on their own rows (WG 0 .. NUM_WG - 1);
     # no page table (0s): the shared pipeline's dense path; the window (a placeholder 0
@@ -146,9 +149,9 @@ def prefill_fa3_kernel(
         gl.warp_specialize(
             [
                 (consumer, (common, 0, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None, WINDOW)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, CLEAN, WINDOW)),
                 (consumer, (common, 1, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None, WINDOW)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, CLEAN, WINDOW)),
                 (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, False, 0, 0, WINDOW)),
             ],
             [4, 1],
@@ -158,11 +161,11 @@ def prefill_fa3_kernel(
         gl.warp_specialize(
             [
                 (consumer, (common, 0, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None, WINDOW)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, CLEAN, WINDOW)),
                 (consumer, (common, 1, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None, WINDOW)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, CLEAN, WINDOW)),
                 (consumer, (common, 2, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, None, WINDOW)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, CLEAN, WINDOW)),
                 (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, False, 0, 0, WINDOW)),
             ],
             [4, 4, 1],

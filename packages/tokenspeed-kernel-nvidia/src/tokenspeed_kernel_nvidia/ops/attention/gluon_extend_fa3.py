@@ -48,6 +48,7 @@ from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import (
     HALF,
     NO_WINDOW,
     Fa3Config,
+    dirty,
     edge,
     fa3_config,
     grid,
@@ -57,6 +58,7 @@ from tokenspeed_kernel_triton._launcher import Launch
 from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, derive, run_fresh
 
 __all__ = [
+    "BLOCK_M",
     "NO_WINDOW",
     "ExtendPlan",
     "box_rows",
@@ -91,13 +93,9 @@ def supported_page(page_size: int, elem_bytes: int = 2, block_n: int = 128) -> b
 # The band and the edge-tile test are the dense windowed prefill's (one definition, both kernels'
 # ``_tile`` / ``_edge``): ``key_band(len_q, len_k, m0, block_n, window)``, ``masked(j, first,
 # last, block_n, window)``.
+# The dirty-tile rule (``dirty(j, p0, block_n, window)``: V cleaned before ``P·V``) is the
+# dense kernel's too.
 masked = edge
-
-
-def dirty(j: int, p0: int, block_n: int, window: int = NO_WINDOW) -> bool:
-    """Whether key tile ``j`` holds a key some row of the work tile starting at position ``p0``
-    may not see (its V tile is cleaned of non-finite values before ``P·V``)."""
-    return masked(j, p0, p0 + BLOCK_M - 1, block_n, window)
 
 
 def page_boxes(j: int, block_n: int, page_size: int, len_k: int, max_pages: int) -> list[tuple[int | None, int]]:
@@ -169,20 +167,18 @@ class ExtendPlan:
     def layouts(self):
         """(Q_SMEM, KV_SMEM, S_MMA, O_MMA, BOX_SMEM, CLEAN): the dense kernel's layouts, the
         NVMMA layout of a ``[1, 1, box, D]`` TMA box (the same 128-byte swizzle), and the
-        4-warp blocked layout of a ``[HALF, D]`` half V tile (16-byte vectors)."""
+        4-warp blocked layout of a ``[HALF, D]`` half V tile (16-byte vectors:
+        ``Fa3Config.clean_layout``, the dense kernel's too)."""
         from triton.experimental.gluon import language as gl
 
         q_smem, kv_smem, s_mma, o_mma = self.cfg.layouts
-        d = self.cfg.head_dim
         box_smem = gl.NVMMASharedLayout.get_default_for([1, 1, self.box, SWIZZLE_COLS], gl.bfloat16)
-        tpw_d = d // 8
-        clean = gl.BlockedLayout([1, 8], [32 // tpw_d, tpw_d] if tpw_d <= 32 else [1, 32], [4, 1], [1, 0])
-        return q_smem, kv_smem, s_mma, o_mma, box_smem, clean
+        return q_smem, kv_smem, s_mma, o_mma, box_smem, self.cfg.clean_layout
 
     def constexprs(self, num_q_heads: int, num_kv_heads: int, sinks: bool, lse: bool) -> dict:
         """The kernel's compile-time arguments (the launcher and the AOT compile pass the
-        same): the dense kernel's (``Fa3Config.constexprs``) and the paged ones."""
-        _, kv_smem, _, _, _, clean = self.layouts
+        same): the dense kernel's (``Fa3Config.constexprs``, ``CLEAN`` included) and the paged ones."""
+        _, kv_smem, *_ = self.layouts
         return {
             "HQ": num_q_heads,
             "G": num_q_heads // num_kv_heads,
@@ -192,7 +188,6 @@ class ExtendPlan:
             "HAS_SINKS": sinks,
             "HAS_LSE": lse,
             "KV_SMEM": kv_smem,
-            "CLEAN": clean,
             # the dense kernel's switch for the band (always on here: PAGED)
             **{k: v for k, v in self.cfg.constexprs().items() if k != "WINDOW"},
         }

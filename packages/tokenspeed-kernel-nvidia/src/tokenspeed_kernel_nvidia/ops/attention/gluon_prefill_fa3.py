@@ -59,6 +59,7 @@ __all__ = [
     "NO_WINDOW",
     "WIDE",
     "Fa3Config",
+    "dirty",
     "edge",
     "exp2_fma_reference",
     "fa3_config",
@@ -179,6 +180,16 @@ class Fa3Config:
         o_mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, self.head_dim, 16])
         return q_smem, kv_smem, s_mma, o_mma
 
+    @functools.cached_property
+    def clean_layout(self):
+        """CLEAN: the 4-warp blocked layout in which a consumer warpgroup zeroes the
+        non-finite values of its rows of a V tile (16-byte vectors along D; it covers 16
+        rows at D 64, 8 at D 128, so any share of ``block_n // 4`` or more rows fits)."""
+        from triton.experimental.gluon import language as gl
+
+        tpw_d = self.head_dim // 8
+        return gl.BlockedLayout([1, 8], [32 // tpw_d, tpw_d] if tpw_d <= 32 else [1, 32], [4, 1], [1, 0])
+
     def constexprs(self) -> dict:
         """The kernel's compile-time arguments that this configuration sets (the launcher and
         the AOT compile pass the same)."""
@@ -189,6 +200,7 @@ class Fa3Config:
             "STAGES": self.stages,
             "S_MMA": s_mma,
             "O_MMA": o_mma,
+            "CLEAN": self.clean_layout,
             "CONSUMER_REGS": self.consumer_regs,
             "PRODUCER_REGS": self.producer_regs,
             "PINGPONG": self.pingpong,
@@ -303,6 +315,16 @@ def edge(j: int, first: int, last: int, block_n: int, window: int = NO_WINDOW) -
     kernel's ``_edge``): it crosses the first row's diagonal or the last row's window edge."""
     start = j * block_n
     return start + block_n - 1 > first or start < last - window
+
+
+def dirty(j: int, p0: int, block_n: int, window: int = NO_WINDOW, block_m: int = BLOCK_M) -> bool:
+    """Whether key tile ``j`` holds a key that some row of the ``block_m``-row work tile whose
+    first row sits at position ``p0`` may not see (every warpgroup of the tile agrees: they
+    meet on a barrier), so its V tile is cleaned of non-finite values before ``P·V``: the
+    tile crosses the first row's diagonal (which also takes keys past the sequence: they sit
+    past every row's position) or the last row's window edge. The causal-only build's
+    dense walk (``j = n_kv - 1 .. 0``) finds these as the first ``key_tiles(.., wg=0)[1]``."""
+    return edge(j, p0, p0 + block_m - 1, block_n, window)
 
 
 def grid(max_seqlen_q: int, batch: int, num_q_heads: int, sms: int, block_m: int = BLOCK_M) -> tuple[int, int]:
