@@ -23,9 +23,14 @@ pairs a window shows, ``4 * B * Hq * D * sum_i (min(i, W) + 1)``. Issue 20's goa
 >= 2x ``flex_attention`` at GPT-OSS's window 127 (S = 8192, H200: flex 180.6 us,
 ``gluon_prefill_window_sm90`` ~120 us).
 
+``--clean-ab``: the shipped configuration, then the same without the V cleaning
+(``Fa3Config.clean_v=False``, tag ``-nocl``: byte-identical to the kernel before the fix, which
+leaks unseen NaN; a timing reference only), then the peers: the cleaning's cost in one call.
+
 Usage (repository root, wheels installed): ``python3 ci/device/fa3_sweep.py [--quick |
---variants] [--window W] [--budget-s S] [--json FILE]`` (``--quick``: the shipped
-configuration and the peers only; ``--budget-s``: rows not started within S seconds are
+--variants | --clean-ab] [--head-dim D] [--window W] [--budget-s S] [--json FILE]``
+(``--quick``: the shipped configuration and the peers only; ``--head-dim``: only the cases of
+that head dim; ``--budget-s``: rows not started within S seconds are
 listed as skipped, so the table always prints); the cases run D = 64 first; prints one table last (with each row's
 speed relative to the shipped configuration of its case) and writes JSON (default
 ``$OUT/fa3_sweep.json``).
@@ -138,7 +143,7 @@ def visible_pairs(seq: int, window: int) -> int:
 
 def sweep_case(batch: int, seq: int, d: int, mode: str, deadline: float, window: int = -1) -> list[dict]:
     """Check then time the configurations of head dim ``d`` that ``mode`` picks ("all",
-    "variants", "quick") and the peers on one case (with ``window >= 0``: the windowed
+    "variants", "quick", "clean-ab") and the peers on one case (with ``window >= 0``: the windowed
     build's and peers); rows not started by ``deadline`` (``time.monotonic``) are skipped."""
     from tokenspeed_kernel import mha_prefill
     from tokenspeed_kernel.ops.attention.args import PrefillArgs
@@ -152,7 +157,13 @@ def sweep_case(batch: int, seq: int, d: int, mode: str, deadline: float, window:
     out = torch.empty_like(q)
     runs = []
     configs, peers = (WINDOW_CONFIGS, WINDOW_PEERS) if window >= 0 else (CONFIGS, PEERS)
-    picked = {"quick": configs[d][:1], "variants": [c for c in configs[d] if c[1]], "all": configs[d]}[mode]
+    shipped = configs[d][0]
+    picked = {
+        "quick": [shipped],
+        "clean-ab": [shipped, ({**shipped[0], "clean_v": False}, False)],
+        "variants": [c for c in configs[d] if c[1]],
+        "all": configs[d],
+    }[mode]
     for kw, _variant in picked:
         cfg = fa3.fa3_variant(d, **kw, **({"window": True} if window >= 0 else {}))
         args = PrefillArgs(q, k, v, cu, cu, seq, seq, True, scale, window, sinks, 0.0, out, None)
@@ -205,15 +216,21 @@ def main() -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="the shipped configuration and the peers only")
     mode.add_argument("--variants", action="store_true", help="the shipped configuration, the variants, the peers")
+    mode.add_argument(
+        "--clean-ab", action="store_true", help="the shipped configuration, the same without V cleaning, the peers"
+    )
+    parser.add_argument("--head-dim", type=int, choices=(64, 128), help="only the cases of this head dim")
     parser.add_argument("--window", type=int, default=-1, help="time the sliding-window build at this window_left")
     parser.add_argument("--budget-s", type=float, default=1e9, help="start no row after this many seconds")
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp/out"), "fa3_sweep.json"))
     opts = parser.parse_args()
     print("device:", torch.cuda.get_device_name(), flush=True)
     deadline = time.monotonic() + opts.budget_s
-    mode = "quick" if opts.quick else "variants" if opts.variants else "all"
+    mode = "quick" if opts.quick else "variants" if opts.variants else "clean-ab" if opts.clean_ab else "all"
     rows = []
     for batch, seq, d in CASES:
+        if opts.head_dim and d != opts.head_dim:
+            continue
         rows += sweep_case(batch, seq, d, mode, deadline, opts.window)
         torch.cuda.empty_cache()
     os.makedirs(os.path.dirname(opts.json) or ".", exist_ok=True)

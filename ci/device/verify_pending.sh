@@ -36,6 +36,12 @@
 #        gpt-oss-120b preset (<= 75 s; the window-127 rows are the goal's), then ci/device/fa3_sweep.py --window 127
 #        (the window build's configurations next to those peers and FA4, S = 8192 first) on what is left of
 #        4 minutes (at least 30 s): ~4 min, 4.5 at most
+#   fa3nan: gluon_prefill_fa3_sm90 and gluon_prefill_fa3_window_sm90 clean V on dirty tiles (unseen NaN/inf leaked
+#        through 0 x NaN in wgmma): the GPU tests that poison K and V at keys rows cannot see (one key at a time;
+#        every swept configuration too) (<= 110 s), test_edge_inputs.py's prefill invisible-NaN cases on every
+#        serving kernel (<= 50 s), then ci/device/fa3_sweep.py --clean-ab --head-dim 64 (the shipped D 64
+#        configuration, the same without the cleaning (byte-identical to the build before the fix),
+#        triton_prefill and FA4 at S = 8192 and B = 4 x 4096) (<= 90 s): ~3 min, 4 at most
 #   e2e: examples/gpt_oss end to end (short budget; E2E_ROWS picks rows, default torch,selector,nvidia)
 #   flashinfer: tests/tokenspeed_kernel_nvidia/test_flashinfer_gpu.py (needs .whl-nvidia)
 #   gluonmoe: gluon_moe_decode_mx_sm90 GPU tests, then ci/device/gluon_moe_bench.py (T <= 8, ~3 min)
@@ -54,7 +60,7 @@
 #         (optional) bash ci/device/flashinfer_bundle.sh
 #         (optional) bash ci/device/triton_kernels_bundle.sh   # .whl-ogs: matmul_ogs rows in `bench moe.apply`
 # Device: carry [".whl"] (and ".whl-nvidia", ".whl-ogs", ".whl-cute/bundle"), command: bash ci/device/verify_pending.sh
-# STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, flashinfer, e2e
+# STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, fa3nan, flashinfer, e2e
 # (default: decode); INSTALL=0 skips installing .whl (another lane of the call did). A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap`, `mxp` and `fa3g` alone.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -185,6 +191,18 @@ timeout 90 python3 -W ignore -m tokenspeed_kernel bench attention.extend --kerne
   --preset gpt-oss-120b --device cuda --json "$OUT/bench_gluon_extend_fa3_sm90.json" 2>&1 | tail -30 || status=1
 }
 
+fa3nan() {
+echo "== gluon_prefill_fa3_sm90 / _window_sm90: unseen NaN/inf never leaks (V cleaned on dirty tiles), the cost"
+# A hung mbarrier (a protocol bug in the cleaning's barrier) must not cost the call: each part on its own clock.
+timeout 110 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_gluon_prefill_fa3_gpu.py \
+  -k unseen 2>&1 | tail -15 || status=1
+timeout 50 python3 -m pytest -q -rs -s -p no:cacheprovider tests/tokenspeed_kernel/ops/test_edge_inputs.py \
+  -k "invisible and prefill" 2>&1 | grep -v "^$" | tail -15 || status=1
+# rows not started 20 s before the end are listed as skipped, so the table always prints
+timeout 90 python3 -W ignore ci/device/fa3_sweep.py --clean-ab --head-dim 64 --budget-s 70 \
+  --json "$OUT/fa3_clean_ab.json" 2>&1 | tail -10 || status=1
+}
+
 e2e() {
 echo "== examples/gpt_oss end to end"
 timeout 200 python3 -m examples.gpt_oss.bench --rows "${E2E_ROWS:-torch,selector,nvidia}" --budget-s 90 --rep-ms 60 \
@@ -248,8 +266,8 @@ fi
 
 for step in $steps; do
   case $step in
-    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | fa3g | fa3v | fa3w | fa3x | flashinfer | e2e) "$step" ;;
-    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, flashinfer, e2e)"
+    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | fa3g | fa3v | fa3w | fa3x | fa3nan | flashinfer | e2e) "$step" ;;
+    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, fa3nan, flashinfer, e2e)"
        status=2 ;;
   esac
 done

@@ -596,8 +596,9 @@ def prefill_fa3_grid():
     """The launcher's configurations (D 64 and 128) with sinks on and off, LSE, fp16, GQA 8
     and 1, plus the alternatives the device sweep times (D = 64 with 2 stages, 64-key tiles,
     no ping-pong hand-off; the variants: exp2 partly on FMA, three consumer warpgroups, the
-    lazy rescale, alone and together; the P·V wait after the softmax, alone and with the others),
-    then the sliding-window build's."""
+    lazy rescale, alone and together; the P·V wait after the softmax, alone and with the others;
+    the shipped D 64 build without V cleaning, ``--clean-ab``'s reference), then the
+    sliding-window build's."""
     wide = Fa3Config(64, stages=3, **WIDE)
     return [
         (torch.bfloat16, 64, 8, True, False, None),
@@ -625,6 +626,8 @@ def prefill_fa3_grid():
         (torch.bfloat16, 64, 8, True, True, replace(wide, pv_overlap=True)),
         (torch.bfloat16, 128, 8, True, False, Fa3Config(128, pv_overlap=True)),
         (torch.bfloat16, 64, 8, True, False, Fa3Config(64, stages=3, pv_overlap=True, rescale_threshold=8.0)),
+        # fa3_sweep.py --clean-ab's reference: the shipped D 64 build without the V cleaning
+        (torch.bfloat16, 64, 8, True, False, replace(fa3_config(64), clean_v=False)),
         # the sliding-window build (gluon_prefill_fa3_window_sm90): its launcher's configurations
         # and the alternatives the device sweep times (128-key tiles, pv_overlap)
         (torch.bfloat16, 64, 8, True, False, fa3_window_config(64)),

@@ -7,6 +7,7 @@ P·V product one step behind the softmax, sink in the epilogue, TMA rows read pa
 sequence; the variants: the polynomial exp2, the lazy rescale) against the independent naive
 attention."""
 
+import dataclasses
 import math
 import re
 import struct
@@ -566,6 +567,24 @@ def test_pv_overlap_is_a_compile_switch_only():
     }
     assert ov.constexprs()["PV_OVERLAP"] is True and base.constexprs()["PV_OVERLAP"] is False
     assert ov.block_m == base.block_m and ov.shared_bytes() == base.shared_bytes()
+
+
+def test_every_shipped_build_cleans_v_and_the_reference_without_it_is_sweep_only():
+    # clean_v=False (fa3_sweep.py --clean-ab's timing reference, the kernel before the fix)
+    # only drops the CLEAN layout; every launcher configuration cleans, the extend refuses it
+    from tokenspeed_kernel_nvidia.ops.attention.gluon_extend_fa3 import extend_plan
+
+    for d in fa3.HEAD_DIMS:
+        for cfg in (fa3.fa3_config(d), fa3.fa3_window_config(d)):
+            assert cfg.clean_v and cfg.constexprs()["CLEAN"] is cfg.clean_layout
+            ref = dataclasses.replace(cfg, clean_v=False)
+            assert ref.tag == cfg.tag + "-nocl" and ref.constexprs()["CLEAN"] is None
+            assert {k: v for k, v in ref.constexprs().items() if k != "CLEAN"} == {
+                k: v for k, v in cfg.constexprs().items() if k != "CLEAN"
+            }
+        assert extend_plan(d, 16).constexprs(8, 1, True, False)["CLEAN"] == fa3.fa3_config(d).clean_layout
+        with pytest.raises(ValueError, match="always cleans V"):
+            extend_plan(d, 16, clean_v=False)
 
 
 def test_wide_config_fits():

@@ -9,11 +9,22 @@ What the two kernels differ in is a constexpr ``PAGED`` (off: dense ``[total_k, 
 K/V read as one 2-D TMA box per key tile, keys bottom-right aligned to ``cu_seqlens_k``;
 on: the paged cache read one 4-D box per page with the page ids one tile ahead, keys at the
 positions of the cache (prefix included) with an optional window, key tiles aligned to
-``BLOCK_N`` within the band, and the V tile cleaned of non-finite values on tiles some row
-masks). The dense kernel's constexpr ``WINDOW`` (its sliding-window build) takes the paged
-path's key band, window mask and tile walk while keeping the dense K/V reads and no V
-cleaning. Everything else is one code path; the variants (``EXP2_POLY``,
+``BLOCK_N`` within the band). The dense kernel's constexpr ``WINDOW`` (its sliding-window
+build) takes the paged path's key band, window mask and tile walk while keeping the dense
+K/V reads. Everything else is one code path; the variants (``EXP2_POLY``,
 ``RESCALE_THRESHOLD``, ``PV_OVERLAP``: see ``Fa3Config``) apply to both.
+
+Unseen values never leak (docs/api.md), in every build: scores are masked by selection, and
+on a dirty key tile (one holding a key that some row of the work tile may not see: past the
+first row's diagonal, which takes every key past the sequence (stale cache slots, or the
+dense view's next sequence), or before the last row's window edge) the consumer warpgroups
+zero the non-finite values of the V tile in shared memory before ``P·V``, each its share of
+the rows (:func:`_clean_v`), and meet on the ``clean`` barrier (a masked P is 0, but 0 x NaN
+is NaN inside ``wgmma``). Every warpgroup takes the dirty tiles from the work tile's first
+row (and last, for the window), never its own rows, so they agree on the barrier's phase.
+The dense kernel's ``CLEAN`` None (``Fa3Config.clean_v`` off) leaves the cleaning out: the
+build before the cleaning, byte for byte, as ``ci/device/fa3_sweep.py --clean-ab``'s timing
+reference only.
 
 Folded so that the shipped kernels' SASS stayed byte-identical (every configuration of
 both AOT grids). What stays in the kernel modules, or inline here, does so because ptxas
@@ -412,8 +423,9 @@ def consumer(
     ``common``: the runtime arguments all consumers share, ``(q_smem, k_smem, v_smem, bars,
     o_ptr, lse_ptr, sinks_ptr, cu_q_ptr, k_ptr, sm_scale, window, n_m, batch, total)`` (the
     window a placeholder 0 when dense without ``WINDOW``), one tuple so each partition passes
-    it whole. ``CLEAN`` (paged): a 4-warp blocked layout of a ``[HALF, D]`` half V tile.
-    ``WINDOW`` (dense): the paged path's key band, window mask and tile walk (no V cleaning)."""
+    it whole. ``CLEAN``: the 4-warp blocked layout in which the V tile's share is cleaned on
+    dirty tiles (None: no cleaning, the dense kernel's timing reference only). ``WINDOW``
+    (dense): the paged path's key band, window mask and tile walk."""
     q_smem, k_smem, v_smem, bars, o_ptr, lse_ptr, sinks_ptr, cu_q_ptr, k_ptr, sm_scale, window, n_m, batch, \
         total = common  # fmt: skip
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, clean = bars
@@ -493,7 +505,8 @@ def consumer(
                     slot = it % STAGES
                     mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
                     mbarrier.wait(v_ready.index(prev), ((it - 1) // STAGES) & 1)
-                    n_dirty = _clean_v(v_smem.index(prev), dirty, clean, n_dirty, WG, NUM_WG, BLOCK_N, CLEAN)
+                    if CLEAN is not None:
+                        n_dirty = _clean_v(v_smem.index(prev), dirty, clean, n_dirty, WG, NUM_WG, BLOCK_N, CLEAN)
                     _wait_turn(turn, rnd, WG, PINGPONG)
                     s_tok = warpgroup_mma(
                         my_q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True
@@ -532,7 +545,8 @@ def consumer(
                 mbarrier.arrive(q_empty.index(WG), count=1)
                 # ---- last: O += P·V of the last key tile
                 mbarrier.wait(v_ready.index(slot), (it // STAGES) & 1)
-                n_dirty = _clean_v(v_smem.index(slot), dirty, clean, n_dirty, WG, NUM_WG, BLOCK_N, CLEAN)
+                if CLEAN is not None:
+                    n_dirty = _clean_v(v_smem.index(slot), dirty, clean, n_dirty, WG, NUM_WG, BLOCK_N, CLEAN)
                 _wait_turn(turn, rnd, WG, PINGPONG)
                 o_tok = warpgroup_mma(p, v_smem.index(slot), acc, is_async=True)
                 _pass_turn(turn, WG, NUM_WG, PINGPONG)

@@ -31,6 +31,18 @@ position ``p0``) evaluate the mask; positions are bottom-right aligned
 (``Lk - Lq + i``), so rows with a negative position see nothing. Online softmax in base 2
 with fp32 statistics; the sink joins the denominator once in the epilogue.
 
+Unseen NaN/inf never leaks (docs/api.md): scores are masked by selection, and the V tiles
+of the dirty key tiles (those holding a key some row of the WORK tile cannot see: the first
+``n_unclean`` of the walk, the key tiles crossing the work tile's first row's diagonal;
+they include every key past the sequence, the next sequence's rows of the dense view, which
+sit past every row's position) are cleaned of non-finite values in shared memory before
+``P·V``, each consumer warpgroup its share of the rows, all meeting on the ``clean``
+mbarrier (a masked P is 0, but 0 x NaN is NaN inside ``wgmma``). With ``WINDOW`` the dirty
+tiles are the paged extend's (``_edge`` of the work tile's first and last rows). Until
+2026-11-28 this kernel did not clean V (the paged extend did): NaN leaked to rows that cannot
+see it. On 128-row work tiles with ``Lk = Lq`` one key tile per work tile is dirty (the
+diagonal); two when ``Lk - Lq`` is not a multiple of 128.
+
 Variants (constexpr switches, see ``Fa3Config``): ``EXP2_POLY`` of every 8 exponentials on
 the FMA pipe (:func:`._gluon_fa3_common._exp2`); ``RESCALE_THRESHOLD > 0``: a row's max moves only when a tile
 raises it by more than the threshold, and ``O *= alpha`` is skipped when no row of the
@@ -45,7 +57,9 @@ is emitted (the causal-only SASS is byte-identical to the build before the switc
 
 The producer, the consumers and their helpers live in :mod:`._gluon_fa3_common`, shared with
 the paged extend (``PAGED`` off here); this module holds the kernel: its shared buffers and
-barriers (inline: see that module on why) and the warp specialization.
+barriers (inline: see that module on why) and the warp specialization. ``CLEAN`` None
+(``Fa3Config.clean_v`` off, ``ci/device/fa3_sweep.py --clean-ab`` only) builds the kernel
+without the cleaning and its barrier: byte-identical to the build before the fix.
 """
 
 from __future__ import annotations
@@ -109,7 +123,9 @@ def prefill_fa3_kernel(
     makes the ``NUM_WG`` (2 or 3) consumer warpgroups issue their wgmma rounds in turn (off:
     each issues as soon as its data is there); ``EXP2_POLY``, ``RESCALE_THRESHOLD``,
     ``PV_OVERLAP``: see ``Fa3Config``. ``window``: ``window_left`` (a query at position ``p``
-    sees keys ``p - window .. p``), read only when ``WINDOW``.
+    sees keys ``p - window .. p``), read only when ``WINDOW``. ``CLEAN``: the 4-warp blocked
+    layout of a consumer warpgroup's share of a V tile (``Fa3Config.clean_layout``), in which
+    it zeroes non-finite values on dirty tiles (None: no cleaning; a timing reference only).
     """
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [NUM_WG, HALF, D], q_desc.layout)
@@ -118,7 +134,8 @@ def prefill_fa3_kernel(
     q_ready = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
-    clean = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    if CLEAN is not None:  # V cleaning (always, but in fa3_sweep's A/B reference without it)
+        clean = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -127,7 +144,8 @@ def prefill_fa3_kernel(
         mbarrier.init(q_ready.index(w), count=1)
         mbarrier.init(q_empty.index(w), count=1)
         mbarrier.init(turn.index(w), count=1)
-    mbarrier.init(clean.index(0), count=NUM_WG)  # one arrival per consumer warpgroup per dirty V tile
+    if CLEAN is not None:
+        mbarrier.init(clean.index(0), count=NUM_WG)  # one arrival per consumer warpgroup per dirty V tile
     for st in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(st), count=1)
         mbarrier.init(v_ready.index(st), count=1)
@@ -135,7 +153,10 @@ def prefill_fa3_kernel(
         mbarrier.init(v_empty.index(st), count=NUM_WG)
     fence_async_shared()  # the barrier inits visible to the TMA unit (async proxy)
     # (inline, not a shared helper: its inlined scope adds PTX labels that change ptxas's schedule)
-    bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, clean.index(0))
+    if CLEAN is not None:
+        bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, clean.index(0))
+    else:
+        bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, 0)
     total = n_m * batch * HQ
     # the consumer warpgroups run the same function on their own rows (WG 0 .. NUM_WG - 1);
     # no page table (0s): the shared pipeline's dense path; the window (a placeholder 0

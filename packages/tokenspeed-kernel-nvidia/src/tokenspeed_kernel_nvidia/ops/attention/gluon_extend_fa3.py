@@ -162,6 +162,8 @@ class ExtendPlan:
             )
         if self.cfg.window:
             raise ValueError("ExtendPlan: the paged extend always runs the key band (its window is a runtime value)")
+        if not self.cfg.clean_v:
+            raise ValueError("ExtendPlan: the paged extend always cleans V on dirty tiles (stale cache slots)")
 
     @functools.cached_property
     def layouts(self):

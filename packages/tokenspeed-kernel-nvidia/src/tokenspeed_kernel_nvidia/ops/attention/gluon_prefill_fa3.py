@@ -29,6 +29,13 @@ With the ping-pong hand-off off (``-free`` in the sweep) it is 0.3-2% slower.
 registration at ``Priority.OPT_IN`` (compiled and inspected ahead of time, not yet run on a
 GPU), so the causal-only one keeps its measured metadata; ``gluon_prefill_window_sm90`` stays
 first at window 127 until the device step ``fa3w`` measures this one faster there.
+
+Both builds clean V on dirty key tiles (2026-11-28; :func:`dirty`, ``Fa3Config.clean_v``):
+before, a NaN/inf key or value that a query cannot see (causally later, outside its window, or
+the next sequence's rows that a sequence's last key tile reads in the dense view) reached it
+through ``0 x NaN`` inside ``wgmma``, against docs/api.md. Found on an H200 by
+``test_edge_inputs.py``'s GPT-OSS-layout case (window 5, the windowed build); the causal
+unwindowed case, which this PERFORMANT build serves, was not in that list then.
 """
 
 from __future__ import annotations
@@ -117,6 +124,12 @@ class Fa3Config:
     visits only its key band (:func:`key_band`) and masks the band's edge tiles
     (:func:`edge`) with the window compare; off, the causal-only code is unchanged (its SASS
     is byte-identical to the build before the switch existed).
+
+    ``clean_v``: on (always, in every shipped build) each consumer warpgroup zeroes the
+    non-finite values of its share of a V tile some row of the work tile masks (:func:`dirty`)
+    before ``P·V``, so a NaN/inf key or value a query cannot see never reaches it (docs/api.md;
+    0 x NaN is NaN inside ``wgmma``). Off: the kernel before that fix, which leaks such values;
+    for ``ci/device/fa3_sweep.py --clean-ab`` only (the cleaning's cost measured in one call).
     """
 
     head_dim: int
@@ -131,6 +144,7 @@ class Fa3Config:
     rescale_threshold: float = 0.0
     pv_overlap: bool = False
     window: bool = False
+    clean_v: bool = True
 
     def __post_init__(self) -> None:
         if self.consumers not in (2, 3):
@@ -165,6 +179,7 @@ class Fa3Config:
         tag += f"-ex{self.exp2_poly}" if self.exp2_poly else ""
         tag += "-ov" if self.pv_overlap else ""
         tag += "-sw" if self.window else ""
+        tag += "" if self.clean_v else "-nocl"
         return tag + (f"-lz{self.rescale_threshold:g}" if self.rescale_threshold else "")
 
     @functools.cached_property
@@ -200,7 +215,7 @@ class Fa3Config:
             "STAGES": self.stages,
             "S_MMA": s_mma,
             "O_MMA": o_mma,
-            "CLEAN": self.clean_layout,
+            "CLEAN": self.clean_layout if self.clean_v else None,  # None: no V cleaning (fa3_sweep's A/B only)
             "CONSUMER_REGS": self.consumer_regs,
             "PRODUCER_REGS": self.producer_regs,
             "PINGPONG": self.pingpong,
@@ -394,8 +409,9 @@ def gluon_prefill_fa3(args: PrefillArgs) -> None:
     q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]`` (bf16/fp16, contiguous, q/k/v
     16-byte aligned for TMA), D 64 or 128, causal (bottom-right), no window or cap; sinks float32 ``[Hq]``
     optional; writes ``args.out`` ``[total_q, Hq, D]`` and ``args.lse`` (float32
-    ``[total_q, Hq]``) when given. A functional call runs the runner bound for its
-    :func:`_runner_key` (``tokenspeed_kernel_triton._runners``): every tensor passed per run,
+    ``[total_q, Hq]``) when given. A NaN/inf key or value a query cannot see (causally
+    later, another sequence's) never reaches it: scores masked by selection, V cleaned on
+    dirty tiles. A functional call runs the runner bound for its :func:`_runner_key` (``tokenspeed_kernel_triton._runners``): every tensor passed per run,
     the Q/K/V TMA descriptors derived per run from the run's q, k and v.
     """
     _check_call(args, _config(args.q.shape[2], windowed=False))
@@ -422,7 +438,8 @@ def gluon_prefill_fa3_window(args: PrefillArgs) -> None:
     position ``p`` sees keys ``p - window_left .. p``), no cap; sinks float32 ``[Hq]``
     optional; writes ``args.out`` ``[total_q, Hq, D]`` and ``args.lse`` (float32 ``[total_q,
     Hq]``) when given. K/V rows outside a query's window but inside its band tiles are read
-    and masked by selection (the band's keys are its sequence's own). A functional call runs
+    and masked by selection, their V cleaned of non-finite values on dirty tiles (a NaN/inf a
+    query cannot see never reaches it). A functional call runs
     the runner bound for its :func:`_runner_key` (the window is part of it: a runner binds its
     window as a launch scalar), as :func:`gluon_prefill_fa3` does.
     """
