@@ -8,7 +8,10 @@ and 1, sinks on and off, D 64 and 128, fp16, LSE, Lk > Lq (bottom-right causal),
 (exp2 partly on the FMA pipe, three consumer warpgroups, the lazy rescale) included; the
 sliding-window build (``gluon_prefill_fa3_window_sm90``) on the same awkward shapes with
 windows 0, 4, 127, 200 and larger than the sequences. Outputs are poisoned with NaN so an
-unwritten row fails.
+unwritten row fails. Unseen NaN/inf (docs/api.md): K and V poisoned at one key at a time
+(diagonal tiles, the next sequence's rows in a last tile, window edges, Lk > Lq, Lq > Lk),
+rows that cannot see it bitwise unchanged and finite, for both builds and every swept
+configuration (the V cleaning on dirty tiles).
 """
 
 import math
