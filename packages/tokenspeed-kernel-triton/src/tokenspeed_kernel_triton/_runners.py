@@ -150,6 +150,9 @@ def _descriptor_head(fn: Callable[..., Any], bound: Sequence[Any]) -> tuple:
 def _descriptor_key(head: tuple, call: Sequence[Any], positions: Sequence[int]) -> tuple:
     """A run's memo key of a derived descriptor: ``head`` and each tensor argument's address,
     shape, strides, dtype and device (what ``fn`` may read of it)."""
+    if len(positions) == 1:  # the common case (a descriptor over one tensor), flat
+        t = call[positions[0]]
+        return (head, t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
     key: list[Any] = [head]
     for position in positions:
         t = call[position]
