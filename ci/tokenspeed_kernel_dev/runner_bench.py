@@ -11,13 +11,20 @@ runs), it times:
 - ``bind``: binding a runner (the launch building and ``BoundLaunch`` set-up a cache hit skips);
 - ``uncached``: the uncached call's host work up to its launches (building them);
 - ``cached``: a cache hit up to its launches (key, look-up, the run's inputs, scratch and
-  derived arguments: the Gluon TMA kernels' descriptors, built per run).
+  derived arguments: the Gluon TMA kernels' descriptors, passed pending: built only by a
+  launch that does not find them in the descriptor memo).
   On the CPU a bound launch takes ``jit_launch`` with its full arguments (stubbed here); on a
   GPU it is a direct launch, whose cost this figure leaves out, as ``uncached`` leaves out
-  ``jit_launch``'s keying of the full arguments (what the GPU measurement adds back).
+  ``jit_launch``'s keying of the full arguments (what the GPU measurement adds back);
+- ``+desc``: ``cached`` plus the descriptor step of each direct launch (``BoundLaunch``'s
+  ``_descriptor_parts``, the real code): a memo look-up and, on a miss, the descriptor built,
+  checked and encoded by Triton's own ``make_tensordesc_arg`` with the driver's C encoder
+  (``fill_tma_descriptor``, ``cuTensorMapEncodeTiled``) stubbed; the same tensors every call,
+  so the memo hits. ``--descriptor-memo 0`` empties the memo (every launch builds and
+  encodes: the work before the memo, plus the key).
 
     TRITON_INTERPRET=1 PYTHONPATH=ci:packages/tokenspeed-kernel/src:packages/tokenspeed-kernel-triton/src:packages/tokenspeed-kernel-nvidia/src \\
-        python3 -m tokenspeed_kernel_dev.runner_bench [--number 2000]
+        python3 -m tokenspeed_kernel_dev.runner_bench [--number 2000] [--descriptor-memo 0]
 """
 
 from __future__ import annotations
@@ -33,22 +40,64 @@ import torch
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 64, 8, 64, 16
 
 
-def _stub_launches() -> None:
-    """Every launch of the Triton wheel's helpers becomes a no-op."""
+def _descriptor_slot(value: Any) -> tuple | None:
+    """A bound launch's check of a varying Gluon descriptor slot (``BoundLaunch._checks``'s
+    dtype and descriptor tuple, as ``_remember`` makes it) with Triton's own encoder and TMA
+    metadata of its box, from a first launch's ``value``; None for a tensor."""
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from tokenspeed_kernel_triton import _launcher
+
+    if type(value) is _launcher.PendingDescriptor:
+        value = value.build()
+    if type(value) is not TensorDescriptor:
+        return None
+    layout = value.layout
+    meta = {"swizzle": layout.swizzle_byte_width, "elem_size": value.base.element_size(), "elem_type": 10,
+            "block_size": list(value.block_shape), "fp4_padded": False}  # fmt: skip
+    width = len(make_tensordesc_arg(value, meta))
+    token = _launcher._meta_token(make_tensordesc_arg, meta)
+    desc = (TensorDescriptor, list(value.block_shape), layout, make_tensordesc_arg, meta, token, width)
+    return value.base.dtype, desc
+
+
+def _stub_launches(descriptor_memo: int) -> None:
+    """Every launch of the Triton wheel's helpers becomes a no-op, but a bound launch's
+    descriptor step (``_launcher._descriptor_parts``, timed by ``+desc``: see the module
+    docstring); the driver's C tensor-map encoder returns a stand-in."""
+    from types import SimpleNamespace
+
+    from triton.runtime.driver import driver
+
     from tokenspeed_kernel_triton import _launcher, _runners
 
     def nothing(*args: Any, **kwargs: Any) -> None:
         return None
 
     class _Bound:
+        descriptors = False  # the +desc column: run each varying descriptor's step
+
         def __init__(self, fn, grid, args, kwargs, varying) -> None:
             self.varying = varying
+            self.slots: list | None = None
 
         def __call__(self, *values: Any) -> None:
-            return None
+            if not _Bound.descriptors:
+                return
+            if self.slots is None:  # the first launch (through jit_launch on a GPU)
+                self.slots = [_descriptor_slot(value) for value in values]
+                return
+            for value, slot in zip(values, self.slots):
+                if slot is not None and _launcher._descriptor_parts(value, slot[0], slot[1], -1) is None:
+                    raise RuntimeError("the descriptor step took the full path")
 
+    fill = SimpleNamespace(fill_tma_descriptor=lambda *args: object())
+    driver.set_active(SimpleNamespace(utils=fill))  # type: ignore[arg-type]
     _launcher.jit_launch = nothing  # type: ignore[assignment]
     _runners.BoundLaunch = _Bound  # type: ignore[assignment,misc]
+    _launcher._MEMO.limit = descriptor_memo
+    globals()["_BOUND"] = _Bound
 
 
 def _capture(module: Any, call: Callable[[], object]) -> Any:
@@ -192,9 +241,10 @@ def _time(fn: Callable[[], object], number: int) -> float:
     return statistics.median(runs) / number * 1e6
 
 
-def run(number: int) -> list[tuple[str, float, float, float, float]]:
-    """(kernel, key µs, bind µs, uncached µs, cached µs) per kernel."""
-    _stub_launches()
+def run(number: int, descriptor_memo: int = 256) -> list[tuple[str, float, float, float, float, float]]:
+    """(kernel, key µs, bind µs, uncached µs, cached µs, cached with the descriptor step µs)
+    per kernel, the descriptor memo at ``descriptor_memo`` entries."""
+    _stub_launches(descriptor_memo)
     kernels = _attention_rows()
     gluon = _gluon_decode()
     if gluon is not None:
@@ -204,28 +254,40 @@ def run(number: int) -> list[tuple[str, float, float, float, float]]:
     rows = []
     for name, (module, args) in kernels.items():
         cache = module._RUNNERS
+        _BOUND.descriptors = False
         cache.clear()
         cache(args)  # bound: later calls hit
-        rows.append(
-            (
-                name,
-                _time(lambda c=cache, a=args: c._key(a), number),
-                _time(lambda c=cache, a=args: c._bind(a), max(number // 10, 10)),
-                _time(lambda c=cache, a=args: c._fresh(a), max(number // 10, 10)),
-                _time(lambda c=cache, a=args: c(a), number),
-            )
-        )
+        timings = [
+            _time(lambda c=cache, a=args: c._key(a), number),
+            _time(lambda c=cache, a=args: c._bind(a), max(number // 10, 10)),
+            _time(lambda c=cache, a=args: c._fresh(a), max(number // 10, 10)),
+            _time(lambda c=cache, a=args: c(a), number),
+        ]
+        _BOUND.descriptors = True
+        cache.clear()
+        cache(args)  # bound anew: its launches' first calls make their descriptor slots
+        timings.append(_time(lambda c=cache, a=args: c(a), number))
+        rows.append((name, *timings))
     return rows
+
+
+_BOUND: Any = None  # the stub bound launch class (_stub_launches)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--number", type=int, default=2000, help="calls per timed run (median of 5)")
+    parser.add_argument(
+        "--descriptor-memo", type=int, default=256, help="descriptor memo entries (0: every launch encodes)"
+    )
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, CPU, launches stubbed: host µs per call")
-    print(f"{'kernel':<22} {'key':>7} {'bind':>7} {'uncached':>9} {'cached':>7}")
-    for name, key, bind, fresh, cached in run(args.number):
-        print(f"{name:<22} {key:>7.2f} {bind:>7.2f} {fresh:>9.2f} {cached:>7.2f}")
+    print(
+        f"torch {torch.__version__}, CPU, launches stubbed, descriptor memo {args.descriptor_memo} entries: "
+        "host µs per call"
+    )
+    print(f"{'kernel':<22} {'key':>7} {'bind':>7} {'uncached':>9} {'cached':>7} {'+desc':>7}")
+    for name, key, bind, fresh, cached, encoded in run(args.number, args.descriptor_memo):
+        print(f"{name:<22} {key:>7.2f} {bind:>7.2f} {fresh:>9.2f} {cached:>7.2f} {encoded:>7.2f}")
     return 0
 
 

@@ -41,13 +41,16 @@ class Recorder:
         self.launches.append((fn.__name__, tuple(grid), args, kwargs))
 
     def bound_launch(self, fn, grid, args, kwargs, varying):
+        from tokenspeed_kernel_triton._launcher import PendingDescriptor
+
         self.bound += 1
         recorder = self
 
         def launch(*values):
             full = list(args)
             for position, value in zip(varying, values, strict=True):
-                full[position] = value
+                # A pending descriptor is built, as a launch that is not direct builds it.
+                full[position] = value.build() if type(value) is PendingDescriptor else value
             recorder.launches.append((fn.__name__, tuple(grid), tuple(full), kwargs))
 
         return launch

@@ -21,6 +21,7 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from tokenspeed_kernel_triton import _launcher
+from tokenspeed_kernel_triton._launcher import Launch
 
 
 def _toy(X, Y, n, scale, FLAG: tl.constexpr, BLOCK: tl.constexpr = 16):
@@ -684,6 +685,59 @@ def test_a_varying_descriptor_is_passed_whole_to_a_launcher_that_encodes_it(toy)
     launch(d)
     assert _launcher.launcher_stats(fn)["direct"] == 1 and drv.launches[-1]["args"][1] is d
     assert launch._fast[1] is None
+
+
+def _rows_desc(x, rows, layout):
+    """A derived descriptor (``derive_descriptor``): ``x [n, 64]``, box ``[rows, 64]``."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), [rows, 64], layout)
+
+
+def test_a_runners_pending_descriptors_hit_the_memo_and_launch_tritons_encoding(desc_toy):
+    """A runner's pipeline with D derived from an input per run (two "layers" a and b, run
+    alternately): the first direct launch of each layer's tensor builds and encodes it, later
+    ones take the memo's encoding (nothing encoded), and every launch hands the C launch what
+    Triton's own path hands it for the descriptor built afresh."""
+    from tokenspeed_kernel_triton import _runners
+
+    fn, drv, _compiled, encoded = desc_toy
+    x, e = torch.randn(8).to(torch.bfloat16), _desc(128)
+    base = torch.randn(64, 64).to(torch.bfloat16)
+    d = _runners.derive_descriptor(_rows_desc, base, 32, _LAYOUT)
+    launch = Launch(fn, (2,), (x, d.value, e, 9), {"FLAG": True})
+    pipe = _runners.pipeline([launch], (x, base), keep=(e,), derived=(d,))
+    layers = [torch.randn(64, 64).to(torch.bfloat16) for _ in range(2)]
+    pipe((x, layers[0]))  # the first launch: through jit_launch
+    for i, (layer, fills) in enumerate([(0, 1), (1, 1), (0, 0), (1, 0), (0, 0)]):
+        before, direct = len(encoded), _launcher.launcher_stats(fn)["direct"]
+        pipe((x, layers[layer]))
+        assert _launcher.launcher_stats(fn)["direct"] == direct + 1, "a direct launch"
+        assert len(encoded) - before == fills, f"run {i}: encoded {len(encoded) - before}, expected {fills}"
+        got = drv.launches[-1]["args"]
+        want = _triton_args(fn, drv, x, _rows_desc(layers[layer], 32, _LAYOUT), e)
+        assert _same_args(got[1:-1], want[1:-1]), "Triton's own encoding of the descriptor built afresh"
+    assert _launcher.descriptor_memo_stats() == {"hits": 3, "misses": 2, "entries": 2, "limit": 256}
+
+
+def test_a_runners_pending_descriptor_unlike_the_first_takes_the_full_path(desc_toy):
+    """The same memory as another dtype (another key of Triton's): built and launched through
+    Triton's path, never served from the first's entry; the first again is a hit."""
+    from tokenspeed_kernel_triton import _runners
+
+    fn, _drv, compiled, _encoded = desc_toy
+    x, e = torch.randn(8).to(torch.bfloat16), _desc(128)
+    base = torch.randn(64, 64).to(torch.bfloat16)
+    d = _runners.derive_descriptor(_rows_desc, base, 32, _LAYOUT)
+    pipe = _runners.pipeline([Launch(fn, (2,), (x, d.value, e, 9), {"FLAG": True})], (x, base), keep=(e,), derived=(d,))
+    pipe((x, base))
+    pipe((x, base))
+    assert _launcher.launcher_stats(fn)["direct"] == 1
+    pipe((x, base.view(torch.float16)))  # the same memory as float16: Triton compiles anew
+    assert _launcher.launcher_stats(fn)["direct"] == 1 and len(compiled) == 2
+    pipe((x, base))
+    assert _launcher.launcher_stats(fn)["direct"] == 2
+    assert _launcher.descriptor_memo_stats()["hits"] == 1
 
 
 def test_a_changed_global_takes_tritons_path_which_raises(toy):

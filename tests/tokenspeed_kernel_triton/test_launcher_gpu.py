@@ -267,3 +267,112 @@ def test_functional_runners_match_the_uncached_call_for_every_layer(name):
         _LAYER[0] = 0
     assert cache.binds == binds + 1, "one runner for the three layers"
     assert not torch.equal(outs[0], outs[1]) and not torch.equal(outs[1], outs[2]), "layers must differ"
+
+
+# The Gluon TMA kernels whose runners pass their descriptors pending (``derive_descriptor``):
+# a direct launch reuses an encoding from the descriptor memo, keyed on the tensor's address,
+# shape, strides, dtype and device (tokenspeed_kernel_triton._launcher).
+TMA_RUNNERS = ("gluon_prefill_window_sm90", "gluon_prefill_fa3_sm90", "gluon_extend_fa3_sm90")
+
+
+def _tma_layer(name, layer):
+    """One "layer" of a TMA runner's call: its tensors, held by the caller (so that its
+    addresses repeat), and ``call(out)`` that runs it into ``out``."""
+    _LAYER[0] = layer
+    try:
+        g = _gen(7)
+        if name == "gluon_extend_fa3_sm90":
+            lens_q, lens_k = [3, 17], [40, 90]
+            k, v, table, seqlens, sinks = _paged(torch.bfloat16, lens_k)
+            q = torch.randn(sum(lens_q), 8, 64, generator=g, device="cuda").to(torch.bfloat16)
+            cu_q = torch.tensor([0, 3, 20], dtype=torch.int32, device="cuda")
+
+            def call(out):
+                mha_extend_with_kvcache(
+                    q, k, v, table, cu_q, seqlens, max(lens_q), max(lens_k), sinks=sinks, out=out, override=name
+                )
+
+            return q, call
+        lens = [70, 129]
+        q = torch.randn(sum(lens), 8, 64, generator=g, device="cuda").to(torch.bfloat16)
+        k = torch.randn(sum(lens), 2, 64, generator=g, device="cuda").to(torch.bfloat16)
+        v = torch.randn(sum(lens), 2, 64, generator=g, device="cuda").to(torch.bfloat16)
+        cu = torch.tensor([0, 70, 199], dtype=torch.int32, device="cuda")
+        sinks = torch.randn(8, generator=g, device="cuda")
+        window = -1 if name == "gluon_prefill_fa3_sm90" else 127
+
+        def call(out):
+            mha_prefill(
+                q, k, v, cu, cu, max(lens), max(lens), causal=True, window_left=window, sinks=sinks, out=out,
+                override=name,
+            )  # fmt: skip
+
+        return q, call
+    finally:
+        _LAYER[0] = 0
+
+
+def _tma_out(q, call, cached):
+    from tokenspeed_kernel_triton import _launcher
+
+    out = torch.full_like(q, float("nan"))
+    previous = _launcher.set_enabled(cached)
+    try:
+        call(out)
+        torch.cuda.synchronize()
+    finally:
+        _launcher.set_enabled(previous)
+    return out
+
+
+@pytest.mark.parametrize("name", TMA_RUNNERS)
+def test_tma_runners_reuse_encoded_descriptors_bitwise(name):
+    """Two layers' tensors (held: their addresses repeat) run alternately through one runner:
+    after each layer's first direct launch, its descriptors come from the descriptor memo
+    (hits, no new encodings) and every output equals the uncached call's bitwise; a third
+    layer at new addresses too. A stale encoding would repeat another layer's output."""
+    from tokenspeed_kernel_triton import _launcher
+
+    if not SM90:
+        pytest.skip(f"{name} runs on sm_90 only")
+    layers = [_tma_layer(name, layer) for layer in range(2)]
+    plain = [_tma_out(q, call, cached=False) for q, call in layers]
+    assert not torch.equal(plain[0], plain[1]), "layers must differ"
+    for q, call in layers * 2:  # binds, then each layer's first direct launch encodes
+        _tma_out(q, call, cached=True)
+    before = _launcher.descriptor_memo_stats()
+    for i, (q, call) in enumerate(layers * 2):
+        _same([_tma_out(q, call, cached=True)], [plain[i % 2]])
+    after = _launcher.descriptor_memo_stats()
+    assert after["misses"] == before["misses"], "every descriptor of a repeated layer comes from the memo"
+    assert after["hits"] >= before["hits"] + 2 * 4, after
+    spacer = torch.empty(1 << 20, device="cuda")  # the third layer lands elsewhere
+    q, call = _tma_layer(name, 2)
+    _same([_tma_out(q, call, cached=True)], [_tma_out(q, call, cached=False)])
+    del spacer
+
+
+def test_graph_capture_of_memoized_descriptors_replays_bitwise():
+    """A TMA runner's launch captured in a CUDA graph with its descriptors from the memo (the
+    tensor maps are kernel parameters, copied into the graph at capture) replays the
+    uncached call's bits."""
+    name = "gluon_prefill_fa3_sm90"
+    if not SM90:
+        pytest.skip(f"{name} runs on sm_90 only")
+    q, call = _tma_layer(name, 0)
+    plain = _tma_out(q, call, cached=False)
+    for _ in range(3):  # bound, encoded, served from the memo
+        _tma_out(q, call, cached=True)
+    out = torch.full_like(q, float("nan"))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call(out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    _same([out], [plain])

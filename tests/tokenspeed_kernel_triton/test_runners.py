@@ -109,8 +109,9 @@ def test_derived_arguments_are_computed_per_run_from_the_runs_tensors(monkeypatc
     a = torch.zeros(8)
     rows = _runners.derive(_rows, a, 2)
     pipe = _runners.pipeline([Launch(kernel, (1,), (rows.value,), {})], (a,), derived=(rows,))
-    ((fn, bound, positions, slots),) = pipe._derived
+    ((fn, bound, positions, slots, head),) = pipe._derived
     assert fn is _rows and bound == (None, 2) and positions == (0,) and slots == (0,), "no tensor held"
+    assert head is None, "a plain derived value is computed per run, never keyed"
 
 
 def test_a_derived_value_of_a_foreign_tensor_is_refused():

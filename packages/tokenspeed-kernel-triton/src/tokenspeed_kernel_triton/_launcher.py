@@ -47,6 +47,21 @@ launch only checks what the key read of those (a tensor's dtype and 16-byte alig
 descriptor's dtype, block shape and layout) and of the bound tensors (alignment), then
 calls the C launcher. Any doubt takes :func:`jit_launch` with the full arguments.
 
+A varying descriptor may also be a :class:`PendingDescriptor` (``fn(*args)`` not built yet,
+with a ``key`` of everything the result depends on: what a runner's per-run derived
+descriptors pass, ``_runners.derive_descriptor``). A direct launch looks its encoding up in
+the *descriptor memo*: a per-process LRU (:data:`DESCRIPTOR_MEMO_LIMIT` entries) from (key,
+the launcher's TMA metadata) to the encoded launch arguments (the CUDA tensor map, shape and
+strides) and what the launch checks of a descriptor (type, base dtype, block shape, layout).
+A hit builds and encodes nothing: the key names the base tensor by address, shape, strides,
+dtype and device, so a hit is the tensor map an encoding would make now (an allocator that
+reuses an address with the same shape and strides gets the same map). A miss builds the
+descriptor, checks and encodes it as above, and remembers the encoding only when it holds no
+tensor and the descriptor lies at the address of a (non-empty) tensor among ``args`` (not a
+buffer ``fn`` allocated). The memo holds no tensor: tensor maps hold addresses, and an entry
+keeps only ``args``' other values (constants named in the key by identity). Every other path
+(the first launch, a fallback, the interpreter, the cache off) builds the descriptor.
+
 ``Launch(fn, grid, args, kwargs)`` is one launch as data, so that one function builds a
 kernel's argument list for both uses: ``launch()`` runs it once (:func:`jit_launch`),
 ``launch.bound(*positions)`` makes the :class:`BoundLaunch` of a plan's runner.
@@ -56,6 +71,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -64,7 +81,17 @@ from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-__all__ = ["BoundLaunch", "Launch", "clear", "jit_launch", "launcher_stats", "set_enabled"]
+__all__ = [
+    "DESCRIPTOR_MEMO_LIMIT",
+    "BoundLaunch",
+    "Launch",
+    "PendingDescriptor",
+    "clear",
+    "descriptor_memo_stats",
+    "jit_launch",
+    "launcher_stats",
+    "set_enabled",
+]
 
 # The JITFunction / CompiledKernel / CudaLauncher internals used here were read in this
 # version; any other runs the normal path.
@@ -469,8 +496,157 @@ def set_enabled(enabled: bool) -> bool:
 
 
 def clear() -> None:
-    """Forget every remembered launch (Triton's own caches are untouched)."""
+    """Forget every remembered launch and descriptor encoding (Triton's own caches are untouched)."""
     _KERNELS.clear()
+    _MEMO.clear()
+
+
+class PendingDescriptor(NamedTuple):
+    """A Gluon ``TensorDescriptor`` not built yet, ``fn(*args)``, at a varying position of a
+    :class:`BoundLaunch`: a direct launch takes its encoding from the descriptor memo when
+    ``key`` was encoded before, and builds it otherwise (see the module docstring).
+
+    ``key``: a hashable of everything ``fn(*args)`` depends on, holding no tensor: each tensor
+    argument by address, shape, strides, dtype and device (``fn`` never reads their contents),
+    the others by value or by identity (an entry keeps those alive). ``args`` holds the run's
+    tensors; the object lives for one run."""
+
+    key: Hashable
+    fn: Callable[..., Any]
+    args: Sequence[Any]
+
+    def build(self) -> Any:
+        """The descriptor: ``fn(*args)``."""
+        return self.fn(*self.args)
+
+
+class _Encoded(NamedTuple):
+    """A memo entry: a descriptor's launch arguments as the launcher's wrapper would encode
+    them (``parts``: the CUDA tensor map, then the shape and strides), what a launch checks of
+    the descriptor (its type, its base's dtype, block shape, layout), and the key's values
+    named by identity (``keep``: never a tensor)."""
+
+    parts: tuple
+    kind: type
+    dtype: torch.dtype
+    block_shape: list[int]
+    layout: Any
+    keep: tuple
+
+
+DESCRIPTOR_MEMO_LIMIT = 256  # entries of the descriptor memo (a model's layers' K/V caches fit)
+
+
+class _DescriptorMemo:
+    """The descriptor memo: an LRU from (a :class:`PendingDescriptor`'s key, a launcher's TMA
+    metadata token) to :class:`_Encoded`, at most ``limit`` entries (the least recently used
+    goes first), with hit and miss counts."""
+
+    __slots__ = ("entries", "hits", "limit", "misses")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.entries: OrderedDict[Hashable, _Encoded] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, key: Hashable) -> _Encoded | None:
+        """The entry of ``key`` (now the most recent), or None."""
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+            self.hits += 1
+        return entry
+
+    def put(self, key: Hashable, pending: PendingDescriptor, descriptor: Any, parts: Sequence[Any]) -> None:
+        """Remember ``parts``, the encoding of ``descriptor`` (``pending`` built), under
+        ``key`` when the key determines it: no tensor among ``parts`` (a launcher handed the
+        base tensor) and the descriptor's base at the address of a non-empty tensor among
+        ``pending.args`` (not a buffer ``pending.fn`` allocated)."""
+        self.misses += 1
+        if self.limit <= 0 or any(isinstance(part, _TENSOR) for part in parts):
+            return
+        address = descriptor.base.data_ptr()
+        if not any(type(a) is _TENSOR and a.numel() and a.data_ptr() == address for a in pending.args):
+            return
+        keep = tuple(a for a in pending.args if not isinstance(a, _TENSOR))
+        entry = _Encoded(
+            tuple(parts), type(descriptor), descriptor.base.dtype, list(descriptor.block_shape), descriptor.layout, keep
+        )
+        while len(self.entries) >= self.limit:
+            self.entries.popitem(last=False)
+        self.entries[key] = entry
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.hits = self.misses = 0
+
+
+_MEMO = _DescriptorMemo(DESCRIPTOR_MEMO_LIMIT)
+_META_TOKENS: dict[Hashable, int] = {}  # (make, TMA metadata as a hashable) -> a small int
+
+
+def _meta_token(make: Callable[..., Any] | None, meta: Any) -> int | None:
+    """A small int naming the encoding function and its TMA metadata (swizzle, element type,
+    block size, ...: one dict per descriptor argument of a compiled kernel), equal for equal
+    metadata so that runners of one kernel share entries; None when nothing is memoized (no
+    wrapper to unwrap, no metadata: the launcher is handed the base tensor)."""
+    if make is None or not isinstance(meta, dict):
+        return None
+    try:
+        named = (make, tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in meta.items()))
+        return _META_TOKENS.setdefault(named, len(_META_TOKENS))
+    except TypeError:  # an unhashable value
+        return None
+
+
+def descriptor_memo_stats() -> dict[str, int]:
+    """The descriptor memo's ``hits`` (encodings reused), ``misses`` (descriptors built and
+    encoded at a direct launch), ``entries`` and ``limit``."""
+    return {"hits": _MEMO.hits, "misses": _MEMO.misses, "entries": len(_MEMO.entries), "limit": _MEMO.limit}
+
+
+def _descriptor_parts(t: Any, dtype: torch.dtype, desc: tuple, dev: int) -> Sequence[Any] | None:
+    """The launch arguments of ``t``, a varying descriptor or :class:`PendingDescriptor`, at a
+    bound launch's slot ``desc`` (its first launch's descriptor type, block shape and layout,
+    the encoding function, TMA metadata and its memo token, the encoding's width) whose base
+    dtype is ``dtype``, on device ``dev``; None when ``t`` is unlike the slot's first (the
+    launch takes :func:`jit_launch`: Triton's key or checks differ).
+
+    A pending descriptor whose key the memo holds: its encoding, after the same checks on
+    the entry. Otherwise the descriptor (built) is checked, encoded as Triton's launcher
+    would (``make``: the tensor map of its base address, shape, strides and padding) and,
+    when pending, remembered; without ``make`` it is passed whole (the launcher encodes it)."""
+    kind, block_shape, layout, make, meta, token, width = desc
+    pending = None
+    if type(t) is PendingDescriptor:
+        if token is not None:
+            hit = _MEMO.get((t.key, token))
+            if hit is not None:
+                if (
+                    hit.kind is kind
+                    and hit.dtype is dtype
+                    and hit.layout is layout
+                    and hit.block_shape == block_shape
+                    and len(hit.parts) == width
+                ):
+                    return hit.parts
+                return None
+        pending, t = t, t.build()
+    if type(t) is not kind or t.layout is not layout or t.block_shape != block_shape:
+        return None
+    base = t.base
+    if type(base) is not _TENSOR or base.dtype is not dtype or _device_of(base) != dev:
+        return None
+    if base.data_ptr() & 15:
+        return None  # Triton's path raises for it, as an uncached launch would
+    if make is None:
+        return (t,)  # the launcher encodes it
+    parts = make(t, meta)
+    if len(parts) != width:
+        return None
+    if pending is not None and token is not None:
+        _MEMO.put((pending.key, token), pending, t, parts)
+    return parts
 
 
 class Launch(NamedTuple):
@@ -509,7 +685,9 @@ class BoundLaunch:
     16-byte aligned; it is then encoded for this launch as Triton's launcher would
     (``make_tensordesc_arg``: a CUDA tensor map of its base address, shape, strides and
     padding) and spliced into the pre-encoded arguments, the bound descriptors encoded once
-    (:func:`_expand_descriptors`). Otherwise
+    (:func:`_expand_descriptors`). A varying :class:`PendingDescriptor` whose key the
+    descriptor memo holds takes the memo's encoding after the same checks on the entry, built
+    and encoded nothing (:func:`_descriptor_parts`); elsewhere it is built. Otherwise
     it takes :func:`jit_launch` with the full arguments (correct, only slower), and a bound
     tensor that moved (``set_``) is remembered anew. The bound arguments are held by
     reference: their values (a plan's caches and tables, scalars) should not change; their
@@ -543,7 +721,7 @@ class BoundLaunch:
         # After the first launch: (run is the raw C launcher, run, function, packed, coop, pdl).
         self._direct = None
         # Per varying position: (dtype, aligned or None, None for a tensor; for a descriptor
-        # (its type, block shape, layout, make or None, meta, width of its encoding)).
+        # (its type, block shape, layout, make or None, meta, memo token, width of its encoding)).
         self._checks: tuple = ()
         self._fast: list = []  # the launch arguments: addresses for tensors, then the tail
         self._slots: tuple[int, ...] = ()  # where each varying tensor's address goes in _fast
@@ -575,21 +753,10 @@ class BoundLaunch:
                             break
                         fast[position] = ptr
                         continue
-                    kind, block_shape, layout, make, meta, width = desc
-                    if type(t) is not kind or t.layout is not layout or t.block_shape != block_shape:
+                    encoded = _descriptor_parts(t, dtype, desc, dev)
+                    if encoded is None:
                         break
-                    base = t.base
-                    if type(base) is not _TENSOR or base.dtype is not dtype or _device_of(base) != dev:
-                        break
-                    if base.data_ptr() & 15:
-                        break  # Triton's path raises for it, as an uncached launch would
-                    if make is None:
-                        fast[position] = t  # the launcher encodes it
-                        continue
-                    encoded = make(t, meta)
-                    if len(encoded) != width:
-                        break
-                    fast[position : position + width] = encoded
+                    fast[position : position + len(encoded)] = encoded
                 else:
                     raw, run, function, packed, coop, pdl = direct
                     g0, g1, g2 = self._grid
@@ -604,7 +771,7 @@ class BoundLaunch:
             raise TypeError(f"{self._fn.__name__}: expected {len(self._varying)} varying arguments, got {len(values)}")
         args = self._args.copy()
         for position, value in zip(self._varying, values):
-            args[position] = value
+            args[position] = value.build() if type(value) is PendingDescriptor else value
         jit_launch(self._fn, self._grid, *args, **self._kwargs)
         if self._direct is None:
             self._remember(args)
@@ -673,7 +840,7 @@ class BoundLaunch:
             for p in slots:
                 fast[p] = None  # no varying descriptor is held
         self._checks = tuple(
-            (dtype, aligned, None if how is None else (*desc, *how))
+            (dtype, aligned, None if how is None else (*desc, how[0], how[1], _meta_token(how[0], how[1]), how[2]))
             for (dtype, aligned, desc), how in zip((checks[p] for p in self._varying), encode)
         )
         self._fast, self._slots = fast, slots

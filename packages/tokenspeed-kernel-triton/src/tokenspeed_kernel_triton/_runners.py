@@ -44,6 +44,11 @@ the same code that launches an uncached call) given where each tensor argument c
   :func:`derive`: ``fn(*args)``, each tensor among ``args`` an input or a scratch buffer, the
   rest bound), computed anew at every run as the uncached call computes them: a Gluon TMA
   ``TensorDescriptor`` over an input (a varying descriptor of ``BoundLaunch``), a view of one.
+  A descriptor made by :func:`derive_descriptor` (``fn`` reads its tensors' address, shape,
+  strides, dtype and device, never their contents) is not built per run: the run passes a
+  ``PendingDescriptor`` keyed on those and on the bound arguments, and a direct launch takes
+  its encoded tensor map from the launch cache's descriptor memo when that key was encoded
+  before (``_launcher``'s module docstring), building and encoding it otherwise.
 
 Any other tensor or descriptor in a launch is an error at bind time (a view of an input, a
 tensor computed from one, not declared derived: it would go stale). A runner maps each launch position to an input
@@ -69,7 +74,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import torch
 
 from tokenspeed_kernel_triton import _launcher
-from tokenspeed_kernel_triton._launcher import BoundLaunch, Launch
+from tokenspeed_kernel_triton._launcher import BoundLaunch, Launch, PendingDescriptor
 
 __all__ = [
     "Built",
@@ -80,6 +85,7 @@ __all__ = [
     "by_fields",
     "clear_runners",
     "derive",
+    "derive_descriptor",
     "pipeline",
     "run_fresh",
     "runner_stats",
@@ -107,11 +113,13 @@ def _is_tensor_like(value: object) -> bool:
 class Derived(NamedTuple):
     """A launch argument computed from a call's inputs: ``value = fn(*args)`` (see
     :func:`derive`). ``value`` is what the build put in its launches; a runner computes it
-    anew per run from the run's inputs."""
+    anew per run from the run's inputs, or keys it (``descriptor``: made by
+    :func:`derive_descriptor`)."""
 
     value: Any
     fn: Callable[..., Any]
     args: tuple
+    descriptor: bool = False
 
 
 def derive(fn: Callable[..., Any], *args: Any) -> Derived:
@@ -120,6 +128,36 @@ def derive(fn: Callable[..., Any], *args: Any) -> Derived:
     be a pure function of ``args`` (no state of its own), since a run calls it again with the
     run's tensors in place of the bind call's; an uncached call computes it once, here."""
     return Derived(fn(*args), fn, args)
+
+
+def derive_descriptor(fn: Callable[..., Any], *args: Any) -> Derived:
+    """:func:`derive` for a Gluon TMA ``TensorDescriptor`` whose encoding a runner may reuse:
+    ``fn(*args)`` must depend on its tensor arguments only through their address, shape,
+    strides, dtype and device (never their contents), and on the others through their value
+    (ints, floats, bools, strings, None) or their identity (a cached layout). A run passes
+    its launch a ``PendingDescriptor`` of the run's tensors (:func:`_descriptor_key`), built
+    only when the launch cache's descriptor memo lacks its encoding."""
+    return Derived(fn(*args), fn, args, descriptor=True)
+
+
+def _descriptor_head(fn: Callable[..., Any], bound: Sequence[Any]) -> tuple:
+    """The bound part of a derived descriptor's memo key: ``fn`` and, per argument, its type
+    and its value (plain types) or identity (anything else; the memo entry keeps it alive). A
+    tensor's place (None in ``bound``) is filled per run."""
+    return (fn, *((type(v), v if type(v) in _launcher._PLAIN_TYPES else id(v)) for v in bound))
+
+
+def _descriptor_key(head: tuple, call: Sequence[Any], positions: Sequence[int]) -> tuple:
+    """A run's memo key of a derived descriptor: ``head`` and each tensor argument's address,
+    shape, strides, dtype and device (what ``fn`` may read of it)."""
+    if len(positions) == 1:  # the common case (a descriptor over one tensor), flat
+        t = call[positions[0]]
+        return (head, t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+    key: list[Any] = [head]
+    for position in positions:
+        t = call[position]
+        key += (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+    return tuple(key)
 
 
 class Pipeline:
@@ -133,7 +171,9 @@ class Pipeline:
         self._steps = steps  # (BoundLaunch, picker of its varying values), in launch order
         self._scratch = scratch  # (shape, dtype, device) per scratch buffer
         self._width = width  # number of inputs
-        self._derived = derived  # (fn, bound arguments, positions of tensors, their value slots)
+        # (fn, bound arguments, positions of tensors, their value slots, the memo key's head
+        # of a derived descriptor passed pending, else None)
+        self._derived = derived
 
     def __call__(self, inputs: Sequence[Any]) -> None:
         if len(inputs) != self._width:
@@ -144,11 +184,14 @@ class Pipeline:
                 *inputs,
                 *[torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in self._scratch],
             ]
-            for fn, bound, positions, slots in self._derived:
+            for fn, bound, positions, slots, head in self._derived:
                 call = list(bound)
                 for position, where in zip(positions, slots):
                     call[position] = values[where]
-                values.append(fn(*call))
+                if head is None:
+                    values.append(fn(*call))
+                else:
+                    values.append(PendingDescriptor(_descriptor_key(head, call, positions), fn, call))
         for launch, pick in self._steps:
             launch(*pick(values))
 
@@ -180,7 +223,8 @@ def pipeline(
             raise TypeError("a scratch buffer must be a fresh contiguous tensor (torch.empty), not a view")
         slot[id(t)] = len(inputs) + len(specs)
         specs.append((tuple(t.shape), t.dtype, t.device))
-    computed = []
+    computed: list[tuple] = []
+    first_derived = len(inputs) + len(specs)
     for d in derived:
         bound, positions, slots = list(d.args), [], []
         for position, value in enumerate(bound):
@@ -192,11 +236,15 @@ def pipeline(
                     f"{getattr(d.fn, '__name__', d.fn)}: argument {position} of a derived value is a tensor that is "
                     "neither an input nor a scratch buffer"
                 )
+            if where >= first_derived:  # an argument of this one: built per run, never pending
+                computed[where - first_derived] = (*computed[where - first_derived][:4], None)
             positions.append(position)
             slots.append(where)
             bound[position] = None  # the run's own tensor takes its place
-        slot[id(d.value)] = len(inputs) + len(specs) + len(computed)
-        computed.append((d.fn, tuple(bound), tuple(positions), tuple(slots)))
+        slot[id(d.value)] = first_derived + len(computed)
+        keyed = d.descriptor and all(isinstance(d.args[p], torch.Tensor) for p in positions)
+        head = _descriptor_head(d.fn, bound) if keyed else None
+        computed.append((d.fn, tuple(bound), tuple(positions), tuple(slots), head))
     kept = {id(x) for x in keep}
     steps = []
     for launch in launches:

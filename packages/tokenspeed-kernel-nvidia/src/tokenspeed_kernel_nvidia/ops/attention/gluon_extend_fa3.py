@@ -55,7 +55,7 @@ from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import (
     key_band,
 )
 from tokenspeed_kernel_triton._launcher import Launch
-from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, derive, run_fresh
+from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, derive_descriptor, run_fresh
 
 __all__ = [
     "BLOCK_M",
@@ -278,9 +278,9 @@ def _launches(args: ExtendArgs, plan: ExtendPlan | None = None) -> Built:
     programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device))
     table = args.page_table
     descriptors = (
-        derive(head_tile_descriptor, args.q, HALF, q_smem),
-        derive(_cache_descriptor, args.k_cache, plan.box, box_smem),
-        derive(_cache_descriptor, args.v_cache, plan.box, box_smem),
+        derive_descriptor(head_tile_descriptor, args.q, HALF, q_smem),
+        derive_descriptor(_cache_descriptor, args.k_cache, plan.box, box_smem),
+        derive_descriptor(_cache_descriptor, args.v_cache, plan.box, box_smem),
     )
     launch = Launch(
         extend_fa3_kernel,

@@ -25,7 +25,7 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     written_and_sinks,
 )
 from tokenspeed_kernel_triton._launcher import Launch
-from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, derive, run_fresh
+from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, derive_descriptor, run_fresh
 
 __all__ = [
     "MAX_WINDOW",
@@ -197,8 +197,8 @@ def _launches(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> Built
     group = num_q_heads // num_kv_heads
     cfg = cfg or prefill_config(head_dim, group)
     io, q_smem, kv_smem, s_mma, o_mma = cfg.layouts
-    k_desc = derive(head_tile_descriptor, args.k, cfg.block_n, kv_smem)
-    v_desc = derive(head_tile_descriptor, args.v, cfg.block_n, kv_smem)
+    k_desc = derive_descriptor(head_tile_descriptor, args.k, cfg.block_n, kv_smem)
+    v_desc = derive_descriptor(head_tile_descriptor, args.v, cfg.block_n, kv_smem)
     constexprs = dict(
         HQ=num_q_heads,
         HKV=num_kv_heads,

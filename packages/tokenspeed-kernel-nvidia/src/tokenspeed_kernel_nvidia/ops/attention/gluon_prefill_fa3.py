@@ -57,7 +57,7 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     written_and_sinks,
 )
 from tokenspeed_kernel_triton._launcher import Launch
-from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, derive, run_fresh
+from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, derive_descriptor, run_fresh
 
 __all__ = [
     "BLOCK_M",
@@ -485,9 +485,9 @@ def _launches(args: PrefillArgs, cfg: Fa3Config) -> Built:
     q_smem, kv_smem, _, _ = cfg.layouts
     programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device), cfg.block_m)
     descriptors = (
-        derive(head_tile_descriptor, args.q, HALF, q_smem),
-        derive(head_tile_descriptor, args.k, cfg.block_n, kv_smem),
-        derive(head_tile_descriptor, args.v, cfg.block_n, kv_smem),
+        derive_descriptor(head_tile_descriptor, args.q, HALF, q_smem),
+        derive_descriptor(head_tile_descriptor, args.k, cfg.block_n, kv_smem),
+        derive_descriptor(head_tile_descriptor, args.v, cfg.block_n, kv_smem),
     )
     launch = Launch(
         prefill_fa3_kernel,
