@@ -61,7 +61,7 @@
 #         (optional) bash ci/device/triton_kernels_bundle.sh   # .whl-ogs: matmul_ogs rows in `bench moe.apply`
 # Device: carry [".whl"] (and ".whl-nvidia", ".whl-ogs", ".whl-cute/bundle"), command: bash ci/device/verify_pending.sh
 # STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, fa3nan, flashinfer, e2e
-# (default: decode); INSTALL=0 skips installing .whl (another lane of the call did). A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap`, `mxp` and `fa3g` alone.
+# (default: decode); INSTALL=0 skips installing .whl and unpacking FA4's bundle (done once for every lane of the call). A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap`, `mxp` and `fa3g` alone.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -73,8 +73,11 @@ if [ -f .whl-nvidia/flashinfer-python.tar.xz ]; then
   export PYTHONPATH=/tmp/site
 fi
 if [ -f .whl-cute/bundle/fa4-aot.tar.xz ]; then  # FA4's AOT bundle: the fa4_prefill_sm90 peer rows
-  python3 -m pip install -q --no-deps --no-index .whl-cute/bundle/*.whl
-  tar -xJf .whl-cute/bundle/fa4-aot.tar.xz -C /tmp && export TOKENSPEED_KERNEL_FA4_AOT=/tmp/fa4
+  if [ "${INSTALL:-1}" != 0 ]; then  # INSTALL=0: installed and unpacked once for every lane
+    python3 -m pip install -q --no-deps --no-index .whl-cute/bundle/*.whl
+    tar -xJf .whl-cute/bundle/fa4-aot.tar.xz -C /tmp
+  fi
+  export TOKENSPEED_KERNEL_FA4_AOT=/tmp/fa4
 fi
 if [ -f .whl-ogs/triton_kernels.tar.xz ]; then  # OpenAI's triton_kernels: the matmul_ogs baselines of bench
   mkdir -p /tmp/ogs && tar -xJf .whl-ogs/triton_kernels.tar.xz -C /tmp/ogs
