@@ -229,8 +229,13 @@ def _cache_descriptor(cache: torch.Tensor, box: int, layout):
     # Page sizes whose boxes are whole 1 KiB swizzle atoms (8 rows of 128 bytes): 8 .. 256.
     shapes={"head_dim": HEAD_DIMS, "head_dim_v": HEAD_DIMS, "page_size": PAGE_SIZES[3:], "kv_align": (16,)},
     features=("sinks", "sliding_window", "return_lse", "strided_kv"),
-    # Compiled and inspected ahead of time only; not yet run on a GPU.
+    # First for unwindowed extend at head dim 64, where it was measured faster than
+    # triton_extend (H200, 2026-11-28, `bench attention.extend --preset extend-lengths`: 2.7x at
+    # 16 new tokens on a 6144-token prefix, 1.6x at 1024-2048, 1.5x at 4 x 512; 0.97x on a
+    # ragged 1024/300/37/2 batch); slower with GPT-OSS's 128-token window (59.8 vs 41.4 us at
+    # 2048 on 6144), so windowed calls keep triton_extend. Opt-in elsewhere (D = 128 unmeasured).
     priority=Priority.OPT_IN,
+    rank_when=({"window_left": (None,), "head_dim": (64,)}, Priority.PERFORMANT),
     predicate=_supported,
 )
 def gluon_extend_fa3(args: ExtendArgs) -> None:
