@@ -51,18 +51,19 @@ import torch
 DEV = torch.device("cuda")
 HQ, HKV = 64, 8
 CASES = ((1, 8192, 64), (4, 4096, 64), (1, 8192, 128), (4, 4096, 128))  # (batch, seq, head dim)
-# head dim -> (Fa3Config keywords, timed under --variants); the first is fa3_config's. "wide":
-# three consumer warpgroups (gluon_prefill_fa3.WIDE). tests/.../test_gluon_prefill_fa3_gpu.py
+# head dim -> (Fa3Config keywords, timed under --variants); the first is fa3_config's (D = 64:
+# "wide", three consumer warpgroups, gluon_prefill_fa3.WIDE, shipped since 2026-11-28; the
+# two-warpgroup build it replaced comes second). tests/.../test_gluon_prefill_fa3_gpu.py
 # checks each of them on awkward shapes.
 CONFIGS = {
     64: (
+        ({"stages": 3, "wide": True}, True),
         ({"stages": 3}, True),
         ({"stages": 3, "pv_overlap": True}, True),
         ({"stages": 3, "pv_overlap": True, "exp2_poly": 1}, True),
         ({"stages": 3, "exp2_poly": 1}, True),
         ({"stages": 3, "exp2_poly": 2}, True),
         ({"stages": 3, "rescale_threshold": 8.0}, True),
-        ({"stages": 3, "wide": True}, True),
         ({"stages": 3, "wide": True, "exp2_poly": 2}, True),
         ({"stages": 3, "wide": True, "exp2_poly": 2, "rescale_threshold": 8.0}, True),
         ({"stages": 3, "pingpong": False}, False),

@@ -593,8 +593,9 @@ def prefill_grid():
 
 
 def prefill_fa3_grid():
-    """The launcher's configurations (D 64 and 128) with sinks on and off, LSE, fp16, GQA 8
-    and 1, plus the alternatives the device sweep times (D = 64 with 2 stages, 64-key tiles,
+    """The launcher's configurations (D 64: three consumer warpgroups since 2026-11-28; D 128:
+    two) with sinks on and off, LSE, fp16, GQA 8 and 1, the D 64 two-consumer build, plus the
+    alternatives the device sweep times (D = 64 with 2 stages, 64-key tiles,
     no ping-pong hand-off; the variants: exp2 partly on FMA, three consumer warpgroups, the
     lazy rescale, alone and together; the P·V wait after the softmax, alone and with the others;
     the shipped D 64 build without V cleaning, ``--clean-ab``'s reference), then the
@@ -615,8 +616,9 @@ def prefill_fa3_grid():
         (torch.bfloat16, 64, 8, True, False, Fa3Config(64, stages=3, exp2_poly=1)),
         (torch.bfloat16, 64, 8, True, False, Fa3Config(64, stages=3, exp2_poly=2)),
         (torch.bfloat16, 64, 8, True, False, Fa3Config(64, stages=3, rescale_threshold=8.0)),
-        (torch.bfloat16, 64, 8, True, False, wide),
-        (torch.float16, 64, 1, False, True, wide),
+        # D 64's two-consumer build (shipped until 2026-11-28; None above is now the wide one)
+        (torch.bfloat16, 64, 8, True, False, Fa3Config(64, stages=3)),
+        (torch.float16, 64, 1, False, True, Fa3Config(64, stages=3)),
         (torch.bfloat16, 64, 8, True, False, replace(wide, exp2_poly=2)),
         (torch.bfloat16, 64, 8, True, True, replace(wide, exp2_poly=2, rescale_threshold=8.0)),
         (torch.bfloat16, 128, 8, True, False, Fa3Config(128, exp2_poly=1)),

@@ -189,12 +189,17 @@ def test_config_table():
         cfg = fa3.fa3_config(d)
         assert cfg.head_dim == d and cfg.block_n == 128
         assert cfg.shared_bytes() <= 227 * 1024
-        # 12 warps at maxnreg fit the register file; the warpgroups' split fits the launch
-        assert cfg.maxnreg * 12 * 32 <= 65536
-        assert (2 * cfg.consumer_regs + cfg.producer_regs) <= 3 * cfg.maxnreg
+        warps = 4 * (cfg.consumers + 1)
+        # the warps at maxnreg fit the register file; the warpgroups' split fits the launch
+        assert cfg.maxnreg * warps * 32 <= 65536
+        assert (cfg.consumers * cfg.consumer_regs + cfg.producer_regs) <= (cfg.consumers + 1) * cfg.maxnreg
         assert cfg.consumer_regs % 8 == 0 and cfg.producer_regs % 8 == 0 and 24 <= cfg.producer_regs
-    assert fa3.fa3_config(64).shared_bytes() == 2 * 64 * (128 + 2 * 3 * 128)
-    assert fa3.fa3_config(128).stages == 2
+    # D = 64 ships three consumer warpgroups (192-row tiles: Q 192 x 64, a 3-stage K/V ring)
+    assert fa3.fa3_config(64) == fa3.fa3_variant(64, wide=True, stages=3) and fa3.fa3_config(64).block_m == 192
+    assert fa3.fa3_config(64).shared_bytes() == 2 * 64 * (192 + 2 * 3 * 128)
+    assert fa3.fa3_config(128).stages == 2 and fa3.fa3_config(128).consumers == 2
+    # the paged extend keeps two at both head dims
+    assert all(c.consumers == 2 and c.block_m == 128 for c in fa3.TWO_CONSUMER_CONFIGS.values())
 
 
 def _args(**kw):
@@ -561,7 +566,7 @@ def test_pv_overlap_is_a_compile_switch_only():
     # test_aot_compile.py checks it), not what it computes: same tiles, same schedule, so the
     # float64 emulation above covers its numerics; the GPU tests run it on the device.
     base, ov = fa3.Fa3Config(64, stages=3), fa3.Fa3Config(64, stages=3, pv_overlap=True)
-    assert ov.tag == base.tag + "-ov" and fa3.fa3_config(64) == base and not base.pv_overlap
+    assert ov.tag == base.tag + "-ov" and fa3.TWO_CONSUMER_CONFIGS[64] == base and not base.pv_overlap
     assert {k: v for k, v in ov.constexprs().items() if k != "PV_OVERLAP"} == {
         k: v for k, v in base.constexprs().items() if k != "PV_OVERLAP"
     }

@@ -47,10 +47,10 @@ from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import (
     BLOCK_M,
     HALF,
     NO_WINDOW,
+    TWO_CONSUMER_CONFIGS,
     Fa3Config,
     dirty,
     edge,
-    fa3_config,
     grid,
     key_band,
 )
@@ -197,13 +197,14 @@ class ExtendPlan:
 
 @functools.cache
 def extend_plan(head_dim: int, page_size: int, **variant) -> ExtendPlan:
-    """The launch configuration: the dense kernel's tile and ring (:func:`fa3_config`) with
+    """The launch configuration: the dense kernel's two-consumer tile and ring
+    (:data:`~tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3.TWO_CONSUMER_CONFIGS`) with
     the registers split 232 / 40 (``2 x 232 + 40 = 3 x 168``): the producer's page-id
     extraction spills at 24 registers (P = 8: 24 bytes), the D = 128 consumers at 224
     (64 bytes); ptxas reports no spills at 232 / 40 (tests/tokenspeed_kernel_nvidia/test_aot_extend_fa3.py).
     ``variant``: ``Fa3Config`` fields to change (``pv_overlap=True``, ``exp2_poly=1``,
     ``rescale_threshold=8.0``; off by default; ``consumers`` other than 2 is a ValueError)."""
-    cfg = dataclasses.replace(fa3_config(head_dim), **({"consumer_regs": 232, "producer_regs": 40} | variant))
+    cfg = dataclasses.replace(TWO_CONSUMER_CONFIGS[head_dim], **({"consumer_regs": 232, "producer_regs": 40} | variant))
     return ExtendPlan(cfg, box_rows(page_size, cfg.block_n), page_size)
 
 

@@ -64,6 +64,7 @@ __all__ = [
     "EXP2_POLY",
     "HALF",
     "NO_WINDOW",
+    "TWO_CONSUMER_CONFIGS",
     "WIDE",
     "Fa3Config",
     "dirty",
@@ -264,7 +265,14 @@ def exp2_fma_reference(x: torch.Tensor) -> torch.Tensor:
 
 
 # D = 64: 3 stages (112 KiB); D = 128: 2 stages (160 KiB: a third would not fit in 227 KiB).
-_CONFIGS = {64: Fa3Config(64, block_n=128, stages=3), 128: Fa3Config(128, block_n=128, stages=2)}
+# D = 64 ships three consumer warpgroups (192-row work tiles, WIDE): measured faster than two on
+# an H200 with the V cleaning in (2026-11-28, fa3_sweep.py --variants: 476 vs 412 TFLOP/s at
+# S = 8192 with sinks, 401 vs 390 at B = 4 x 4096). D = 128 keeps two (three do not fit its
+# registers).
+_CONFIGS = {64: Fa3Config(64, block_n=128, stages=3, **WIDE), 128: Fa3Config(128, block_n=128, stages=2)}
+# The paged extend's base: two consumer warpgroups at both head dims (its boxes-per-page
+# producer and register split were built and measured for two: gluon_extend_fa3).
+TWO_CONSUMER_CONFIGS = {64: Fa3Config(64, block_n=128, stages=3), 128: _CONFIGS[128]}
 
 
 # The windowed build: 64-key tiles (a 128-token tile's band at window 127 is 4 steps of 64
