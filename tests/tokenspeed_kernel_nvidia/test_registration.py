@@ -51,7 +51,7 @@ def test_backend_loads_and_registers_every_kernel():
 
 # Measured correct and faster than every portable kernel in their regime on an H100
 # (docs/history.md): ranked above the Triton kernels.
-PROMOTED = {"gluon_moe_decode_mx_sm90", "gluon_moe_mma_sm90", "gluon_prefill_fa3_sm90"}
+PROMOTED = {"gluon_moe_decode_mx_sm90", "gluon_moe_mma_sm90"}
 
 
 def test_priorities_and_gates_are_honest():
@@ -171,6 +171,23 @@ def test_gluon_prefill_window_serves_sm90_windows_and_ranks_first_at_gpt_oss_win
     for arch in ("sm_100", "sm_80", "gfx942", "cpu"):
         reasons, _ = _verdict(_prefill_request(), arch)
         assert reasons["gluon_prefill_window_sm90"], arch
+
+
+def test_gluon_prefill_fa3_ranks_first_from_the_measured_length():
+    """Faster than triton_prefill from 2048 queries up (H200, prefill-lengths), slower below."""
+    spec = registry.get_kernel("gluon_prefill_fa3_sm90")
+
+    def winner(bucket, head_dim=64):
+        request = _prefill_request(features=("sinks",), head_dim=head_dim)
+        shapes = {**dict(request.shapes), "max_seqlen_q_bucket": bucket}
+        request = Request.make(request.op, dict(request.dtypes), shapes, request.features)
+        return selector.explain(request, platform=platform_from_arch("sm_90")).winner.name
+
+    assert spec.priority == Priority.OPT_IN
+    for bucket in (1, 512, 1024):
+        assert winner(bucket) == "triton_prefill", bucket
+    for bucket in (2048, 4096, 8192, 16384, 1 << 18):
+        assert winner(bucket) == winner(bucket, head_dim=128) == "gluon_prefill_fa3_sm90", bucket
 
 
 def test_flashinfer_prefill_stays_opt_in_at_every_length():

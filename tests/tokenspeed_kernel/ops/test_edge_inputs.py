@@ -286,11 +286,11 @@ def _assert_unseen_poison_changes_nothing(case: cases.AttentionCase, names: list
 
 # GPT-OSS's head layout (GQA 8, head dim 64, sinks, a window) in bf16: on an H100 the Gluon
 # decode and window-prefill kernels serve these too, so they meet the same poison. The causal
-# cases without a window reach the dense FA3-style kernel (gluon_prefill_fa3_sm90, first for
-# them on Hopper without FA4): one key tile holding the diagonal and the next sequence's
-# (poisoned) keys past the first one's end; then 300 tokens (three 128-key tiles, the poisoned
-# key 150 on work tile 128's diagonal tile, invisible to its rows 128..149, the only rows of
-# that tile that see no poisoned key).
+# cases without a window reach the dense FA3-style kernel (gluon_prefill_fa3_sm90; served here
+# as an accepted kernel whatever its rank): one key tile holding the diagonal and the next
+# sequence's (poisoned) keys past the first one's end; then 300 tokens (three 128-key tiles, the
+# poisoned key 150 on a diagonal tile, invisible to the rows before it; 192-row work tiles at
+# head dim 64 since 2026-11-28, 128-row ones before).
 GPT_OSS_LAYOUT = [
     cases.AttentionCase("attention.prefill", (40, 9), (40, 9), 16, 2, 64, window_left=5, sinks=True, name="prefill"),
     cases.AttentionCase("attention.prefill", (40, 9), (40, 9), 16, 2, 64, sinks=True, name="prefill-causal"),

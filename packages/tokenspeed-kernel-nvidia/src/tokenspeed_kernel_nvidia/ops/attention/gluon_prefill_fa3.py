@@ -391,6 +391,13 @@ def _check_call(args: PrefillArgs, cfg: Fa3Config) -> None:
 
 
 # What both builds' registrations share (metadata as data).
+# H200, 2026-11-28, `bench attention.prefill --preset prefill-lengths` (D = 64, sinks, the
+# three-consumer build): faster than triton_prefill at every case from 2048 queries (1.13x at
+# B = 1 x 2048, 1.11x at 8 x 2048, 1.25x at 4096, 1.27x at 8192, 1.24x at 16384, 1.17x at 4 x
+# 4096, 1.15x on a ragged 8192/2000/300/37 batch); slower at 512 (0.73x) and at 8 x 1024 (0.91x,
+# 1.05x at 1 x 1024). D = 128 was timed at 4096 and 8192 only (2.2-2.3x triton_prefill, a gap
+# far wider than D = 64's), so its 2048 bucket follows D = 64's.
+RANKED_FROM_QUERIES = 2048
 _META = {
     "solution": "gluon",
     "vendors": VENDORS,
@@ -406,8 +413,10 @@ _META = {
     name="gluon_prefill_fa3_sm90",
     **_META,
     features=FEATURES,
-    # Measured faster than triton_prefill (PORTABLE) wherever it serves (module docstring).
-    priority=Priority.PERFORMANT,
+    # First from RANKED_FROM_QUERIES queries up (the request's max_seqlen_q_bucket), where it was
+    # measured faster than triton_prefill (PORTABLE); below that triton_prefill stays first.
+    priority=Priority.OPT_IN,
+    rank_when=({"max_seqlen_q_bucket": tuple(RANKED_FROM_QUERIES << i for i in range(8))}, Priority.PERFORMANT),
     predicate=_supported,
 )
 def gluon_prefill_fa3(args: PrefillArgs) -> None:
