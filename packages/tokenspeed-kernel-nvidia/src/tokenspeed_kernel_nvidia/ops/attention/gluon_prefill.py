@@ -5,8 +5,9 @@ products, only the diagonal band of key tiles visited). This module holds the la
 configuration (data), the tile-range arithmetic the kernel performs (mirrored in plain
 Python for the CPU tests), the grid, and the registration.
 
-Registered at the wheel's opt-in priority: the kernel compiles for sm_90 and its PTX has
-been inspected, but it has not yet run on a GPU.
+Registered opt-in, ranked first at GPT-OSS's window (127) and head dim 64 (``rank_when``),
+where it was measured faster than ``triton_prefill`` (H100 2026-11-23; H200 2026-11-28: 120.5 us
+at S = 8192 with sinks, 1.50x flex_attention).
 """
 
 from __future__ import annotations

@@ -2,20 +2,24 @@
 with or without a sliding window.
 
 See :mod:`._gluon_prefill_fa3_kernel` for the kernel (warp-specialized: a one-warp TMA
-producer and two ping-ponging consumer warpgroups on ``wgmma`` with intra-warpgroup overlap;
+producer and two or three ping-ponging consumer warpgroups on ``wgmma`` with intra-warpgroup overlap;
 persistent, heaviest tiles first). This module holds the launch configuration (data), the
 schedule arithmetic the kernel performs (mirrored in plain Python for the CPU tests), the
 grid, and the registration.
 
-Per-head tiles, not GQA packing: a work tile is 128 consecutive tokens of one query head.
+Per-head tiles, not GQA packing: a work tile is 64 tokens per consumer warpgroup (192 at
+head dim 64, 128 at 128) of one query head.
 For dense causal attention packing saves no K/V traffic per query row (a tile of 16 tokens
 x 8 heads reads the same keys as one of 128 tokens x 1 head, for the same 128 rows), while
 per-head tiles keep the causal diagonal square (at most two masked key tiles per tile),
 load Q as one 2-D TMA box, and give the sink one value per tile; the 8 heads of a KV head
 are adjacent in the tile order, so their K/V reads share L2.
 
-Ranked at ``Priority.PERFORMANT``: first for causal unwindowed prefill where FA4
-(``fa4_prefill_sm90``, an opt-in bundle ranked above it) is not installed. Its first GPU run
+Ranked at ``Priority.PERFORMANT`` from the 2048-query bucket (:data:`RANKED_FROM_QUERIES`),
+``OPT_IN`` below: first for causal unwindowed prefill of 2048+ queries where FA4
+(``fa4_prefill_sm90``, an opt-in bundle ranked above it) is not installed. Since 2026-11-28
+head dim 64 runs three consumer warpgroups (H200: 472 / 416 TFLOP/s at S = 8192 / 4 x 4096
+with sinks and the V cleaning, against 412 / 390 with two; docs/nvidia.md). Its first GPU run
 (H200, 2026-11-27, ci/device/verify_pending.sh fa3g): float64 numerics passed (GPU tests, ``check
 --preset awkward`` 4/4 served cases, every sweep configuration), and at GPT-OSS-120B's shape
 (64/8 heads, bf16, causal, sinks) S = 8192 took 1.268 ms (434 TFLOP/s; 1.277 without sinks)
@@ -26,16 +30,16 @@ With the ping-pong hand-off off (``-free`` in the sweep) it is 0.3-2% slower.
 ``gluon_prefill_fa3_window_sm90`` is the same kernel built with a sliding window
 (``Fa3Config.window``, :func:`fa3_window_config`): each work tile visits only its key band
 (:func:`key_band`) in 64-key tiles, masking the band's edge tiles (:func:`edge`). A separate
-registration at ``Priority.OPT_IN`` (compiled and inspected ahead of time, not yet run on a
-GPU), so the causal-only one keeps its measured metadata; ``gluon_prefill_window_sm90`` stays
-first at window 127 until the device step ``fa3w`` measures this one faster there.
+registration at ``Priority.OPT_IN``: correct on an H200 (2026-11-28) but 0.61x
+``gluon_prefill_window_sm90`` at window 127 (197.7 vs 120.5 us at S = 8192), which stays first.
 
 Both builds clean V on dirty key tiles (2026-11-28; :func:`dirty`, ``Fa3Config.clean_v``):
 before, a NaN/inf key or value that a query cannot see (causally later, outside its window, or
 the next sequence's rows that a sequence's last key tile reads in the dense view) reached it
 through ``0 x NaN`` inside ``wgmma``, against docs/api.md. Found on an H200 by
 ``test_edge_inputs.py``'s GPT-OSS-layout case (window 5, the windowed build); the causal
-unwindowed case, which this PERFORMANT build serves, was not in that list then.
+unwindowed case, which the ranked build serves, was not in that list then. Cost of the
+cleaning: 4.6-7.0 % (H200, two-warpgroup build, ``fa3_sweep.py --clean-ab``).
 """
 
 from __future__ import annotations
@@ -440,8 +444,8 @@ def gluon_prefill_fa3(args: PrefillArgs) -> None:
     name="gluon_prefill_fa3_window_sm90",
     **_META,
     features=WINDOW_FEATURES,
-    # Compiled and inspected ahead of time only; not yet run on a GPU (gluon_prefill_window_sm90
-    # stays first at window 127 by its rank_when until this one measures faster there).
+    # Correct on an H200 but 0.61x gluon_prefill_window_sm90 at window 127 (2026-11-28), which
+    # stays first there by its rank_when.
     priority=Priority.OPT_IN,
     predicate=_windowed,
 )
