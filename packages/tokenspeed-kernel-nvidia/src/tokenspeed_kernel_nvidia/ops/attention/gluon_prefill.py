@@ -6,8 +6,8 @@ configuration (data), the tile-range arithmetic the kernel performs (mirrored in
 Python for the CPU tests), the grid, and the registration.
 
 Registered opt-in, ranked first at GPT-OSS's window (127) and head dim 64 (``rank_when``),
-where it was measured faster than ``triton_prefill`` (H100 2026-11-23; H200 2026-11-28: 120.5 us
-at S = 8192 with sinks, 1.50x flex_attention).
+where it was measured faster than ``triton_prefill`` (H100, docs/history.md; H200 2026-11-28: 120.5 us
+at S = 8192 with sinks, 1.02x ``triton_prefill``, 1.50x flex_attention).
 """
 
 from __future__ import annotations
