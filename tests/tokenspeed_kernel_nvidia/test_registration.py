@@ -190,6 +190,20 @@ def test_gluon_prefill_fa3_ranks_first_from_the_measured_length():
         assert winner(bucket) == winner(bucket, head_dim=128) == "gluon_prefill_fa3_sm90", bucket
 
 
+def test_misaligned_q_k_v_fall_back_to_the_portable_prefill():
+    """No NVIDIA prefill kernel claims ``unaligned_qkv`` (TMA and 16-byte vector loads): a
+    misaligned call that would reach the FA3 kernel goes to triton_prefill, with the reason."""
+    request = _prefill_request(features=("sinks",))
+    shapes = {**dict(request.shapes), "max_seqlen_q_bucket": 8192}
+    for features, winner in (((), "gluon_prefill_fa3_sm90"), (("unaligned_qkv",), "triton_prefill")):
+        asked = Request.make(request.op, dict(request.dtypes), shapes, request.features | set(features))
+        reasons, selection = _verdict(asked, "sm_90")
+        assert selection.winner.name == winner, features
+    for name in ("gluon_prefill_fa3_sm90", "fa4_prefill_sm90", "trtllm_fmha_prefill", "flashinfer_prefill"):
+        assert "unaligned_qkv" not in registry.get_kernel(name).features, name
+    assert any("unaligned_qkv" in r for r in reasons["gluon_prefill_fa3_sm90"]), reasons["gluon_prefill_fa3_sm90"]
+
+
 def test_flashinfer_prefill_stays_opt_in_at_every_length():
     """Faster alone from 2048 tokens, but not once its per-layout plan is paid (history.md)."""
     spec = registry.get_kernel("flashinfer_prefill")

@@ -57,7 +57,9 @@ OPERATORS: dict[str, OperatorSchema] = {
             # max_seqlen_q_bucket: the next power of two >= max_seqlen_q (ranked by length);
             # kv_prefix: 1 when keys may outnumber queries (cu_seqlens_k is not cu_seqlens_q), else 0
             shape_keys=(*_ATTENTION_SHAPES, "max_seqlen_q_bucket", "kv_prefix"),
-            features=(*_ATTENTION_FEATURES, "non_causal"),
+            # unaligned_qkv: q, k or v is not 16-byte aligned (address or row strides); kernels
+            # that load them with TMA or 16-byte vectors leave it out and decline such calls
+            features=(*_ATTENTION_FEATURES, "non_causal", "unaligned_qkv"),
             summary="ragged-batch attention over contiguous q/k/v (mha_prefill)",
         ),
         OperatorSchema(

@@ -133,7 +133,7 @@ def _write(
     name="torch_prefill",
     solution="torch",
     dtypes={"q": _DTYPES, "kv": _DTYPES},
-    features=(*_COMMON, "non_causal"),
+    features=(*_COMMON, "non_causal", "unaligned_qkv"),
     priority=Priority.REFERENCE,
     graph_safe=False,  # reads the lengths on the host (.tolist())
 )

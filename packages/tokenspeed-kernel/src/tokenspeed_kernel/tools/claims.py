@@ -273,6 +273,7 @@ def _attention(op: str, plan: _Plan, sizes: _Sizes, rng: random.Random) -> Atten
         return_lse="return_lse" in f,
         name=plan.id,
         cache_layout="vllm" if "strided_kv" in f else "nhd",
+        misaligned="unaligned_qkv" in f,
     )
 
 

@@ -27,7 +27,8 @@ _RUNNERS = runner_cache("triton_prefill", "prefill", lambda rows: 1)
     vendor_capabilities=VENDOR_CAPABILITIES,
     dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
     shapes={"head_dim": HEAD_DIMS},
-    features=(*COMMON_FEATURES, "non_causal"),
+    # unaligned_qkv: Triton specializes on 16-byte divisibility and compiles a variant without it
+    features=(*COMMON_FEATURES, "non_causal", "unaligned_qkv"),
     priority=Priority.PORTABLE,
     predicate=head_dim_v_and_group_fit,
 )

@@ -54,6 +54,7 @@ def attention_request(
     strided_kv: bool = False,
     kv_align: int | None = None,
     kv_prefix: bool | None = None,
+    unaligned_qkv: bool = False,
 ) -> Request:
     """The selector request of an attention call, built from plain shapes (public: ask
     ``select``/``explain`` which kernel would serve a model's calls before making them).
@@ -79,9 +80,12 @@ def attention_request(
             call gives False when ``cu_seqlens_k`` is ``cu_seqlens_q`` itself (each sequence's
             keys are its queries), else True; adds ``kv_prefix`` (0/1), which a kernel that
             serves only self-attention lists as ``(0,)``. None: left out (any kernel serves).
+        unaligned_qkv: (prefill) q, k or v is not 16-byte aligned: its byte offset or a byte
+            stride but the last is not a multiple of 16 (``tokenspeed_kernel.ops._checks.kv_align``
+            of the three, below 16); only kernels that list the feature serve it.
 
     Features: ``non_causal``, ``sliding_window``, ``sinks``, ``logit_cap``, ``return_lse``,
-    ``fp8_kv`` (an fp8 cache), ``spec_decode`` (``q_len > 1``), ``strided_kv``. Shapes: head
+    ``fp8_kv`` (an fp8 cache), ``spec_decode`` (``q_len > 1``), ``strided_kv``, ``unaligned_qkv``. Shapes: head
     dims, head counts, ``window_left`` when windowed, and ``page_size`` / ``kv_align`` /
     ``q_len`` where the operator has them, ``batch_bucket`` / ``max_seqlen_q_bucket`` / ``kv_prefix`` when ``batch`` /
     ``max_seqlen_q`` / ``kv_prefix`` is given. It is exactly the request the public call builds for the same arguments.
@@ -95,6 +99,7 @@ def attention_request(
         ("fp8_kv", kv_dtype == torch.float8_e4m3fn),
         ("spec_decode", q_len is not None and q_len > 1),
         ("strided_kv", strided_kv),
+        ("unaligned_qkv", unaligned_qkv),
     )
     shapes = [
         ("head_dim", heads.head_dim),

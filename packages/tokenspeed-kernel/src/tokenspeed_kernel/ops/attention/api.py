@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from tokenspeed_kernel import config
-from tokenspeed_kernel.ops._checks import at_least, call_key, pow2_bucket
+from tokenspeed_kernel.ops._checks import at_least, call_key, kv_align, pow2_bucket
 from tokenspeed_kernel.ops._dispatch import dispatch
 from tokenspeed_kernel.ops._operator import Operator, Plan
 from tokenspeed_kernel.ops.attention import _custom_ops  # noqa: F401  (defines torch.ops.tokenspeed_kernel.mha_*)
@@ -97,6 +97,7 @@ def _facts(
     total_q: int | None = None,
     total_k: int | None = None,
     kv_prefix: bool | None = None,
+    unaligned_qkv: bool = False,
 ) -> tuple[Request | None, Callable[..., dict[str, Any]]]:
     """The selector request of an attention call with these checked facts, and what builds its
     capture signature (given the per-call lengths: ``signature(max_seqlen_k=...)``); none while tracing (``compiling``: the custom op
@@ -125,6 +126,7 @@ def _facts(
         strided_kv=strided,
         kv_align=align,
         kv_prefix=kv_prefix,
+        unaligned_qkv=unaligned_qkv,
     )
     own = (("total_q", total_q), ("total_k", total_k), ("q_len", q_len), ("page_size", page_size), ("causal", causal))
     signature = functools.partial(
@@ -227,6 +229,9 @@ class PrefillCall(Plan):
             total_q=total_q,
             total_k=total_k,
             kv_prefix=cu_seqlens_k is not cu_seqlens_q,
+            # the call key holds q/k/v's storage offsets and strides, which fix this (the
+            # storage itself 16-byte aligned, as every torch allocator returns it)
+            unaligned_qkv=not compiling and kv_align(q, k, call[2]) < 16,
         )
         return cls(
             request,

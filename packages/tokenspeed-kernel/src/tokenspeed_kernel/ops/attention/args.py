@@ -11,7 +11,8 @@ page size. Every tensor is on one device and contiguous, except the paged caches
 ``k_cache``/``v_cache`` may be a strided view (any page, token and head strides; stride 1 in
 the head dim), to be read or written through its strides. A kernel that needs contiguous
 caches omits the ``strided_kv`` feature; one that needs 16-byte aligned strides restricts
-the ``kv_align`` shape key to ``(16,)``.
+the ``kv_align`` shape key to ``(16,)``. Prefill's q, k and v may start at any address; one
+that needs them 16-byte aligned (address and row strides) omits the ``unaligned_qkv`` feature.
 
 Shared semantics: ``logits = softmax_scale * q.k``; if ``logit_cap > 0`` logits become
 ``logit_cap * tanh(logits / logit_cap)``; a query at absolute position ``i`` sees key ``j``

@@ -64,16 +64,28 @@ def make_inputs(case: Case, device: torch.device | str = "cpu", seed: int = 0) -
     return module_for(case.op).make_inputs(case, device, seed)
 
 
+def _clone(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` at the same address modulo 16 bytes when ``t`` is contiguous (a case's
+    deliberately misaligned q/k/v stay misaligned, so the call builds the same request)."""
+    shift = t.data_ptr() % 16
+    if not shift or not t.is_contiguous() or shift % t.element_size():
+        return t.clone()
+    pad = shift // t.element_size()
+    flat = torch.empty(t.numel() + pad, dtype=t.dtype, device=t.device)
+    return flat[pad:].view(t.shape).copy_(t)
+
+
 def fresh_copies(inputs: dict[str, Any]) -> dict[str, Any]:
     """``inputs`` with every tensor cloned, once per distinct tensor: an input given twice (one
-    lengths tensor for queries and keys, as engines pass it) stays one object, so the call
-    builds the same request as with the originals."""
+    lengths tensor for queries and keys, as engines pass it) stays one object, and a copy keeps
+    its original's address modulo 16 bytes, so the call builds the same request as with the
+    originals."""
     clones: dict[int, torch.Tensor] = {}
     fresh = {}
     for name, value in inputs.items():
         if isinstance(value, torch.Tensor):
             if id(value) not in clones:
-                clones[id(value)] = value.clone()
+                clones[id(value)] = _clone(value)
             value = clones[id(value)]
         fresh[name] = value
     return fresh

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from tokenspeed_kernel.ops._checks import kv_align
 from tokenspeed_kernel.ops.attention._validate import cache_layout
 from tokenspeed_kernel.ops.attention.api import attention_request
 from tokenspeed_kernel.ops.attention.args import DecodeArgs, ExtendArgs, Heads, PrefillArgs
@@ -71,6 +72,9 @@ class AttentionCase:
     return_lse: bool = False
     name: str = ""
     cache_layout: str = "nhd"
+    # prefill: q, k and v contiguous but one element past a 16-byte boundary (request feature
+    # ``unaligned_qkv``: kernels that need 16-byte aligned operands decline the call)
+    misaligned: bool = False
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -85,6 +89,8 @@ class AttentionCase:
             raise ValueError("AttentionCase: decode needs the same q_len for every sequence")
         if self.cache_layout not in CACHE_LAYOUTS or (self.cache_layout != "nhd" and self.op not in _PAGED):
             raise ValueError(f"AttentionCase.cache_layout must be one of {CACHE_LAYOUTS} (paged operators only)")
+        if self.misaligned and self.op != "attention.prefill":
+            raise ValueError("AttentionCase.misaligned applies to attention.prefill only")
 
     @property
     def batch(self) -> int:
@@ -122,6 +128,8 @@ class AttentionCase:
             parts.append(f"cap={self.logit_cap:g}")
         if self.return_lse:
             parts.append("lse")
+        if self.misaligned:
+            parts.append("misaligned")
         return " ".join(parts)
 
     def _visible_pairs(self) -> int:
@@ -178,6 +186,33 @@ def _layout_facts(case: AttentionCase) -> tuple[bool, int | None]:
     return cache_layout(*lay_out_caches(k, v, case.cache_layout))
 
 
+def _qkv_unaligned(case: AttentionCase) -> bool:
+    """Whether the case's q, k and v are not all 16-byte aligned (the public call's
+    ``unaligned_qkv``), from meta tensors laid out as :func:`make_inputs` lays them out."""
+    if case.op != "attention.prefill":
+        return False
+    meta = torch.device("meta")
+    shapes = (
+        (2, case.num_q_heads, case.head_dim),
+        (2, case.num_kv_heads, case.head_dim),
+        (2, case.num_kv_heads, case.dv),
+    )
+    views = [_laid_out(torch.empty(shape, dtype=case.dtype, device=meta), case.misaligned) for shape in shapes]
+    return kv_align(*views) < 16
+
+
+def _laid_out(t: torch.Tensor, misaligned: bool) -> torch.Tensor:
+    """``t`` itself, or (``misaligned``) a contiguous copy that starts one element past the
+    start of its storage (a fresh storage is 16-byte aligned)."""
+    if not misaligned:
+        return t
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    out = flat[1:].view(t.shape)
+    if t.device.type != "meta":
+        out.copy_(t)
+    return out
+
+
 def request(case: AttentionCase) -> Request:
     """The selector request the public operator builds for this case (no tensors needed)."""
     strided, align = _layout_facts(case)
@@ -210,6 +245,7 @@ def request(case: AttentionCase) -> Request:
         kv_align=align,
         # make_inputs passes one lengths tensor when the lengths are equal (as engines do)
         kv_prefix=case.seqlens_k != case.seqlens_q if case.op == "attention.prefill" else None,
+        unaligned_qkv=_qkv_unaligned(case),
     )
 
 
@@ -284,10 +320,18 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu", seed: i
     if case.op == "attention.prefill":
         total_k = sum(case.seqlens_k)
         cu_q = _cu(case.seqlens_q, device)
+        q, k, v = (
+            _laid_out(torch.randn(rows, heads, dim, generator=gen, device=device).to(case.dtype), case.misaligned)
+            for rows, heads, dim in (
+                (total_q, case.num_q_heads, case.head_dim),
+                (total_k, case.num_kv_heads, case.head_dim),
+                (total_k, case.num_kv_heads, case.dv),
+            )
+        )
         return {
-            "q": torch.randn(total_q, case.num_q_heads, case.head_dim, generator=gen, device=device).to(case.dtype),
-            "k": torch.randn(total_k, case.num_kv_heads, case.head_dim, generator=gen, device=device).to(case.dtype),
-            "v": torch.randn(total_k, case.num_kv_heads, case.dv, generator=gen, device=device).to(case.dtype),
+            "q": q,
+            "k": k,
+            "v": v,
             "cu_seqlens_q": cu_q,
             # Keys as long as the queries (no prefix): one tensor for both, as engines pass it
             # (a kernel may rely on that identity: trtllm_fmha_prefill).
@@ -498,8 +542,8 @@ def awkward_cases(op: str, dtype: torch.dtype = torch.bfloat16) -> list[Attentio
     """Small awkward shapes (CPU / interpreter sized, <= ~300 tokens) covering every option:
     ragged lengths including 1, partial pages, page sizes 1/16/64, GQA 1/4/8 and MQA,
     windows (incl. 0), sinks, logit cap, LSE, Dv != D, non-causal, speculative decode, fp8 KV,
-    empty sequences (no queries, or no keys: a row that sees only the sink), and strided
-    caches (every :data:`CACHE_LAYOUTS` layout but ``nhd``). New cases are
+    empty sequences (no queries, or no keys: a row that sees only the sink), strided
+    caches (every :data:`CACHE_LAYOUTS` layout but ``nhd``) and misaligned q/k/v (prefill). New cases are
     appended, so the index of an existing case stays put."""
     fp8 = torch.float8_e4m3fn
     if op == "attention.prefill":
@@ -548,6 +592,11 @@ def awkward_cases(op: str, dtype: torch.dtype = torch.bfloat16) -> list[Attentio
                 sinks=True,
                 return_lse=True,
                 name="empty_seqs_sink_only",
+            ),
+            # q/k/v one element past a 16-byte boundary: kernels that need aligned operands
+            # (TMA, 16-byte vectors) decline it, the rest must serve it
+            AttentionCase(
+                op, (7, 64), (7, 64), 8, 2, 64, dtype=dtype, sinks=True, misaligned=True, name="misaligned_qkv"
             ),
         ]
     if op == "attention.extend":
