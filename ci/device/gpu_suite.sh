@@ -26,9 +26,10 @@
 set -uo pipefail
 # The suite outgrew one 10-minute call (H100, 2026-11-27: core alone 415 s): PART=1, then PART=2
 # in a second call, run every shard (DEADLINE_S=560 and 400 fit them); LANES overrides both.
-# PART=both on a host with two GPUs (kind nvidia-h100-x2 / nvidia-h200-x2): part 1 on GPU 0 and
-# part 2 on GPU 1 side by side, each with half the CPUs (the lanes' workers as on a 16-CPU host),
-# logs under $OUT/part1 and $OUT/part2: the whole suite in one call.
+# PART=both on a host with two GPUs (kind nvidia-h100-x2 / nvidia-h200-x2): three lanes on each
+# GPU (LANES0, LANES1; core and nvidia halved by file), each GPU with half the CPUs, logs under
+# $OUT/part1 and $OUT/part2, every shard allowed the whole DEADLINE_S: the whole suite in one
+# call if it fits (not yet run in this form). DRY_RUN=1 prints the lanes' shards and file counts.
 if [ "${PART:-}" = both ]; then
   OUT=${OUT:-/tmp/gpu_suite}; mkdir -p "$OUT"
   if [ "${INSTALL:-1}" != 0 ]; then
@@ -38,10 +39,14 @@ if [ "${PART:-}" = both ]; then
   GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
   (( GPUS >= 2 )) || { echo "gpu_suite: PART=both needs two GPUs, this host has $GPUS" >&2; exit 2; }
   HALF_CPUS=$(( $(nproc) / 2 ))
-  CUDA_VISIBLE_DEVICES=0 PART=1 INSTALL=0 OUT="$OUT/part1" WORKERS=${WORKERS:-$(( HALF_CPUS / 3 ))} \
+  # Three lanes per GPU, the two largest shards (core, nvidia) halved by file: on 2 x H200
+  # (2026-11-28) the two parts' own lanes did not finish in 420 s (core ~575 s, nvidia ~670 s).
+  CUDA_VISIBLE_DEVICES=0 PART= INSTALL=0 OUT="$OUT/part1" WORKERS=${WORKERS:-$(( HALF_CPUS / 3 ))} \
+    LANES=${LANES0:-"core_a triton_attn | nvidia_a | triton_misc"} \
     DEADLINE_S=${DEADLINE_S:-560} bash "$0" > "$OUT.part1.txt" 2>&1 &
   p1=$!
-  CUDA_VISIBLE_DEVICES=1 PART=2 INSTALL=0 OUT="$OUT/part2" WORKERS=${WORKERS:-$(( HALF_CPUS / 2 ))} \
+  CUDA_VISIBLE_DEVICES=1 PART= INSTALL=0 OUT="$OUT/part2" WORKERS=${WORKERS:-$(( HALF_CPUS / 3 ))} \
+    LANES=${LANES1:-"core_b amd_vllm_examples | nvidia_b | triton_moe"} \
     DEADLINE_S=${DEADLINE_S:-560} bash "$0" > "$OUT.part2.txt" 2>&1 &
   p2=$!
   wait $p1; rc1=$?
@@ -70,6 +75,13 @@ declare -A PATHS=(
   [amd_vllm_examples]="tests/tokenspeed_kernel_amd tests/tokenspeed_kernel_vllm tests/examples"
   [quant]="tests/tokenspeed_kernel/test_quant.py tests/tokenspeed_kernel/test_cli.py tests/tokenspeed_kernel/test_packaging.py tests/tokenspeed_kernel/ops/moe tests/tokenspeed_kernel_triton/ops/moe/test_moe.py tests/tokenspeed_kernel_triton/ops/moe/test_moe_mx.py tests/tokenspeed_kernel_nvidia/test_gluon_moe_decode_gpu.py"
 )
+# Halves of the two largest shards (PART=both): every other test file, sorted (conftest.py
+# files still apply: pytest loads those on each file's path).
+_half() { find "$1" -name 'test_*.py' | sort | awk -v parity="$2" 'NR % 2 == parity' | tr '\n' ' '; }
+PATHS[core_a]=$(_half tests/tokenspeed_kernel 1)
+PATHS[core_b]=$(_half tests/tokenspeed_kernel 0)
+PATHS[nvidia_a]=$(_half tests/tokenspeed_kernel_nvidia 1)
+PATHS[nvidia_b]=$(_half tests/tokenspeed_kernel_nvidia 0)
 # `quant` is in no default lane: a re-run of the quantization references and their users.
 # Default lanes: the three that fit one call until 2026-11-25 (core ~210 s alone then; 415 s on
 # 2026-11-27, hence PART).
@@ -83,11 +95,20 @@ for lane in "${LANE_LIST[@]}"; do
 done
 CPUS=$(nproc)
 WORKERS=${WORKERS:-$(( CPUS / ${#LANE_LIST[@]} > 2 ? CPUS / ${#LANE_LIST[@]} : 2 ))}
-SHARD_S=${SHARD_S:-420}
+SHARD_S=${SHARD_S:-${DEADLINE_S:-420}}
 BEGIN=$(date +%s)
 PARALLEL=()
 if python3 -c "import xdist" 2>/dev/null; then PARALLEL=(-n "$WORKERS"); fi
 echo "gpu_suite: ${#LANE_LIST[@]} lane(s) [$LANES], ${PARALLEL[*]:-no xdist}, shard limit ${SHARD_S}s, deadline ${DEADLINE_S:-none}"
+if [ -n "${DRY_RUN:-}" ]; then  # the lanes' shards and their test files, nothing run
+  for lane in "${LANE_LIST[@]}"; do
+    for name in $lane; do
+      # shellcheck disable=SC2086
+      echo "  $name: $(find ${PATHS[$name]} -name 'test_*.py' | wc -l) files"
+    done
+  done
+  exit 0
+fi
 
 run_shard() {  # name -> $OUT/name.{log,xml,rc}; prints one line
   local name=$1 limit=$SHARD_S start
@@ -101,7 +122,9 @@ run_shard() {  # name -> $OUT/name.{log,xml,rc}; prints one line
     echo "not run: the run's deadline (DEADLINE_S=$DEADLINE_S) was reached" > "$OUT/$name.log"
   else
     # shellcheck disable=SC2086
-    timeout -k 10 "$limit" python3 -m pytest ${PATHS[$name]} -v -rs "${PARALLEL[@]}" -p no:cacheprovider \
+    # SIGINT at the limit: pytest stops as on ^C and still prints its summary (failures, skip
+    # reasons, durations) and writes the JUnit XML of what ran
+    timeout -s INT -k 30 "$limit" python3 -m pytest ${PATHS[$name]} -v -rs "${PARALLEL[@]}" -p no:cacheprovider \
       --durations=10 ${PYTEST_ARGS:-} --junitxml="$OUT/$name.xml" > "$OUT/$name.log" 2>&1
     echo "$? $(( $(date +%s) - start ))" > "$OUT/$name.rc"
   fi
