@@ -52,6 +52,8 @@ if [ "${PART:-}" = both ]; then
   wait $p1; rc1=$?
   wait $p2; rc2=$?
   cat "$OUT.part1.txt" "$OUT.part2.txt"
+  # one archive of the shards' logs and XML (the device returns at most 8 files of $OUT)
+  tar -czf "$OUT.logs.tgz" -C "$OUT" part1 part2 && rm -rf "$OUT/part1" "$OUT/part2"
   exit $(( rc1 || rc2 ))
 fi
 case "${PART:-}" in
