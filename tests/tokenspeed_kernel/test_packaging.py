@@ -370,3 +370,23 @@ def _assert_build_record(text: str) -> None:
     )
     expected = head.stdout.strip() if head and head.returncode == 0 else None
     assert record["COMMIT"] == expected and isinstance(record["DIRTY"], bool) == (expected is not None), text
+
+
+@pytest.mark.parametrize("parts", [("1", "2"), ("both",)], ids=["two-calls", "both"])
+def test_the_gpu_suite_runs_every_test_module_once(parts):
+    """ci/device/gpu_suite.sh's shards, as laid out for two calls (PART=1, PART=2) or one
+    two-GPU call (PART=both), cover every test module of the repository exactly once
+    (DRY_RUN: the lanes are listed, nothing installed or run)."""
+    listed: list[str] = []
+    for part in parts:
+        shown = subprocess.run(
+            ["bash", "ci/device/gpu_suite.sh"],
+            cwd=REPO,
+            env={"PATH": "/usr/bin:/bin", "PART": part, "DRY_RUN": "1"},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        listed += [line.strip() for line in shown.splitlines() if line.startswith("    tests/")]
+    modules = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py"))
+    assert sorted(listed) == modules
