@@ -19,16 +19,13 @@ def _case(misaligned: bool) -> cases.AttentionCase:
     )
 
 
+_POSITIONAL = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+
+
 def _request(inputs: dict):
     """The request the public call builds for ``inputs`` (its checks, no launch)."""
     call = (
-        inputs["q"],
-        inputs["k"],
-        inputs["v"],
-        inputs["cu_seqlens_q"],
-        inputs["cu_seqlens_k"],
-        inputs["max_seqlen_q"],
-        inputs["max_seqlen_k"],
+        *(inputs[name] for name in _POSITIONAL),
         inputs["causal"],
         None,
         -1,
@@ -93,15 +90,5 @@ def test_a_kernel_that_needs_aligned_operands_is_passed_over(temp_kernels):
     table = str(explain(cases.request(case)))
     assert "REJECTED aligned_only" in table and "does not support {unaligned_qkv}" in table
     with pytest.raises(ValueError, match=r"override 'aligned_only' cannot serve .*unaligned_qkv"):
-        mha_prefill(
-            inputs["q"],
-            inputs["k"],
-            inputs["v"],
-            inputs["cu_seqlens_q"],
-            inputs["cu_seqlens_k"],
-            inputs["max_seqlen_q"],
-            inputs["max_seqlen_k"],
-            sinks=inputs["sinks"],
-            override="aligned_only",
-        )
+        mha_prefill(*(inputs[name] for name in _POSITIONAL), sinks=inputs["sinks"], override="aligned_only")
     assert len(aligned_only.calls) == 1
