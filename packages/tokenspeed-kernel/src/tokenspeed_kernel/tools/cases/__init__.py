@@ -70,9 +70,7 @@ def _clone(t: torch.Tensor) -> torch.Tensor:
     shift = t.data_ptr() % 16
     if not shift or not t.is_contiguous() or shift % t.element_size():
         return t.clone()
-    pad = shift // t.element_size()
-    flat = torch.empty(t.numel() + pad, dtype=t.dtype, device=t.device)
-    return flat[pad:].view(t.shape).copy_(t)
+    return attention.copy_at(t, shift // t.element_size())
 
 
 def fresh_copies(inputs: dict[str, Any]) -> dict[str, Any]:

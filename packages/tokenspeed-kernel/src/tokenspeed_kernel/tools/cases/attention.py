@@ -201,16 +201,19 @@ def _qkv_unaligned(case: AttentionCase) -> bool:
     return kv_align(*views) < 16
 
 
-def _laid_out(t: torch.Tensor, misaligned: bool) -> torch.Tensor:
-    """``t`` itself, or (``misaligned``) a contiguous copy that starts one element past the
-    start of its storage (a fresh storage is 16-byte aligned)."""
-    if not misaligned:
-        return t
-    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-    out = flat[1:].view(t.shape)
+def copy_at(t: torch.Tensor, pad: int) -> torch.Tensor:
+    """A contiguous copy of ``t`` that starts ``pad`` elements past the start of a fresh
+    storage (which is 16-byte aligned); a meta tensor's copy holds no values."""
+    flat = torch.empty(t.numel() + pad, dtype=t.dtype, device=t.device)
+    out = flat[pad:].view(t.shape)
     if t.device.type != "meta":
         out.copy_(t)
     return out
+
+
+def _laid_out(t: torch.Tensor, misaligned: bool) -> torch.Tensor:
+    """``t`` itself, or (``misaligned``) its copy one element past a 16-byte boundary."""
+    return copy_at(t, 1) if misaligned else t
 
 
 def request(case: AttentionCase) -> Request:
