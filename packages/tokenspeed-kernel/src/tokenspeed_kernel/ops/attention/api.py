@@ -209,7 +209,7 @@ class PrefillCall(Plan):
     @classmethod
     def check(cls, compiling: bool, *call: Any) -> PrefillCall:
         heads, scale = check_prefill(*call)
-        q, k, _, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, _, causal, _, window_left, sinks, logit_cap, return_lse = (
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, _, causal, _, window_left, sinks, logit_cap, return_lse = (
             call[:13]
         )
         total_q, total_k = q.shape[0], k.shape[0]
@@ -231,7 +231,7 @@ class PrefillCall(Plan):
             kv_prefix=cu_seqlens_k is not cu_seqlens_q,
             # the call key holds q/k/v's storage offsets and strides, which fix this (the
             # storage itself 16-byte aligned, as every torch allocator returns it)
-            unaligned_qkv=not compiling and kv_align(q, k, call[2]) < 16,
+            unaligned_qkv=not compiling and kv_align(q, k, v) < 16,
         )
         return cls(
             request,
