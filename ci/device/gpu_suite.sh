@@ -30,6 +30,12 @@ set -uo pipefail
 # GPU (LANES0, LANES1; core and nvidia halved by file), each GPU with half the CPUs, logs under
 # $OUT/part1 and $OUT/part2, every shard allowed the whole DEADLINE_S: the whole suite in one
 # call if it fits (not yet run in this form). DRY_RUN=1 prints the lanes' shards and file counts.
+install_wheels() {  # our wheels and pytest-xdist, unless INSTALL=0 (installed already)
+  [ "${INSTALL:-1}" = 0 ] && return 0
+  python3 -m pip install -q --force-reinstall --no-deps --no-index .whl/*.whl
+  [ -d .whl-test ] && python3 -m pip install -q --no-deps --no-index .whl-test/*.whl
+  return 0
+}
 if [ "${PART:-}" = both ]; then
   BOTH0=${LANES0:-"core_a triton_attn | nvidia_a | triton_misc"}
   BOTH1=${LANES1:-"core_b amd_vllm_examples | nvidia_b | triton_moe"}
@@ -38,10 +44,7 @@ if [ "${PART:-}" = both ]; then
     exit $?
   fi
   OUT=${OUT:-/tmp/gpu_suite}; mkdir -p "$OUT"
-  if [ "${INSTALL:-1}" != 0 ]; then
-    python3 -m pip install -q --force-reinstall --no-deps --no-index .whl/*.whl
-    [ -d .whl-test ] && python3 -m pip install -q --no-deps --no-index .whl-test/*.whl
-  fi
+  install_wheels
   GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
   (( GPUS >= 2 )) || { echo "gpu_suite: PART=both needs two GPUs, this host has $GPUS" >&2; exit 2; }
   HALF_CPUS=$(( $(nproc) / 2 ))
@@ -70,10 +73,7 @@ case "${PART:-}" in
 esac
 OUT=${OUT:-/tmp/gpu_suite}
 mkdir -p "$OUT"
-if [ "${INSTALL:-1}" != 0 ] && [ -z "${DRY_RUN:-}" ]; then
-  python3 -m pip install -q --force-reinstall --no-deps --no-index .whl/*.whl
-  [ -d .whl-test ] && python3 -m pip install -q --no-deps --no-index .whl-test/*.whl
-fi
+[ -z "${DRY_RUN:-}" ] && install_wheels
 declare -A PATHS=(
   [core]="tests/tokenspeed_kernel"
   [triton_attn]="tests/tokenspeed_kernel_triton/ops/attention tests/tokenspeed_kernel_triton/ops/kvcache"
