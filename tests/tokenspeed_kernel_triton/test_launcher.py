@@ -386,6 +386,32 @@ def test_bound_launch_takes_the_full_path_when_the_key_would_change(toy, name):
     assert drv.launches[-1]["function"] == (1001 if name == "bound tensor re-pointed misaligned" else 1000)
 
 
+def test_a_slot_first_launched_misaligned_stays_direct_only_while_misaligned(toy):
+    """The generated direct launch checks alignment both ways: a slot whose first tensor was
+    misaligned (Triton specialized it so) takes the full path for an aligned one."""
+    fn, drv, compiled = toy
+    x, y = _tensors(offset=1)
+    launch = _bound(fn, x, y)
+    launch(x)
+    launch(_tensors(offset=3)[0])
+    assert _launcher.launcher_stats(fn)["direct"] == 1
+    aligned, _ = _tensors()
+    launch(aligned)
+    assert _launcher.launcher_stats(fn)["direct"] == 1 and len(compiled) == 2
+    assert drv.launches[-1]["args"][0] is aligned
+
+
+def test_launches_of_one_structure_share_a_generated_factory(toy):
+    fn, drv, _compiled = toy
+    x, y = _tensors()
+    first, second = _bound(fn, x, y), _bound(fn, x, y, n=48)
+    for launch in (first, second, first, second):
+        launch(x)
+    assert _launcher.launcher_stats(fn)["direct"] == 2
+    assert first._go is not second._go and first._go.__code__ is second._go.__code__
+    assert [d["args"][2] for d in drv.launches[-2:]] == [32, 48], "each keeps its own bound values"
+
+
 def _through_jit_launch(fn) -> int:
     """Launches that went through jit_launch (a direct bound launch counts nowhere)."""
     stats = _launcher.launcher_stats(fn)

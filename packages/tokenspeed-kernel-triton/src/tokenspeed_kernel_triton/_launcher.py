@@ -702,6 +702,7 @@ class BoundLaunch:
         "_direct",
         "_fast",
         "_fn",
+        "_go",
         "_grid",
         "_hash",
         "_kwargs",
@@ -720,6 +721,7 @@ class BoundLaunch:
         self._varying = tuple(varying)
         # After the first launch: (run is the raw C launcher, run, function, packed, coop, pdl).
         self._direct = None
+        self._go: Callable[..., bool | None] | None = None  # the generated direct launch (_compile)
         # Per varying position: (dtype, aligned or None, None for a tensor; for a descriptor
         # (its type, block shape, layout, make or None, meta, memo token, width of its encoding)).
         self._checks: tuple = ()
@@ -730,43 +732,13 @@ class BoundLaunch:
         self._state: _Kernel | None = None
 
     def __call__(self, *values) -> None:
-        direct = self._direct
-        if direct is not None and _enabled and len(values) == len(self._varying):
-            fn = self._fn
-            drv = driver.active
-            if drv is not _DEVICE[0]:
-                _refresh_device_functions(drv)
-            dev = _DEVICE[1]()
-            if (
-                dev == self._dev
-                and fn.hash is self._hash
-                and _nothing_else_changed(fn, self._state)
-                and self._unmoved()
-            ):
-                fast = self._fast.copy()
-                for position, (dtype, aligned, desc), t in zip(self._slots, self._checks, values):
-                    if desc is None:
-                        if type(t) is not _TENSOR or t.dtype is not dtype or _device_of(t) != dev:
-                            break
-                        ptr = t.data_ptr()
-                        if aligned is not None and (not ptr & 15) is not aligned:
-                            break
-                        fast[position] = ptr
-                        continue
-                    encoded = _descriptor_parts(t, dtype, desc, dev)
-                    if encoded is None:
-                        break
-                    fast[position : position + len(encoded)] = encoded
-                else:
-                    raw, run, function, packed, coop, pdl = direct
-                    g0, g1, g2 = self._grid
-                    stream = _DEVICE[2](dev)
-                    if raw:
-                        run(g0, g1, g2, stream, function, coop, pdl, None, None, packed, None, None, None, *fast)
-                    else:
-                        run(g0, g1, g2, stream, function, packed, None, None, None, *fast)
-                    self._state.direct += 1
-                    return
+        go = self._go
+        if go is not None and len(values) == len(self._varying):
+            done = go(*values)
+            if done:
+                return
+            if done is None:  # a bound tensor moved: the full launch below remembers it anew
+                self._go = self._direct = None
         if len(values) != len(self._varying):
             raise TypeError(f"{self._fn.__name__}: expected {len(self._varying)} varying arguments, got {len(values)}")
         args = self._args.copy()
@@ -775,15 +747,6 @@ class BoundLaunch:
         jit_launch(self._fn, self._grid, *args, **self._kwargs)
         if self._direct is None:
             self._remember(args)
-
-    def _unmoved(self) -> bool:
-        """Every bound tensor is where it was remembered; else forget the direct launch (the
-        next full launch remembers the new addresses)."""
-        for t, ptr in self._bound:
-            if t.data_ptr() != ptr:
-                self._direct = None
-                return False
-        return True
 
     def _remember(self, args: list) -> None:
         """After the first launch: the entry :func:`jit_launch` cached for these arguments."""
@@ -847,6 +810,81 @@ class BoundLaunch:
         self._bound = tuple(bound)
         self._dev, self._hash, self._state = dev, state.hash, state
         self._direct = (direct, run, function, packed, coop, pdl)
+        self._go = self._compile()
+
+    def _compile(self) -> Callable[..., bool | None]:
+        """The direct launch of the remembered arguments: a function of the varying values,
+        generated for this launch's slots (:func:`_direct_source`), that checks what the key
+        read (as the class docstring lists), launches and returns True; False to take
+        :func:`jit_launch`, None when a bound tensor moved (remembered anew)."""
+        raw, run, function, packed, coop, pdl = self._direct
+        source, constants = _direct_source(raw, self._fast, self._slots, self._checks, len(self._bound))
+        make = _FACTORIES.get(source)
+        if make is None:
+            namespace: dict[str, Any] = {}
+            exec(compile(source, f"<direct launch of {self._fn.__name__}>", "exec"), globals(), namespace)
+            make = _FACTORIES[source] = namespace["make"]
+        return make(
+            self._fn, self._state, self._dev, self._hash, run, function, packed, coop, pdl, self._grid,
+            tuple(self._fast[i] for i in constants), tuple(self._checks), self._bound,
+        )  # fmt: skip
+
+
+_FACTORIES: dict[str, Callable[..., Callable[..., bool | None]]] = {}  # generated source -> its factory
+
+
+def _direct_source(raw: bool, fast: list, slots: tuple[int, ...], checks: tuple, bound: int) -> tuple[str, list[int]]:
+    """The source of a factory ``make(...)`` of a :class:`BoundLaunch`'s direct launch, and the
+    positions in ``fast`` of the constants it takes (in order): per varying value ``v{i}``, a
+    tensor is checked for type, dtype, device and (where the key reads it) alignment and
+    passed as its address, a descriptor goes through :func:`_descriptor_parts`; each bound
+    tensor's address is compared with the remembered one. The module's globals (the switch,
+    the driver, the hooks, ``_device_of``) are read at every launch, as before."""
+    n = len(slots)
+    exprs: list[str | None] = [f"K{i}" for i in range(len(fast))]
+    lines = [
+        f"def direct({', '.join(f'v{i}' for i in range(n))}):",
+        "    if not _enabled:",
+        "        return False",
+        "    drv = driver.active",
+        "    if drv is not _DEVICE[0]:",
+        "        _refresh_device_functions(drv)",
+        "    dev = _DEVICE[1]()",
+        "    if dev != DEV or FN.hash is not HASH or not _nothing_else_changed(FN, STATE):",
+        "        return False",
+    ]
+    lines += [f"    if BT{j}.data_ptr() != BP{j}:\n        return None" for j in range(bound)]
+    for i, (position, (_, aligned, desc)) in enumerate(zip(slots, checks)):
+        if desc is None:
+            lines.append(f"    if type(v{i}) is not _TENSOR or v{i}.dtype is not DT{i} or _device_of(v{i}) != dev:")
+            lines.append("        return False")
+            lines.append(f"    a{i} = v{i}.data_ptr()")
+            if aligned is not None:
+                lines.append(f"    if {'' if aligned else 'not '}a{i} & 15:\n        return False")
+            exprs[position] = f"a{i}"
+            continue
+        lines.append(
+            f"    e{i} = _descriptor_parts(v{i}, DT{i}, DESC{i}, dev)\n    if e{i} is None:\n        return False"
+        )
+        exprs[position] = f"*e{i}"
+        for covered in range(position + 1, position + desc[-1]):
+            exprs[covered] = None
+    varying = {f"a{i}" for i in range(n)} | {f"*e{i}" for i in range(n)}
+    constants = [i for i, e in enumerate(exprs) if e is not None and e not in varying]
+    head = "G0, G1, G2, _DEVICE[2](dev), FUNCTION, " + (
+        "COOP, PDL, None, None, PACKED, None, None, None" if raw else "PACKED, None, None, None"
+    )
+    lines.append(f"    RUN({head}, {', '.join(e for e in exprs if e is not None)})")
+    lines += ["    STATE.direct += 1", "    return True"]
+    unpack = [f"    K{i} = K[{k}]" for k, i in enumerate(constants)]
+    unpack += [f"    DT{i}, _, DESC{i} = CHECKS[{i}]" for i in range(n)]
+    unpack += [f"    BT{j}, BP{j} = BOUND[{j}]" for j in range(bound)]
+    body = "\n".join("    " + line for line in "\n".join(lines).split("\n"))
+    factory = (
+        "def make(FN, STATE, DEV, HASH, RUN, FUNCTION, PACKED, COOP, PDL, GRID, K, CHECKS, BOUND):\n"
+        "    G0, G1, G2 = GRID\n" + "\n".join(unpack) + ("\n" if unpack else "") + body + "\n    return direct\n"
+    )
+    return factory, constants
 
 
 def _expand_descriptors(run, fast: list, slots: tuple[int, ...]):
