@@ -53,7 +53,8 @@ HQ, HKV = 64, 8
 CASES = ((1, 8192, 64), (4, 4096, 64), (1, 8192, 128), (4, 4096, 128))  # (batch, seq, head dim)
 # head dim -> (Fa3Config keywords, timed under --variants); the first is fa3_config's (D = 64:
 # "wide", three consumer warpgroups, gluon_prefill_fa3.WIDE, shipped since 2026-11-28; the
-# two-warpgroup build it replaced comes second). tests/.../test_gluon_prefill_fa3_gpu.py
+# two-warpgroup build it replaced comes second; D = 128: the lazy rescale, shipped since
+# 2026-11-28, then the eager build it replaced). tests/.../test_gluon_prefill_fa3_gpu.py
 # checks each of them on awkward shapes.
 CONFIGS = {
     64: (
@@ -71,10 +72,10 @@ CONFIGS = {
         ({"block_n": 64, "stages": 4}, False),
     ),
     128: (
+        ({"stages": 2, "rescale_threshold": 8.0}, True),
         ({"stages": 2}, True),
         ({"stages": 2, "pv_overlap": True}, True),
         ({"stages": 2, "exp2_poly": 1}, True),
-        ({"stages": 2, "rescale_threshold": 8.0}, True),
         ({"stages": 2, "pingpong": False}, False),
         ({"block_n": 64, "stages": 3}, False),
     ),

@@ -622,7 +622,8 @@ def prefill_fa3_grid():
         (torch.bfloat16, 64, 8, True, False, replace(wide, exp2_poly=2)),
         (torch.bfloat16, 64, 8, True, True, replace(wide, exp2_poly=2, rescale_threshold=8.0)),
         (torch.bfloat16, 128, 8, True, False, Fa3Config(128, exp2_poly=1)),
-        (torch.bfloat16, 128, 8, True, False, Fa3Config(128, rescale_threshold=8.0)),
+        # D 128 with every rescale eager (shipped until 2026-11-28; None above now rescales lazily)
+        (torch.bfloat16, 128, 8, True, False, Fa3Config(128)),
         (torch.bfloat16, 64, 8, True, False, Fa3Config(64, stages=3, pv_overlap=True)),
         (torch.float16, 64, 1, False, True, Fa3Config(64, stages=3, pv_overlap=True, exp2_poly=1)),
         (torch.bfloat16, 64, 8, True, True, replace(wide, pv_overlap=True)),

@@ -151,3 +151,38 @@ def test_a_derived_tma_descriptor_follows_each_runs_tensor(monkeypatch):
         got = rec.launches[-1][2][0]
         assert got.base is x and got.block_shape == [16, 64] and got.layout is layout and got.shape == [32, 64]
     assert rec.bound == 1
+
+
+def test_the_generated_run_launches_what_the_generic_one_does(monkeypatch):
+    """A pipeline without scratch whose derived values are descriptors over one input each
+    runs a generated function (inputs unpacked, the memo keys built inline); it hands every
+    launch what the generic loop hands it, descriptors built from the run's tensors."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rec = Recorder().install(monkeypatch)
+    kernel, kept = _kernel(), torch.zeros(1)
+    layout = gl.NVMMASharedLayout.get_default_for([16, 64], gl.bfloat16)
+
+    def descriptor(x, rows, layout):
+        return TensorDescriptor(x, list(x.shape), list(x.stride()), [rows, 64], layout)
+
+    def inputs():
+        return (*(torch.randn(32, 64).to(torch.bfloat16) for _ in range(2)), torch.zeros(4))
+
+    bind = inputs()
+    qd, kd = (_runners.derive_descriptor(descriptor, t, 16, layout) for t in bind[:2])
+    launches = [Launch(kernel, (2,), (qd.value, bind[2], kd.value, kept, 9), {}), Launch(kernel, (1,), (bind[2],), {})]
+    pipe = _runners.pipeline(launches, bind, keep=(kept,), derived=(qd, kd))
+    assert pipe.run != pipe.__call__, "generated"
+    for run in (pipe.__call__, pipe.run):
+        x = inputs()
+        run(x)
+        first, second = rec.launches[-2:]
+        assert first[2][0].base is x[0] and first[2][2].base is x[1] and first[2][1] is x[2] and first[2][3] is kept
+        assert first[2][0].block_shape == [16, 64] and first[2][4] == 9 and second[2] == (x[2],)
+    with pytest.raises(TypeError, match="expected 3 inputs"):
+        pipe.run(bind[:2])
+    buf = torch.empty(4)
+    with_scratch = _runners.pipeline([Launch(kernel, (1,), (bind[2], buf), {})], bind, scratch=(buf,))
+    assert with_scratch.run == with_scratch.__call__, "scratch buffers: the generic loop"

@@ -165,15 +165,20 @@ class Pipeline:
     they were bound with), new scratch buffers and the derived arguments computed from them.
     Built by :func:`pipeline`."""
 
-    __slots__ = ("_derived", "_scratch", "_steps", "_width")
+    __slots__ = ("_derived", "_scratch", "_steps", "_width", "run")
 
-    def __init__(self, steps: tuple, scratch: tuple, width: int, derived: tuple = ()) -> None:
+    def __init__(self, steps: tuple, scratch: tuple, width: int, derived: tuple = (), slots: tuple = ()) -> None:
         self._steps = steps  # (BoundLaunch, picker of its varying values), in launch order
         self._scratch = scratch  # (shape, dtype, device) per scratch buffer
         self._width = width  # number of inputs
         # (fn, bound arguments, positions of tensors, their value slots, the memo key's head
         # of a derived descriptor passed pending, else None)
         self._derived = derived
+        # ``run(inputs)``: the same as calling the pipeline; generated for its launches when it
+        # has no scratch buffer and each derived value is a descriptor over one input, passed
+        # pending (the Gluon TMA kernels' runners: :func:`_generated_run`); ``slots``: per step,
+        # the value slots of its varying arguments
+        self.run = _generated_run(self, slots) if slots else self.__call__
 
     def __call__(self, inputs: Sequence[Any]) -> None:
         if len(inputs) != self._width:
@@ -246,7 +251,7 @@ def pipeline(
         head = _descriptor_head(d.fn, bound) if keyed else None
         computed.append((d.fn, tuple(bound), tuple(positions), tuple(slots), head))
     kept = {id(x) for x in keep}
-    steps = []
+    steps, step_slots = [], []
     for launch in launches:
         if any(_is_tensor_like(v) for v in launch.kwargs.values()):
             raise TypeError(f"{launch.fn.__name__}: tensors passed by keyword cannot be bound")
@@ -268,7 +273,51 @@ def pipeline(
                 )
         bound = BoundLaunch(launch.fn, launch.grid, tuple(args), launch.kwargs, tuple(positions))
         steps.append((bound, _picker(slots)))
-    return Pipeline(tuple(steps), tuple(specs), len(inputs), tuple(computed))
+        step_slots.append(tuple(slots))
+    return Pipeline(tuple(steps), tuple(specs), len(inputs), tuple(computed), tuple(step_slots))
+
+
+_RUN_FACTORIES: dict[str, Callable[..., Callable[[Sequence[Any]], None]]] = {}  # source -> factory
+
+
+def _generated_run(pipe: Pipeline, slots: tuple) -> Callable[[Sequence[Any]], None]:
+    """``pipe``'s run as one generated function (the generic loop unrolled: inputs unpacked,
+    each pending descriptor's memo key built inline as :func:`_descriptor_key` builds it, each
+    launch called with its values), or ``pipe.__call__`` where the pipeline has scratch
+    buffers or a derived value that is not a descriptor over exactly one input."""
+    width, derived = pipe._width, pipe._derived
+    if pipe._scratch or not all(
+        head is not None and len(where) == 1 and where[0] < width for *_, where, head in derived
+    ):
+        return pipe.__call__
+    names = [f"v{i}" for i in range(width)] + [f"d{j}" for j in range(len(derived))]
+    lines = [
+        "def run(inputs):",
+        f"    if len(inputs) != {width}:",
+        f"        raise TypeError(f'expected {width} inputs, got {{len(inputs)}}')",
+        f"    {', '.join(names[:width])}{',' if width == 1 else ''} = inputs" if width else "",
+    ]
+    for j, (_, _, positions, where, _) in enumerate(derived):
+        t = names[where[0]]
+        lines.append(f"    c = list(BOUND{j})\n    c[{positions[0]}] = {t}")
+        lines.append(
+            f"    d{j} = PD((HEAD{j}, {t}.data_ptr(), {t}.shape, {t}.stride(), {t}.dtype, {t}.device), FN{j}, c)"
+        )
+    for i, step in enumerate(slots):
+        lines.append(f"    L{i}({', '.join(names[s] for s in step)})")
+    unpack = [f"    FN{j}, BOUND{j}, _, _, HEAD{j} = DERIVED[{j}]" for j in range(len(derived))]
+    unpack += [f"    L{i} = STEPS[{i}][0]" for i in range(len(slots))]
+    source = (
+        "def make(STEPS, DERIVED, PD):\n" + "\n".join(unpack) + "\n"
+        + "\n".join("    " + line for line in "\n".join(x for x in lines if x).split("\n"))
+        + "\n    return run\n"
+    )  # fmt: skip
+    make = _RUN_FACTORIES.get(source)
+    if make is None:
+        namespace: dict[str, Any] = {}
+        exec(compile(source, "<runner pipeline>", "exec"), {}, namespace)
+        make = _RUN_FACTORIES[source] = namespace["make"]
+    return make(pipe._steps, derived, PendingDescriptor)
 
 
 # What a kernel's launch builder returns for a call: its launches, the scratch buffers they use
@@ -306,7 +355,8 @@ def bind_runner(
     stand_ins = tuple(map(_stand_in, inputs_of(args)))
     launches, scratch, kept, *derived = build(with_inputs(args, stand_ins))
     pipe = pipeline(launches, stand_ins, scratch=scratch, keep=(*kept, *keep), derived=derived[0] if derived else ())
-    return lambda a: pipe(inputs_of(a))
+    run = pipe.run
+    return lambda a: run(inputs_of(a))
 
 
 def by_fields(*names: str) -> tuple[Callable[[Any], tuple], Callable[[Any, tuple], Any]]:

@@ -273,10 +273,18 @@ def exp2_fma_reference(x: torch.Tensor) -> torch.Tensor:
 # an H200 with the V cleaning in (2026-11-28, fa3_sweep.py --variants: 476 vs 412 TFLOP/s at
 # S = 8192 with sinks, 401 vs 390 at B = 4 x 4096). D = 128 keeps two (three do not fit its
 # registers).
-_CONFIGS = {64: Fa3Config(64, block_n=128, stages=3, **WIDE), 128: Fa3Config(128, block_n=128, stages=2)}
+# Head dim 128 keeps a row's max until a tile raises it by more than 2**8 (the lazy rescale):
+# 1.06x / 1.00x and 1.05x / 1.04x the same build without it at S = 8192 / 4 x 4096 in two H200
+# runs (2026-11-28, ci/device/fa3_sweep.py --variants --head-dim 128); at head dim 64 it was
+# within 2 %, and is not shipped there.
+_CONFIGS = {
+    64: Fa3Config(64, block_n=128, stages=3, **WIDE),
+    128: Fa3Config(128, block_n=128, stages=2, rescale_threshold=8.0),
+}
 # The paged extend's base: two consumer warpgroups at both head dims (its boxes-per-page
-# producer and register split were built and measured for two: gluon_extend_fa3).
-TWO_CONSUMER_CONFIGS = {64: Fa3Config(64, block_n=128, stages=3), 128: _CONFIGS[128]}
+# producer and register split were built and measured for two: gluon_extend_fa3), every
+# rescale eager (the lazy one was not measured on the extend).
+TWO_CONSUMER_CONFIGS = {64: Fa3Config(64, block_n=128, stages=3), 128: Fa3Config(128, block_n=128, stages=2)}
 
 
 # The windowed build: 64-key tiles (a 128-token tile's band at window 127 is 4 steps of 64
