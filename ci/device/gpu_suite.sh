@@ -74,19 +74,23 @@ esac
 OUT=${OUT:-/tmp/gpu_suite}
 mkdir -p "$OUT"
 [ -z "${DRY_RUN:-}" ] && install_wheels
+# The ahead-of-time compile tests (test_aot*.py) are CPU-only and CI runs them on every commit;
+# on a GPU host beside the other lanes they outgrew their 300-s compile limit (2026-11-28: four
+# errors, nothing else), so the suite leaves them out.
+AOT_GLOB='test_aot*.py'
 declare -A PATHS=(
   [core]="tests/tokenspeed_kernel"
   [triton_attn]="tests/tokenspeed_kernel_triton/ops/attention tests/tokenspeed_kernel_triton/ops/kvcache"
   [triton_moe]="tests/tokenspeed_kernel_triton/ops/moe"
   # every test module at the Triton tests' top level (a listed subset once missed four)
-  [triton_misc]="$(find tests/tokenspeed_kernel_triton -maxdepth 1 -name 'test_*.py' | sort | tr '\n' ' ')"
+  [triton_misc]="$(find tests/tokenspeed_kernel_triton -maxdepth 1 -name 'test_*.py' ! -name "$AOT_GLOB" | sort | tr '\n' ' ')"
   [nvidia]="tests/tokenspeed_kernel_nvidia"
   [amd_vllm_examples]="tests/tokenspeed_kernel_amd tests/tokenspeed_kernel_vllm tests/examples"
   [quant]="tests/tokenspeed_kernel/test_quant.py tests/tokenspeed_kernel/test_cli.py tests/tokenspeed_kernel/test_packaging.py tests/tokenspeed_kernel/ops/moe tests/tokenspeed_kernel_triton/ops/moe/test_moe.py tests/tokenspeed_kernel_triton/ops/moe/test_moe_mx.py tests/tokenspeed_kernel_nvidia/test_gluon_moe_decode_gpu.py"
 )
 # Halves of the two largest shards (PART=both): every other test file, sorted (conftest.py
 # files still apply: pytest loads those on each file's path).
-_half() { find "$1" -name 'test_*.py' | sort | awk -v parity="$2" 'NR % 2 == parity' | tr '\n' ' '; }
+_half() { find "$1" -name 'test_*.py' ! -name "$AOT_GLOB" | sort | awk -v parity="$2" 'NR % 2 == parity' | tr '\n' ' '; }
 PATHS[core_a]=$(_half tests/tokenspeed_kernel 1)
 PATHS[core_b]=$(_half tests/tokenspeed_kernel 0)
 PATHS[nvidia_a]=$(_half tests/tokenspeed_kernel_nvidia 1)
@@ -114,9 +118,10 @@ if [ -n "${DRY_RUN:-}" ]; then  # the lanes' shards and their test files, nothin
     for name in $lane; do
       echo "  shard $name"
       # shellcheck disable=SC2086
-      find ${PATHS[$name]} -name 'test_*.py' | sort | sed 's/^/    /'
+      find ${PATHS[$name]} -name 'test_*.py' ! -name "$AOT_GLOB" | sort | sed 's/^/    /'
     done
   done
+  find tests -name "$AOT_GLOB" | sort | sed 's/^/    ci-only: /'
   exit 0
 fi
 
@@ -135,7 +140,7 @@ run_shard() {  # name -> $OUT/name.{log,xml,rc}; prints one line
     # SIGINT at the limit: pytest stops as on ^C and still prints its summary (failures, skip
     # reasons, durations) and writes the JUnit XML of what ran
     timeout -s INT -k 30 "$limit" python3 -m pytest ${PATHS[$name]} -v -rs "${PARALLEL[@]}" -p no:cacheprovider \
-      --durations=10 ${PYTEST_ARGS:-} --junitxml="$OUT/$name.xml" > "$OUT/$name.log" 2>&1
+      --durations=10 --ignore-glob="*/$AOT_GLOB" ${PYTEST_ARGS:-} --junitxml="$OUT/$name.xml" > "$OUT/$name.log" 2>&1
     echo "$? $(( $(date +%s) - start ))" > "$OUT/$name.rc"
   fi
   echo "shard $name: rc $(cut -d' ' -f1 "$OUT/$name.rc"), $(cut -d' ' -f2 "$OUT/$name.rc") s: $(tail -1 "$OUT/$name.log")"

@@ -50,6 +50,11 @@ the same code that launches an uncached call) given where each tensor argument c
   its encoded tensor map from the launch cache's descriptor memo when that key was encoded
   before (``_launcher``'s module docstring), building and encoding it otherwise.
 
+A pipeline with no scratch buffer whose derived values are each a descriptor over one input
+(the Gluon TMA kernels' runners) runs as one generated function (``Pipeline.run``: inputs
+unpacked, memo keys built inline, each launch called with its values), the same launches as the
+generic loop's.
+
 Any other tensor or descriptor in a launch is an error at bind time (a view of an input, a
 tensor computed from one, not declared derived: it would go stale). A runner maps each launch position to an input
 by identity, so :func:`bind_runner` builds the launches from stand-ins (one distinct tensor
