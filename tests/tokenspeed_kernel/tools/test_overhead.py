@@ -1,5 +1,6 @@
 """The host-overhead microbenchmark: no-op kernels serve every call and never outlive it."""
 
+import contextlib
 import json
 
 import pytest
@@ -75,29 +76,46 @@ def test_the_standalone_command_rejects_a_bad_device_in_one_line(capsys):
     )
 
 
+@contextlib.contextmanager
+def _pretend_kernels(op: str, priorities: dict):
+    """Kernels named as ``priorities``' keys registered for ``op`` at their priorities, each
+    serving through the reference kernel (with its features), for the block only."""
+    from tokenspeed_kernel.registry import Priority
+
+    reference = next(s for s in registry.kernels(op) if s.priority == Priority.REFERENCE)
+    for name, priority in priorities.items():
+        registry.register_kernel(op, name=name, solution="test", features=reference.features, priority=priority)(
+            reference.fn
+        )
+    try:
+        yield
+    finally:
+        for name in priorities:
+            registry.unregister_kernel(name)
+
+
+def _extra_row(chosen) -> object:
+    """The one row ``--device cuda`` adds for ``chosen`` on this host, after running it once."""
+    from tokenspeed_kernel.tools.overhead_device import portable_cases
+
+    (extra,) = portable_cases(chosen, torch.device("cpu"))
+    extra.make(torch.device("cpu"))()
+    return extra
+
+
 def test_device_mode_adds_a_row_served_by_the_portable_kernel():
     """``--device cuda`` adds ``NAME (portable)`` rows where the pick is not the portable
     kernel (the runner caches of the portable Triton kernels are measured on an sm_90 host
     too): here a pretend performant kernel wins, and the added row forces the portable one."""
     from tokenspeed_kernel.ops._dispatch import last_kernel
     from tokenspeed_kernel.registry import Priority
-    from tokenspeed_kernel.tools.overhead_device import portable_cases
 
-    reference = next(s for s in registry.kernels("attention.decode") if s.priority == Priority.REFERENCE)
-    names = {"test_portable_decode": Priority.PORTABLE, "test_performant_decode": Priority.PERFORMANT}
-    for name, priority in names.items():
-        registry.register_kernel(
-            "attention.decode", name=name, solution="test", features=reference.features, priority=priority
-        )(reference.fn)
-    try:
-        chosen = [c for c in overhead.cases() if c.name in ("mha_decode_with_kvcache", "DecodePlan.run")]
-        (extra,) = portable_cases(chosen, torch.device("cpu"))
+    with _pretend_kernels(
+        "attention.decode", {"test_portable_decode": Priority.PORTABLE, "test_performant_decode": Priority.PERFORMANT}
+    ):
+        extra = _extra_row([c for c in overhead.cases() if c.name in ("mha_decode_with_kvcache", "DecodePlan.run")])
         assert extra.name == "mha_decode_with_kvcache (portable)" and extra.op == "attention.decode"
-        extra.make(torch.device("cpu"))()
         assert last_kernel() == "test_portable_decode"
-    finally:
-        for name in names:
-            registry.unregister_kernel(name)
 
 
 def test_device_mode_adds_a_row_per_accepted_opt_in_kernel():
@@ -106,20 +124,10 @@ def test_device_mode_adds_a_row_per_accepted_opt_in_kernel():
     the pick gets none."""
     from tokenspeed_kernel.ops._dispatch import last_kernel
     from tokenspeed_kernel.registry import Priority
-    from tokenspeed_kernel.tools.overhead_device import portable_cases
 
-    reference = next(s for s in registry.kernels("attention.extend") if s.priority == Priority.REFERENCE)
-    names = {"test_opt_in_extend": Priority.OPT_IN, "test_portable_extend": Priority.PORTABLE}
-    for name, priority in names.items():
-        registry.register_kernel(
-            "attention.extend", name=name, solution="test", features=reference.features, priority=priority
-        )(reference.fn)
-    try:
-        chosen = [c for c in overhead.cases() if c.op == "attention.extend"]
-        (extra,) = portable_cases(chosen, torch.device("cpu"))
+    with _pretend_kernels(
+        "attention.extend", {"test_opt_in_extend": Priority.OPT_IN, "test_portable_extend": Priority.PORTABLE}
+    ):
+        extra = _extra_row([c for c in overhead.cases() if c.op == "attention.extend"])
         assert extra.name == "mha_extend_with_kvcache (test_opt_in_extend)" and extra.op == "attention.extend"
-        extra.make(torch.device("cpu"))()
         assert last_kernel() == "test_opt_in_extend"
-    finally:
-        for name in names:
-            registry.unregister_kernel(name)
