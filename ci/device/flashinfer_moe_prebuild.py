@@ -151,14 +151,21 @@ def _undefined(path: Path) -> list[str]:
     return sorted({line.split()[-1].split("@")[0] for line in out.stdout.splitlines() if line.strip()})
 
 
-def _link(objects: list[str], site: Path, cuda_home: Path, out: Path, extra: list[str] = ()) -> None:
-    nvrtc = site / "nvidia" / "cu13" / "lib"
-    libcuda_stub = out.parent / "libcuda-stub"
+def _libcuda_stub(where: Path) -> Path:
+    """A directory holding a ``libcuda.so`` to link against on a machine without the driver:
+    link-time only, with the soname the driver has (the device's real library is loaded)."""
+    libcuda_stub = where / "libcuda-stub"
     libcuda_stub.mkdir(exist_ok=True)
-    if not (libcuda_stub / "libcuda.so").exists():  # link-time only: the soname the driver has
+    if not (libcuda_stub / "libcuda.so").exists():
         stub = libcuda_stub / "libcuda.c"
         stub.write_text("void cuGetErrorString(void) {}\n")
         _run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", str(stub), "-o", str(libcuda_stub / "libcuda.so")])
+    return libcuda_stub
+
+
+def _link(objects: list[str], site: Path, cuda_home: Path, out: Path, extra: list[str] = ()) -> None:
+    nvrtc = site / "nvidia" / "cu13" / "lib"
+    libcuda_stub = _libcuda_stub(out.parent)
     if not (nvrtc / "libnvrtc.so").exists():
         (nvrtc / "libnvrtc.so").symlink_to("libnvrtc.so.13")
     _run(

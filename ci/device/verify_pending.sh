@@ -51,6 +51,9 @@
 #           (the length sweep behind flashinfer_prefill's ranking; its rows add the time with a new layout every
 #           call, FlashInfer's per-layout plan; needs .whl-nvidia) (~6 min on a fresh machine, ~3 min with
 #           .whl-nvidia/fi-prefill-so.tar.xz)
+#   fiext: issue 20's extend peer: `bench attention.extend --kernel gluon_extend_fa3_sm90,flashinfer_extend,
+#           triton_extend --preset extend-lengths` with FlashInfer's FA3 sink module installed as an AOT module
+#           (.whl-nvidia/fi-prefill-so.tar.xz from ci/device/flashinfer_attention_prebuild.py; carry .whl, .whl-nvidia)
 #   decode: gluon_decode_sm90 GPU tests, `check --preset awkward`, decode_splits_sweep.py --quick, then
 #           `bench attention.decode --kernel all --preset gpt-oss-120b` (does the selector pick the fastest?) (~5 min)
 # Each step has its own time budget and never stops the next one; results land in $OUT.
@@ -60,7 +63,7 @@
 #         (optional) bash ci/device/flashinfer_bundle.sh
 #         (optional) bash ci/device/triton_kernels_bundle.sh   # .whl-ogs: matmul_ogs rows in `bench moe.apply`
 # Device: carry [".whl"] (and ".whl-nvidia", ".whl-ogs", ".whl-cute/bundle"), command: bash ci/device/verify_pending.sh
-# STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, fa3nan, flashinfer, e2e
+# STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, fa3nan, fiext, flashinfer, e2e
 # (default: decode); INSTALL=0 skips installing .whl and unpacking FA4's bundle (done once for every lane of the call). A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap`, `mxp` and `fa3g` alone.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -249,6 +252,18 @@ timeout 200 python3 -W ignore -m tokenspeed_kernel bench attention.decode --kern
   --device cuda --json "$OUT/decode_bench_all.json" 2>&1 | tail -70 || status=1
 }
 
+fiext() {
+echo "== extend peers: gluon_extend_fa3_sm90 vs FlashInfer's paged prefill (flashinfer_extend) and triton_extend"
+# needs .whl-nvidia with fi-prefill-so.tar.xz holding the FA3 sink module (bf16, head dim 64, no
+# window) that ci/device/flashinfer_attention_prebuild.py builds here: no JIT build on the device
+aot_prefill_on
+timeout "$(( ${FIEXT_END_S:-560} - SECONDS ))" python3 -W ignore -m tokenspeed_kernel bench attention.extend \
+  --kernel gluon_extend_fa3_sm90,flashinfer_extend,triton_extend --preset extend-lengths --device cuda --no-baselines \
+  --json "$OUT/extend_peers.json" > "$OUT/extend_peers.txt" 2>&1 || status=1
+grep -v "INFO" "$OUT/extend_peers.txt" | grep -v "^W1" | tail -60
+aot_prefill_off
+}
+
 prefill() {
 echo "== prefill length sweep: FlashInfer JIT warm-up, then triton_prefill vs flashinfer_prefill by length"
 aot_prefill_on
@@ -269,8 +284,8 @@ fi
 
 for step in $steps; do
   case $step in
-    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | fa3g | fa3v | fa3w | fa3x | fa3nan | flashinfer | e2e) "$step" ;;
-    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, fa3nan, flashinfer, e2e)"
+    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | fa3g | fa3v | fa3w | fa3x | fa3nan | fiext | flashinfer | e2e) "$step" ;;
+    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, fa3nan, fiext, flashinfer, e2e)"
        status=2 ;;
   esac
 done
