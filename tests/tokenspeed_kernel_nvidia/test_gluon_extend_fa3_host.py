@@ -333,7 +333,7 @@ def test_a_ragged_batch_lists_its_tiles_before_the_kernel_and_one_sequence_does_
         )
 
     def built(lens_q):
-        launches, scratch, kept, *_ = ext._launches(args(lens_q))
+        launches, scratch, *_ = ext._launches(args(lens_q))
         return launches, scratch
 
     launches, scratch = built([300, 37, 2])
