@@ -30,7 +30,9 @@ def compile_extend_fa3(
     (``variant``: ``Fa3Config`` fields for :func:`extend_plan`); returns (name, compiled). Q
     arrives as a 2-D TMA descriptor (box ``[64, D]``), the caches as 4-D ones (box ``[1, 1,
     BOX, D]``)."""
-    plan = extend_plan(head_dim, page_size, **(variant or {}))
+    variant = dict(variant or {})
+    tile_list = variant.pop("tile_list", False)  # the ragged batch's launch (a listed walk)
+    plan = extend_plan(head_dim, page_size, **variant)
     cfg = plan.cfg
     q_smem, _, _, _, box_smem, _ = plan.layouts
     kv_desc = f"tensordesc<{aot_nvidia._TYPE[dtype][1:]}[1, 1, {plan.box}, 64],{box_smem!r}>"
@@ -44,12 +46,13 @@ def compile_extend_fa3(
         "window": "i32",
         "n_m": "i32",
         "batch": "i32",
+        "tiles_ptr": "*i32",
     }
-    constexprs = plan.constexprs(8 * group, 8, sinks, lse)
+    constexprs = plan.constexprs(8 * group, 8, sinks, lse) | {"TILE_LIST": tile_list}
     for name in constexprs:
         signature[name] = "constexpr"
     flags = "".join(f"-{f}" for f, on in (("sinks", sinks), ("lse", lse)) if on)
-    name = f"gluon_extend_fa3-{str(dtype)[6:]}-g{group}-p{page_size}-{cfg.tag}{flags}"
+    name = f"gluon_extend_fa3-{str(dtype)[6:]}-g{group}-p{page_size}-{cfg.tag}{flags}{'-tl' if tile_list else ''}"
     src = GluonASTSource(extend_fa3_kernel, signature, constexprs, aot_nvidia._attrs(signature))
     return name, triton_compile(src, target=aot_nvidia.SM90, options={"num_warps": 4, "maxnreg": cfg.maxnreg})
 
@@ -58,7 +61,8 @@ def extend_fa3_grid():
     """GPT-OSS's launch (D 64, GQA 8, P 16, sinks), the smallest page at D 64 (8) and at
     D 128 (8), a page larger than a key tile (256), LSE, fp16 and GQA 1; then the dense
     kernel's variants on GPT-OSS's launch (``pv_overlap`` at D 64 and 128, ``exp2_poly = 1``,
-    ``rescale_threshold = 8``), which the shared consumer gives the extend too."""
+    ``rescale_threshold = 8``), which the shared consumer gives the extend too; and GPT-OSS's
+    launch walking a ragged batch's tile list (``TILE_LIST``)."""
     return [
         (torch.bfloat16, 64, 16, 8, True, False),
         (torch.bfloat16, 64, 8, 8, False, True),
@@ -70,6 +74,7 @@ def extend_fa3_grid():
         (torch.bfloat16, 128, 16, 8, True, False, {"pv_overlap": True}),
         (torch.bfloat16, 64, 16, 8, True, False, {"exp2_poly": 1}),
         (torch.bfloat16, 64, 16, 8, True, False, {"rescale_threshold": 8.0}),
+        (torch.bfloat16, 64, 16, 8, True, False, {"tile_list": True}),
     ]
 
 

@@ -16,7 +16,7 @@ def test_gluon_extend_fa3_compiles_warp_specialized_with_paged_tma():
     rows = run.rows
     names = {r["kernel"] for r in rows}
     assert "gluon_extend_fa3-bfloat16-g8-p16-d64-n128-st3-r232.40-sinks" in names  # GPT-OSS's launch
-    assert len(rows) == 10
+    assert len(rows) == 11
     for row in rows:
         assert row["ok"], row
         assert row["spills"] == 0 and row["local"] == 0, row
@@ -49,3 +49,9 @@ def test_gluon_extend_fa3_compiles_warp_specialized_with_paged_tma():
     base = by_name["gluon_extend_fa3-bfloat16-g8-p16-d64-n128-st3-r232.40-sinks"]
     ex1 = by_name["gluon_extend_fa3-bfloat16-g8-p16-d64-n128-st3-r232.40-ex1-sinks"]
     assert ex1["sass"]["KV_MUFU.EX2"] == base["sass"]["KV_MUFU.EX2"] - 8, (base, ex1)  # 1 of 8 on the FMA pipe
+    # The ragged batch's launch walks the pre-pass's tile list: the same pipeline (matmuls,
+    # copies, barriers, registers) with the tile index loaded from the list.
+    listed = by_name["gluon_extend_fa3-bfloat16-g8-p16-d64-n128-st3-r232.40-sinks-tl"]
+    for key in ("wgmma", "wgmma_wait1", "tma", "mbar_wait", "mbar_arrive", "shared_bytes", "fence_async"):
+        assert listed[key] == base[key], (key, base, listed)
+    assert listed["sass"]["KV_MUFU.EX2"] == base["sass"]["KV_MUFU.EX2"], (base, listed)

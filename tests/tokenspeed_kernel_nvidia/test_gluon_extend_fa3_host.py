@@ -165,9 +165,10 @@ def test_plan_carries_the_dense_variants_and_rejects_what_the_extend_cannot_run(
     consts = plan.constexprs(64, 8, sinks=True, lse=False)
     assert consts["PV_OVERLAP"] is True and consts["EXP2_POLY"] == 1 and consts["NUM_WG"] == 2
     assert (consts["HQ"], consts["G"], consts["D"], consts["PAGE"], consts["BOX"]) == (64, 8, 64, 16, 16)
-    # the launcher passes exactly the kernel's compile-time parameters
+    # the launcher passes exactly the kernel's compile-time parameters (the plan's, and per
+    # launch whether the batch's tiles are listed)
     kernel_consts = {p.name for p in extend_fa3_kernel.params if p.is_constexpr}
-    assert set(consts) == kernel_consts
+    assert set(consts) | {"TILE_LIST"} == kernel_consts
     assert ext.extend_plan(64, 16).cfg.pv_overlap is False  # the shipped default
     with pytest.raises(ValueError, match="consumers"):
         ext.extend_plan(64, 16, consumers=3, consumer_regs=160, producer_regs=24, maxnreg=128)
@@ -266,3 +267,80 @@ def test_emulated_schedule_matches_dense_attention_with_stale_nan(len_q, len_k, 
     want = _dense(q, keys, vals, len_q, len_k, window, sink, scale)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+# --- the tile list of a ragged batch (the pre-pass, _tile_list) ---------------------------
+
+
+@pytest.mark.parametrize(
+    "lens_q,heads",
+    [((1024, 300, 37, 2), 64), ((5, 0, 260, 129), 8), ((128, 129), 6), ((1,) * 70, 4), ((0, 0, 300), 8)],
+)
+def test_tile_list_lists_the_tiles_holding_queries_in_walk_order(lens_q, heads, monkeypatch):
+    """The pre-pass (Triton, here under the interpreter) writes the count and the walk's
+    indices of the tiles that hold queries, as the plain-Python mirror does; the entries past
+    the count stay untouched; decoded as the kernel decodes them, each is a tile with queries."""
+    from tokenspeed_kernel.kit import cdiv
+    from tokenspeed_kernel_nvidia.ops.attention import _tile_list
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    n_m = max(cdiv(max(lens_q), ext.BLOCK_M), 1)
+    cu = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
+    batch = len(lens_q)
+    tiles = torch.full((_tile_list.list_length(n_m, batch, heads),), -7, dtype=torch.int32)
+    args, constexprs = _tile_list.launch_args(cu, tiles, n_m, batch, heads, ext.BLOCK_M)
+    constexprs.pop("num_warps")
+    interpreted = _interpreted(_tile_list.tile_list_kernel)
+    interpreted[(1,)](*args, **constexprs)
+    want = _tile_list.reference(list(lens_q), n_m, heads, ext.BLOCK_M)
+    assert tiles[: len(want)].tolist() == want
+    assert (tiles[len(want) :] == -7).all(), "past the count: untouched"
+    for t in want[1:]:
+        m_rev, rest = divmod(t, batch * heads)
+        b = rest // heads
+        assert (n_m - 1 - m_rev) * ext.BLOCK_M < lens_q[b]
+
+
+def _interpreted(kernel):
+    """``kernel``'s function as an interpreter kernel (this module imported it as a compiled one)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return InterpretedFunction(kernel.fn)
+
+
+def test_a_ragged_batch_lists_its_tiles_before_the_kernel_and_one_sequence_does_not():
+    """The launch building: several sequences whose longest has several query blocks get the
+    pre-pass first (its buffer the one scratch, handed to the kernel with TILE_LIST); one
+    sequence, or one block, launches the kernel alone over every tile (the buffer argument a
+    placeholder it never reads)."""
+    from tokenspeed_kernel_nvidia.ops.attention import _tile_list
+
+    ext.sm_count = lambda device: 132  # type: ignore[attr-defined]  # an H100's (the CPU has none)
+    pages = torch.zeros(40, 16, 1, 64, dtype=torch.bfloat16)
+
+    def args(lens_q):
+        q = torch.zeros(sum(lens_q), 8, 64, dtype=torch.bfloat16)
+        return _args(
+            q=q,
+            k_cache=pages,
+            v_cache=pages.clone(),
+            page_table=torch.zeros(len(lens_q), 10, dtype=torch.int32),
+            cu_seqlens_q=torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32),
+            cache_seqlens=torch.tensor([n + 10 for n in lens_q], dtype=torch.int32),
+            max_seqlen_q=max(lens_q),
+            max_seqlen_k=max(lens_q) + 10,
+            out=torch.empty_like(q),
+        )
+
+    def built(lens_q):
+        launches, scratch, *_ = ext._launches(args(lens_q))
+        return launches, scratch
+
+    launches, scratch = built([300, 37, 2])
+    assert [launch.fn for launch in launches] == [_tile_list.tile_list_kernel, launches[1].fn]
+    (tiles,) = scratch
+    assert tiles.dtype == torch.int32 and tiles.numel() == _tile_list.list_length(3, 3, 8)
+    assert launches[0].args[1] is tiles and launches[1].args[-1] is tiles and launches[1].kwargs["TILE_LIST"]
+    for lens in ([300], [100, 37, 2]):  # one sequence; one query block
+        launches, scratch = built(lens)
+        assert len(launches) == 1 and scratch == () and not launches[0].kwargs["TILE_LIST"]

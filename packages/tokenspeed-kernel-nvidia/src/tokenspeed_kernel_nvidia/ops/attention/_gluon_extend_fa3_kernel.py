@@ -60,6 +60,7 @@ def extend_fa3_kernel(
     window,
     n_m,
     batch,
+    tiles_ptr,
     HQ: gl.constexpr,
     G: gl.constexpr,
     D: gl.constexpr,
@@ -81,8 +82,12 @@ def extend_fa3_kernel(
     EXP2_POLY: gl.constexpr,
     RESCALE_THRESHOLD: gl.constexpr,
     PV_OVERLAP: gl.constexpr,
+    TILE_LIST: gl.constexpr = False,
 ):
-    """Paged causal extend, persistent over ``n_m * batch * HQ`` work tiles.
+    """Paged causal extend, persistent over ``n_m * batch * HQ`` work tiles (with
+    ``TILE_LIST``: over the ``tiles_ptr[0]`` of them that hold queries, listed in
+    ``tiles_ptr[1:]`` by :mod:`._tile_list`'s pre-pass, so that a ragged batch's empty tiles
+    take no program's turn; else ``tiles_ptr`` is never read).
 
     q_desc: TMA descriptor over q ``[total_q, HQ * D]`` (bf16/fp16), box ``[HALF, D]``;
     k_desc / v_desc: over the caches viewed ``[num_pages, HQ // G, PAGE, D]`` (any 16-byte
@@ -124,18 +129,21 @@ def extend_fa3_kernel(
     fence_async_shared()  # the barrier inits visible to the TMA unit (async proxy)
     # (inline, not a shared helper: its inlined scope adds PTX labels that change ptxas's schedule)
     bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, clean.index(0))
-    total = n_m * batch * HQ
+    if TILE_LIST:
+        total = gl.load(tiles_ptr)
+    else:
+        total = n_m * batch * HQ
     common = (q_smem, k_smem, v_smem, bars, o_ptr, lse_ptr, sinks_ptr, cu_q_ptr, seqlens_ptr, sm_scale, window, n_m,
-              batch, total)  # fmt: skip
+              batch, total, tiles_ptr)  # fmt: skip
     prod = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, cu_q_ptr, seqlens_ptr, table_ptr, table_stride,
-            max_pages, num_pages, window, n_m, batch, total)  # fmt: skip
+            max_pages, num_pages, window, n_m, batch, total, tiles_ptr)  # fmt: skip
     gl.warp_specialize(
         [
             (consumer, (common, 0, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG, NUM_WG,
-                        EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, True, CLEAN, False)),
+                        EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, True, CLEAN, False, TILE_LIST)),
             (consumer, (common, 1, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG, NUM_WG,
-                        EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, True, CLEAN, False)),
-            (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, True, PAGE, BOX, False)),
+                        EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, True, CLEAN, False, TILE_LIST)),
+            (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, True, PAGE, BOX, False, TILE_LIST)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],

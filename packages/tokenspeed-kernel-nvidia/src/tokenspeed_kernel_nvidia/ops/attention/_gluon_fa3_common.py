@@ -118,6 +118,18 @@ def _exp2(x, EXP2_POLY: gl.constexpr):
 
 
 @gluon.jit
+def _tile_at(i, tiles_ptr, TILE_LIST: gl.constexpr):
+    """The ``i``-th work tile of a program's walk: ``i`` itself, or with ``TILE_LIST`` the
+    ``i``-th entry of the list a pre-pass wrote (``tiles_ptr[1 + i]``: the work tiles that
+    hold queries, in the same heaviest-first order; :mod:`._tile_list`)."""
+    if TILE_LIST:
+        t = gl.load(tiles_ptr + 1 + i)
+    else:
+        t = i
+    return t
+
+
+@gluon.jit
 def _tile(
     t,
     n_m,
@@ -222,15 +234,17 @@ def producer(
     PAGE: gl.constexpr,
     BOX: gl.constexpr,
     WINDOW: gl.constexpr,
+    TILE_LIST: gl.constexpr = False,
 ):
     """One warp: TMA copies of each tile's ``NUM_WG`` Q halves, then its K/V tiles from the
     diagonal down, each into the ring slot the consumers released (paged: page by page, the
     page ids of key tile ``i + 1`` loaded while tile ``i`` is issued). ``args``: ``(q_desc,
     k_desc, v_desc, q_smem, k_smem, v_smem, bars, cu_q_ptr, k_ptr, table_ptr, table_stride,
-    max_pages, num_pages, window, n_m, batch, total)``, the page-table entries placeholders
-    (0) when dense, the window too unless ``WINDOW`` (dense: the key band from ``j_lo``)."""
+    max_pages, num_pages, window, n_m, batch, total, tiles_ptr)``, the page-table entries placeholders
+    (0) when dense, the window too unless ``WINDOW`` (dense: the key band from ``j_lo``);
+    ``TILE_LIST``: the work tiles are ``tiles_ptr[1 .. total]`` (see :func:`_tile_at`)."""
     q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, cu_q_ptr, k_ptr, table_ptr, table_stride, max_pages, \
-        num_pages, window, n_m, batch, total = args  # fmt: skip
+        num_pages, window, n_m, batch, total, tiles_ptr = args  # fmt: skip
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, _turn, _clean = bars
     descs = (k_desc, v_desc)
     rings = (k_smem, v_smem)
@@ -243,9 +257,19 @@ def producer(
         boxes = 0
     it = 0
     n_done = 0
-    for t in range(gl.program_id(0), total, gl.num_programs(0)):
+    for i in range(gl.program_id(0), total, gl.num_programs(0)):
         valid, b, head, q_begin, k_begin, m0, _len_q, len_k, _p0, j_lo, n_kv = _tile(
-            t, n_m, batch, cu_q_ptr, k_ptr, window, HQ, NUM_WG * HALF, BLOCK_N, PAGED, WINDOW
+            _tile_at(i, tiles_ptr, TILE_LIST),
+            n_m,
+            batch,
+            cu_q_ptr,
+            k_ptr,
+            window,
+            HQ,
+            NUM_WG * HALF,
+            BLOCK_N,
+            PAGED,
+            WINDOW,
         )
         if valid:
             for w in gl.static_range(NUM_WG):
@@ -418,16 +442,17 @@ def consumer(
     PAGED: gl.constexpr,
     CLEAN: gl.constexpr,
     WINDOW: gl.constexpr,
+    TILE_LIST: gl.constexpr = False,
 ):
     """One warpgroup: rows ``[m0 + WG * HALF, + HALF)`` of every tile of this program.
     ``common``: the runtime arguments all consumers share, ``(q_smem, k_smem, v_smem, bars,
-    o_ptr, lse_ptr, sinks_ptr, cu_q_ptr, k_ptr, sm_scale, window, n_m, batch, total)`` (the
+    o_ptr, lse_ptr, sinks_ptr, cu_q_ptr, k_ptr, sm_scale, window, n_m, batch, total, tiles_ptr)`` (the
     window a placeholder 0 when dense without ``WINDOW``), one tuple so each partition passes
     it whole. ``CLEAN``: the 4-warp blocked layout in which the V tile's share is cleaned on
     dirty tiles (None: no cleaning, the dense kernel's timing reference only). ``WINDOW``
     (dense): the paged path's key band, window mask and tile walk."""
     q_smem, k_smem, v_smem, bars, o_ptr, lse_ptr, sinks_ptr, cu_q_ptr, k_ptr, sm_scale, window, n_m, batch, \
-        total = common  # fmt: skip
+        total, tiles_ptr = common  # fmt: skip
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, clean = bars
     dtype: gl.constexpr = o_ptr.dtype.element_ty
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
@@ -442,9 +467,19 @@ def consumer(
     rnd = 0  # wgmma issue rounds (ping-pong hand-off)
     n_done = 0
     n_dirty = 0  # dirty V tiles cleaned (the clean barrier's phase)
-    for t in range(gl.program_id(0), total, gl.num_programs(0)):
+    for i in range(gl.program_id(0), total, gl.num_programs(0)):
         valid, _b, head, q_begin, _k_begin, m0, len_q, len_k, p0, j_lo, n_kv = _tile(
-            t, n_m, batch, cu_q_ptr, k_ptr, window, HQ, NUM_WG * HALF, BLOCK_N, PAGED, WINDOW
+            _tile_at(i, tiles_ptr, TILE_LIST),
+            n_m,
+            batch,
+            cu_q_ptr,
+            k_ptr,
+            window,
+            HQ,
+            NUM_WG * HALF,
+            BLOCK_N,
+            PAGED,
+            WINDOW,
         )
         if valid:
             r0 = m0 + WG * HALF  # this warpgroup's first token

@@ -162,10 +162,11 @@ def prefill_fa3_kernel(
     # no page table (0s): the shared pipeline's dense path; the window (a placeholder 0
     # without WINDOW: the argument is then never read)
     win = window if WINDOW else 0
+    # (the tile list's pointer: a placeholder never read, TILE_LIST being off)
     common = (q_smem, k_smem, v_smem, bars, o_ptr, lse_ptr, sinks_ptr, cu_q_ptr, cu_k_ptr, sm_scale, win, n_m, batch,
-              total)  # fmt: skip
+              total, cu_q_ptr)  # fmt: skip
     prod = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, cu_q_ptr, cu_k_ptr, 0, 0, 0, 0, win, n_m, batch,
-            total)  # fmt: skip
+            total, cu_q_ptr)  # fmt: skip
     if NUM_WG == 2:
         gl.warp_specialize(
             [

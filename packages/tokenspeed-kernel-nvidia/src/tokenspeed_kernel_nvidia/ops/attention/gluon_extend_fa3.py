@@ -43,6 +43,8 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     head_tile_descriptor,
     written_and_sinks,
 )
+from tokenspeed_kernel_nvidia.ops.attention._tile_list import launch_args as tile_list_args
+from tokenspeed_kernel_nvidia.ops.attention._tile_list import list_length, tile_list_kernel
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import (
     BLOCK_M,
     HALF,
@@ -265,8 +267,12 @@ def launch(args: ExtendArgs, plan: ExtendPlan | None = None) -> None:
 
 
 def _launches(args: ExtendArgs, plan: ExtendPlan | None = None) -> Built:
-    """The launch of ``args`` (none for an empty batch), no scratch, nothing kept, and the Q
-    and K/V cache descriptors derived from q and the caches."""
+    """The launches of ``args`` (none for an empty batch), nothing kept, and the Q and K/V
+    cache descriptors derived from q and the caches. A batch of several sequences whose
+    longest has several query blocks first lists the work tiles that hold queries
+    (:mod:`._tile_list`, its buffer the one scratch), and the kernel deals out only those
+    (``TILE_LIST``): in a ragged batch the static walk over every tile handed the heavy
+    tiles to a few programs."""
     from tokenspeed_kernel_nvidia.ops.attention._gluon_extend_fa3_kernel import extend_fa3_kernel
 
     total_q, num_q_heads, head_dim = args.q.shape
@@ -283,6 +289,14 @@ def _launches(args: ExtendArgs, plan: ExtendPlan | None = None) -> Built:
     q_smem, _, _, _, box_smem, _ = plan.layouts
     programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device))
     table = args.page_table
+    listed = batch > 1 and n_m > 1  # else every tile holds queries (but a sequence's with none)
+    before: list[Launch] = []
+    scratch: tuple[torch.Tensor, ...] = ()
+    tiles = args.cu_seqlens_q  # a placeholder the kernel never reads unless TILE_LIST
+    if listed:
+        tiles = torch.empty(list_length(n_m, batch, num_q_heads), dtype=torch.int32, device=args.q.device)
+        list_args, list_constexprs = tile_list_args(args.cu_seqlens_q, tiles, n_m, batch, num_q_heads, plan.cfg.block_m)
+        before, scratch = [Launch(tile_list_kernel, (1,), list_args, list_constexprs)], (tiles,)
     descriptors = (
         derive_descriptor(head_tile_descriptor, args.q, HALF, q_smem),
         derive_descriptor(_cache_descriptor, args.k_cache, plan.box, box_smem),
@@ -304,14 +318,16 @@ def _launches(args: ExtendArgs, plan: ExtendPlan | None = None) -> Built:
             args.window_left if args.window_left >= 0 else NO_WINDOW,
             n_m,
             batch,
+            tiles,
         ),
         dict(
             **plan.constexprs(num_q_heads, num_kv_heads, args.sinks is not None, args.lse is not None),
+            TILE_LIST=listed,
             num_warps=4,
             maxnreg=plan.cfg.maxnreg,
         ),
     )
-    return [launch], (), (), descriptors
+    return [*before, launch], scratch, (), descriptors
 
 
 def _runner_key(args: ExtendArgs) -> tuple:
