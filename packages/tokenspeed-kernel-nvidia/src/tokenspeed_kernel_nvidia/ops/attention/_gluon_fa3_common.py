@@ -259,18 +259,8 @@ def producer(
     n_done = 0
     for i in range(gl.program_id(0), total, gl.num_programs(0)):
         valid, b, head, q_begin, k_begin, m0, _len_q, len_k, _p0, j_lo, n_kv = _tile(
-            _tile_at(i, tiles_ptr, TILE_LIST),
-            n_m,
-            batch,
-            cu_q_ptr,
-            k_ptr,
-            window,
-            HQ,
-            NUM_WG * HALF,
-            BLOCK_N,
-            PAGED,
-            WINDOW,
-        )
+            _tile_at(i, tiles_ptr, TILE_LIST), n_m, batch, cu_q_ptr, k_ptr, window, HQ, NUM_WG * HALF, BLOCK_N, PAGED,
+            WINDOW)  # fmt: skip
         if valid:
             for w in gl.static_range(NUM_WG):
                 mbarrier.wait(q_empty.index(w), (n_done & 1) ^ 1)
@@ -469,18 +459,8 @@ def consumer(
     n_dirty = 0  # dirty V tiles cleaned (the clean barrier's phase)
     for i in range(gl.program_id(0), total, gl.num_programs(0)):
         valid, _b, head, q_begin, _k_begin, m0, len_q, len_k, p0, j_lo, n_kv = _tile(
-            _tile_at(i, tiles_ptr, TILE_LIST),
-            n_m,
-            batch,
-            cu_q_ptr,
-            k_ptr,
-            window,
-            HQ,
-            NUM_WG * HALF,
-            BLOCK_N,
-            PAGED,
-            WINDOW,
-        )
+            _tile_at(i, tiles_ptr, TILE_LIST), n_m, batch, cu_q_ptr, k_ptr, window, HQ, NUM_WG * HALF, BLOCK_N, PAGED,
+            WINDOW)  # fmt: skip
         if valid:
             r0 = m0 + WG * HALF  # this warpgroup's first token
             if PAGED or WINDOW:
