@@ -15,13 +15,16 @@ pairs, ``CHUNK`` at a time, each valid pair writing its ``HQ`` heads.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from tokenspeed_kernel.kit import next_pow2
+from tokenspeed_kernel_triton._launcher import Launch
 
-__all__ = ["CHUNK", "launch_args", "list_length", "reference", "tile_list_kernel"]
+__all__ = ["CHUNK", "Walk", "launch_args", "list_length", "reference", "tile_list_kernel", "walk"]
 
 CHUNK = 64  # (block, sequence) pairs per step of the pre-pass
 
@@ -74,3 +77,26 @@ def reference(lens_q: list[int], n_m: int, num_q_heads: int, block_m: int) -> li
         for head in range(num_q_heads)
     ]
     return [len(out), *out]
+
+
+class Walk(NamedTuple):
+    """How an FA3-style launch walks its tiles: the launches before it (the pre-pass, or
+    none), their scratch (the list), the kernel's ``tiles_ptr`` argument (the list, or a
+    placeholder it never reads) and its ``TILE_LIST`` constexpr."""
+
+    before: list
+    scratch: tuple
+    tiles: torch.Tensor
+    listed: bool
+
+
+def walk(cu_seqlens_q: torch.Tensor, n_m: int, batch: int, num_q_heads: int, block_m: int) -> Walk:
+    """The walk of a launch over ``n_m * batch * num_q_heads`` tiles of ``block_m`` queries:
+    listed (the pre-pass first, its buffer a fresh scratch) for several sequences whose
+    longest has several query blocks, else over every tile (each holds queries, but a
+    sequence's with none), ``cu_seqlens_q`` standing in for the list."""
+    if batch <= 1 or n_m <= 1:
+        return Walk([], (), cu_seqlens_q, False)
+    tiles = torch.empty(list_length(n_m, batch, num_q_heads), dtype=torch.int32, device=cu_seqlens_q.device)
+    args, constexprs = launch_args(cu_seqlens_q, tiles, n_m, batch, num_q_heads, block_m)
+    return Walk([Launch(tile_list_kernel, (1,), args, constexprs)], (tiles,), tiles, True)

@@ -60,6 +60,7 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     head_tile_descriptor,
     written_and_sinks,
 )
+from tokenspeed_kernel_nvidia.ops.attention._tile_list import walk
 from tokenspeed_kernel_triton._launcher import Launch
 from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, derive_descriptor, run_fresh
 
@@ -502,8 +503,10 @@ def _window(args: PrefillArgs) -> int:
 
 
 def _launches(args: PrefillArgs, cfg: Fa3Config) -> Built:
-    """The launch of ``args`` with ``cfg`` (none for an empty batch), no scratch, nothing
-    kept, and the Q/K/V descriptors derived from q, k and v."""
+    """The launches of ``args`` with ``cfg`` (none for an empty batch), nothing kept, and the
+    Q/K/V descriptors derived from q, k and v; a batch of several sequences whose longest has
+    several query blocks lists its tiles that hold queries first (:func:`._tile_list.walk`,
+    the list the one scratch), as the paged extend does."""
     from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_fa3_kernel import prefill_fa3_kernel
 
     total_q, num_q_heads, _ = args.q.shape
@@ -513,6 +516,7 @@ def _launches(args: PrefillArgs, cfg: Fa3Config) -> Built:
         return (), (), ()
     q_smem, kv_smem, _, _ = cfg.layouts
     programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device), cfg.block_m)
+    tiles = walk(args.cu_seqlens_q, n_m, batch, num_q_heads, cfg.block_m)
     descriptors = (
         derive_descriptor(head_tile_descriptor, args.q, HALF, q_smem),
         derive_descriptor(head_tile_descriptor, args.k, cfg.block_n, kv_smem),
@@ -530,15 +534,17 @@ def _launches(args: PrefillArgs, cfg: Fa3Config) -> Built:
             n_m,
             batch,
             _window(args),
+            tiles.tiles,
         ),
         dict(
             **fa3_head_constexprs(args, num_kv_heads),
             **cfg.constexprs(),
+            TILE_LIST=tiles.listed,
             num_warps=4,
             maxnreg=cfg.maxnreg,
         ),
     )
-    return [launch], (), (), descriptors
+    return [*tiles.before, launch], tiles.scratch, (), descriptors
 
 
 def _runner_key(args: PrefillArgs) -> tuple:
