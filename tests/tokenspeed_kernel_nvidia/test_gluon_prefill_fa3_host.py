@@ -614,7 +614,7 @@ def test_a_ragged_batch_lists_its_tiles_before_the_kernel(monkeypatch):
         return launches, scratch
 
     launches, (tiles,) = built((300, 37, 2))
-    assert [launch.fn for launch in launches][0] is _tile_list.tile_list_kernel and len(launches) == 2
+    assert launches[0].fn is _tile_list.tile_list_kernel and len(launches) == 2
     assert tiles.numel() == _tile_list.list_length(2, 3, 8) and launches[0].kwargs["BLOCK_M"] == cfg.block_m
     assert launches[1].args[-1] is tiles and launches[1].kwargs["TILE_LIST"]
     for lens in ((300,), (100, 37, 2)):  # one sequence; one query block of 192
