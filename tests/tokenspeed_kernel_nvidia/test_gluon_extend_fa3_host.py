@@ -308,14 +308,14 @@ def _interpreted(kernel):
     return InterpretedFunction(kernel.fn)
 
 
-def test_a_ragged_batch_lists_its_tiles_before_the_kernel_and_one_sequence_does_not():
+def test_a_ragged_batch_lists_its_tiles_before_the_kernel_and_one_sequence_does_not(monkeypatch):
     """The launch building: several sequences whose longest has several query blocks get the
     pre-pass first (its buffer the one scratch, handed to the kernel with TILE_LIST); one
     sequence, or one block, launches the kernel alone over every tile (the buffer argument a
     placeholder it never reads)."""
     from tokenspeed_kernel_nvidia.ops.attention import _tile_list
 
-    ext.sm_count = lambda device: 132  # type: ignore[attr-defined]  # an H100's (the CPU has none)
+    monkeypatch.setattr(ext, "sm_count", lambda device: 132)  # an H100's (the CPU has none)
     pages = torch.zeros(40, 16, 1, 64, dtype=torch.bfloat16)
 
     def args(lens_q):
