@@ -181,6 +181,15 @@ def test_the_generated_run_launches_what_the_generic_one_does(monkeypatch):
         first, second = rec.launches[-2:]
         assert first[2][0].base is x[0] and first[2][2].base is x[1] and first[2][1] is x[2] and first[2][3] is kept
         assert first[2][0].block_shape == [16, 64] and first[2][4] == 9 and second[2] == (x[2],)
+    # Both hand the launch the same pending descriptors: one memo key per tensor, built alike.
+    keys: list = []
+    build = _launcher.PendingDescriptor.build
+    monkeypatch.setattr(_launcher.PendingDescriptor, "build", lambda self: keys.append(self.key) or build(self))
+    x = inputs()
+    pipe.__call__(x)
+    generic = list(keys)
+    pipe.run(x)
+    assert len(generic) == 2 and keys[2:] == generic
     with pytest.raises(TypeError, match="expected 3 inputs"):
         pipe.run(bind[:2])
     buf = torch.empty(4)

@@ -823,18 +823,27 @@ class BoundLaunch:
         :func:`jit_launch`, None when a bound tensor moved (remembered anew)."""
         raw, run, function, packed, coop, pdl = self._direct
         source, constants = _direct_source(raw, self._fast, self._slots, self._checks, len(self._bound))
-        make = _FACTORIES.get(source)
-        if make is None:
-            namespace: dict[str, Any] = {}
-            exec(compile(source, f"<direct launch of {self._fn.__name__}>", "exec"), globals(), namespace)
-            make = _FACTORIES[source] = namespace["make"]
+        make = _generated_factory(source, f"<direct launch of {self._fn.__name__}>", globals())
         return make(
             self._fn, self._state, self._dev, self._hash, run, function, packed, coop, pdl, self._grid,
             tuple(self._fast[i] for i in constants), tuple(self._checks), self._bound,
         )  # fmt: skip
 
 
-_FACTORIES: dict[str, Callable[..., Callable[..., bool | None]]] = {}  # generated source -> its factory
+_FACTORIES: dict[str, Callable[..., Any]] = {}  # generated source -> its factory
+
+
+def _generated_factory(source: str, filename: str, scope: dict[str, Any]) -> Callable[..., Any]:
+    """The ``make`` that generated ``source`` defines, compiled once per text and kept (the
+    functions of one structure share it); ``scope``: the globals the generated code reads at
+    every call (``filename`` names it in tracebacks). Used by :class:`BoundLaunch` and by the
+    runner pipelines (``_runners``); their sources define different functions, never one text."""
+    make = _FACTORIES.get(source)
+    if make is None:
+        namespace: dict[str, Any] = {}
+        exec(compile(source, filename, "exec"), scope, namespace)
+        make = _FACTORIES[source] = namespace["make"]
+    return make
 
 
 def _direct_source(raw: bool, fast: list, slots: tuple[int, ...], checks: tuple, bound: int) -> tuple[str, list[int]]:

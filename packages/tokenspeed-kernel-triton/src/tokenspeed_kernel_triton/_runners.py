@@ -282,9 +282,6 @@ def pipeline(
     return Pipeline(tuple(steps), tuple(specs), len(inputs), tuple(computed), tuple(step_slots))
 
 
-_RUN_FACTORIES: dict[str, Callable[..., Callable[[Sequence[Any]], None]]] = {}  # source -> factory
-
-
 def _generated_run(pipe: Pipeline, slots: tuple) -> Callable[[Sequence[Any]], None]:
     """``pipe``'s run as one generated function (the generic loop unrolled: inputs unpacked,
     each pending descriptor's memo key built inline as :func:`_descriptor_key` builds it, each
@@ -317,12 +314,7 @@ def _generated_run(pipe: Pipeline, slots: tuple) -> Callable[[Sequence[Any]], No
         + "\n".join("    " + line for line in "\n".join(x for x in lines if x).split("\n"))
         + "\n    return run\n"
     )  # fmt: skip
-    make = _RUN_FACTORIES.get(source)
-    if make is None:
-        namespace: dict[str, Any] = {}
-        exec(compile(source, "<runner pipeline>", "exec"), {}, namespace)
-        make = _RUN_FACTORIES[source] = namespace["make"]
-    return make(pipe._steps, derived, PendingDescriptor)
+    return _launcher._generated_factory(source, "<runner pipeline>", {})(pipe._steps, derived, PendingDescriptor)
 
 
 # What a kernel's launch builder returns for a call: its launches, the scratch buffers they use
