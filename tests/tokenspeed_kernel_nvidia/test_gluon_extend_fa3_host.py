@@ -277,21 +277,27 @@ def test_emulated_schedule_matches_dense_attention_with_stale_nan(len_q, len_k, 
     [((1024, 300, 37, 2), 64), ((5, 0, 260, 129), 8), ((128, 129), 6), ((1,) * 70, 4), ((0, 0, 300), 8)],
 )
 def test_tile_list_lists_the_tiles_holding_queries_in_walk_order(lens_q, heads, monkeypatch):
-    """The pre-pass (Triton, here under the interpreter) writes the count and the walk's
-    indices of the tiles that hold queries, as the plain-Python mirror does; the entries past
-    the count stay untouched; decoded as the kernel decodes them, each is a tile with queries."""
+    """The pre-pass (Triton: compiled on a GPU host, under the interpreter on a CPU) writes the
+    count and the walk's indices of the tiles that hold queries, as the plain-Python mirror
+    does; the entries past the count stay untouched; decoded as the kernel decodes them, each
+    is a tile with queries."""
     from tokenspeed_kernel.kit import cdiv
     from tokenspeed_kernel_nvidia.ops.attention import _tile_list
 
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    on_gpu = torch.cuda.is_available()  # there tl.cumsum is a compiled helper the interpreter cannot call
+    device = "cuda" if on_gpu else "cpu"
     n_m = max(cdiv(max(lens_q), ext.BLOCK_M), 1)
-    cu = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
+    cu = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device=device)
     batch = len(lens_q)
-    tiles = torch.full((_tile_list.list_length(n_m, batch, heads),), -7, dtype=torch.int32)
+    tiles = torch.full((_tile_list.list_length(n_m, batch, heads),), -7, dtype=torch.int32, device=device)
     args, constexprs = _tile_list.launch_args(cu, tiles, n_m, batch, heads, ext.BLOCK_M)
-    constexprs.pop("num_warps")
-    interpreted = _interpreted(_tile_list.tile_list_kernel)
-    interpreted[(1,)](*args, **constexprs)
+    if on_gpu:
+        _tile_list.tile_list_kernel[(1,)](*args, **constexprs)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        constexprs.pop("num_warps")
+        _interpreted(_tile_list.tile_list_kernel)[(1,)](*args, **constexprs)
+    tiles = tiles.cpu()
     want = _tile_list.reference(list(lens_q), n_m, heads, ext.BLOCK_M)
     assert tiles[: len(want)].tolist() == want
     assert (tiles[len(want) :] == -7).all(), "past the count: untouched"
