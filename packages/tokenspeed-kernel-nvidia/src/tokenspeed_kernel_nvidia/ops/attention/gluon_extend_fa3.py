@@ -43,7 +43,7 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     head_tile_descriptor,
     written_and_sinks,
 )
-from tokenspeed_kernel_nvidia.ops.attention._tile_list import walk
+from tokenspeed_kernel_nvidia.ops.attention._tile_list import lists_tiles, walk
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import (
     BLOCK_M,
     HALF,
@@ -289,7 +289,7 @@ def _launches(args: ExtendArgs, plan: ExtendPlan | None = None) -> Built:
     q_smem, _, _, _, box_smem, _ = plan.layouts
     programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device))
     table = args.page_table
-    tiles = walk(args.cu_seqlens_q, n_m, batch, num_q_heads, plan.cfg.block_m)
+    tiles = walk(args.cu_seqlens_q, total_q, args.max_seqlen_q, n_m, num_q_heads, plan.cfg.block_m)
     descriptors = (
         derive_descriptor(head_tile_descriptor, args.q, HALF, q_smem),
         derive_descriptor(_cache_descriptor, args.k_cache, plan.box, box_smem),
@@ -327,14 +327,17 @@ def _runner_key(args: ExtendArgs) -> tuple:
     """:func:`~tokenspeed_kernel_nvidia.ops.attention._common.attention_call_key` of q and the
     caches, the page table's shape and row stride (launch scalars) and the persistent grid
     (program and query-block counts, which follow ``max_seqlen_q``; not ``max_seqlen_k``,
-    which the launch does not read)."""
+    which the launch does not read) and whether the launch lists its tiles."""
     q, table = args.q, args.page_table
     batch = args.cu_seqlens_q.shape[0] - 1
+    programs, n_m = grid(args.max_seqlen_q, batch, q.shape[1], sm_count(q.device))
     return (
         attention_call_key(args, args.k_cache, args.v_cache),
         table.shape,
         table.stride(0),
-        grid(args.max_seqlen_q, batch, q.shape[1], sm_count(q.device)),
+        programs,
+        n_m,
+        lists_tiles(q.shape[0], args.max_seqlen_q, batch, n_m, BLOCK_M),
     )
 
 
