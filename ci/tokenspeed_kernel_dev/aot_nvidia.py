@@ -283,12 +283,19 @@ def fa3_signature(dtype: torch.dtype, head_dim: int, q_smem, kv_desc: str) -> di
 
 
 def compile_prefill_fa3(
-    dtype: torch.dtype, head_dim: int, group: int, sinks: bool, lse: bool, cfg: Fa3Config | None = None
+    dtype: torch.dtype,
+    head_dim: int,
+    group: int,
+    sinks: bool,
+    lse: bool,
+    cfg: Fa3Config | None = None,
+    tile_list: bool = False,
 ):
     """Compile one configuration of the FA3-style dense causal prefill for sm_90 (``cfg``
     defaults to the launcher's choice); returns (name, compiled). Q/K/V arrive as TMA
     descriptors (boxes ``[64, D]`` and ``[block_n, D]``); the launch options are the
-    launcher's (4 warps for the default partition, ``maxnreg`` for the register split)."""
+    launcher's (4 warps for the default partition, ``maxnreg`` for the register split);
+    ``tile_list``: the ragged batch's launch, walking the pre-pass's list (``TILE_LIST``)."""
     cfg = cfg or fa3_config(head_dim)
     q_smem, kv_smem, _, _ = cfg.layouts
     kv_desc = f"tensordesc<{_TYPE[dtype][1:]}[{cfg.block_n}, {head_dim}],{kv_smem!r}>"
@@ -298,6 +305,7 @@ def compile_prefill_fa3(
         "n_m": "i32",
         "batch": "i32",
         "window": "i32",
+        "tiles_ptr": "*i32",
     }
     constexprs = {
         "HQ": 8 * group,
@@ -306,11 +314,12 @@ def compile_prefill_fa3(
         "HAS_SINKS": sinks,
         "HAS_LSE": lse,
         **cfg.constexprs(),
+        "TILE_LIST": tile_list,
     }
     for name in constexprs:
         signature[name] = "constexpr"
     flags = "".join(f"-{f}" for f, on in (("sinks", sinks), ("lse", lse)) if on)
-    name = f"gluon_prefill_fa3-{str(dtype)[6:]}-g{group}-{cfg.tag}{flags}"
+    name = f"gluon_prefill_fa3-{str(dtype)[6:]}-g{group}-{cfg.tag}{flags}{'-tl' if tile_list else ''}"
     src = GluonASTSource(prefill_fa3_kernel, signature, constexprs, _attrs(signature))
     return name, triton_compile(src, target=SM90, options={"num_warps": 4, "maxnreg": cfg.maxnreg})
 
@@ -629,6 +638,8 @@ def prefill_fa3_grid():
         (torch.bfloat16, 64, 8, True, True, replace(wide, pv_overlap=True)),
         (torch.bfloat16, 128, 8, True, False, Fa3Config(128, pv_overlap=True)),
         (torch.bfloat16, 64, 8, True, False, Fa3Config(64, stages=3, pv_overlap=True, rescale_threshold=8.0)),
+        # the shipped D 64 build walking a ragged batch's tile list (TILE_LIST)
+        (torch.bfloat16, 64, 8, True, False, None, True),
         # fa3_sweep.py --clean-ab's reference: the shipped D 64 build without the V cleaning
         (torch.bfloat16, 64, 8, True, False, replace(fa3_config(64), clean_v=False)),
         # the sliding-window build (gluon_prefill_fa3_window_sm90): its launcher's configurations

@@ -115,6 +115,13 @@ def test_gluon_prefill_fa3_compiles_warp_specialized_with_wgmma(fa3_rows):
     # and 123 KB of shared memory (three Q halves and the 3-stage ring).
     wide = by_name["gluon_prefill_fa3-bfloat16-g8-d64-n128-st3-r160.24-wg3-sinks"]
     assert wide["registers"] == 128 and wide["shared_bytes"] <= 124 * 1024, wide
+    # A ragged batch's launch walks the pre-pass's tile list: the same pipeline, the tile
+    # index loaded from the list (its count, loaded once, reaches the partitions through
+    # shared memory: a few bytes more).
+    listed = by_name["gluon_prefill_fa3-bfloat16-g8-d64-n128-st3-r160.24-wg3-sinks-tl"]
+    for key in ("wgmma", "wgmma_wait1", "tma", "mbar_wait", "mbar_arrive", "fence_async", "registers"):
+        assert listed[key] == wide[key], (key, wide, listed)
+    assert 0 <= listed["shared_bytes"] - wide["shared_bytes"] <= 64, (wide, listed)
 
 
 def test_gluon_prefill_fa3_pv_overlap_moves_the_pv_wait_after_the_softmax(fa3_rows):

@@ -307,6 +307,28 @@ def test_tile_list_lists_the_tiles_holding_queries_in_walk_order(lens_q, heads, 
         assert (n_m - 1 - m_rev) * ext.BLOCK_M < lens_q[b]
 
 
+@pytest.mark.parametrize("block_m", [128, 192])
+def test_a_launch_skips_the_list_only_where_every_tile_holds_queries(block_m):
+    """``lists_tiles`` (host integers only) never skips a list that would leave tiles out: where
+    it says no, the plain-Python mirror lists every tile of the walk; and uniform batches,
+    one sequence and one block skip it."""
+    from tokenspeed_kernel.kit import cdiv
+    from tokenspeed_kernel_nvidia.ops.attention._tile_list import lists_tiles, reference
+
+    g = torch.Generator().manual_seed(block_m)
+    batches = [[int(n) for n in torch.randint(1, 5 * block_m, (b,), generator=g)] for b in (2, 3, 5, 8) * 25]
+    batches += [[n] * b for n in (1, block_m - 1, block_m, block_m + 1, 1000, 4096) for b in (2, 7)]
+    batches += [[3 * block_m, 3 * block_m - 1], [2 * block_m + 1, 3 * block_m]]
+    for lens in batches:
+        n_m = max(cdiv(max(lens), block_m), 1)
+        listed = lists_tiles(sum(lens), max(lens), len(lens), n_m, block_m)
+        every_tile = reference(lens, n_m, 1, block_m)[0] == n_m * len(lens)
+        assert listed or every_tile, lens
+        if len(set(lens)) == 1 or n_m == 1:
+            assert not listed, lens
+    assert lists_tiles(3 * block_m - 1 + 2 * block_m + 1, 3 * block_m, 2, 3, block_m)  # one block short
+
+
 def _interpreted(kernel):
     """``kernel``'s function as an interpreter kernel (this module imported it as a compiled one)."""
     from triton.runtime.interpreter import InterpretedFunction
@@ -317,8 +339,8 @@ def _interpreted(kernel):
 def test_a_ragged_batch_lists_its_tiles_before_the_kernel_and_one_sequence_does_not(monkeypatch):
     """The launch building: several sequences whose longest has several query blocks get the
     pre-pass first (its buffer the one scratch, handed to the kernel with TILE_LIST); one
-    sequence, or one block, launches the kernel alone over every tile (the buffer argument a
-    placeholder it never reads)."""
+    sequence, one block, or a uniform batch launches the kernel alone over every tile (the
+    buffer argument a placeholder it never reads)."""
     from tokenspeed_kernel_nvidia.ops.attention import _tile_list
 
     monkeypatch.setattr(ext, "sm_count", lambda device: 132)  # an H100's (the CPU has none)
@@ -347,6 +369,6 @@ def test_a_ragged_batch_lists_its_tiles_before_the_kernel_and_one_sequence_does_
     (tiles,) = scratch
     assert tiles.dtype == torch.int32 and tiles.numel() == _tile_list.list_length(3, 3, 8)
     assert launches[0].args[1] is tiles and launches[1].args[-1] is tiles and launches[1].kwargs["TILE_LIST"]
-    for lens in ([300], [100, 37, 2]):  # one sequence; one query block
+    for lens in ([300], [100, 37, 2], [300, 300]):  # one sequence; one query block; uniform
         launches, scratch = built(lens)
         assert len(launches) == 1 and scratch == () and not launches[0].kwargs["TILE_LIST"]

@@ -598,3 +598,26 @@ def test_wide_config_fits():
     assert cfg.block_m == 192 and cfg.shared_bytes() <= 124 * 1024
     assert cfg.constexprs()["NUM_WG"] == 3 and cfg.tag.endswith("-wg3")
     assert fa3.grid(8192, 1, 64, 132, cfg.block_m) == (132, 43)
+
+
+def test_a_ragged_batch_lists_its_tiles_before_the_kernel(monkeypatch):
+    """As the paged extend's launches: several sequences whose longest has several query
+    blocks get the tile-list pre-pass first (its buffer the one scratch, handed to the kernel
+    with TILE_LIST); one sequence, one query block, or a uniform batch launches the kernel
+    alone."""
+    from tokenspeed_kernel_nvidia.ops.attention import _tile_list
+
+    monkeypatch.setattr(fa3, "sm_count", lambda device: 132)  # an H100's (the CPU has none)
+    cfg = fa3.fa3_config(64)
+
+    def built(lens):
+        launches, scratch, *_ = fa3._launches(ragged_prefill_args(lens_q=lens, lens_k=lens, hq=8, hkv=1), cfg)
+        return launches, scratch
+
+    launches, (tiles,) = built((300, 37, 2))
+    assert launches[0].fn is _tile_list.tile_list_kernel and len(launches) == 2
+    assert tiles.numel() == _tile_list.list_length(2, 3, 8) and launches[0].kwargs["BLOCK_M"] == cfg.block_m
+    assert launches[1].args[-1] is tiles and launches[1].kwargs["TILE_LIST"]
+    for lens in ((300,), (100, 37, 2), (300, 300, 300)):  # one sequence; one query block of 192; uniform
+        launches, scratch = built(lens)
+        assert len(launches) == 1 and scratch == () and not launches[0].kwargs["TILE_LIST"]

@@ -92,6 +92,7 @@ def prefill_fa3_kernel(
     n_m,
     batch,
     window,
+    tiles_ptr,
     HQ: gl.constexpr,
     G: gl.constexpr,
     D: gl.constexpr,
@@ -111,8 +112,11 @@ def prefill_fa3_kernel(
     RESCALE_THRESHOLD: gl.constexpr,
     PV_OVERLAP: gl.constexpr,
     WINDOW: gl.constexpr,
+    TILE_LIST: gl.constexpr = False,
 ):
-    """Dense causal attention, persistent over ``n_m * batch * HQ`` work tiles.
+    """Dense causal attention, persistent over ``n_m * batch * HQ`` work tiles (with
+    ``TILE_LIST``: over the ``tiles_ptr[0]`` of them that hold queries, listed in
+    ``tiles_ptr[1:]`` by :mod:`._tile_list`'s pre-pass; else ``tiles_ptr`` is never read).
 
     q_desc: TMA descriptor over q ``[total_q, HQ * D]`` (bf16/fp16), box ``[HALF, D]``;
     k_desc / v_desc: over k / v ``[total_k, HQ // G * D]``, box ``[BLOCK_N, D]``;
@@ -157,24 +161,26 @@ def prefill_fa3_kernel(
         bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, clean.index(0))
     else:
         bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, 0)
-    total = n_m * batch * HQ
+    if TILE_LIST:
+        total = gl.load(tiles_ptr)
+    else:
+        total = n_m * batch * HQ
     # the consumer warpgroups run the same function on their own rows (WG 0 .. NUM_WG - 1);
     # no page table (0s): the shared pipeline's dense path; the window (a placeholder 0
     # without WINDOW: the argument is then never read)
     win = window if WINDOW else 0
-    # (the tile list's pointer: a placeholder never read, TILE_LIST being off)
     common = (q_smem, k_smem, v_smem, bars, o_ptr, lse_ptr, sinks_ptr, cu_q_ptr, cu_k_ptr, sm_scale, win, n_m, batch,
-              total, cu_q_ptr)  # fmt: skip
+              total, tiles_ptr)  # fmt: skip
     prod = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, cu_q_ptr, cu_k_ptr, 0, 0, 0, 0, win, n_m, batch,
-            total, cu_q_ptr)  # fmt: skip
+            total, tiles_ptr)  # fmt: skip
     if NUM_WG == 2:
         gl.warp_specialize(
             [
                 (consumer, (common, 0, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, CLEAN, WINDOW)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, CLEAN, WINDOW, TILE_LIST)),
                 (consumer, (common, 1, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, CLEAN, WINDOW)),
-                (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, False, 0, 0, WINDOW)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, CLEAN, WINDOW, TILE_LIST)),
+                (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, False, 0, 0, WINDOW, TILE_LIST)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -183,12 +189,12 @@ def prefill_fa3_kernel(
         gl.warp_specialize(
             [
                 (consumer, (common, 0, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, CLEAN, WINDOW)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, CLEAN, WINDOW, TILE_LIST)),
                 (consumer, (common, 1, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, CLEAN, WINDOW)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, CLEAN, WINDOW, TILE_LIST)),
                 (consumer, (common, 2, HQ, D, HALF, BLOCK_N, STAGES, HAS_SINKS, HAS_LSE, S_MMA, O_MMA, PINGPONG,
-                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, CLEAN, WINDOW)),
-                (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, False, 0, 0, WINDOW)),
+                            NUM_WG, EXP2_POLY, RESCALE_THRESHOLD, PV_OVERLAP, False, CLEAN, WINDOW, TILE_LIST)),
+                (producer, (prod, HQ, G, D, HALF, BLOCK_N, STAGES, NUM_WG, False, 0, 0, WINDOW, TILE_LIST)),
             ],
             [4, 4, 1],
             [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],

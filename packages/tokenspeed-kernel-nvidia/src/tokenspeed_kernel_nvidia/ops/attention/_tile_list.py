@@ -15,13 +15,16 @@ pairs, ``CHUNK`` at a time, each valid pair writing its ``HQ`` heads.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from tokenspeed_kernel.kit import next_pow2
+from tokenspeed_kernel_triton._launcher import Launch
 
-__all__ = ["CHUNK", "launch_args", "list_length", "reference", "tile_list_kernel"]
+__all__ = ["CHUNK", "Walk", "launch_args", "list_length", "lists_tiles", "reference", "tile_list_kernel", "walk"]
 
 CHUNK = 64  # (block, sequence) pairs per step of the pre-pass
 
@@ -74,3 +77,40 @@ def reference(lens_q: list[int], n_m: int, num_q_heads: int, block_m: int) -> li
         for head in range(num_q_heads)
     ]
     return [len(out), *out]
+
+
+class Walk(NamedTuple):
+    """How an FA3-style launch walks its tiles: the launches before it (the pre-pass, or
+    none), their scratch (the list), the kernel's ``tiles_ptr`` argument (the list, or a
+    placeholder it never reads) and its ``TILE_LIST`` constexpr."""
+
+    before: list
+    scratch: tuple
+    tiles: torch.Tensor
+    listed: bool
+
+
+def lists_tiles(total_q: int, max_seqlen_q: int, batch: int, n_m: int, block_m: int) -> bool:
+    """Whether a launch over ``batch`` sequences of ``total_q`` queries, the longest
+    ``max_seqlen_q`` (``n_m`` blocks of ``block_m``), lists its tiles: only when some tile may
+    hold no queries. Not for one sequence or one block, nor when every sequence has the
+    longest's length (``total_q == batch * max_seqlen_q``) or ``total_q`` leaves no room for a
+    sequence shorter than ``n_m - 1`` blocks: there the list is the whole walk, and the
+    pre-pass cost 1.7-2.6 % on uniform batches (H200, 2026-11-28). Host integers only."""
+    if batch <= 1 or n_m <= 1 or total_q == batch * max_seqlen_q:
+        return False
+    return total_q <= (batch * n_m - 1) * block_m
+
+
+def walk(cu_seqlens_q: torch.Tensor, total_q: int, max_seqlen_q: int, n_m: int, num_q_heads: int,
+         block_m: int) -> Walk:  # fmt: skip
+    """The walk of a launch over ``n_m * batch * num_q_heads`` tiles of ``block_m`` queries
+    (``batch = cu_seqlens_q.shape[0] - 1``): listed where :func:`lists_tiles` says so, the
+    pre-pass first, its buffer a fresh scratch; else over every tile, ``cu_seqlens_q``
+    standing in for the list."""
+    batch = cu_seqlens_q.shape[0] - 1
+    if not lists_tiles(total_q, max_seqlen_q, batch, n_m, block_m):
+        return Walk([], (), cu_seqlens_q, False)
+    tiles = torch.empty(list_length(n_m, batch, num_q_heads), dtype=torch.int32, device=cu_seqlens_q.device)
+    args, constexprs = launch_args(cu_seqlens_q, tiles, n_m, batch, num_q_heads, block_m)
+    return Walk([Launch(tile_list_kernel, (1,), args, constexprs)], (tiles,), tiles, True)

@@ -43,8 +43,7 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     head_tile_descriptor,
     written_and_sinks,
 )
-from tokenspeed_kernel_nvidia.ops.attention._tile_list import launch_args as tile_list_args
-from tokenspeed_kernel_nvidia.ops.attention._tile_list import list_length, tile_list_kernel
+from tokenspeed_kernel_nvidia.ops.attention._tile_list import lists_tiles, walk
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import (
     BLOCK_M,
     HALF,
@@ -290,14 +289,7 @@ def _launches(args: ExtendArgs, plan: ExtendPlan | None = None) -> Built:
     q_smem, _, _, _, box_smem, _ = plan.layouts
     programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device))
     table = args.page_table
-    listed = batch > 1 and n_m > 1  # else every tile holds queries (but a sequence's with none)
-    before: list[Launch] = []
-    scratch: tuple[torch.Tensor, ...] = ()
-    tiles = args.cu_seqlens_q  # a placeholder the kernel never reads unless TILE_LIST
-    if listed:
-        tiles = torch.empty(list_length(n_m, batch, num_q_heads), dtype=torch.int32, device=args.q.device)
-        list_args, list_constexprs = tile_list_args(args.cu_seqlens_q, tiles, n_m, batch, num_q_heads, plan.cfg.block_m)
-        before, scratch = [Launch(tile_list_kernel, (1,), list_args, list_constexprs)], (tiles,)
+    tiles = walk(args.cu_seqlens_q, total_q, args.max_seqlen_q, n_m, num_q_heads, plan.cfg.block_m)
     descriptors = (
         derive_descriptor(head_tile_descriptor, args.q, HALF, q_smem),
         derive_descriptor(_cache_descriptor, args.k_cache, plan.box, box_smem),
@@ -319,30 +311,33 @@ def _launches(args: ExtendArgs, plan: ExtendPlan | None = None) -> Built:
             args.window_left if args.window_left >= 0 else NO_WINDOW,
             n_m,
             batch,
-            tiles,
+            tiles.tiles,
         ),
         dict(
             **plan.constexprs(num_q_heads, num_kv_heads, args.sinks is not None, args.lse is not None),
-            TILE_LIST=listed,
+            TILE_LIST=tiles.listed,
             num_warps=4,
             maxnreg=plan.cfg.maxnreg,
         ),
     )
-    return [*before, launch], scratch, (), descriptors
+    return [*tiles.before, launch], tiles.scratch, (), descriptors
 
 
 def _runner_key(args: ExtendArgs) -> tuple:
     """:func:`~tokenspeed_kernel_nvidia.ops.attention._common.attention_call_key` of q and the
     caches, the page table's shape and row stride (launch scalars) and the persistent grid
     (program and query-block counts, which follow ``max_seqlen_q``; not ``max_seqlen_k``,
-    which the launch does not read)."""
+    which the launch does not read) and whether the launch lists its tiles."""
     q, table = args.q, args.page_table
     batch = args.cu_seqlens_q.shape[0] - 1
+    programs, n_m = grid(args.max_seqlen_q, batch, q.shape[1], sm_count(q.device))
     return (
         attention_call_key(args, args.k_cache, args.v_cache),
         table.shape,
         table.stride(0),
-        grid(args.max_seqlen_q, batch, q.shape[1], sm_count(q.device)),
+        programs,
+        n_m,
+        lists_tiles(q.shape[0], args.max_seqlen_q, batch, n_m, BLOCK_M),
     )
 
 

@@ -60,6 +60,7 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     head_tile_descriptor,
     written_and_sinks,
 )
+from tokenspeed_kernel_nvidia.ops.attention._tile_list import lists_tiles, walk
 from tokenspeed_kernel_triton._launcher import Launch
 from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, derive_descriptor, run_fresh
 
@@ -502,8 +503,10 @@ def _window(args: PrefillArgs) -> int:
 
 
 def _launches(args: PrefillArgs, cfg: Fa3Config) -> Built:
-    """The launch of ``args`` with ``cfg`` (none for an empty batch), no scratch, nothing
-    kept, and the Q/K/V descriptors derived from q, k and v."""
+    """The launches of ``args`` with ``cfg`` (none for an empty batch), nothing kept, and the
+    Q/K/V descriptors derived from q, k and v; a ragged batch lists its tiles that hold
+    queries first (:func:`._tile_list.walk`, the list the one scratch), as the paged extend
+    does."""
     from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_fa3_kernel import prefill_fa3_kernel
 
     total_q, num_q_heads, _ = args.q.shape
@@ -513,6 +516,7 @@ def _launches(args: PrefillArgs, cfg: Fa3Config) -> Built:
         return (), (), ()
     q_smem, kv_smem, _, _ = cfg.layouts
     programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device), cfg.block_m)
+    tiles = walk(args.cu_seqlens_q, total_q, args.max_seqlen_q, n_m, num_q_heads, cfg.block_m)
     descriptors = (
         derive_descriptor(head_tile_descriptor, args.q, HALF, q_smem),
         derive_descriptor(head_tile_descriptor, args.k, cfg.block_n, kv_smem),
@@ -530,27 +534,29 @@ def _launches(args: PrefillArgs, cfg: Fa3Config) -> Built:
             n_m,
             batch,
             _window(args),
+            tiles.tiles,
         ),
         dict(
             **fa3_head_constexprs(args, num_kv_heads),
             **cfg.constexprs(),
+            TILE_LIST=tiles.listed,
             num_warps=4,
             maxnreg=cfg.maxnreg,
         ),
     )
-    return [launch], (), (), descriptors
+    return [*tiles.before, launch], tiles.scratch, (), descriptors
 
 
 def _runner_key(args: PrefillArgs) -> tuple:
     """:func:`~tokenspeed_kernel_nvidia.ops.attention._common.attention_call_key` (with the
     window, a launch scalar) and the persistent grid of the call's build (its program count
     and query-block count ``n_m``, which follow ``max_seqlen_q``; calls with the same ones
-    share a runner). Called after the build's check: ``window_left >= 0`` names the build."""
+    share a runner) and whether the launch lists its tiles. Called after the build's check: ``window_left >= 0`` names the build."""
     batch = args.cu_seqlens_q.shape[0] - 1
     block_m = _config(args.q.shape[2], args.window_left >= 0).block_m
-    return attention_call_key(args, args.k, args.v), grid(
-        args.max_seqlen_q, batch, args.q.shape[1], sm_count(args.q.device), block_m
-    )
+    programs, n_m = grid(args.max_seqlen_q, batch, args.q.shape[1], sm_count(args.q.device), block_m)
+    listed = lists_tiles(args.q.shape[0], args.max_seqlen_q, batch, n_m, block_m)
+    return attention_call_key(args, args.k, args.v), programs, n_m, listed
 
 
 def _runner_cache(name: str, windowed: bool) -> RunnerCache[PrefillArgs]:
