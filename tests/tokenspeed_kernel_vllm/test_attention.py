@@ -146,6 +146,32 @@ def test_mixed_batch_matches_float64(vllm_config, layout, window, sinks, logit_c
     _check(step, output, kv_cache, layer, window=window, sinks=sinks, logit_cap=logit_cap)
 
 
+def test_one_steps_layers_share_an_extend_plan_per_kind(vllm_config):
+    """GPT-OSS's alternation in one step: two window layers and two full ones, each with its own
+    cache and sinks, share the step's metadata; each kind's first layer makes the step's extend
+    plan and the others run it (two plans in all), every layer matching float64."""
+    kinds = (8, None, 8, None)
+    layers = [_layer(vllm_config, window=window, sinks=True, logit_cap=None) for window in kinds]
+    spec, builder = _builder(vllm_config, layers[0])
+    step = make_step(
+        MIXED, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, block_size=BLOCK,
+        num_blocks=24, dtype=torch.bfloat16, seed=2,
+    )  # fmt: skip
+    metadata = builder.build(0, step.common)
+    for i, (layer, window) in enumerate(zip(layers, kinds)):
+        layer.sinks.data.copy_(torch.linspace(-1.0 - i, 2.0 + i, NUM_HEADS))
+        layer.process_weights_after_loading(torch.bfloat16)
+        kv_cache = kv_cache_view(spec, 24, "LBNHC", torch.bfloat16)
+        write_prefixes(step, kv_cache, HEAD_SIZE)
+        layer.impl.do_kv_cache_update(layer, step.k_new, step.v_new, kv_cache, step.common.slot_mapping)
+        output = torch.full((step.q.shape[0], NUM_HEADS, HEAD_SIZE), float("nan"), dtype=torch.bfloat16)
+        layer.impl.forward(layer, step.q, step.k_new, step.v_new, kv_cache, metadata, output=output)
+        assert len(metadata.extend_plans) == min(i + 1, 2)
+        _check(step, output, kv_cache, layer, window=window, sinks=True, logit_cap=None)
+    windows = sorted(plan.window_left for plan in metadata.extend_plans.values())
+    assert windows == [-1, 7]
+
+
 def test_speculative_decodes_q_len_3(tiny_model_dir):
     """Speculative decoding (ngram, 2 draft tokens): the builder treats q_len <= 3 as decode
     and the decode call serves q_len 3 causally; a prompt follows."""

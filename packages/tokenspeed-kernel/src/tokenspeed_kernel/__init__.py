@@ -5,8 +5,8 @@ Engines call the public operators below and never name hardware (expert parallel
 process group). Behind each call the
 selector picks the best registered kernel for the platform and the request (see
 :mod:`tokenspeed_kernel.selector`); ``explain`` shows why. Plans (``mha_decode_plan``,
-``moe_plan``) select once and let the kernel prepare (batch layout, weights) outside the
-hot path. ``attention_request``/``store_request`` build a call's request from plain
+``mha_extend_plan``, ``moe_plan``) select once and let the kernel prepare (batch layout,
+weights) outside the hot path. ``attention_request``/``store_request`` build a call's request from plain
 shapes, so ``select``/``explain`` answer "which kernel would serve this call" before it is
 made; ``last_kernel()`` names the kernel that served the last call.
 
@@ -20,10 +20,12 @@ from tokenspeed_kernel._version import __version__ as __version__
 from tokenspeed_kernel.ops._dispatch import last_kernel
 from tokenspeed_kernel.ops.attention import (
     DecodePlan,
+    ExtendPlan,
     Heads,
     attention_request,
     mha_decode_plan,
     mha_decode_with_kvcache,
+    mha_extend_plan,
     mha_extend_with_kvcache,
     mha_prefill,
 )
@@ -49,6 +51,7 @@ from tokenspeed_kernel.selector import KernelOverrideError, NoKernelFoundError, 
 
 __all__ = [
     "DecodePlan",
+    "ExtendPlan",
     "FP8Weight",
     "Heads",
     "KernelOverrideError",
@@ -69,6 +72,7 @@ __all__ = [
     "last_kernel",
     "mha_decode_plan",
     "mha_decode_with_kvcache",
+    "mha_extend_plan",
     "mha_extend_with_kvcache",
     "mha_prefill",
     "moe_apply",

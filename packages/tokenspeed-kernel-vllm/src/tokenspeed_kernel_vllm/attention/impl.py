@@ -27,9 +27,10 @@ from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionTy
 
 from tokenspeed_kernel import (
     DecodePlan,
+    ExtendPlan,
     mha_decode_plan,
     mha_decode_with_kvcache,
-    mha_extend_with_kvcache,
+    mha_extend_plan,
     store_kvcache,
 )
 from tokenspeed_kernel_vllm.attention import _support
@@ -210,8 +211,40 @@ class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
             self._decode(md, query[:nd], output[:nd], k_cache, v_cache, k_scale, v_scale, sinks)
         if md.num_prefills and md.num_prefill_tokens:
             rows = slice(nd, nd + md.num_prefill_tokens)
-            mha_extend_with_kvcache(
-                _contiguous(query[rows]),
+            q, out = _contiguous(query[rows]), output[rows]
+            plan = self._extend_plan(md, q, k_cache, v_cache, sinks, k_scale, v_scale, out)
+            plan.run(q, k_cache, v_cache, sinks=sinks, k_scale=k_scale, v_scale=v_scale, out=out)
+        return output
+
+    def _extend_plan(
+        self,
+        md: TokenspeedAttentionMetadata,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        sinks: torch.Tensor | None,
+        k_scale: torch.Tensor | None,
+        v_scale: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> ExtendPlan:
+        """This step's extend plan for this layer's kind: made (checked in full, kernel
+        selected) by the step's first layer of the kind, run by the others."""
+        key = (
+            self.window_left,
+            self.scale,
+            self.logit_cap,
+            sinks is None,
+            q.dtype,
+            k_cache.dtype,
+            k_cache.shape,
+            k_cache.stride(),
+            v_cache.stride(),
+            v_cache.storage_offset() - k_cache.storage_offset(),
+        )
+        plan = md.extend_plans.get(key)
+        if plan is None:
+            plan = mha_extend_plan(
+                q,
                 k_cache,
                 v_cache,
                 md.prefill_page_table,
@@ -221,9 +254,10 @@ class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
                 md.max_seq_len,
                 causal=True,
                 **self._options(sinks, k_scale, v_scale),
-                out=output[rows],
+                out=out,
             )
-        return output
+            md.extend_plans[key] = plan
+        return plan
 
     def _decode(
         self,

@@ -153,6 +153,18 @@ def _extend(device: torch.device, override: str | None = None) -> Callable[[], o
     )
 
 
+def _extend_plan(device: torch.device) -> Callable[[], object]:
+    """``_extend``'s call as one layer of a step planned once (``mha_extend_plan``)."""
+    from tokenspeed_kernel import mha_extend_plan
+
+    c = _paged(device)
+    q = _randn(16, HEADS, HEAD_DIM, device=device)
+    cu = torch.tensor([0, 16], dtype=torch.int32, device=device)
+    caches = (c["k_cache"], c["v_cache"])
+    plan = mha_extend_plan(q, *caches, c["page_table"], cu, c["cache_seqlens"], 16, 256, sinks=c["sinks"])
+    return lambda: plan.run(q, *caches, sinks=c["sinks"])
+
+
 def _decode(device: torch.device, override: str | None = None) -> Callable[[], object]:
     from tokenspeed_kernel import mha_decode_with_kvcache
 
@@ -259,13 +271,14 @@ def cases() -> tuple[OverheadCase, ...]:
     """The timed calls: every public operator and each plan's per-step call, at GPT-OSS-120B's
     attention heads (64 query / 8 KV heads of dim 64, bf16, sinks): prefill 64 tokens with
     window 128 (the window layers) and without (``full``: the full-attention layers); extend
-    16 onto 256 cached; decode B=1 over 256 keys; store 1 token; top-4 of
+    16 onto 256 cached (also as a planned step's layer); decode B=1 over 256 keys; store 1 token; top-4 of
     128 over 4 tokens; MoE 4 tokens, 32 experts of 512 x 512, top-4 (bf16 weights; the plan
     also with MXFP4 weights, biases and swiglu_oai)."""
     return (
         OverheadCase("mha_prefill", "attention.prefill", _prefill),
         OverheadCase("mha_prefill full", "attention.prefill", _prefill_full),
         OverheadCase("mha_extend_with_kvcache", "attention.extend", _extend),
+        OverheadCase("ExtendPlan.run", "attention.extend", _extend_plan),
         OverheadCase("mha_decode_with_kvcache", "attention.decode", _decode),
         OverheadCase("DecodePlan.run", "attention.decode", _decode_plan),
         OverheadCase("store_kvcache", "kvcache.store", _store),

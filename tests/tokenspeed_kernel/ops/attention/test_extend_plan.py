@@ -1,0 +1,158 @@
+"""The extend plan step (``mha_extend_plan``): one step's tables checked and the kernel selected
+once, every layer run against float64 and bitwise against the functional call; runs of another
+layout checked in full (the functional call's errors) or refused; the quick path touches
+neither the call key nor the selector."""
+
+import math
+
+import pytest
+import torch
+
+from tokenspeed_kernel import ExtendPlan, config, last_kernel, mha_extend_plan, mha_extend_with_kvcache
+from tokenspeed_kernel.ops.attention import api
+from tokenspeed_kernel.ops.attention import extend_plan as extend_plan_module
+from tokenspeed_kernel.tools.cases import attention as cases
+
+pytestmark = pytest.mark.usefixtures("only_reference")
+
+# 4 ragged chunks (one empty) on partial pages of 4, 6 q / 2 KV heads of dim 16, window 5, sinks
+CASE = cases.AttentionCase(
+    "attention.extend", (5, 0, 3, 9), (13, 7, 3, 22), 6, 2, 16, page_size=4, dtype=torch.float32, window_left=5,
+    sinks=True,
+)  # fmt: skip
+PER_LAYER = ("q", "k_cache", "v_cache", "sinks")
+
+
+def _layers(n: int) -> list[dict]:
+    """``n`` layers of one step: the same tables (layer 0's), each layer its own q, caches and sinks."""
+    first = cases.make_inputs(CASE, seed=0)
+    layers = [first]
+    for seed in range(1, n):
+        other = cases.make_inputs(CASE, seed=seed)
+        layers.append({**first, **{name: other[name] for name in PER_LAYER}})
+    return layers
+
+
+def _plan(inputs: dict, **kw) -> ExtendPlan:
+    return mha_extend_plan(**{**inputs, **kw})
+
+
+def _run(plan: ExtendPlan, inputs: dict, **kw):
+    return plan.run(*(inputs[name] for name in PER_LAYER[:3]), sinks=inputs["sinks"], **kw)
+
+
+def test_every_layer_runs_as_the_functional_call_and_matches_float64():
+    layers = _layers(3)
+    plan = _plan(layers[0])
+    assert plan.kernel == "torch_extend" and plan.total_q == 17 and plan.page_size == 4
+    assert plan.softmax_scale == pytest.approx(1 / math.sqrt(16))
+    for inputs in layers:
+        out = torch.full((17, 6, 16), math.nan)  # poisoned: every row must be written
+        got = _run(plan, inputs, out=out)
+        assert got is out and last_kernel() == "torch_extend"
+        want, _ = cases.reference(CASE, inputs)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got, mha_extend_with_kvcache(**inputs))
+
+
+def test_return_lse_gives_the_functional_calls_pair():
+    inputs = _layers(1)[0]
+    plan = _plan(inputs, return_lse=True)
+    out, lse = _run(plan, inputs)
+    want_out, want_lse = mha_extend_with_kvcache(**{**inputs, "return_lse": True})
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse) and lse.shape == (17, 6)
+
+
+def test_the_quick_run_neither_checks_keys_nor_selects(monkeypatch):
+    """After planning, a run of the plan's layout takes no call key, no plan-cache entry and no
+    selection: the functional path's pieces are made to fail, and the run still serves."""
+    layers = _layers(2)
+    plan = _plan(layers[0])
+    cached = len(api.EXTEND.plans)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("the quick run took the functional path")
+
+    monkeypatch.setattr(api.ExtendCall, "check", classmethod(boom))
+    monkeypatch.setattr(extend_plan_module, "mha_extend_with_kvcache", boom)
+    monkeypatch.setattr(api, "dispatch", boom)
+    got = _run(plan, layers[1])
+    monkeypatch.undo()
+    assert len(api.EXTEND.plans) == cached
+    assert torch.equal(got, mha_extend_with_kvcache(**layers[1]))
+
+
+def test_planning_raises_what_the_call_raises():
+    inputs = _layers(1)[0]
+    for bad, error, words in (
+        ({"page_table": inputs["page_table"].long()}, TypeError, "page_table"),
+        ({"sinks": inputs["sinks"][:3]}, ValueError, "sinks"),
+        ({"max_seqlen_q": -1}, ValueError, "max_seqlen_q"),
+    ):
+        with pytest.raises(error, match=words):
+            mha_extend_with_kvcache(**{**inputs, **bad})
+        with pytest.raises(error, match=words):
+            _plan(inputs, **bad)
+
+
+def test_a_run_of_another_layout_is_checked_in_full_or_refused():
+    inputs = _layers(1)[0]
+    plan = _plan(inputs)
+    q, k_cache, v_cache, sinks = (inputs[name] for name in PER_LAYER)
+    with pytest.raises(TypeError, match="q must have dtype"):
+        plan.run(q.double(), k_cache, v_cache, sinks=sinks)
+    with pytest.raises(ValueError, match="sinks must have shape"):
+        plan.run(q, k_cache, v_cache, sinks=sinks[:2])
+    with pytest.raises(ValueError, match="out must have shape"):
+        plan.run(q, k_cache, v_cache, sinks=sinks, out=torch.empty(3, 6, 16))
+    with pytest.raises(ValueError, match="make a plan"):  # no sinks: another selection request
+        plan.run(q, k_cache, v_cache)
+    with pytest.raises(ValueError, match="make a plan"):  # rows the plan's tables do not describe
+        plan.run(torch.cat([q, q[:1]]), k_cache, v_cache, sinks=sinks)
+    # the same request through a copy at another address: checked in full, then served
+    moved = q.clone()
+    assert torch.equal(plan.run(moved, k_cache, v_cache, sinks=sinks), mha_extend_with_kvcache(**inputs))
+
+
+def test_a_strided_cache_view_is_a_layout_of_its_own():
+    """A plan made on contiguous caches refuses a strided view of another cache (the request's
+    ``strided_kv``), and a plan made on the strided view serves it as the call does."""
+    inputs = _layers(1)[0]
+    plan = _plan(inputs)
+    k_cache, v_cache = cases.lay_out_caches(inputs["k_cache"], inputs["v_cache"], "hnd")
+    strided = {**inputs, "k_cache": k_cache, "v_cache": v_cache}
+    with pytest.raises(ValueError, match="make a plan"):
+        _run(plan, strided)
+    assert torch.equal(_run(_plan(strided), strided), mha_extend_with_kvcache(**strided))
+
+
+@pytest.fixture
+def debug(monkeypatch):
+    monkeypatch.setenv(config.DEBUG_ENV, "1")
+    config.refresh()
+    yield
+    monkeypatch.delenv(config.DEBUG_ENV)
+    config.refresh()
+
+
+def test_debug_mode_checks_the_tables_on_every_run(debug):
+    """TOKENSPEED_KERNEL_DEBUG: a run takes the functional path, whose value checks read the
+    tables (rewritten in place between runs, as an engine would)."""
+    inputs = _layers(1)[0]
+    plan = _plan(inputs)
+    assert torch.equal(_run(plan, inputs), mha_extend_with_kvcache(**inputs))
+    inputs["cu_seqlens_q"][-1] += 1  # the plan's own table, now past total_q
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        _run(plan, inputs)
+
+
+def test_override_names_the_plans_kernel(temp_kernels):
+    fn = temp_kernels(
+        "attention.extend", name="fake_extend", priority=1, vendors=("cpu",), features={"sinks", "sliding_window"}
+    )
+    inputs = _layers(1)[0]
+    assert _plan(inputs, override="torch_extend").kernel == "torch_extend"
+    plan = _plan(inputs, override="fake_extend")
+    _run(plan, inputs)
+    assert plan.kernel == "fake_extend" and last_kernel() == "fake_extend" and len(fn.calls) == 1
+    assert fn.calls[0].page_table is inputs["page_table"] and fn.calls[0].max_seqlen_q == 9
