@@ -136,4 +136,3 @@ def test_a_planned_step_runs_each_layer_as_the_call(case):
         assert torch.equal(got, want)
         ref, _ = cases.reference(case, inputs)
         assert _rel(got, ref) < 2e-2, case.name
-
