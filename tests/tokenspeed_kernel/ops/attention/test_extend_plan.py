@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from tokenspeed_kernel import ExtendPlan, config, last_kernel, mha_extend_plan, mha_extend_with_kvcache
+from tokenspeed_kernel import ExtendPlan, last_kernel, mha_extend_plan, mha_extend_with_kvcache
+from tokenspeed_kernel.ops import _operator
 from tokenspeed_kernel.ops.attention import api
-from tokenspeed_kernel.ops.attention import extend_plan as extend_plan_module
 from tokenspeed_kernel.tools.cases import attention as cases
 
 pytestmark = pytest.mark.usefixtures("only_reference")
@@ -74,7 +74,7 @@ def test_the_quick_run_neither_checks_keys_nor_selects(monkeypatch):
         raise AssertionError("the quick run took the functional path")
 
     monkeypatch.setattr(api.ExtendCall, "check", classmethod(boom))
-    monkeypatch.setattr(extend_plan_module, "mha_extend_with_kvcache", boom)
+    monkeypatch.setattr(_operator.Calls, "call", boom)
     monkeypatch.setattr(api, "dispatch", boom)
     got = _run(plan, layers[1])
     monkeypatch.undo()
@@ -124,15 +124,6 @@ def test_a_strided_cache_view_is_a_layout_of_its_own():
     with pytest.raises(ValueError, match="make a plan"):
         _run(plan, strided)
     assert torch.equal(_run(_plan(strided), strided), mha_extend_with_kvcache(**strided))
-
-
-@pytest.fixture
-def debug(monkeypatch):
-    monkeypatch.setenv(config.DEBUG_ENV, "1")
-    config.refresh()
-    yield
-    monkeypatch.delenv(config.DEBUG_ENV)
-    config.refresh()
 
 
 def test_debug_mode_checks_the_tables_on_every_run(debug):

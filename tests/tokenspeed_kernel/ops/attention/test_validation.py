@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from tokenspeed_kernel import config
 from tokenspeed_kernel.ops._checks import clear_call_tables
 from tokenspeed_kernel.tools.cases import attention as cases
 
@@ -139,15 +138,6 @@ def test_extend_rejects_mismatched_batch():
         r"cu_seqlens_q must hold batch \+ 1 >= 1 entries",
         cu_seqlens_q=torch.zeros(0, dtype=torch.int32),
     )
-
-
-@pytest.fixture
-def debug(monkeypatch):
-    monkeypatch.setenv(config.DEBUG_ENV, "1")
-    config.refresh()
-    yield
-    monkeypatch.delenv(config.DEBUG_ENV)
-    config.refresh()
 
 
 def test_debug_mode_checks_values(debug):

@@ -35,7 +35,7 @@ from tokenspeed_kernel import config
 from tokenspeed_kernel.ops._checks import Uncacheable, arg_key
 from tokenspeed_kernel.ops._dispatch import check_capturable, record
 from tokenspeed_kernel.ops.attention._validate import kv_scales
-from tokenspeed_kernel.ops.attention.api import ExtendCall, mha_extend_with_kvcache
+from tokenspeed_kernel.ops.attention.api import EXTEND, ExtendCall
 from tokenspeed_kernel.ops.attention.args import ExtendArgs, Heads
 from tokenspeed_kernel.platform import platform_for
 from tokenspeed_kernel.registry import KernelSpec, Request
@@ -204,19 +204,7 @@ class ExtendPlan:
                     f"selects the kernel (plan: {self.request}, total_q {self.total_q}; run: {checked.request}, "
                     f"total_q {checked.total_q}); make a plan for them"
                 )
-        return mha_extend_with_kvcache(
-            *call[:8],
-            causal=self.causal,
-            softmax_scale=self.softmax_scale,
-            window_left=self.window_left,
-            sinks=sinks,  # type: ignore[arg-type]
-            logit_cap=self.logit_cap,
-            k_scale=k_scale,  # type: ignore[arg-type]
-            v_scale=v_scale,  # type: ignore[arg-type]
-            return_lse=self.return_lse,
-            out=out,  # type: ignore[arg-type]
-            override=self.kernel,
-        )
+        return EXTEND.call(*call)
 
 
 def mha_extend_plan(
