@@ -399,9 +399,14 @@ class RunnerCache(Generic[A]):
         _CACHES.append(self)
 
     def __call__(self, args: A) -> None:
+        self.runner(args)(args)
+
+    def runner(self, args: A) -> Callable[[A], None]:
+        """What serves calls with ``args``' key: its runner (bound on the key's first call), or
+        the uncached launch when the launch cache is off. A plan's ``bind`` hook returns it, so
+        the plan's runs skip the key (every run of a plan has the key of its first)."""
         if not _launcher._enabled:
-            self._fresh(args)
-            return
+            return self._fresh
         key = self._key(args)
         run = self.runners.get(key)
         if run is None:
@@ -410,7 +415,7 @@ class RunnerCache(Generic[A]):
                 self.runners.clear()
             self.runners[key] = run
             self.binds += 1
-        run(args)
+        return run
 
     def clear(self) -> None:
         """Forget every runner (the next call of each key binds again)."""

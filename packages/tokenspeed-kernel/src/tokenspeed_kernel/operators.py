@@ -16,7 +16,8 @@ Vocabulary:
     layout_hook   the operator has a layout plan step (``mha_decode_plan``), so its kernels
                   may register a ``prepare_layout`` hook.
     binds         the operator's plan calls a kernel's ``bind`` hook (``DecodePlan`` once per
-                  layout, ``MoEPlan`` once per token count), so its kernels may register one.
+                  layout, ``ExtendPlan`` once, ``MoEPlan`` once per token count), so its
+                  kernels may register one.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ OPERATORS: dict[str, OperatorSchema] = {
             dtype_roles=("q", "kv"),
             shape_keys=(*_ATTENTION_SHAPES, *_PAGED_SHAPES),
             features=(*_ATTENTION_FEATURES, "non_causal", "fp8_kv", "strided_kv"),
-            summary="chunked prefill against a paged KV cache (mha_extend_with_kvcache)",
+            summary="chunked prefill against a paged KV cache (mha_extend_with_kvcache, mha_extend_plan)",
+            binds=True,
         ),
         OperatorSchema(
             "attention.decode",

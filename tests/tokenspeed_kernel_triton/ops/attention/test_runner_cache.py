@@ -165,3 +165,50 @@ def test_calls_through_the_cache_match_the_float64_attention(name):
         inputs = cases.make_inputs(case, DEVICE, seed=10 + layer)
         check_case(case, inputs, kernel=KERNEL[case.op], tol=tol, device=DEVICE)
     assert cache.binds == binds + 1
+
+
+@pytest.mark.parametrize("name", ["extend", "extend_fp8"])
+def test_an_extend_plan_binds_once_and_runs_each_layer_as_the_call(name):
+    """``mha_extend_plan`` with ``triton_extend``: its first run binds through the kernel's
+    ``bind`` hook (the runner of the plan's key, shared with the functional calls), the later
+    layers (other caches, q, sinks) run that runner without computing the key, each bitwise
+    as the functional call and within float64's bounds."""
+    from tokenspeed_kernel import mha_extend_plan, mha_extend_with_kvcache
+    from tokenspeed_kernel_triton._runners import clear_runners
+
+    case = CASES[name]
+    clear_runners()
+    first = cases.make_inputs(case, DEVICE, seed=0)
+    per_layer = ("q", "k_cache", "v_cache", "sinks")
+    layers = [first] + [
+        {**first, **{k: v for k, v in cases.make_inputs(case, DEVICE, seed=s).items() if k in per_layer}}
+        for s in (1, 2)
+    ]
+    plan = mha_extend_plan(**first, override="triton_extend")
+    binds = extend._RUNNERS.binds
+    keys: list = []
+    real_key = extend._RUNNERS._key
+    extend._RUNNERS._key = lambda rows: keys.append(rows) or real_key(rows)
+    try:
+        got = [
+            plan.run(
+                inputs["q"],
+                inputs["k_cache"],
+                inputs["v_cache"],
+                sinks=inputs.get("sinks"),
+                k_scale=inputs.get("k_scale"),
+                v_scale=inputs.get("v_scale"),
+            )
+            for inputs in layers
+        ]
+    finally:
+        extend._RUNNERS._key = real_key
+    assert len(keys) == 1 and extend._RUNNERS.binds == binds + 1, "one key, at the bind; none per run"
+    for inputs, result in zip(layers, got):
+        want = mha_extend_with_kvcache(**inputs, override="triton_extend")
+        pairs = zip(result, want) if case.return_lse else [(result, want)]
+        for a, b in pairs:
+            assert torch.equal(a, b)
+        out = (result[0] if case.return_lse else result).double()
+        ref, _ = cases.reference(case, inputs)
+        assert float((out - ref).norm() / ref.norm()) < 2e-2, name

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -138,6 +139,11 @@ def _check_call(args: ExtendArgs) -> None:
     page_size = args.k_cache.shape[1]
     if not supported_page(page_size, args.q.element_size()):
         raise ValueError(f"gluon_extend_fa3_sm90 cannot tile page_size {page_size} (TMA boxes of 8+ rows)")
+    _check_addresses(args)
+
+
+def _check_addresses(args: ExtendArgs) -> None:
+    """What differs between calls of one key (the tensors' addresses), checked per run."""
     if args.q.data_ptr() % _ALIGN:
         raise ValueError(f"gluon_extend_fa3_sm90 needs q {_ALIGN}-byte aligned (TMA)")
     for name in ("k_cache", "v_cache"):
@@ -240,6 +246,7 @@ def _cache_descriptor(cache: torch.Tensor, box: int, layout):
     priority=Priority.OPT_IN,
     rank_when=({"window_left": (None,), "head_dim": (64,)}, Priority.PERFORMANT),
     predicate=_supported,
+    bind=lambda args: _planned(args),
 )
 def gluon_extend_fa3(args: ExtendArgs) -> None:
     """Gluon Hopper paged extend (FlashAttention-3 design): one-warp TMA producer reading
@@ -348,3 +355,16 @@ _CALL_INPUTS = by_fields(
 _RUNNERS = RunnerCache(
     "gluon_extend_fa3_sm90", _runner_key, lambda args: bind_runner(_launches, args, *_CALL_INPUTS), launch
 )
+
+
+def _planned(args: ExtendArgs) -> Callable[[ExtendArgs], None]:
+    """The ``bind`` hook (the core's ``ExtendPlan``): the runner of the plan's key (its runs
+    skip the key and the checks the layout fixes; the addresses are checked per run)."""
+    _check_call(args)
+    run = _RUNNERS.runner(args)
+
+    def planned(run_args: ExtendArgs) -> None:
+        _check_addresses(run_args)
+        run(run_args)
+
+    return planned

@@ -13,7 +13,10 @@ plan pays them once per step:
 - :meth:`ExtendPlan.run` is the call of every layer: q, the caches, sinks, scales and out
   must have the layout of the plan's own (shape, strides, storage offset, dtype, device: what
   the checks and the selection read of them); it then builds the kernel's arguments and
-  launches: no call key of the tables, no lookup, no selection. A run whose tensors differ
+  launches: no call key, no lookup, no selection. A kernel with a ``bind`` hook is bound on
+  the plan's first run outside CUDA-graph capture (its runner, which has the launch work of
+  the plan's layout done, serves the later runs: the kernel's own key is skipped too). A run
+  whose tensors differ
   in layout is checked in full like a functional call (raising what is wrong) and served by
   the plan's kernel when it asks for the same selection, else refused with a ``ValueError``.
 
@@ -25,7 +28,7 @@ has no ``update``.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +36,7 @@ import torch
 
 from tokenspeed_kernel import config
 from tokenspeed_kernel.ops._checks import Uncacheable, arg_key
-from tokenspeed_kernel.ops._dispatch import check_capturable, record
+from tokenspeed_kernel.ops._dispatch import check_capturable, is_capturing, record
 from tokenspeed_kernel.ops.attention._validate import kv_scales
 from tokenspeed_kernel.ops.attention.api import EXTEND, ExtendCall
 from tokenspeed_kernel.ops.attention.args import ExtendArgs, Heads
@@ -95,10 +98,13 @@ class ExtendPlan:
     return_lse: bool
     device: torch.device
     # The functional call's plan (outputs' shapes, the kernel's window and cap, fp8), the
-    # per-layer layout every quick run must have, out's, and what serves a run (spec.fn).
+    # per-layer layout every quick run must have, and out's.
     _call: ExtendCall = field(repr=False)
     _layout: Hashable = field(repr=False)
     _out: tuple = field(repr=False)
+    # What serves the quick runs: [the kernel's bound runner], empty until the first run
+    # outside capture binds it (``spec.fn`` serves until then, and for a kernel without one).
+    _runner: list[Callable[[ExtendArgs], None]] = field(default_factory=list, repr=False)
 
     def run(
         self,
@@ -141,28 +147,39 @@ class ExtendPlan:
         lse = torch.empty(*call.lse_shape, dtype=torch.float32, device=self.device) if self.return_lse else None
         if self.total_q:  # no queries (an empty batch): nothing to compute, nothing launched
             ks, vs = kv_scales(call.fp8, k_scale, v_scale, q)
-            self.spec.fn(
-                ExtendArgs(
-                    q,
-                    k_cache,
-                    v_cache,
-                    self.page_table,
-                    self.cu_seqlens_q,
-                    self.cache_seqlens,
-                    min(self.max_seqlen_q, self.total_q),
-                    self.max_seqlen_k,
-                    self.causal,
-                    self.softmax_scale,
-                    call.window,
-                    sinks,
-                    call.logit_cap,
-                    ks,
-                    vs,
-                    out,
-                    lse,
-                )
+            args = ExtendArgs(
+                q,
+                k_cache,
+                v_cache,
+                self.page_table,
+                self.cu_seqlens_q,
+                self.cache_seqlens,
+                min(self.max_seqlen_q, self.total_q),
+                self.max_seqlen_k,
+                self.causal,
+                self.softmax_scale,
+                call.window,
+                sinks,
+                call.logit_cap,
+                ks,
+                vs,
+                out,
+                lse,
             )
+            (self._runner[0] if self._runner else self._bind(args))(args)
         return (out, lse) if self.return_lse else out
+
+    def _bind(self, args: ExtendArgs) -> Callable[[ExtendArgs], None]:
+        """What serves ``args`` (the first quick run's): the kernel's ``bind`` hook's runner,
+        kept for the later runs, or ``spec.fn`` (no hook; or while capturing, where hooks are
+        never called: a later run binds)."""
+        if self.spec.bind is None:
+            self._runner.append(self.spec.fn)
+        elif not is_capturing():
+            self._runner.append(self.spec.bind(args))
+        else:
+            return self.spec.fn
+        return self._runner[0]
 
     def _call_args(
         self, q: object, k_cache: object, v_cache: object, sinks: object, k_scale: object, v_scale: object, out: object
