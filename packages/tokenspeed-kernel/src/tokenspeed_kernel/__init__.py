@@ -5,7 +5,7 @@ Engines call the public operators below and never name hardware (expert parallel
 process group). Behind each call the
 selector picks the best registered kernel for the platform and the request (see
 :mod:`tokenspeed_kernel.selector`); ``explain`` shows why. Plans (``mha_decode_plan``,
-``mha_extend_plan``, ``moe_plan``) select once and let the kernel prepare (batch layout,
+``mha_prefill_plan``, ``mha_extend_plan``, ``moe_plan``) select once and let the kernel prepare (batch layout,
 weights) outside the hot path. ``attention_request``/``store_request`` build a call's request from plain
 shapes, so ``select``/``explain`` answer "which kernel would serve this call" before it is
 made; ``last_kernel()`` names the kernel that served the last call.
@@ -22,12 +22,14 @@ from tokenspeed_kernel.ops.attention import (
     DecodePlan,
     ExtendPlan,
     Heads,
+    PrefillPlan,
     attention_request,
     mha_decode_plan,
     mha_decode_with_kvcache,
     mha_extend_plan,
     mha_extend_with_kvcache,
     mha_prefill,
+    mha_prefill_plan,
 )
 from tokenspeed_kernel.ops.kvcache import store_kvcache, store_request
 from tokenspeed_kernel.ops.moe import (
@@ -62,6 +64,7 @@ __all__ = [
     "MoEPlan",
     "NoKernelFoundError",
     "Platform",
+    "PrefillPlan",
     "Priority",
     "Request",
     "attention_request",
@@ -75,6 +78,7 @@ __all__ = [
     "mha_extend_plan",
     "mha_extend_with_kvcache",
     "mha_prefill",
+    "mha_prefill_plan",
     "moe_apply",
     "moe_apply_request",
     "moe_combine",

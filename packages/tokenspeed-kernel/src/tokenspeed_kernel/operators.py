@@ -16,8 +16,8 @@ Vocabulary:
     layout_hook   the operator has a layout plan step (``mha_decode_plan``), so its kernels
                   may register a ``prepare_layout`` hook.
     binds         the operator's plan calls a kernel's ``bind`` hook (``DecodePlan`` once per
-                  layout, ``ExtendPlan`` once, ``MoEPlan`` once per token count), so its
-                  kernels may register one.
+                  layout, ``PrefillPlan`` / ``ExtendPlan`` once, ``MoEPlan`` once per token
+                  count), so its kernels may register one.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ OPERATORS: dict[str, OperatorSchema] = {
             # unaligned_qkv: q, k or v is not 16-byte aligned (address or row strides); kernels
             # that load them with TMA or 16-byte vectors leave it out and decline such calls
             features=(*_ATTENTION_FEATURES, "non_causal", "unaligned_qkv"),
-            summary="ragged-batch attention over contiguous q/k/v (mha_prefill)",
+            summary="ragged-batch attention over contiguous q/k/v (mha_prefill, mha_prefill_plan)",
+            binds=True,
         ),
         OperatorSchema(
             "attention.extend",

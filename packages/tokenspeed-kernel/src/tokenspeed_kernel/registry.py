@@ -203,10 +203,10 @@ class KernelSpec:
     then serves the plan's later calls in place of ``fn``, with the launch work that depends
     only on the plan (grid, launch configuration, workspaces, the compiled kernel) done once.
     ``DecodePlan`` binds once per layout, with the arguments ``prepare_layout`` gets;
-    ``ExtendPlan`` binds once, on its first run outside CUDA-graph capture, with that run's
-    arguments (later runs differ only in q, the caches, sinks, scales, out and lse: their
-    addresses, never their layout); ``MoEPlan`` binds once per token count, on the first eager ``apply`` with that count
-    outside CUDA-graph capture, and a MoE ``bind`` may return None to leave that count to
+    ``PrefillPlan`` and ``ExtendPlan`` bind once, on their first run outside CUDA-graph
+    capture, with that run's arguments (later runs differ only in the per-layer tensors and
+    out and lse: their addresses, never their layout); ``MoEPlan`` binds once per token count,
+    on the first eager ``apply`` with that count outside CUDA-graph capture, and a MoE ``bind`` may return None to leave that count to
     ``fn`` (see :mod:`tokenspeed_kernel.ops.moe.plan`). ``graph_safe`` says
     whether a call can be captured in a CUDA graph: False for kernels that read device
     values on the host or plan per call. ``rank_shapes``/``rank_priority``: for a request

@@ -167,45 +167,44 @@ def test_calls_through_the_cache_match_the_float64_attention(name):
     assert cache.binds == binds + 1
 
 
-@pytest.mark.parametrize("name", ["extend", "extend_fp8"])
-def test_an_extend_plan_binds_once_and_runs_each_layer_as_the_call(name):
-    """``mha_extend_plan`` with ``triton_extend``: its first run binds through the kernel's
-    ``bind`` hook (the runner of the plan's key, shared with the functional calls), the later
-    layers (other caches, q, sinks) run that runner without computing the key, each bitwise
-    as the functional call and within float64's bounds."""
-    from tokenspeed_kernel import mha_extend_plan, mha_extend_with_kvcache
+# The step plans and the per-layer arguments of their runs.
+_STEP_PLANS = {
+    "attention.extend": ("mha_extend_plan", ("q", "k_cache", "v_cache", "sinks", "k_scale", "v_scale")),
+    "attention.prefill": ("mha_prefill_plan", ("q", "k", "v", "sinks")),
+}
+
+
+@pytest.mark.parametrize("name", ["extend", "extend_fp8", "prefill", "prefill_prefix"])
+def test_a_step_plan_binds_once_and_runs_each_layer_as_the_call(name):
+    """``mha_extend_plan`` / ``mha_prefill_plan`` with the Triton kernel: the first run binds
+    through the kernel's ``bind`` hook (the runner of the plan's key, shared with the functional
+    calls), the later layers (other q, keys or caches, sinks) run that runner without computing
+    the key, each bitwise as the functional call and within float64's bounds."""
+    import tokenspeed_kernel
     from tokenspeed_kernel_triton._runners import clear_runners
 
     case = CASES[name]
+    make_plan, per_layer = _STEP_PLANS[case.op]
+    kernel, module = KERNEL[case.op], MODULES[case.op]
     clear_runners()
     first = cases.make_inputs(case, DEVICE, seed=0)
-    per_layer = ("q", "k_cache", "v_cache", "sinks")
     layers = [first] + [
         {**first, **{k: v for k, v in cases.make_inputs(case, DEVICE, seed=s).items() if k in per_layer}}
         for s in (1, 2)
     ]
-    plan = mha_extend_plan(**first, override="triton_extend")
-    binds = extend._RUNNERS.binds
-    keys: list = []
-    real_key = extend._RUNNERS._key
-    extend._RUNNERS._key = lambda rows: keys.append(rows) or real_key(rows)
+    plan = getattr(tokenspeed_kernel, make_plan)(**first, override=kernel)
+    binds, keys, real_key = module._RUNNERS.binds, [], module._RUNNERS._key
+    module._RUNNERS._key = lambda rows: keys.append(rows) or real_key(rows)
     try:
         got = [
-            plan.run(
-                inputs["q"],
-                inputs["k_cache"],
-                inputs["v_cache"],
-                sinks=inputs.get("sinks"),
-                k_scale=inputs.get("k_scale"),
-                v_scale=inputs.get("v_scale"),
-            )
+            plan.run(*(inputs[k] for k in per_layer[:3]), **{k: inputs.get(k) for k in per_layer[3:]})
             for inputs in layers
         ]
     finally:
-        extend._RUNNERS._key = real_key
-    assert len(keys) == 1 and extend._RUNNERS.binds == binds + 1, "one key, at the bind; none per run"
+        module._RUNNERS._key = real_key
+    assert len(keys) == 1 and module._RUNNERS.binds == binds + 1, "one key, at the bind; none per run"
     for inputs, result in zip(layers, got):
-        want = mha_extend_with_kvcache(**inputs, override="triton_extend")
+        want = cases.call(case, inputs, override=kernel)
         pairs = zip(result, want) if case.return_lse else [(result, want)]
         for a, b in pairs:
             assert torch.equal(a, b)

@@ -133,6 +133,17 @@ def _prefill(device: torch.device, override: str | None = None, window_left: int
 _prefill_full = functools.partial(_prefill, window_left=-1)
 
 
+def _prefill_plan(device: torch.device) -> Callable[[], object]:
+    """``_prefill``'s call (window 128) as one layer of a step planned once (``mha_prefill_plan``)."""
+    from tokenspeed_kernel import mha_prefill_plan
+
+    q, k, v = (_randn(64, h, HEAD_DIM, device=device) for h in (HEADS, KV_HEADS, KV_HEADS))
+    cu = torch.tensor([0, 64], dtype=torch.int32, device=device)
+    sinks = torch.randn(HEADS, device=device, dtype=torch.float32)
+    plan = mha_prefill_plan(q, k, v, cu, cu, 64, 64, window_left=127, sinks=sinks)
+    return lambda: plan.run(q, k, v, sinks=sinks)
+
+
 def _extend(device: torch.device, override: str | None = None) -> Callable[[], object]:
     from tokenspeed_kernel import mha_extend_with_kvcache
 
@@ -270,13 +281,15 @@ FUNCTIONAL_CALLS: dict[str, Callable[..., Callable[[], object]]] = {
 def cases() -> tuple[OverheadCase, ...]:
     """The timed calls: every public operator and each plan's per-step call, at GPT-OSS-120B's
     attention heads (64 query / 8 KV heads of dim 64, bf16, sinks): prefill 64 tokens with
-    window 128 (the window layers) and without (``full``: the full-attention layers); extend
+    window 128 (the window layers; also as a planned step's layer) and without (``full``: the
+    full-attention layers); extend
     16 onto 256 cached (also as a planned step's layer); decode B=1 over 256 keys; store 1 token; top-4 of
     128 over 4 tokens; MoE 4 tokens, 32 experts of 512 x 512, top-4 (bf16 weights; the plan
     also with MXFP4 weights, biases and swiglu_oai)."""
     return (
         OverheadCase("mha_prefill", "attention.prefill", _prefill),
         OverheadCase("mha_prefill full", "attention.prefill", _prefill_full),
+        OverheadCase("PrefillPlan.run", "attention.prefill", _prefill_plan),
         OverheadCase("mha_extend_with_kvcache", "attention.extend", _extend),
         OverheadCase("ExtendPlan.run", "attention.extend", _extend_plan),
         OverheadCase("mha_decode_with_kvcache", "attention.decode", _decode),

@@ -10,6 +10,9 @@ device run shows it correct and faster than Triton.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import torch
 
 VENDORS = ("cuda",)
@@ -26,6 +29,21 @@ FLASHINFER_CAPABILITIES = ("bf16", "cp_async")
 # they are refused until a GPU of theirs passes test_flashinfer_gpu.py.
 FLASHINFER_ARCHS = ("sm_90",)
 FLASHINFER_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
+
+
+A = TypeVar("A")
+
+
+def planned_runner(check: Callable[[A], None], run: Callable[[A], None]) -> Callable[[A], None]:
+    """A ``bind`` hook's runner for a step plan (the core's ``PrefillPlan``/``ExtendPlan``):
+    ``run`` (the runner of the plan's key) after ``check`` of what differs between the plan's
+    runs, their tensors' addresses (TMA alignment)."""
+
+    def planned(args: A) -> None:
+        check(args)
+        run(args)
+
+    return planned
 
 
 def head_tile_descriptor(x: torch.Tensor, block_rows: int, layout):

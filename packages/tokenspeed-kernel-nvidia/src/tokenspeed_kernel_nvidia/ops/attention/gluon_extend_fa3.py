@@ -42,6 +42,7 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     VENDORS,
     attention_call_key,
     head_tile_descriptor,
+    planned_runner,
     written_and_sinks,
 )
 from tokenspeed_kernel_nvidia.ops.attention._tile_list import lists_tiles, walk
@@ -361,10 +362,4 @@ def _planned(args: ExtendArgs) -> Callable[[ExtendArgs], None]:
     """The ``bind`` hook (the core's ``ExtendPlan``): the runner of the plan's key (its runs
     skip the key and the checks the layout fixes; the addresses are checked per run)."""
     _check_call(args)
-    run = _RUNNERS.runner(args)
-
-    def planned(run_args: ExtendArgs) -> None:
-        _check_addresses(run_args)
-        run(run_args)
-
-    return planned
+    return planned_runner(_check_addresses, _RUNNERS.runner(args))

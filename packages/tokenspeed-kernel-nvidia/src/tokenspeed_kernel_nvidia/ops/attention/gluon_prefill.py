@@ -13,6 +13,7 @@ at S = 8192 with sinks, 1.02x ``triton_prefill``, 1.50x flex_attention).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tokenspeed_kernel.kit import cdiv, equal_head_dims, next_pow2
@@ -164,6 +165,7 @@ def _check_call(args: PrefillArgs) -> None:
     # triton_prefill on the H100 (docs/history.md, "Prefill: does the selector pick the fastest?").
     rank_when=({"window_left": (127,), "head_dim": (64,)}, Priority.PERFORMANT),
     predicate=_supported,
+    bind=lambda args: _planned(args),
 )
 def gluon_prefill_window(args: PrefillArgs) -> None:
     """Gluon Hopper sliding-window causal prefill: TMA K/V ring, wgmma, band-only tiles.
@@ -250,3 +252,10 @@ _CALL_INPUTS = by_fields("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "sinks",
 _RUNNERS = RunnerCache(
     "gluon_prefill_window_sm90", _runner_key, lambda args: bind_runner(_launches, args, *_CALL_INPUTS), launch
 )
+
+
+def _planned(args: PrefillArgs) -> Callable[[PrefillArgs], None]:
+    """The ``bind`` hook (the core's ``PrefillPlan``): the runner of the plan's key (nothing of
+    the call's checks depends on an address)."""
+    _check_call(args)
+    return _RUNNERS.runner(args)

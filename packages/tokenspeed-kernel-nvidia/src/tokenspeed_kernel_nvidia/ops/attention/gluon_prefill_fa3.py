@@ -45,6 +45,7 @@ cleaning: 4.6-7.0 % (H200, two-warpgroup build, ``fa3_sweep.py --clean-ab``).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +59,7 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     attention_call_key,
     fa3_head_constexprs,
     head_tile_descriptor,
+    planned_runner,
     written_and_sinks,
 )
 from tokenspeed_kernel_nvidia.ops.attention._tile_list import lists_tiles, walk
@@ -398,9 +400,25 @@ def _check_call(args: PrefillArgs, cfg: Fa3Config) -> None:
     if not args.softmax_scale > 0:
         # the kernel takes the row max of the raw scores (one FFMA per score after it)
         raise ValueError(f"{name} needs softmax_scale > 0 (got {args.softmax_scale})")
+    _check_addresses(args, name)
+
+
+def _check_addresses(args: PrefillArgs, name: str) -> None:
+    """What differs between calls of one key (the tensors' addresses), checked per run."""
     for operand in ("q", "k", "v"):  # TMA operands (out is written with plain stores)
         if getattr(args, operand).data_ptr() % _ALIGN:
             raise ValueError(f"{name} needs {operand} {_ALIGN}-byte aligned (TMA)")
+
+
+def _planned(args: PrefillArgs, windowed: bool) -> Callable[[PrefillArgs], None]:
+    """The ``bind`` hook of a build (the core's ``PrefillPlan``): the runner of the plan's key,
+    the addresses checked per run."""
+    cfg = _config(args.q.shape[2], windowed)
+    _check_call(args, cfg)
+    cache, name = (
+        (_WINDOW_RUNNERS, "gluon_prefill_fa3_window_sm90") if windowed else (_RUNNERS, "gluon_prefill_fa3_sm90")
+    )
+    return planned_runner(functools.partial(_check_addresses, name=name), cache.runner(args))
 
 
 # What both builds' registrations share (metadata as data).
@@ -431,6 +449,7 @@ _META = {
     priority=Priority.OPT_IN,
     rank_when=({"max_seqlen_q_bucket": tuple(RANKED_FROM_QUERIES << i for i in range(8))}, Priority.PERFORMANT),
     predicate=_supported,
+    bind=functools.partial(_planned, windowed=False),
 )
 def gluon_prefill_fa3(args: PrefillArgs) -> None:
     """Gluon Hopper dense causal prefill (FlashAttention-3 design): warp-specialized TMA
@@ -457,6 +476,7 @@ def gluon_prefill_fa3(args: PrefillArgs) -> None:
     # stays first there by its rank_when.
     priority=Priority.OPT_IN,
     predicate=_windowed,
+    bind=functools.partial(_planned, windowed=True),
 )
 def gluon_prefill_fa3_window(args: PrefillArgs) -> None:
     """The same kernel built with a sliding window (:func:`fa3_window_config`): each work

@@ -19,11 +19,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from tokenspeed_kernel.kit import cdiv, fill_splits, next_pow2, sm_count, vendor_of
-from tokenspeed_kernel.ops.attention.rows import QueryRows
+from tokenspeed_kernel.ops.attention.rows import QueryRows, query_rows
 from tokenspeed_kernel_triton._launcher import Launch
 from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, run_fresh
 from tokenspeed_kernel_triton.ops.attention._kernel import attention_kernel, combine_kernel
@@ -371,6 +372,12 @@ def _rows_key(rows: QueryRows, splits: int) -> tuple:
         rows.logit_cap,
         splits,
     )
+
+
+def planned(run: Callable[[QueryRows], None]) -> Callable[[Any], None]:
+    """A ``bind`` hook's runner for a step plan (the core's ``PrefillPlan``/``ExtendPlan``):
+    ``run``, the runner of the plan's key (``RunnerCache.runner``), on each run's query rows."""
+    return lambda args: run(query_rows(args))
 
 
 def runner_cache(name: str, regime: str, splits_of: Callable[[QueryRows], int]) -> RunnerCache[QueryRows]:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from tokenspeed_kernel.ops.attention.args import ExtendArgs
-from tokenspeed_kernel.ops.attention.rows import QueryRows, query_rows
+from tokenspeed_kernel.ops.attention.rows import query_rows
 from tokenspeed_kernel.registry import Priority, register_kernel
 from tokenspeed_kernel_triton.ops.attention._common import (
     COMMON_FEATURES,
@@ -17,7 +15,7 @@ from tokenspeed_kernel_triton.ops.attention._common import (
     VENDORS,
     head_dim_v_and_group_fit,
 )
-from tokenspeed_kernel_triton.ops.attention._launch import runner_cache
+from tokenspeed_kernel_triton.ops.attention._launch import planned, runner_cache
 
 # Functional calls' runners by key (shapes, strides, options, the query rows' bound).
 _RUNNERS = runner_cache("triton_extend", "prefill", lambda rows: 1)
@@ -34,14 +32,8 @@ _RUNNERS = runner_cache("triton_extend", "prefill", lambda rows: 1)
     features=(*COMMON_FEATURES, "non_causal", "fp8_kv", "strided_kv"),
     priority=Priority.PORTABLE,
     predicate=head_dim_v_and_group_fit,
-    bind=lambda args: _planned(_RUNNERS.runner(query_rows(args))),
+    bind=lambda args: planned(_RUNNERS.runner(query_rows(args))),
 )
 def triton_extend(args: ExtendArgs) -> None:
     """Chunked prefill: the prefill tiles, keys gathered through the page table."""
     _RUNNERS(query_rows(args))
-
-
-def _planned(run: Callable[[QueryRows], None]) -> Callable[[ExtendArgs], None]:
-    """The ``bind`` hook's runner (the core's ``ExtendPlan``): ``run``, the runner of the
-    plan's key, on each run's query rows."""
-    return lambda args: run(query_rows(args))

@@ -13,7 +13,7 @@ from tokenspeed_kernel_triton.ops.attention._common import (
     VENDORS,
     head_dim_v_and_group_fit,
 )
-from tokenspeed_kernel_triton.ops.attention._launch import runner_cache
+from tokenspeed_kernel_triton.ops.attention._launch import planned, runner_cache
 
 # Functional calls' runners by key (shapes, strides, options, the query rows' bound).
 _RUNNERS = runner_cache("triton_prefill", "prefill", lambda rows: 1)
@@ -31,6 +31,7 @@ _RUNNERS = runner_cache("triton_prefill", "prefill", lambda rows: 1)
     features=(*COMMON_FEATURES, "non_causal", "unaligned_qkv"),
     priority=Priority.PORTABLE,
     predicate=head_dim_v_and_group_fit,
+    bind=lambda args: planned(_RUNNERS.runner(query_rows(args))),
 )
 def triton_prefill(args: PrefillArgs) -> None:
     """Ragged prefill: one program per (128 query rows of a GQA group, KV head); in-window tiles only."""

@@ -1,14 +1,22 @@
-"""The extend plan step (``mha_extend_plan``): one step's tables checked and the kernel selected
-once, every layer run against float64 and bitwise against the functional call; runs of another
-layout checked in full (the functional call's errors) or refused; the quick path touches
-neither the call key nor the selector."""
+"""The step plans (``mha_extend_plan``, ``mha_prefill_plan``): one step's call checked and the
+kernel selected once, every layer run against float64 and bitwise against the functional call;
+runs of another layout checked in full (the functional call's errors) or refused; the quick
+path touches neither the call key nor the selector."""
 
 import math
 
 import pytest
 import torch
 
-from tokenspeed_kernel import ExtendPlan, last_kernel, mha_extend_plan, mha_extend_with_kvcache
+from tokenspeed_kernel import (
+    ExtendPlan,
+    PrefillPlan,
+    last_kernel,
+    mha_extend_plan,
+    mha_extend_with_kvcache,
+    mha_prefill,
+    mha_prefill_plan,
+)
 from tokenspeed_kernel.ops import _operator
 from tokenspeed_kernel.ops.attention import api
 from tokenspeed_kernel.tools.cases import attention as cases
@@ -147,3 +155,53 @@ def test_override_names_the_plans_kernel(temp_kernels):
     _run(plan, inputs)
     assert plan.kernel == "fake_extend" and last_kernel() == "fake_extend" and len(fn.calls) == 1
     assert fn.calls[0].page_table is inputs["page_table"] and fn.calls[0].max_seqlen_q == 9
+
+
+# --- mha_prefill_plan ----------------------------------------------------------------------
+
+# 3 ragged sequences whose keys outnumber their queries (a prefix), 6 q / 3 KV heads, window 4, sinks
+PREFILL = cases.AttentionCase(
+    "attention.prefill", (7, 1, 12), (9, 30, 12), 6, 3, 16, dtype=torch.float32, window_left=4, sinks=True
+)
+PREFILL_LAYER = ("q", "k", "v", "sinks")
+
+
+def _prefill_layers(n: int) -> list[dict]:
+    first = cases.make_inputs(PREFILL, seed=0)
+    return [first] + [
+        {**first, **{k: v for k, v in cases.make_inputs(PREFILL, seed=s).items() if k in PREFILL_LAYER}}
+        for s in range(1, n)
+    ]
+
+
+def test_a_prefill_plan_runs_every_layer_as_the_call_and_matches_float64():
+    layers = _prefill_layers(3)
+    plan = mha_prefill_plan(**layers[0])
+    assert isinstance(plan, PrefillPlan) and plan.kernel == "torch_prefill"
+    assert (plan.total_q, plan.total_k, plan.window_left) == (20, 51, 4)
+    for inputs in layers:
+        out = torch.full((20, 6, 16), math.nan)
+        got = plan.run(inputs["q"], inputs["k"], inputs["v"], sinks=inputs["sinks"], out=out)
+        assert got is out and last_kernel() == "torch_prefill"
+        want, _ = cases.reference(PREFILL, inputs)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got, mha_prefill(**inputs))
+
+
+def test_a_prefill_plan_checks_or_refuses_another_layout():
+    inputs = _prefill_layers(1)[0]
+    plan = mha_prefill_plan(**{**inputs, "return_lse": True})
+    q, k, v, sinks = (inputs[name] for name in PREFILL_LAYER)
+    out, lse = plan.run(q, k, v, sinks=sinks)
+    want_out, want_lse = mha_prefill(**{**inputs, "return_lse": True})
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    with pytest.raises(ValueError, match="v must be contiguous"):
+        plan.run(q, k, v[:, :2], sinks=sinks)
+    # a row past the lengths' keys: checked in full, the same selection: served as the call
+    k2, v2 = torch.cat([k, k[:1]]), torch.cat([v, v[:1]])
+    got, _ = plan.run(q, k2, v2, sinks=sinks)
+    assert torch.equal(got, mha_prefill(**{**inputs, "k": k2, "v": v2}))
+    with pytest.raises(ValueError, match="make a plan"):  # no sinks
+        plan.run(q, k, v)
+    with pytest.raises(TypeError, match="q must have dtype"):
+        mha_prefill_plan(**{**inputs, "q": q.double()})

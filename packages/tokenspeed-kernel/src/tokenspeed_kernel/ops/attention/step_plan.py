@@ -1,0 +1,414 @@
+"""``mha_prefill_plan`` / ``mha_extend_plan``: one step's call checked and its kernel selected
+once, run per layer.
+
+A serving engine's prefill or mixed step calls ``mha_prefill`` or ``mha_extend_with_kvcache``
+once per attention layer with the same batch tables (``cu_seqlens_*``, a page table,
+``cache_seqlens`` and their host bounds) and the same options; only q, the layer's keys and
+values (or caches), its sinks (and fp8 scales) and out change from layer to layer. Each
+functional call pays its call key (every tensor's shape, strides, dtype, device), the
+plan-cache lookup and the selection again. A step plan pays them once per step:
+
+- :func:`mha_prefill_plan` / :func:`mha_extend_plan` take the arguments of the step's first
+  call, check them in full exactly as the functional call would (the same errors), and select
+  the kernel once (``override=`` respected); nothing is computed;
+- :meth:`PrefillPlan.run` / :meth:`ExtendPlan.run` are the call of every layer, the first one's
+  included: the layer's tensors must have the layout of the plan's (shape, strides, storage
+  offset, dtype, device: what the checks and the selection read of them; ``out``: shape,
+  strides, dtype, device); the run then builds the kernel's arguments and launches: no call
+  key, no lookup, no selection. A kernel with a ``bind`` hook is bound on the plan's first run
+  outside CUDA-graph capture (its runner, which has the launch work of the plan's layout done,
+  serves the later runs: the kernel's own key is skipped too). A run whose tensors differ in
+  layout is checked in full like a functional call (raising what is wrong, naming the
+  argument) and served by the plan's kernel when it asks for the same selection, else refused
+  with a ``ValueError``. Under ``torch.compile``, ``TOKENSPEED_KERNEL_DEBUG`` or a capture file
+  a run is the functional call.
+
+The tables are kept by the plan and read by every run: an engine may rewrite their contents in
+place between runs, within the plan's bounds and row counts. No kernel of these operators
+plans on the host per batch layout, so a step plan has no ``update``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, cast
+
+import torch
+
+from tokenspeed_kernel import config
+from tokenspeed_kernel.ops._checks import Uncacheable, arg_key
+from tokenspeed_kernel.ops._dispatch import check_capturable, is_capturing, record
+from tokenspeed_kernel.ops._operator import Operator
+from tokenspeed_kernel.ops.attention._validate import kv_scales
+from tokenspeed_kernel.ops.attention.api import EXTEND, PREFILL, ExtendCall, PrefillCall
+from tokenspeed_kernel.ops.attention.args import ExtendArgs, Heads, PrefillArgs
+from tokenspeed_kernel.platform import platform_for
+from tokenspeed_kernel.registry import KernelSpec, Request
+from tokenspeed_kernel.selector import select
+
+__all__ = ["ExtendPlan", "PrefillPlan", "mha_extend_plan", "mha_prefill_plan"]
+
+
+def _layout(layer: tuple) -> Hashable | None:
+    """What the checks and the selection read of a run's per-layer arguments (their
+    :func:`~tokenspeed_kernel.ops._checks.arg_key`), or None for an argument no key stands for."""
+    try:
+        return tuple(map(arg_key, layer))
+    except Uncacheable:
+        return None
+
+
+def _out_layout(out: torch.Tensor) -> tuple:
+    """What the checks read of ``out`` (its shape, dtype, device and strides; its address
+    reaches no check nor the selection)."""
+    return (out.shape, out.dtype, out.device, out.stride())
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape``."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class _StepPlan:
+    """What both step plans hold and how they run (see the module docstring).
+
+    Attributes:
+        kernel: the selected kernel's name. spec: its :class:`~tokenspeed_kernel.registry.KernelSpec`.
+        request: the selection request.
+        max_seqlen_q, max_seqlen_k: the step's host bounds. total_q: query rows of every run.
+        heads: head counts and dims.
+        causal, window_left, logit_cap, return_lse: as in the call. softmax_scale: resolved.
+        device: the device of every tensor.
+    """
+
+    # The operator and its call's plan class, the positions of the per-layer arguments in its
+    # public call (out's is OUT); a run builds the kernel's typed arguments in :meth:`_args`.
+    OP: ClassVar[Operator]
+    CALL: ClassVar[type[PrefillCall] | type[ExtendCall]]
+    LAYER: ClassVar[tuple[int, ...]]
+    OUT: ClassVar[int]
+    # The positions of the plain fields' values in the public call.
+    SCALARS: ClassVar[tuple[tuple[str, int], ...]]
+
+    kernel: str
+    spec: KernelSpec
+    request: Request
+    max_seqlen_q: int
+    max_seqlen_k: int
+    total_q: int
+    heads: Heads
+    causal: bool
+    softmax_scale: float
+    window_left: int
+    logit_cap: float
+    return_lse: bool
+    device: torch.device
+    # The functional call's plan (outputs' shapes, the kernel's window and cap), the first
+    # call's arguments with the per-layer ones and out left out (None) and the plan's kernel
+    # as the override, the per-layer layout every quick run must have, and out's.
+    _call: PrefillCall | ExtendCall = field(repr=False)
+    _base: tuple = field(repr=False)
+    _layout: Hashable = field(repr=False)
+    _out: tuple = field(repr=False)
+    # What serves the quick runs: [the kernel's bound runner], empty until the first run
+    # outside capture binds it (``spec.fn`` serves until then, and for a kernel without one).
+    _runner: list[Callable[[Any], None]] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def _make(cls, call: tuple, **fields: Any) -> Any:
+        """The plan of a step whose first call is ``call`` (the public call's arguments, in
+        order), checked in full; ``fields``: the subclass's own (its tables)."""
+        checked = cls.CALL.check(False, *call)
+        request = checked.request
+        assert request is not None  # checked outside tracing
+        spec = select(request, platform_for(checked.device), call[-1])
+        base = list(call)
+        for position in (*cls.LAYER, cls.OUT):
+            base[position] = None
+        base[-1] = spec.name
+        q = call[0]
+        return cls(
+            kernel=spec.name,
+            spec=spec,
+            request=request,
+            total_q=checked.total_q,
+            heads=checked.heads,
+            softmax_scale=checked.scale,
+            logit_cap=checked.logit_cap,
+            device=checked.device,
+            **{name: call[position] for name, position in cls.SCALARS},
+            _call=checked,
+            _base=tuple(base),
+            _layout=_layout(tuple(call[p] for p in cls.LAYER)),
+            _out=(torch.Size(checked.out_shape), q.dtype, q.device, _contiguous_strides(checked.out_shape)),
+            **fields,
+        )
+
+    def _run(self, layer: tuple, out: torch.Tensor | None) -> Any:
+        """One layer's run (``layer``: its per-layer arguments in ``LAYER``'s order)."""
+        if (
+            _layout(layer) != self._layout
+            or (out is not None and (type(out) is not torch.Tensor or _out_layout(out) != self._out))
+            or torch.compiler.is_compiling()
+            or config.debug()
+            or config.capture_path() is not None
+        ):
+            return self._checked_run(layer, out)
+        call = self._call
+        check_capturable(self.spec)
+        record(self.spec, self.request)
+        if out is None:
+            out = layer[0].new_empty(*call.out_shape)
+        lse = torch.empty(*call.lse_shape, dtype=torch.float32, device=self.device) if self.return_lse else None
+        if self.total_q:  # no queries (an empty batch): nothing to compute, nothing launched
+            args = self._args(layer, out, lse)
+            (self._runner[0] if self._runner else self._bind(args))(args)
+        return (out, lse) if self.return_lse else out
+
+    def _args(self, layer: tuple, out: torch.Tensor, lse: torch.Tensor | None) -> Any:
+        raise NotImplementedError
+
+    def _bind(self, args: Any) -> Callable[[Any], None]:
+        """What serves ``args`` (the first quick run's): the kernel's ``bind`` hook's runner,
+        kept for the later runs, or ``spec.fn`` (no hook; or while capturing, where hooks are
+        never called: a later run binds)."""
+        if self.spec.bind is None:
+            self._runner.append(self.spec.fn)
+        elif not is_capturing():
+            self._runner.append(self.spec.bind(args))
+        else:
+            return self.spec.fn
+        return self._runner[0]
+
+    def _checked_run(self, layer: tuple, out: object) -> Any:
+        """A run the quick path does not take (another layout, ``torch.compile``, debug or
+        capture-file mode): the functional call with the plan's kernel, checked in full; a
+        layout that asks for another selection than the plan's is refused."""
+        call = list(self._base)
+        for position, value in zip(self.LAYER, layer):
+            call[position] = value
+        call[self.OUT] = out
+        if not torch.compiler.is_compiling():
+            checked = self.CALL.check(False, *call)  # raises what is wrong, naming the argument
+            if checked.request != self.request or checked.total_q != self.total_q:
+                raise ValueError(
+                    f"{type(self).__name__} ({self.kernel}): this run's tensors differ from the plan's in what "
+                    f"selects the kernel (plan: {self.request}, total_q {self.total_q}; run: {checked.request}, "
+                    f"total_q {checked.total_q}); make a plan for them"
+                )
+        return self.OP.call(*call)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class PrefillPlan(_StepPlan):
+    """A prefill kernel chosen once for one step's ragged batch and options.
+
+    Attributes (besides those of every step plan: ``kernel``, ``spec``, ``request``,
+    ``max_seqlen_q``, ``max_seqlen_k``, ``total_q``, ``heads``, ``causal``,
+    ``softmax_scale``, ``window_left``, ``logit_cap``, ``return_lse``, ``device``):
+        cu_seqlens_q, cu_seqlens_k: int32 ``[batch + 1]`` (one tensor for both when keys are
+            queries), read by every run. total_k: key rows of every run.
+    """
+
+    OP = PREFILL
+    CALL = PrefillCall
+    LAYER = (0, 1, 2, 10)  # q, k, v, sinks
+    OUT = 13
+    SCALARS = (("max_seqlen_q", 5), ("max_seqlen_k", 6), ("causal", 7), ("window_left", 9), ("return_lse", 12))
+
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    total_k: int
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        sinks: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> Any:
+        """``mha_prefill`` of one layer with the plan's lengths, options and kernel.
+
+        Args:
+            q: ``[total_q, Hq, D]``; k: ``[total_k, Hkv, D]``; v: ``[total_k, Hkv, Dv]``: each
+                laid out as the plan's first call's (shape, strides, storage offset, dtype, device).
+            sinks: float32 ``[Hq]`` when the plan was made with sinks, else None.
+            out: optional ``[total_q, Hq, Dv]`` in q's dtype, contiguous.
+
+        Returns:
+            ``out``, or ``(out, lse)`` with lse float32 ``[total_q, Hq]`` when the plan was
+            made with ``return_lse``.
+        """
+        return self._run((q, k, v, sinks), out)
+
+    def _args(self, layer: tuple, out: torch.Tensor, lse: torch.Tensor | None) -> PrefillArgs:
+        q, k, v, sinks = layer
+        call = cast(PrefillCall, self._call)
+        return PrefillArgs(
+            q,
+            k,
+            v,
+            self.cu_seqlens_q,
+            self.cu_seqlens_k,
+            min(self.max_seqlen_q, self.total_q),
+            min(self.max_seqlen_k, self.total_k),
+            self.causal,
+            self.softmax_scale,
+            call.window,
+            sinks,
+            call.logit_cap,
+            out,
+            lse,
+        )
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class ExtendPlan(_StepPlan):
+    """An extend kernel chosen once for one step's batch tables and options.
+
+    Attributes (besides those of every step plan, as :class:`PrefillPlan` lists):
+        page_table: int32 ``[batch, max_pages_per_seq]``; cu_seqlens_q: int32 ``[batch + 1]``;
+            cache_seqlens: int32 ``[batch]`` (tokens in the cache INCLUDING the chunk): the
+            step's tables, read by every run. page_size: ``P``.
+    """
+
+    OP = EXTEND
+    CALL = ExtendCall
+    LAYER = (0, 1, 2, 11, 13, 14)  # q, k_cache, v_cache, sinks, k_scale, v_scale
+    OUT = 16
+    SCALARS = (("max_seqlen_q", 6), ("max_seqlen_k", 7), ("causal", 8), ("window_left", 10), ("return_lse", 15))
+
+    page_table: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    cache_seqlens: torch.Tensor
+    page_size: int
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        *,
+        sinks: torch.Tensor | None = None,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> Any:
+        """``mha_extend_with_kvcache`` of one layer with the plan's tables, options and kernel.
+
+        Args:
+            q: ``[total_q, Hq, D]``, contiguous, the dtype and device of the plan's first call.
+            k_cache, v_cache: ``[num_pages, P, Hkv, D]`` / ``[..., Dv]``, any page/token/head
+                strides (stride 1 in the head dim), laid out as the plan's first call's.
+            sinks: float32 ``[Hq]`` when the plan was made with sinks, else None.
+            k_scale, v_scale: an fp8 cache's scales (as in the call), else None.
+            out: optional ``[total_q, Hq, Dv]`` in q's dtype, contiguous.
+
+        Returns:
+            ``out`` (``[total_q, Hq, Dv]``, q's dtype), or ``(out, lse)`` with lse float32
+            ``[total_q, Hq]`` when the plan was made with ``return_lse``.
+        """
+        return self._run((q, k_cache, v_cache, sinks, k_scale, v_scale), out)
+
+    def _args(self, layer: tuple, out: torch.Tensor, lse: torch.Tensor | None) -> ExtendArgs:
+        q, k_cache, v_cache, sinks, k_scale, v_scale = layer
+        call = cast(ExtendCall, self._call)
+        ks, vs = kv_scales(call.fp8, k_scale, v_scale, q)
+        return ExtendArgs(
+            q,
+            k_cache,
+            v_cache,
+            self.page_table,
+            self.cu_seqlens_q,
+            self.cache_seqlens,
+            min(self.max_seqlen_q, self.total_q),
+            self.max_seqlen_k,
+            self.causal,
+            self.softmax_scale,
+            call.window,
+            sinks,
+            call.logit_cap,
+            ks,
+            vs,
+            out,
+            lse,
+        )
+
+
+def mha_prefill_plan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    window_left: int = -1,
+    sinks: torch.Tensor | None = None,
+    logit_cap: float = 0.0,
+    return_lse: bool = False,
+    out: torch.Tensor | None = None,
+    override: str | None = None,
+) -> PrefillPlan:
+    """Check one step's first prefill call in full, select its kernel once, and plan the rest.
+
+    Takes exactly the arguments of :func:`~tokenspeed_kernel.mha_prefill` (see there for every
+    tensor's shape, dtype and layout) and raises what that call would raise. Nothing is
+    computed: run the first layer too with ``plan.run(q, k, v, ...)``.
+
+    Returns:
+        A :class:`PrefillPlan`: the lengths, their host bounds and the options are fixed; q, k,
+        v, sinks and out are each run's, laid out as the ones given here.
+    """
+    call = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left,
+            sinks, logit_cap, return_lse, out, override)  # fmt: skip
+    return PrefillPlan._make(call, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, total_k=k.shape[0])
+
+
+def mha_extend_plan(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    window_left: int = -1,
+    sinks: torch.Tensor | None = None,
+    logit_cap: float = 0.0,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+    return_lse: bool = False,
+    out: torch.Tensor | None = None,
+    override: str | None = None,
+) -> ExtendPlan:
+    """Check one step's first extend call in full, select its kernel once, and plan the rest.
+
+    Takes exactly the arguments of :func:`~tokenspeed_kernel.mha_extend_with_kvcache` (see
+    there for every tensor's shape, dtype and layout) and raises what that call would raise.
+    Nothing is computed: run the first layer too with ``plan.run(q, k_cache, v_cache, ...)``.
+
+    Returns:
+        An :class:`ExtendPlan`: the tables, their host bounds and the options are fixed; q,
+        the caches, sinks, scales and out are each run's, laid out as the ones given here.
+    """
+    call = (q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, max_seqlen_q, max_seqlen_k, causal,
+            softmax_scale, window_left, sinks, logit_cap, k_scale, v_scale, return_lse, out, override)  # fmt: skip
+    return ExtendPlan._make(
+        call, page_table=page_table, cu_seqlens_q=cu_seqlens_q, cache_seqlens=cache_seqlens, page_size=k_cache.shape[1]
+    )
