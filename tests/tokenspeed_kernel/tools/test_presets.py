@@ -1,6 +1,8 @@
 """Shape presets: the GPT-OSS-120B workload is what the brief says, small is small, awkward
 is the case modules' list, and the window convention is 128 visible keys."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -75,9 +77,9 @@ def test_names_unique_and_counted_work():
     for preset in PRESETS:
         for op in cases.OPS:
             found = preset_cases(preset, op)
-            only = {"prefill-lengths": "attention.prefill", "extend-lengths": "attention.extend"}.get(preset, op)
+            only = {"prefill": "attention.prefill", "extend": "attention.extend"}.get(preset.split("-")[0], op)
             assert bool(found) == (op == only), (preset, op)
-            if preset in ("gpt-oss-120b", "prefill-lengths", "extend-lengths"):
+            if preset not in ("small", "awkward"):
                 assert len({c.name for c in found}) == len(found), (preset, op)
             assert all(c.op == op and c.bytes_moved() > 0 for c in found)
 
@@ -101,6 +103,13 @@ def test_extend_lengths_sweeps_the_length_bucket_on_a_paged_prefix():
         assert (c.num_q_heads, c.num_kv_heads, c.head_dim, c.window_left, c.page_size) == (64, 8, 64, -1, 16)
         assert all(k > q for q, k in zip(c.seqlens_q, c.seqlens_k)) and c.sinks and c.dtype == torch.bfloat16
     assert any(len(set(c.seqlens_q)) > 1 for c in sweep)  # a ragged batch
+
+
+def test_the_d128_sweeps_are_the_sweeps_at_head_dim_128():
+    for op, name in (("attention.prefill", "prefill-lengths"), ("attention.extend", "extend-lengths")):
+        d64, d128 = preset_cases(name, op), preset_cases(f"{name}-d128", op)
+        assert [dataclasses.replace(c, head_dim=64) for c in d128] == d64
+        assert {c.head_dim for c in d128} == {128}
 
 
 def test_small_is_one_cheap_case_and_awkward_is_the_case_modules_list():

@@ -15,6 +15,8 @@
                   full-attention layers, 16 to 2048 new tokens on a 6144-token paged prefix,
                   a batch of four and a ragged batch. The sweep for ranking extend kernels
                   by length (``max_seqlen_q_bucket``).
+``prefill-lengths-d128``, ``extend-lengths-d128``  the two sweeps at head dim 128 (the
+                  kernels rank per head dim: a D = 64 measurement does not rank D = 128).
 ``small``         one tiny case per operator (CPU-cheap; the first awkward case in bf16).
 ``awkward``       the awkward-shape cases of the case modules (ragged lengths, partial
                   pages, GQA ratios, windows, sinks, ...) in bf16 and fp16.
@@ -27,6 +29,7 @@ the 127 keys before it (128 keys in all), which in our API is ``window_left = 12
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -154,13 +157,13 @@ _LENGTH_SWEEP: tuple[tuple[str, tuple[int, ...], tuple[tuple[str, Any], ...]], .
 )
 
 
-def _prefill_lengths(op: str) -> list[Case]:
+def _prefill_lengths(op: str, head_dim: int = _D) -> list[Case]:
     """The length sweep (``prefill-lengths``): prefill only, no cases for the other operators."""
     if op != "attention.prefill":
         return []
     return [
         AttentionCase(
-            op, lengths, lengths, num_kv_heads=_HKV, head_dim=_D, name=name, **{**_SWEEP_FIELDS, **dict(options)}
+            op, lengths, lengths, num_kv_heads=_HKV, head_dim=head_dim, name=name, **{**_SWEEP_FIELDS, **dict(options)}
         )
         for name, lengths, options in _LENGTH_SWEEP
     ]
@@ -174,12 +177,12 @@ _EXTEND_SWEEP: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...] = (
 )
 
 
-def _extend_lengths(op: str) -> list[Case]:
+def _extend_lengths(op: str, head_dim: int = _D) -> list[Case]:
     """The extend length sweep (``extend-lengths``): extend only."""
     if op != "attention.extend":
         return []
     return [
-        AttentionCase(op, q, k, num_kv_heads=_HKV, head_dim=_D, page_size=_PAGE, name=name, **_SWEEP_FIELDS)
+        AttentionCase(op, q, k, num_kv_heads=_HKV, head_dim=head_dim, page_size=_PAGE, name=name, **_SWEEP_FIELDS)
         for name, q, k in _EXTEND_SWEEP
     ]
 
@@ -196,6 +199,8 @@ PRESETS: dict[str, Callable[[str], list[Case]]] = {
     "gpt-oss-120b": _gpt_oss,
     "prefill-lengths": _prefill_lengths,
     "extend-lengths": _extend_lengths,
+    "prefill-lengths-d128": functools.partial(_prefill_lengths, head_dim=128),
+    "extend-lengths-d128": functools.partial(_extend_lengths, head_dim=128),
     "small": _small,
     "awkward": _awkward,
 }
