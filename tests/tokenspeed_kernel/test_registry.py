@@ -163,8 +163,30 @@ def test_a_priority_that_is_not_an_integer_is_a_type_error(priority):
 def test_the_edges_of_the_bands_are_accepted(temp_kernels):
     temp_kernels("attention.decode", name="t_edge_low", priority=0, rank_when=({"batch_bucket": (1,)}, 499))
     temp_kernels("attention.decode", name="t_edge_high", priority=Priority.highest())
-    assert registry.get_kernel("t_edge_low").rank_priority == 499
+    assert registry.get_kernel("t_edge_low").rank_rules[0][1] == 499
     assert registry.get_kernel("t_edge_high").band is Priority.PLUGIN
+
+
+def test_several_rank_rules_are_tried_in_order(temp_kernels):
+    """``rank_when`` as a tuple of rules: the first that holds gives the rank; none: the
+    priority; ``rank_miss`` lists every rule's misses, ``describe_rank`` joins them with ``or``."""
+    rules = (({"head_dim": (128,), "batch_bucket": (1, 2)}, 480), ({"batch_bucket": (1,)}, 320))
+    temp_kernels("attention.decode", name="t_rules", priority=100, rank_when=rules)
+    spec = registry.get_kernel("t_rules")
+
+    def request(head_dim, batch_bucket):
+        return Request.make(
+            "attention.decode", {"q": torch.bfloat16}, {"head_dim": head_dim, "batch_bucket": batch_bucket}
+        )
+
+    assert [spec.priority_for(request(d, b)) for d, b in ((128, 2), (128, 1), (64, 1), (64, 2))] == [480, 480, 320, 100]
+    assert spec.rank_miss(request(128, 1)) == "" and spec.rank_miss(request(64, 1)) == ""
+    assert spec.rank_miss(request(64, 2)) == (
+        "not ranked plugin(480): head_dim 64 not in {128}; not ranked specialized(320): batch_bucket 2 not in {1}"
+    )
+    assert spec.describe_rank() == (
+        "plugin(480) when batch_bucket in {1,2} and head_dim in {128} or specialized(320) when batch_bucket in {1}"
+    )
 
 
 def test_every_installed_backend_loads_inside_the_bands():

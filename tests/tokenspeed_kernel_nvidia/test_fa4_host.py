@@ -53,9 +53,10 @@ def test_registration_is_honest():
     assert (spec.op, spec.backend, spec.solution) == ("attention.prefill", "nvidia", "cutedsl")
     assert spec.archs == frozenset({"sm_90"}) and spec.vendors == frozenset({"cuda"})
     assert spec.priority == Priority.OPT_IN  # first only where the H100 measured it faster:
-    assert spec.rank_priority == Priority.PERFORMANT + 10  # above gluon_prefill_fa3_sm90
-    assert spec.rank_priority > registry.get_kernel("gluon_prefill_fa3_sm90").priority
-    assert dict(spec.rank_shapes) == {"window_left": frozenset({None}), "head_dim": frozenset({64, 128})}
+    ((shapes, rank),) = spec.rank_rules
+    assert rank == Priority.PERFORMANT + 10  # above gluon_prefill_fa3_sm90
+    assert rank > registry.get_kernel("gluon_prefill_fa3_sm90").priority
+    assert dict(shapes) == {"window_left": frozenset({None}), "head_dim": frozenset({64, 128})}
     assert spec.features == frozenset({"non_causal", "sinks", "sliding_window", "return_lse"})
     assert dict(spec.dtypes) == {
         "q": frozenset({torch.bfloat16, torch.float16}),

@@ -265,11 +265,13 @@ def test_window_build_registered_opt_in_and_ranked_below_the_measured_window_ker
     spec = registry.get_kernel(name)
     assert spec.op == "attention.prefill" and spec.archs == frozenset({"sm_90"})
     # measured on an H200 (2026-11-28): 1.6x slower than gluon_prefill_window_sm90 at window 127
-    assert spec.priority == Priority.OPT_IN and spec.rank_priority is None
+    assert spec.priority == Priority.OPT_IN and spec.rank_rules == ()
     assert spec.features == frozenset({"sinks", "sliding_window", "return_lse"})
     # the causal-only registration: no window, ranked performant from its measured length
     dense = registry.get_kernel("gluon_prefill_fa3_sm90")
-    assert "sliding_window" not in dense.features and dense.rank_priority == Priority.PERFORMANT
+    assert "sliding_window" not in dense.features and {priority for _, priority in dense.rank_rules} == {
+        Priority.PERFORMANT
+    }
 
     def verdict(request, arch="sm_90"):
         selection = selector.explain(request, platform=platform_from_arch(arch))

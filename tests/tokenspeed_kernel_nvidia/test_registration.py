@@ -174,7 +174,8 @@ def test_gluon_prefill_window_serves_sm90_windows_and_ranks_first_at_gpt_oss_win
 
 
 def test_gluon_prefill_fa3_ranks_first_from_the_measured_length():
-    """Faster than triton_prefill from 2048 queries up (H200, prefill-lengths), slower below."""
+    """Faster than triton_prefill from 2048 queries up at D = 64 (H200, prefill-lengths), slower
+    below; at D = 128 faster from 512 (prefill-lengths-d128; shorter ones unmeasured)."""
     spec = registry.get_kernel("gluon_prefill_fa3_sm90")
 
     def winner(bucket, head_dim=64):
@@ -188,6 +189,9 @@ def test_gluon_prefill_fa3_ranks_first_from_the_measured_length():
         assert winner(bucket) == "triton_prefill", bucket
     for bucket in (2048, 4096, 8192, 16384, 1 << 18):
         assert winner(bucket) == winner(bucket, head_dim=128) == "gluon_prefill_fa3_sm90", bucket
+    assert winner(256, head_dim=128) == "triton_prefill"
+    for bucket in (512, 1024):
+        assert winner(bucket, head_dim=128) == "gluon_prefill_fa3_sm90", bucket
 
 
 def test_misaligned_q_k_v_fall_back_to_the_portable_prefill():
@@ -302,3 +306,15 @@ def test_public_plan_step_reaches_the_flashinfer_plan_with_the_runs_key(monkeypa
     assert flashinfer_decode._key(hook_args) == flashinfer_decode._key(run_args)
     token = _flashinfer.layout_token(hook_args.page_table, hook_args.cache_seqlens)
     assert _flashinfer._same_layout(token, _flashinfer.layout_token(run_args.page_table, run_args.cache_seqlens))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gluon_extend_fa3_ranks_first_unwindowed_at_the_measured_head_dims(head_dim):
+    """Faster than triton_extend at every extend-lengths case at D = 64 and (extend-lengths-d128)
+    at D = 128; slower with GPT-OSS's window, which keeps triton_extend first."""
+    from tokenspeed_kernel.tools.cases import attention as cases
+
+    for window, winner in ((-1, "gluon_extend_fa3_sm90"), (127, "triton_extend")):
+        case = cases.AttentionCase("attention.extend", (512,), (6656,), 64, 8, head_dim, sinks=True, window_left=window)
+        _, selection = _verdict(cases.request(case), "sm_90")
+        assert selection.winner.name == winner, (head_dim, window)

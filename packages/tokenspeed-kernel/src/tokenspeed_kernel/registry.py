@@ -34,7 +34,9 @@ reports while it is on), nothing more on a GPU.
 priority for the requests whose shapes all fall in the given sets (a kernel measured fastest
 at small batches only, still reachable by override everywhere else); it never rejects. A
 ``None`` in a set accepts a request without that key: ``{"window_left": (None,)}`` means
-unwindowed calls only.
+unwindowed calls only. Several rules, a tuple of such pairs, are tried in order and the first
+that holds gives the rank (a kernel measured faster from 2048 queries at head dim 64 but from
+512 at head dim 128).
 
 The decorated function is returned unchanged. It receives the operator's typed argument
 object (see ``tokenspeed_kernel.ops.<family>``) and writes its outputs into it.
@@ -180,6 +182,8 @@ class Request:
 
 Predicate = Callable[[Request], "str | None"]
 Availability = Callable[[], "str | None"]
+# One ranking rule: ``(shapes, priority)`` (the module docstring's ``rank_when``).
+RankWhen = tuple[Mapping[str, Iterable["int | None"]], int]
 
 
 @dataclass(frozen=True)
@@ -209,7 +213,8 @@ class KernelSpec:
     on the first eager ``apply`` with that count outside CUDA-graph capture, and a MoE ``bind`` may return None to leave that count to
     ``fn`` (see :mod:`tokenspeed_kernel.ops.moe.plan`). ``graph_safe`` says
     whether a call can be captured in a CUDA graph: False for kernels that read device
-    values on the host or plan per call. ``rank_shapes``/``rank_priority``: for a request
+    values on the host or plan per call. ``rank_rules``: ``(rank_shapes, rank_priority)``
+    pairs, tried in order: for a request
     whose shapes are all in these sets (``None`` in a set: the key may be absent), the
     kernel ranks at ``rank_priority`` instead of ``priority`` (:meth:`priority_for`);
     ranking only, never a rejection.
@@ -234,8 +239,7 @@ class KernelSpec:
     bind: Callable[[Any], Callable[[Any], None]] | None = None
     graph_safe: bool = True
     description: str = ""
-    rank_shapes: tuple[tuple[str, frozenset[int | None]], ...] = ()
-    rank_priority: int | None = None
+    rank_rules: tuple[tuple[tuple[tuple[str, frozenset[int | None]], ...], int], ...] = ()
     vendor_capabilities: tuple[tuple[str, frozenset[str]], ...] = ()
 
     def capabilities_on(self, vendor: str) -> frozenset[str]:
@@ -251,11 +255,12 @@ class KernelSpec:
         return Priority.band(self.priority)
 
     def priority_for(self, request: Request) -> int:
-        """The priority this kernel ranks at for ``request``: ``rank_priority`` when every
-        ``rank_shapes`` key has an accepted value in the request (``None``: absent), else
+        """The priority this kernel ranks at for ``request``: the first ``rank_rules`` priority
+        whose every shape key has an accepted value in the request (``None``: absent), else
         ``priority``."""
-        if self.rank_priority is not None and all(request.shape(k) in values for k, values in self.rank_shapes):
-            return self.rank_priority
+        for shapes, priority in self.rank_rules:
+            if all(request.shape(k) in values for k, values in shapes):
+                return priority
         return self.priority
 
     def rank_key(self, request: Request | None = None) -> tuple[int, str]:
@@ -284,26 +289,30 @@ class KernelSpec:
         )
 
     def rank_miss(self, request: Request) -> str:
-        """Why the ``rank_when`` rule does not hold for ``request`` ("" when it holds or there
-        is none): each key whose value in the request is not in the rule's set."""
-        if self.rank_priority is None:
-            return ""
-        misses = [
-            f"{k} {_shown(request.shape(k))} not in {_shown_set(v)}"
-            for k, v in self.rank_shapes
-            if request.shape(k) not in v
-        ]
-        if not misses:
-            return ""
-        band = f"{Priority.band(self.rank_priority).name.lower()}({self.rank_priority})"
-        return f"not ranked {band}: " + "; ".join(misses)
+        """Why no ``rank_when`` rule holds for ``request`` ("" when one holds or there is
+        none): per rule, each key whose value in the request is not in the rule's set."""
+        misses = []
+        for shapes, priority in self.rank_rules:
+            missed = [
+                f"{k} {_shown(request.shape(k))} not in {_shown_set(v)}" for k, v in shapes if request.shape(k) not in v
+            ]
+            if not missed:
+                return ""
+            misses.append(f"not ranked {_band(priority)}: " + "; ".join(missed))
+        return "; ".join(misses)
 
     def describe_rank(self) -> str:
-        """``band(priority) when key in {...}``, or "" without a ``rank_when``."""
-        if self.rank_priority is None:
-            return ""
-        when = " and ".join(f"{k} in {_shown_set(v)}" for k, v in self.rank_shapes)
-        return f"{Priority.band(self.rank_priority).name.lower()}({self.rank_priority}) when {when}"
+        """``band(priority) when key in {...}`` per rule (``or`` between them), or "" without
+        a ``rank_when``."""
+        return " or ".join(
+            f"{_band(priority)} when " + " and ".join(f"{k} in {_shown_set(v)}" for k, v in shapes)
+            for shapes, priority in self.rank_rules
+        )
+
+
+def _band(priority: int) -> str:
+    """``performant(300)``: a priority with its band's name."""
+    return f"{Priority.band(priority).name.lower()}({priority})"
 
 
 @dataclass
@@ -432,7 +441,7 @@ def register_kernel(
     prepare_layout: Callable[[Any], None] | None = None,
     bind: Callable[[Any], Callable[[Any], None]] | None = None,
     graph_safe: bool = True,
-    rank_when: tuple[Mapping[str, Iterable[int | None]], int] | None = None,
+    rank_when: RankWhen | tuple[RankWhen, ...] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as a kernel for ``op`` (see the module docstring).
 
@@ -446,7 +455,7 @@ def register_kernel(
 
     ``rank_when=(shapes, priority)``: rank at ``priority`` for requests whose ``shapes``
     keys all have accepted values, ``None`` accepting an absent key
-    (``KernelSpec.priority_for``).
+    (``KernelSpec.priority_for``); a tuple of such pairs: the first that holds.
 
     ``priority`` and the ``rank_when`` priority must each lie in a band's range
     (:meth:`Priority.ranges`: ``[band, next band)``, ``plugin`` 400..499).
@@ -475,14 +484,13 @@ def register_kernel(
     if not isinstance(graph_safe, bool):
         raise TypeError(f"kernel {name!r}: graph_safe must be a bool, got {type(graph_safe).__name__}")
     checked_priority = _checked_priority(priority, name, "priority")
-    rank_shapes: tuple[tuple[str, frozenset[Any]], ...] = ()
-    rank_priority = None
-    if rank_when is not None:
-        when, rank_priority = rank_when
+    rules = () if rank_when is None else (rank_when,) if isinstance(rank_when[0], Mapping) else rank_when
+    rank_rules = []
+    for when, rank_priority in rules:
         rank_shapes = _frozen_shapes(when, schema.shape_keys, name, absent=True)
         if not rank_shapes:
             raise ValueError(f"kernel {name!r}: rank_when needs at least one shape key, got {when!r}")
-        rank_priority = _checked_priority(rank_priority, name, "rank_when priority")
+        rank_rules.append((rank_shapes, _checked_priority(rank_priority, name, "rank_when priority")))
     for hook_name, hook, allowed, step in (
         ("prepare_layout", prepare_layout, "layout_hook", "no layout plan step"),
         ("bind", bind, "binds", "no plan that binds a run"),
@@ -514,8 +522,7 @@ def register_kernel(
             bind=bind,
             graph_safe=graph_safe,
             description=((fn.__doc__ or "").strip().splitlines() or [""])[0],
-            rank_shapes=rank_shapes,
-            rank_priority=rank_priority,
+            rank_rules=tuple(rank_rules),
             vendor_capabilities=frozen_vendor_caps,
         )
         with _lock:

@@ -56,8 +56,8 @@ def test_registration_ranks_above_the_dot_scaled_kernel():
     # PERFORMANT itself: below gluon_moe_mma_sm90 (PERFORMANT + 10, T <= 8) except in the 8-token
     # bucket, where the H100 measured it faster; above the Triton MXFP4 kernels.
     assert spec.priority == Priority.PERFORMANT and spec.priority > mx.priority
-    rank = dict(spec.rank_shapes)
-    assert rank == {"num_tokens_bucket": frozenset({8})} and spec.rank_priority > Priority.PERFORMANT + 10
+    ((shapes, rank),) = spec.rank_rules
+    assert dict(shapes) == {"num_tokens_bucket": frozenset({8})} and rank > Priority.PERFORMANT + 10
     assert spec.prepare is fused_mx_swap.prepare_moe_mx_swap and spec.available is None
     assert spec.bind is fused_mx_swap.bind_fused_moe_mx_swap and mx.bind is fused_mx.bind_fused_moe_mx
     assert spec.vendors == {"cuda"} and spec.archs == {"sm_90"} and spec.features == mx.features

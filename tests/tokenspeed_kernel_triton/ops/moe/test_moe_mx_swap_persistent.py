@@ -57,8 +57,9 @@ def test_registration_is_opt_in_with_the_swapped_kernels_metadata():
     spec, swap = get_kernel(NAME), get_kernel(SWAP)
     assert spec.priority == Priority.OPT_IN
     buckets = {persistent.RANKED_FROM_TOKENS << i for i in range(6)}
-    assert dict(spec.rank_shapes) == {"num_tokens_bucket": frozenset(buckets)} and min(buckets) == 4096
-    assert spec.rank_priority > swap.priority and 4096 not in dict(swap.rank_shapes).get("num_tokens_bucket", ())
+    ((shapes, rank),) = spec.rank_rules
+    assert dict(shapes) == {"num_tokens_bucket": frozenset(buckets)} and min(buckets) == 4096
+    assert rank > swap.priority and all(4096 not in dict(s).get("num_tokens_bucket", ()) for s, _ in swap.rank_rules)
     assert spec.prepare is swap.prepare is fused_mx_swap.prepare_moe_mx_swap
     assert spec.bind is persistent.bind_fused_moe_mx_swap_persistent
     assert (spec.vendors, spec.archs, spec.features, spec.dtypes) == (

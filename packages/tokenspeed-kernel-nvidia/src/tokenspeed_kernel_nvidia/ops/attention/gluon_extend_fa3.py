@@ -242,10 +242,11 @@ def _cache_descriptor(cache: torch.Tensor, box: int, layout):
     # triton_extend (H200, 2026-11-28, `bench attention.extend --preset extend-lengths`: 2.7x at
     # 16 new tokens on a 6144-token prefix, 1.6x at 1024-2048, 1.5x at 4 x 512; on a ragged
     # 1024/300/37/2 batch 0.97x, 1.48x since the tile list); slower with GPT-OSS's 128-token
-    # window (59.8 vs 41.4 us at 2048 on 6144), so windowed calls keep triton_extend. Opt-in
-    # elsewhere (D = 128 unmeasured).
+    # window (59.8 vs 41.4 us at 2048 on 6144), so windowed calls keep triton_extend. At D = 128
+    # (`--preset extend-lengths-d128`, H200, 2026-11-28) 2.2-3.4x triton_extend at every length,
+    # 2.1x on the ragged batch: first there too.
     priority=Priority.OPT_IN,
-    rank_when=({"window_left": (None,), "head_dim": (64,)}, Priority.PERFORMANT),
+    rank_when=({"window_left": (None,), "head_dim": (64, 128)}, Priority.PERFORMANT),
     predicate=_supported,
     bind=lambda args: _planned(args),
 )

@@ -426,9 +426,18 @@ def _planned(args: PrefillArgs, windowed: bool) -> Callable[[PrefillArgs], None]
 # three-consumer build): faster than triton_prefill at every case from 2048 queries (1.13x at
 # B = 1 x 2048, 1.11x at 8 x 2048, 1.25x at 4096, 1.27x at 8192, 1.24x at 16384, 1.17x at 4 x
 # 4096, 1.15x on a ragged 8192/2000/300/37 batch); slower at 512 (0.73x) and at 8 x 1024 (0.91x,
-# 1.05x at 1 x 1024). D = 128 was timed at 4096 and 8192 only (2.2-2.3x triton_prefill, a gap
-# far wider than D = 64's), so its 2048 bucket follows D = 64's.
+# 1.05x at 1 x 1024). D = 128 (`--preset prefill-lengths-d128`, H200, 2026-11-28): faster at
+# every length timed, 1.93x at 512, 2.22x at 1024, 2.31x at 8 x 1024, 2.3-2.4x from 2048: first
+# from the 512 bucket there (shorter prefills are unmeasured at D = 128).
 RANKED_FROM_QUERIES = 2048
+RANKED_FROM_QUERIES_D128 = 512
+_RANKS = (  # the first rule that holds ranks the kernel (registry: rank_when)
+    (
+        {"head_dim": (128,), "max_seqlen_q_bucket": tuple(RANKED_FROM_QUERIES_D128 << i for i in range(10))},
+        Priority.PERFORMANT,
+    ),
+    ({"max_seqlen_q_bucket": tuple(RANKED_FROM_QUERIES << i for i in range(8))}, Priority.PERFORMANT),
+)
 _META = {
     "solution": "gluon",
     "vendors": VENDORS,
@@ -444,10 +453,11 @@ _META = {
     name="gluon_prefill_fa3_sm90",
     **_META,
     features=FEATURES,
-    # First from RANKED_FROM_QUERIES queries up (the request's max_seqlen_q_bucket), where it was
-    # measured faster than triton_prefill (PORTABLE); below that triton_prefill stays first.
+    # First from RANKED_FROM_QUERIES queries up (the request's max_seqlen_q_bucket; at D = 128
+    # from RANKED_FROM_QUERIES_D128), where it was measured faster than triton_prefill
+    # (PORTABLE); below that triton_prefill stays first.
     priority=Priority.OPT_IN,
-    rank_when=({"max_seqlen_q_bucket": tuple(RANKED_FROM_QUERIES << i for i in range(8))}, Priority.PERFORMANT),
+    rank_when=_RANKS,
     predicate=_supported,
     bind=functools.partial(_planned, windowed=False),
 )
