@@ -307,14 +307,3 @@ def test_public_plan_step_reaches_the_flashinfer_plan_with_the_runs_key(monkeypa
     token = _flashinfer.layout_token(hook_args.page_table, hook_args.cache_seqlens)
     assert _flashinfer._same_layout(token, _flashinfer.layout_token(run_args.page_table, run_args.cache_seqlens))
 
-
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_gluon_extend_fa3_ranks_first_unwindowed_at_the_measured_head_dims(head_dim):
-    """Faster than triton_extend at every extend-lengths case at D = 64 and (extend-lengths-d128)
-    at D = 128; slower with GPT-OSS's window, which keeps triton_extend first."""
-    from tokenspeed_kernel.tools.cases import attention as cases
-
-    for window, winner in ((-1, "gluon_extend_fa3_sm90"), (127, "triton_extend")):
-        case = cases.AttentionCase("attention.extend", (512,), (6656,), 64, 8, head_dim, sinks=True, window_left=window)
-        _, selection = _verdict(cases.request(case), "sm_90")
-        assert selection.winner.name == winner, (head_dim, window)
