@@ -306,4 +306,3 @@ def test_public_plan_step_reaches_the_flashinfer_plan_with_the_runs_key(monkeypa
     assert flashinfer_decode._key(hook_args) == flashinfer_decode._key(run_args)
     token = _flashinfer.layout_token(hook_args.page_table, hook_args.cache_seqlens)
     assert _flashinfer._same_layout(token, _flashinfer.layout_token(run_args.page_table, run_args.cache_seqlens))
-
