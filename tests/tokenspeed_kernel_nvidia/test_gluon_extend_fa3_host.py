@@ -373,3 +373,18 @@ def test_a_ragged_batch_lists_its_tiles_before_the_kernel_and_one_sequence_does_
     for lens in ([300], [100, 37, 2], [300, 300]):  # one sequence; one query block; uniform
         launches, scratch = built(lens)
         assert len(launches) == 1 and scratch == () and not launches[0].kwargs["TILE_LIST"]
+
+
+def test_a_variant_build_is_another_runner_key(monkeypatch):
+    """The runner key holds the build (:func:`extend_plan`'s key): a call after the GPU tests
+    patch ``extend_plan`` to a variant binds a runner of its own instead of reusing the default
+    build's (before, the variant tests could run the default build)."""
+    monkeypatch.setattr(ext, "sm_count", lambda device: 132)  # an H100's (the CPU has none)
+    args = _args()
+    default = ext._runner_key(args)
+    plan = ext.extend_plan
+    for variant in ({"pv_overlap": True}, {"exp2_poly": 1}, {"rescale_threshold": 8.0}):
+        monkeypatch.setattr(ext, "extend_plan", lambda d, p, v=variant: plan(d, p, **v))
+        assert ext._runner_key(args) != default, variant
+    monkeypatch.setattr(ext, "extend_plan", plan)
+    assert ext._runner_key(args) == default

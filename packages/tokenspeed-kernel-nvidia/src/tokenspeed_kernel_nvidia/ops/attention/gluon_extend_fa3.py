@@ -174,6 +174,12 @@ class ExtendPlan:
             raise ValueError("ExtendPlan: the paged extend always cleans V on dirty tiles (stale cache slots)")
 
     @functools.cached_property
+    def key(self) -> tuple:
+        """What tells this build from another in a runner key: the configuration's tag (its
+        every field, the variants included), the box rows and the page size."""
+        return (self.cfg.tag, self.box, self.page_size)
+
+    @functools.cached_property
     def layouts(self):
         """(Q_SMEM, KV_SMEM, S_MMA, O_MMA, BOX_SMEM, CLEAN): the dense kernel's layouts, the
         NVMMA layout of a ``[1, 1, box, D]`` TMA box (the same 128-byte swizzle), and the
@@ -334,7 +340,10 @@ def _launches(args: ExtendArgs, plan: ExtendPlan | None = None) -> Built:
 
 def _runner_key(args: ExtendArgs) -> tuple:
     """:func:`~tokenspeed_kernel_nvidia.ops.attention._common.attention_call_key` of q and the
-    caches, the page table's shape and row stride (launch scalars) and the persistent grid
+    caches, the page table's shape and row stride (launch scalars), the build the runner binds
+    (:func:`extend_plan`'s key: a variant is another build; before 2026-11-28 (third session)
+    the key left it out, so a test that patched :func:`extend_plan` after a default call of the
+    same shapes ran the default runner) and the persistent grid
     (program and query-block counts, which follow ``max_seqlen_q``; not ``max_seqlen_k``,
     which the launch does not read) and whether the launch lists its tiles."""
     q, table = args.q, args.page_table
@@ -344,6 +353,7 @@ def _runner_key(args: ExtendArgs) -> tuple:
         attention_call_key(args, args.k_cache, args.v_cache),
         table.shape,
         table.stride(0),
+        extend_plan(q.shape[2], args.k_cache.shape[1]).key,
         programs,
         n_m,
         lists_tiles(q.shape[0], args.max_seqlen_q, batch, n_m, BLOCK_M),
