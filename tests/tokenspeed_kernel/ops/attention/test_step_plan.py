@@ -29,16 +29,20 @@ CASE = cases.AttentionCase(
     sinks=True,
 )  # fmt: skip
 PER_LAYER = ("q", "k_cache", "v_cache", "sinks")
+# 3 ragged sequences whose keys outnumber their queries (a prefix), 6 q / 3 KV heads, window 4, sinks
+PREFILL = cases.AttentionCase(
+    "attention.prefill", (7, 1, 12), (9, 30, 12), 6, 3, 16, dtype=torch.float32, window_left=4, sinks=True
+)
+PREFILL_LAYER = ("q", "k", "v", "sinks")
 
 
-def _layers(n: int) -> list[dict]:
-    """``n`` layers of one step: the same tables (layer 0's), each layer its own q, caches and sinks."""
-    first = cases.make_inputs(CASE, seed=0)
-    layers = [first]
-    for seed in range(1, n):
-        other = cases.make_inputs(CASE, seed=seed)
-        layers.append({**first, **{name: other[name] for name in PER_LAYER}})
-    return layers
+def _layers(n: int, case=CASE, per_layer=PER_LAYER) -> list[dict]:
+    """``n`` layers of one step: the same tables (layer 0's), each layer its own ``per_layer``
+    tensors (q, keys or caches, sinks)."""
+    first = cases.make_inputs(case, seed=0)
+    return [first] + [
+        {**first, **{k: v for k, v in cases.make_inputs(case, seed=s).items() if k in per_layer}} for s in range(1, n)
+    ]
 
 
 def _plan(inputs: dict, **kw) -> ExtendPlan:
@@ -49,18 +53,29 @@ def _run(plan: ExtendPlan, inputs: dict, **kw):
     return plan.run(*(inputs[name] for name in PER_LAYER[:3]), sinks=inputs["sinks"], **kw)
 
 
-def test_every_layer_runs_as_the_functional_call_and_matches_float64():
-    layers = _layers(3)
-    plan = _plan(layers[0])
-    assert plan.kernel == "torch_extend" and plan.total_q == 17 and plan.page_size == 4
+# (case, its per-layer tensors, the plan step, the functional call, the reference kernel)
+STEPS = {
+    "extend": (CASE, PER_LAYER, mha_extend_plan, mha_extend_with_kvcache, "torch_extend"),
+    "prefill": (PREFILL, PREFILL_LAYER, mha_prefill_plan, mha_prefill, "torch_prefill"),
+}
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_every_layer_runs_as_the_functional_call_and_matches_float64(step):
+    case, per_layer, make_plan, call, kernel = STEPS[step]
+    layers = _layers(3, case, per_layer)
+    plan = make_plan(**layers[0])
+    assert isinstance(plan, ExtendPlan if step == "extend" else PrefillPlan) and plan.kernel == kernel
+    assert plan.total_q == sum(case.seqlens_q) and plan.window_left == case.window_left
     assert plan.softmax_scale == pytest.approx(1 / math.sqrt(16))
     for inputs in layers:
-        out = torch.full((17, 6, 16), math.nan)  # poisoned: every row must be written
-        got = _run(plan, inputs, out=out)
-        assert got is out and last_kernel() == "torch_extend"
-        want, _ = cases.reference(CASE, inputs)
+        out = torch.full((plan.total_q, 6, 16), math.nan)  # poisoned: every row must be written
+        got = plan.run(*(inputs[k] for k in per_layer[:3]), sinks=inputs["sinks"], out=out)
+        assert got is out and last_kernel() == kernel
+        want, _ = cases.reference(case, inputs)
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
-        assert torch.equal(got, mha_extend_with_kvcache(**inputs))
+        assert torch.equal(got, call(**inputs))
+    assert getattr(plan, "page_size", 4) == 4 and getattr(plan, "total_k", 51) == 51
 
 
 def test_return_lse_gives_the_functional_calls_pair():
@@ -157,39 +172,11 @@ def test_override_names_the_plans_kernel(temp_kernels):
     assert fn.calls[0].page_table is inputs["page_table"] and fn.calls[0].max_seqlen_q == 9
 
 
-# --- mha_prefill_plan ----------------------------------------------------------------------
-
-# 3 ragged sequences whose keys outnumber their queries (a prefix), 6 q / 3 KV heads, window 4, sinks
-PREFILL = cases.AttentionCase(
-    "attention.prefill", (7, 1, 12), (9, 30, 12), 6, 3, 16, dtype=torch.float32, window_left=4, sinks=True
-)
-PREFILL_LAYER = ("q", "k", "v", "sinks")
-
-
-def _prefill_layers(n: int) -> list[dict]:
-    first = cases.make_inputs(PREFILL, seed=0)
-    return [first] + [
-        {**first, **{k: v for k, v in cases.make_inputs(PREFILL, seed=s).items() if k in PREFILL_LAYER}}
-        for s in range(1, n)
-    ]
-
-
-def test_a_prefill_plan_runs_every_layer_as_the_call_and_matches_float64():
-    layers = _prefill_layers(3)
-    plan = mha_prefill_plan(**layers[0])
-    assert isinstance(plan, PrefillPlan) and plan.kernel == "torch_prefill"
-    assert (plan.total_q, plan.total_k, plan.window_left) == (20, 51, 4)
-    for inputs in layers:
-        out = torch.full((20, 6, 16), math.nan)
-        got = plan.run(inputs["q"], inputs["k"], inputs["v"], sinks=inputs["sinks"], out=out)
-        assert got is out and last_kernel() == "torch_prefill"
-        want, _ = cases.reference(PREFILL, inputs)
-        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
-        assert torch.equal(got, mha_prefill(**inputs))
+# --- mha_prefill_plan: another layout ---------------------------------------------------
 
 
 def test_a_prefill_plan_checks_or_refuses_another_layout():
-    inputs = _prefill_layers(1)[0]
+    inputs = _layers(1, PREFILL, PREFILL_LAYER)[0]
     plan = mha_prefill_plan(**{**inputs, "return_lse": True})
     q, k, v, sinks = (inputs[name] for name in PREFILL_LAYER)
     out, lse = plan.run(q, k, v, sinks=sinks)
