@@ -240,6 +240,9 @@ def check_case(case: cases.Case, names: Iterable[str], device: torch.device, see
             )
             continue
         verdict = _judge(case, _outputs(case, result), ref)
+        reason = "NaN in output" if verdict.has_nan else ""
+        if verdict.passed:
+            verdict, reason = _judge_plan(case, inputs, name, ref, device, verdict)
         rows.append(
             CheckRow(
                 op,
@@ -249,13 +252,38 @@ def check_case(case: cases.Case, names: Iterable[str], device: torch.device, see
                 verdict.max_abs,
                 verdict.rel_l2,
                 tol.describe(),
-                "NaN in output" if verdict.has_nan else "",
+                reason,
                 verdict.max_rel,
                 tol.rel_l2,
                 tol.max_abs,
             )
         )
     return rows
+
+
+def _judge_plan(
+    case: cases.Case, inputs: dict[str, Any], name: str, ref: tuple, device: torch.device, functional: Comparison
+) -> tuple[Comparison, str]:
+    """The verdict of kernel ``name`` through its operator's per-step plan (a registered
+    ``bind`` or ``prepare_layout`` hook claims the plan path serves as the call does:
+    :func:`cases.plan_call`), on fresh copies into a poisoned output: ``functional`` and no
+    reason when the kernel has no such hook or the operator no plan path, else the plan run's
+    comparison and, when it fails or raises, the reason naming the plan."""
+    spec = registry.get_kernel(name)
+    if spec.bind is None and spec.prepare_layout is None:
+        return functional, ""
+    out = _poisoned_out(case, ref[0], device)
+    try:
+        result = cases.plan_call(case, cases.fresh_copies(inputs), name, out)
+    except Exception as exc:
+        first = str(exc).splitlines()[0][:120] if str(exc) else ""
+        return dataclasses.replace(functional, passed=False), f"through its plan: raised {type(exc).__name__}: {first}"
+    if result is None:
+        return functional, ""
+    verdict = _judge(case, _outputs(case, result), ref)
+    if verdict.passed:
+        return functional, ""
+    return verdict, "through its plan: " + ("NaN in output" if verdict.has_nan else "out of tolerance")
 
 
 def _check_derived(report: CheckReport, op: str, name: str, dev: torch.device, seed: int, case_id: str | None) -> None:

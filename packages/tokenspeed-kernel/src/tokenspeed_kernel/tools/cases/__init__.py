@@ -29,6 +29,7 @@ __all__ = [
     "fresh_copies",
     "make_inputs",
     "module_for",
+    "plan_call",
     "planned_call",
     "reference",
     "relayout",
@@ -98,6 +99,15 @@ def planned_call(case: Case, inputs: dict[str, Any], override: str | None = None
     """A no-argument callable running ``case`` as an engine does every step: weights planned
     once (``moe_plan`` and the kernel's ``prepare`` hook) where the operator has a plan."""
     return module_for(case.op).planned_call(case, inputs, override)
+
+
+def plan_call(case: Case, inputs: dict[str, Any], override: str | None, out: torch.Tensor | None) -> Any:
+    """``case`` through its operator's per-step plan with kernel ``override`` (attention: the
+    step and decode plans, run twice so a ``bind`` hook's runner serves the second), or None
+    where the operator's plan is not a per-call path (the KV store, the MoE operators: their
+    plans are ``planned_call``'s)."""
+    plan = getattr(module_for(case.op), "plan_call", None)
+    return None if plan is None else plan(case, inputs, override, out)
 
 
 def relayout(case: Case, inputs: dict[str, Any]) -> dict[str, Any] | None:

@@ -32,6 +32,7 @@ __all__ = [
     "awkward_cases",
     "call",
     "make_inputs",
+    "plan_call",
     "reference",
     "relayout",
     "request",
@@ -418,6 +419,47 @@ def planned_call(case: AttentionCase, inputs: dict[str, Any], override: str | No
     """The call an engine makes every step; attention kernels keep no weights to plan, so it
     is the public call."""
     return functools.partial(call, case, inputs, override)
+
+
+# The step plans and the per-layer tensors their runs take (positional, then keyword).
+_STEP_PLANS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "attention.prefill": ("mha_prefill_plan", ("q", "k", "v"), ("sinks",)),
+    "attention.extend": ("mha_extend_plan", ("q", "k_cache", "v_cache"), ("sinks", "k_scale", "v_scale")),
+}
+
+
+def plan_call(case: AttentionCase, inputs: dict[str, Any], override: str | None, out: torch.Tensor | None) -> Any:
+    """``case`` through its operator's plan with kernel ``override``, run twice into ``out`` (the
+    first run binds a kernel's ``bind`` hook, the second is served by what it bound): prefill and
+    extend through their step plans (made from the call's own arguments), decode through
+    ``mha_decode_plan`` (``plan.run(q)``). Returns the second run's result; None for the KV store,
+    which has no plan."""
+    import tokenspeed_kernel
+
+    if case.op == "kvcache.store":
+        return None
+    if case.op == "attention.decode":
+        plan = tokenspeed_kernel.mha_decode_plan(
+            inputs["k_cache"],
+            inputs["v_cache"],
+            inputs["page_table"],
+            inputs["cache_seqlens"],
+            inputs["max_seqlen_k"],
+            num_q_heads=case.num_q_heads,
+            q_len=case.seqlens_q[0],
+            q_dtype=inputs["q"].dtype,
+            **{k: inputs[k] for k in ("window_left", "sinks", "logit_cap", "return_lse")},
+            **{k: inputs[k] for k in ("k_scale", "v_scale") if k in inputs},
+            override=override,
+        )
+        plan.run(inputs["q"], out=out)
+        return plan.run(inputs["q"], out=out)
+    make, positional, keywords = _STEP_PLANS[case.op]
+    step = getattr(tokenspeed_kernel, make)(**inputs, override=override)
+    layer = [inputs[k] for k in positional]
+    options = {k: inputs[k] for k in keywords if k in inputs}
+    step.run(*layer, **options, out=out)
+    return step.run(*layer, **options, out=out)
 
 
 # The tensors that describe a batch's layout: what a kernel that plans per layout keys on.
