@@ -142,14 +142,15 @@ def test_mixed_batch_matches_float64(vllm_config, layout, window, sinks, logit_c
     assert last_kernel() == "triton_extend"  # strided vLLM caches served in place, not by the reference
     assert (metadata.num_decodes, metadata.num_prefills) == (2, 3)
     assert metadata.num_decode_tokens == 2 and metadata.num_prefill_tokens == 22
-    assert metadata.decode_plans is None  # eager vLLM config: the functional decode call
+    assert metadata.decode_plans is None  # eager vLLM config: the step's decode plan
     _check(step, output, kv_cache, layer, window=window, sinks=sinks, logit_cap=logit_cap)
 
 
-def test_one_steps_layers_share_an_extend_plan_per_kind(vllm_config):
+def test_one_steps_layers_share_the_step_plans_per_kind(vllm_config):
     """GPT-OSS's alternation in one step: two window layers and two full ones, each with its own
     cache and sinks, share the step's metadata; each kind's first layer makes the step's extend
-    plan and the others run it (two plans in all), every layer matching float64."""
+    plan and its eager decode plan, the others run them (four plans in all), every layer
+    matching float64."""
     kinds = (8, None, 8, None)
     layers = [_layer(vllm_config, window=window, sinks=True, logit_cap=None) for window in kinds]
     spec, builder = _builder(vllm_config, layers[0])
@@ -166,10 +167,10 @@ def test_one_steps_layers_share_an_extend_plan_per_kind(vllm_config):
         layer.impl.do_kv_cache_update(layer, step.k_new, step.v_new, kv_cache, step.common.slot_mapping)
         output = torch.full((step.q.shape[0], NUM_HEADS, HEAD_SIZE), float("nan"), dtype=torch.bfloat16)
         layer.impl.forward(layer, step.q, step.k_new, step.v_new, kv_cache, metadata, output=output)
-        assert len(metadata.extend_plans) == min(i + 1, 2)
+        assert len(metadata.step_plans) == 2 * min(i + 1, 2)
         _check(step, output, kv_cache, layer, window=window, sinks=True, logit_cap=None)
-    windows = sorted(plan.window_left for plan in metadata.extend_plans.values())
-    assert windows == [-1, 7]
+    kinds_planned = sorted((type(p).__name__, p.window_left) for p in metadata.step_plans.values())
+    assert kinds_planned == [("DecodeStepPlan", -1), ("DecodeStepPlan", 7), ("ExtendPlan", -1), ("ExtendPlan", 7)]
 
 
 def test_speculative_decodes_q_len_3(tiny_model_dir):

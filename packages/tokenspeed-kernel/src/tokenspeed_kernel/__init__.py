@@ -20,11 +20,13 @@ from tokenspeed_kernel._version import __version__ as __version__
 from tokenspeed_kernel.ops._dispatch import last_kernel
 from tokenspeed_kernel.ops.attention import (
     DecodePlan,
+    DecodeStepPlan,
     ExtendPlan,
     Heads,
     PrefillPlan,
     attention_request,
     mha_decode_plan,
+    mha_decode_step_plan,
     mha_decode_with_kvcache,
     mha_extend_plan,
     mha_extend_with_kvcache,
@@ -53,6 +55,7 @@ from tokenspeed_kernel.selector import KernelOverrideError, NoKernelFoundError, 
 
 __all__ = [
     "DecodePlan",
+    "DecodeStepPlan",
     "ExtendPlan",
     "FP8Weight",
     "Heads",
@@ -74,6 +77,7 @@ __all__ = [
     "kernels",
     "last_kernel",
     "mha_decode_plan",
+    "mha_decode_step_plan",
     "mha_decode_with_kvcache",
     "mha_extend_plan",
     "mha_extend_with_kvcache",

@@ -1,17 +1,22 @@
-"""The step plans (``mha_extend_plan``, ``mha_prefill_plan``): one step's call checked and the
+"""The step plans (``mha_extend_plan``, ``mha_prefill_plan``, ``mha_decode_step_plan``): one
+step's call checked and the
 kernel selected once, every layer run against float64 and bitwise against the functional call;
 runs of another layout checked in full (the functional call's errors) or refused; the quick
 path touches neither the call key nor the selector."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from tokenspeed_kernel import (
+    DecodeStepPlan,
     ExtendPlan,
     PrefillPlan,
     last_kernel,
+    mha_decode_step_plan,
+    mha_decode_with_kvcache,
     mha_extend_plan,
     mha_extend_with_kvcache,
     mha_prefill,
@@ -192,3 +197,54 @@ def test_a_prefill_plan_checks_or_refuses_another_layout():
         plan.run(q, k, v)
     with pytest.raises(TypeError, match="q must have dtype"):
         mha_prefill_plan(**{**inputs, "q": q.double()})
+
+
+# --- mha_decode_step_plan ------------------------------------------------------------------
+
+# 3 sequences of awkward lengths on pages of 4, 4 q / 2 KV heads, window 4, sinks; q_len 1 and 3
+DECODE = cases.AttentionCase(
+    "attention.decode", (1, 1, 1), (10, 7, 3), 4, 2, 16, page_size=4, dtype=torch.float32, window_left=4, sinks=True
+)
+DECODE_SPEC = dataclasses.replace(DECODE, seqlens_q=(3, 3, 3), return_lse=True)
+
+
+@pytest.mark.parametrize("case", [DECODE, DECODE_SPEC], ids=["q_len1", "q_len3_lse"])
+def test_a_decode_step_plan_runs_every_layer_as_the_call(case):
+    """Every layer its own q, caches and sinks over one step's tables (the eager decode an
+    engine runs between its CUDA graphs), as ``mha_decode_with_kvcache`` and float64 say."""
+    layers = _layers(3, case, PER_LAYER)
+    plan = mha_decode_step_plan(**layers[0])
+    assert isinstance(plan, DecodeStepPlan) and plan.kernel == "torch_decode"
+    assert (plan.batch, plan.q_len, plan.page_size) == (3, case.seqlens_q[0], 4)
+    for inputs in layers:
+        out = torch.full_like(inputs["q"], math.nan)
+        got = plan.run(inputs["q"], inputs["k_cache"], inputs["v_cache"], sinks=inputs["sinks"], out=out)
+        want = mha_decode_with_kvcache(**inputs)
+        pairs = list(zip(got, want)) if case.return_lse else [(got, want)]
+        assert pairs[0][0] is out and last_kernel() == "torch_decode"
+        for a, b in pairs:
+            assert torch.equal(a, b)
+        ref, _ = cases.reference(case, inputs)
+        torch.testing.assert_close(pairs[0][0].double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_decode_step_plan_refuses_another_batch_and_calls_no_bind_hook(temp_kernels):
+    """Another batch fails the call's own checks, no sinks asks for another selection; a
+    kernel's ``bind`` hook (``DecodePlan``'s contract: the
+    plan's own caches) is never called, every run goes to its ``fn``."""
+    bound = []
+    fn = temp_kernels(
+        "attention.decode", name="t_decode_bind", priority=1, vendors=("cpu",),
+        features={"sinks", "sliding_window"}, bind=lambda args: bound.append(args) or (lambda a: None),
+    )  # fmt: skip
+    layers = _layers(2, DECODE, PER_LAYER)
+    plan = mha_decode_step_plan(**layers[0], override="t_decode_bind")
+    for inputs in layers:
+        plan.run(inputs["q"], inputs["k_cache"], inputs["v_cache"], sinks=inputs["sinks"])
+    assert bound == [] and len(fn.calls) == 2
+    assert fn.calls[1].k_cache is layers[1]["k_cache"] and fn.calls[1].q.shape == (3, 1, 4, 16)
+    q = layers[0]["q"]
+    with pytest.raises(ValueError, match=r"page_table must have shape \[2, \*\]"):  # the call's own check
+        plan.run(q[:2], layers[0]["k_cache"], layers[0]["v_cache"], sinks=layers[0]["sinks"])
+    with pytest.raises(ValueError, match="make a plan"):  # no sinks: another selection
+        plan.run(q, layers[0]["k_cache"], layers[0]["v_cache"])

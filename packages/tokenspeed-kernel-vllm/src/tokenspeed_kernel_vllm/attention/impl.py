@@ -27,9 +27,8 @@ from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionTy
 
 from tokenspeed_kernel import (
     DecodePlan,
-    ExtendPlan,
     mha_decode_plan,
-    mha_decode_with_kvcache,
+    mha_decode_step_plan,
     mha_extend_plan,
     store_kvcache,
 )
@@ -212,24 +211,27 @@ class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
         if md.num_prefills and md.num_prefill_tokens:
             rows = slice(nd, nd + md.num_prefill_tokens)
             q, out = _contiguous(query[rows]), output[rows]
-            plan = self._extend_plan(md, q, k_cache, v_cache, sinks, k_scale, v_scale, out)
-            plan.run(q, k_cache, v_cache, sinks=sinks, k_scale=k_scale, v_scale=v_scale, out=out)
+            self._step_run(md, "extend", q, out, k_cache, v_cache, k_scale, v_scale, sinks)
         return output
 
-    def _extend_plan(
+    def _step_run(
         self,
         md: TokenspeedAttentionMetadata,
+        part: str,
         q: torch.Tensor,
+        out: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        sinks: torch.Tensor | None,
         k_scale: torch.Tensor | None,
         v_scale: torch.Tensor | None,
-        out: torch.Tensor,
-    ) -> ExtendPlan:
-        """This step's extend plan for this layer's kind: made (checked in full, kernel
+        sinks: torch.Tensor | None,
+    ) -> None:
+        """This layer's ``part`` of the step (``"extend"``, or ``"decode"`` outside full CUDA
+        graphs) through the step's plan for this layer's kind: made (checked in full, kernel
         selected) by the step's first layer of the kind, run by the others."""
         key = (
+            part,
+            q.dim(),
             self.window_left,
             self.scale,
             self.logit_cap,
@@ -241,23 +243,17 @@ class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
             v_cache.stride(),
             v_cache.storage_offset() - k_cache.storage_offset(),
         )
-        plan = md.extend_plans.get(key)
+        plan = md.step_plans.get(key)
         if plan is None:
-            plan = mha_extend_plan(
-                q,
-                k_cache,
-                v_cache,
-                md.prefill_page_table,
-                md.prefill_cu_seqlens_q,
-                md.prefill_seqlens,
-                md.prefill_max_query_len,
-                md.max_seq_len,
-                causal=True,
-                **self._options(sinks, k_scale, v_scale),
-                out=out,
-            )
-            md.extend_plans[key] = plan
-        return plan
+            options = self._options(sinks, k_scale, v_scale)
+            if part == "decode":
+                tables: tuple = (md.decode_page_table, md.decode_seqlens, md.max_seq_len)
+                plan = mha_decode_step_plan(q, k_cache, v_cache, *tables, **options, out=out)
+            else:
+                tables = (md.prefill_page_table, md.prefill_cu_seqlens_q, md.prefill_seqlens, md.prefill_max_query_len)
+                plan = mha_extend_plan(q, k_cache, v_cache, *tables, md.max_seq_len, causal=True, **options, out=out)
+            md.step_plans[key] = plan
+        plan.run(q, k_cache, v_cache, sinks=sinks, k_scale=k_scale, v_scale=v_scale, out=out)
 
     def _decode(
         self,
@@ -278,16 +274,7 @@ class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
         if md.decode_plans is not None and md.decode_plan_key is not None:
             self._plan(md, q.dtype, k_cache, v_cache, k_scale, v_scale, sinks).run(q, out=out)
             return
-        mha_decode_with_kvcache(
-            q,
-            k_cache,
-            v_cache,
-            md.decode_page_table,
-            md.decode_seqlens,
-            md.max_seq_len,
-            **self._options(sinks, k_scale, v_scale),
-            out=out,
-        )
+        self._step_run(md, "decode", q, out, k_cache, v_cache, k_scale, v_scale, sinks)
 
     def _options(
         self, sinks: torch.Tensor | None, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None

@@ -16,9 +16,10 @@ vLLM                        tokenspeed-kernel
 ``max_seq_len``             ``max_seqlen_k`` (a host bound)
 ==========================  ==============================================================
 
-The extend part's tables are the same for every layer of a step: the step's first layer of
-each kind (window, sinks, scale, cache layout) makes an ``mha_extend_plan`` (the full checks,
-the selection) kept in ``extend_plans``, and every layer runs it (``ExtendPlan.run``: the
+The extend part's tables are the same for every layer of a step, and so are the decode
+part's: the step's first layer of each kind (window, sinks, scale, cache layout) makes an
+``mha_extend_plan`` (and, outside full CUDA graphs, an ``mha_decode_step_plan``): the full
+checks and the selection, kept in ``step_plans``; every layer runs them (``plan.run``: the
 per-layer tensors' layout checked, then the launch).
 
 CUDA graphs: when vLLM captures full decode graphs (``cudagraph_mode`` FULL_DECODE_ONLY or
@@ -47,7 +48,7 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheSpec
 
-from tokenspeed_kernel import DecodePlan, ExtendPlan
+from tokenspeed_kernel import DecodePlan, DecodeStepPlan, ExtendPlan
 from tokenspeed_kernel_vllm.attention import _support
 
 logger = init_logger(__name__)
@@ -103,7 +104,8 @@ class TokenspeedAttentionMetadata(AttentionMetadata):
         max_seq_len: host bound of every ``seq_lens`` entry.
         slot_mapping: int64 ``[tokens]`` (negative: padding).
         decode_plans, decode_plan_key: set when this pure-decode batch runs through plans.
-        extend_plans: this step's extend plans by layer kind (filled by the first layer of each).
+        step_plans: this step's extend (and eager decode) plans by part and layer kind (filled by
+            the first layer of each).
         plan_max_seqlen_k: the ``max_seqlen_k`` plans are made with (vLLM's max_model_len).
         plan_capturable: whether plans select only CUDA-graph-capturable kernels.
     """
@@ -124,7 +126,7 @@ class TokenspeedAttentionMetadata(AttentionMetadata):
     slot_mapping: torch.Tensor
     decode_plans: DecodePlans | None = None
     decode_plan_key: PlanKey | None = None
-    extend_plans: dict[Hashable, ExtendPlan] = field(default_factory=dict)
+    step_plans: dict[Hashable, ExtendPlan | DecodeStepPlan] = field(default_factory=dict)
     plan_max_seqlen_k: int = 0
     plan_capturable: bool = False
 

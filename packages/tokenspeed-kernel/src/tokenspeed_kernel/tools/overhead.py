@@ -186,6 +186,17 @@ def _decode(device: torch.device, override: str | None = None) -> Callable[[], o
     )
 
 
+def _decode_step_plan(device: torch.device) -> Callable[[], object]:
+    """``_decode``'s call as one layer of an eager step planned once (``mha_decode_step_plan``)."""
+    from tokenspeed_kernel import mha_decode_step_plan
+
+    c = _paged(device)
+    q = _randn(1, HEADS, HEAD_DIM, device=device)
+    caches = (c["k_cache"], c["v_cache"])
+    plan = mha_decode_step_plan(q, *caches, c["page_table"], c["cache_seqlens"], 256, sinks=c["sinks"])
+    return lambda: plan.run(q, *caches, sinks=c["sinks"])
+
+
 def _decode_plan(device: torch.device) -> Callable[[], object]:
     from tokenspeed_kernel import mha_decode_plan
 
@@ -283,7 +294,8 @@ def cases() -> tuple[OverheadCase, ...]:
     attention heads (64 query / 8 KV heads of dim 64, bf16, sinks): prefill 64 tokens with
     window 128 (the window layers; also as a planned step's layer) and without (``full``: the
     full-attention layers); extend
-    16 onto 256 cached (also as a planned step's layer); decode B=1 over 256 keys; store 1 token; top-4 of
+    16 onto 256 cached (also as a planned step's layer); decode B=1 over 256 keys (also through
+    both decode plans); store 1 token; top-4 of
     128 over 4 tokens; MoE 4 tokens, 32 experts of 512 x 512, top-4 (bf16 weights; the plan
     also with MXFP4 weights, biases and swiglu_oai)."""
     return (
@@ -294,6 +306,7 @@ def cases() -> tuple[OverheadCase, ...]:
         OverheadCase("ExtendPlan.run", "attention.extend", _extend_plan),
         OverheadCase("mha_decode_with_kvcache", "attention.decode", _decode),
         OverheadCase("DecodePlan.run", "attention.decode", _decode_plan),
+        OverheadCase("DecodeStepPlan.run", "attention.decode", _decode_step_plan),
         OverheadCase("store_kvcache", "kvcache.store", _store),
         OverheadCase("moe_topk", "moe.topk", _topk),
         OverheadCase("moe_apply", "moe.apply", _apply),

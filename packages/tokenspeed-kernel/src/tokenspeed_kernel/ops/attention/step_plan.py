@@ -41,13 +41,13 @@ from tokenspeed_kernel.ops._checks import Uncacheable, arg_key
 from tokenspeed_kernel.ops._dispatch import check_capturable, is_capturing, record
 from tokenspeed_kernel.ops._operator import Operator
 from tokenspeed_kernel.ops.attention._validate import kv_scales
-from tokenspeed_kernel.ops.attention.api import EXTEND, PREFILL, ExtendCall, PrefillCall
+from tokenspeed_kernel.ops.attention.api import DECODE, EXTEND, PREFILL, DecodeCall, ExtendCall, PrefillCall
 from tokenspeed_kernel.ops.attention.args import ExtendArgs, Heads, PrefillArgs
 from tokenspeed_kernel.platform import platform_for
 from tokenspeed_kernel.registry import KernelSpec, Request
 from tokenspeed_kernel.selector import select
 
-__all__ = ["ExtendPlan", "PrefillPlan", "mha_extend_plan", "mha_prefill_plan"]
+__all__ = ["DecodeStepPlan", "ExtendPlan", "PrefillPlan", "mha_decode_step_plan", "mha_extend_plan", "mha_prefill_plan"]
 
 
 def _layout(layer: tuple) -> Hashable | None:
@@ -81,16 +81,16 @@ class _StepPlan:
     Attributes:
         kernel: the selected kernel's name. spec: its :class:`~tokenspeed_kernel.registry.KernelSpec`.
         request: the selection request.
-        max_seqlen_q, max_seqlen_k: the step's host bounds. total_q: query rows of every run.
+        max_seqlen_k: the step's host bound of the key lengths.
         heads: head counts and dims.
-        causal, window_left, logit_cap, return_lse: as in the call. softmax_scale: resolved.
+        window_left, logit_cap, return_lse: as in the call. softmax_scale: resolved.
         device: the device of every tensor.
     """
 
     # The operator and its call's plan class, the positions of the per-layer arguments in its
     # public call (out's is OUT); a run builds the kernel's typed arguments in :meth:`_args`.
     OP: ClassVar[Operator]
-    CALL: ClassVar[type[PrefillCall] | type[ExtendCall]]
+    CALL: ClassVar[type[PrefillCall] | type[ExtendCall] | type[DecodeCall]]
     LAYER: ClassVar[tuple[int, ...]]
     OUT: ClassVar[int]
     # The positions of the plain fields' values in the public call.
@@ -99,11 +99,8 @@ class _StepPlan:
     kernel: str
     spec: KernelSpec
     request: Request
-    max_seqlen_q: int
     max_seqlen_k: int
-    total_q: int
     heads: Heads
-    causal: bool
     softmax_scale: float
     window_left: int
     logit_cap: float
@@ -112,7 +109,7 @@ class _StepPlan:
     # The functional call's plan (outputs' shapes, the kernel's window and cap), the first
     # call's arguments with the per-layer ones and out left out (None) and the plan's kernel
     # as the override, the per-layer layout every quick run must have, and out's.
-    _call: PrefillCall | ExtendCall = field(repr=False)
+    _call: PrefillCall | ExtendCall | DecodeCall = field(repr=False)
     _base: tuple = field(repr=False)
     _layout: Hashable = field(repr=False)
     _out: tuple = field(repr=False)
@@ -137,7 +134,6 @@ class _StepPlan:
             kernel=spec.name,
             spec=spec,
             request=request,
-            total_q=checked.total_q,
             heads=checked.heads,
             softmax_scale=checked.scale,
             logit_cap=checked.logit_cap,
@@ -160,18 +156,13 @@ class _StepPlan:
             or config.capture_path() is not None
         ):
             return self._checked_run(layer, out)
-        call = self._call
         check_capturable(self.spec)
         record(self.spec, self.request)
-        if out is None:
-            out = layer[0].new_empty(*call.out_shape)
-        lse = torch.empty(*call.lse_shape, dtype=torch.float32, device=self.device) if self.return_lse else None
-        if self.total_q:  # no queries (an empty batch): nothing to compute, nothing launched
-            args = self._args(layer, out, lse)
-            (self._runner[0] if self._runner else self._bind(args))(args)
-        return (out, lse) if self.return_lse else out
+        return self._launch(layer, out)
 
-    def _args(self, layer: tuple, out: torch.Tensor, lse: torch.Tensor | None) -> Any:
+    def _launch(self, layer: tuple, out: torch.Tensor | None) -> Any:
+        """The outputs allocated (``out`` may be given), the kernel's typed arguments built and
+        run (its bound runner, or ``spec.fn``); the public result."""
         raise NotImplementedError
 
     def _bind(self, args: Any) -> Callable[[Any], None]:
@@ -196,17 +187,40 @@ class _StepPlan:
         call[self.OUT] = out
         if not torch.compiler.is_compiling():
             checked = self.CALL.check(False, *call)  # raises what is wrong, naming the argument
-            if checked.request != self.request or checked.total_q != self.total_q:
+            if checked.request != self.request or checked.out_shape != self._call.out_shape:
                 raise ValueError(
                     f"{type(self).__name__} ({self.kernel}): this run's tensors differ from the plan's in what "
-                    f"selects the kernel (plan: {self.request}, total_q {self.total_q}; run: {checked.request}, "
-                    f"total_q {checked.total_q}); make a plan for them"
+                    f"selects the kernel or in their rows (plan: {self.request}, out {list(self._call.out_shape)}; "
+                    f"run: {checked.request}, out {list(checked.out_shape)}); make a plan for them"
                 )
         return self.OP.call(*call)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
-class PrefillPlan(_StepPlan):
+class _RaggedPlan(_StepPlan):
+    """A step plan over ragged query rows (prefill, extend): ``max_seqlen_q`` their host bound,
+    ``total_q`` the rows of every run, ``causal`` as in the call."""
+
+    max_seqlen_q: int
+    total_q: int
+    causal: bool
+
+    def _launch(self, layer: tuple, out: torch.Tensor | None) -> Any:
+        call = self._call
+        if out is None:
+            out = layer[0].new_empty(*call.out_shape)
+        lse = torch.empty(*call.lse_shape, dtype=torch.float32, device=self.device) if self.return_lse else None
+        if self.total_q:  # no queries (an empty batch): nothing to compute, nothing launched
+            args = self._args(layer, out, lse)
+            (self._runner[0] if self._runner else self._bind(args))(args)
+        return (out, lse) if self.return_lse else out
+
+    def _args(self, layer: tuple, out: torch.Tensor, lse: torch.Tensor | None) -> Any:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class PrefillPlan(_RaggedPlan):
     """A prefill kernel chosen once for one step's ragged batch and options.
 
     Attributes (besides those of every step plan: ``kernel``, ``spec``, ``request``,
@@ -271,7 +285,7 @@ class PrefillPlan(_StepPlan):
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
-class ExtendPlan(_StepPlan):
+class ExtendPlan(_RaggedPlan):
     """An extend kernel chosen once for one step's batch tables and options.
 
     Attributes (besides those of every step plan, as :class:`PrefillPlan` lists):
@@ -343,6 +357,78 @@ class ExtendPlan(_StepPlan):
         )
 
 
+@dataclass(frozen=True, eq=False, kw_only=True)
+class DecodeStepPlan(_StepPlan):
+    """A decode kernel chosen once for one eager step's batch tables and options, run per layer
+    with each layer's caches (:func:`mha_decode_step_plan`; for a CUDA-graph step, whose plan
+    keeps one layer's caches, :func:`~tokenspeed_kernel.mha_decode_plan`).
+
+    Attributes (besides those of every step plan, as :class:`PrefillPlan` lists):
+        page_table: int32 ``[batch, max_pages_per_seq]``; cache_seqlens: int32 ``[batch]``
+            (tokens in the cache including this step's): read by every run.
+        batch, q_len: sequences and queries per sequence. page_size: ``P``.
+
+    A kernel's ``bind`` hook is not called: its contract is :class:`DecodePlan`'s (the plan's
+    own caches bound), and here every run brings its own; runs call the kernel's ``fn``.
+    """
+
+    OP = DECODE
+    CALL = DecodeCall
+    LAYER = (0, 1, 2, 8, 10, 11)  # q, k_cache, v_cache, sinks, k_scale, v_scale
+    OUT = 13
+    SCALARS = (("max_seqlen_k", 5), ("window_left", 7), ("return_lse", 12))
+
+    page_table: torch.Tensor
+    cache_seqlens: torch.Tensor
+    batch: int
+    q_len: int
+    page_size: int
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        *,
+        sinks: torch.Tensor | None = None,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> Any:
+        """``mha_decode_with_kvcache`` of one layer with the plan's tables, options and kernel.
+
+        Args:
+            q: ``[batch, Hq, D]`` or ``[batch, q_len, Hq, D]`` as the plan's first call's q,
+                contiguous. k_cache, v_cache: ``[num_pages, P, Hkv, D]`` / ``[..., Dv]``, laid
+                out as the plan's first call's. sinks, k_scale, v_scale, out: as in
+                :meth:`ExtendPlan.run` (out shaped like q with ``Dv`` last).
+
+        Returns:
+            ``out``, or ``(out, lse)`` with lse float32 ``[batch * q_len, Hq]`` when the plan
+            was made with ``return_lse``.
+        """
+        return self._run((q, k_cache, v_cache, sinks, k_scale, v_scale), out)
+
+    def _launch(self, layer: tuple, out: torch.Tensor | None) -> Any:
+        q, k_cache, v_cache, sinks, k_scale, v_scale = layer
+        call = cast(DecodeCall, self._call)
+        ks, vs = kv_scales(call.fp8, k_scale, v_scale, q)
+        return call.launch(
+            self.spec.fn,
+            q,
+            k_cache,
+            v_cache,
+            self.page_table,
+            self.cache_seqlens,
+            self.max_seqlen_k,
+            sinks,
+            ks,
+            vs,
+            self.return_lse,
+            out,
+        )
+
+
 def mha_prefill_plan(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -373,7 +459,9 @@ def mha_prefill_plan(
     """
     call = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left,
             sinks, logit_cap, return_lse, out, override)  # fmt: skip
-    return PrefillPlan._make(call, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, total_k=k.shape[0])
+    return PrefillPlan._make(
+        call, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, total_k=k.shape[0], total_q=q.shape[0]
+    )
 
 
 def mha_extend_plan(
@@ -410,5 +498,50 @@ def mha_extend_plan(
     call = (q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, max_seqlen_q, max_seqlen_k, causal,
             softmax_scale, window_left, sinks, logit_cap, k_scale, v_scale, return_lse, out, override)  # fmt: skip
     return ExtendPlan._make(
-        call, page_table=page_table, cu_seqlens_q=cu_seqlens_q, cache_seqlens=cache_seqlens, page_size=k_cache.shape[1]
+        call,
+        page_table=page_table,
+        cu_seqlens_q=cu_seqlens_q,
+        cache_seqlens=cache_seqlens,
+        page_size=k_cache.shape[1],
+        total_q=q.shape[0],
+    )
+
+
+def mha_decode_step_plan(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    max_seqlen_k: int,
+    *,
+    softmax_scale: float | None = None,
+    window_left: int = -1,
+    sinks: torch.Tensor | None = None,
+    logit_cap: float = 0.0,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+    return_lse: bool = False,
+    out: torch.Tensor | None = None,
+    override: str | None = None,
+) -> DecodeStepPlan:
+    """Check one eager step's first decode call in full, select its kernel once, and plan the
+    rest (every layer's decode with its own q, caches and sinks; the CUDA-graph plan, which
+    keeps one layer's caches, is :func:`~tokenspeed_kernel.mha_decode_plan`).
+
+    Takes exactly the arguments of :func:`~tokenspeed_kernel.mha_decode_with_kvcache` (see
+    there for every tensor's shape, dtype and layout) and raises what that call would raise.
+    Nothing is computed: run the first layer too with ``plan.run(q, k_cache, v_cache, ...)``.
+    """
+    call = (q, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, softmax_scale, window_left, sinks, logit_cap,
+            k_scale, v_scale, return_lse, out, override)  # fmt: skip
+    batch = page_table.shape[0] if isinstance(page_table, torch.Tensor) else 0
+    q_len = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
+    return DecodeStepPlan._make(
+        call,
+        page_table=page_table,
+        cache_seqlens=cache_seqlens,
+        batch=batch,
+        q_len=q_len,
+        page_size=k_cache.shape[1] if isinstance(k_cache, torch.Tensor) else 0,
     )
