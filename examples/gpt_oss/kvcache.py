@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from tokenspeed_kernel import DecodePlan, ExtendPlan, PrefillPlan
+    from tokenspeed_kernel import DecodePlan, DecodeStepPlan, ExtendPlan, PrefillPlan
 
 __all__ = ["ForwardBatch", "PagedKVCache", "SeqState"]
 
@@ -50,9 +50,9 @@ class ForwardBatch:
         decode_plans: one ``tokenspeed_kernel.DecodePlan`` per layer over this batch's
             tables (decode; set by ``GptOssModel.plan_decode``), else None (the model then
             calls ``mha_decode_with_kvcache``).
-        step_plans: this pass's prefill or extend plans by layer kind (window), made by the
-            first layer of each kind (``mha_prefill_plan`` / ``mha_extend_plan``) and run by
-            every layer.
+        step_plans: this pass's prefill, extend or eager decode plans by layer kind (window),
+            made by the first layer of each kind (``mha_prefill_plan`` / ``mha_extend_plan`` /
+            ``mha_decode_step_plan``) and run by every layer.
     """
 
     mode: str
@@ -67,7 +67,7 @@ class ForwardBatch:
     q_lens: tuple[int, ...] = ()
     k_lens: tuple[int, ...] = ()
     decode_plans: list[DecodePlan] | None = None
-    step_plans: dict[int, PrefillPlan | ExtendPlan] = field(default_factory=dict)
+    step_plans: dict[int, PrefillPlan | ExtendPlan | DecodeStepPlan] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:

@@ -1,8 +1,8 @@
 """The decoder through the public tokenspeed-kernel APIs only.
 
-Attention: ``store_kvcache`` then, for prefill and extend, one ``mha_prefill_plan`` /
-``mha_extend_plan`` per pass and layer kind (checked and selected once, run by every layer
-with its own tensors), for decode ``mha_decode_with_kvcache`` (window and sinks per layer), or for a serving decode batch
+Attention: ``store_kvcache`` then one ``mha_prefill_plan`` / ``mha_extend_plan`` /
+``mha_decode_step_plan`` per pass and layer kind (checked and selected once, run by every
+layer with its own tensors; window and sinks per layer), or for a serving decode batch
 one ``mha_decode_plan`` per layer (:meth:`GptOssModel.plan_decode`: selected once, planned
 for the batch tables, ``plan.run(q)`` per step); MoE: ``moe_topk`` and a ``moe_plan`` per
 layer made once at load (the selected kernel may repack the MXFP4 weights there), applied
@@ -23,11 +23,12 @@ from examples.gpt_oss.kvcache import ForwardBatch, PagedKVCache
 from examples.gpt_oss.weights import LayerWeights, ModelWeights
 from tokenspeed_kernel import (
     DecodePlan,
+    DecodeStepPlan,
     ExtendPlan,
     MoEPlan,
     PrefillPlan,
     mha_decode_plan,
-    mha_decode_with_kvcache,
+    mha_decode_step_plan,
     mha_extend_plan,
     mha_prefill_plan,
     moe_plan,
@@ -153,37 +154,30 @@ class GptOssModel:
         k_cache, v_cache = kv.k[i], kv.v[i]
         store_kvcache(k, v, k_cache, v_cache, batch.slot_mapping, override=ov.store)
         common = dict(window_left=cfg.window_left(i), sinks=layer.sinks)
-        if batch.mode in ("prefill", "extend"):
+        if batch.decode_plans is not None:
+            out = batch.decode_plans[i].run(q)
+        else:
             # one plan per pass and layer kind (the window): the first layer of the kind makes it
             plan = batch.step_plans.get(cfg.window_left(i))
             keys = (k, v) if batch.mode == "prefill" else (k_cache, v_cache)
             if plan is None:
                 plan = batch.step_plans[cfg.window_left(i)] = self._step_plan(batch, q, *keys, **common)
             out = plan.run(q, *keys, sinks=layer.sinks)
-        elif batch.decode_plans is not None:
-            out = batch.decode_plans[i].run(q)
-        else:
-            out = mha_decode_with_kvcache(
-                q,
-                k_cache,
-                v_cache,
-                batch.page_table,
-                batch.cache_seqlens,
-                batch.max_seqlen_k,
-                override=ov.decode,
-                **common,
-            )
         return F.linear(out.view(t, hq * d), layer.wo, layer.bo)
 
     def _step_plan(
         self, batch: ForwardBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **common
-    ) -> PrefillPlan | ExtendPlan:
-        """The pass's prefill plan (``k``, ``v``: this layer's new keys and values) or extend
-        plan (``k``, ``v``: this layer's paged caches) for ``common``'s window and sinks."""
+    ) -> PrefillPlan | ExtendPlan | DecodeStepPlan:
+        """The pass's prefill plan (``k``, ``v``: this layer's new keys and values), extend or
+        eager decode plan (``k``, ``v``: this layer's paged caches) for ``common``'s window and
+        sinks."""
         ov = self.overrides
         if batch.mode == "prefill":
             lengths = (batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k)
             return mha_prefill_plan(q, k, v, *lengths, override=ov.prefill, **common)
+        if batch.mode == "decode":
+            tables = (batch.page_table, batch.cache_seqlens, batch.max_seqlen_k)
+            return mha_decode_step_plan(q, k, v, *tables, override=ov.decode, **common)
         tables = (batch.page_table, batch.cu_seqlens_q, batch.cache_seqlens, batch.max_seqlen_q, batch.max_seqlen_k)
         return mha_extend_plan(q, k, v, *tables, override=ov.extend, **common)
 

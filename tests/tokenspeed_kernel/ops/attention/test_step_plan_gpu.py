@@ -1,8 +1,9 @@
-"""GPU: the step plans (``mha_prefill_plan``, ``mha_extend_plan``) with every prefill and extend
-kernel that registers a ``bind`` hook, named by ``override=``: three layers of one step (the
-same lengths and tables; each layer its own q, keys or caches and sinks), each run into a
-NaN-poisoned ``out``, bitwise as the functional call and within float64's bounds; the plan's
-first run binds the kernel's runner. Skips (with the printed reason) without CUDA, under the
+"""GPU: the step plans (``mha_prefill_plan``, ``mha_extend_plan``, ``mha_decode_step_plan``) with
+every prefill and extend kernel that registers a ``bind`` hook and the decode kernels, named by
+``override=``: three layers of one step (the same lengths and tables; each layer its own q,
+keys or caches and sinks), each run into a NaN-poisoned ``out``, bitwise as the functional call
+and within float64's bounds; a prefill/extend plan's first run binds the kernel's runner (a
+decode step plan calls no hook). Skips (with the printed reason) without CUDA, under the
 interpreter, and for the Gluon kernels off sm_90.
 """
 
@@ -33,6 +34,9 @@ PREFILL = cases.AttentionCase("attention.prefill", (300, 37, 129), (300, 37, 129
 PREFILL_WINDOW = cases.AttentionCase("attention.prefill", (300, 37, 129), (300, 37, 129), window_left=127, **_PREFILL)
 EXTEND = cases.AttentionCase("attention.extend", (200, 1, 70), (2248, 37, 70), 64, 8, 64, sinks=True, return_lse=True)
 EXTEND_HND = cases.AttentionCase("attention.extend", (5, 130), (77, 400), 16, 2, 64, sinks=True, cache_layout="hnd")
+DECODE = cases.AttentionCase(
+    "attention.decode", (1,) * 5, (1, 37, 300, 1000, 8192), 64, 8, 64, window_left=127, sinks=True
+)
 KERNELS = [
     ("triton_prefill", PREFILL),
     ("gluon_prefill_window_sm90", PREFILL_WINDOW),
@@ -42,10 +46,13 @@ KERNELS = [
     ("triton_extend", EXTEND_HND),
     ("gluon_extend_fa3_sm90", EXTEND),
     ("gluon_extend_fa3_sm90", EXTEND_HND),
+    ("triton_decode", DECODE),
+    ("gluon_decode_sm90", DECODE),
 ]
 _PLANS = {
     "attention.prefill": ("mha_prefill_plan", ("q", "k", "v"), ("sinks",)),
     "attention.extend": ("mha_extend_plan", ("q", "k_cache", "v_cache"), ("sinks", "k_scale", "v_scale")),
+    "attention.decode": ("mha_decode_step_plan", ("q", "k_cache", "v_cache"), ("sinks", "k_scale", "v_scale")),
 }
 
 
@@ -57,7 +64,8 @@ def test_a_planned_step_runs_each_layer_as_the_call(kernel, case):
         if reason:
             print(f"SKIP {kernel}: {reason}")
             pytest.skip(reason)
-    assert spec.bind is not None, f"{kernel} registers no bind hook"
+    binds = case.op != "attention.decode"  # a decode step plan calls no hook (DecodePlan's contract)
+    assert spec.bind is not None or not binds, f"{kernel} registers no bind hook"
     make, positional, optional = _PLANS[case.op]
     first = cases.make_inputs(case, "cuda", seed=0)
     layers = [first] + [
@@ -65,11 +73,10 @@ def test_a_planned_step_runs_each_layer_as_the_call(kernel, case):
         for s in (1, 2)
     ]
     plan = getattr(tokenspeed_kernel, make)(**first, override=kernel)
-    total_q = sum(case.seqlens_q)
     for layer, inputs in enumerate(layers):
-        out = torch.full((total_q, case.num_q_heads, case.dv), float("nan"), device="cuda", dtype=case.dtype)
+        out = torch.full_like(inputs["q"], float("nan"))
         got = plan.run(*(inputs[k] for k in positional), **{k: inputs.get(k) for k in optional}, out=out)
-        assert plan._runner and plan._runner[0] is not spec.fn, "the first run binds the kernel's runner"
+        assert not binds or (plan._runner and plan._runner[0] is not spec.fn), "the first run binds the runner"
         want = cases.call(case, inputs, override=kernel)
         pairs = list(zip(got, want)) if case.return_lse else [(got, want)]
         assert pairs[0][0] is out and not out.isnan().any(), f"layer {layer}: rows left unwritten"
