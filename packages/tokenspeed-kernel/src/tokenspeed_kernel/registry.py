@@ -210,14 +210,14 @@ class KernelSpec:
     ``PrefillPlan`` and ``ExtendPlan`` bind once, on their first run outside CUDA-graph
     capture, with that run's arguments (later runs differ only in the per-layer tensors and
     out and lse: their addresses, never their layout); ``MoEPlan`` binds once per token count,
-    on the first eager ``apply`` with that count outside CUDA-graph capture, and a MoE ``bind`` may return None to leave that count to
-    ``fn`` (see :mod:`tokenspeed_kernel.ops.moe.plan`). ``graph_safe`` says
-    whether a call can be captured in a CUDA graph: False for kernels that read device
-    values on the host or plan per call. ``rank_rules``: ``(rank_shapes, rank_priority)``
-    pairs, tried in order: for a request
-    whose shapes are all in these sets (``None`` in a set: the key may be absent), the
-    kernel ranks at ``rank_priority`` instead of ``priority`` (:meth:`priority_for`);
-    ranking only, never a rejection.
+    on the first eager ``apply`` with that count outside CUDA-graph capture, and a MoE
+    ``bind`` may return None to leave that count to ``fn`` (see
+    :mod:`tokenspeed_kernel.ops.moe.plan`). ``graph_safe`` says whether a call can be captured
+    in a CUDA graph: False for kernels that read device values on the host or plan per call.
+    ``rank_rules``: ``(shapes, priority)`` pairs tried in order: for a request whose shapes are
+    all in a rule's sets (``None`` in a set: the key may be absent), the kernel ranks at that
+    rule's ``priority`` instead of its own (:meth:`priority_for`); ranking only, never a
+    rejection.
     """
 
     op: str
