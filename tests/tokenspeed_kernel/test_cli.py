@@ -343,6 +343,7 @@ def test_list_json(capsys, tmp_path):
     (spec,) = data["operators"]["moe.topk"]["kernels"]
     assert spec["name"] == "torch_moe_topk" and spec["backend"] == "reference" and spec["band"] == "reference"
     assert isinstance(spec["graph_safe"], bool) and isinstance(spec["vendors"], list)
+    assert isinstance(spec["unseen_safe"], bool)
     assert spec["vendor_capabilities"] == {}
 
 

@@ -167,6 +167,15 @@ def test_the_edges_of_the_bands_are_accepted(temp_kernels):
     assert registry.get_kernel("t_edge_high").band is Priority.PLUGIN
 
 
+def test_unseen_safe_is_a_bool_shown_only_when_false(temp_kernels):
+    temp_kernels("attention.prefill", name="t_safe")
+    temp_kernels("attention.prefill", name="t_leaky", unseen_safe=False)
+    assert registry.get_kernel("t_safe").unseen_safe and "unseen_safe" not in registry.get_kernel("t_safe").summary()
+    assert "unseen_safe=no" in registry.get_kernel("t_leaky").summary()
+    with pytest.raises(TypeError, match="unseen_safe must be a bool"):
+        temp_kernels("attention.prefill", name="t_bad", unseen_safe="no")
+
+
 def test_several_rank_rules_are_tried_in_order(temp_kernels):
     """``rank_when`` as a tuple of rules: the first that holds gives the rank; none: the
     priority; ``rank_miss`` lists every rule's misses, ``describe_rank`` joins them with ``or``."""

@@ -271,3 +271,13 @@ def test_scaled_kernel_argument_checks():
     args.w13 = torch.zeros(2, 128, 64, dtype=_BF16)
     with pytest.raises(TypeError, match="w13/w2"):
         moe_mxfp4_scaled(args)
+
+
+def test_the_attention_kernels_declare_the_unseen_nan_they_do_not_clean():
+    """No non-finite V cleaning on gfx950 (it spilled; docs/api.md): each AMD attention kernel
+    registers ``unseen_safe=False``, so ``list`` shows it and the edge-input tests report it."""
+    from tokenspeed_kernel import registry
+
+    for name in ("amd_gluon_prefill", "amd_gluon_extend", "amd_gluon_decode"):
+        spec = registry.get_kernel(name)
+        assert not spec.unseen_safe and "unseen_safe=no" in spec.summary(), name

@@ -63,6 +63,12 @@ def test_registration_is_honest():
         "kv": frozenset({torch.bfloat16, torch.float16}),
     }
     assert spec.available is _fa4.fa4_missing and spec.graph_safe
+    # its unseen-NaN leak (H200, 2026-11-28) is declared, and shown by `list`; among the NVIDIA,
+    # Triton and reference attention kernels it is the only one (the AMD ones declare theirs)
+    assert not spec.unseen_safe and "unseen_safe=no" in spec.summary()
+    ops = ("attention.prefill", "attention.extend", "attention.decode")
+    leaky = [s.name for op in ops for s in registry.kernels(op) if not s.unseen_safe]
+    assert [n for n in leaky if not n.startswith("amd_")] == [KERNEL]
 
 
 def test_unavailable_without_the_extra_or_a_bundle(monkeypatch):

@@ -255,18 +255,12 @@ def test_invisible_nan_keys_and_values_never_reach_a_query_every_kernel(case, va
     _assert_unseen_poison_changes_nothing(case, names, _inputs(case, seed=4), value)
 
 
-# Kernels documented as not keeping the promise (docs/api.md), each with why: checked all the
-# same, and a leak is printed instead of failing; every other kernel must keep it.
-KNOWN_LEAKS = {
-    "fa4_prefill_sm90": "FlashAttention-4's CuTe DSL kernel as shipped multiplies masked "
-    "probabilities by V in the MMA (0 x NaN = NaN); measured on an H200, 2026-11-28",
-}
-
-
 def _assert_unseen_poison_changes_nothing(case: cases.AttentionCase, names: list[str], inputs: dict, value: float):
     """Every kernel in ``names``, on ``inputs`` and on them poisoned with ``value``: rows
     that see no poisoned key stay finite and keep every bit of their output and LSE
-    (a kernel of :data:`KNOWN_LEAKS` that leaks is reported, not failed)."""
+    (a kernel registered ``unseen_safe=False``, which says it breaks the promise (docs/api.md),
+    is checked all the same and a leak is printed instead of failing; every other kernel must
+    keep it)."""
     bad = _poison(case, inputs, value)
     _, row_sees = _poison_plan(case)
     clean_rows = ~torch.tensor(row_sees, device=DEVICE)
@@ -275,8 +269,8 @@ def _assert_unseen_poison_changes_nothing(case: cases.AttentionCase, names: list
         out, lse = cases.call(case, inputs, override=name)
         bad_out, bad_lse = cases.call(case, bad, override=name)
         out, bad_out = out.reshape(-1, *out.shape[-2:]), bad_out.reshape(-1, *bad_out.shape[-2:])
-        if name in KNOWN_LEAKS and not torch.isfinite(bad_out[clean_rows]).all():
-            print(f"{name}: leaks an unseen NaN/inf, as documented: {KNOWN_LEAKS[name]}")
+        if not registry.get_kernel(name).unseen_safe and not torch.isfinite(bad_out[clean_rows]).all():
+            print(f"{name}: leaks an unseen NaN/inf, as registered (unseen_safe=False)")
             continue
         assert torch.isfinite(bad_out[clean_rows]).all(), f"{name}: a NaN/inf no query can see leaked"
         # The same kernel on the same shapes: a key it masks changes no bit of those rows.

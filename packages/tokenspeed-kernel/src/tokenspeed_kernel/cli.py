@@ -78,6 +78,7 @@ def _spec_json(spec: KernelSpec) -> dict[str, Any]:
         "shapes": {key: sorted(values) for key, values in spec.shapes},
         "features": sorted(spec.features),
         "graph_safe": spec.graph_safe,
+        "unseen_safe": spec.unseen_safe,
         "hooks": [name for name in ("prepare", "prepare_layout", "bind") if getattr(spec, name) is not None],
         "description": spec.description,
     }

@@ -23,7 +23,11 @@ Optional hooks ride along with the metadata: ``prepare`` (weights, called once b
 ``mha_decode_plan``: returns the runner that serves the plan's runs, its launch work done).
 ``graph_safe=False`` declares that the kernel cannot be captured in a CUDA graph (it reads
 device values on the host, or plans per call): the selector then refuses it for a ``capturable`` request, and a call made while
-the stream is capturing raises ``RuntimeError`` before launching it.
+the stream is capturing raises ``RuntimeError`` before launching it. ``unseen_safe=False``
+(attention) declares that a NaN/inf in a key or value a query cannot see (outside its window,
+causally later, another sequence's, a stale cache slot) may still reach it, against the
+contract (docs/api.md); it changes no selection, ``list`` shows it, and the edge-input tests
+report such a kernel's leak instead of failing it.
 
 ``vendor_capabilities={"cpu": ("triton_interpreter",)}`` adds capabilities required on one
 vendor's platforms only: a GPU kernel that also runs on CPU tensors under an interpreter lists
@@ -238,6 +242,7 @@ class KernelSpec:
     prepare_layout: Callable[[Any], None] | None = None
     bind: Callable[[Any], Callable[[Any], None]] | None = None
     graph_safe: bool = True
+    unseen_safe: bool = True
     description: str = ""
     rank_rules: tuple[tuple[tuple[tuple[str, frozenset[int | None]], ...], int], ...] = ()
     vendor_capabilities: tuple[tuple[str, frozenset[str]], ...] = ()
@@ -284,6 +289,7 @@ class KernelSpec:
             f"{self.name} [{self.solution}, backend={self.backend}, priority={self.band.name.lower()}"
             f"({self.priority})] vendors={vendors} archs={archs} caps={caps} dtypes=({dts or 'any'}) "
             f"shapes=({shp or 'any'}) features={feats} graph_safe={'yes' if self.graph_safe else 'no'}"
+            + ("" if self.unseen_safe else " unseen_safe=no")
             + (f" hooks={hooks}" if hooks else "")
             + (f" ranks={rank}" if rank else "")
         )
@@ -442,6 +448,7 @@ def register_kernel(
     bind: Callable[[Any], Callable[[Any], None]] | None = None,
     graph_safe: bool = True,
     rank_when: RankWhen | tuple[RankWhen, ...] | None = None,
+    unseen_safe: bool = True,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as a kernel for ``op`` (see the module docstring).
 
@@ -481,8 +488,9 @@ def register_kernel(
     frozen_vendor_caps = _frozen_vendor_capabilities(vendor_capabilities, vendor_set, name)
     frozen_dtypes = _frozen_dtypes(dtypes, schema.dtype_roles, name)
     frozen_shapes = _frozen_shapes(shapes, schema.shape_keys, name)
-    if not isinstance(graph_safe, bool):
-        raise TypeError(f"kernel {name!r}: graph_safe must be a bool, got {type(graph_safe).__name__}")
+    for flag, value in (("graph_safe", graph_safe), ("unseen_safe", unseen_safe)):
+        if not isinstance(value, bool):
+            raise TypeError(f"kernel {name!r}: {flag} must be a bool, got {type(value).__name__}")
     checked_priority = _checked_priority(priority, name, "priority")
     rules = () if rank_when is None else (rank_when,) if isinstance(rank_when[0], Mapping) else rank_when
     rank_rules = []
@@ -521,6 +529,7 @@ def register_kernel(
             prepare_layout=prepare_layout,
             bind=bind,
             graph_safe=graph_safe,
+            unseen_safe=unseen_safe,
             description=((fn.__doc__ or "").strip().splitlines() or [""])[0],
             rank_rules=tuple(rank_rules),
             vendor_capabilities=frozen_vendor_caps,

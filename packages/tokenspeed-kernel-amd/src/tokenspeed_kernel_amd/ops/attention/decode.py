@@ -13,6 +13,7 @@ from tokenspeed_kernel_amd.ops.attention._common import (
     KV_DTYPES,
     PAGE_SIZES,
     Q_DTYPES,
+    UNSEEN_SAFE,
     VENDORS,
     supported,
 )
@@ -31,6 +32,7 @@ from tokenspeed_kernel_amd.ops.attention._launch import launch
     features=(*FEATURES, "fp8_kv", "spec_decode", "strided_kv"),
     priority=Priority.PERFORMANT,
     predicate=supported,
+    unseen_safe=UNSEEN_SAFE,
 )
 def amd_gluon_decode(args: DecodeArgs) -> None:
     """Paged decode on MFMA: one program per (sequence, KV head, key split) serving the whole

@@ -13,6 +13,7 @@ from tokenspeed_kernel_amd.ops.attention._common import (
     KV_DTYPES,
     PAGE_SIZES,
     Q_DTYPES,
+    UNSEEN_SAFE,
     VENDORS,
     supported,
 )
@@ -31,6 +32,7 @@ from tokenspeed_kernel_amd.ops.attention._launch import launch
     features=(*FEATURES, "non_causal", "fp8_kv", "strided_kv"),
     priority=Priority.PERFORMANT,
     predicate=supported,
+    unseen_safe=UNSEEN_SAFE,
 )
 def amd_gluon_extend(args: ExtendArgs) -> None:
     """Chunked prefill on MFMA through the page table: the prefill tiles over a paged cache."""

@@ -11,6 +11,7 @@ from tokenspeed_kernel_amd.ops.attention._common import (
     FEATURES,
     HEAD_DIMS,
     Q_DTYPES,
+    UNSEEN_SAFE,
     VENDORS,
     supported,
 )
@@ -29,6 +30,7 @@ from tokenspeed_kernel_amd.ops.attention._launch import launch
     features=(*FEATURES, "non_causal"),
     priority=Priority.PERFORMANT,
     predicate=supported,
+    unseen_safe=UNSEEN_SAFE,
 )
 def amd_gluon_prefill(args: PrefillArgs) -> None:
     """FlashAttention-style prefill on MFMA: 128 packed (token, GQA head) rows per program,

@@ -50,6 +50,10 @@ FEATURES = ("non_causal", "sinks", "sliding_window", "return_lse")
     rank_when=({"window_left": (None,), "head_dim": (64, 128)}, Priority.PERFORMANT + 10),
     predicate=fa4_predicate,
     available=fa4_missing,
+    # FlashAttention-4's CuTe DSL kernel as shipped multiplies masked probabilities by V in the
+    # MMA (0 x NaN = NaN): a NaN/inf in a key or value a query cannot see reaches it (measured
+    # on an H200, 2026-11-28; docs/nvidia.md)
+    unseen_safe=False,
     # One launch on the caller's stream (TVM-FFI's environment stream), no host reads of
     # lengths; the first call of a variant loads (AOT) or compiles (JIT) it, so warm up
     # before capture. Not yet captured on a GPU.
