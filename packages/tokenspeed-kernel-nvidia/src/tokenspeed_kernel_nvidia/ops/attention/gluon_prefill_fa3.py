@@ -581,7 +581,8 @@ def _runner_key(args: PrefillArgs) -> tuple:
     """:func:`~tokenspeed_kernel_nvidia.ops.attention._common.attention_call_key` (with the
     window, a launch scalar) and the persistent grid of the call's build (its program count
     and query-block count ``n_m``, which follow ``max_seqlen_q``; calls with the same ones
-    share a runner) and whether the launch lists its tiles. Called after the build's check: ``window_left >= 0`` names the build."""
+    share a runner) and whether the launch lists its tiles. Called after the build's check:
+    ``window_left >= 0`` names the build."""
     batch = args.cu_seqlens_q.shape[0] - 1
     block_m = _config(args.q.shape[2], args.window_left >= 0).block_m
     programs, n_m = grid(args.max_seqlen_q, batch, args.q.shape[1], sm_count(args.q.device), block_m)

@@ -374,10 +374,12 @@ def _rows_key(rows: QueryRows, splits: int) -> tuple:
     )
 
 
-def planned(run: Callable[[QueryRows], None]) -> Callable[[Any], None]:
-    """A ``bind`` hook's runner for a step plan (the core's ``PrefillPlan``/``ExtendPlan``):
-    ``run``, the runner of the plan's key (``RunnerCache.runner``), on each run's query rows."""
-    return lambda args: run(query_rows(args))
+def planned(cache: RunnerCache[QueryRows], args: Any) -> Callable[[Any], None]:
+    """The ``bind`` hook of a kernel whose calls ``cache`` serves (the core's ``PrefillPlan`` /
+    ``ExtendPlan``): the runner of the plan's key (``RunnerCache.runner``), on each run's query
+    rows (``functools.partial(planned, _RUNNERS)`` at registration)."""
+    run = cache.runner(query_rows(args))
+    return lambda run_args: run(query_rows(run_args))
 
 
 def runner_cache(name: str, regime: str, splits_of: Callable[[QueryRows], int]) -> RunnerCache[QueryRows]:

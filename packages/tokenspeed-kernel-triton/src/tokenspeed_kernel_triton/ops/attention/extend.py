@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from tokenspeed_kernel.ops.attention.args import ExtendArgs
 from tokenspeed_kernel.ops.attention.rows import query_rows
 from tokenspeed_kernel.registry import Priority, register_kernel
@@ -32,7 +34,7 @@ _RUNNERS = runner_cache("triton_extend", "prefill", lambda rows: 1)
     features=(*COMMON_FEATURES, "non_causal", "fp8_kv", "strided_kv"),
     priority=Priority.PORTABLE,
     predicate=head_dim_v_and_group_fit,
-    bind=lambda args: planned(_RUNNERS.runner(query_rows(args))),
+    bind=functools.partial(planned, _RUNNERS),
 )
 def triton_extend(args: ExtendArgs) -> None:
     """Chunked prefill: the prefill tiles, keys gathered through the page table."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
 from tokenspeed_kernel.ops.attention.rows import query_rows
 from tokenspeed_kernel.registry import Priority, register_kernel
@@ -31,7 +33,7 @@ _RUNNERS = runner_cache("triton_prefill", "prefill", lambda rows: 1)
     features=(*COMMON_FEATURES, "non_causal", "unaligned_qkv"),
     priority=Priority.PORTABLE,
     predicate=head_dim_v_and_group_fit,
-    bind=lambda args: planned(_RUNNERS.runner(query_rows(args))),
+    bind=functools.partial(planned, _RUNNERS),
 )
 def triton_prefill(args: PrefillArgs) -> None:
     """Ragged prefill: one program per (128 query rows of a GQA group, KV head); in-window tiles only."""

@@ -1,22 +1,22 @@
-"""``mha_prefill_plan`` / ``mha_extend_plan``: one step's call checked and its kernel selected
-once, run per layer.
+"""``mha_prefill_plan`` / ``mha_extend_plan`` / ``mha_decode_step_plan``: one eager step's call
+checked and its kernel selected once, run per layer.
 
-A serving engine's prefill or mixed step calls ``mha_prefill`` or ``mha_extend_with_kvcache``
-once per attention layer with the same batch tables (``cu_seqlens_*``, a page table,
-``cache_seqlens`` and their host bounds) and the same options; only q, the layer's keys and
-values (or caches), its sinks (and fp8 scales) and out change from layer to layer. Each
+A serving engine's eager step calls ``mha_prefill``, ``mha_extend_with_kvcache`` or
+``mha_decode_with_kvcache`` once per attention layer with the same batch tables
+(``cu_seqlens_*``, a page table, ``cache_seqlens`` and their host bounds) and the same options;
+only q, the layer's keys and values (or caches), its sinks (and fp8 scales) and out change from
+layer to layer. Each
 functional call pays its call key (every tensor's shape, strides, dtype, device), the
 plan-cache lookup and the selection again. A step plan pays them once per step:
 
-- :func:`mha_prefill_plan` / :func:`mha_extend_plan` take the arguments of the step's first
-  call, check them in full exactly as the functional call would (the same errors), and select
-  the kernel once (``override=`` respected); nothing is computed;
-- :meth:`PrefillPlan.run` / :meth:`ExtendPlan.run` are the call of every layer, the first one's
-  included: the layer's tensors must have the layout of the plan's (shape, strides, storage
+- :func:`mha_prefill_plan` / :func:`mha_extend_plan` / :func:`mha_decode_step_plan` take the
+  arguments of the step's first call, check them in full exactly as the functional call would
+  (the same errors), and select the kernel once (``override=`` respected); nothing is computed;
+- ``plan.run`` is the call of every layer, the first one's included: the layer's tensors must have the layout of the plan's (shape, strides, storage
   offset, dtype, device: what the checks and the selection read of them; ``out``: shape,
   strides, dtype, device); the run then builds the kernel's arguments and launches: no call
-  key, no lookup, no selection. A kernel with a ``bind`` hook is bound on the plan's first run
-  outside CUDA-graph capture (its runner, which has the launch work of the plan's layout done,
+  key, no lookup, no selection. A prefill or extend kernel with a ``bind`` hook is bound on the
+  plan's first run outside CUDA-graph capture (its runner, which has the launch work of the plan's layout done,
   serves the later runs: the kernel's own key is skipped too). A run whose tensors differ in
   layout is checked in full like a functional call (raising what is wrong, naming the
   argument) and served by the plan's kernel when it asks for the same selection, else refused
@@ -93,8 +93,10 @@ class _StepPlan:
     CALL: ClassVar[type[PrefillCall] | type[ExtendCall] | type[DecodeCall]]
     LAYER: ClassVar[tuple[int, ...]]
     OUT: ClassVar[int]
-    # The positions of the plain fields' values in the public call.
-    SCALARS: ClassVar[tuple[tuple[str, int], ...]]
+    # The fields taken from the first call as given (name, position in the public call: the
+    # tables, the host bounds, options), and those its checked call plan derived (by name).
+    FROM_CALL: ClassVar[tuple[tuple[str, int], ...]]
+    FROM_CHECK: ClassVar[tuple[str, ...]]
 
     kernel: str
     spec: KernelSpec
@@ -113,14 +115,11 @@ class _StepPlan:
     _base: tuple = field(repr=False)
     _layout: Hashable = field(repr=False)
     _out: tuple = field(repr=False)
-    # What serves the quick runs: [the kernel's bound runner], empty until the first run
-    # outside capture binds it (``spec.fn`` serves until then, and for a kernel without one).
-    _runner: list[Callable[[Any], None]] = field(default_factory=list, repr=False)
 
     @classmethod
-    def _make(cls, call: tuple, **fields: Any) -> Any:
+    def _make(cls, call: tuple) -> Any:
         """The plan of a step whose first call is ``call`` (the public call's arguments, in
-        order), checked in full; ``fields``: the subclass's own (its tables)."""
+        order), checked in full."""
         checked = cls.CALL.check(False, *call)
         request = checked.request
         assert request is not None  # checked outside tracing
@@ -138,12 +137,12 @@ class _StepPlan:
             softmax_scale=checked.scale,
             logit_cap=checked.logit_cap,
             device=checked.device,
-            **{name: call[position] for name, position in cls.SCALARS},
+            **{name: call[position] for name, position in cls.FROM_CALL},
+            **{name: getattr(checked, name) for name in cls.FROM_CHECK},
             _call=checked,
             _base=tuple(base),
             _layout=_layout(tuple(call[p] for p in cls.LAYER)),
             _out=(torch.Size(checked.out_shape), q.dtype, q.device, _contiguous_strides(checked.out_shape)),
-            **fields,
         )
 
     def _run(self, layer: tuple, out: torch.Tensor | None) -> Any:
@@ -164,18 +163,6 @@ class _StepPlan:
         """The outputs allocated (``out`` may be given), the kernel's typed arguments built and
         run (its bound runner, or ``spec.fn``); the public result."""
         raise NotImplementedError
-
-    def _bind(self, args: Any) -> Callable[[Any], None]:
-        """What serves ``args`` (the first quick run's): the kernel's ``bind`` hook's runner,
-        kept for the later runs, or ``spec.fn`` (no hook; or while capturing, where hooks are
-        never called: a later run binds)."""
-        if self.spec.bind is None:
-            self._runner.append(self.spec.fn)
-        elif not is_capturing():
-            self._runner.append(self.spec.bind(args))
-        else:
-            return self.spec.fn
-        return self._runner[0]
 
     def _checked_run(self, layer: tuple, out: object) -> Any:
         """A run the quick path does not take (another layout, ``torch.compile``, debug or
@@ -204,6 +191,9 @@ class _RaggedPlan(_StepPlan):
     max_seqlen_q: int
     total_q: int
     causal: bool
+    # What serves the quick runs: [the kernel's bound runner], empty until the first run
+    # outside capture binds it (``spec.fn`` serves until then, and for a kernel without one).
+    _runner: list[Callable[[Any], None]] = field(default_factory=list, repr=False)
 
     def _launch(self, layer: tuple, out: torch.Tensor | None) -> Any:
         call = self._call
@@ -217,6 +207,18 @@ class _RaggedPlan(_StepPlan):
 
     def _args(self, layer: tuple, out: torch.Tensor, lse: torch.Tensor | None) -> Any:
         raise NotImplementedError
+
+    def _bind(self, args: Any) -> Callable[[Any], None]:
+        """What serves ``args`` (the first quick run's): the kernel's ``bind`` hook's runner,
+        kept for the later runs, or ``spec.fn`` (no hook; or while capturing, where hooks are
+        never called: a later run binds)."""
+        if self.spec.bind is None:
+            self._runner.append(self.spec.fn)
+        elif not is_capturing():
+            self._runner.append(self.spec.bind(args))
+        else:
+            return self.spec.fn
+        return self._runner[0]
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -234,7 +236,11 @@ class PrefillPlan(_RaggedPlan):
     CALL = PrefillCall
     LAYER = (0, 1, 2, 10)  # q, k, v, sinks
     OUT = 13
-    SCALARS = (("max_seqlen_q", 5), ("max_seqlen_k", 6), ("causal", 7), ("window_left", 9), ("return_lse", 12))
+    FROM_CALL = (
+        ("cu_seqlens_q", 3), ("cu_seqlens_k", 4), ("max_seqlen_q", 5), ("max_seqlen_k", 6), ("causal", 7),
+        ("window_left", 9), ("return_lse", 12),
+    )  # fmt: skip
+    FROM_CHECK = ("total_q", "total_k")
 
     cu_seqlens_q: torch.Tensor
     cu_seqlens_k: torch.Tensor
@@ -298,7 +304,11 @@ class ExtendPlan(_RaggedPlan):
     CALL = ExtendCall
     LAYER = (0, 1, 2, 11, 13, 14)  # q, k_cache, v_cache, sinks, k_scale, v_scale
     OUT = 16
-    SCALARS = (("max_seqlen_q", 6), ("max_seqlen_k", 7), ("causal", 8), ("window_left", 10), ("return_lse", 15))
+    FROM_CALL = (
+        ("page_table", 3), ("cu_seqlens_q", 4), ("cache_seqlens", 5), ("max_seqlen_q", 6), ("max_seqlen_k", 7),
+        ("causal", 8), ("window_left", 10), ("return_lse", 15),
+    )  # fmt: skip
+    FROM_CHECK = ("total_q", "page_size")
 
     page_table: torch.Tensor
     cu_seqlens_q: torch.Tensor
@@ -376,7 +386,10 @@ class DecodeStepPlan(_StepPlan):
     CALL = DecodeCall
     LAYER = (0, 1, 2, 8, 10, 11)  # q, k_cache, v_cache, sinks, k_scale, v_scale
     OUT = 13
-    SCALARS = (("max_seqlen_k", 5), ("window_left", 7), ("return_lse", 12))
+    FROM_CALL = (
+        ("page_table", 3), ("cache_seqlens", 4), ("max_seqlen_k", 5), ("window_left", 7), ("return_lse", 12),
+    )  # fmt: skip
+    FROM_CHECK = ("batch", "q_len", "page_size")
 
     page_table: torch.Tensor
     cache_seqlens: torch.Tensor
@@ -459,9 +472,7 @@ def mha_prefill_plan(
     """
     call = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left,
             sinks, logit_cap, return_lse, out, override)  # fmt: skip
-    return PrefillPlan._make(
-        call, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, total_k=k.shape[0], total_q=q.shape[0]
-    )
+    return PrefillPlan._make(call)
 
 
 def mha_extend_plan(
@@ -497,14 +508,7 @@ def mha_extend_plan(
     """
     call = (q, k_cache, v_cache, page_table, cu_seqlens_q, cache_seqlens, max_seqlen_q, max_seqlen_k, causal,
             softmax_scale, window_left, sinks, logit_cap, k_scale, v_scale, return_lse, out, override)  # fmt: skip
-    return ExtendPlan._make(
-        call,
-        page_table=page_table,
-        cu_seqlens_q=cu_seqlens_q,
-        cache_seqlens=cache_seqlens,
-        page_size=k_cache.shape[1],
-        total_q=q.shape[0],
-    )
+    return ExtendPlan._make(call)
 
 
 def mha_decode_step_plan(
@@ -535,13 +539,4 @@ def mha_decode_step_plan(
     """
     call = (q, k_cache, v_cache, page_table, cache_seqlens, max_seqlen_k, softmax_scale, window_left, sinks, logit_cap,
             k_scale, v_scale, return_lse, out, override)  # fmt: skip
-    batch = page_table.shape[0] if isinstance(page_table, torch.Tensor) else 0
-    q_len = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
-    return DecodeStepPlan._make(
-        call,
-        page_table=page_table,
-        cache_seqlens=cache_seqlens,
-        batch=batch,
-        q_len=q_len,
-        page_size=k_cache.shape[1] if isinstance(k_cache, torch.Tensor) else 0,
-    )
+    return DecodeStepPlan._make(call)
