@@ -54,6 +54,12 @@
 #   fiext: issue 20's extend peer: `bench attention.extend --kernel gluon_extend_fa3_sm90,flashinfer_extend,
 #           triton_extend --preset extend-lengths` with FlashInfer's FA3 sink module installed as an AOT module
 #           (.whl-nvidia/fi-prefill-so.tar.xz from ci/device/flashinfer_attention_prebuild.py; carry .whl, .whl-nvidia)
+#   stepplan: the step plans on the GPU (ci/device/README.md item o): test_step_plan_gpu.py (every bind-hook kernel and
+#           the decode step plan's kernels through the plans, bitwise as the call, vs float64), then vllm_compare.py
+#           (carry .whl-vllm; the plugin's eager/mixed decodes run through DecodeStepPlan), then the example's eager
+#           vs graph at decode B=1 (issue 19's third target) (~6 min)
+#   stridedq: `check` of the Triton attention kernels (derived cases), whose feature-strided_q cases
+#           (a row-strided q, NaN beyond each row's q) must pass (~3 min)
 #   decode: gluon_decode_sm90 GPU tests, `check --preset awkward`, decode_splits_sweep.py --quick, then
 #           `bench attention.decode --kernel all --preset gpt-oss-120b` (does the selector pick the fastest?) (~5 min)
 # Each step has its own time budget and never stops the next one; results land in $OUT.
@@ -63,7 +69,8 @@
 #         (optional) bash ci/device/flashinfer_bundle.sh
 #         (optional) bash ci/device/triton_kernels_bundle.sh   # .whl-ogs: matmul_ogs rows in `bench moe.apply`
 # Device: carry [".whl"] (and ".whl-nvidia", ".whl-ogs", ".whl-cute/bundle"), command: bash ci/device/verify_pending.sh
-# STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, fa3nan, fiext, flashinfer, e2e
+# STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, fa3nan, fiext, flashinfer, e2e,
+# stepplan, stridedq
 # (default: decode); INSTALL=0 skips installing .whl and unpacking FA4's bundle (done once for every lane of the call). A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap`, `mxp` and `fa3g` alone.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -252,6 +259,29 @@ timeout 200 python3 -W ignore -m tokenspeed_kernel bench attention.decode --kern
   --device cuda --json "$OUT/decode_bench_all.json" 2>&1 | tail -70 || status=1
 }
 
+stepplan() {
+echo "== step plans on the GPU: their GPU tests, vLLM's backend (decode step plans), the example at B=1"
+timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel/ops/attention/test_step_plan_gpu.py \
+  2>&1 | tail -12 || status=1
+if [ -f .whl-vllm/vllm-py.tar.xz ]; then
+  python3 -m pip install -q --no-deps --no-index .whl-vllm/wheels/*.whl
+  mkdir -p /tmp/vllm-py && tar -xJf .whl-vllm/vllm-py.tar.xz -C /tmp/vllm-py
+  OUT="$OUT" PYTHONPATH=/tmp/vllm-py${PYTHONPATH:+:$PYTHONPATH} timeout 240 python3 ci/device/vllm_compare.py \
+    2>&1 | tail -40 || status=1
+else
+  echo "stepplan: no .whl-vllm carried: vllm_compare.py not run"
+fi
+timeout 150 python3 -m examples.gpt_oss.bench --rows selector,torch --batches 1 --contexts 8192 2>&1 | tail -25 || status=1
+}
+
+stridedq() {
+echo "== row-strided q: check of the Triton attention kernels (derived feature-strided_q cases)"
+for op in prefill extend decode; do
+  timeout 150 python3 -W ignore -m tokenspeed_kernel check "attention.$op" --kernel "triton_$op" \
+    --device cuda --json "$OUT/check_strided_$op.json" 2>&1 | tail -25 || status=1
+done
+}
+
 fiext() {
 echo "== extend peers: gluon_extend_fa3_sm90 vs FlashInfer's paged prefill (flashinfer_extend) and triton_extend"
 # needs .whl-nvidia with fi-prefill-so.tar.xz holding the FA3 sink module (bf16, head dim 64, no
@@ -284,8 +314,8 @@ fi
 
 for step in $steps; do
   case $step in
-    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | fa3g | fa3v | fa3w | fa3x | fa3nan | fiext | flashinfer | e2e) "$step" ;;
-    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, fa3nan, fiext, flashinfer, e2e)"
+    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | fa3g | fa3v | fa3w | fa3x | fa3nan | fiext | flashinfer | e2e | stepplan | stridedq) "$step" ;;
+    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, fa3nan, fiext, flashinfer, e2e, stepplan, stridedq)"
        status=2 ;;
   esac
 done
