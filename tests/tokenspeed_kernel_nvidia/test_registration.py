@@ -306,3 +306,20 @@ def test_public_plan_step_reaches_the_flashinfer_plan_with_the_runs_key(monkeypa
     assert flashinfer_decode._key(hook_args) == flashinfer_decode._key(run_args)
     token = _flashinfer.layout_token(hook_args.page_table, hook_args.cache_seqlens)
     assert _flashinfer._same_layout(token, _flashinfer.layout_token(run_args.page_table, run_args.cache_seqlens))
+
+
+@pytest.mark.parametrize("op", ["attention.prefill", "attention.extend", "attention.decode"])
+def test_a_row_strided_q_goes_to_the_kernels_that_read_it_in_place(op):
+    """No NVIDIA attention kernel claims ``strided_q`` yet (the Gluon kernels' TMA descriptor views
+    q as contiguous rows; FlashInfer's wrappers take contiguous q): a row-strided q is served by
+    the Triton kernel of the operator, each NVIDIA kernel naming the feature it lacks."""
+    from tokenspeed_kernel.tools.cases import attention as cases
+
+    lens_q = (1, 1) if op == "attention.decode" else (2048, 300)
+    case = cases.AttentionCase(op, lens_q, (4096, 2048), 64, 8, 64, sinks=True, strided_q=True)
+    reasons, selection = _verdict(cases.request(case), "sm_90")
+    assert selection.winner.name == {"attention.prefill": "triton_prefill", "attention.extend": "triton_extend",
+                                     "attention.decode": "triton_decode"}[op]  # fmt: skip
+    for name in ("gluon_prefill_fa3_sm90", "gluon_extend_fa3_sm90", "gluon_decode_sm90"):
+        if name in reasons:
+            assert any("strided_q" in r for r in reasons[name]), reasons[name]

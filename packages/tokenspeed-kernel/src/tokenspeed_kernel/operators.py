@@ -40,7 +40,9 @@ class OperatorSchema:
     binds: bool = False
 
 
-_ATTENTION_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
+# strided_q: a 3-D q of rows [Hq, D] with a row stride of their own (a view of a fused qkv
+# projection, as vLLM passes it); kernels that address q through its strides list it.
+_ATTENTION_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse", "strided_q")
 # window_left is present only for windowed calls (>= 0), so a predicate can bound it.
 _ATTENTION_SHAPES = ("head_dim", "head_dim_v", "num_q_heads", "num_kv_heads", "window_left")
 # Paged caches: ``strided_kv`` when either cache is not contiguous (a strided view, e.g.

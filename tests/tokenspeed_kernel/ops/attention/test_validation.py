@@ -1,5 +1,7 @@
 """Every bad input raises TypeError/ValueError naming the argument, before any launch."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -189,3 +191,47 @@ def test_debug_checks_are_off_by_default():
     inputs["page_table"] = inputs["page_table"] * 0 + 999
     with pytest.raises(IndexError):  # ... and only the reference kernel's own indexing notices.
         cases.call(DECODE, inputs, override="torch_decode")
+
+
+# --- row-strided q (strided_q) -------------------------------------------------------------
+
+
+def _rows_of_wider(q: torch.Tensor, extra: int) -> torch.Tensor:
+    """``q`` as the first ``Hq * D`` columns of rows ``extra`` values wider (a fused qkv's q)."""
+    rows, heads, dim = q.shape
+    buf = torch.full((rows, heads * dim + extra), float("nan"), dtype=q.dtype)
+    buf[:, : heads * dim] = q.reshape(rows, -1)
+    return buf[:, : heads * dim].view(rows, heads, dim)
+
+
+@pytest.mark.parametrize("op", ["attention.prefill", "attention.extend", "attention.decode"])
+def test_row_strided_q_is_served_in_place_and_other_layouts_are_refused(op, only_reference):
+    """A 3-D q whose rows ``[Hq, D]`` have a row stride of their own (a view of a fused qkv
+    projection) is accepted, asks for ``strided_q`` and gives the contiguous q's result; any
+    other non-contiguous q is a ``ValueError`` naming q and the layout it must have."""
+    from tokenspeed_kernel import last_kernel, registry
+
+    case = cases.AttentionCase(op, (1, 1) if op == "attention.decode" else (5, 9), (6, 13), 4, 2, 16,
+                               dtype=torch.float32, sinks=True)  # fmt: skip
+    inputs = cases.make_inputs(case, seed=3)
+    strided = {**inputs, "q": _rows_of_wider(inputs["q"], 40)}
+    assert (
+        not strided["q"].is_contiguous()
+        and "strided_q" in cases.request(dataclasses.replace(case, strided_q=True)).features
+    )
+    want = cases.call(case, inputs)
+    assert torch.equal(cases.call(case, strided), want)
+    assert "strided_q" in registry.get_kernel(last_kernel()).features
+    heads_apart = inputs["q"].transpose(0, 1).contiguous().transpose(0, 1)
+    with pytest.raises(ValueError, match=r"q must be contiguous, or rows \[Hq, D\] with a row stride of their own"):
+        cases.call(case, {**inputs, "q": heads_apart})
+
+
+def test_a_4d_decode_q_must_stay_contiguous(only_reference):
+    case = cases.AttentionCase("attention.decode", (2, 2), (6, 13), 4, 2, 16, dtype=torch.float32)
+    inputs = cases.make_inputs(case, seed=1)
+    q = inputs["q"]
+    wider = torch.full((*q.shape[:-1], 20), float("nan"))
+    wider[..., :16] = q
+    with pytest.raises(ValueError, match="q must be contiguous"):
+        cases.call(case, {**inputs, "q": wider[..., :16]})

@@ -20,7 +20,7 @@ from tokenspeed_kernel.registry import Priority, register_kernel
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 _KV_DTYPES = (*_DTYPES, torch.float8_e4m3fn)
-_COMMON = ("sinks", "sliding_window", "logit_cap", "return_lse")
+_COMMON = ("sinks", "sliding_window", "logit_cap", "return_lse", "strided_q")
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -23,7 +23,7 @@ Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 KV_DTYPES = (*Q_DTYPES, torch.float8_e4m3fn)
 HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
 PAGE_SIZES = tuple(2**i for i in range(9))  # 1 .. 256
-COMMON_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
+COMMON_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse", "strided_q")
 
 
 def head_dim_v_and_group_fit(request: Request) -> str | None:

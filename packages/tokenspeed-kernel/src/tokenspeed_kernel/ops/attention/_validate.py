@@ -55,6 +55,7 @@ def attention_request(
     kv_align: int | None = None,
     kv_prefix: bool | None = None,
     unaligned_qkv: bool = False,
+    strided_q: bool = False,
 ) -> Request:
     """The selector request of an attention call, built from plain shapes (public: ask
     ``select``/``explain`` which kernel would serve a model's calls before making them).
@@ -83,9 +84,12 @@ def attention_request(
         unaligned_qkv: (prefill) q, k or v is not 16-byte aligned: its byte offset or a byte
             stride but the last is not a multiple of 16 (``tokenspeed_kernel.ops._checks.kv_align``
             of the three, below 16); only kernels that list the feature serve it.
+        strided_q: q is 3-D rows ``[Hq, D]`` with a row stride of their own (a view of a fused
+            qkv projection), not contiguous (:func:`check_q_rows`); only kernels that list
+            the feature serve it.
 
     Features: ``non_causal``, ``sliding_window``, ``sinks``, ``logit_cap``, ``return_lse``,
-    ``fp8_kv`` (an fp8 cache), ``spec_decode`` (``q_len > 1``), ``strided_kv``, ``unaligned_qkv``. Shapes: head
+    ``fp8_kv`` (an fp8 cache), ``spec_decode`` (``q_len > 1``), ``strided_kv``, ``unaligned_qkv``, ``strided_q``. Shapes: head
     dims, head counts, ``window_left`` when windowed, and ``page_size`` / ``kv_align`` /
     ``q_len`` where the operator has them, ``batch_bucket`` / ``max_seqlen_q_bucket`` / ``kv_prefix`` when ``batch`` /
     ``max_seqlen_q`` / ``kv_prefix`` is given. It is exactly the request the public call builds for the same arguments.
@@ -100,6 +104,7 @@ def attention_request(
         ("spec_decode", q_len is not None and q_len > 1),
         ("strided_kv", strided_kv),
         ("unaligned_qkv", unaligned_qkv),
+        ("strided_q", strided_q),
     )
     shapes = [
         ("head_dim", heads.head_dim),
@@ -183,6 +188,22 @@ def check_ragged(max_seqlen_q: object, max_seqlen_k: object, causal: object) -> 
     check_int("max_seqlen_k", max_seqlen_k, min_value=0)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+
+
+def check_q_rows(q: torch.Tensor) -> bool:
+    """Whether a 3-D q ``[rows, Hq, D]`` is row-strided (``strided_q``): each row's ``Hq * D``
+    values contiguous (``q.stride(2) == 1``, ``q.stride(1) == D``) with a row stride of its
+    own, as a view of a fused qkv projection is; False when contiguous. ``ValueError`` for any
+    other layout."""
+    if q.is_contiguous():
+        return False
+    rows, _, dim = q.shape
+    if q.stride(2) != 1 or q.stride(1) != dim or (rows > 1 and q.stride(0) < q.shape[1] * dim):
+        raise ValueError(
+            f"q must be contiguous, or rows [Hq, D] with a row stride of their own (strides (S, D, 1), S >= Hq * D): "
+            f"got strides {q.stride()} for shape {tuple(q.shape)}"
+        )
+    return True
 
 
 def check_heads(q_name: str, q: torch.Tensor, k_name: str, k: torch.Tensor, v_name: str, v: torch.Tensor) -> Heads:
@@ -437,7 +458,8 @@ def check_prefill(
     override: object,
 ) -> tuple[Heads, float]:
     """Every host check of ``mha_prefill``, in order; the head geometry and the resolved scale."""
-    q = check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES)
+    q = check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES, contiguous=False)
+    check_q_rows(q)
     k = check_tensor("k", k, ndim=3, dtypes=(q.dtype,))
     v = check_tensor("v", v, ndim=3, dtypes=(q.dtype,))
     if v.shape[0] != k.shape[0]:
@@ -485,7 +507,8 @@ def check_extend(
 ) -> tuple[Heads, int, float]:
     """Every host check of ``mha_extend_with_kvcache``, in order; the head geometry, the page
     size and the resolved scale."""
-    q = check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES)
+    q = check_tensor("q", q, ndim=3, dtypes=ACT_DTYPES, contiguous=False)
+    check_q_rows(q)
     cu_seqlens_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, q)
     batch = cu_seqlens_q.shape[0] - 1
     heads, page_size, _, _ = check_paged_cache(q, k_cache, v_cache, page_table, cache_seqlens, k_scale, v_scale, batch)
@@ -525,7 +548,9 @@ def check_decode_call(
 ) -> tuple[Heads, int, float, int]:
     """Every host check of ``mha_decode_with_kvcache``, in order; the head geometry, the page
     size, the resolved scale and the queries per sequence (``q_len``)."""
-    q = check_tensor("q", q, ndim=(3, 4), dtypes=ACT_DTYPES)
+    q = check_tensor("q", q, ndim=(3, 4), dtypes=ACT_DTYPES, contiguous=q.dim() == 4 if isinstance(q, torch.Tensor) else True)
+    if q.dim() == 3:
+        check_q_rows(q)
     q_len = q.shape[1] if q.dim() == 4 else 1
     if q_len < 1:
         raise ValueError(f"q must hold at least one query per sequence, got shape {list(q.shape)}")

@@ -98,6 +98,7 @@ def _facts(
     total_k: int | None = None,
     kv_prefix: bool | None = None,
     unaligned_qkv: bool = False,
+    strided_q: bool = False,
 ) -> tuple[Request | None, Callable[..., dict[str, Any]]]:
     """The selector request of an attention call with these checked facts, and what builds its
     capture signature (given the per-call lengths: ``signature(max_seqlen_k=...)``); none while tracing (``compiling``: the custom op
@@ -127,6 +128,7 @@ def _facts(
         kv_align=align,
         kv_prefix=kv_prefix,
         unaligned_qkv=unaligned_qkv,
+        strided_q=strided_q,
     )
     own = (("total_q", total_q), ("total_k", total_k), ("q_len", q_len), ("page_size", page_size), ("causal", causal))
     signature = functools.partial(
@@ -232,6 +234,7 @@ class PrefillCall(Plan):
             # the call key holds q/k/v's storage offsets and strides, which fix this (the
             # storage itself 16-byte aligned, as every torch allocator returns it)
             unaligned_qkv=not compiling and kv_align(q, k, v) < 16,
+            strided_q=not q.is_contiguous(),
         )
         return cls(
             request,
@@ -464,6 +467,7 @@ class ExtendCall(Plan):
             page_size=page_size,
             max_seqlen_q=max_seqlen_q,
             total_q=total_q,
+            strided_q=not q.is_contiguous(),
         )
         return cls(
             request,
@@ -685,6 +689,7 @@ class DecodeCall(Plan):
         q_dims: int,
         capturable: bool = False,
         compiling: bool = False,
+        strided_q: bool = False,
     ) -> DecodeCall:
         """The plan of a decode over these checked caches and tables, of a q of ``q_dims``
         (3 or 4) dimensions (``sinks``: whether a sinks tensor is passed; ``capturable``: as
@@ -705,6 +710,7 @@ class DecodeCall(Plan):
             page_size=page_size,
             q_len=q_len,
             capturable=capturable,
+            strided_q=strided_q,
         )
         q4 = (batch, q_len, heads.num_q_heads, heads.head_dim)
         out4 = (batch, q_len, heads.num_q_heads, heads.head_dim_v)
@@ -775,6 +781,7 @@ class DecodeCall(Plan):
             q_len=q_len,
             q_dims=q.dim(),
             compiling=compiling,
+            strided_q=not q.is_contiguous(),
         )
 
     def run(

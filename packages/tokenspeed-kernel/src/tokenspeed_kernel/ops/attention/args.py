@@ -7,7 +7,9 @@ and hand a kernel one of these objects. A kernel reads the inputs and writes ``o
 
 Notation: ``Hq`` query heads, ``Hkv`` KV heads (``Hq % Hkv == 0``; query head ``h`` reads
 KV head ``h // (Hq // Hkv)``), ``D`` the q/k head dim, ``Dv`` the v head dim, ``P`` the
-page size. Every tensor is on one device and contiguous, except the paged caches: a
+page size. Every tensor is on one device and contiguous, except a 3-D q of a call that asks
+for ``strided_q`` (rows ``[Hq, D]`` with a row stride of their own: address it through
+``q.stride(0)``; a kernel that needs it contiguous omits the feature) and the paged caches: a
 ``k_cache``/``v_cache`` may be a strided view (any page, token and head strides; stride 1 in
 the head dim), to be read or written through its strides. A kernel that needs contiguous
 caches omits the ``strided_kv`` feature; one that needs 16-byte aligned strides restricts

@@ -76,6 +76,9 @@ class AttentionCase:
     # prefill: q, k and v contiguous but one element past a 16-byte boundary (request feature
     # ``unaligned_qkv``: kernels that need 16-byte aligned operands decline the call)
     misaligned: bool = False
+    # prefill, extend, decode with q_len 1: q a row-strided view ``[rows, Hq, D]`` of a wider
+    # ``[rows, (Hq + 2 Hkv) D]`` buffer, as a fused qkv projection's q (request feature ``strided_q``)
+    strided_q: bool = False
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -92,6 +95,8 @@ class AttentionCase:
             raise ValueError(f"AttentionCase.cache_layout must be one of {CACHE_LAYOUTS} (paged operators only)")
         if self.misaligned and self.op != "attention.prefill":
             raise ValueError("AttentionCase.misaligned applies to attention.prefill only")
+        if self.strided_q and (self.op == "kvcache.store" or (self.op == "attention.decode" and self.seqlens_q[0] > 1)):
+            raise ValueError("AttentionCase.strided_q applies to a 3-D q (prefill, extend, decode with q_len 1)")
 
     @property
     def batch(self) -> int:
@@ -131,6 +136,8 @@ class AttentionCase:
             parts.append("lse")
         if self.misaligned:
             parts.append("misaligned")
+        if self.strided_q:
+            parts.append("strided_q")
         return " ".join(parts)
 
     def _visible_pairs(self) -> int:
@@ -250,6 +257,7 @@ def request(case: AttentionCase) -> Request:
         # make_inputs passes one lengths tensor when the lengths are equal (as engines do)
         kv_prefix=case.seqlens_k != case.seqlens_q if case.op == "attention.prefill" else None,
         unaligned_qkv=_qkv_unaligned(case),
+        strided_q=case.strided_q,
     )
 
 
@@ -310,6 +318,18 @@ def _options(case: AttentionCase, gen: torch.Generator, device: torch.device) ->
     return {"window_left": case.window_left, "sinks": sinks, "logit_cap": case.logit_cap, "return_lse": case.return_lse}
 
 
+def _q_rows(case: AttentionCase, q: torch.Tensor) -> torch.Tensor:
+    """``q`` itself, or (``case.strided_q``) its values in the first ``Hq * D`` columns of a
+    ``[rows, (Hq + 2 Hkv) D]`` buffer whose other columns hold NaN (a fused qkv projection's
+    layout; a kernel that reads past a row's q fails the float64 comparison)."""
+    if not case.strided_q:
+        return q
+    rows, heads, dim = q.shape
+    buf = torch.full((rows, (heads + 2 * case.num_kv_heads) * dim), float("nan"), dtype=q.dtype, device=q.device)
+    buf[:, : heads * dim] = q.reshape(rows, heads * dim)
+    return buf[:, : heads * dim].view(rows, heads, dim)
+
+
 def make_inputs(case: AttentionCase, device: torch.device | str = "cpu", seed: int = 0) -> dict[str, Any]:
     """Keyword arguments for the public function of ``case.op`` (without ``override``/``out``).
 
@@ -333,7 +353,7 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu", seed: i
             )
         )
         return {
-            "q": q,
+            "q": _q_rows(case, q),
             "k": k,
             "v": v,
             "cu_seqlens_q": cu_q,
@@ -376,7 +396,7 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu", seed: i
     if case.op == "attention.extend":
         q = torch.randn(total_q, case.num_q_heads, case.head_dim, generator=gen, device=device).to(case.dtype)
         return {
-            "q": q,
+            "q": _q_rows(case, q),
             "cu_seqlens_q": _cu(case.seqlens_q, device),
             "max_seqlen_q": max(case.seqlens_q),
             "causal": case.causal,
@@ -388,7 +408,8 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu", seed: i
         if q_len == 1
         else (case.batch, q_len, case.num_q_heads, case.head_dim)
     )
-    return {"q": torch.randn(*shape, generator=gen, device=device).to(case.dtype), **common}
+    q = torch.randn(*shape, generator=gen, device=device).to(case.dtype)
+    return {"q": _q_rows(case, q) if q.dim() == 3 else q, **common}
 
 
 def _public(op: str) -> Callable[..., Any]:
