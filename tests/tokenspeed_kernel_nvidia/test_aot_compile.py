@@ -54,9 +54,22 @@ def test_gluon_prefill_compiles_for_sm90_with_tma_and_wgmma(prefill_rows):
 def test_gluon_prefill_d64_default_fits_two_programs_per_sm(prefill_rows):
     # The GPT-OSS configuration: 64 KiB of shared memory (Q tile + 3-stage K/V ring) and
     # 8 warps (256 threads) of <= 128 registers, so two 128-row programs share an SM.
-    row = next(r for r in prefill_rows if r["kernel"] == "gluon_prefill-bfloat16-d64-g8-n64-st3-w8-sinks")
+    row = next(r for r in prefill_rows if r["kernel"] == "gluon_prefill-bfloat16-d64-g8-m128-n64-s3-w8-sinks")
     assert row["shared_bytes"] <= 70 * 1024, row
     assert row["registers"] * 256 * 2 <= 65536, row
+
+
+def test_gluon_prefill_window_variants_compile_without_spills(prefill_rows):
+    # The opt-in variants the device sweep times (aot_nvidia.window_variants): each builds for
+    # sm_90 without spilling; issuing the next tile's Q·K^T ahead doubles the QK^T wgmma count
+    # in the code (the peeled last tile) and keeps a second score tile in registers.
+    variants = {r["kernel"]: r for r in prefill_rows if "-m256-" in r["kernel"] or "-ahead" in r["kernel"]}
+    assert len(variants) == 4, sorted(variants)
+    for row in variants.values():
+        assert row["ok"] and row["spills"] == 0 and row["local"] == 0, row
+    shipped = next(r for r in prefill_rows if r["kernel"] == "gluon_prefill-bfloat16-d64-g8-m128-n64-s3-w8-sinks")
+    ahead = variants["gluon_prefill-bfloat16-d64-g8-m128-n64-s3-w8-ahead-sinks"]
+    assert ahead["wgmma"] == 2 * shipped["wgmma"] and ahead["registers"] > shipped["registers"]
 
 
 def _fa3_consumers(name: str) -> int:

@@ -2,7 +2,9 @@
 
 Runs only on an sm_90 GPU (skips with the reason otherwise): ragged batches with lengths
 1, 37, 129, 300, 1025, windows 127/64/1, GQA groups 8 and 4, sinks on and off, D 64 and 128,
-fp16, logit cap and LSE; outputs poisoned with NaN so an unwritten row fails. The float64
+fp16, logit cap and LSE; outputs poisoned with NaN so an unwritten row fails. The opt-in
+configurations the device sweep times (``window_variants``) run the same cases through the
+uncached launcher. The float64
 reference is a dense masked softmax written here (no code shared with the kernel); it is
 itself checked against ``support.naive_attention`` on small shapes, on any machine.
 """
@@ -83,4 +85,37 @@ def test_gluon_prefill_window_numerics(lens, hq, hkv, d, window, sinks, cap, dty
     assert not torch.isnan(res).any() and not torch.isnan(lse).any()
     err = float((res.double() - ro).norm() / ro.norm())
     assert err < 2e-2, err
+    torch.testing.assert_close(lse.double(), rl, atol=2e-2, rtol=2e-2)
+
+
+_VARIANT_CASES = [CASES[0], CASES[7]]  # ragged with sinks; G = 6 padded to 8, window 100
+
+
+@pytest.mark.parametrize("variant", range(8))
+@pytest.mark.parametrize("lens,hq,hkv,d,window,sinks,cap,dtype", _VARIANT_CASES)
+def test_gluon_prefill_window_variants_numerics(variant, lens, hq, hkv, d, window, sinks, cap, dtype):
+    """Each opt-in configuration (``gluon_prefill.window_variants``) against float64 on the
+    ragged case with sinks and the padded group (G = 6) at window 100."""
+    reason = sm90_skip_reason()
+    if reason:
+        print(f"SKIP {KERNEL}: {reason}")
+        pytest.skip(reason)
+    from tokenspeed_kernel.ops.attention.args import PrefillArgs
+    from tokenspeed_kernel_nvidia.ops.attention import gluon_prefill as gp
+
+    cfg = gp.window_variants(d, hq // hkv)[variant]
+    if cfg.shared_bytes() > 200 * 1024:
+        pytest.skip(f"{cfg.tag}: {cfg.shared_bytes()} B of shared memory at D={d}")
+    q, k, v, cu = _inputs(lens, hq, hkv, d, dtype, "cuda", seed=sum(lens) + window + d + variant)
+    sk = torch.randn(hq, device="cuda") * 2 if sinks else None
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+    scale = 1 / math.sqrt(d)
+    args = PrefillArgs(q, k, v, cu, cu, max(lens), max(lens), True, scale, window, sk, cap, out, lse)
+    gp.launch(args, cfg)
+    torch.cuda.synchronize()
+    ro, rl = dense_reference(q, k, v, cu, cu, scale=scale, window=window, sinks=sk, cap=cap)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), cfg.tag
+    err = float((out.double() - ro).norm() / ro.norm())
+    assert err < 2e-2, (cfg.tag, err)
     torch.testing.assert_close(lse.double(), rl, atol=2e-2, rtol=2e-2)
