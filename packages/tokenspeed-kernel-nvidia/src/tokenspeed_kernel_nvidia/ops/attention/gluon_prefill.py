@@ -114,8 +114,11 @@ def prefill_config(head_dim: int, group: int) -> GluonPrefillConfig:
 def window_variants(head_dim: int, group: int) -> list[GluonPrefillConfig]:
     """The opt-in configurations ``ci/device/fa3_sweep.py --window W --classic`` times next to
     :func:`prefill_config`'s (and the GPU tests check on awkward shapes): 256-row tiles (twice
-    the tokens per K/V tile), the next tile's ``Q·Kᵀ`` issued ahead of the softmax, both, and
-    the ring depth, key tile and warp count around the shipped choice."""
+    the tokens per K/V tile), the next tile's ``Q·Kᵀ`` issued ahead of the softmax, both, the
+    ring depth, key tile (32 keys: a 16-token band of 143 keys in 160, not 192) and warp count
+    around the shipped choice, and 64-row tiles on one
+    warpgroup (half the registers and a quarter less shared memory per program: more
+    programs resident per SM)."""
     base = prefill_config(head_dim, group)
     return [
         replace(base, block_m=256),
@@ -126,6 +129,11 @@ def window_variants(head_dim: int, group: int) -> list[GluonPrefillConfig]:
         replace(base, block_n=128, stages=2),
         replace(base, num_warps=4),
         replace(base, num_warps=4, qk_ahead=True),
+        replace(base, block_m=64, num_warps=4),
+        replace(base, block_m=64, num_warps=4, stages=2),
+        replace(base, block_m=64, num_warps=4, qk_ahead=True),
+        replace(base, block_n=32, stages=4),
+        replace(base, block_m=64, num_warps=4, block_n=32, stages=4),
     ]
 
 
