@@ -113,27 +113,24 @@ def prefill_config(head_dim: int, group: int) -> GluonPrefillConfig:
 
 def window_variants(head_dim: int, group: int) -> list[GluonPrefillConfig]:
     """The opt-in configurations ``ci/device/fa3_sweep.py --window W --classic`` times next to
-    :func:`prefill_config`'s (and the GPU tests check on awkward shapes): 256-row tiles (twice
-    the tokens per K/V tile), the next tile's ``Q·Kᵀ`` issued ahead of the softmax, both, the
-    ring depth, key tile (32 keys: a 16-token band of 143 keys in 160, not 192) and warp count
-    around the shipped choice, and 64-row tiles on one
-    warpgroup (half the registers and a quarter less shared memory per program: more
-    programs resident per SM)."""
+    :func:`prefill_config`'s (and the GPU tests check on awkward shapes). The first sweep
+    (H200, 2026-11-28, docs/history.md) found 64-row tiles on one warpgroup with 32-key tiles
+    1.17x faster than 128 x 64 on two (more programs resident per SM, and a 8-token band of
+    135 keys read in 160 rather than 192) while 256-row tiles, the next tile's ``Q·Kᵀ`` issued
+    ahead (both: one program per SM) and 128-key tiles lost; these are its neighbourhood."""
     base = prefill_config(head_dim, group)
+    small = replace(base, block_m=64, num_warps=4, block_n=32)
     return [
-        replace(base, block_m=256),
-        replace(base, qk_ahead=True),
-        replace(base, block_m=256, qk_ahead=True),
-        replace(base, stages=2),
-        replace(base, stages=4),
-        replace(base, block_n=128, stages=2),
-        replace(base, num_warps=4),
-        replace(base, num_warps=4, qk_ahead=True),
-        replace(base, block_m=64, num_warps=4),
-        replace(base, block_m=64, num_warps=4, stages=2),
-        replace(base, block_m=64, num_warps=4, qk_ahead=True),
+        replace(small, stages=2),
+        replace(small, stages=3),
+        replace(small, stages=4),
+        replace(small, stages=6),
+        replace(small, stages=4, qk_ahead=True),
+        replace(small, block_n=16, stages=4),
+        replace(small, block_n=16, stages=8),
+        replace(small, block_n=64, stages=2),
         replace(base, block_n=32, stages=4),
-        replace(base, block_m=64, num_warps=4, block_n=32, stages=4),
+        replace(base, stages=2),
     ]
 
 
