@@ -176,6 +176,7 @@ _NATURAL = {
     "num_kv_heads": 2,
     "page_size": 16,
     "kv_align": 16,
+    "q_align": 16,
     "q_len": 2,
     "window_left": 16,
     "batch_bucket": 4,
@@ -191,6 +192,7 @@ _TIED: dict[str, tuple[str, Callable[[int], bool]]] = {
     "q_len": ("spec_decode", lambda v: v > 1),
     "window_left": ("sliding_window", lambda v: v >= 0),
     "kv_align": ("strided_kv", lambda v: True),
+    "q_align": ("strided_q", lambda v: True),
 }
 
 

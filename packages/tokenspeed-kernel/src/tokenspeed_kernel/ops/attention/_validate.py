@@ -56,6 +56,7 @@ def attention_request(
     kv_prefix: bool | None = None,
     unaligned_qkv: bool = False,
     strided_q: bool = False,
+    q_align: int | None = None,
 ) -> Request:
     """The selector request of an attention call, built from plain shapes (public: ask
     ``select``/``explain`` which kernel would serve a model's calls before making them).
@@ -87,11 +88,15 @@ def attention_request(
         strided_q: q is 3-D rows ``[Hq, D]`` with a row stride of their own (a view of a fused
             qkv projection), not contiguous (:func:`check_q_rows`); only kernels that list
             the feature serve it.
+        q_align: (extend, decode) a row-strided q's byte alignment, a power of two <= 16
+            (``tokenspeed_kernel.ops._checks.kv_align`` of q: its byte offset and row stride);
+            the public call gives it with ``strided_q`` only, as ``kv_align`` with
+            ``strided_kv``. A kernel that reads q by TMA lists ``q_align`` ``(16,)``.
 
     Features: ``non_causal``, ``sliding_window``, ``sinks``, ``logit_cap``, ``return_lse``,
     ``fp8_kv`` (an fp8 cache), ``spec_decode`` (``q_len > 1``), ``strided_kv``, ``unaligned_qkv``, ``strided_q``. Shapes: head
     dims, head counts, ``window_left`` when windowed, and ``page_size`` / ``kv_align`` /
-    ``q_len`` where the operator has them, ``batch_bucket`` / ``max_seqlen_q_bucket`` / ``kv_prefix`` when ``batch`` /
+    ``q_align`` / ``q_len`` where the operator has them, ``batch_bucket`` / ``max_seqlen_q_bucket`` / ``kv_prefix`` when ``batch`` /
     ``max_seqlen_q`` / ``kv_prefix`` is given. It is exactly the request the public call builds for the same arguments.
     """
     flags = (
@@ -112,7 +117,7 @@ def attention_request(
         ("num_kv_heads", heads.num_kv_heads),
         ("num_q_heads", heads.num_q_heads),
     ]
-    optional = (("page_size", page_size), ("kv_align", kv_align), ("q_len", q_len))
+    optional = (("page_size", page_size), ("kv_align", kv_align), ("q_align", q_align), ("q_len", q_len))
     shapes += [(key, value) for key, value in optional if value is not None]
     if window_left >= 0:
         shapes.append(("window_left", window_left))
@@ -320,6 +325,17 @@ def cache_layout(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[bool, in
     if k_cache.is_contiguous() and v_cache.is_contiguous():
         return False, None
     return True, kv_align(k_cache, v_cache)
+
+
+def q_layout(q: torch.Tensor) -> tuple[bool, int | None]:
+    """A checked 3-D or 4-D q's layout facts for the selector (extend, decode): whether it is
+    row-strided (:func:`check_q_rows`; request feature ``strided_q``) and, for a row-strided q
+    only, its byte alignment (shape key ``q_align``: its byte offset and row stride, as
+    :func:`cache_layout` gives a strided cache's). A contiguous q's alignment follows from its
+    head dims and dtype, which the request already carries, so it has no ``q_align``."""
+    if q.is_contiguous():
+        return False, None
+    return True, kv_align(q)
 
 
 def check_paged_cache_pair(k_cache: object, v_cache: object) -> None:
@@ -548,7 +564,9 @@ def check_decode_call(
 ) -> tuple[Heads, int, float, int]:
     """Every host check of ``mha_decode_with_kvcache``, in order; the head geometry, the page
     size, the resolved scale and the queries per sequence (``q_len``)."""
-    q = check_tensor("q", q, ndim=(3, 4), dtypes=ACT_DTYPES, contiguous=q.dim() == 4 if isinstance(q, torch.Tensor) else True)
+    q = check_tensor(
+        "q", q, ndim=(3, 4), dtypes=ACT_DTYPES, contiguous=q.dim() == 4 if isinstance(q, torch.Tensor) else True
+    )
     if q.dim() == 3:
         check_q_rows(q)
     q_len = q.shape[1] if q.dim() == 4 else 1

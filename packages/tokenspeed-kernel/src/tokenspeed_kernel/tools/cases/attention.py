@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from tokenspeed_kernel.ops._checks import kv_align
-from tokenspeed_kernel.ops.attention._validate import cache_layout
+from tokenspeed_kernel.ops.attention._validate import cache_layout, q_layout
 from tokenspeed_kernel.ops.attention.api import attention_request
 from tokenspeed_kernel.ops.attention.args import DecodeArgs, ExtendArgs, Heads, PrefillArgs
 from tokenspeed_kernel.ops.kvcache.api import store_request
@@ -209,6 +209,15 @@ def _qkv_unaligned(case: AttentionCase) -> bool:
     return kv_align(*views) < 16
 
 
+def _q_facts(case: AttentionCase) -> tuple[bool, int | None]:
+    """``(strided_q, q_align)`` of the case's q, from a meta tensor laid out as
+    :func:`make_inputs` lays it out (prefill's q alignment is in ``unaligned_qkv``)."""
+    if not case.strided_q or case.op == "attention.prefill":
+        return case.strided_q, None
+    meta = torch.empty(2, case.num_q_heads, case.head_dim, dtype=case.dtype, device=torch.device("meta"))
+    return q_layout(_q_rows(case, meta))
+
+
 def copy_at(t: torch.Tensor, pad: int) -> torch.Tensor:
     """A contiguous copy of ``t`` that starts ``pad`` elements past the start of a fresh
     storage (which is 16-byte aligned); a meta tensor's copy holds no values."""
@@ -227,6 +236,7 @@ def _laid_out(t: torch.Tensor, misaligned: bool) -> torch.Tensor:
 def request(case: AttentionCase) -> Request:
     """The selector request the public operator builds for this case (no tensors needed)."""
     strided, align = _layout_facts(case)
+    strided_q, q_align = _q_facts(case)
     if case.op == "kvcache.store":
         return store_request(
             kv_dtype=case.dtype,
@@ -257,7 +267,8 @@ def request(case: AttentionCase) -> Request:
         # make_inputs passes one lengths tensor when the lengths are equal (as engines do)
         kv_prefix=case.seqlens_k != case.seqlens_q if case.op == "attention.prefill" else None,
         unaligned_qkv=_qkv_unaligned(case),
-        strided_q=case.strided_q,
+        strided_q=strided_q,
+        q_align=q_align,
     )
 
 
