@@ -93,7 +93,9 @@ OPERATORS: dict[str, OperatorSchema] = {
             "kvcache.store",
             dtype_roles=("kv", "cache"),
             shape_keys=("head_dim", "head_dim_v", "num_kv_heads", *_PAGED_SHAPES),
-            features=("fp8_kv", "strided_kv"),
+            # strided_rows: k and v rows [Hkv, D] with a row stride of their own (a fused qkv
+            # projection's k and v, as vLLM passes them); kernels that read them so list it
+            features=("fp8_kv", "strided_kv", "strided_rows"),
             summary="write new K/V rows into a paged cache (store_kvcache)",
         ),
         OperatorSchema(

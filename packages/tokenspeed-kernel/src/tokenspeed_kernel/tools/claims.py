@@ -277,6 +277,7 @@ def _attention(op: str, plan: _Plan, sizes: _Sizes, rng: random.Random) -> Atten
         cache_layout="vllm" if "strided_kv" in f else "nhd",
         misaligned="unaligned_qkv" in f,
         strided_q="strided_q" in f,
+        strided_rows="strided_rows" in f,
     )
 
 

@@ -195,20 +195,27 @@ def check_ragged(max_seqlen_q: object, max_seqlen_k: object, causal: object) -> 
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
 
 
-def check_q_rows(q: torch.Tensor) -> bool:
-    """Whether a 3-D q ``[rows, Hq, D]`` is row-strided (``strided_q``): each row's ``Hq * D``
-    values contiguous (``q.stride(2) == 1``, ``q.stride(1) == D``) with a row stride of its
-    own, as a view of a fused qkv projection is; False when contiguous. ``ValueError`` for any
-    other layout."""
-    if q.is_contiguous():
+def check_rows(name: str, t: torch.Tensor, heads: str = "Hq", dim_name: str = "D") -> bool:
+    """Whether a 3-D ``t [rows, heads, dim]`` is row-strided: each row's ``heads * dim``
+    values contiguous (``t.stride(2) == 1``, ``t.stride(1) == dim``) with a row stride of its
+    own, as a view of a fused qkv projection is; False when contiguous. ``ValueError`` naming
+    ``name`` (its axes called ``heads`` and ``dim_name``) for any other layout."""
+    if t.is_contiguous():
         return False
-    rows, _, dim = q.shape
-    if q.stride(2) != 1 or q.stride(1) != dim or (rows > 1 and q.stride(0) < q.shape[1] * dim):
+    rows, _, dim = t.shape
+    if t.stride(2) != 1 or t.stride(1) != dim or (rows > 1 and t.stride(0) < t.shape[1] * dim):
+        d = dim_name
         raise ValueError(
-            f"q must be contiguous, or rows [Hq, D] with a row stride of their own (strides (S, D, 1), S >= Hq * D): "
-            f"got strides {q.stride()} for shape {tuple(q.shape)}"
+            f"{name} must be contiguous, or rows [{heads}, {d}] with a row stride of their own "
+            f"(strides (S, {d}, 1), S >= {heads} * {d}): got strides {t.stride()} for shape {tuple(t.shape)}"
         )
     return True
+
+
+def check_q_rows(q: torch.Tensor) -> bool:
+    """Whether a 3-D q ``[rows, Hq, D]`` is row-strided (``strided_q``; :func:`check_rows`):
+    as a fused qkv projection's q; ``ValueError`` for a layout other than these two."""
+    return check_rows("q", q)
 
 
 def check_heads(q_name: str, q: torch.Tensor, k_name: str, k: torch.Tensor, v_name: str, v: torch.Tensor) -> Heads:
