@@ -63,7 +63,8 @@
 #   stridedg: the Gluon attention kernels read a row-strided q (ci/device/README.md item q): the strided-q
 #           rows of their four GPU test files, against float64 and the contiguous q's bits (<= 300 s)
 #   stridedgc: `check` of each of the five (derived cases: feature-strided_q, and q_align=16 for the extend)
-#           (<= 80 s each; run it in its own call after stridedg on a fresh machine)
+#           (<= 80 s each), then of triton_store_kvcache (feature-strided_rows) (<= 60 s); run it in its own
+#           call after stridedg on a fresh machine
 #   decode: gluon_decode_sm90 GPU tests, `check --preset awkward`, decode_splits_sweep.py --quick, then
 #           `bench attention.decode --kernel all --preset gpt-oss-120b` (does the selector pick the fastest?) (~5 min)
 # Each step has its own time budget and never stops the next one; results land in $OUT.
@@ -302,6 +303,9 @@ for pair in "decode gluon_decode_sm90" "prefill gluon_prefill_window_sm90" "pref
   timeout 80 python3 -W ignore -m tokenspeed_kernel check "attention.$1" --kernel "$2" --device cuda \
     --json "$OUT/check_strided_$2.json" 2>&1 | tail -22 || status=1
 done
+# store_kvcache's row-strided k/v (feature-strided_rows) on the Triton store
+timeout 60 python3 -W ignore -m tokenspeed_kernel check kvcache.store --kernel triton_store_kvcache --device cuda \
+  --json "$OUT/check_strided_store.json" 2>&1 | tail -12 || status=1
 }
 
 fiext() {
