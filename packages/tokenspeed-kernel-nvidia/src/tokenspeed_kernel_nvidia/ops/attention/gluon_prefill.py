@@ -24,6 +24,7 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     VENDORS,
     attention_call_key,
     head_tile_descriptor,
+    row_stride,
     written_and_sinks,
 )
 from tokenspeed_kernel_triton._launcher import Launch
@@ -159,7 +160,9 @@ def _check_call(args: PrefillArgs) -> None:
     capabilities=("tma", "wgmma"),
     dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
     shapes={"head_dim": HEAD_DIMS},
-    features=("sinks", "sliding_window", "logit_cap", "return_lse"),
+    # strided_q: q (loaded with plain loads, through its row stride) may be a fused qkv's q;
+    # k/v are read by TMA, so unaligned_qkv stays out
+    features=("sinks", "sliding_window", "logit_cap", "return_lse", "strided_q"),
     priority=Priority.OPT_IN,
     # First at GPT-OSS's 128-token window and head dim 64, where it was measured faster than
     # triton_prefill on the H100 (docs/history.md, "Prefill: does the selector pick the fastest?").
@@ -170,8 +173,8 @@ def _check_call(args: PrefillArgs) -> None:
 def gluon_prefill_window(args: PrefillArgs) -> None:
     """Gluon Hopper sliding-window causal prefill: TMA K/V ring, wgmma, band-only tiles.
 
-    q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]`` (bf16/fp16, contiguous), D 64 or 128,
-    ``0 <= window_left <= MAX_WINDOW``; writes ``args.out`` and ``args.lse`` when given.
+    q ``[total_q, Hq, D]`` (contiguous or row-strided: ``strided_q``), k/v ``[total_k, Hkv,
+    D]`` (bf16/fp16, contiguous), D 64 or 128, ``0 <= window_left <= MAX_WINDOW``; writes ``args.out`` and ``args.lse`` when given.
     A functional call runs the runner bound for its :func:`_runner_key`
     (``tokenspeed_kernel_triton._runners``): every tensor passed per run, the K/V TMA
     descriptors derived per run from the run's k and v.
@@ -218,6 +221,7 @@ def _launches(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> Built
         Q_SMEM=q_smem,
         S_MMA=s_mma,
         O_MMA=o_mma,
+        Q_ROW=row_stride(args.q),  # HQ * D, or a row-strided q's row stride (strided_q)
         num_warps=cfg.num_warps,
     )
     tensors = (
