@@ -17,7 +17,8 @@ Data movement: K/V tiles ``[BLOCK_N, D]`` arrive by TMA (``cp.async.bulk.tensor`
 into a ``STAGES``-deep ring of NVMMA-swizzled shared buffers, one ``mbarrier`` per buffer and
 operand (K and V separately, so ``q·kᵀ`` starts while V is still in flight). Tiles running
 past the key tensor are zero-filled by the TMA unit; keys of a neighbouring sequence are
-excluded by the mask. Q is loaded once with 16-byte vector loads, staged in NVMMA shared
+excluded by the mask. Q is loaded once with 16-byte vector loads (through its row stride
+``Q_ROW``, so a row-strided q is read in place), staged in NVMMA shared
 memory, and both products run on ``wgmma``: ``S = Q·Kᵀ`` (A and B from shared memory,
 ``[128, D] x [D, BLOCK_N]``) and ``O += P·V`` (P from registers in the wgmma A-operand
 layout, V from shared memory). Online softmax in base 2 with fp32 statistics; the sink joins
@@ -148,10 +149,13 @@ def prefill_window_kernel(
     Q_SMEM: gl.constexpr,
     S_MMA: gl.constexpr,
     O_MMA: gl.constexpr,
+    Q_ROW: gl.constexpr,
 ):
     """Sliding-window causal attention of ``BLOCK_T`` tokens x one GQA group.
 
-    q / o: ``[total_q, HQ, D]`` bf16/fp16, contiguous; lse float32 ``[total_q, HQ]``
+    q / o: ``[total_q, HQ, D]`` bf16/fp16; o contiguous, q's rows of ``HQ * D`` values
+    contiguous, ``Q_ROW`` elements from one token's row to the next (``HQ * D``: contiguous,
+    the build of every contiguous q; more: a row-strided q, ``strided_q``); lse float32 ``[total_q, HQ]``
     (natural log, sink included; written when ``HAS_LSE``); sinks float32 ``[HQ]``;
     k_desc / v_desc: TMA descriptors over ``[total_k, HKV * D]`` views of k / v with block
     ``[BLOCK_N, D]``; cu_q / cu_k int32 ``[batch + 1]``. ``window_left >= 0``. ``QK_AHEAD``:
@@ -212,7 +216,12 @@ def prefill_window_kernel(
     io_off = ((q_begin + io_tok).to(gl.int64) * HQ + kv_head * G + io_g) * D
     io_offs = gl.expand_dims(io_off, 1) + gl.expand_dims(io_cols, 0)
     io_mask = gl.expand_dims(io_ok, 1) & gl.expand_dims(io_cols < D, 0)
-    q = gl.load(q_ptr + io_offs, mask=io_mask, other=0.0)
+    if Q_ROW == HQ * D:
+        q_offs = io_offs  # q's rows are out's
+    else:  # a row-strided q: token t's row starts t * Q_ROW elements in
+        q_off = (q_begin + io_tok).to(gl.int64) * Q_ROW + (kv_head * G + io_g) * D
+        q_offs = gl.expand_dims(q_off, 1) + gl.expand_dims(io_cols, 0)
+    q = gl.load(q_ptr + q_offs, mask=io_mask, other=0.0)
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], Q_SMEM, q)
     fence_async_shared()  # the Q tile visible to wgmma (async proxy)
 
