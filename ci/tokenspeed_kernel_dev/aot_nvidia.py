@@ -33,7 +33,7 @@ from tokenspeed_kernel_nvidia.ops.attention._gluon_decode_kernel import decode_k
 from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_fa3_kernel import prefill_fa3_kernel
 from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import prefill_window_kernel
 from tokenspeed_kernel_nvidia.ops.attention.gluon_decode import decode_config
-from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill import GluonPrefillConfig, prefill_config
+from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill import GluonPrefillConfig, prefill_config, window_variants
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import (
     HALF,
     WIDE,
@@ -260,6 +260,7 @@ def compile_prefill(
         "BLOCK_T": cfg.block_t,
         "BLOCK_N": cfg.block_n,
         "STAGES": cfg.stages,
+        "QK_AHEAD": cfg.qk_ahead,
         "HAS_SINKS": sinks,
         "HAS_CAP": cap,
         "HAS_LSE": lse,
@@ -272,7 +273,7 @@ def compile_prefill(
     for name in constexprs:
         signature[name] = "constexpr"
     flags = "".join(f"-{f}" for f, on in (("sinks", sinks), ("cap", cap), ("lse", lse)) if on)
-    name = f"gluon_prefill-{str(dtype)[6:]}-d{head_dim}-g{group}-n{cfg.block_n}-st{cfg.stages}-w{cfg.num_warps}{flags}"
+    name = f"gluon_prefill-{str(dtype)[6:]}-d{head_dim}-g{group}-{cfg.tag}{flags}"
     name += _q_tag(q_row)
     src = GluonASTSource(prefill_window_kernel, signature, constexprs, _attrs(signature))
     return name, triton_compile(src, target=SM90, options={"num_warps": cfg.num_warps})
@@ -613,7 +614,7 @@ def prefill_grid():
         (torch.bfloat16, 64, 1, False, False, False, None),
         (torch.bfloat16, 128, 8, True, False, True, None),
         (torch.bfloat16, 128, 4, True, True, True, None),
-        (torch.bfloat16, 64, 8, True, False, False, GluonPrefillConfig(64, 8, block_n=64, stages=3, num_warps=8)),
+        *((torch.bfloat16, 64, 8, True, False, False, cfg) for cfg in window_variants(64, 8)),
         # a row-strided q (a fused qkv's q: rows of (Hq + 2 Hkv) D values; strided_q), against
         # the first row and the D 128 one
         (torch.bfloat16, 64, 8, True, False, False, None, (64 + 16) * 64),

@@ -3,7 +3,8 @@
 Runs only on an sm_90 GPU (skips with the reason otherwise): ragged batches with lengths
 1, 37, 129, 300, 1025, windows 127/64/1, GQA groups 8 and 4, sinks on and off, D 64 and 128,
 fp16, logit cap and LSE, a row-strided q (a fused qkv's q, NaN past each row's q, read in
-place); outputs poisoned with NaN so an unwritten row fails. The float64
+place); outputs poisoned with NaN so an unwritten row fails. The opt-in configurations the
+device sweep times (``window_variants``) run through the uncached launcher. The float64
 reference is a dense masked softmax written here (no code shared with the kernel); it is
 itself checked against ``support.naive_attention`` on small shapes, on any machine.
 """
@@ -107,3 +108,26 @@ def test_gluon_prefill_window_reads_a_row_strided_q_in_place(lens, hq, hkv, d, w
     assert "strided_q" in last_request().features and res.is_contiguous()
     assert torch.equal(res, flat) and torch.equal(lse, flat_lse)
     _check_float64(q, k, v, cu, d, window, sk, cap, res, lse)
+
+
+_VARIANT_CASES = [CASES[0], CASES[7]]  # ragged with sinks; G = 6 padded to 8, window 100
+
+
+@pytest.mark.parametrize("variant", range(6))
+@pytest.mark.parametrize("lens,hq,hkv,d,window,sinks,cap,dtype", _VARIANT_CASES)
+def test_gluon_prefill_window_variants_numerics(variant, lens, hq, hkv, d, window, sinks, cap, dtype):
+    """Each opt-in configuration (``gluon_prefill.window_variants``) against float64 on the
+    ragged case with sinks and the padded group (G = 6) at window 100."""
+    _skip()
+    from tokenspeed_kernel.ops.attention.args import PrefillArgs
+    from tokenspeed_kernel_nvidia.ops.attention import gluon_prefill as gp
+
+    cfg = gp.window_variants(d, hq // hkv)[variant]
+    q, k, v, cu = _inputs(lens, hq, hkv, d, dtype, "cuda", seed=sum(lens) + window + d + variant)
+    sk = torch.randn(hq, device="cuda") * 2 if sinks else None
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+    args = PrefillArgs(q, k, v, cu, cu, max(lens), max(lens), True, 1 / math.sqrt(d), window, sk, cap, out, lse)
+    gp.launch(args, cfg)
+    torch.cuda.synchronize()
+    _check_float64(q, k, v, cu, d, window, sk, cap, out, lse)
