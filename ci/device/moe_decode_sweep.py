@@ -58,7 +58,7 @@ def _gemv_call(x, logits, out, m13, m2, b13, b2, tiles=None):
     """``moe_topk`` + the two ``triton_moe_gemv_mx`` launches (``tiles``: None = the table), as
     a no-argument callable returning True."""
     from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
-    from tokenspeed_kernel_triton.ops.moe.gemv_mx import gemv_moe
+    from tokenspeed_kernel_triton.ops.moe.gemv import gemv_moe
 
     def run():
         tw, ti = moe_topk(logits, K)
@@ -160,7 +160,7 @@ def _gluon_section(rec, device, m13, m2, b13, b2, cases) -> None:
 
 
 def _gemv_section(rec, device, m13, m2, b13, b2, cases) -> None:
-    from tokenspeed_kernel_triton.ops.moe.gemv_mx import GemvTile
+    from tokenspeed_kernel_triton.ops.moe.gemv import GemvTile
 
     for l1, l2 in GEMV_TILES:
         tiles = (GemvTile(*l1), GemvTile(*l2))
