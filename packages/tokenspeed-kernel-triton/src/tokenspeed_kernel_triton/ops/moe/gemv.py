@@ -45,11 +45,11 @@ and the repeats are served by L2 rather than DRAM (not measured).
 
 **Token limit** (:data:`MAX_TOKENS` = 8, both formats). The grouped GEMM reads each expert
 that was hit once; the GEMV reads it once per pair that chose it. Under uniform routing over
-128 experts (top-4) the pairs per distinct expert are 1.02 at T = 1, 1.06 at T = 4, 1.13 at
-T = 8, 1.27 at T = 16 and 1.58 at T = 32: up to 8 tokens the extra requests are few (and may
-hit L2, above), from 16 on they are a quarter or more of the bytes, which the
-grouped GEMM (``triton_fused_moe``: 91% of copy bandwidth at T = 8 with bf16 weights on an
-H200) does not pay. Layer 2's ``[KP, BLOCK_N, BLOCK_K]`` tile and the
+128 experts (top-4) the pairs per distinct expert are 1.00 at T = 1, 1.05 at T = 4, 1.11 at
+T = 8, 1.26 at T = 16 and 1.57 at T = 32: up to 8 tokens the extra requests are few (and may
+hit L2, above), from 16 on they add a quarter or more to the bytes, which the grouped GEMM
+(``triton_fused_moe``: 91% of copy bandwidth at T = 8 with bf16 weights on an H200) does
+not pay. Layer 2's ``[KP, BLOCK_N, BLOCK_K]`` tile and the
 ``[T * top_k, I]`` intermediate do not grow with the limit. Above it a plan runs the grouped
 GEMM (the predicate), and a call with more tokens (an ``override`` plan) is handed to
 ``triton_fused_moe``.
@@ -69,8 +69,8 @@ on an H100 its numerics pass (6/6 against float64, plan and CUDA-graph replay eq
 and, with the swept tiles, it is 1.24-1.37x faster than ``triton_fused_moe_mx`` at T = 1, 2, 4,
 8 (T = 1: 55.6-59.1 µs with routing; docs/history.md, "MoE decode (T <= 8)").
 ``triton_moe_gemv``: ``Priority.OPT_IN + 10`` (opt-in: built and tested under the interpreter,
-never run on a GPU; an ``override`` names it, and nothing portable ranks below it), to be
-re-ranked per token bucket (``rank_when``) where a GPU measures it faster than
+never run on a GPU; it serves a call when an ``override`` names it or no portable kernel
+does), to be re-ranked per token bucket (``rank_when``) where a GPU measures it faster than
 ``triton_fused_moe``. Both predicates reject ``T > 8`` (the request's ``num_tokens_bucket``,
 the next power of two >= T, so ``bucket <= 8`` is exactly ``T <= 8``); ``moe_plan`` selects
 per token bucket, so a plan runs them for ``T <= 8`` and the grouped GEMM above.
@@ -80,8 +80,8 @@ both launches once per token count (:func:`bind_gemv`: the intermediate as the r
 workspace, weights, biases and map bound; a call launches layer 1 with its x and routing ids
 and layer 2 with its routing and out). A functional call runs the runner of its key
 (:data:`_RUNNERS`, one cache per registration, ``tokenspeed_kernel_triton._runners``: every
-tensor passed per run, the intermediate allocated per run). Under the Triton interpreter both take ``jit_launch`` with
-the full arguments (CPU tests).
+tensor passed per run, the intermediate allocated per run). Under the Triton interpreter both
+take ``jit_launch`` with the full arguments (CPU tests).
 """
 
 from __future__ import annotations
