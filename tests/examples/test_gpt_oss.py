@@ -375,3 +375,31 @@ def test_example_and_benchmark_use_only_public_pieces():
     for path in files:
         for lineno, line in enumerate(path.read_text().splitlines(), 1):
             assert not private.search(line), f"{path.relative_to(root)}:{lineno}: {line.strip()}"
+
+
+def test_host_cost_times_every_piece_of_the_step_and_restores_the_model():
+    """``examples.gpt_oss.host_cost`` on the tiny model: each piece is called as often per step
+    as the model calls it (2 layers: 2 decode runs, 2 MoE applies, 4 rope, 5 norms with the
+    final one), the pieces and the rest add up to the step's wall time, and the model's module
+    and plans are restored afterwards."""
+    import examples.gpt_oss.model as model_module
+    from examples.gpt_oss import host_cost
+
+    before = (model_module.rms_norm, model_module.store_kvcache, model_module.F)
+    cost, plain_ms = host_cost.measure("cpu", ctx=40, steps=3, layers=2, tiny=True)
+    assert (model_module.rms_norm, model_module.store_kvcache, model_module.F) == before
+    calls = {name: p.calls // cost.steps for name, p in cost.pieces.items()}
+    assert calls == {
+        "rms_norm (torch)": 5,
+        "apply_rope (torch)": 4,
+        "store_kvcache": 2,
+        "moe_topk": 2,
+        "F.linear (torch)": 6,
+        "F.embedding (torch)": 1,
+        "DecodePlan.run": 2,
+        "MoEPlan.apply": 2,
+    }
+    rows = cost.rows()
+    assert abs(sum(us for _, us, _, _ in rows) - cost.wall_s / cost.steps * 1e6) < 1e-3
+    assert rows[-1][1] >= 0 and plain_ms > 0
+    assert "our public calls" in cost.table()

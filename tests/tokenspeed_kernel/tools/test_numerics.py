@@ -65,23 +65,32 @@ def test_unwritten_output_is_caught_by_poisoning(temp_kernels):
     assert row.status == "FAIL" and row.reason == "NaN in output"
 
 
-@pytest.mark.parametrize("op", ["attention.prefill", "attention.extend", "attention.decode"])
-def test_a_bind_hook_is_checked_through_the_plan(temp_kernels, op):
-    """A kernel whose functional calls are right but whose ``bind`` hook's runner is wrong fails
-    its rows, the reason naming the plan; with a right runner it passes."""
+_PLAN_HOOKS = [
+    ("attention.prefill", "step_runner", "step"),
+    ("attention.extend", "step_runner", "step"),
+    ("attention.decode", "step_runner", "step"),
+    ("attention.decode", "bind", "decode"),
+]
+
+
+@pytest.mark.parametrize("op,hook,path", _PLAN_HOOKS)
+def test_a_plan_hook_is_checked_through_its_plan(temp_kernels, op, hook, path):
+    """A kernel whose functional calls are right but whose hook's runner (a step plan's
+    ``step_runner``, a decode plan's ``bind``) is wrong fails its rows, the reason naming the
+    plan; with a right runner it passes."""
     from tokenspeed_kernel.ops._operator import operator
 
     reference = operator(op).reference_kernel()
     features = ("sinks", "sliding_window", "logit_cap", "return_lse", "non_causal")
     features = tuple(f for f in features if f in reference.features)
     for name, runner in (("t_bound_right", reference.fn), ("t_bound_wrong", lambda args: args.out.zero_())):
-        registry.register_kernel(op, name=name, solution="test", features=features, bind=lambda args, run=runner: run)(
-            reference.fn
-        )
+        hooks = {hook: lambda args, run=runner: run}
+        registry.register_kernel(op, name=name, solution="test", features=features, **hooks)(reference.fn)
     report = check(op, preset="small", device="cpu", quiet=True)
     rows = {r.kernel: r for r in report.rows}
     assert rows["t_bound_right"].status == "PASS", rows["t_bound_right"]
-    assert rows["t_bound_wrong"].status == "FAIL" and rows["t_bound_wrong"].reason.startswith("through its plan")
+    wrong = rows["t_bound_wrong"]
+    assert wrong.status == "FAIL" and wrong.reason.startswith(f"through its {path} plan"), wrong
 
 
 def test_check_rejects_kernel_of_another_operator():

@@ -403,8 +403,8 @@ class RunnerCache(Generic[A]):
 
     def runner(self, args: A) -> Callable[[A], None]:
         """What serves calls with ``args``' key: its runner (bound on the key's first call), or
-        the uncached launch when the launch cache is off. A plan's ``bind`` hook returns it, so
-        the plan's runs skip the key (every run of a plan has the key of its first)."""
+        the uncached launch when the launch cache is off. A kernel's ``step_runner`` hook returns
+        it, so a step plan's runs skip the key (every run of a plan has the key of its first)."""
         if not _launcher._enabled:
             return self._fresh
         key = self._key(args)

@@ -79,7 +79,7 @@ def _spec_json(spec: KernelSpec) -> dict[str, Any]:
         "features": sorted(spec.features),
         "graph_safe": spec.graph_safe,
         "unseen_safe": spec.unseen_safe,
-        "hooks": [name for name in ("prepare", "prepare_layout", "bind") if getattr(spec, name) is not None],
+        "hooks": list(spec.hooks()),
         "description": spec.description,
     }
 

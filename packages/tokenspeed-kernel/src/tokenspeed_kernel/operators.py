@@ -16,8 +16,11 @@ Vocabulary:
     layout_hook   the operator has a layout plan step (``mha_decode_plan``), so its kernels
                   may register a ``prepare_layout`` hook.
     binds         the operator's plan calls a kernel's ``bind`` hook (``DecodePlan`` once per
-                  layout, ``PrefillPlan`` / ``ExtendPlan`` once, ``MoEPlan`` once per token
-                  count), so its kernels may register one.
+                  layout, ``MoEPlan`` once per token count: the plan's own tensors bound), so
+                  its kernels may register one.
+    step_runs     the operator has a step plan (``PrefillPlan``, ``ExtendPlan``,
+                  ``DecodeStepPlan``) that asks a kernel's ``step_runner`` hook once per step
+                  for the runner of the step's layout, so its kernels may register one.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class OperatorSchema:
     summary: str
     layout_hook: bool = False
     binds: bool = False
+    step_runs: bool = False
 
 
 # strided_q: a 3-D q of rows [Hq, D] with a row stride of their own (a view of a fused qkv
@@ -64,7 +68,7 @@ OPERATORS: dict[str, OperatorSchema] = {
             # that load them with TMA or 16-byte vectors leave it out and decline such calls
             features=(*_ATTENTION_FEATURES, "non_causal", "unaligned_qkv"),
             summary="ragged-batch attention over contiguous q/k/v (mha_prefill, mha_prefill_plan)",
-            binds=True,
+            step_runs=True,
         ),
         OperatorSchema(
             "attention.extend",
@@ -72,7 +76,7 @@ OPERATORS: dict[str, OperatorSchema] = {
             shape_keys=(*_ATTENTION_SHAPES, *_PAGED_SHAPES),
             features=(*_ATTENTION_FEATURES, "non_causal", "fp8_kv", "strided_kv"),
             summary="chunked prefill against a paged KV cache (mha_extend_with_kvcache, mha_extend_plan)",
-            binds=True,
+            step_runs=True,
         ),
         OperatorSchema(
             "attention.decode",
@@ -80,9 +84,10 @@ OPERATORS: dict[str, OperatorSchema] = {
             # batch_bucket: the next power of two >= the batch (kernels ranked by batch size)
             shape_keys=(*_ATTENTION_SHAPES, *_PAGED_SHAPES, "q_len", "batch_bucket"),
             features=(*_ATTENTION_FEATURES, "fp8_kv", "spec_decode", "strided_kv"),
-            summary="decode against a paged KV cache (mha_decode_with_kvcache, mha_decode_plan)",
+            summary="decode against a paged KV cache (mha_decode_with_kvcache, mha_decode_plan, mha_decode_step_plan)",
             layout_hook=True,
             binds=True,
+            step_runs=True,
         ),
         OperatorSchema(
             "kvcache.store",

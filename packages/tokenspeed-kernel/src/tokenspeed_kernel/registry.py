@@ -19,8 +19,10 @@ A kernel author writes::
 
 Optional hooks ride along with the metadata: ``prepare`` (weights, called once by
 ``moe_plan``), ``prepare_layout`` (batch layout, called by ``mha_decode_plan`` and
-``DecodePlan.update`` outside CUDA-graph capture) and ``bind`` (called once by
-``mha_decode_plan``: returns the runner that serves the plan's runs, its launch work done).
+``DecodePlan.update`` outside CUDA-graph capture), ``bind`` (called once by
+``mha_decode_plan`` and per token count by ``MoEPlan``: returns the runner that serves the
+plan's runs, its launch work done and the plan's tensors bound) and ``step_runner`` (called
+once per step plan: the runner of the step's layout, every tensor passed per run).
 ``graph_safe=False`` declares that the kernel cannot be captured in a CUDA graph (it reads
 device values on the host, or plans per call): the selector then refuses it for a ``capturable`` request, and a call made while
 the stream is capturing raises ``RuntimeError`` before launching it. ``unseen_safe=False``
@@ -73,6 +75,7 @@ from tokenspeed_kernel.operators import OPERATORS, operator_schema
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "HOOKS",
     "BackendStatus",
     "KernelSpec",
     "Priority",
@@ -190,6 +193,10 @@ Availability = Callable[[], "str | None"]
 RankWhen = tuple[Mapping[str, Iterable["int | None"]], int]
 
 
+# The optional hooks a kernel may register (``KernelSpec``'s docstring says who calls each).
+HOOKS = ("prepare", "prepare_layout", "bind", "step_runner")
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """One registered implementation and everything the selector needs to know about it.
@@ -210,13 +217,17 @@ class KernelSpec:
     operators whose schema ``binds``) is the run binder: ``bind(args) -> run``; ``run(args)``
     then serves the plan's later calls in place of ``fn``, with the launch work that depends
     only on the plan (grid, launch configuration, workspaces, the compiled kernel) done once.
-    ``DecodePlan`` binds once per layout, with the arguments ``prepare_layout`` gets;
-    ``PrefillPlan`` and ``ExtendPlan`` bind once, on their first run outside CUDA-graph
-    capture, with that run's arguments (later runs differ only in the per-layer tensors and
-    out and lse: their addresses, never their layout); ``MoEPlan`` binds once per token count,
+    ``DecodePlan`` binds once per layout, with the arguments ``prepare_layout`` gets (its caches,
+    tables and sinks bound; q, out and lse per run); ``MoEPlan`` binds once per token count,
     on the first eager ``apply`` with that count outside CUDA-graph capture, and a MoE
     ``bind`` may return None to leave that count to ``fn`` (see
-    :mod:`tokenspeed_kernel.ops.moe.plan`). ``graph_safe`` says whether a call can be captured
+    :mod:`tokenspeed_kernel.ops.moe.plan`). ``step_runner`` (optional, operators whose schema
+    ``step_runs``) is the step plans' hook: ``step_runner(args) -> run``, the runner of
+    ``args``' layout; ``run(args')`` serves any call whose arguments differ from ``args`` only
+    in the per-layer tensors, out and lse (their addresses, never their layout): every tensor
+    is passed per run, nothing is bound. ``PrefillPlan``, ``ExtendPlan`` and
+    ``DecodeStepPlan`` ask for it once, on their first run outside CUDA-graph capture.
+    ``graph_safe`` says whether a call can be captured
     in a CUDA graph: False for kernels that read device values on the host or plan per call.
     ``rank_rules``: ``(shapes, priority)`` pairs tried in order: for a request whose shapes are
     all in a rule's sets (``None`` in a set: the key may be absent), the kernel ranks at that
@@ -241,11 +252,16 @@ class KernelSpec:
     prepare: Callable[..., Any] | None = None
     prepare_layout: Callable[[Any], None] | None = None
     bind: Callable[[Any], Callable[[Any], None]] | None = None
+    step_runner: Callable[[Any], Callable[[Any], None]] | None = None
     graph_safe: bool = True
     unseen_safe: bool = True
     description: str = ""
     rank_rules: tuple[tuple[tuple[tuple[str, frozenset[int | None]], ...], int], ...] = ()
     vendor_capabilities: tuple[tuple[str, frozenset[str]], ...] = ()
+
+    def hooks(self) -> tuple[str, ...]:
+        """The names of the optional hooks this kernel registers, in :data:`HOOKS` order."""
+        return tuple(name for name in HOOKS if getattr(self, name) is not None)
 
     def capabilities_on(self, vendor: str) -> frozenset[str]:
         """The capabilities a platform of ``vendor`` must report for this kernel:
@@ -283,7 +299,9 @@ class KernelSpec:
             f"{role}: {','.join(sorted(str(d).removeprefix('torch.') for d in ds))}" for role, ds in self.dtypes
         )
         shp = "; ".join(f"{k}: {','.join(map(str, sorted(v)))}" for k, v in self.shapes)
-        hooks = ",".join(name for name in ("prepare", "prepare_layout", "bind") if getattr(self, name) is not None)
+        hooks = ",".join(
+            n for n in ("prepare", "prepare_layout", "bind", "step_runner") if getattr(self, n) is not None
+        )
         rank = self.describe_rank()
         return (
             f"{self.name} [{self.solution}, backend={self.backend}, priority={self.band.name.lower()}"
@@ -446,6 +464,7 @@ def register_kernel(
     prepare: Callable[..., Any] | None = None,
     prepare_layout: Callable[[Any], None] | None = None,
     bind: Callable[[Any], Callable[[Any], None]] | None = None,
+    step_runner: Callable[[Any], Callable[[Any], None]] | None = None,
     graph_safe: bool = True,
     rank_when: RankWhen | tuple[RankWhen, ...] | None = None,
     unseen_safe: bool = True,
@@ -469,8 +488,8 @@ def register_kernel(
 
     Raises ``ValueError`` for an unknown operator, dtype role, shape key or feature, for a
     ``vendor_capabilities`` vendor outside ``vendors``, for a
-    ``prepare_layout`` (``bind``) hook on an operator without a layout plan step (a plan that
-    binds), for a ``rank_when``
+    ``prepare_layout`` (``bind``, ``step_runner``) hook on an operator without a layout plan
+    step (a plan that binds, a step plan), for a ``rank_when``
     without shapes, for a priority outside every band, and for a name already taken by
     another kernel; ``TypeError`` for a non-bool ``graph_safe`` or a non-integer priority.
     """
@@ -502,6 +521,7 @@ def register_kernel(
     for hook_name, hook, allowed, step in (
         ("prepare_layout", prepare_layout, "layout_hook", "no layout plan step"),
         ("bind", bind, "binds", "no plan that binds a run"),
+        ("step_runner", step_runner, "step_runs", "no step plan"),
     ):
         if hook is not None and not getattr(schema, allowed):
             with_hook = ", ".join(s.name for s in OPERATORS.values() if getattr(s, allowed))
@@ -528,6 +548,7 @@ def register_kernel(
             prepare=prepare,
             prepare_layout=prepare_layout,
             bind=bind,
+            step_runner=step_runner,
             graph_safe=graph_safe,
             unseen_safe=unseen_safe,
             description=((fn.__doc__ or "").strip().splitlines() or [""])[0],

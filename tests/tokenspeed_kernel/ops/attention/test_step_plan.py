@@ -228,21 +228,22 @@ def test_a_decode_step_plan_runs_every_layer_as_the_call(case):
         torch.testing.assert_close(pairs[0][0].double(), ref, rtol=1e-5, atol=1e-5)
 
 
-def test_a_decode_step_plan_refuses_another_batch_and_calls_no_bind_hook(temp_kernels):
+def test_a_decode_step_plan_refuses_another_batch_and_asks_the_step_runner_once(temp_kernels):
     """Another batch fails the call's own checks, no sinks asks for another selection; a
-    kernel's ``bind`` hook (``DecodePlan``'s contract: the
-    plan's own caches) is never called, every run goes to its ``fn``."""
-    bound = []
+    kernel's ``step_runner`` is asked once (the first run's arguments) and serves every run,
+    its ``bind`` hook (``DecodePlan``'s contract: the plan's own caches) is never called."""
+    bound, asked, runs = [], [], []
     fn = temp_kernels(
         "attention.decode", name="t_decode_bind", priority=1, vendors=("cpu",),
         features={"sinks", "sliding_window"}, bind=lambda args: bound.append(args) or (lambda a: None),
+        step_runner=lambda args: asked.append(args) or runs.append,
     )  # fmt: skip
     layers = _layers(2, DECODE, PER_LAYER)
     plan = mha_decode_step_plan(**layers[0], override="t_decode_bind")
     for inputs in layers:
         plan.run(inputs["q"], inputs["k_cache"], inputs["v_cache"], sinks=inputs["sinks"])
-    assert bound == [] and len(fn.calls) == 2
-    assert fn.calls[1].k_cache is layers[1]["k_cache"] and fn.calls[1].q.shape == (3, 1, 4, 16)
+    assert bound == [] and fn.calls == [] and len(asked) == 1 and len(runs) == 2
+    assert runs[1].k_cache is layers[1]["k_cache"] and runs[1].q.shape == (3, 1, 4, 16)
     q = layers[0]["q"]
     with pytest.raises(ValueError, match=r"page_table must have shape \[2, \*\]"):  # the call's own check
         plan.run(q[:2], layers[0]["k_cache"], layers[0]["v_cache"], sinks=layers[0]["sinks"])

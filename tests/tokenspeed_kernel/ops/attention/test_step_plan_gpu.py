@@ -1,9 +1,9 @@
 """GPU: the step plans (``mha_prefill_plan``, ``mha_extend_plan``, ``mha_decode_step_plan``) with
-every prefill and extend kernel that registers a ``bind`` hook and the decode kernels, named by
-``override=``: three layers of one step (the same lengths and tables; each layer its own q,
-keys or caches and sinks), each run into a NaN-poisoned ``out``, bitwise as the functional call
-and within float64's bounds; a prefill/extend plan's first run binds the kernel's runner (a
-decode step plan calls no hook). Skips (with the printed reason) without CUDA, under the
+every attention kernel that registers a ``step_runner`` hook, named by ``override=``: three
+layers of one step (the same lengths and tables; each layer its own q, keys or caches and
+sinks), each run into a NaN-poisoned ``out``, bitwise as the functional call and within
+float64's bounds; the plan's first run asks for the kernel's step runner, which serves every
+run. Skips (with the printed reason) without CUDA, under the
 interpreter, and for the Gluon kernels off sm_90.
 """
 
@@ -64,8 +64,7 @@ def test_a_planned_step_runs_each_layer_as_the_call(kernel, case):
         if reason:
             print(f"SKIP {kernel}: {reason}")
             pytest.skip(reason)
-    binds = case.op != "attention.decode"  # a decode step plan calls no hook (DecodePlan's contract)
-    assert spec.bind is not None or not binds, f"{kernel} registers no bind hook"
+    assert spec.step_runner is not None, f"{kernel} registers no step_runner hook"
     make, positional, optional = _PLANS[case.op]
     first = cases.make_inputs(case, "cuda", seed=0)
     layers = [first] + [
@@ -76,7 +75,7 @@ def test_a_planned_step_runs_each_layer_as_the_call(kernel, case):
     for layer, inputs in enumerate(layers):
         out = torch.full_like(inputs["q"], float("nan"))
         got = plan.run(*(inputs[k] for k in positional), **{k: inputs.get(k) for k in optional}, out=out)
-        assert not binds or (plan._runner and plan._runner[0] is not spec.fn), "the first run binds the runner"
+        assert plan._runner and plan._runner[0] is not spec.fn, "the first run asks for the step runner"
         want = cases.call(case, inputs, override=kernel)
         pairs = list(zip(got, want)) if case.return_lse else [(got, want)]
         assert pairs[0][0] is out and not out.isnan().any(), f"layer {layer}: rows left unwritten"

@@ -264,26 +264,24 @@ def check_case(case: cases.Case, names: Iterable[str], device: torch.device, see
 def _judge_plan(
     case: cases.Case, inputs: dict[str, Any], name: str, ref: tuple, device: torch.device, functional: Comparison
 ) -> tuple[Comparison, str]:
-    """The verdict of kernel ``name`` through its operator's per-step plan (a registered
-    ``bind`` or ``prepare_layout`` hook claims the plan path serves as the call does:
-    :func:`cases.plan_call`), on fresh copies into a poisoned output: ``functional`` and no
-    reason when the kernel has no such hook or the operator no plan path, else the plan run's
-    comparison and, when it fails or raises, the reason naming the plan."""
+    """The verdict of kernel ``name`` through each per-step plan its hooks claim serves as the
+    call does (:func:`cases.plan_paths`: a ``step_runner``, a decode plan's ``bind`` or
+    ``prepare_layout``), on fresh copies into a poisoned output: ``functional`` and no reason
+    when every plan passes (or the kernel has no such hook), else the first failing plan's
+    comparison and the reason naming it."""
     spec = registry.get_kernel(name)
-    if spec.bind is None and spec.prepare_layout is None:
-        return functional, ""
-    out = _poisoned_out(case, ref[0], device)
-    try:
-        result = cases.plan_call(case, cases.fresh_copies(inputs), name, out)
-    except Exception as exc:
-        first = str(exc).splitlines()[0][:120] if str(exc) else ""
-        return dataclasses.replace(functional, passed=False), f"through its plan: raised {type(exc).__name__}: {first}"
-    if result is None:
-        return functional, ""
-    verdict = _judge(case, _outputs(case, result), ref)
-    if verdict.passed:
-        return functional, ""
-    return verdict, "through its plan: " + ("NaN in output" if verdict.has_nan else "out of tolerance")
+    for path in cases.plan_paths(case, spec):
+        out = _poisoned_out(case, ref[0], device)
+        try:
+            result = cases.plan_call(case, cases.fresh_copies(inputs), name, out, path)
+        except Exception as exc:
+            first = str(exc).splitlines()[0][:120] if str(exc) else ""
+            reason = f"through its {path} plan: raised {type(exc).__name__}: {first}"
+            return dataclasses.replace(functional, passed=False), reason
+        verdict = _judge(case, _outputs(case, result), ref)
+        if not verdict.passed:
+            return verdict, f"through its {path} plan: " + ("NaN in output" if verdict.has_nan else "out of tolerance")
+    return functional, ""
 
 
 def _check_derived(report: CheckReport, op: str, name: str, dev: torch.device, seed: int, case_id: str | None) -> None:

@@ -35,7 +35,7 @@ A = TypeVar("A")
 
 
 def planned_runner(check: Callable[[A], None], run: Callable[[A], None]) -> Callable[[A], None]:
-    """A ``bind`` hook's runner for a step plan (the core's ``PrefillPlan``/``ExtendPlan``):
+    """A ``step_runner`` hook's runner (the core's ``PrefillPlan``/``ExtendPlan``):
     ``run`` (the runner of the plan's key) after ``check`` of what differs between the plan's
     runs, their tensors' addresses (TMA alignment)."""
 

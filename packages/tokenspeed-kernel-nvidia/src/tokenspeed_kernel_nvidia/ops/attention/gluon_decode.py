@@ -273,10 +273,13 @@ _RUNNERS = RunnerCache("gluon_decode_sm90", _runner_key, _bind_call, _fresh)
     rank_when=({"batch_bucket": FIRST_AT_BATCHES, "head_dim": (64,)}, Priority.PERFORMANT),
     predicate=_group_fits,
     bind=bind_decode,
+    # A step plan's runs: the functional runner of the step's key (every tensor per run).
+    step_runner=_RUNNERS.runner,
 )
 def gluon_decode(args: DecodeArgs) -> None:
     """Gluon Hopper decode: cp.async multi-stage gather of paged K/V, GQA group on
     mma.sync, split-KV with a combine that adds the sink. A plan binds it once
-    (:func:`bind_decode`); a functional call runs the runner bound for its
-    :func:`_runner_key` (``tokenspeed_kernel_triton._runners``), every tensor passed per run."""
+    (:func:`bind_decode`); a functional call runs the runner bound for its :func:`_runner_key`
+    (``tokenspeed_kernel_triton._runners``), every tensor passed per run, and a step plan that
+    runner directly (``step_runner``: the key looked up once per step)."""
     _RUNNERS(args)

@@ -254,7 +254,7 @@ def _cache_descriptor(cache: torch.Tensor, box: int, layout):
     priority=Priority.OPT_IN,
     rank_when=({"window_left": (None,), "head_dim": (64, 128)}, Priority.PERFORMANT),
     predicate=_supported,
-    bind=lambda args: _planned(args),
+    step_runner=lambda args: _planned(args),
 )
 def gluon_extend_fa3(args: ExtendArgs) -> None:
     """Gluon Hopper paged extend (FlashAttention-3 design): one-warp TMA producer reading
@@ -370,7 +370,7 @@ _RUNNERS = RunnerCache(
 
 
 def _planned(args: ExtendArgs) -> Callable[[ExtendArgs], None]:
-    """The ``bind`` hook (the core's ``ExtendPlan``): the runner of the plan's key (its runs
+    """The ``step_runner`` hook (the core's ``ExtendPlan``): the runner of the plan's key (its runs
     skip the key and the checks the layout fixes; the addresses are checked per run)."""
     _check_call(args)
     return planned_runner(_check_addresses, _RUNNERS.runner(args))

@@ -165,7 +165,7 @@ def _check_call(args: PrefillArgs) -> None:
     # triton_prefill on the H100 (docs/history.md, "Prefill: does the selector pick the fastest?").
     rank_when=({"window_left": (127,), "head_dim": (64,)}, Priority.PERFORMANT),
     predicate=_supported,
-    bind=lambda args: _planned(args),
+    step_runner=lambda args: _planned(args),
 )
 def gluon_prefill_window(args: PrefillArgs) -> None:
     """Gluon Hopper sliding-window causal prefill: TMA K/V ring, wgmma, band-only tiles.
@@ -255,7 +255,7 @@ _RUNNERS = RunnerCache(
 
 
 def _planned(args: PrefillArgs) -> Callable[[PrefillArgs], None]:
-    """The ``bind`` hook (the core's ``PrefillPlan``): the runner of the plan's key (nothing of
+    """The ``step_runner`` hook (the core's ``PrefillPlan``): the runner of the plan's key (nothing of
     the call's checks depends on an address)."""
     _check_call(args)
     return _RUNNERS.runner(args)

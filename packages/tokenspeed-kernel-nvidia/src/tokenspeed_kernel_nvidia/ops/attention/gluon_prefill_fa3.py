@@ -411,7 +411,7 @@ def _check_addresses(args: PrefillArgs, name: str) -> None:
 
 
 def _planned(args: PrefillArgs, windowed: bool) -> Callable[[PrefillArgs], None]:
-    """The ``bind`` hook of a build (the core's ``PrefillPlan``): the runner of the plan's key,
+    """The ``step_runner`` hook of a build (the core's ``PrefillPlan``): the runner of the plan's key,
     the addresses checked per run."""
     cfg = _config(args.q.shape[2], windowed)
     _check_call(args, cfg)
@@ -459,7 +459,7 @@ _META = {
     priority=Priority.OPT_IN,
     rank_when=_RANKS,
     predicate=_supported,
-    bind=functools.partial(_planned, windowed=False),
+    step_runner=functools.partial(_planned, windowed=False),
 )
 def gluon_prefill_fa3(args: PrefillArgs) -> None:
     """Gluon Hopper dense causal prefill (FlashAttention-3 design): warp-specialized TMA
@@ -486,7 +486,7 @@ def gluon_prefill_fa3(args: PrefillArgs) -> None:
     # stays first there by its rank_when.
     priority=Priority.OPT_IN,
     predicate=_windowed,
-    bind=functools.partial(_planned, windowed=True),
+    step_runner=functools.partial(_planned, windowed=True),
 )
 def gluon_prefill_fa3_window(args: PrefillArgs) -> None:
     """The same kernel built with a sliding window (:func:`fa3_window_config`): each work

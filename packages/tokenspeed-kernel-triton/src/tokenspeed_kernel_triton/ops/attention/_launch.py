@@ -375,9 +375,10 @@ def _rows_key(rows: QueryRows, splits: int) -> tuple:
 
 
 def planned(cache: RunnerCache[QueryRows], args: Any) -> Callable[[Any], None]:
-    """The ``bind`` hook of a kernel whose calls ``cache`` serves (the core's ``PrefillPlan`` /
-    ``ExtendPlan``): the runner of the plan's key (``RunnerCache.runner``), on each run's query
-    rows (``functools.partial(planned, _RUNNERS)`` at registration)."""
+    """The ``step_runner`` hook of a kernel whose calls ``cache`` serves (the core's step plans:
+    ``PrefillPlan``, ``ExtendPlan``, ``DecodeStepPlan``): the runner of the plan's key
+    (``RunnerCache.runner``), on each run's query rows (``functools.partial(planned, _RUNNERS)``
+    at registration)."""
     run = cache.runner(query_rows(args))
     return lambda run_args: run(query_rows(run_args))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from tokenspeed_kernel.ops.attention.args import DecodeArgs
 from tokenspeed_kernel.ops.attention.rows import QueryRows, query_rows
 from tokenspeed_kernel.registry import Priority, register_kernel
@@ -15,7 +17,7 @@ from tokenspeed_kernel_triton.ops.attention._common import (
     VENDORS,
     head_dim_v_and_group_fit,
 )
-from tokenspeed_kernel_triton.ops.attention._launch import num_splits, runner_cache
+from tokenspeed_kernel_triton.ops.attention._launch import num_splits, planned, runner_cache
 
 
 def _splits(rows: QueryRows) -> int:
@@ -37,6 +39,7 @@ _RUNNERS = runner_cache("triton_decode", "decode", _splits)
     features=(*COMMON_FEATURES, "fp8_kv", "spec_decode", "strided_kv"),
     priority=Priority.PORTABLE,
     predicate=head_dim_v_and_group_fit,
+    step_runner=functools.partial(planned, _RUNNERS),
 )
 def triton_decode(args: DecodeArgs) -> None:
     """Paged decode: one program per (sequence, KV head, key split) serving the whole GQA

@@ -34,7 +34,7 @@ _RUNNERS = runner_cache("triton_extend", "prefill", lambda rows: 1)
     features=(*COMMON_FEATURES, "non_causal", "fp8_kv", "strided_kv"),
     priority=Priority.PORTABLE,
     predicate=head_dim_v_and_group_fit,
-    bind=functools.partial(planned, _RUNNERS),
+    step_runner=functools.partial(planned, _RUNNERS),
 )
 def triton_extend(args: ExtendArgs) -> None:
     """Chunked prefill: the prefill tiles, keys gathered through the page table."""

@@ -33,7 +33,7 @@ _RUNNERS = runner_cache("triton_prefill", "prefill", lambda rows: 1)
     features=(*COMMON_FEATURES, "non_causal", "unaligned_qkv"),
     priority=Priority.PORTABLE,
     predicate=head_dim_v_and_group_fit,
-    bind=functools.partial(planned, _RUNNERS),
+    step_runner=functools.partial(planned, _RUNNERS),
 )
 def triton_prefill(args: PrefillArgs) -> None:
     """Ragged prefill: one program per (128 query rows of a GQA group, KV head); in-window tiles only."""

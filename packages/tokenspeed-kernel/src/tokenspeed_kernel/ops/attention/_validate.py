@@ -548,7 +548,9 @@ def check_decode_call(
 ) -> tuple[Heads, int, float, int]:
     """Every host check of ``mha_decode_with_kvcache``, in order; the head geometry, the page
     size, the resolved scale and the queries per sequence (``q_len``)."""
-    q = check_tensor("q", q, ndim=(3, 4), dtypes=ACT_DTYPES, contiguous=q.dim() == 4 if isinstance(q, torch.Tensor) else True)
+    q = check_tensor(
+        "q", q, ndim=(3, 4), dtypes=ACT_DTYPES, contiguous=q.dim() == 4 if isinstance(q, torch.Tensor) else True
+    )
     if q.dim() == 3:
         check_q_rows(q)
     q_len = q.shape[1] if q.dim() == 4 else 1

@@ -15,9 +15,9 @@ plan-cache lookup and the selection again. A step plan pays them once per step:
 - ``plan.run`` is the call of every layer, the first one's included: the layer's tensors must have the layout of the plan's (shape, strides, storage
   offset, dtype, device: what the checks and the selection read of them; ``out``: shape,
   strides, dtype, device); the run then builds the kernel's arguments and launches: no call
-  key, no lookup, no selection. A prefill or extend kernel with a ``bind`` hook is bound on the
-  plan's first run outside CUDA-graph capture (its runner, which has the launch work of the plan's layout done,
-  serves the later runs: the kernel's own key is skipped too). A run whose tensors differ in
+  key, no lookup, no selection. A kernel with a ``step_runner`` hook is asked for the runner of
+  the plan's layout on the plan's first run outside CUDA-graph capture (that runner, its launch
+  work done, serves the later runs: the kernel's own key is skipped too). A run whose tensors differ in
   layout is checked in full like a functional call (raising what is wrong, naming the
   argument) and served by the plan's kernel when it asks for the same selection, else refused
   with a ``ValueError``. Under ``torch.compile``, ``TOKENSPEED_KERNEL_DEBUG`` or a capture file
@@ -115,6 +115,9 @@ class _StepPlan:
     _base: tuple = field(repr=False)
     _layout: Hashable = field(repr=False)
     _out: tuple = field(repr=False)
+    # What serves the quick runs: [the kernel's step runner], empty until the first run
+    # outside capture asks for it (``spec.fn`` serves until then, and for a kernel without one).
+    _runner: list[Callable[[Any], None]] = field(default_factory=list, repr=False)
 
     @classmethod
     def _make(cls, call: tuple) -> Any:
@@ -164,6 +167,21 @@ class _StepPlan:
         run (its bound runner, or ``spec.fn``); the public result."""
         raise NotImplementedError
 
+    def _serve(self, args: Any) -> None:
+        """Run the kernel's typed arguments ``args``: the step runner (asked for on the first
+        run outside capture and kept), or ``spec.fn`` (no hook; or while capturing, where hooks
+        are never called: a later run asks)."""
+        if self._runner:
+            self._runner[0](args)
+        elif self.spec.step_runner is None:
+            self._runner.append(self.spec.fn)
+            self.spec.fn(args)
+        elif not is_capturing():
+            self._runner.append(self.spec.step_runner(args))
+            self._runner[0](args)
+        else:
+            self.spec.fn(args)
+
     def _checked_run(self, layer: tuple, out: object) -> Any:
         """A run the quick path does not take (another layout, ``torch.compile``, debug or
         capture-file mode): the functional call with the plan's kernel, checked in full; a
@@ -191,9 +209,6 @@ class _RaggedPlan(_StepPlan):
     max_seqlen_q: int
     total_q: int
     causal: bool
-    # What serves the quick runs: [the kernel's bound runner], empty until the first run
-    # outside capture binds it (``spec.fn`` serves until then, and for a kernel without one).
-    _runner: list[Callable[[Any], None]] = field(default_factory=list, repr=False)
 
     def _launch(self, layer: tuple, out: torch.Tensor | None) -> Any:
         call = self._call
@@ -201,24 +216,11 @@ class _RaggedPlan(_StepPlan):
             out = layer[0].new_empty(*call.out_shape)
         lse = torch.empty(*call.lse_shape, dtype=torch.float32, device=self.device) if self.return_lse else None
         if self.total_q:  # no queries (an empty batch): nothing to compute, nothing launched
-            args = self._args(layer, out, lse)
-            (self._runner[0] if self._runner else self._bind(args))(args)
+            self._serve(self._args(layer, out, lse))
         return (out, lse) if self.return_lse else out
 
     def _args(self, layer: tuple, out: torch.Tensor, lse: torch.Tensor | None) -> Any:
         raise NotImplementedError
-
-    def _bind(self, args: Any) -> Callable[[Any], None]:
-        """What serves ``args`` (the first quick run's): the kernel's ``bind`` hook's runner,
-        kept for the later runs, or ``spec.fn`` (no hook; or while capturing, where hooks are
-        never called: a later run binds)."""
-        if self.spec.bind is None:
-            self._runner.append(self.spec.fn)
-        elif not is_capturing():
-            self._runner.append(self.spec.bind(args))
-        else:
-            return self.spec.fn
-        return self._runner[0]
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -378,8 +380,8 @@ class DecodeStepPlan(_StepPlan):
             (tokens in the cache including this step's): read by every run.
         batch, q_len: sequences and queries per sequence. page_size: ``P``.
 
-    A kernel's ``bind`` hook is not called: its contract is :class:`DecodePlan`'s (the plan's
-    own caches bound), and here every run brings its own; runs call the kernel's ``fn``.
+    A kernel's ``bind`` hook is not called (its contract is :class:`DecodePlan`'s, the plan's
+    own caches bound, and here every run brings its own): its ``step_runner`` serves the runs.
     """
 
     OP = DECODE
@@ -427,7 +429,7 @@ class DecodeStepPlan(_StepPlan):
         call = cast(DecodeCall, self._call)
         ks, vs = kv_scales(call.fp8, k_scale, v_scale, q)
         return call.launch(
-            self.spec.fn,
+            self._serve,
             q,
             k_cache,
             v_cache,

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from tokenspeed_kernel.registry import Request
+from tokenspeed_kernel.registry import KernelSpec, Request
 from tokenspeed_kernel.tools.cases import attention, moe
 from tokenspeed_kernel.tools.cases.attention import AttentionCase
 from tokenspeed_kernel.tools.cases.moe import MoECase
@@ -30,6 +30,7 @@ __all__ = [
     "make_inputs",
     "module_for",
     "plan_call",
+    "plan_paths",
     "planned_call",
     "reference",
     "relayout",
@@ -101,13 +102,19 @@ def planned_call(case: Case, inputs: dict[str, Any], override: str | None = None
     return module_for(case.op).planned_call(case, inputs, override)
 
 
-def plan_call(case: Case, inputs: dict[str, Any], override: str | None, out: torch.Tensor | None) -> Any:
-    """``case`` through its operator's per-step plan with kernel ``override`` (attention: the
-    step and decode plans, run twice so a ``bind`` hook's runner serves the second), or None
-    where the operator's plan is not a per-call path (the KV store, the MoE operators: their
-    plans are ``planned_call``'s)."""
-    plan = getattr(module_for(case.op), "plan_call", None)
-    return None if plan is None else plan(case, inputs, override, out)
+def plan_paths(case: Case, spec: KernelSpec) -> tuple[str, ...]:
+    """The per-step plans whose path kernel ``spec``'s hooks claim serves ``case`` as the call
+    does (attention: ``"step"`` for a ``step_runner`` hook, ``"decode"`` for a decode plan's
+    ``bind``/``prepare_layout``), none where the operator's plan is not a per-call path (the KV
+    store, the MoE operators: their plans are ``planned_call``'s)."""
+    paths = getattr(module_for(case.op), "plan_paths", None)
+    return () if paths is None else paths(case, spec)
+
+
+def plan_call(case: Case, inputs: dict[str, Any], override: str | None, out: torch.Tensor | None, path: str) -> Any:
+    """``case`` through plan ``path`` (one of :func:`plan_paths`) with kernel ``override``, run
+    twice so the runner a hook returned serves the second; its result."""
+    return module_for(case.op).plan_call(case, inputs, override, out, path)
 
 
 def relayout(case: Case, inputs: dict[str, Any]) -> dict[str, Any] | None:

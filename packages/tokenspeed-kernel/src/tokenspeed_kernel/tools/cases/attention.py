@@ -23,7 +23,7 @@ from tokenspeed_kernel.ops.attention.api import attention_request
 from tokenspeed_kernel.ops.attention.args import DecodeArgs, ExtendArgs, Heads, PrefillArgs
 from tokenspeed_kernel.ops.kvcache.api import store_request
 from tokenspeed_kernel.ops.kvcache.args import StoreArgs
-from tokenspeed_kernel.registry import Request
+from tokenspeed_kernel.registry import KernelSpec, Request
 
 __all__ = [
     "CACHE_LAYOUTS",
@@ -33,6 +33,7 @@ __all__ = [
     "call",
     "make_inputs",
     "plan_call",
+    "plan_paths",
     "reference",
     "relayout",
     "request",
@@ -446,20 +447,31 @@ def planned_call(case: AttentionCase, inputs: dict[str, Any], override: str | No
 _STEP_PLANS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "attention.prefill": ("mha_prefill_plan", ("q", "k", "v"), ("sinks",)),
     "attention.extend": ("mha_extend_plan", ("q", "k_cache", "v_cache"), ("sinks", "k_scale", "v_scale")),
+    "attention.decode": ("mha_decode_step_plan", ("q", "k_cache", "v_cache"), ("sinks", "k_scale", "v_scale")),
 }
 
 
-def plan_call(case: AttentionCase, inputs: dict[str, Any], override: str | None, out: torch.Tensor | None) -> Any:
-    """``case`` through its operator's plan with kernel ``override``, run twice into ``out`` (the
-    first run binds a kernel's ``bind`` hook, the second is served by what it bound): prefill and
-    extend through their step plans (made from the call's own arguments), decode through
-    ``mha_decode_plan`` (``plan.run(q)``). Returns the second run's result; None for the KV store,
-    which has no plan."""
+def plan_paths(case: AttentionCase, spec: KernelSpec) -> tuple[str, ...]:
+    """The plans whose path ``spec``'s hooks claim serves ``case`` as the call does: ``"step"``
+    (the operator's step plan) for a ``step_runner`` hook, ``"decode"`` (``mha_decode_plan``)
+    for a decode kernel's ``bind`` or ``prepare_layout`` hook; none for the KV store."""
+    if case.op == "kvcache.store":
+        return ()
+    step = ("step",) if spec.step_runner is not None else ()
+    decode = case.op == "attention.decode" and (spec.bind is not None or spec.prepare_layout is not None)
+    return (*step, *(("decode",) if decode else ()))
+
+
+def plan_call(
+    case: AttentionCase, inputs: dict[str, Any], override: str | None, out: torch.Tensor | None, path: str
+) -> Any:
+    """``case`` through plan ``path`` (one of :func:`plan_paths`) with kernel ``override``, run
+    twice into ``out`` (the first run asks for the kernel's hook's runner, the second is served
+    by it): ``"step"`` through the operator's step plan made from the call's own arguments,
+    ``"decode"`` through ``mha_decode_plan`` (``plan.run(q)``). Returns the second run's result."""
     import tokenspeed_kernel
 
-    if case.op == "kvcache.store":
-        return None
-    if case.op == "attention.decode":
+    if path == "decode":
         plan = tokenspeed_kernel.mha_decode_plan(
             inputs["k_cache"],
             inputs["v_cache"],
