@@ -226,8 +226,9 @@ def _bf16_rows(original):
     them in float32)."""
 
     def output(a, routing, n, tile, *, gated: bool, splits: int = 1):
-        out = original(a, routing, n, tile, gated=gated, splits=splits)
-        return out if gated else torch.empty(out.shape, dtype=torch.bfloat16, device=out.device)
+        if gated:
+            return original(a, routing, n, tile, gated=gated, splits=splits)
+        return torch.empty((splits, routing.num_pairs, n), dtype=torch.bfloat16, device=a.device)
 
     return output
 
