@@ -23,6 +23,11 @@ pairs a window shows, ``4 * B * Hq * D * sum_i (min(i, W) + 1)``. Issue 20's goa
 >= 2x ``flex_attention`` at GPT-OSS's window 127 (S = 8192, H200: flex 180.6 us,
 ``gluon_prefill_window_sm90`` ~120 us).
 
+``--window W --classic`` times ``gluon_prefill_window_sm90`` (the shipped window kernel, GQA
+group packed into 128-row tiles) instead: its shipped configuration, then the opt-in variants of
+``gluon_prefill.window_variants`` (256-row tiles, the next tile's Q·Kᵀ ahead of the softmax,
+ring depth, key tile, warps) through its uncached launcher, then the same peers.
+
 ``--clean-ab``: the shipped configuration, then the same without the V cleaning
 (``Fa3Config.clean_v=False``, tag ``-nocl``: byte-identical to the kernel before the fix, which
 leaks unseen NaN; a timing reference only), then the peers: the cleaning's cost in one call.
@@ -143,10 +148,13 @@ def visible_pairs(seq: int, window: int) -> int:
     return (window + 1) * (window + 2) // 2 + (seq - window - 1) * (window + 1)
 
 
-def sweep_case(batch: int, seq: int, d: int, mode: str, deadline: float, window: int = -1) -> list[dict]:
+def sweep_case(
+    batch: int, seq: int, d: int, mode: str, deadline: float, window: int = -1, classic: bool = False
+) -> list[dict]:
     """Check then time the configurations of head dim ``d`` that ``mode`` picks ("all",
     "variants", "quick", "clean-ab") and the peers on one case (with ``window >= 0``: the windowed
-    build's and peers); rows not started by ``deadline`` (``time.monotonic``) are skipped."""
+    build's and peers; with ``classic`` too: ``gluon_prefill_window_sm90``'s configurations);
+    rows not started by ``deadline`` (``time.monotonic``) are skipped."""
     from tokenspeed_kernel import mha_prefill
     from tokenspeed_kernel.ops.attention.args import PrefillArgs
     from tokenspeed_kernel.tools.timing import time_fn
@@ -166,9 +174,17 @@ def sweep_case(batch: int, seq: int, d: int, mode: str, deadline: float, window:
         "variants": [c for c in configs[d] if c[1]],
         "all": configs[d],
     }[mode]
+    args = PrefillArgs(q, k, v, cu, cu, seq, seq, True, scale, window, sinks, 0.0, out, None)
+    if classic:
+        from tokenspeed_kernel_nvidia.ops.attention import gluon_prefill as gp
+
+        base = gp.prefill_config(d, HQ // HKV)
+        variants = [] if mode == "quick" else gp.window_variants(d, HQ // HKV)
+        for cfg in (base, *variants):
+            runs.append((f"window {cfg.tag}", functools.partial(gp.launch, args, cfg)))
+        picked = []
     for kw, _variant in picked:
         cfg = fa3.fa3_variant(d, **kw, **({"window": True} if window >= 0 else {}))
-        args = PrefillArgs(q, k, v, cu, cu, seq, seq, True, scale, window, sinks, 0.0, out, None)
         runs.append((f"fa3 {cfg.tag}", functools.partial(fa3.launch, args, cfg)))
     for peer in peers:
         call = functools.partial(
@@ -223,9 +239,14 @@ def main() -> int:
     )
     parser.add_argument("--head-dim", type=int, choices=(64, 128), help="only the cases of this head dim")
     parser.add_argument("--window", type=int, default=-1, help="time the sliding-window build at this window_left")
+    parser.add_argument(
+        "--classic", action="store_true", help="with --window: gluon_prefill_window_sm90's configurations"
+    )
     parser.add_argument("--budget-s", type=float, default=1e9, help="start no row after this many seconds")
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp/out"), "fa3_sweep.json"))
     opts = parser.parse_args()
+    if opts.classic and opts.window < 0:
+        parser.error("--classic needs --window W")
     print("device:", torch.cuda.get_device_name(), flush=True)
     deadline = time.monotonic() + opts.budget_s
     mode = "quick" if opts.quick else "variants" if opts.variants else "clean-ab" if opts.clean_ab else "all"
@@ -233,14 +254,18 @@ def main() -> int:
     for batch, seq, d in CASES:
         if opts.head_dim and d != opts.head_dim:
             continue
-        rows += sweep_case(batch, seq, d, mode, deadline, opts.window)
+        rows += sweep_case(batch, seq, d, mode, deadline, opts.window, opts.classic)
         torch.cuda.empty_cache()
     os.makedirs(os.path.dirname(opts.json) or ".", exist_ok=True)
     with open(opts.json, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
     print_table(rows)
     return (
-        0 if all(r["status"] in ("ok", "skipped: budget spent") for r in rows if r["kernel"].startswith("fa3")) else 1
+        0
+        if all(
+            r["status"] in ("ok", "skipped: budget spent") for r in rows if r["kernel"].startswith(("fa3", "window"))
+        )
+        else 1
     )
 
 

@@ -14,11 +14,17 @@ MoE decode kernels (T <= 8) at GPT-OSS-120B shapes (~3 min on an H100).
    the time (``flush="read"``).
 3. **GEMV sweep.** ``triton_moe_gemv_mx`` tiles (``gemv_moe(tiles=...)``, routing by
    ``moe_topk`` included) at T = 1, 2, 4, 8, checked the same way.
-4. A table last: per T the default and the best configuration of each kernel.
+4. **bf16 GEMV sweep** (``--sections gemv16``, not in the default sections). ``triton_moe_gemv``
+   (bf16 weights, the same GPT-OSS layer) tiles at T = 1, 2, 4, 8, 16 next to
+   ``triton_fused_moe`` (both through ``moe_apply(override=)`` after ``moe_topk``; a tile by
+   ``gemv_moe(tiles=...)``), each checked against float64 first: the table the opt-in kernel's
+   ranking (per token bucket) and its tile rows (``gemv.TILES["plain"]``) are read from.
+5. A table last: per T the default and the best configuration of each kernel.
 
 Usage (repository root, wheels carried)::
 
     python3 ci/device/moe_decode_sweep.py --json $OUT/moe_decode_sweep.json
+    python3 ci/device/moe_decode_sweep.py --sections gemv16 --json $OUT/moe_decode_bf16.json
 """
 
 from __future__ import annotations
@@ -47,6 +53,14 @@ GEMV_TILES = [((32, 256, 4), (16, 256, 4)), ((16, 256, 4), (8, 256, 4)), ((16, 5
               ((16, 128, 4), (8, 128, 4)), ((8, 256, 4), (4, 256, 4))]  # fmt: skip
 
 
+# bf16 weights ((block_n, block_k, warps) layer 1, layer 2 rows per choice at top-4): the
+# table's rows first (T <= 2, T = 3..8), then neighbours in rows, K values per step and warps.
+GEMV16_TILES = [((8, 256, 4), (4, 256, 4)), ((16, 128, 4), (8, 128, 4)), ((4, 256, 4), (4, 256, 4)),
+                ((8, 128, 4), (4, 128, 4)), ((8, 512, 4), (4, 512, 4)), ((16, 256, 4), (8, 256, 4)),
+                ((16, 128, 8), (8, 128, 8)), ((32, 64, 4), (16, 64, 4)), ((8, 256, 2), (4, 256, 2))]  # fmt: skip
+TOKENS16 = (1, 2, 4, 8, 16)
+
+
 def _us(fn, device, flush: str = "read") -> float:
     timing = time_fn(fn, device, flush=flush, rep_ms=60.0)
     if not timing.graph:
@@ -58,7 +72,7 @@ def _gemv_call(x, logits, out, m13, m2, b13, b2, tiles=None):
     """``moe_topk`` + the two ``triton_moe_gemv_mx`` launches (``tiles``: None = the table), as
     a no-argument callable returning True."""
     from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
-    from tokenspeed_kernel_triton.ops.moe.gemv_mx import gemv_moe
+    from tokenspeed_kernel_triton.ops.moe.gemv import gemv_moe
 
     def run():
         tw, ti = moe_topk(logits, K)
@@ -160,7 +174,7 @@ def _gluon_section(rec, device, m13, m2, b13, b2, cases) -> None:
 
 
 def _gemv_section(rec, device, m13, m2, b13, b2, cases) -> None:
-    from tokenspeed_kernel_triton.ops.moe.gemv_mx import GemvTile
+    from tokenspeed_kernel_triton.ops.moe.gemv import GemvTile
 
     for l1, l2 in GEMV_TILES:
         tiles = (GemvTile(*l1), GemvTile(*l2))
@@ -170,6 +184,70 @@ def _gemv_section(rec, device, m13, m2, b13, b2, cases) -> None:
 
             run = _gemv_call(x, logits, out, m13, m2, b13, b2, tiles)
             _check_and_time(rec, "gemv", t, tag, run, out, ref, device)
+
+
+def _gemv16_runs(t, x, logits, w13, w2, b13, b2) -> dict:
+    """The timed calls of one token count: ``triton_fused_moe`` and ``triton_moe_gemv`` (its
+    table; the override refuses T > 8) through ``moe_apply``, then each of :data:`GEMV16_TILES`
+    through ``gemv_moe``; each ``run(out)`` writes ``out`` and returns True."""
+    from tokenspeed_kernel import moe_apply
+    from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
+    from tokenspeed_kernel_triton.ops.moe.gemv import GemvTile, gemv_moe
+
+    def public(kernel):
+        def run(out):
+            w, ids = moe_topk(logits, K)
+            moe_apply(x, w13, w2, w, ids, activation=ACT, w13_bias=b13, w2_bias=b2, out=out, override=kernel)
+            return True
+
+        return run
+
+    def tiled(tiles):
+        def run(out):
+            w, ids = moe_topk(logits, K)
+            gemv_moe(MoEApplyArgs(x, w13, w2, w, ids, ACT, b13, b2, None, out), tiles)
+            return True
+
+        return run
+
+    kernels = ("triton_fused_moe", "triton_moe_gemv") if t <= 8 else ("triton_fused_moe",)
+    runs = {f"{kernel} (table)": public(kernel) for kernel in kernels}
+    for l1, l2 in GEMV16_TILES:
+        runs[f"gemv n{l1[0]}k{l1[1]}w{l1[2]}/n{l2[0]}k{l2[1]}w{l2[2]}"] = tiled((GemvTile(*l1), GemvTile(*l2)))
+    return runs
+
+
+def _gemv16_section(rec, device, w13, w2, b13, b2) -> None:
+    """bf16 weights: :func:`_gemv16_runs` at :data:`TOKENS16`, each checked against float64
+    before it is timed (routing by ``moe_topk`` included)."""
+    gen = torch.Generator(device=device).manual_seed(11)
+    for t in TOKENS16:
+        x = torch.randn(t, H, generator=gen, device=device).bfloat16()
+        logits = (2 * torch.randn(t, E, generator=gen, device=device)).bfloat16()
+        tw, ti = moe_topk(logits, K)
+        ref = reference64(x, w13, w2, b13, b2, tw, ti, ACT)
+        for tag, run in _gemv16_runs(t, x, logits, w13, w2, b13, b2).items():
+            out = torch.full_like(x, float("nan"))
+            _check_and_time(rec, "gemv16", t, tag, lambda run=run, out=out: run(out), out, ref, device)
+
+
+def _summary16(rec) -> None:
+    log("\n== bf16 weights (flush=read; µs; routing included)")
+    log("T    triton_fused_moe   gemv (table)   gemv best")
+    for t in TOKENS16:
+        rows = [r for r in rec["gemv16"] if r["t"] == t and r["us"] is not None]
+        by = {r["config"]: r for r in rows}
+        tiles = [r for r in rows if r["config"].startswith("gemv ")]
+        best = min(tiles, key=lambda r: r["us"]) if tiles else None
+
+        def us(r):
+            return f"{r['us']:8.1f}" if r else "     n/a"
+
+        best_cell = f"{best['us']:8.1f} {best['config']}" if best else "n/a"
+        table = by.get("triton_moe_gemv (table)")
+        log(f"{t:<4d} {us(by.get('triton_fused_moe (table)')):>16}   {us(table):>12}   {best_cell}")
+    bad = [r for r in rec["gemv16"] if r["rel_err"] >= 2e-2]
+    log(f"numerics: {'PASS' if not bad else f'FAIL ({len(bad)} configurations)'}")
 
 
 def _summary(rec) -> None:
@@ -215,10 +293,17 @@ def main() -> int:
         "flush": [],
         "gluon": [],
         "gemv": [],
+        "gemv16": [],
         "errors": [],
     }
     w13, w2, b13, b2 = make_weights(E, H, INTER, device)
     b13 = b13.bfloat16()
+    sections = a.sections.split(",")
+    if "gemv16" in sections:
+        attempt(rec["errors"], "gemv16", lambda: _gemv16_section(rec, device, w13, w2, b13, b2))
+        _summary16(rec)
+        if sections == ["gemv16"]:
+            return _finish(rec, a.json)
     m13, m2 = quantize(w13, "mxfp4"), quantize(w2, "mxfp4")
     per_expert = expert_bytes(m13, b13, None) + expert_bytes(m2, None, b2)
     gen = torch.Generator(device=device).manual_seed(7)
@@ -228,7 +313,6 @@ def main() -> int:
         logits = (2 * torch.randn(t, E, generator=gen, device=device)).bfloat16()
         tw, ti = moe_topk(logits, K)
         cases[t] = (x, logits, reference64(x, m13, m2, b13, b2, tw, ti, ACT))
-    sections = a.sections.split(",")
     if "flush" in sections:
         attempt(rec["errors"], "flush", lambda: _flush_section(rec, device, m13, m2, b13, b2, per_expert))
     if "gluon" in sections:
@@ -236,8 +320,12 @@ def main() -> int:
     if "gemv" in sections:
         attempt(rec["errors"], "gemv", lambda: _gemv_section(rec, device, m13, m2, b13, b2, cases))
     _summary(rec)
-    if a.json:
-        with open(a.json, "w") as f:
+    return _finish(rec, a.json)
+
+
+def _finish(rec, path: str | None) -> int:
+    if path:
+        with open(path, "w") as f:
             json.dump(rec, f, indent=1)
     return 0 if not rec["errors"] else 1
 

@@ -60,6 +60,17 @@
 #           vs graph at decode B=1 (issue 19's third target) (~6 min)
 #   stridedq: `check` of the Triton attention kernels (derived cases), whose feature-strided_q cases
 #           (a row-strided q, NaN beyond each row's q) must pass (~3 min)
+#   stridedg: the Gluon attention kernels read a row-strided q (ci/device/README.md item q): the strided-q
+#           rows of their four GPU test files, against float64 and the contiguous q's bits (<= 300 s)
+#   stridedgc: `check` of each of the five (derived cases: feature-strided_q, and q_align=16 for the extend)
+#           (<= 80 s each), then of triton_store_kvcache (feature-strided_rows) (<= 60 s); run it in its own
+#           call after stridedg on a fresh machine
+#   gemv16: triton_moe_gemv (bf16-weight MoE for T <= 8, two GEMV launches, opt-in, never run on a GPU yet; item r):
+#           its GPU tests and the GEMV MXFP4 ones (shared kernels), test_no_host_sync.py, the launch-cache tests of the
+#           MoE kernels (<= 240 s and 120 s), `check moe.apply --kernel triton_moe_gemv` (derived cases, <= 120 s),
+#           `bench moe.apply --kernel triton_moe_gemv,triton_fused_moe --preset moe-decode-bf16` (<= 150 s),
+#           `overhead --device cuda --op moe.apply` (row "MoEPlan.apply (triton_moe_gemv)", <= 90 s), then
+#           moe_decode_sweep.py --sections gemv16 on what is left of 580 s: ~8-9.5 min, alone in a call
 #   decode: gluon_decode_sm90 GPU tests, `check --preset awkward`, decode_splits_sweep.py --quick, then
 #           `bench attention.decode --kernel all --preset gpt-oss-120b` (does the selector pick the fastest?) (~5 min)
 # Each step has its own time budget and never stops the next one; results land in $OUT.
@@ -70,7 +81,7 @@
 #         (optional) bash ci/device/triton_kernels_bundle.sh   # .whl-ogs: matmul_ogs rows in `bench moe.apply`
 # Device: carry [".whl"] (and ".whl-nvidia", ".whl-ogs", ".whl-cute/bundle"), command: bash ci/device/verify_pending.sh
 # STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, fa3nan, fiext, flashinfer, e2e,
-# stepplan, stridedq
+# stepplan, stridedq, stridedg, stridedgc, gemv16
 # (default: decode); INSTALL=0 skips installing .whl and unpacking FA4's bundle (done once for every lane of the call). A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap`, `mxp` and `fa3g` alone.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -282,6 +293,49 @@ for op in prefill extend decode; do
 done
 }
 
+stridedg() {
+echo "== row-strided q, Gluon kernels: the strided-q rows of their GPU tests"
+timeout 300 python3 -m pytest -q -rs -p no:cacheprovider -k "strided or tma_cannot" \
+  tests/tokenspeed_kernel_nvidia/test_gluon_decode_gpu.py tests/tokenspeed_kernel_nvidia/test_gluon_prefill_gpu.py \
+  tests/tokenspeed_kernel_nvidia/test_gluon_prefill_fa3_gpu.py tests/tokenspeed_kernel_nvidia/test_gluon_extend_fa3_gpu.py \
+  2>&1 | tail -15 || status=1
+}
+
+stridedgc() {
+echo "== row-strided q, Gluon kernels: check of the five (derived cases, feature-strided_q among them)"
+for pair in "decode gluon_decode_sm90" "prefill gluon_prefill_window_sm90" "prefill gluon_prefill_fa3_sm90" \
+    "prefill gluon_prefill_fa3_window_sm90" "extend gluon_extend_fa3_sm90"; do
+  set -- $pair
+  timeout 80 python3 -W ignore -m tokenspeed_kernel check "attention.$1" --kernel "$2" --device cuda \
+    --json "$OUT/check_strided_$2.json" 2>&1 | tail -22 || status=1
+done
+# store_kvcache's row-strided k/v (feature-strided_rows) on the Triton store
+timeout 60 python3 -W ignore -m tokenspeed_kernel check kvcache.store --kernel triton_store_kvcache --device cuda \
+  --json "$OUT/check_strided_store.json" 2>&1 | tail -12 || status=1
+}
+
+gemv16() {
+echo "== triton_moe_gemv (bf16 weights, T <= 8): GPU tests, check, bench next to triton_fused_moe, overhead, tile sweep"
+timeout 240 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_triton/ops/moe/test_moe_gemv.py \
+  tests/tokenspeed_kernel_triton/ops/moe/test_moe_gemv_mx.py tests/tokenspeed_kernel_triton/ops/moe/test_no_host_sync.py \
+  2>&1 | tail -15 || status=1
+timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -k moe tests/tokenspeed_kernel_triton/test_launcher_gpu.py \
+  2>&1 | tail -8 || status=1
+timeout 120 python3 -W ignore -m tokenspeed_kernel check moe.apply --kernel triton_moe_gemv --device cuda \
+  --json "$OUT/check_gemv16.json" 2>&1 | tail -22 || status=1
+timeout 150 python3 -W ignore -m tokenspeed_kernel bench moe.apply --kernel triton_moe_gemv,triton_fused_moe \
+  --preset moe-decode-bf16 --device cuda --json "$OUT/bench_gemv16.json" 2>&1 | tail -30 || status=1
+timeout 90 python3 -W ignore -m tokenspeed_kernel overhead --device cuda --op moe.apply --json "$OUT/overhead_gemv16.json" \
+  2>&1 | tail -16 || status=1
+left=$(( ${GEMV16_END_S:-580} - SECONDS ))
+if [ "$left" -gt 60 ]; then
+  timeout "$left" python3 ci/device/moe_decode_sweep.py --sections gemv16 --json "$OUT/moe_decode_bf16.json" \
+    2>&1 | tail -14 || status=1
+else
+  echo "gemv16: ${left} s left of the call: moe_decode_sweep.py --sections gemv16 not run"
+fi
+}
+
 fiext() {
 echo "== extend peers: gluon_extend_fa3_sm90 vs FlashInfer's paged prefill (flashinfer_extend) and triton_extend"
 # needs .whl-nvidia with fi-prefill-so.tar.xz holding the FA3 sink module (bf16, head dim 64, no
@@ -314,8 +368,8 @@ fi
 
 for step in $steps; do
   case $step in
-    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | fa3g | fa3v | fa3w | fa3x | fa3nan | fiext | flashinfer | e2e | stepplan | stridedq) "$step" ;;
-    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, fa3nan, fiext, flashinfer, e2e, stepplan, stridedq)"
+    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | fa3g | fa3v | fa3w | fa3x | fa3nan | fiext | flashinfer | e2e | stepplan | stridedq | stridedg | stridedgc | gemv16) "$step" ;;
+    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, fa3nan, fiext, flashinfer, e2e, stepplan, stridedq, stridedg, stridedgc, gemv16)"
        status=2 ;;
   esac
 done

@@ -33,7 +33,7 @@ from tokenspeed_kernel_nvidia.ops.attention._gluon_decode_kernel import decode_k
 from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_fa3_kernel import prefill_fa3_kernel
 from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import prefill_window_kernel
 from tokenspeed_kernel_nvidia.ops.attention.gluon_decode import decode_config
-from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill import GluonPrefillConfig, prefill_config
+from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill import GluonPrefillConfig, prefill_config, window_variants
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import (
     HALF,
     WIDE,
@@ -157,9 +157,11 @@ def compile_decode(
     cap: bool,
     fused: bool = False,
     programs: int = 0,
+    q_row: int = 0,
 ):
     """Compile one decode configuration for sm_90 (``fused``: the in-kernel merge, with sinks
-    and LSE; ``programs``: the grid size the launcher picks the ring depth by); returns
+    and LSE; ``programs``: the grid size the launcher picks the ring depth by; ``q_row``: a
+    row-strided q's row stride in elements, 0 for a contiguous q); returns
     (name, compiled or exception)."""
     cfg = decode_config(head_dim, page_size, programs)
     load, smem, mma = cfg.layouts
@@ -203,13 +205,19 @@ def compile_decode(
         "FUSED": fused,
         "HAS_SINKS": fused,
         "HAS_LSE": fused,
+        "Q_ROW": q_row or 8 * group * head_dim,
     }
     for name in constexprs:
         signature[name] = "constexpr"
     name = f"gluon_decode-{str(dtype)[6:]}-d{head_dim}-p{page_size}-g{group}-s{splits}{'-cap' if cap else ''}"
-    name += ("-fused" if fused else "") + ("" if cfg.stages == 3 else f"-st{cfg.stages}")
+    name += ("-fused" if fused else "") + ("" if cfg.stages == 3 else f"-st{cfg.stages}") + _q_tag(q_row)
     src = GluonASTSource(decode_kernel, signature, constexprs, _attrs(signature))
     return name, triton_compile(src, target=SM90, options={"num_warps": cfg.num_warps})
+
+
+def _q_tag(q_row: int) -> str:
+    """The name suffix of a build for a row-strided q (``-qs<row stride>``; none: contiguous)."""
+    return f"-qs{q_row}" if q_row else ""
 
 
 def compile_prefill(
@@ -220,9 +228,11 @@ def compile_prefill(
     cap: bool,
     lse: bool,
     cfg: GluonPrefillConfig | None = None,
+    q_row: int = 0,
 ):
     """Compile one window-prefill configuration for sm_90 (``cfg`` defaults to the launcher's
-    choice); returns (name, compiled). K/V arrive as TMA descriptors, typed as the JIT types
+    choice; ``q_row``: a row-strided q's row stride in elements, 0 for a contiguous q);
+    returns (name, compiled). K/V arrive as TMA descriptors, typed as the JIT types
     the launcher's ``TensorDescriptor`` (block ``[block_n, D]``, the NVMMA layout)."""
     cfg = cfg or prefill_config(head_dim, group)
     io, q_smem, kv_smem, s_mma, o_mma = cfg.layouts
@@ -250,6 +260,7 @@ def compile_prefill(
         "BLOCK_T": cfg.block_t,
         "BLOCK_N": cfg.block_n,
         "STAGES": cfg.stages,
+        "QK_AHEAD": cfg.qk_ahead,
         "HAS_SINKS": sinks,
         "HAS_CAP": cap,
         "HAS_LSE": lse,
@@ -257,11 +268,13 @@ def compile_prefill(
         "Q_SMEM": q_smem,
         "S_MMA": s_mma,
         "O_MMA": o_mma,
+        "Q_ROW": q_row or 8 * group * head_dim,
     }
     for name in constexprs:
         signature[name] = "constexpr"
     flags = "".join(f"-{f}" for f, on in (("sinks", sinks), ("cap", cap), ("lse", lse)) if on)
-    name = f"gluon_prefill-{str(dtype)[6:]}-d{head_dim}-g{group}-n{cfg.block_n}-st{cfg.stages}-w{cfg.num_warps}{flags}"
+    name = f"gluon_prefill-{str(dtype)[6:]}-d{head_dim}-g{group}-{cfg.tag}{flags}"
+    name += _q_tag(q_row)
     src = GluonASTSource(prefill_window_kernel, signature, constexprs, _attrs(signature))
     return name, triton_compile(src, target=SM90, options={"num_warps": cfg.num_warps})
 
@@ -581,8 +594,12 @@ def decode_grid():
         (torch.bfloat16, 64, 16, 8, 8, True),
         (torch.bfloat16, 64, 16, 8, 32, False, True),
         (torch.float16, 128, 1, 4, 1, True, True),
-        (torch.bfloat16, 64, 16, 8, 1, False, True, 512),
-    ]  # fmt: skip  (the 2-stage ring of B=64)
+        (torch.bfloat16, 64, 16, 8, 1, False, True, 512),  # the 2-stage ring of B=64
+        # a row-strided q (a fused qkv's q: rows of (Hq + 2 Hkv) D values; strided_q), against
+        # the first row and the fused D 128 one
+        (torch.bfloat16, 64, 16, 8, 8, False, False, 0, (64 + 16) * 64),
+        (torch.float16, 128, 1, 4, 1, True, True, 0, (32 + 16) * 128),
+    ]  # fmt: skip
 
 
 def prefill_grid():
@@ -597,7 +614,11 @@ def prefill_grid():
         (torch.bfloat16, 64, 1, False, False, False, None),
         (torch.bfloat16, 128, 8, True, False, True, None),
         (torch.bfloat16, 128, 4, True, True, True, None),
-        (torch.bfloat16, 64, 8, True, False, False, GluonPrefillConfig(64, 8, block_n=64, stages=3, num_warps=8)),
+        *((torch.bfloat16, 64, 8, True, False, False, cfg) for cfg in window_variants(64, 8)),
+        # a row-strided q (a fused qkv's q: rows of (Hq + 2 Hkv) D values; strided_q), against
+        # the first row and the D 128 one
+        (torch.bfloat16, 64, 8, True, False, False, None, (64 + 16) * 64),
+        (torch.bfloat16, 128, 8, True, False, True, None, (64 + 16) * 128),
     ]
 
 

@@ -1,11 +1,13 @@
-"""Ahead-of-time compile of the GEMV MoE kernels (:mod:`.gemv_mx`) for GPUs this machine lacks.
+"""Ahead-of-time compile of the GEMV MoE kernels (:mod:`.gemv`) for GPUs this machine lacks.
 
 ``PYTHONPATH=ci python -m tokenspeed_kernel_dev.aot_triton_gemv [cuda:90 hip:gfx942 hip:gfx950 ...]``
 compiles both layers at GPT-OSS-120B shapes (top-4, H = I = 2880: ``K % BLOCK_K != 0``, so
-the K-tail masks are in; swiglu_oai, biases, expert map; bf16 activations) with the tiles of
-:data:`.gemv_mx.TILES` (every token-count row) and the 16-divisibility hints the launcher sees at those shapes, and
-prints one JSON line per compile: whether it built, registers (NVIDIA: ``n_regs``; AMD:
-``.vgpr_count``), spills and shared memory. Must run without ``TRITON_INTERPRET``.
+the K-tail masks are in; swiglu_oai, biases, expert map; bf16 activations) for both weight
+formats (``mxfp4``: ``triton_moe_gemv_mx``; ``bf16``: ``triton_moe_gemv``) with the tiles of
+:data:`.gemv.TILES` (every token-count row) and the 16-divisibility hints the launcher sees at
+those shapes, and prints one JSON line per compile (kernel ``gemv_w13[FORMAT nNkKwW]``):
+whether it built, registers (NVIDIA: ``n_regs``; AMD: ``.vgpr_count``), spills and shared
+memory. Must run without ``TRITON_INTERPRET``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import asdict, dataclass
 from triton.backends.compiler import GPUTarget
 
 from tokenspeed_kernel_dev.aot_common import amd_spills, compile_config, parse_target, target_label
-from tokenspeed_kernel_triton.ops.moe.gemv_mx import TILES, GemvTile, gemv_w2_kernel, gemv_w13_kernel, pick_gemv_tiles
+from tokenspeed_kernel_triton.ops.moe.gemv import TILES, GemvTile, gemv_w2_kernel, gemv_w13_kernel, pick_gemv_tiles
 
 TOP_K = 4  # GPT-OSS-120B
 
@@ -33,36 +35,51 @@ def _signature(fn, pointers: dict, consts: dict, aligned: set, options: dict) ->
 def configs(target: GPUTarget) -> list[tuple[str, object, dict, dict]]:
     """(name, kernel, signature, constexprs with ``_options``/``_attrs``) of every compile."""
     vendor = "rocm" if target.backend == "hip" else "cuda"
-    return [c for row in TILES[vendor] for c in _configs(*pick_gemv_tiles(vendor, TOP_K, row.max_tokens))]
+    return [
+        c
+        for fmt, weights in FORMATS.items()
+        for row in TILES[weights][vendor]
+        for c in _configs(fmt, *pick_gemv_tiles(vendor, TOP_K, row.max_tokens, weights))
+    ]
 
 
-def _configs(t13: GemvTile, t2: GemvTile) -> list[tuple[str, object, dict, dict]]:
-    """The two compiles (layer 1, layer 2) of one tile pair."""
+# Compiled formats: their name in the kernel label -> the tile table's weight format.
+FORMATS = {"mxfp4": "mxfp4", "bf16": "plain"}
+
+
+def _configs(fmt: str, t13: GemvTile, t2: GemvTile) -> list[tuple[str, object, dict, dict]]:
+    """The two compiles (layer 1, layer 2) of one weight format and tile pair."""
     # Unit strides are specialized to constants by the launcher; stride_sk = 1 (public scales).
-    # K = N = 2880: 16-divisible. stride_wn = 1440, stride_sn = 90 (not 16-divisible).
+    # K = N = 2880: 16-divisible. MXFP4: stride_wn = 1440, stride_sn = 90 (not 16-divisible);
+    # bf16: stride_wn = 2880, no scales (S is the weight, its strides 0: constants too).
+    mx = fmt == "mxfp4"
+    w, s = ("*u8", "*u8") if mx else ("*bf16", "*bf16")
+    scale_strides = {"stride_sk": 1} if mx else {"stride_se": 0, "stride_sn": 0, "stride_sk": 0}
+    aligned_scales = {"stride_se"} if mx else set()
     w13 = _signature(
         gemv_w13_kernel,
-        {"X": "*bf16", "W": "*u8", "S": "*u8", "Bias": "*fp32", "Hid": "*bf16", "Ids": "*i32", "ExpertMap": "*i32"},
+        {"X": "*bf16", "W": w, "S": s, "Bias": "*fp32", "Hid": "*bf16", "Ids": "*i32", "ExpertMap": "*i32"},
         {
             "TOP_K": TOP_K,
             "HAS_MAP": True,
             "HAS_BIAS": True,
             "ACTIVATION": 2,
+            "MX": mx,
             "BLOCK_N": t13.block_n,
             "BLOCK_K": t13.block_k,
             "EVEN_K": False,
             "stride_wk": 1,
-            "stride_sk": 1,
+            **scale_strides,
         },
-        {"N", "K", "stride_xt", "stride_we", "stride_wn", "stride_se", "stride_be", "stride_ht"},
+        {"N", "K", "stride_xt", "stride_we", "stride_wn", "stride_be", "stride_ht"} | aligned_scales,
         {"num_warps": t13.num_warps},
     )
     w2 = _signature(
         gemv_w2_kernel,
         {
             "Hid": "*bf16",
-            "W": "*u8",
-            "S": "*u8",
+            "W": w,
+            "S": s,
             "Bias": "*bf16",
             "Out": "*bf16",
             "Ids": "*i32",
@@ -74,18 +91,19 @@ def _configs(t13: GemvTile, t2: GemvTile) -> list[tuple[str, object, dict, dict]
             "KP": TOP_K,
             "HAS_MAP": True,
             "HAS_BIAS": True,
+            "MX": mx,
             "BLOCK_N": t2.block_n,
             "BLOCK_K": t2.block_k,
             "EVEN_K": False,
             "stride_wk": 1,
-            "stride_sk": 1,
+            **scale_strides,
         },
-        {"N", "K", "stride_ht", "stride_we", "stride_wn", "stride_se", "stride_be", "stride_ot"},
+        {"N", "K", "stride_ht", "stride_we", "stride_wn", "stride_be", "stride_ot"} | aligned_scales,
         {"num_warps": t2.num_warps},
     )
     return [
-        (f"gemv_w13[n{t13.block_n}k{t13.block_k}w{t13.num_warps}]", gemv_w13_kernel, *w13),
-        (f"gemv_w2[n{t2.block_n}k{t2.block_k}w{t2.num_warps}]", gemv_w2_kernel, *w2),
+        (f"gemv_w13[{fmt} n{t13.block_n}k{t13.block_k}w{t13.num_warps}]", gemv_w13_kernel, *w13),
+        (f"gemv_w2[{fmt} n{t2.block_n}k{t2.block_k}w{t2.num_warps}]", gemv_w2_kernel, *w2),
     ]
 
 

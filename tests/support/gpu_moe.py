@@ -31,15 +31,26 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def awkward_gpu_inputs(
-    tokens: int, experts: int, hot: int, activation: str, bias: bool, with_map: bool, seed: int, hidden: int = 576
+    tokens: int,
+    experts: int,
+    hot: int,
+    activation: str,
+    bias: bool,
+    with_map: bool,
+    seed: int,
+    hidden: int = 576,
+    inter: int = 416,
+    weights: str = "mxfp4",
 ):
-    """Awkward GPU-sized inputs: H = ``hidden`` (576) and I = 416 (multiples of 32, not of 128:
-    masked K tails), routing concentrated on ``hot`` experts (ragged loads, empty experts)."""
+    """Awkward GPU-sized inputs: H = ``hidden`` (576) and I = ``inter`` (416; multiples of 32,
+    not of 128: masked K tails), routing concentrated on ``hot`` experts (ragged loads, empty
+    experts), top-4; ``weights`` ``"mxfp4"`` or ``"bf16"`` (in x's dtype)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    inter, top_k = 416, 4
+    top_k = 4
     num_local = experts // 2 if with_map else experts
-    w13 = quantize_mxfp4(torch.randn(num_local, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5)
-    w2 = quantize_mxfp4(torch.randn(num_local, hidden, inter, device="cuda", generator=gen) / inter**0.5)
+    make = quantize_mxfp4 if weights == "mxfp4" else torch.Tensor.bfloat16
+    w13 = make(torch.randn(num_local, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5)
+    w2 = make(torch.randn(num_local, hidden, inter, device="cuda", generator=gen) / inter**0.5)
     logits = torch.randn(tokens, experts, device="cuda", generator=gen)
     logits[:, :hot] += 6.0
     weights, ids = torch.topk(torch.softmax(logits, -1), top_k, dim=-1)

@@ -1,5 +1,6 @@
-"""Helpers of the MXFP4 MoE kernel tests (``test_moe_mx.py``, ``test_moe_mx_swap.py``): the
-awkward ``moe.apply`` cases by name, a selection's candidate by kernel name, the relative
+"""Helpers of the MoE kernel tests (``test_moe_mx.py``, ``test_moe_mx_swap.py``, the GEMV and
+Gluon decode tests): the awkward ``moe.apply`` cases by name, GPT-OSS's request, a
+selection's candidate by kernel name, the relative
 error check against a float64 reference, a CUDA-graph capture of one step, the GPU
 numerics cases run through ``moe_apply`` and ``moe_plan``, and the checks of a kernel's
 ``bind`` hook (bound runs per token count) on the CPU and on the GPU."""
@@ -19,13 +20,18 @@ from tokenspeed_kernel.tools import cases
 
 __all__ = [
     "BOUND_STEPS",
+    "DTYPE_TOL",
     "GPU_CASES",
     "awkward_apply_cases",
+    "call_override",
     "candidate",
     "capture",
     "check_bound_runs",
+    "check_close",
     "check_gpu_bound_runs",
     "check_rel_err",
+    "gemv_case",
+    "gpt_oss_request",
     "gpu_case_id",
     "gpu_public_calls",
 ]
@@ -40,6 +46,27 @@ def awkward_apply_cases(dtype: torch.dtype = torch.bfloat16) -> dict:
     return {c.name: c for c in cases.awkward_cases("moe.apply", dtype)}
 
 
+def gpt_oss_request(
+    num_tokens: int | None = 1, weight_format: str = "mxfp4", *, x_dtype: torch.dtype = torch.bfloat16, top_k=4, **kw
+):
+    """The request ``moe_apply`` builds for GPT-OSS-120B's MoE layer (128 experts, H = I = 2880,
+    swiglu_oai, biases) at ``num_tokens`` (None: a plan's) with ``weight_format`` weights."""
+    from tokenspeed_kernel.ops.moe import moe_apply_request
+
+    return moe_apply_request(
+        x_dtype=x_dtype,
+        num_experts=128,
+        top_k=top_k,
+        hidden=2880,
+        intermediate=2880,
+        weight_format=weight_format,
+        activation="swiglu_oai",
+        bias=True,
+        num_tokens=num_tokens,
+        **kw,
+    )
+
+
 def candidate(selection, name: str):
     """The candidate of kernel ``name`` in an ``explain`` selection."""
     return next(c for c in selection.candidates if c.spec.name == name)
@@ -51,6 +78,63 @@ def check_rel_err(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
     assert not torch.isnan(out).any(), "an output element was never written"
     err = float((out.double().cpu() - ref.double().cpu()).norm() / ref.double().cpu().norm())
     assert err < tol, f"relative error {err:.2e}"
+
+
+# Relative Frobenius error bounds of the GEMV MoE tests per x dtype: the intermediate is rounded to x's dtype.
+DTYPE_TOL = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-5}
+
+
+def check_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """:func:`check_rel_err` with ``dtype``'s bound in :data:`DTYPE_TOL`, and every element
+    within 4 times that bound of ``ref`` (relative, or absolute against ``max|ref| + 1``)."""
+    tol = DTYPE_TOL[dtype]
+    check_rel_err(out, ref, tol)
+    tol = 4 * tol
+    torch.testing.assert_close(
+        out.double().cpu(), ref.double().cpu(), atol=tol * (float(ref.abs().max()) + 1), rtol=tol
+    )
+
+
+def call_override(inputs: dict, kernel: str, **kw) -> torch.Tensor:
+    """``moe_apply(**inputs, override=kernel)`` into an output poisoned with NaN; asserts that
+    ``kernel`` ran and the output is the one given."""
+    from tokenspeed_kernel.ops._dispatch import last_kernel
+    from tokenspeed_kernel.ops.moe import moe_apply
+
+    out = torch.full_like(inputs["x"], float("nan"))
+    result = moe_apply(**inputs, out=out, override=kernel, **kw)
+    assert result is out and last_kernel() == kernel
+    return out
+
+
+def gemv_case(
+    weight_format: str,
+    t: int,
+    h: int = 64,
+    i: int = 32,
+    act: str = "silu",
+    bias: bool = False,
+    emap: bool = False,
+    dtype: torch.dtype = torch.bfloat16,
+    e: int = 8,
+    k: int = 2,
+) -> cases.MoECase:
+    """A small ``moe.apply`` case of the GEMV MoE tests, named after its fields."""
+    tags = f"{'_bias' if bias else ''}{'_map' if emap else ''}"
+    return cases.MoECase(
+        "moe.apply",
+        t,
+        h,
+        i,
+        e,
+        k,
+        dtype=dtype,
+        weight_format=weight_format,
+        activation=act,
+        bias=bias,
+        expert_map=emap,
+        name=f"gemv_t{t}_h{h}_i{i}_e{e}k{k}_{act}{tags}",
+    )
 
 
 def capture(step: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -134,16 +218,17 @@ def check_bound_runs(
         assert torch.equal(args.out, expected), f"T={num_tokens}: the bound run differs from the functional path"
 
 
-def check_gpu_bound_runs(kernel: str, tol: float, max_tokens: int) -> None:
+def check_gpu_bound_runs(kernel: str, tol: float, max_tokens: int, weights: str = "mxfp4") -> None:
     """``kernel``'s ``moe_plan`` (``override``) at token counts 1, 5, 1, 33 and ``max_tokens + 1``
     with fresh :func:`awkward_gpu_inputs` (H = 1056: layer 1 is split by the rule at these
     counts, layer 2 with K = 416 is not) and the plan's weights at every call, outputs
     poisoned: each call matches float64 and equals the registered function on the plan's
-    prepared weights bit for bit; counts up to ``max_tokens`` are bound, the one above is not."""
+    prepared weights bit for bit; counts up to ``max_tokens`` are bound, the one above is not.
+    ``weights``: ``"mxfp4"`` or ``"bf16"`` (:func:`awkward_gpu_inputs`)."""
     from tokenspeed_kernel.ops.moe import moe_plan
 
     def inputs(tokens: int, seed: int) -> dict:
-        return awkward_gpu_inputs(tokens, 32, 3, "swiglu_oai", True, True, seed=seed, hidden=1056)
+        return awkward_gpu_inputs(tokens, 32, 3, "swiglu_oai", True, True, seed=seed, hidden=1056, weights=weights)
 
     weights = {k: v for k, v in inputs(1, 0).items() if k in WEIGHT_KEYS}
     plan = moe_plan(**weights, x_dtype=torch.bfloat16, top_k=4, activation="swiglu_oai", override=kernel)

@@ -7,7 +7,8 @@ Runs only on an sm_90 GPU (skips with the reason otherwise). Against the float64
 length 1), split counts forced to 1, 3, 7 and 64 (more splits than tiles: empty splits),
 windows, sinks, LSE, GQA groups 8 and 4, D 64 and 128, fp16; outputs poisoned with NaN so
 an unwritten row fails; the fused merge called many times in a row and under CUDA-graph
-replay (the counters must come back to 0 every time).
+replay (the counters must come back to 0 every time); a row-strided q (a fused qkv's q, NaN
+past each row's q, also one element into its buffer) read in place.
 """
 
 import dataclasses
@@ -17,6 +18,7 @@ import pytest
 import torch
 from support.gpu import sm90_skip_reason
 from support.naive_attention import naive_decode
+from support.strided_q import row_strided
 
 from tokenspeed_kernel import mha_decode_with_kvcache
 
@@ -212,3 +214,34 @@ def test_plan_runs_bound_launches_match_float64(forced, fused):
         graph.replay()
         torch.cuda.synchronize()
         check(qg, out, lse_g)
+
+
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "one-element-in"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "combine"])
+@pytest.mark.parametrize(
+    "name", ["gqa8-ragged-sinks-lse", "window127-sinks", "gqa4-d128-fp16-lse", "b64-two-stage-ring"]
+)
+def test_strided_q_gives_the_contiguous_bits(forced, name, fused, offset):
+    """A fused qkv's q (rows of (Hq + 2 Hkv) D elements, NaN in each row past its q; also one
+    element into its buffer: 2-byte aligned, loaded with narrower loads) is read in place
+    (``strided_q``, no copy): the contiguous q's bits, output and LSE, and the float64
+    reference; the output (contiguous) fully written."""
+    from tokenspeed_kernel.ops._dispatch import last_request
+
+    forced(fused, 5)
+    lens, _, hkv, d, _, window, _, lse, dtype = CASES[name]
+    (q, k, v, table, seqlens, sk), (ref, ref_lse) = _case(name)
+    call = functools.partial(
+        mha_decode_with_kvcache, k_cache=k, v_cache=v, page_table=table, cache_seqlens=seqlens,
+        max_seqlen_k=max(lens), window_left=window, sinks=sk, return_lse=True, override=KERNEL,
+    )  # fmt: skip
+    flat, flat_lse = call(q)
+    strided = row_strided(q, 2 * hkv * d, offset)
+    assert strided.stride(0) == (q.shape[1] + 2 * hkv) * d and torch.equal(strided, q)
+    out = torch.full_like(q, float("nan"))
+    _, lse_s = call(strided, out=out)
+    assert "strided_q" in last_request().features
+    assert torch.equal(out, flat) and torch.equal(lse_s, flat_lse)
+    assert not out.isnan().any() and _rel(out.cpu(), ref) < (2e-2 if dtype == torch.bfloat16 else 5e-3)
+    if lse:
+        assert torch.allclose(lse_s.cpu().double().view_as(ref_lse), ref_lse, atol=1e-3, rtol=1e-3)

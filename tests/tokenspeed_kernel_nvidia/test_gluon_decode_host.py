@@ -142,3 +142,86 @@ def test_plan_runner_launches_what_a_fresh_bind_launches(monkeypatch):
                                                                       plan.v_cache, plan.page_table, plan.cache_seqlens,
                                                                       plan.sinks])  # fmt: skip
     assert rec.bound == 2
+
+
+# --- a row-strided q (strided_q): a fused qkv's q, read in place ---------------------------
+
+
+def _strided_q(args, extra: int = 2 * 2 * 64):
+    """``args`` with q ``[B, 1, Hq, D]`` moved into rows ``extra`` elements wider (a fused qkv's
+    q: the k and v columns of Hkv 2, D 64; NaN past each row's q), viewed 4-D as the core
+    views a 3-D q; out stays contiguous."""
+    import dataclasses
+
+    from support.strided_q import row_strided
+
+    q3 = row_strided(args.q[:, 0], extra)
+    return dataclasses.replace(args, q=q3.view(args.q.shape))
+
+
+def test_row_stride_is_what_a_kernel_addresses():
+    """``_common.row_stride``: a row-strided q's row stride; the dense row of a contiguous
+    tensor, of one row (its stride means nothing) and of a plan's broadcast placeholder (its
+    stride is 0), so those all take the contiguous build."""
+    import torch
+    from support.strided_q import row_strided
+
+    from tokenspeed_kernel_nvidia.ops.attention._common import row_stride
+
+    q = torch.randn(5, 8, 64)
+    assert row_stride(q) == 512 and row_stride(q.view(5, 1, 8, 64)) == 512
+    assert row_stride(row_strided(q, 256)) == 768 and row_stride(row_strided(q, 256).view(5, 1, 8, 64)) == 768
+    assert row_stride(row_strided(q[:1], 256)) == 512
+    assert row_stride(torch.empty(1).expand(5, 1, 8, 64)) == 512
+    assert row_stride(q[:0]) == 512
+
+
+@pytest.mark.parametrize("max_seqlen_k", [200, 8192])  # fused merge / a separate merge kernel
+def test_a_row_strided_q_is_read_in_place_through_its_row_stride(monkeypatch, max_seqlen_k):
+    """A fused qkv's q: a runner key of its own; each layer's cached launches equal a fresh
+    bind's; the decode kernel's ``Q_ROW`` is q's row stride (768), Hq D (512) for a
+    contiguous q (the build every contiguous call gets); the merge kernel reads only the
+    float32 partials and is launched alike for both."""
+    from support.launch_recorder import Recorder, assert_same_launches
+
+    from tokenspeed_kernel_nvidia.ops.attention import gluon_decode as mod
+
+    rec = Recorder().install(monkeypatch)
+    monkeypatch.setattr(mod, "sm_count", lambda device: 132)
+    plain = _decode_args(0, max_seqlen_k)
+    assert mod._runner_key(_strided_q(plain)) != mod._runner_key(plain)
+    mod.gluon_decode(plain)
+    plain_launches = list(rec.launches)
+    assert plain_launches[0][3]["Q_ROW"] == 512
+    for layer in range(2):
+        args = _strided_q(_decode_args(layer, max_seqlen_k))
+        assert args.q.stride()[0] == 768 and args.out.is_contiguous()
+        start = len(rec.launches)
+        mod.gluon_decode(args)
+        cached = rec.since(start)
+        mod._fresh(args)
+        fresh = rec.since(start + len(cached))
+        assert len(cached) == len(plain_launches) == (1 if max_seqlen_k == 200 else 2)
+        assert_same_launches(cached, fresh, [args.q, args.k_cache, args.v_cache, args.page_table,
+                                             args.cache_seqlens, args.sinks, args.out, args.lse])  # fmt: skip
+        assert cached[0][3]["Q_ROW"] == 768
+        assert {k: v for k, v in cached[0][3].items() if k != "Q_ROW"} == {
+            k: v for k, v in plain_launches[0][3].items() if k != "Q_ROW"
+        }
+        assert [launch[3] for launch in cached[1:]] == [launch[3] for launch in plain_launches[1:]]
+
+
+def test_a_plans_placeholder_q_binds_the_contiguous_build(monkeypatch):
+    """``bind_decode`` binds with broadcast placeholders for q (stride 0): the contiguous build
+    (``Q_ROW`` = Hq D), which every plan run's q (contiguous, as ``DecodePlan.run`` checks) takes."""
+    import dataclasses
+
+    import torch
+
+    from tokenspeed_kernel_nvidia.ops.attention import gluon_decode as mod
+
+    monkeypatch.setattr(mod, "sm_count", lambda device: 132)
+    plan = _decode_args(0, 200)
+    layout = dataclasses.replace(plan, q=torch.empty(1, dtype=plan.q.dtype).expand(plan.q.shape))
+    launches, *_ = mod._launches(layout)
+    assert launches[0].kwargs["Q_ROW"] == 512

@@ -4,8 +4,8 @@ Runs only on an sm_90 GPU (skips with the reason otherwise): ragged batches whos
 caches are not multiples of the 128-token tile or the page (partial last pages), prefix 0
 (the chunk is the whole cache), one-token chunks, GPT-OSS's heads with sinks and the
 128-token window, D 128, fp16, LSE, pages of 8 and 256 tokens, and every strided cache
-layout of the case builder (HND, vLLM's interleaved rows, a stacked pool with NaN padding).
-Outputs are poisoned with NaN so an unwritten row fails; unused cache slots hold garbage.
+layout of the case builder (HND, vLLM's interleaved rows, a stacked pool with NaN padding),
+a row-strided q (a fused qkv's q, NaN past each row's q: ``strided_q``). Outputs are poisoned with NaN so an unwritten row fails; unused cache slots hold garbage.
 """
 
 import pytest
@@ -35,6 +35,30 @@ CASES = [
     ),
     cases.AttentionCase("attention.extend", (300, 9), (700, 200), 16, 2, 128, cache_layout="vllm", name="d128-vllm"),
 ]
+# A row-strided q (a fused qkv's q: rows of (Hq + 2 Hkv) D elements, NaN past each row's q),
+# read in place through the q descriptor's row stride: with vLLM's cache views, as vLLM hands
+# both over, GPT-OSS's heads, the window, D 128 and fp16.
+STRIDED_Q_CASES = [
+    cases.AttentionCase(
+        "attention.extend", RAGGED_Q, RAGGED_K, 16, 2, 64, sinks=True, return_lse=True, cache_layout="vllm",
+        strided_q=True, name="ragged-vllm-strided-q",
+    ),
+    cases.AttentionCase(
+        "attention.extend", (200, 70), (2248, 70), 64, 8, 64, sinks=True, cache_layout="vllm", strided_q=True,
+        name="gpt-oss-vllm-strided-q",
+    ),
+    cases.AttentionCase(
+        "attention.extend", RAGGED_Q, RAGGED_K, 16, 2, 64, window_left=127, sinks=True, strided_q=True,
+        name="win127-strided-q",
+    ),
+    cases.AttentionCase(
+        "attention.extend", RAGGED_Q, RAGGED_K, 16, 4, 128, return_lse=True, strided_q=True, name="d128-strided-q"
+    ),
+    cases.AttentionCase(
+        "attention.extend", (130, 3), (400, 600), 8, 8, 64, dtype=torch.float16, page_size=8, strided_q=True,
+        name="fp16-p8-strided-q",
+    ),
+]  # fmt: skip
 
 
 def _skip():
@@ -52,6 +76,43 @@ def _rel(out, ref):
 def test_matches_float64(case):
     _skip()
     _check(case)
+
+
+@pytest.mark.parametrize("case", STRIDED_Q_CASES, ids=lambda c: c.name)
+def test_a_row_strided_q_is_read_in_place(case):
+    """The float64 reference (:func:`_check`), and the bits of the same call with q made
+    contiguous: the request asks for ``strided_q`` (``q_align`` 16), no copy is taken."""
+    _skip()
+    from tokenspeed_kernel.ops._dispatch import last_request
+
+    inputs = _check(case)
+    assert "strided_q" in last_request().features and last_request().shape("q_align") == 16
+    q = inputs["q"]
+    assert q.stride(0) == (case.num_q_heads + 2 * case.num_kv_heads) * case.head_dim
+    strided = cases.call(case, inputs, override=KERNEL)
+    flat = cases.call(case, {**inputs, "q": q.contiguous()}, override=KERNEL)
+    for got, want in zip(*((r if isinstance(r, tuple) else (r,)) for r in (strided, flat)), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_a_q_row_stride_tma_cannot_take_is_passed_over():
+    """Rows 4 bf16 elements wider than Hq D (an 8-byte, not 16-byte, multiple): ``q_align`` 8,
+    which the kernel does not list; forcing it raises before any launch naming the shape
+    key, and the selector's own choice serves the call in place."""
+    _skip()
+    from support.strided_q import row_strided
+
+    from tokenspeed_kernel import KernelOverrideError, last_kernel
+
+    case = CASES[0]
+    inputs = cases.make_inputs(case, device="cuda", seed=11)
+    ref, _ = cases.reference(case, inputs)
+    odd = {**inputs, "q": row_strided(inputs["q"], 4)}
+    with pytest.raises(KernelOverrideError, match="q_align=8"):
+        cases.call(case, odd, override=KERNEL)
+    res = cases.call(case, odd)
+    assert last_kernel() != KERNEL
+    assert _rel(res[0] if isinstance(res, tuple) else res, ref) < 2e-2
 
 
 # The dense kernel's variants, which the shared consumer gives the extend (opt-in, off by
@@ -84,6 +145,7 @@ def _check(case):
     if case.return_lse:
         torch.testing.assert_close(res[1].double().cpu(), ref_lse.cpu(), atol=1e-3, rtol=1e-3)
     print(f"{KERNEL} {case.describe()}: rel {_rel(out, ref):.2e}")
+    return inputs
 
 
 def test_unseen_nan_in_stale_slots_changes_nothing():

@@ -4,30 +4,15 @@ E2M1 bit trick of the kernel's decode (the same shifts and masks, in torch integ
 
 import pytest
 import torch
+from support.moe_checks import gpt_oss_request as _request
 
 from tokenspeed_kernel import registry, selector
-from tokenspeed_kernel.ops.moe.api import moe_apply_request
 from tokenspeed_kernel.platform import platform_from_arch
 from tokenspeed_kernel.quant import E2M1_VALUES
 from tokenspeed_kernel.registry import Priority, Request
 from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_decode as gm
 
 NAME = "gluon_moe_decode_mx_sm90"
-
-
-def _request(num_tokens=1, weight_format="mxfp4", top_k=4, **kw):
-    return moe_apply_request(
-        x_dtype=torch.bfloat16,
-        num_experts=128,
-        top_k=top_k,
-        hidden=2880,
-        intermediate=2880,
-        weight_format=weight_format,
-        activation="swiglu_oai",
-        bias=True,
-        num_tokens=num_tokens,
-        **kw,
-    )
 
 
 def _reasons(request, arch="sm_90"):

@@ -5,9 +5,9 @@ activation scale."""
 
 import pytest
 import torch
+from support.moe_checks import gpt_oss_request
 
 from tokenspeed_kernel import registry, selector
-from tokenspeed_kernel.ops.moe.api import moe_apply_request
 from tokenspeed_kernel.platform import platform_from_arch
 from tokenspeed_kernel.registry import Priority
 from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_mma as gm
@@ -15,19 +15,8 @@ from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_mma as gm
 NAME = "gluon_moe_mma_sm90"
 
 
-def _request(num_tokens=1, x_dtype=torch.bfloat16, top_k=4, **kw):
-    return moe_apply_request(
-        x_dtype=x_dtype,
-        num_experts=128,
-        top_k=top_k,
-        hidden=2880,
-        intermediate=2880,
-        weight_format="mxfp4",
-        activation="swiglu_oai",
-        bias=True,
-        num_tokens=num_tokens,
-        **kw,
-    )
+def _request(num_tokens=1, x_dtype=torch.bfloat16, **kw):
+    return gpt_oss_request(num_tokens, x_dtype=x_dtype, **kw)
 
 
 def _reasons(request, arch="sm_90"):

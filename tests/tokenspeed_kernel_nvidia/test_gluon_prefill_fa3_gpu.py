@@ -11,7 +11,9 @@ windows 0, 4, 127, 200 and larger than the sequences. Outputs are poisoned with 
 unwritten row fails. Unseen NaN/inf (docs/api.md): K and V poisoned at one key at a time
 (diagonal tiles, the next sequence's rows in a last tile, window edges, Lk > Lq, Lq > Lk),
 rows that cannot see it bitwise unchanged and finite, for both builds and every swept
-configuration (the V cleaning on dirty tiles).
+configuration (the V cleaning on dirty tiles). A row-strided q (a fused qkv's q, NaN past
+each row's q) read in place by both builds through its TMA descriptor's row stride; one whose
+row stride TMA cannot take refused by name before any launch.
 """
 
 import math
@@ -20,6 +22,7 @@ import pytest
 import torch
 from support.dense_attention import dense_reference
 from support.gpu import sm90_skip_reason
+from support.strided_q import row_strided
 
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import fa3_variant
 
@@ -276,3 +279,61 @@ def test_gluon_prefill_fa3_sweep_configs_unseen_nan_changes_nothing(d, kw):
 def test_gluon_prefill_fa3_window_sweep_configs_unseen_nan_changes_nothing(d, kw):
     _skip()
     _assert_unseen_poison_changes_nothing([300, 129], None, d, True, 5, cfg=fa3_variant(d, window=True, **kw))
+
+
+# A row-strided q (strided_q): (lens_q, lens_k, hq, hkv, d, sinks, dtype, window)
+STRIDED_Q_CASES = [
+    (RAGGED, None, 16, 2, 64, True, torch.bfloat16, -1),
+    (RAGGED, None, 16, 2, 128, True, torch.bfloat16, -1),
+    ([200, 77], None, 64, 8, 64, True, torch.bfloat16, -1),  # GPT-OSS: q rows of 80 x 64
+    ([100, 37, 5], [300, 40, 133], 16, 4, 64, True, torch.float16, -1),  # Lk > Lq
+    ([50, 130], [20, 130], 16, 2, 64, False, torch.bfloat16, -1),  # Lq > Lk: rows with no key
+    ([3000, 1500], None, 16, 2, 64, True, torch.bfloat16, -1),  # several tiles per program
+    (RAGGED, None, 16, 2, 64, True, torch.bfloat16, 127),  # the windowed build
+    ([200, 77], None, 64, 8, 64, True, torch.bfloat16, 127),
+    (RAGGED, None, 16, 2, 128, False, torch.float16, 4),
+]
+
+
+@pytest.mark.parametrize("lens_q,lens_k,hq,hkv,d,sinks,dtype,window", STRIDED_Q_CASES)
+def test_gluon_prefill_fa3_reads_a_row_strided_q_in_place(lens_q, lens_k, hq, hkv, d, sinks, dtype, window):
+    """A fused qkv's q (rows of (Hq + 2 Hkv) D elements, NaN in each row past its q): its TMA
+    descriptor has q's row stride over ``[rows, Hq D]`` (the k/v columns never read), so the
+    call takes no copy (``strided_q``) and gives the contiguous q's bits and the float64
+    reference, out (contiguous) fully written."""
+    _skip()
+    from tokenspeed_kernel.ops._dispatch import last_request
+
+    lens_k = lens_k or lens_q
+    q, k, v, cu_q, cu_k = _inputs(lens_q, lens_k, hq, hkv, d, dtype, seed=sum(lens_q) + hq + d + 2)
+    sk = torch.randn(hq, device="cuda") * 2 if sinks else None
+    flat, flat_lse = (t.clone() for t in _launch(q, k, v, cu_q, cu_k, lens_q, lens_k, sk, window=window))
+    strided = row_strided(q, 2 * hkv * d)
+    out = torch.empty(q.shape, dtype=q.dtype, device="cuda")
+    res, lse = _launch(strided, k, v, cu_q, cu_k, lens_q, lens_k, sk, out=out, window=window)
+    assert "strided_q" in last_request().features and res.data_ptr() == out.data_ptr()
+    assert torch.equal(res, flat) and torch.equal(lse, flat_lse)
+    ro, rl = dense_reference(
+        q, k, v, cu_q, cu_k, scale=1 / math.sqrt(d), window=window if window >= 0 else NO_WINDOW, sinks=sk
+    )
+    _assert_close(res, lse, ro, rl)
+
+
+@pytest.mark.parametrize("window", [-1, 127])
+def test_gluon_prefill_fa3_refuses_a_q_row_stride_tma_cannot_take(window):
+    """Rows 4 bf16 elements wider than Hq D (a row stride that is an 8-byte, not a 16-byte,
+    multiple): the call asks for ``unaligned_qkv``, which neither build lists, so forcing one
+    raises before any launch naming the feature, and the selector's own choice serves it."""
+    _skip()
+    from tokenspeed_kernel import KernelOverrideError, last_kernel, mha_prefill
+
+    lens = [129, 37]
+    q, k, v, cu, _ = _inputs(lens, lens, 16, 2, 64, torch.bfloat16, seed=7)
+    odd = row_strided(q, 4)
+    kernel = KERNEL if window < 0 else WINDOW_KERNEL
+    with pytest.raises(KernelOverrideError, match="unaligned_qkv"):
+        mha_prefill(odd, k, v, cu, cu, max(lens), max(lens), window_left=window, override=kernel)
+    res = mha_prefill(odd, k, v, cu, cu, max(lens), max(lens), window_left=window)
+    assert last_kernel() not in (KERNEL, WINDOW_KERNEL)
+    ro, _ = dense_reference(q, k, v, cu, cu, scale=1 / 8, window=window if window >= 0 else NO_WINDOW, sinks=None)
+    assert float((res.double() - ro).norm() / ro.norm()) < 2e-2

@@ -266,7 +266,7 @@ def test_window_build_registered_opt_in_and_ranked_below_the_measured_window_ker
     assert spec.op == "attention.prefill" and spec.archs == frozenset({"sm_90"})
     # measured on an H200 (2026-11-28): 1.6x slower than gluon_prefill_window_sm90 at window 127
     assert spec.priority == Priority.OPT_IN and spec.rank_rules == ()
-    assert spec.features == frozenset({"sinks", "sliding_window", "return_lse"})
+    assert spec.features == frozenset({"sinks", "sliding_window", "return_lse", "strided_q"})
     # the causal-only registration: no window, ranked performant from its measured length
     dense = registry.get_kernel("gluon_prefill_fa3_sm90")
     assert "sliding_window" not in dense.features and {priority for _, priority in dense.rank_rules} == {

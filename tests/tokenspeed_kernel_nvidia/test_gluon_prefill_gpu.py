@@ -2,7 +2,9 @@
 
 Runs only on an sm_90 GPU (skips with the reason otherwise): ragged batches with lengths
 1, 37, 129, 300, 1025, windows 127/64/1, GQA groups 8 and 4, sinks on and off, D 64 and 128,
-fp16, logit cap and LSE; outputs poisoned with NaN so an unwritten row fails. The float64
+fp16, logit cap and LSE, a row-strided q (a fused qkv's q, NaN past each row's q, read in
+place); outputs poisoned with NaN so an unwritten row fails. The opt-in configurations the
+device sweep times (``window_variants``) run through the uncached launcher. The float64
 reference is a dense masked softmax written here (no code shared with the kernel); it is
 itself checked against ``support.naive_attention`` on small shapes, on any machine.
 """
@@ -14,6 +16,7 @@ import torch
 from support.dense_attention import dense_reference
 from support.gpu import sm90_skip_reason
 from support.naive_attention import naive_prefill
+from support.strided_q import row_strided
 
 KERNEL = "gluon_prefill_window_sm90"
 
@@ -52,35 +55,79 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("lens,hq,hkv,d,window,sinks,cap,dtype", CASES)
-def test_gluon_prefill_window_numerics(lens, hq, hkv, d, window, sinks, cap, dtype):
+def _skip():
     reason = sm90_skip_reason()
     if reason:
         print(f"SKIP {KERNEL}: {reason}")
         pytest.skip(reason)
+
+
+def _call(q, k, v, cu, lens, window, sk, cap):
+    """The public call with the kernel forced, into a NaN-poisoned contiguous ``out``."""
     from tokenspeed_kernel import mha_prefill
 
-    q, k, v, cu = _inputs(lens, hq, hkv, d, dtype, "cuda", seed=sum(lens) + window + d)
-    sk = torch.randn(hq, device="cuda") * 2 if sinks else None
-    out = torch.full_like(q, float("nan"))
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
     res, lse = mha_prefill(
-        q,
-        k,
-        v,
-        cu,
-        cu,
-        max(lens),
-        max(lens),
-        window_left=window,
-        sinks=sk,
-        logit_cap=cap,
-        return_lse=True,
-        out=out,
-        override=KERNEL,
-    )
+        q, k, v, cu, cu, max(lens), max(lens), window_left=window, sinks=sk, logit_cap=cap, return_lse=True,
+        out=out, override=KERNEL,
+    )  # fmt: skip
     torch.cuda.synchronize()
+    return res, lse
+
+
+def _check_float64(q, k, v, cu, d, window, sk, cap, res, lse):
     ro, rl = dense_reference(q, k, v, cu, cu, scale=1 / math.sqrt(d), window=window, sinks=sk, cap=cap)
     assert not torch.isnan(res).any() and not torch.isnan(lse).any()
     err = float((res.double() - ro).norm() / ro.norm())
     assert err < 2e-2, err
     torch.testing.assert_close(lse.double(), rl, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("lens,hq,hkv,d,window,sinks,cap,dtype", CASES)
+def test_gluon_prefill_window_numerics(lens, hq, hkv, d, window, sinks, cap, dtype):
+    _skip()
+    q, k, v, cu = _inputs(lens, hq, hkv, d, dtype, "cuda", seed=sum(lens) + window + d)
+    sk = torch.randn(hq, device="cuda") * 2 if sinks else None
+    res, lse = _call(q, k, v, cu, lens, window, sk, cap)
+    _check_float64(q, k, v, cu, d, window, sk, cap, res, lse)
+
+
+@pytest.mark.parametrize("lens,hq,hkv,d,window,sinks,cap,dtype", [CASES[0], CASES[5], CASES[6], CASES[7], CASES[8]])
+def test_gluon_prefill_window_reads_a_row_strided_q_in_place(lens, hq, hkv, d, window, sinks, cap, dtype):
+    """A fused qkv's q (rows of (Hq + 2 Hkv) D elements, NaN in each row past its q): read in
+    place (``strided_q``, no copy), the contiguous q's bits and the float64 reference (GQA
+    2 and 4, a padded group of 6, D 64 and 128, fp16, a logit cap)."""
+    _skip()
+    from tokenspeed_kernel.ops._dispatch import last_request
+
+    q, k, v, cu = _inputs(lens, hq, hkv, d, dtype, "cuda", seed=sum(lens) + window + d + 1)
+    sk = torch.randn(hq, device="cuda") * 2 if sinks else None
+    flat, flat_lse = _call(q, k, v, cu, lens, window, sk, cap)
+    strided = row_strided(q, 2 * hkv * d)
+    res, lse = _call(strided, k, v, cu, lens, window, sk, cap)
+    assert "strided_q" in last_request().features and res.is_contiguous()
+    assert torch.equal(res, flat) and torch.equal(lse, flat_lse)
+    _check_float64(q, k, v, cu, d, window, sk, cap, res, lse)
+
+
+_VARIANT_CASES = [CASES[0], CASES[7]]  # ragged with sinks; G = 6 padded to 8, window 100
+
+
+@pytest.mark.parametrize("variant", range(6))
+@pytest.mark.parametrize("lens,hq,hkv,d,window,sinks,cap,dtype", _VARIANT_CASES)
+def test_gluon_prefill_window_variants_numerics(variant, lens, hq, hkv, d, window, sinks, cap, dtype):
+    """Each opt-in configuration (``gluon_prefill.window_variants``) against float64 on the
+    ragged case with sinks and the padded group (G = 6) at window 100."""
+    _skip()
+    from tokenspeed_kernel.ops.attention.args import PrefillArgs
+    from tokenspeed_kernel_nvidia.ops.attention import gluon_prefill as gp
+
+    cfg = gp.window_variants(d, hq // hkv)[variant]
+    q, k, v, cu = _inputs(lens, hq, hkv, d, dtype, "cuda", seed=sum(lens) + window + d + variant)
+    sk = torch.randn(hq, device="cuda") * 2 if sinks else None
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+    args = PrefillArgs(q, k, v, cu, cu, max(lens), max(lens), True, 1 / math.sqrt(d), window, sk, cap, out, lse)
+    gp.launch(args, cfg)
+    torch.cuda.synchronize()
+    _check_float64(q, k, v, cu, d, window, sk, cap, out, lse)

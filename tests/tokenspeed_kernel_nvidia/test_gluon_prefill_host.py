@@ -57,22 +57,33 @@ def test_band_tiles_cover_exactly_what_rows_see(len_q, len_k, window, block_t, b
 
 
 def test_window_128_tile_counts_at_gpt_oss_shapes():
-    # 16 tokens x 8 heads per program, 64-key tiles: 143 keys in the band -> 3 tiles, and a
+    # 8 tokens x 8 heads per program, 32-key tiles: 135 keys in the band -> 5 tiles, and a
     # program in the steady state masks only the window-edge and the diagonal tile.
     cfg = gp.prefill_config(64, 8)
-    assert (cfg.block_t, cfg.block_n, cfg.group_pad, cfg.num_warps) == (16, 64, 8, 8)  # 8 warps: H100, 3% faster
+    assert (cfg.block_t, cfg.block_n, cfg.group_pad, cfg.num_warps, cfg.stages) == (8, 32, 8, 4, 2)  # H200 sweep
     tiles = gp.band_tiles(8192, 8192, 100, cfg.block_t, cfg.block_n, 127)
-    assert [m for _, m in tiles] == [True, False, True]
-    assert gp.grid(8192, 8, 1, cfg.block_t) == (512, 8, 1)
+    assert [m for _, m in tiles] == [True, False, False, False, True]
+    assert gp.grid(8192, 8, 1, cfg.block_t) == (1024, 8, 1)
 
 
 def test_config_table():
-    for d, g, t, warps in ((64, 8, 16, 8), (64, 4, 32, 8), (64, 6, 16, 8), (64, 1, 128, 8), (128, 8, 16, 8)):
+    for d, g, t, warps in (
+        (64, 8, 8, 4),
+        (64, 4, 16, 4),
+        (64, 6, 8, 4),
+        (64, 1, 64, 4),
+        (64, 16, 8, 8),
+        (128, 8, 16, 8),
+    ):
         cfg = gp.prefill_config(d, g)
-        assert cfg.block_t * cfg.group_pad == gp.BLOCK_M
+        assert cfg.block_t * cfg.group_pad == cfg.block_m
         assert (cfg.block_t, cfg.num_warps) == (t, warps)
         assert cfg.shared_bytes() <= 227 * 1024
-    assert gp.prefill_config(64, 8).shared_bytes() == 2 * (128 * 64 + 2 * 3 * 64 * 64)
+    assert gp.prefill_config(64, 8).shared_bytes() == 2 * (64 * 64 + 2 * 2 * 32 * 64)
+    # the sweep's variants: the configuration the D = 64 default replaced first, none the default itself
+    variants = gp.window_variants(64, 8)
+    assert variants[0] == gp.GluonPrefillConfig(64, 8, block_n=64, stages=3, num_warps=8)
+    assert gp.prefill_config(64, 8) not in variants and len({v.tag for v in variants}) == len(variants)
 
 
 def _args(window=127, causal=True):

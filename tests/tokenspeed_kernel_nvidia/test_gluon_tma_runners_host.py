@@ -17,6 +17,7 @@ import pytest
 import torch
 from support.launch_recorder import Recorder, assert_same_launches
 from support.prefill_args import ragged_prefill_args
+from support.strided_q import row_strided
 
 from tokenspeed_kernel.ops.attention.args import ExtendArgs
 from tokenspeed_kernel_nvidia.ops.attention import gluon_extend_fa3, gluon_prefill, gluon_prefill_fa3
@@ -91,6 +92,20 @@ def _sm_count(monkeypatch) -> None:
         monkeypatch.setattr(module, "sm_count", lambda device: 132)
 
 
+def _run_and_compare(k: Kernel, rec: Recorder, args) -> list:
+    """``args`` through the functional call (its cached runner), then through a fresh bind (the
+    reference: checked, bound afresh, full arguments): one launch each, the same; returns the
+    cached launches."""
+    start = len(rec.launches)
+    k.call(args)
+    cached = rec.since(start)
+    k.fresh(args)
+    fresh = rec.since(start + len(cached))
+    assert len(cached) == len(fresh) == 1
+    assert_same_launches(cached, fresh, _tensors(args))
+    return cached
+
+
 @pytest.mark.parametrize("name", list(KERNELS))
 @pytest.mark.parametrize("sinks, lse", [(True, False), (False, True)])
 def test_functional_runner_launches_what_a_fresh_bind_launches(monkeypatch, name, sinks, lse):
@@ -103,14 +118,7 @@ def test_functional_runner_launches_what_a_fresh_bind_launches(monkeypatch, name
     binds = k.runners.binds
     bases = []
     for layer in range(3):
-        args = k.make(layer, sinks=sinks, lse=lse)
-        start = len(rec.launches)
-        k.call(args)
-        cached = rec.since(start)
-        k.fresh(args)  # the reference: checked, bound afresh, full arguments
-        fresh = rec.since(start + len(cached))
-        assert len(cached) == len(fresh) == 1
-        assert_same_launches(cached, fresh, _tensors(args))
+        cached = _run_and_compare(k, rec, k.make(layer, sinks=sinks, lse=lse))
         bases.append([a.base.data_ptr() for a in cached[0][2] if hasattr(a, "block_shape")])
     assert len(k.runners.runners) == 1, "three layers of one shape share one runner"
     assert k.runners.binds == binds + 1 and rec.bound == 1, "bound once for all three layers"
@@ -144,14 +152,7 @@ def test_a_windowed_runner_launches_its_own_window(monkeypatch, name):
     binds = k.runners.binds
     launched = {}
     for layer, window in enumerate((127, 4, 127, 4)):
-        args = _window_args(layer, window=window)
-        start = len(rec.launches)
-        k.call(args)
-        cached = rec.since(start)
-        k.fresh(args)
-        fresh = rec.since(start + len(cached))
-        assert len(cached) == len(fresh) == 1
-        assert_same_launches(cached, fresh, _tensors(args))
+        cached = _run_and_compare(k, rec, _window_args(layer, window=window))
         launched.setdefault(window, []).append([a for a in cached[0][2] if isinstance(a, int)])
     assert k.runners.binds == binds + 2 and len(k.runners.runners) == 2, "one runner per window"
     assert launched[127][0] == launched[127][1] and launched[4][0] == launched[4][1]
@@ -179,4 +180,69 @@ def test_bad_calls_raise_before_the_runner(monkeypatch):
         gluon_prefill_fa3.gluon_prefill_fa3_window(_dense_args(0))
     with pytest.raises(ValueError, match="causal"):
         gluon_extend_fa3.gluon_extend_fa3(dataclasses.replace(_extend_args(0), causal=False))
+    assert rec.launches == []
+
+
+# --- a row-strided q (strided_q): a fused qkv's q, read in place ---------------------------
+
+FUSED_EXTRA = 2 * 2 * 64  # the k and v columns of a fused qkv row (Hkv 2, D 64): 256 elements
+
+
+def _strided_q(args, extra: int = FUSED_EXTRA):
+    """``args`` with q moved into rows ``extra`` elements wider (NaN past each row's q); out
+    stays contiguous."""
+    return dataclasses.replace(args, q=row_strided(args.q, extra))
+
+
+def _q_launch_facts(name: str, launch) -> tuple:
+    """How a launch addresses q: the window prefill's ``Q_ROW`` constexpr; the TMA kernels' q
+    descriptor (base address, shape, strides)."""
+    _, _, values, kwargs = launch
+    if name == "gluon_prefill_window_sm90":
+        return (kwargs["Q_ROW"],)
+    desc = values[0]
+    return desc.base.data_ptr(), list(desc.shape), list(desc.strides)
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_a_row_strided_q_is_read_in_place_through_its_row_stride(monkeypatch, name):
+    """A fused qkv's q (rows of (Hq + 2 Hkv) D = 768 values): a runner key of its own; each
+    layer's cached launch equals a fresh bind's; the window prefill's ``Q_ROW`` is q's row
+    stride (Hq D = 512 for a contiguous q: the build every contiguous call gets), and the TMA
+    kernels' q descriptor has q's own address and row stride over ``[rows, Hq D]`` (so TMA
+    never reads the k/v columns)."""
+    k = KERNELS[name]
+    rec = Recorder().install(monkeypatch)
+    _sm_count(monkeypatch)
+    plain = k.make(0)
+    assert k.key(_strided_q(plain)) != k.key(plain), "another q layout: another runner"
+    k.call(plain)
+    rows = plain.q.shape[0]
+    want_plain = (512,) if name == "gluon_prefill_window_sm90" else (plain.q.data_ptr(), [rows, 512], [512, 1])
+    assert _q_launch_facts(name, rec.launches[-1]) == want_plain
+    for layer in range(2):
+        args = _strided_q(k.make(layer))
+        assert args.q.stride() == (768, 64, 1) and args.out.is_contiguous()
+        cached = _run_and_compare(k, rec, args)
+        want = (768,) if name == "gluon_prefill_window_sm90" else (args.q.data_ptr(), [rows, 512], [768, 1])
+        assert _q_launch_facts(name, cached[0]) == want
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_a_q_row_stride_tma_cannot_read_is_refused_before_any_launch(monkeypatch, name):
+    """Rows 4 bf16 elements wider (a row stride of 1032 bytes, 8 dividing): the TMA kernels
+    raise ValueError naming the row stride before any launch (the selector already passed
+    such a q over: ``unaligned_qkv`` for prefill, ``q_align`` for extend); the window
+    prefill, which loads q with plain loads, launches with that row stride."""
+    k = KERNELS[name]
+    rec = Recorder().install(monkeypatch)
+    _sm_count(monkeypatch)
+    args = _strided_q(k.make(0), 4)
+    if name == "gluon_prefill_window_sm90":
+        k.call(args)
+        assert _q_launch_facts(name, rec.launches[-1]) == (516,)
+        return
+    for run in (k.call, k.fresh):
+        with pytest.raises(ValueError, match=r"reads q by TMA: its row stride \(516 elements\) must be a multiple"):
+            run(args)
     assert rec.launches == []

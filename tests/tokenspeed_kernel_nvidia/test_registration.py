@@ -1,5 +1,6 @@
 """The NVIDIA backend loads, registers honest metadata, and gates by platform (no GPU needed)."""
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -155,7 +156,7 @@ def _prefill_request(
 def test_gluon_prefill_window_serves_sm90_windows_and_ranks_first_at_gpt_oss_window():
     spec = registry.get_kernel("gluon_prefill_window_sm90")
     assert spec.archs == frozenset({"sm_90"}) and spec.capabilities == frozenset({"tma", "wgmma"})
-    assert spec.features == frozenset({"sinks", "sliding_window", "logit_cap", "return_lse"})
+    assert spec.features == frozenset({"sinks", "sliding_window", "logit_cap", "return_lse", "strided_q"})
     for features in (("sinks", "sliding_window"), ("sliding_window", "logit_cap", "return_lse")):
         reasons, selection = _verdict(_prefill_request(features), "sm_90")
         assert reasons["gluon_prefill_window_sm90"] == ()
@@ -308,18 +309,103 @@ def test_public_plan_step_reaches_the_flashinfer_plan_with_the_runs_key(monkeypa
     assert _flashinfer._same_layout(token, _flashinfer.layout_token(run_args.page_table, run_args.cache_seqlens))
 
 
-@pytest.mark.parametrize("op", ["attention.prefill", "attention.extend", "attention.decode"])
-def test_a_row_strided_q_goes_to_the_kernels_that_read_it_in_place(op):
-    """No NVIDIA attention kernel claims ``strided_q`` yet (the Gluon kernels' TMA descriptor views
-    q as contiguous rows; FlashInfer's wrappers take contiguous q): a row-strided q is served by
-    the Triton kernel of the operator, each NVIDIA kernel naming the feature it lacks."""
+# The Gluon Hopper attention kernels read a row-strided q (a fused qkv's q) in place: the two
+# that load q with plain loads at any alignment, the three that read it by TMA (q's own row
+# stride in the descriptor) when it is 16-byte aligned.
+STRIDED_Q_KERNELS = {
+    "gluon_decode_sm90",
+    "gluon_prefill_window_sm90",
+    "gluon_prefill_fa3_sm90",
+    "gluon_prefill_fa3_window_sm90",
+    "gluon_extend_fa3_sm90",
+}
+
+
+def _strided_request(op: str, *, window_left: int = -1, q_align: int = 16, unaligned: bool = False) -> Request:
+    """GPT-OSS-120B's attention (64 / 8 heads, D 64, bf16, sinks) with a row-strided q; a
+    prefill's alignment is ``unaligned_qkv``, an extend's or decode's ``q_align``."""
+    from tokenspeed_kernel import Heads, attention_request
+
+    paged = op != "attention.prefill"
+    return attention_request(
+        op, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, heads=Heads(64, 8, 64, 64), window_left=window_left,
+        sinks=True, page_size=16 if paged else None, q_len=1 if op == "attention.decode" else None,
+        batch=2 if op == "attention.decode" else None, max_seqlen_q=None if op == "attention.decode" else 2048,
+        strided_q=True, q_align=q_align if paged else None, unaligned_qkv=unaligned,
+    )  # fmt: skip
+
+
+def test_the_gluon_attention_kernels_claim_a_row_strided_q_and_the_others_decline_it():
+    """Every Gluon Hopper attention kernel lists ``strided_q`` (only the TMA extend also bounds
+    ``q_align``); the library kernels (FlashInfer, TensorRT-LLM, FA4), whose wrappers take a
+    contiguous q, do not, and their metadata refuses such a call naming the feature."""
+    for name, op in NVIDIA_KERNELS.items():
+        if not op.startswith("attention."):
+            continue
+        spec = registry.get_kernel(name)
+        assert ("strided_q" in spec.features) == (name in STRIDED_Q_KERNELS), name
+        assert ("q_align" in dict(spec.shapes)) == (name == "gluon_extend_fa3_sm90"), name
+        if name not in STRIDED_Q_KERNELS:
+            reasons = selector.request_reasons(spec, _strided_request(op), predicate=False)
+            assert any("strided_q" in r for r in reasons), (name, reasons)
+
+
+@pytest.mark.parametrize(
+    ("op", "window_left", "winner"),
+    [
+        ("attention.prefill", -1, "gluon_prefill_fa3_sm90"),
+        ("attention.prefill", 127, "gluon_prefill_window_sm90"),
+        ("attention.extend", -1, "gluon_extend_fa3_sm90"),
+        ("attention.decode", -1, "gluon_decode_sm90"),
+        ("attention.decode", 127, "gluon_decode_sm90"),
+    ],
+)
+def test_a_row_strided_q_goes_to_the_kernel_a_contiguous_one_gets(op, window_left, winner):
+    """On sm_90, GPT-OSS's row-strided q (a fused qkv's q: rows of 80 x 64 bf16, 16-byte
+    aligned) is served by the Gluon kernel that serves its contiguous q: no copy, no other
+    kernel."""
+    strided = _strided_request(op, window_left=window_left)
+    contiguous = dataclasses.replace(
+        strided,
+        features=strided.features - {"strided_q"},
+        shapes=tuple((k, v) for k, v in strided.shapes if k != "q_align"),
+    )
+    assert _verdict(strided, "sm_90")[1].winner.name == winner
+    assert _verdict(contiguous, "sm_90")[1].winner.name == winner
+
+
+@pytest.mark.parametrize(
+    ("op", "window_left", "declines", "reason", "winner"),
+    [
+        ("attention.prefill", -1, "gluon_prefill_fa3_sm90", "does not support {unaligned_qkv}", "triton_prefill"),
+        ("attention.prefill", 127, "gluon_prefill_window_sm90", "does not support {unaligned_qkv}", "triton_prefill"),
+        ("attention.extend", -1, "gluon_extend_fa3_sm90", "q_align=8 not in {16}", "triton_extend"),
+    ],
+)
+def test_a_q_that_tma_cannot_read_is_passed_over_with_its_reason(op, window_left, declines, reason, winner):
+    """A row-strided q whose row stride (or base) is not a 16-byte multiple (bf16 rows of an
+    odd number of 4-element groups: an 8-byte multiple): the TMA kernels decline it before
+    any launch, naming why (a prefill's q, k and v share ``unaligned_qkv``; the window prefill,
+    whose K/V arrive by TMA, declines it too), and the Triton kernel serves it in place. The
+    decode kernel loads q with plain loads: it serves any alignment."""
+    unaligned = _strided_request(op, window_left=window_left, q_align=8, unaligned=op == "attention.prefill")
+    reasons, selection = _verdict(unaligned, "sm_90")
+    assert reason in reasons[declines] and selection.winner.name == winner
+    decode = _strided_request("attention.decode", q_align=2)
+    assert _verdict(decode, "sm_90")[1].winner.name == "gluon_decode_sm90"
+
+
+def test_check_derives_a_strided_q_case_for_each_kernel_that_claims_it():
+    """``tokenspeed-kernel check`` (derived cases, on a GPU) runs each claiming kernel on a
+    ``feature-strided_q`` case (a fused qkv's q, NaN past each row's q); for the TMA extend
+    that case also exercises its ``q_align=16`` claim."""
+    from tokenspeed_kernel.tools import claims
     from tokenspeed_kernel.tools.cases import attention as cases
 
-    lens_q = (1, 1) if op == "attention.decode" else (2048, 300)
-    case = cases.AttentionCase(op, lens_q, (4096, 2048), 64, 8, 64, sinks=True, strided_q=True)
-    reasons, selection = _verdict(cases.request(case), "sm_90")
-    assert selection.winner.name == {"attention.prefill": "triton_prefill", "attention.extend": "triton_extend",
-                                     "attention.decode": "triton_decode"}[op]  # fmt: skip
-    for name in ("gluon_prefill_fa3_sm90", "gluon_extend_fa3_sm90", "gluon_decode_sm90"):
-        if name in reasons:
-            assert any("strided_q" in r for r in reasons[name]), reasons[name]
+    for name in sorted(STRIDED_Q_KERNELS):
+        derivation = claims.derive(registry.get_kernel(name), "cuda", 0)
+        case = derivation.case("feature-strided_q")
+        assert case.case.strided_q and "strided_q" in cases.request(case.case).features, name
+        exercised = {str(c) for c in case.claims}
+        assert "feature strided_q" in exercised, (name, exercised)
+        assert ("shape q_align=16" in exercised) == (name == "gluon_extend_fa3_sm90"), (name, exercised)

@@ -307,11 +307,29 @@ def test_fp8_kv_cache_with_scales(tiny_model_dir):
     torch.testing.assert_close(output.double(), want, atol=TOL * scale, rtol=TOL)
 
 
-def test_through_vllm_attention_forward(vllm_config):
+@pytest.mark.parametrize("fused", [False, True], ids=["separate", "fused-qkv"])
+def test_through_vllm_attention_forward(vllm_config, fused, monkeypatch):
     """The same mixed batch through vLLM's own Attention.forward (its custom ops, its forward
-    context, its KV-update-then-attention order) gives what the direct impl calls give."""
+    context, its KV-update-then-attention order) gives what the direct impl calls give. With
+    q, k and v split off one fused qkv projection's rows (as vLLM's models hand them over:
+    row-strided views), nothing is copied: q reaches the decode and the extend as it is (both
+    step plans were made for a row-strided q, ``strided_q``), k and v reach store_kvcache as
+    they are (``strided_rows``)."""
+    from tokenspeed_kernel_vllm.attention import impl
     from vllm.forward_context import set_forward_context
 
+    from tokenspeed_kernel.ops._dispatch import last_request
+
+    copied = []
+    monkeypatch.setattr(impl, "_contiguous", lambda t: copied.append(tuple(t.shape)) or t.contiguous())
+    stores = []  # each store_kvcache call's request
+
+    def store(*args, **kwargs):
+        impl_store(*args, **kwargs)
+        stores.append(last_request())
+
+    impl_store = impl.store_kvcache
+    monkeypatch.setattr(impl, "store_kvcache", store)
     layer = _layer(vllm_config, window=8, sinks=True, logit_cap=None)
     spec, builder = _builder(vllm_config, layer)
     kv_cache = kv_cache_view(spec, 24, "LBNHC", torch.bfloat16)
@@ -329,10 +347,19 @@ def test_through_vllm_attention_forward(vllm_config):
     layer.kv_cache = kv_cache
     metadata = builder.build(0, step.common)
     name = layer.layer_name
+    q, k, v = (t.flatten(1) for t in (step.q, step.k_new, step.v_new))
+    if fused:
+        q, k, v = torch.cat((q, k, v), dim=1).split((q.shape[1], k.shape[1], v.shape[1]), dim=1)
+        assert q.stride(0) == (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE
     with set_forward_context({name: metadata}, vllm_config, slot_mapping={name: step.common.slot_mapping}):
-        out = layer(step.q.flatten(1), step.k_new.flatten(1), step.v_new.flatten(1))
+        out = layer(q, k, v)
     out = out.view(-1, NUM_HEADS, HEAD_SIZE)
     _check(step, out, kv_cache, layer, window=8, sinks=True, logit_cap=None)
+    plans = sorted(metadata.step_plans.values(), key=lambda p: type(p).__name__)
+    assert [type(p).__name__ for p in plans] == ["DecodeStepPlan", "ExtendPlan"]
+    assert all(("strided_q" in p.request.features) == fused for p in plans)
+    assert copied == []  # neither q nor k/v
+    assert [("strided_rows" in request.features) for request in stores] == [fused]
 
 
 def test_padded_full_graph_decode_batch(tiny_model_dir):

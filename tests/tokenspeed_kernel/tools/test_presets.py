@@ -77,7 +77,9 @@ def test_names_unique_and_counted_work():
     for preset in PRESETS:
         for op in cases.OPS:
             found = preset_cases(preset, op)
-            only = {"prefill": "attention.prefill", "extend": "attention.extend"}.get(preset.split("-")[0], op)
+            only = {"prefill": "attention.prefill", "extend": "attention.extend", "moe": "moe.apply"}.get(
+                preset.split("-")[0], op
+            )
             assert bool(found) == (op == only), (preset, op)
             if preset not in ("small", "awkward"):
                 assert len({c.name for c in found}) == len(found), (preset, op)
@@ -110,6 +112,16 @@ def test_the_d128_sweeps_are_the_sweeps_at_head_dim_128():
         d64, d128 = preset_cases(name, op), preset_cases(f"{name}-d128", op)
         assert [dataclasses.replace(c, head_dim=64) for c in d128] == d64
         assert {c.head_dim for c in d128} == {128}
+
+
+def test_moe_decode_bf16_sweeps_the_token_bucket_of_the_gpt_oss_layer_with_bf16_weights():
+    sweep = preset_cases("moe-decode-bf16", "moe.apply")
+    assert [cases.request(c).shape("num_tokens_bucket") for c in sweep] == [1, 2, 4, 8, 16]
+    for c in sweep:
+        assert (c.hidden, c.intermediate, c.num_experts, c.top_k) == (2880, 2880, 128, 4)
+        assert (c.weight_format, c.dtype, c.activation, c.bias) == ("plain", torch.bfloat16, "swiglu_oai", True)
+    bf16_rows = {c.name: c for c in preset_cases("gpt-oss-120b", "moe.apply") if c.name.endswith("_bf16")}
+    assert all(bf16_rows[c.name] == c for c in sweep if c.name in bf16_rows), "the serving preset's bf16 rows"
 
 
 def test_small_is_one_cheap_case_and_awkward_is_the_case_modules_list():

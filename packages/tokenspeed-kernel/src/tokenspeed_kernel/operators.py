@@ -47,6 +47,11 @@ class OperatorSchema:
 # strided_q: a 3-D q of rows [Hq, D] with a row stride of their own (a view of a fused qkv
 # projection, as vLLM passes it); kernels that address q through its strides list it.
 _ATTENTION_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse", "strided_q")
+# Extend and decode: ``q_align``, the largest power of two <= 16 dividing a row-strided q's
+# byte offset and byte strides (present with ``strided_q`` only, as ``kv_align`` is with
+# ``strided_kv``); a kernel that reads q by TMA restricts it to {16}. Prefill's q is in
+# ``unaligned_qkv`` instead.
+_STRIDED_Q_SHAPES = ("q_align",)
 # window_left is present only for windowed calls (>= 0), so a predicate can bound it.
 _ATTENTION_SHAPES = ("head_dim", "head_dim_v", "num_q_heads", "num_kv_heads", "window_left")
 # Paged caches: ``strided_kv`` when either cache is not contiguous (a strided view, e.g.
@@ -73,7 +78,7 @@ OPERATORS: dict[str, OperatorSchema] = {
         OperatorSchema(
             "attention.extend",
             dtype_roles=("q", "kv"),
-            shape_keys=(*_ATTENTION_SHAPES, *_PAGED_SHAPES),
+            shape_keys=(*_ATTENTION_SHAPES, *_PAGED_SHAPES, *_STRIDED_Q_SHAPES),
             features=(*_ATTENTION_FEATURES, "non_causal", "fp8_kv", "strided_kv"),
             summary="chunked prefill against a paged KV cache (mha_extend_with_kvcache, mha_extend_plan)",
             step_runs=True,
@@ -82,7 +87,7 @@ OPERATORS: dict[str, OperatorSchema] = {
             "attention.decode",
             dtype_roles=("q", "kv"),
             # batch_bucket: the next power of two >= the batch (kernels ranked by batch size)
-            shape_keys=(*_ATTENTION_SHAPES, *_PAGED_SHAPES, "q_len", "batch_bucket"),
+            shape_keys=(*_ATTENTION_SHAPES, *_PAGED_SHAPES, *_STRIDED_Q_SHAPES, "q_len", "batch_bucket"),
             features=(*_ATTENTION_FEATURES, "fp8_kv", "spec_decode", "strided_kv"),
             summary="decode against a paged KV cache (mha_decode_with_kvcache, mha_decode_plan, mha_decode_step_plan)",
             layout_hook=True,
@@ -93,7 +98,9 @@ OPERATORS: dict[str, OperatorSchema] = {
             "kvcache.store",
             dtype_roles=("kv", "cache"),
             shape_keys=("head_dim", "head_dim_v", "num_kv_heads", *_PAGED_SHAPES),
-            features=("fp8_kv", "strided_kv"),
+            # strided_rows: k and v rows [Hkv, D] with a row stride of their own (a fused qkv
+            # projection's k and v, as vLLM passes them); kernels that read them so list it
+            features=("fp8_kv", "strided_kv", "strided_rows"),
             summary="write new K/V rows into a paged cache (store_kvcache)",
         ),
         OperatorSchema(

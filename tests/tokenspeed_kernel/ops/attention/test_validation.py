@@ -4,8 +4,10 @@ import dataclasses
 
 import pytest
 import torch
+from support.strided_q import row_strided
 
 from tokenspeed_kernel.ops._checks import clear_call_tables
+from tokenspeed_kernel.registry import Priority
 from tokenspeed_kernel.tools.cases import attention as cases
 
 PREFILL = cases.AttentionCase("attention.prefill", (5, 9), (5, 12), 4, 2, 16, dtype=torch.float32)
@@ -196,14 +198,6 @@ def test_debug_checks_are_off_by_default():
 # --- row-strided q (strided_q) -------------------------------------------------------------
 
 
-def _rows_of_wider(q: torch.Tensor, extra: int) -> torch.Tensor:
-    """``q`` as the first ``Hq * D`` columns of rows ``extra`` values wider (a fused qkv's q)."""
-    rows, heads, dim = q.shape
-    buf = torch.full((rows, heads * dim + extra), float("nan"), dtype=q.dtype)
-    buf[:, : heads * dim] = q.reshape(rows, -1)
-    return buf[:, : heads * dim].view(rows, heads, dim)
-
-
 @pytest.mark.parametrize("op", ["attention.prefill", "attention.extend", "attention.decode"])
 def test_row_strided_q_is_served_in_place_and_other_layouts_are_refused(op, only_reference):
     """A 3-D q whose rows ``[Hq, D]`` have a row stride of their own (a view of a fused qkv
@@ -214,7 +208,7 @@ def test_row_strided_q_is_served_in_place_and_other_layouts_are_refused(op, only
     case = cases.AttentionCase(op, (1, 1) if op == "attention.decode" else (5, 9), (6, 13), 4, 2, 16,
                                dtype=torch.float32, sinks=True)  # fmt: skip
     inputs = cases.make_inputs(case, seed=3)
-    strided = {**inputs, "q": _rows_of_wider(inputs["q"], 40)}
+    strided = {**inputs, "q": row_strided(inputs["q"], 40)}
     assert (
         not strided["q"].is_contiguous()
         and "strided_q" in cases.request(dataclasses.replace(case, strided_q=True)).features
@@ -235,3 +229,81 @@ def test_a_4d_decode_q_must_stay_contiguous(only_reference):
     wider[..., :16] = q
     with pytest.raises(ValueError, match="q must be contiguous"):
         cases.call(case, {**inputs, "q": wider[..., :16]})
+
+
+def _strided_case(op: str) -> cases.AttentionCase:
+    lens_q = (1, 1) if op == "attention.decode" else (5, 9)
+    return cases.AttentionCase(op, lens_q, (6, 13), 4, 2, 16, dtype=torch.float32, sinks=True, strided_q=True)
+
+
+@pytest.mark.parametrize("op", ["attention.extend", "attention.decode"])
+def test_a_row_strided_qs_alignment_reaches_the_request(op, only_reference):
+    """Extend and decode: a row-strided q's request carries ``q_align``, the largest power of
+    two <= 16 dividing its byte offset and row stride (as ``kv_align`` a strided cache's): 16
+    for a fused qkv's q, less for rows of another width or a q that starts an element in; a
+    contiguous q's request has neither ``strided_q`` nor ``q_align``. The case tools describe
+    the call's own request, and every layout gives the contiguous q's result."""
+    from tokenspeed_kernel.ops._dispatch import last_request
+
+    case = _strided_case(op)
+    inputs = cases.make_inputs(case, seed=2)
+    want = cases.call(case, inputs)
+    assert last_request() == cases.request(case) and last_request().shape("q_align") == 16
+    plain = dataclasses.replace(case, strided_q=False)
+    assert torch.equal(cases.call(plain, {**inputs, "q": inputs["q"].contiguous()}), want)
+    assert last_request() == cases.request(plain)
+    assert last_request().shape("q_align") is None and "strided_q" not in last_request().features
+    # float32 (4-byte) elements, rows of 4 x 16: a row stride of 66 elements is 264 bytes (8
+    # dividing), 68 is 272 (16); one element in is 4 bytes off
+    for extra, offset, align in ((2, 0, 8), (4, 0, 16), (4, 1, 4)):
+        q = row_strided(inputs["q"].contiguous(), extra, offset)
+        # (the reference's matmuls may block an unaligned float32 q differently: not bitwise)
+        torch.testing.assert_close(cases.call(case, {**inputs, "q": q}), want, atol=1e-6, rtol=1e-6)
+        assert last_request().shape("q_align") == align and "strided_q" in last_request().features
+
+
+@pytest.mark.parametrize("op", ["attention.extend", "attention.decode"])
+def test_a_kernel_that_needs_an_aligned_q_is_passed_over(op, temp_kernels):
+    """A TMA-style kernel (``strided_q`` with ``q_align`` 16) at the top priority serves a fused
+    qkv's q and is passed over, with its reason, for a row stride that is not a 16-byte
+    multiple (the reference serves it); forcing it raises before any launch."""
+    from tokenspeed_kernel import explain, last_kernel
+    from tokenspeed_kernel.ops._dispatch import last_request
+
+    aligned_q = temp_kernels(
+        op, name="aligned_q", priority=Priority.PLUGIN, vendors=("cpu",),
+        features=("sinks", "strided_q"), shapes={"q_align": (16,)},
+    )  # fmt: skip
+    case = _strided_case(op)
+    inputs = cases.make_inputs(case, seed=4)
+    cases.call(case, inputs)
+    assert last_kernel() == "aligned_q" and len(aligned_q.calls) == 1
+    odd = {**inputs, "q": row_strided(inputs["q"].contiguous(), 2)}
+    cases.call(case, odd)
+    assert last_kernel().startswith("torch_") and len(aligned_q.calls) == 1
+    table = str(explain(last_request()))
+    assert "REJECTED aligned_q" in table and "q_align=8 not in {16}" in table
+    with pytest.raises(ValueError, match=r"override 'aligned_q' cannot serve .*q_align=8"):
+        cases.call(case, odd, override="aligned_q")
+    assert len(aligned_q.calls) == 1
+
+
+def test_fresh_copies_keep_a_row_strided_q_and_strided_caches(only_reference):
+    """``check`` and ``bench`` call each kernel on fresh copies of a case's inputs: a copy of a
+    row-strided q or of vLLM's interleaved K|V views keeps its strides, offset and the NaN
+    between its rows (``Tensor.clone`` would make it contiguous, and the call another request)."""
+    from tokenspeed_kernel.ops._dispatch import last_request
+    from tokenspeed_kernel.tools.cases import fresh_copies
+
+    case = dataclasses.replace(_strided_case("attention.extend"), cache_layout="vllm")
+    inputs = cases.make_inputs(case, seed=5)
+    fresh = fresh_copies(inputs)
+    for name in ("q", "k_cache", "v_cache"):
+        a, b = inputs[name], fresh[name]
+        assert not b.is_contiguous() and b.stride() == a.stride() and b.data_ptr() % 16 == a.data_ptr() % 16
+        assert b.untyped_storage().data_ptr() != a.untyped_storage().data_ptr()
+        assert torch.equal(b, a) or torch.equal(b.nan_to_num(), a.nan_to_num())
+    row = fresh["q"].as_strided((fresh["q"].stride(0),), (1,))  # one whole row of the buffer
+    assert torch.isnan(row[case.num_q_heads * case.head_dim :]).all()
+    assert torch.equal(cases.call(case, fresh), cases.call(case, inputs))
+    assert last_request() == cases.request(case) and {"strided_q", "strided_kv"} <= last_request().features

@@ -1,5 +1,7 @@
 """store_kvcache: semantics against the naive float64 store, and every bad input."""
 
+import dataclasses
+
 import pytest
 import torch
 from support.naive_attention import naive_store
@@ -30,6 +32,51 @@ def test_fp8_store_saturates():
     assert torch.isfinite(rows).all() and rows.abs().max() == 448.0
 
 
+@pytest.mark.parametrize("override", [None, "torch_store_kvcache"])
+@pytest.mark.parametrize("case_index", range(3))
+def test_row_strided_k_and_v_are_stored_in_place(case_index, override):
+    """k and v split off a fused qkv projection's rows (row-strided views, NaN after each, as
+    the case builder lays out ``strided_rows``) are accepted with the request feature
+    ``strided_rows`` and write the cache bit for bit as their contiguous copies do (the Triton
+    kernel under the interpreter, and the reference), an fp8 cache included."""
+    from tokenspeed_kernel import last_kernel
+    from tokenspeed_kernel.ops._dispatch import last_request
+
+    case = dataclasses.replace(cases.awkward_cases("kvcache.store", torch.float32)[case_index], strided_rows=True)
+    inputs = cases.make_inputs(case, seed=case_index)
+    assert not inputs["k"].is_contiguous() and not inputs["v"].is_contiguous()
+    dense = {**inputs, "k": inputs["k"].contiguous(), "v": inputs["v"].contiguous()}
+    for name in ("k_cache", "v_cache"):  # separate caches for the two calls
+        dense[name] = inputs[name].clone()
+    expected_k, expected_v = naive_store(**dense)
+    k_cache, v_cache = cases.call(case, inputs, override=override)
+    assert "strided_rows" in last_request().features and last_request() == cases.request(case)
+    assert last_kernel() == (override or "triton_store_kvcache")
+    flat_k, flat_v = cases.call(dataclasses.replace(case, strided_rows=False), dense, override=override)
+    assert "strided_rows" not in last_request().features
+    for got, flat, want in ((k_cache, flat_k, expected_k), (v_cache, flat_v, expected_v)):
+        assert torch.equal(got.view(torch.uint8), flat.view(torch.uint8))
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_a_store_kernel_that_needs_contiguous_rows_is_passed_over(temp_kernels):
+    """A store kernel without ``strided_rows`` at the top priority serves contiguous k/v and
+    is passed over, with its reason, for row-strided ones (the reference serves them)."""
+    from tokenspeed_kernel import explain, last_kernel
+    from tokenspeed_kernel.registry import Priority
+
+    dense_only = temp_kernels(
+        "kvcache.store", name="dense_only", priority=Priority.PLUGIN, vendors=("cpu",), features=("fp8_kv",)
+    )
+    case = dataclasses.replace(cases.awkward_cases("kvcache.store", torch.float32)[0], strided_rows=True)
+    inputs = cases.make_inputs(case)
+    cases.call(case, {**inputs, "k": inputs["k"].contiguous(), "v": inputs["v"].contiguous()})
+    assert last_kernel() == "dense_only" and len(dense_only.calls) == 1
+    cases.call(case, inputs)
+    assert last_kernel() == "torch_store_kvcache" and len(dense_only.calls) == 1
+    assert "does not support {strided_rows}" in str(explain(cases.request(case)))
+
+
 BAD = [
     ("k", TypeError, "k must have dtype in", lambda t: t.to(torch.int8)),
     ("v", ValueError, r"v must have shape \[22, 2, \*\]", lambda t: t[:, :1].contiguous()),
@@ -38,7 +85,18 @@ BAD = [
     ("slot_mapping", TypeError, "slot_mapping must have dtype in {int64}", lambda t: t.int()),
     ("slot_mapping", ValueError, r"slot_mapping must have shape \[22\]", lambda t: t[:3]),
     ("k_scale", ValueError, "apply to a float8_e4m3fn cache only", 1.0),
-    ("k", ValueError, "k must be contiguous", lambda t: t.transpose(0, 1).contiguous().transpose(0, 1)),
+    (
+        "k",
+        ValueError,
+        r"k must be contiguous, or rows \[Hkv, D\] with a row stride of their own",
+        lambda t: t.transpose(0, 1).contiguous().transpose(0, 1),
+    ),
+    (
+        "v",
+        ValueError,
+        r"v must be contiguous, or rows \[Hkv, Dv\] with a row stride of their own",
+        lambda t: t.transpose(1, 2).contiguous().transpose(1, 2),
+    ),
     (
         "k_cache",
         ValueError,

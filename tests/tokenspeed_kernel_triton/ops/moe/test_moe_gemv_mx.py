@@ -7,65 +7,42 @@ numerics under the interpreter, and the ahead-of-time compile.
   and ``moe_plan``, outputs poisoned with NaN, against the independent float64
   ``support.naive_moe`` and the core float64 reference: T in {1, 3, 8}, every activation,
   with and without biases, with an expert map holding -1 entries, shapes whose K is below,
-  above and not a multiple of ``BLOCK_K`` (masked tails), row tails, fp16/fp32 activations.
+  above and not a multiple of ``BLOCK_K`` (masked tails), row tails, fp16/fp32 activations
+  (a token with every choice remote, and run-to-run bit equality: ``test_moe_gemv.py``, both
+  formats).
 - AOT: both layers compile for sm_90, gfx942 and gfx950 at GPT-OSS-120B shapes without
-  spills (``python -m tokenspeed_kernel_dev.aot_triton_gemv`` in a subprocess).
+  spills, for both weight formats of the shared kernels (MXFP4 here, bf16 for
+  ``triton_moe_gemv``; ``python -m tokenspeed_kernel_dev.aot_triton_gemv`` in a subprocess).
 """
 
+import functools
 import os
 
 import pytest
 import torch
 from support.aot import run_aot
+from support.moe_checks import DTYPE_TOL, call_override, candidate, check_close, gemv_case, gpt_oss_request
 from support.naive_moe import naive_moe
 
 from tokenspeed_kernel import explain
-from tokenspeed_kernel.ops._dispatch import last_kernel
-from tokenspeed_kernel.ops.moe import moe_apply, moe_apply_request, moe_plan
+from tokenspeed_kernel.ops.moe import moe_plan
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.platform import platform_from_arch
 from tokenspeed_kernel.registry import Priority, get_kernel
 from tokenspeed_kernel.tools import cases
-from tokenspeed_kernel.tools.cases.moe import MoECase
-from tokenspeed_kernel_triton.ops.moe import gemv_mx
+from tokenspeed_kernel_triton.ops.moe import gemv
 
 NAME = "triton_moe_gemv_mx"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# Relative Frobenius error bounds of the other MoE tests: the intermediate is rounded to x's dtype.
-TOL = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-5}
+TOL = DTYPE_TOL
 T_REASON = "num_tokens_bucket=16 > 8: the GEMV MoE serves T <= 8 tokens"
 
 
-def _case(t, h=64, i=32, act="silu", bias=False, emap=False, dtype=torch.bfloat16, e=8, k=2) -> MoECase:
-    return MoECase(
-        "moe.apply",
-        t,
-        h,
-        i,
-        e,
-        k,
-        dtype=dtype,
-        weight_format="mxfp4",
-        activation=act,
-        bias=bias,
-        expert_map=emap,
-        name=f"gemv_t{t}_h{h}_i{i}_{act}{'_bias' if bias else ''}{'_map' if emap else ''}",
-    )
+_case = functools.partial(gemv_case, "mxfp4")
 
 
-def _check(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
-    assert not torch.isnan(out).any(), "an output element was never written"
-    err = float((out.double().cpu() - ref.cpu()).norm() / ref.cpu().norm().clamp_min(1e-30))
-    assert err < TOL[dtype], f"relative error {err:.2e} >= {TOL[dtype]:.0e}"
-    tol = 4 * TOL[dtype]
-    torch.testing.assert_close(out.double().cpu(), ref.cpu(), atol=tol * (float(ref.abs().max()) + 1), rtol=tol)
-
-
-def _call(inputs: dict, **kw) -> torch.Tensor:
-    out = torch.full_like(inputs["x"], float("nan"))
-    result = moe_apply(**inputs, out=out, override=NAME, **kw)
-    assert result is out and last_kernel() == NAME
-    return out
+_check = check_close
+_call = functools.partial(call_override, kernel=NAME)
 
 
 # ---------------------------------------------------------------- registration and gating
@@ -76,6 +53,7 @@ def test_registration_metadata():
     assert spec.priority == Priority.PORTABLE + 20 and spec.band is Priority.PORTABLE
     assert spec.priority > get_kernel("triton_fused_moe_mx").priority > get_kernel("triton_fused_moe").priority
     assert spec.solution == "triton" and spec.graph_safe and spec.prepare is None and spec.available is None
+    assert spec.bind is gemv.bind_gemv  # shared with triton_moe_gemv (test_moe_gemv.py)
     assert spec.features == frozenset({"silu", "gelu", "swiglu_oai", "bias", "expert_map", "mxfp4"})
     assert dict(spec.dtypes)["weight"] == frozenset({torch.uint8})
     assert {torch.bfloat16, torch.float16} <= dict(spec.dtypes)["x"]
@@ -83,38 +61,20 @@ def test_registration_metadata():
     assert spec.vendors == {"cuda", "rocm", "cpu"} and spec.vendor_capabilities == (("cpu", {"triton_interpreter"}),)
 
 
-def _request(num_tokens: int | None, weight_format: str = "mxfp4"):
-    return moe_apply_request(
-        x_dtype=torch.bfloat16,
-        num_experts=128,
-        top_k=4,
-        hidden=2880,
-        intermediate=2880,
-        weight_format=weight_format,
-        activation="swiglu_oai",
-        bias=True,
-        num_tokens=num_tokens,
-    )
-
-
-def _candidate(selection):
-    return next(c for c in selection.candidates if c.spec.name == NAME)
-
-
 @pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
 def test_predicate_serves_t_up_to_8_and_rejects_9(arch):
     platform = platform_from_arch(arch)
     for t in (1, 2, 5, 8):
-        selection = explain(_request(t), platform=platform)
-        assert _candidate(selection).accepted, (t, _candidate(selection).reasons)
+        selection = explain(gpt_oss_request(t), platform=platform)
+        assert candidate(selection, NAME).accepted, (t, candidate(selection, NAME).reasons)
         triton = [c.spec for c in selection.candidates if c.accepted and c.spec.solution == "triton"]
         # the first Triton MoE for T <= 8, but for sm_90's swapped kernel (registered for sm_90 only)
         first = "triton_fused_moe_mx_swap" if arch == "sm_90" else NAME
         assert max(triton, key=lambda spec: spec.priority).name == first
-        assert explain(_request(t), platform=platform, override=NAME).winner.name == NAME
-    assert _candidate(explain(_request(9), platform=platform)).reasons == (T_REASON,)
-    assert _candidate(explain(_request(None), platform=platform)).accepted, "a plan has no token count"
-    reasons = _candidate(explain(_request(1, "fp8_per_channel"), platform=platform)).reasons
+        assert explain(gpt_oss_request(t), platform=platform, override=NAME).winner.name == NAME
+    assert candidate(explain(gpt_oss_request(9), platform=platform), NAME).reasons == (T_REASON,)
+    assert candidate(explain(gpt_oss_request(None), platform=platform), NAME).accepted, "a plan has no token count"
+    reasons = candidate(explain(gpt_oss_request(1, "fp8_per_channel"), platform=platform), NAME).reasons
     assert any("weight dtype float8_e4m3fn not in {uint8}" in r for r in reasons), reasons
 
 
@@ -122,7 +82,7 @@ def test_predicate_serves_t_up_to_8_and_rejects_9(arch):
 def test_public_call_rejects_t9_with_the_reason():
     case = _case(9)
     selection = explain(cases.request(case))
-    assert _candidate(selection).reasons == (T_REASON,)
+    assert candidate(selection, NAME).reasons == (T_REASON,)
     with pytest.raises(Exception, match="T <= 8"):
         cases.call(case, cases.make_inputs(case, DEVICE, seed=1), override=NAME)
 
@@ -163,9 +123,9 @@ def test_fp16_and_fp32_activations(dtype):
 
 
 TILE_OVERRIDES = [
-    (gemv_mx.GemvTile(64, 64, 4), gemv_mx.GemvTile(64, 64, 4)),  # row tails (N = 96 / 160), 64-value steps
-    (gemv_mx.GemvTile(16, 32, 2), gemv_mx.GemvTile(8, 128, 2)),  # one group per step; layer-2 K tail
-    (gemv_mx.GemvTile(8, 512, 8), gemv_mx.GemvTile(32, 512, 8)),
+    (gemv.GemvTile(64, 64, 4), gemv.GemvTile(64, 64, 4)),  # row tails (N = 96 / 160), 64-value steps
+    (gemv.GemvTile(16, 32, 2), gemv.GemvTile(8, 128, 2)),  # one group per step; layer-2 K tail
+    (gemv.GemvTile(8, 512, 8), gemv.GemvTile(32, 512, 8)),
 ]
 
 
@@ -174,19 +134,8 @@ def test_other_tiles(tiles):
     case = _case(3, h=160, i=96, act="swiglu_oai", bias=True, emap=True)
     inputs = cases.make_inputs(case, DEVICE, seed=9)
     out = torch.full_like(inputs["x"], float("nan"))
-    gemv_mx.gemv_moe(MoEApplyArgs(**inputs, out=out), tiles=tiles)
+    gemv.gemv_moe(MoEApplyArgs(**inputs, out=out), tiles=tiles)
     _check(out, naive_moe(**inputs), case.dtype)
-
-
-def test_all_choices_remote_give_zero_rows_and_the_call_is_deterministic():
-    case = _case(3, act="swiglu_oai", bias=True, emap=True)
-    inputs = cases.make_inputs(case, DEVICE, seed=2)
-    remote = int((inputs["expert_map"] == -1).nonzero()[0])
-    inputs["topk_ids"][1] = remote  # token 1: every choice off this rank (no bias either)
-    first = _call(inputs)
-    assert torch.equal(first[1], torch.zeros_like(first[1]))
-    _check(first, naive_moe(**inputs), case.dtype)
-    assert torch.equal(_call(inputs), first), "two calls must be bit-identical"
 
 
 def test_plan_matches_functional_path_and_hands_large_t_on():
@@ -211,16 +160,16 @@ def test_plan_matches_functional_path_and_hands_large_t_on():
 
 def test_tiles_table():
     for vendor in ("cuda", "rocm", "cpu"):
-        rows = gemv_mx.TILES["rocm" if vendor == "rocm" else "cuda"]
+        rows = gemv.TILES["mxfp4"]["rocm" if vendor == "rocm" else "cuda"]
         assert [r.max_tokens for r in rows] == sorted(r.max_tokens for r in rows)
-        assert rows[-1].max_tokens == gemv_mx.MAX_TOKENS
-        assert gemv_mx.pick_gemv_tiles(vendor, 4, 1) == (gemv_mx.GemvTile(8, 256, 4), gemv_mx.GemvTile(4, 256, 4))
-        assert gemv_mx.pick_gemv_tiles(vendor, 4, 3) == (gemv_mx.GemvTile(16, 128, 4), gemv_mx.GemvTile(8, 128, 4))
-        assert gemv_mx.pick_gemv_tiles(vendor, 4, 9) == gemv_mx.pick_gemv_tiles(vendor, 4, 8)  # past the last row
+        assert rows[-1].max_tokens == gemv.MAX_TOKENS
+        assert gemv.pick_gemv_tiles(vendor, 4, 1) == (gemv.GemvTile(8, 256, 4), gemv.GemvTile(4, 256, 4))
+        assert gemv.pick_gemv_tiles(vendor, 4, 3) == (gemv.GemvTile(16, 128, 4), gemv.GemvTile(8, 128, 4))
+        assert gemv.pick_gemv_tiles(vendor, 4, 9) == gemv.pick_gemv_tiles(vendor, 4, 8)  # past the last row
         for t in (1, 2, 3, 8):
-            for tile in gemv_mx.pick_gemv_tiles(vendor, 4, t):
+            for tile in gemv.pick_gemv_tiles(vendor, 4, t):
                 assert tile.block_k % 32 == 0 and tile.block_k & (tile.block_k - 1) == 0
-    assert gemv_mx.w2_block_n(2, 32) == 16 and gemv_mx.w2_block_n(8, 32) == 4 and gemv_mx.w2_block_n(16, 16) == 4
+    assert gemv.w2_block_n(2, 32) == 16 and gemv.w2_block_n(8, 32) == 4 and gemv.w2_block_n(16, 16) == 4
 
 
 # ---------------------------------------------------------------- ahead-of-time compile
@@ -238,6 +187,7 @@ def compiled():
 def test_aot_compiles_without_spills(compiled, target):
     mine = [r for r in compiled if r["target"] == target]
     assert {r["kernel"].split("[")[0] for r in mine} == {"gemv_w13", "gemv_w2"}
+    assert {r["kernel"].split("[")[1].split()[0] for r in mine} == {"mxfp4", "bf16"}
     for r in mine:
         assert r["ok"], r
         assert r["spills"] == 0 and 0 < r["registers"] <= 255, r

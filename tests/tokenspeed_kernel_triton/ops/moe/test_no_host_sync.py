@@ -1,5 +1,5 @@
-"""The Triton MoE (router top-k, permutation, grouped GEMMs, combine) never reads a device
-value on the host, so a whole ``moe_topk`` + ``moe_apply`` can be captured in a CUDA graph.
+"""The Triton MoE (router top-k, permutation, grouped GEMMs, combine; the two-launch GEMV
+MoEs) never reads a device value on the host, so a whole ``moe_topk`` + ``moe_apply`` can be captured in a CUDA graph.
 
 Without a GPU: the Triton launches are replaced by recorders and every host read of a tensor
 (``item``, ``tolist``, ``bool``/``int``/``float``/``index``, ``cpu``, ``numpy``) raises while the
@@ -24,11 +24,19 @@ from tokenspeed_kernel_triton.ops.moe import (
     fused_mx,
     fused_mx_swap,
     fused_mx_swap_persistent,
+    gemv,
     topk,
 )
 
 HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy")
-LAUNCHES = ((topk, "topk_kernel"), (_routing, "align_kernel"), (fused, "moe_gemm_kernel"), (_driver, "combine_kernel"))
+LAUNCHES = (
+    (topk, "topk_kernel"),
+    (_routing, "align_kernel"),
+    (fused, "moe_gemm_kernel"),
+    (_driver, "combine_kernel"),
+    (gemv, "gemv_w13_kernel"),
+    (gemv, "gemv_w2_kernel"),
+)
 
 
 class _Recorder:
@@ -75,14 +83,12 @@ def _inputs(fmt, tokens, skewed):
     return inputs, logits
 
 
-def _launches(monkeypatch, fmt, tokens, skewed, planned):
+def _launches(monkeypatch, fmt, tokens, skewed, planned, kernel="triton_fused_moe"):
     inputs, logits = _inputs(fmt, tokens, skewed)
     plan = None
     if planned:
         weights = {k: inputs[k] for k in ("w13", "w2", "w13_bias", "w2_bias", "expert_map")}
-        plan = moe_plan(
-            **weights, x_dtype=inputs["x"].dtype, top_k=2, activation="swiglu_oai", override="triton_fused_moe"
-        )
+        plan = moe_plan(**weights, x_dtype=inputs["x"].dtype, top_k=2, activation="swiglu_oai", override=kernel)
     log = []
     with monkeypatch.context() as m:
         # A functional call's runner keeps the kernels it was bound with: bind with the
@@ -103,7 +109,7 @@ def _launches(monkeypatch, fmt, tokens, skewed, planned):
                 w13_bias=inputs["w13_bias"],
                 w2_bias=inputs["w2_bias"],
                 expert_map=inputs["expert_map"],
-                override="triton_fused_moe",
+                override=kernel,
             )
         else:
             plan.apply(inputs["x"], weights_, ids)
@@ -120,6 +126,19 @@ def test_launches_depend_on_shapes_only(monkeypatch, fmt, tokens, planned):
     skewed = _launches(monkeypatch, fmt, tokens, skewed=True, planned=planned)
     names = [entry[0] for entry in uniform]
     assert names == ["topk_kernel", "align_kernel", "moe_gemm_kernel", "moe_gemm_kernel", "combine_kernel"], names
+    assert uniform == skewed
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU form; the GPU form captures a real graph")
+@pytest.mark.parametrize("planned", [False, True], ids=["functional", "plan"])
+@pytest.mark.parametrize("tokens", [1, 6])
+@pytest.mark.parametrize("kernel, fmt", [("triton_moe_gemv", "plain"), ("triton_moe_gemv_mx", "mxfp4")])
+def test_gemv_launches_depend_on_shapes_only(monkeypatch, kernel, fmt, tokens, planned):
+    """The two-launch GEMV MoEs (T <= 8), functional (runner cache) and planned (bound)."""
+    assert not config.debug(), "debug mode checks values on the host by design"
+    uniform = _launches(monkeypatch, fmt, tokens, skewed=False, planned=planned, kernel=kernel)
+    skewed = _launches(monkeypatch, fmt, tokens, skewed=True, planned=planned, kernel=kernel)
+    assert [entry[0] for entry in uniform] == ["topk_kernel", "gemv_w13_kernel", "gemv_w2_kernel"], uniform
     assert uniform == skewed
 
 

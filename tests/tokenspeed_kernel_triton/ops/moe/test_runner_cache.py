@@ -20,7 +20,7 @@ from tokenspeed_kernel.ops._dispatch import last_kernel
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.tools import cases
-from tokenspeed_kernel_triton.ops.moe import fused
+from tokenspeed_kernel_triton.ops.moe import _driver, fused
 
 DEVICE = "cpu"
 # CPU tensors reach the Triton kernels only under the interpreter, which a GPU host's tests run
@@ -80,7 +80,7 @@ def test_a_plan_call_and_activation_quant_take_the_uncached_path(monkeypatch):
 
 
 def test_a_changed_key_binds_anew():
-    key = fused._runner_key
+    key = _driver.runner_key
     plain = _args(_BY_NAME["plain_t5"], seed=0)
     base = key(plain)
     assert key(_args(_BY_NAME["plain_t5"], seed=1)) == base, "other weights and routing, one shape: one key"

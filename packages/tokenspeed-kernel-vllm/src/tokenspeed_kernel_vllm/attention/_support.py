@@ -105,6 +105,17 @@ def vllm_kv_align(kv_dtype: torch.dtype, head_size: int, head_size_v: int) -> in
     return align
 
 
+def vllm_q_align(dtype: torch.dtype, num_q_heads: int, num_kv_heads: int, head_size: int, head_size_v: int) -> int:
+    """The byte alignment (a power of two <= 16) of the q vLLM hands the backend: the first
+    ``Hq * D`` columns of the fused qkv projection's rows (``Hq * D + Hkv * (D + Dv)``
+    elements), split off and viewed ``[tokens, Hq, D]`` without a copy (the selector's shape
+    key ``q_align`` of a row-strided q, ``strided_q``)."""
+    row = (num_q_heads * head_size + num_kv_heads * (head_size + head_size_v)) * torch.empty(
+        (), dtype=dtype
+    ).element_size()
+    return min(16, row & -row)
+
+
 def kernel_reason(
     *,
     dtype: torch.dtype,
@@ -162,9 +173,14 @@ def _kernel_reason(
     layout = {"strided_kv": True, "kv_align": vllm_kv_align(kv_dtype, head_size, head_size_v)}
     common = {"q_dtype": dtype, "kv_dtype": kv_dtype, "heads": heads, "page_size": page_size, **layout}
     common |= {"window_left": window_left, "sinks": sinks, "logit_cap": logit_cap}
+    # q is passed as vLLM hands it over, a row-strided view of the fused qkv projection, to the
+    # extend and to a decode of one query per sequence (a 4-D decode q is copied contiguous).
+    q_rows = {"strided_q": True, "q_align": vllm_q_align(dtype, num_q_heads, num_kv_heads, head_size, head_size_v)}
     requests = {
-        "attention.decode": attention_request("attention.decode", q_len=q_len, **common),
-        "attention.extend": attention_request("attention.extend", **common),
+        "attention.decode": attention_request(
+            "attention.decode", q_len=q_len, **common, **(q_rows if q_len == 1 else {})
+        ),
+        "attention.extend": attention_request("attention.extend", **common, **q_rows),
         "kvcache.store": store_request(
             kv_dtype=dtype,
             cache_dtype=kv_dtype,
@@ -173,6 +189,7 @@ def _kernel_reason(
             head_dim_v=head_size_v,
             page_size=page_size,
             **layout,
+            strided_rows=True,  # k and v as vLLM hands them over: row-strided views of the qkv projection
         ),
     }
     overridden = {item.split("=", 1)[0].strip() for item in overrides.split(",") if "=" in item}

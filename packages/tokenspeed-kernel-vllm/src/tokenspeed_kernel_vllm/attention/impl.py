@@ -13,8 +13,13 @@ Per layer, from vLLM's ``Attention(...)`` arguments:
 The KV cache vLLM passes is ``[num_blocks, Hkv, block_size, D + Dv]`` (logical; physical
 strides per the KV cache layout). K and V are the views ``kv_cache.transpose(1, 2)[..., :D]``
 and ``[..., D:]``, shaped ``[num_pages, page_size, Hkv, D]`` with a contiguous last axis: no
-copy of the cache is ever made. q, k and v rows that vLLM hands over as strided views (a
-split of the fused qkv projection) are made contiguous first, as the public calls require.
+copy of the cache is ever made. q, which vLLM hands over as a row-strided view of the fused
+qkv projection (rows ``[Hq, D]``, a row stride of ``(Hq + 2 Hkv) D``), is passed as it is to
+the extend and to a decode of one query per sequence (request feature ``strided_q``: the
+kernels read it through its row stride); a speculative decode's 4-D q and the q of a full
+CUDA-graph decode (``DecodePlan.run``) must be contiguous and are copied. The k and v rows,
+row-strided views of the same projection, go to ``store_kvcache`` as they are too (request
+feature ``strided_rows``).
 """
 
 from __future__ import annotations
@@ -174,8 +179,8 @@ class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
             slot_mapping = slot_mapping.to(torch.int64)
         k_scale, v_scale = self._scales(layer)
         store_kvcache(
-            _contiguous(key[:n]),
-            _contiguous(value[:n]),
+            key[:n],  # as vLLM gives them: row-strided rows are read in place (strided_rows)
+            value[:n],
             k_cache,
             v_cache,
             slot_mapping,
@@ -209,9 +214,8 @@ class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
         if md.num_decodes:
             self._decode(md, query[:nd], output[:nd], k_cache, v_cache, k_scale, v_scale, sinks)
         if md.num_prefills and md.num_prefill_tokens:
-            rows = slice(nd, nd + md.num_prefill_tokens)
-            q, out = _contiguous(query[rows]), output[rows]
-            self._step_run(md, "extend", q, out, k_cache, v_cache, k_scale, v_scale, sinks)
+            rows = slice(nd, nd + md.num_prefill_tokens)  # q as vLLM gives it: row-strided is served
+            self._step_run(md, "extend", query[rows], output[rows], k_cache, v_cache, k_scale, v_scale, sinks)
         return output
 
     def _step_run(
@@ -232,6 +236,7 @@ class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
         key = (
             part,
             q.dim(),
+            q.stride(),  # a row-strided q (strided_q) and a contiguous one select apart
             self.window_left,
             self.scale,
             self.logit_cap,
@@ -267,11 +272,13 @@ class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
         sinks: torch.Tensor | None,
     ) -> None:
         batch, q_len = md.num_decodes, md.decode_q_len
-        q = _contiguous(q)
+        planned = md.decode_plans is not None and md.decode_plan_key is not None
+        if q_len > 1 or planned:  # a 4-D q, and DecodePlan.run's, must be contiguous
+            q = _contiguous(q)
         if q_len > 1:
             q = q.view(batch, q_len, self.num_heads, q.shape[-1])
             out = out.view(batch, q_len, self.num_heads, out.shape[-1])
-        if md.decode_plans is not None and md.decode_plan_key is not None:
+        if planned:
             self._plan(md, q.dtype, k_cache, v_cache, k_scale, v_scale, sinks).run(q, out=out)
             return
         self._step_run(md, "decode", q, out, k_cache, v_cache, k_scale, v_scale, sinks)

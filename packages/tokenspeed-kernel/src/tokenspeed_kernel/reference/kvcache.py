@@ -25,7 +25,7 @@ def _encode(rows: torch.Tensor, cache: torch.Tensor, scale: torch.Tensor | None)
     name="torch_store_kvcache",
     solution="torch",
     dtypes={"kv": _DTYPES, "cache": (*_DTYPES, torch.float8_e4m3fn)},
-    features=("fp8_kv", "strided_kv"),
+    features=("fp8_kv", "strided_kv", "strided_rows"),
     priority=Priority.REFERENCE,
     graph_safe=False,  # boolean-mask indexing has a data-dependent shape (a host sync)
 )

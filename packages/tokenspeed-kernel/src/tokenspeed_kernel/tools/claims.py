@@ -176,6 +176,7 @@ _NATURAL = {
     "num_kv_heads": 2,
     "page_size": 16,
     "kv_align": 16,
+    "q_align": 16,
     "q_len": 2,
     "window_left": 16,
     "batch_bucket": 4,
@@ -191,6 +192,7 @@ _TIED: dict[str, tuple[str, Callable[[int], bool]]] = {
     "q_len": ("spec_decode", lambda v: v > 1),
     "window_left": ("sliding_window", lambda v: v >= 0),
     "kv_align": ("strided_kv", lambda v: True),
+    "q_align": ("strided_q", lambda v: True),
 }
 
 
@@ -275,6 +277,7 @@ def _attention(op: str, plan: _Plan, sizes: _Sizes, rng: random.Random) -> Atten
         cache_layout="vllm" if "strided_kv" in f else "nhd",
         misaligned="unaligned_qkv" in f,
         strided_q="strided_q" in f,
+        strided_rows="strided_rows" in f,
     )
 
 

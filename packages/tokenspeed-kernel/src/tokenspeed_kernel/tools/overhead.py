@@ -53,6 +53,7 @@ __all__ = [
     "CATEGORIES",
     "FUNCTIONAL_CALLS",
     "NOOP_PREFIX",
+    "PLAN_CALLS",
     "OverheadCase",
     "OverheadRow",
     "breakdown",
@@ -250,11 +251,12 @@ def _apply(device: torch.device, override: str | None = None) -> Callable[[], ob
     return lambda: moe_apply(m["x"], m["w13"], m["w2"], m["topk_weights"], m["topk_ids"], override=override)
 
 
-def _apply_plan(device: torch.device) -> Callable[[], object]:
+def _apply_plan(device: torch.device, override: str | None = None) -> Callable[[], object]:
+    """``_apply``'s call as a plan's step (``moe_plan`` once, ``override`` naming its kernel)."""
     from tokenspeed_kernel import moe_plan
 
     m = _moe(device)
-    plan = moe_plan(m["w13"], m["w2"], x_dtype=DTYPE, top_k=4)
+    plan = moe_plan(m["w13"], m["w2"], x_dtype=DTYPE, top_k=4, override=override)
     return lambda: plan.apply(m["x"], m["topk_weights"], m["topk_ids"])
 
 
@@ -286,6 +288,14 @@ FUNCTIONAL_CALLS: dict[str, Callable[..., Callable[[], object]]] = {
     "mha_extend_with_kvcache": _extend,
     "mha_decode_with_kvcache": _decode,
     "moe_apply": _apply,
+}
+
+
+# The plans' steps whose case makers take ``override=``, with the functional call that has
+# their inputs (``--device cuda`` adds a row per kernel the functional call gets one for: a
+# plan's step forced onto the portable kernel, or onto an opt-in kernel that accepts the call).
+PLAN_CALLS: dict[str, tuple[str, Callable[..., Callable[[], object]]]] = {
+    "MoEPlan.apply": ("moe_apply", _apply_plan),
 }
 
 

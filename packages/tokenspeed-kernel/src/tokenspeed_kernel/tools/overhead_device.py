@@ -8,7 +8,9 @@ small MoE, with the tensors on the GPU. Beside them, in the same process: torch'
 ``scaled_dot_product_attention`` at the decode shape and a small ``torch.matmul``, the
 baselines the targets are stated against. After them, per functional call: ``NAME
 (portable)``, the call forced onto its portable kernel where the pick is another one, and
-``NAME (KERNEL)`` per opt-in kernel that accepts the call on this GPU.
+``NAME (KERNEL)`` per opt-in kernel that accepts the call on this GPU; the same rows for
+``MoEPlan.apply`` (bf16 weights), its plan made with ``override=`` the kernel (e.g.
+``MoEPlan.apply (triton_moe_gemv)``: the plan's two bound GEMV launches).
 
 **Host µs per call**: ``number`` back-to-back calls, timed on the host clock *before* the
 closing synchronize, divided by ``number``; the median of ``repeats`` runs. The problems are
@@ -40,6 +42,7 @@ from tokenspeed_kernel.ops._dispatch import last_kernel
 from tokenspeed_kernel.tools.overhead import (
     CATEGORIES,
     FUNCTIONAL_CALLS,
+    PLAN_CALLS,
     OverheadCase,
     baselines,
     cases,
@@ -147,13 +150,18 @@ def portable_cases(chosen: list[OverheadCase], device: torch.device) -> tuple[Ov
     kernel: the same call with ``override=`` that kernel (``NAME (portable)``), the host cost
     a GPU without the faster kernel pays (an sm_90 host measures both); and one ``NAME
     (KERNEL)`` row per opt-in kernel that accepts the call here and is not the pick (the host
-    cost of naming it by ``override=``)."""
+    cost of naming it by ``override=``). A plan's step among ``chosen`` (``PLAN_CALLS``) gets
+    the rows of the functional call with its inputs, the plan made with ``override=``."""
     extra = []
     for case in chosen:
         make = FUNCTIONAL_CALLS.get(case.name)
+        twin = case
+        if case.name in PLAN_CALLS:
+            functional, make = PLAN_CALLS[case.name]
+            twin = OverheadCase(functional, case.op, FUNCTIONAL_CALLS[functional])
         if make is None:
             continue
-        found = _accepted(case, device)
+        found = _accepted(twin, device)
         if found is None:
             continue
         portable = _portable_kernel(*found)

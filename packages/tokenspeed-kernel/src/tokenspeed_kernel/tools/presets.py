@@ -17,6 +17,10 @@
                   by length (``max_seqlen_q_bucket``).
 ``prefill-lengths-d128``, ``extend-lengths-d128``  the two sweeps at head dim 128 (the
                   kernels rank per head dim: a D = 64 measurement does not rank D = 128).
+``moe-decode-bf16``  ``moe.apply`` only: GPT-OSS-120B's MoE layer (128 experts top-4, H = I =
+                  2880, biases, swiglu_oai) with bf16 weights at T = 1, 2, 4, 8 and 16 (the
+                  GEMV kernels' limit and the first count above it). The sweep for ranking the
+                  16-bit-weight decode kernels by token count (``num_tokens_bucket``).
 ``small``         one tiny case per operator (CPU-cheap; the first awkward case in bf16).
 ``awkward``       the awkward-shape cases of the case modules (ragged lengths, partial
                   pages, GQA ratios, windows, sinks, ...) in bf16 and fp16.
@@ -187,6 +191,19 @@ def _extend_lengths(op: str, head_dim: int = _D) -> list[Case]:
     ]
 
 
+_MOE_DECODE_TOKENS = (1, 2, 4, 8, 16)
+
+
+def _moe_decode_bf16(op: str) -> list[Case]:
+    """The bf16-weight decode sweep (``moe-decode-bf16``): ``moe.apply`` only."""
+    if op != "moe.apply":
+        return []
+    return [
+        dataclasses.replace(gpt_oss_case(t, op), weight_format="plain", name=f"gpt_oss_120b_t{t}_bf16")
+        for t in _MOE_DECODE_TOKENS
+    ]
+
+
 def _small(op: str) -> list[Case]:
     return cases.awkward_cases(op, torch.bfloat16)[:1]
 
@@ -201,6 +218,7 @@ PRESETS: dict[str, Callable[[str], list[Case]]] = {
     "extend-lengths": _extend_lengths,
     "prefill-lengths-d128": functools.partial(_prefill_lengths, head_dim=128),
     "extend-lengths-d128": functools.partial(_extend_lengths, head_dim=128),
+    "moe-decode-bf16": _moe_decode_bf16,
     "small": _small,
     "awkward": _awkward,
 }

@@ -10,6 +10,7 @@ device run shows it correct and faster than Triton.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -29,6 +30,7 @@ FLASHINFER_CAPABILITIES = ("bf16", "cp_async")
 # they are refused until a GPU of theirs passes test_flashinfer_gpu.py.
 FLASHINFER_ARCHS = ("sm_90",)
 FLASHINFER_FEATURES = ("sinks", "sliding_window", "logit_cap", "return_lse")
+TMA_ALIGN = 16  # bytes: TMA's global base address and strides (but the last)
 
 
 A = TypeVar("A")
@@ -46,16 +48,40 @@ def planned_runner(check: Callable[[A], None], run: Callable[[A], None]) -> Call
     return planned
 
 
+def row_stride(x: torch.Tensor) -> int:
+    """The element stride between the rows (first axis) of ``x [rows, ...]`` whose rows are
+    each contiguous (a contiguous tensor, or a row-strided q: ``strided_q``), as a kernel
+    addresses them: ``x.stride(0)``, or the dense row size ``x[0].numel()`` where that stride
+    means nothing (at most one row) or is not a real one (below the dense size: the broadcast
+    placeholders a plan binds with, ``ops.attention._validate.placeholder``). So a contiguous
+    ``x`` and one row always give the dense row, and its build."""
+    dense = math.prod(x.shape[1:])
+    stride = x.stride(0)
+    return stride if x.shape[0] > 1 and stride > dense else dense
+
+
 def head_tile_descriptor(x: torch.Tensor, block_rows: int, layout):
-    """A TMA descriptor over ``x [rows, heads, dim]`` (contiguous) viewed as ``[rows, heads *
-    dim]``, box ``[block_rows, dim]``: ``block_rows`` consecutive tokens of one head are one
+    """A TMA descriptor over ``x [rows, heads, dim]`` viewed as ``[rows, heads * dim]`` with
+    its own row stride (:func:`row_stride`: contiguous, or a row-strided q whose row stride
+    and base are 16-byte multiples, as TMA needs; the columns past ``heads * dim`` are never
+    read), box ``[block_rows, dim]``: ``block_rows`` consecutive tokens of one head are one
     copy at ``[row, head * dim]``. An empty ``x`` gets a one-row zero stand-in (TMA needs
     a positive extent; nothing is read from it)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     rows, heads, dim = x.shape
     flat = x.view(rows, heads * dim) if rows > 0 else x.new_zeros(1, heads * dim)
-    return TensorDescriptor(flat, list(flat.shape), [heads * dim, 1], [block_rows, dim], layout)
+    return TensorDescriptor(flat, list(flat.shape), [row_stride(x), 1], [block_rows, dim], layout)
+
+
+def check_tma_q(name: str, q: torch.Tensor) -> None:
+    """A row-strided q read by TMA: its row stride a 16-byte multiple (``ValueError`` naming
+    the kernel; the selector already passes such a q over by its request: ``unaligned_qkv``
+    for prefill, ``q_align`` for extend). The base is checked per run with the addresses."""
+    if (row_stride(q) * q.element_size()) % TMA_ALIGN:
+        raise ValueError(
+            f"{name} reads q by TMA: its row stride ({q.stride(0)} elements) must be a multiple of {TMA_ALIGN} bytes"
+        )
 
 
 def attention_call_key(args, k: torch.Tensor, v: torch.Tensor) -> tuple:

@@ -160,11 +160,14 @@ def decode_kernel(
     FUSED: gl.constexpr,
     HAS_SINKS: gl.constexpr,
     HAS_LSE: gl.constexpr,
+    Q_ROW: gl.constexpr,
 ):
     """Partial attention of one (sequence, KV head, split); with ``FUSED`` the last split
     of the (sequence, KV head) to finish also merges them into ``out``.
 
-    q: ``[B, HQ, D]``; k/v: ``[pages, PAGE, HKV, D]`` with element strides
+    q: ``[B, HQ, D]``, each sequence's row of ``HQ * D`` values contiguous, ``Q_ROW`` elements
+    from one row to the next (``HQ * D``: contiguous, the build of every contiguous q; more: a
+    row-strided q, ``strided_q``); k/v: ``[pages, PAGE, HKV, D]`` with element strides
     ``(k|v)_stride_(p|t|h)`` (any, 16-byte multiples) and 1; page_table int32 ``[B, pt_stride]``;
     seqlens int32 ``[B]``; part_out float32 ``[B, HQ, SPLITS, D]``; part_lse float32
     ``[B, HQ, SPLITS]`` (``-inf`` for an empty split). ``FUSED`` only: sinks float32
@@ -191,7 +194,10 @@ def decode_kernel(
     offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LOAD))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, LOAD))
     q_rows = kv_head * G + offs_m
-    q_offs = (b * HQ + gl.expand_dims(q_rows, 1)) * D + gl.expand_dims(offs_d, 0)
+    if Q_ROW == HQ * D:
+        q_offs = (b * HQ + gl.expand_dims(q_rows, 1)) * D + gl.expand_dims(offs_d, 0)
+    else:  # a row-strided q: sequence b's row starts b * Q_ROW elements in
+        q_offs = b.to(gl.int64) * Q_ROW + gl.expand_dims(q_rows * D, 1) + gl.expand_dims(offs_d, 0)
     q_mask = gl.expand_dims(offs_m < G, 1) & gl.expand_dims(offs_d < D, 0)
     q = gl.load(q_ptr + q_offs, mask=q_mask, other=0.0)
     q = gl.convert_layout(q, a_layout)

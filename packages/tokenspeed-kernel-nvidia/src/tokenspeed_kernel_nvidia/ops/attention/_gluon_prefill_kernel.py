@@ -17,7 +17,8 @@ Data movement: K/V tiles ``[BLOCK_N, D]`` arrive by TMA (``cp.async.bulk.tensor`
 into a ``STAGES``-deep ring of NVMMA-swizzled shared buffers, one ``mbarrier`` per buffer and
 operand (K and V separately, so ``q·kᵀ`` starts while V is still in flight). Tiles running
 past the key tensor are zero-filled by the TMA unit; keys of a neighbouring sequence are
-excluded by the mask. Q is loaded once with 16-byte vector loads, staged in NVMMA shared
+excluded by the mask. Q is loaded once with 16-byte vector loads (through its row stride
+``Q_ROW``, so a row-strided q is read in place), staged in NVMMA shared
 memory, and both products run on ``wgmma``: ``S = Q·Kᵀ`` (A and B from shared memory,
 ``[128, D] x [D, BLOCK_N]``) and ``O += P·V`` (P from registers in the wgmma A-operand
 layout, V from shared memory). Online softmax in base 2 with fp32 statistics; the sink joins
@@ -71,6 +72,52 @@ def softmax_epilogue(m_i, l_i, sink, HAS_SINKS: gl.constexpr):
     return m_use, l_fin, has, inv
 
 
+@gluon.jit
+def _tile_softmax(
+    s, m_i, l_i, acc, start, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap, qk_scale,
+    HAS_CAP: gl.constexpr, BLOCK_N: gl.constexpr, O_MMA: gl.constexpr,
+):  # fmt: skip
+    """One key tile's online-softmax step on its raw scores ``s [BLOCK_M, BLOCK_N]`` (fp32, the
+    ``S`` wgmma layout) at key position ``start``: cap or scale into base-2 units, the band mask
+    on boundary tiles only, the running max/sum update and the accumulator's rescale. Returns
+    ``(p, m_i, l_i, acc, edge)``: ``p = exp2(s - m)`` (fp32), the new statistics, ``acc``
+    rescaled, and whether the tile was a boundary tile (its V must be cleaned)."""
+    if HAS_CAP:
+        x = s * (sm_scale / logit_cap)
+        e2 = gl.exp2(x * (2.0 * LOG2E))
+        s = logit_cap * (1.0 - 2.0 / (e2 + 1.0)) * LOG2E  # cap * tanh(x), in log2 units
+    else:
+        s = s * qk_scale
+    # Boundary tiles only: keep key j for row position p iff 0 <= p - j <= window_left
+    # (one unsigned compare covers the causal and the window bound).
+    edge = (start < p1 - window_left) | (start + BLOCK_N - 1 > p0)
+    if edge:
+        dist = gl.expand_dims(row_pos - start, 1) - gl.expand_dims(s_cols, 0)
+        s = gl.where(dist.to(gl.uint32, bitcast=True) <= window_left.to(gl.uint32), s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row may see nothing in a tile
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(s - gl.expand_dims(m_use, 1))
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O_MMA)), 1)
+    return p, m_new, l_i, acc, edge
+
+
+@gluon.jit
+def _clean_v(v_buf, edge, IO: gl.constexpr):
+    """A boundary tile holds keys some row cannot see (causally later, before its window, the
+    next sequence's): their p is 0, but 0 * NaN is NaN in the product. Masking is by
+    selection: non-finite V values are zeroed in shared memory first (a NaN/inf a row can see
+    is then unspecified, as docs/api.md allows). Middle tiles are seen by every row and are
+    not touched."""
+    if edge:
+        v_reg = v_buf.load(IO)
+        v_reg = gl.where(gl.abs(v_reg) < float("inf"), v_reg, gl.zeros_like(v_reg))
+        v_buf.store(v_reg)
+        fence_async_shared()  # the generic-proxy stores visible to wgmma (async proxy)
+        gl.thread_barrier()
+
+
 # window_left is never specialized: the JIT would turn window_left=1 into a constexpr (and
 # compile one kernel per such value); the mask needs it as a runtime i32.
 @gluon.jit(do_not_specialize=["window_left"])
@@ -94,6 +141,7 @@ def prefill_window_kernel(
     BLOCK_T: gl.constexpr,
     BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
+    QK_AHEAD: gl.constexpr,
     HAS_SINKS: gl.constexpr,
     HAS_CAP: gl.constexpr,
     HAS_LSE: gl.constexpr,
@@ -101,13 +149,17 @@ def prefill_window_kernel(
     Q_SMEM: gl.constexpr,
     S_MMA: gl.constexpr,
     O_MMA: gl.constexpr,
+    Q_ROW: gl.constexpr,
 ):
     """Sliding-window causal attention of ``BLOCK_T`` tokens x one GQA group.
 
-    q / o: ``[total_q, HQ, D]`` bf16/fp16, contiguous; lse float32 ``[total_q, HQ]``
+    q / o: ``[total_q, HQ, D]`` bf16/fp16; o contiguous, q's rows of ``HQ * D`` values
+    contiguous, ``Q_ROW`` elements from one token's row to the next (``HQ * D``: contiguous,
+    the build of every contiguous q; more: a row-strided q, ``strided_q``); lse float32 ``[total_q, HQ]``
     (natural log, sink included; written when ``HAS_LSE``); sinks float32 ``[HQ]``;
     k_desc / v_desc: TMA descriptors over ``[total_k, HKV * D]`` views of k / v with block
-    ``[BLOCK_N, D]``; cu_q / cu_k int32 ``[batch + 1]``. ``window_left >= 0``.
+    ``[BLOCK_N, D]``; cu_q / cu_k int32 ``[batch + 1]``. ``window_left >= 0``. ``QK_AHEAD``:
+    tile ``i + 1``'s ``Q·Kᵀ`` is issued before tile ``i``'s softmax (and waited with its P·V).
     """
     BLOCK_M: gl.constexpr = BLOCK_T * G_PAD
     dtype: gl.constexpr = q_ptr.dtype.element_ty
@@ -164,7 +216,12 @@ def prefill_window_kernel(
     io_off = ((q_begin + io_tok).to(gl.int64) * HQ + kv_head * G + io_g) * D
     io_offs = gl.expand_dims(io_off, 1) + gl.expand_dims(io_cols, 0)
     io_mask = gl.expand_dims(io_ok, 1) & gl.expand_dims(io_cols < D, 0)
-    q = gl.load(q_ptr + io_offs, mask=io_mask, other=0.0)
+    if Q_ROW == HQ * D:
+        q_offs = io_offs  # q's rows are out's
+    else:  # a row-strided q: token t's row starts t * Q_ROW elements in
+        q_off = (q_begin + io_tok).to(gl.int64) * Q_ROW + (kv_head * G + io_g) * D
+        q_offs = gl.expand_dims(q_off, 1) + gl.expand_dims(io_cols, 0)
+    q = gl.load(q_ptr + q_offs, mask=io_mask, other=0.0)
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], Q_SMEM, q)
     fence_async_shared()  # the Q tile visible to wgmma (async proxy)
 
@@ -179,66 +236,83 @@ def prefill_window_kernel(
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
     qk_scale = sm_scale * LOG2E
 
-    for i in range(num_tiles):
-        slot = i % STAGES
-        phase = (i // STAGES) & 1
-        start = lo + i * BLOCK_N
+    if QK_AHEAD:
+        # Tile 0's scores first; then each step issues the next tile's Q·Kᵀ before this
+        # tile's softmax, and one wait resolves both it and this tile's P·V.
+        if num_tiles > 0:
+            mbarrier.wait(k_bars.index(0), 0)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s, _, _ = warpgroup_mma_wait(0, deps=[s_tok, q_smem, k_smem.index(0)])
+            for i in range(num_tiles - 1):
+                slot = i % STAGES
+                phase = (i // STAGES) & 1
+                nslot = (i + 1) % STAGES
+                mbarrier.wait(k_bars.index(nslot), ((i + 1) // STAGES) & 1)
+                n_tok = warpgroup_mma(q_smem, k_smem.index(nslot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                p, m_i, l_i, acc, edge = _tile_softmax(
+                    s, m_i, l_i, acc, lo + i * BLOCK_N, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap,
+                    qk_scale, HAS_CAP, BLOCK_N, O_MMA,
+                )  # fmt: skip
+                mbarrier.wait(v_bars.index(slot), phase)
+                _clean_v(v_smem.index(slot), edge, IO)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+                acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
+                acc, s, _, _ = warpgroup_mma_wait(0, deps=[acc_tok, n_tok, v_smem.index(slot), k_smem.index(nslot)])
+                gl.thread_barrier()  # every warp is done with this slot: refill it
+                nxt = i + STAGES
+                if nxt < num_tiles:
+                    _issue_kv(
+                        k_desc,
+                        v_desc,
+                        k_smem.index(slot),
+                        v_smem.index(slot),
+                        k_bars.index(slot),
+                        v_bars.index(slot),
+                        k_begin + lo + nxt * BLOCK_N,
+                        col,
+                    )
+            last = num_tiles - 1
+            slot = last % STAGES
+            p, m_i, l_i, acc, edge = _tile_softmax(
+                s, m_i, l_i, acc, lo + last * BLOCK_N, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap,
+                qk_scale, HAS_CAP, BLOCK_N, O_MMA,
+            )  # fmt: skip
+            mbarrier.wait(v_bars.index(slot), (last // STAGES) & 1)
+            _clean_v(v_smem.index(slot), edge, IO)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
+            acc, _ = warpgroup_mma_wait(0, deps=[acc_tok, v_smem.index(slot)])
+    else:
+        for i in range(num_tiles):
+            slot = i % STAGES
+            phase = (i // STAGES) & 1
+            mbarrier.wait(k_bars.index(slot), phase)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s, _, _ = warpgroup_mma_wait(0, deps=[s_tok, q_smem, k_smem.index(slot)])
+            p, m_i, l_i, acc, edge = _tile_softmax(
+                s, m_i, l_i, acc, lo + i * BLOCK_N, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap,
+                qk_scale, HAS_CAP, BLOCK_N, O_MMA,
+            )  # fmt: skip
+            mbarrier.wait(v_bars.index(slot), phase)
+            _clean_v(v_smem.index(slot), edge, IO)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
+            acc, _ = warpgroup_mma_wait(0, deps=[acc_tok, v_smem.index(slot)])
 
-        mbarrier.wait(k_bars.index(slot), phase)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s, _, _ = warpgroup_mma_wait(0, deps=[s_tok, q_smem, k_smem.index(slot)])
-
-        if HAS_CAP:
-            x = s * (sm_scale / logit_cap)
-            e2 = gl.exp2(x * (2.0 * LOG2E))
-            s = logit_cap * (1.0 - 2.0 / (e2 + 1.0)) * LOG2E  # cap * tanh(x), in log2 units
-        else:
-            s = s * qk_scale
-        # Boundary tiles only: keep key j for row position p iff 0 <= p - j <= window_left
-        # (one unsigned compare covers the causal and the window bound).
-        edge = (start < p1 - window_left) | (start + BLOCK_N - 1 > p0)
-        if edge:
-            dist = gl.expand_dims(row_pos - start, 1) - gl.expand_dims(s_cols, 0)
-            s = gl.where(dist.to(gl.uint32, bitcast=True) <= window_left.to(gl.uint32), s, float("-inf"))
-
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row may see nothing in a tile
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - gl.expand_dims(m_use, 1))
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O_MMA)), 1)
-
-        mbarrier.wait(v_bars.index(slot), phase)
-        if edge:
-            # A boundary tile holds keys some row cannot see (causally later, before its
-            # window, the next sequence's): their p is 0, but 0 * NaN is NaN in the product.
-            # Masking is by selection: non-finite V values are zeroed in shared memory first
-            # (a NaN/inf a row can see is then unspecified, as docs/api.md allows). Middle
-            # tiles are seen by every row and are not touched.
-            v_reg = v_smem.index(slot).load(IO)
-            v_reg = gl.where(gl.abs(v_reg) < float("inf"), v_reg, gl.zeros_like(v_reg))
-            v_smem.index(slot).store(v_reg)
-            fence_async_shared()  # the generic-proxy stores visible to wgmma (async proxy)
+            # Every warp is done with this slot: refill it with the tile STAGES ahead.
             gl.thread_barrier()
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
-        acc, _ = warpgroup_mma_wait(0, deps=[acc_tok, v_smem.index(slot)])
-
-        # Every warp is done with this slot: refill it with the tile STAGES ahead.
-        gl.thread_barrier()
-        nxt = i + STAGES
-        if nxt < num_tiles:
-            _issue_kv(
-                k_desc,
-                v_desc,
-                k_smem.index(slot),
-                v_smem.index(slot),
-                k_bars.index(slot),
-                v_bars.index(slot),
-                k_begin + lo + nxt * BLOCK_N,
-                col,
-            )
+            nxt = i + STAGES
+            if nxt < num_tiles:
+                _issue_kv(
+                    k_desc,
+                    v_desc,
+                    k_smem.index(slot),
+                    v_smem.index(slot),
+                    k_bars.index(slot),
+                    v_bars.index(slot),
+                    k_begin + lo + nxt * BLOCK_N,
+                    col,
+                )
 
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(st))

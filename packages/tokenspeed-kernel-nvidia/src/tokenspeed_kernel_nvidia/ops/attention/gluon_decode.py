@@ -19,7 +19,7 @@ from tokenspeed_kernel.kit import cdiv, equal_head_dims, fill_splits, next_pow2,
 from tokenspeed_kernel.ops.attention.args import DecodeArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia._workspace import workspace
-from tokenspeed_kernel_nvidia.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS
+from tokenspeed_kernel_nvidia.ops.attention._common import PAGE_SIZES, Q_DTYPES, VENDORS, row_stride
 from tokenspeed_kernel_triton._launcher import Launch
 from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner, by_fields, run_fresh
 
@@ -179,6 +179,9 @@ def _launches(args: DecodeArgs) -> Built:
         FUSED=fused,
         HAS_SINKS=args.sinks is not None,
         HAS_LSE=args.lse is not None,
+        # q's row stride (a row-strided q, strided_q), HQ * D for a contiguous q and for a
+        # plan's placeholder (a plan's runs take contiguous q)
+        Q_ROW=row_stride(args.q),
         num_warps=cfg.num_warps,
     )
     tables = (args.k_cache, args.v_cache, args.page_table, args.cache_seqlens, part_out, part_lse, sinks)
@@ -229,7 +232,8 @@ def _bind_call(args: DecodeArgs) -> Callable[[DecodeArgs], None]:
 
 def _runner_key(args: DecodeArgs) -> tuple:
     """What :func:`_launches` reads of a call besides the tensors' addresses: shapes,
-    strides, dtypes and device of every tensor, the scalars, and the split count (not
+    strides, dtypes and device of every tensor (q's strides: its row stride is the kernel's
+    ``Q_ROW``), the scalars, and the split count (not
     ``max_seqlen_k`` itself, which grows every decode step). A tensor's dtype or alignment
     that differs from the bound runner's first launch takes that launch's checked path."""
     q, k, v, table = args.q, args.k_cache, args.v_cache, args.page_table
@@ -237,6 +241,7 @@ def _runner_key(args: DecodeArgs) -> tuple:
     sinks, lse = args.sinks, args.lse
     return (
         q.shape,
+        q.stride(),
         q.dtype,
         q.device,
         k.shape,
@@ -267,7 +272,9 @@ _RUNNERS = RunnerCache("gluon_decode_sm90", _runner_key, _bind_call, _fresh)
     dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
     # Strided caches too, when 16-byte aligned (the cp.async copies are 16 bytes wide).
     shapes={"head_dim": HEAD_DIMS, "page_size": PAGE_SIZES, "kv_align": (16,)},
-    features=("sinks", "sliding_window", "logit_cap", "return_lse", "strided_kv"),
+    # strided_q: a row-strided q (a fused qkv's q) read in place, at any alignment (q is
+    # loaded with plain loads, through its row stride: Q_ROW)
+    features=("sinks", "sliding_window", "logit_cap", "return_lse", "strided_kv", "strided_q"),
     priority=Priority.OPT_IN,
     # First where it was measured faster, at GPT-OSS's head dim (FIRST_AT_BATCHES).
     rank_when=({"batch_bucket": FIRST_AT_BATCHES, "head_dim": (64,)}, Priority.PERFORMANT),
@@ -278,8 +285,9 @@ _RUNNERS = RunnerCache("gluon_decode_sm90", _runner_key, _bind_call, _fresh)
 )
 def gluon_decode(args: DecodeArgs) -> None:
     """Gluon Hopper decode: cp.async multi-stage gather of paged K/V, GQA group on
-    mma.sync, split-KV with a combine that adds the sink. A plan binds it once
-    (:func:`bind_decode`); a functional call runs the runner bound for its :func:`_runner_key`
-    (``tokenspeed_kernel_triton._runners``), every tensor passed per run, and a step plan that
-    runner directly (``step_runner``: the key looked up once per step)."""
+    mma.sync, split-KV with a combine that adds the sink. A 3-D q may be row-strided (a
+    fused qkv's q, ``strided_q``): it is read in place through its row stride. A plan binds it
+    once (:func:`bind_decode`); a functional call runs the runner bound for its
+    :func:`_runner_key` (``tokenspeed_kernel_triton._runners``), every tensor passed per run,
+    and a step plan that runner directly (``step_runner``: the key looked up once per step)."""
     _RUNNERS(args)

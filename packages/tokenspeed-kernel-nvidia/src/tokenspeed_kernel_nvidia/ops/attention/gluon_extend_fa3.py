@@ -21,7 +21,8 @@ and the strides must be 16-byte multiples (``kv_align`` 16).
 Registered ``Priority.OPT_IN``: compiled and inspected ahead of time for sm_90a, not yet
 run on a GPU. It does not serve: non-causal extend, logit caps, fp8 caches, head dims
 other than 64/128, unequal q/v head dims, pages of fewer than 8 tokens, strided
-caches whose strides or base are not 16-byte multiples.
+caches whose strides or base are not 16-byte multiples, a row-strided q whose row stride or
+base is not (``q_align`` below 16).
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia.ops.attention._common import (
     PAGE_SIZES,
     Q_DTYPES,
+    TMA_ALIGN,
     VENDORS,
     attention_call_key,
+    check_tma_q,
     head_tile_descriptor,
     planned_runner,
     written_and_sinks,
@@ -76,7 +79,7 @@ __all__ = [
 
 HEAD_DIMS = (64, 128)
 _SWIZZLE_ATOM = 1024  # bytes: a 128-byte-swizzled box must start on this boundary
-_ALIGN = 16  # TMA: 16-byte aligned bases and strides
+_ALIGN = TMA_ALIGN  # TMA: 16-byte aligned bases and strides
 SWIZZLE_COLS = 64  # bf16/fp16 columns of one 128-byte swizzle row: a box's width
 
 
@@ -242,8 +245,16 @@ def _cache_descriptor(cache: torch.Tensor, box: int, layout):
     capabilities=("tma", "wgmma"),
     dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
     # Page sizes whose boxes are whole 1 KiB swizzle atoms (8 rows of 128 bytes): 8 .. 256.
-    shapes={"head_dim": HEAD_DIMS, "head_dim_v": HEAD_DIMS, "page_size": PAGE_SIZES[3:], "kv_align": (16,)},
-    features=("sinks", "sliding_window", "return_lse", "strided_kv"),
+    # A row-strided q (strided_q) too: its TMA descriptor has q's row stride, which with q's
+    # base must be a 16-byte multiple (q_align 16).
+    shapes={
+        "head_dim": HEAD_DIMS,
+        "head_dim_v": HEAD_DIMS,
+        "page_size": PAGE_SIZES[3:],
+        "kv_align": (TMA_ALIGN,),
+        "q_align": (TMA_ALIGN,),
+    },
+    features=("sinks", "sliding_window", "return_lse", "strided_kv", "strided_q"),
     # First for unwindowed extend at head dim 64, where it was measured faster than
     # triton_extend (H200, 2026-11-28, `bench attention.extend --preset extend-lengths`: 2.7x at
     # 16 new tokens on a 6144-token prefix, 1.6x at 1024-2048, 1.5x at 4 x 512; on a ragged
@@ -260,7 +271,8 @@ def gluon_extend_fa3(args: ExtendArgs) -> None:
     """Gluon Hopper paged extend (FlashAttention-3 design): one-warp TMA producer reading
     the cache page by page, two ping-pong wgmma consumer warpgroups, persistent grid.
 
-    q ``[total_q, Hq, D]`` (bf16/fp16, 16-byte aligned), k_cache/v_cache ``[num_pages, P,
+    q ``[total_q, Hq, D]`` (bf16/fp16, 16-byte aligned; contiguous or row-strided,
+    ``strided_q``, its row stride a 16-byte multiple), k_cache/v_cache ``[num_pages, P,
     Hkv, D]`` in q's dtype (strided views allowed: stride 1 in D, the other strides and the
     base 16-byte multiples), page_table int32 ``[batch, max_pages]``, cache_seqlens int32
     ``[batch]`` (including the chunk), D 64 or 128, causal (query ``t`` at
@@ -301,6 +313,8 @@ def _launches(args: ExtendArgs, plan: ExtendPlan | None = None) -> Built:
             f"gluon_extend_fa3_sm90: plan is for head_dim {plan.cfg.head_dim}, page_size {plan.page_size}; "
             f"the call has {head_dim}, {page_size}"
         )
+    # q's row stride is fixed by the runner key (its base is checked per run: _check_addresses)
+    check_tma_q("gluon_extend_fa3_sm90", args.q)
     q_smem, _, _, _, box_smem, _ = plan.layouts
     programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device))
     table = args.page_table

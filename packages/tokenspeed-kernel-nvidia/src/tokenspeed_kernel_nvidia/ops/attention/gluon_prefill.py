@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tokenspeed_kernel.kit import cdiv, equal_head_dims, next_pow2
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
@@ -24,6 +24,7 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     VENDORS,
     attention_call_key,
     head_tile_descriptor,
+    row_stride,
     written_and_sinks,
 )
 from tokenspeed_kernel_triton._launcher import Launch
@@ -37,10 +38,11 @@ __all__ = [
     "grid",
     "launch",
     "prefill_config",
+    "window_variants",
 ]
 
 HEAD_DIMS = (64, 128)
-BLOCK_M = 128  # wgmma rows per program: BLOCK_T tokens x G_PAD query heads
+BLOCK_M = 128  # wgmma rows per program (the shipped tile): BLOCK_T tokens x G_PAD query heads
 MAX_GROUP = 16  # keeps BLOCK_T >= 8 tokens per program
 # Beyond this the band is long enough that the dense prefill's tiles are the better fit. The
 # request carries no window size (only the ``sliding_window`` feature), so this is checked
@@ -52,9 +54,12 @@ MAX_WINDOW = 1024
 class GluonPrefillConfig:
     """Compile-time choices of one launch (also the AOT test's grid).
 
-    ``group_pad`` query heads x ``block_t`` tokens = 128 rows; ``block_n`` keys per tile;
-    ``stages`` K/V buffers in the TMA ring; one warpgroup (4 warps) per 64-row D or two for
-    D = 128 (so the fp32 output accumulator stays at 64 registers per thread).
+    ``group_pad`` query heads x ``block_t`` tokens = ``block_m`` rows (128; 256 an opt-in
+    variant: twice the tokens per K/V tile); ``block_n`` keys per tile; ``stages`` K/V buffers
+    in the TMA ring; ``num_warps`` 4 or 8 (one or two warpgroups over the rows). ``qk_ahead``
+    (opt-in variant): the next key tile's ``Q·Kᵀ`` is issued before this tile's softmax, so the
+    tensor cores work through it while the warps compute the softmax (FlashAttention-3's
+    intra-warpgroup overlap; one more ``[block_m, block_n]`` fp32 tile in registers).
     """
 
     head_dim: int
@@ -62,14 +67,22 @@ class GluonPrefillConfig:
     block_n: int = 64
     stages: int = 3
     num_warps: int = 4
+    block_m: int = BLOCK_M
+    qk_ahead: bool = False
 
     @property
     def block_t(self) -> int:
-        return BLOCK_M // self.group_pad
+        return self.block_m // self.group_pad
+
+    @property
+    def tag(self) -> str:
+        """A short name of the configuration (sweep rows)."""
+        extra = "-ahead" if self.qk_ahead else ""
+        return f"m{self.block_m}-n{self.block_n}-s{self.stages}-w{self.num_warps}{extra}"
 
     def shared_bytes(self, elem_bytes: int = 2) -> int:
         """Explicit shared memory: Q tile + K/V ring (+ barriers); scratch comes on top."""
-        return elem_bytes * (BLOCK_M * self.head_dim + 2 * self.stages * self.block_n * self.head_dim)
+        return elem_bytes * (self.block_m * self.head_dim + 2 * self.stages * self.block_n * self.head_dim)
 
     @functools.cached_property
     def layouts(self):
@@ -80,7 +93,7 @@ class GluonPrefillConfig:
 
         tpw_d = min(self.head_dim // 8, 32)
         io = gl.BlockedLayout([1, 8], [32 // tpw_d, tpw_d], [self.num_warps, 1], [1, 0])
-        q_smem = gl.NVMMASharedLayout.get_default_for([BLOCK_M, self.head_dim], gl.bfloat16)
+        q_smem = gl.NVMMASharedLayout.get_default_for([self.block_m, self.head_dim], gl.bfloat16)
         kv_smem = gl.NVMMASharedLayout.get_default_for([self.block_n, self.head_dim], gl.bfloat16)
         warps = [self.num_warps, 1]
         s_mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=warps, instr_shape=[16, self.block_n, 16])
@@ -92,11 +105,45 @@ class GluonPrefillConfig:
 def prefill_config(head_dim: int, group: int) -> GluonPrefillConfig:
     """The launch configuration for a head dim and GQA group size (metadata as data)."""
     group_pad = next_pow2(group)
-    if head_dim <= 64:
-        # 8 warps (two warpgroups): 115.5 vs 119.5 µs for 4 at GPT-OSS's window-128 S = 8192
-        # (H100, docs/history.md "Run of 2026-11-23 (later)", the best of 6 configurations)
-        return GluonPrefillConfig(head_dim=head_dim, group_pad=group_pad, block_n=64, stages=3, num_warps=8)
+    if head_dim <= 64 and group_pad <= 8:
+        # 64 rows (8+ tokens x the group) on one warpgroup, 32-key tiles, a 2-deep ring: 90
+        # registers and 24 KiB, so five programs share an SM; at GPT-OSS's window 127 with
+        # sinks 100.1 vs 120.1 us (S = 8192) and 191 vs 232 us (4 x 4096) for the 128 x 64
+        # tiles on two warpgroups it replaced (H200, 2026-11-28, docs/history.md, "fourth
+        # session"; fa3_sweep.py --window 127 --classic)
+        return GluonPrefillConfig(head_dim=head_dim, group_pad=group_pad, block_n=32, stages=2, num_warps=4, block_m=64)
+    if head_dim <= 64:  # a group of 16: 128 rows keep 8 tokens per program
+        return _two_warpgroups_d64(group_pad)
     return GluonPrefillConfig(head_dim=head_dim, group_pad=group_pad, block_n=64, stages=2, num_warps=8)
+
+
+def _two_warpgroups_d64(group_pad: int) -> GluonPrefillConfig:
+    # 128 x 64 tiles on two warpgroups, 3 stages (H100, 2026-11-23: 8 warps 115.5 vs 119.5 us
+    # for 4 at S = 8192): D = 64's configuration until 2026-11-28, still for groups of 16
+    return GluonPrefillConfig(head_dim=64, group_pad=group_pad, block_n=64, stages=3, num_warps=8)
+
+
+def window_variants(head_dim: int, group: int) -> list[GluonPrefillConfig]:
+    """The opt-in configurations ``ci/device/fa3_sweep.py --window W --classic`` times next to
+    :func:`prefill_config`'s (and the GPU tests check on awkward shapes). The sweeps of
+    2026-11-28 (H200, docs/history.md) chose 64-row tiles on one warpgroup with 32-key tiles and
+    a 2-deep ring at D = 64 (more programs resident per SM, and an 8-token band of 135 keys read
+    in 160 rather than 192); 256-row tiles, the next tile's ``Q·Kᵀ`` issued ahead of the
+    softmax at 128 rows and 128-key tiles lost. These are the configuration it replaced and the
+    chosen one's neighbourhood."""
+    base = prefill_config(head_dim, group)
+    old = _two_warpgroups_d64(base.group_pad) if head_dim <= 64 else replace(base, stages=3)
+    small = GluonPrefillConfig(
+        head_dim=head_dim, group_pad=base.group_pad, block_n=32, stages=2, num_warps=4, block_m=64
+    )
+    return [
+        old,
+        replace(small, stages=3),
+        replace(small, stages=4),
+        replace(small, qk_ahead=True),
+        replace(small, block_n=16, stages=4),
+        replace(old, block_n=32, stages=4),
+    ]
 
 
 def grid(max_seqlen_q: int, num_kv_heads: int, batch: int, block_t: int) -> tuple[int, int, int]:
@@ -159,7 +206,9 @@ def _check_call(args: PrefillArgs) -> None:
     capabilities=("tma", "wgmma"),
     dtypes={"q": Q_DTYPES, "kv": Q_DTYPES},
     shapes={"head_dim": HEAD_DIMS},
-    features=("sinks", "sliding_window", "logit_cap", "return_lse"),
+    # strided_q: q (loaded with plain loads, through its row stride) may be a fused qkv's q;
+    # k/v are read by TMA, so unaligned_qkv stays out
+    features=("sinks", "sliding_window", "logit_cap", "return_lse", "strided_q"),
     priority=Priority.OPT_IN,
     # First at GPT-OSS's 128-token window and head dim 64, where it was measured faster than
     # triton_prefill on the H100 (docs/history.md, "Prefill: does the selector pick the fastest?").
@@ -170,8 +219,8 @@ def _check_call(args: PrefillArgs) -> None:
 def gluon_prefill_window(args: PrefillArgs) -> None:
     """Gluon Hopper sliding-window causal prefill: TMA K/V ring, wgmma, band-only tiles.
 
-    q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]`` (bf16/fp16, contiguous), D 64 or 128,
-    ``0 <= window_left <= MAX_WINDOW``; writes ``args.out`` and ``args.lse`` when given.
+    q ``[total_q, Hq, D]`` (contiguous or row-strided: ``strided_q``), k/v ``[total_k, Hkv,
+    D]`` (bf16/fp16, contiguous), D 64 or 128, ``0 <= window_left <= MAX_WINDOW``; writes ``args.out`` and ``args.lse`` when given.
     A functional call runs the runner bound for its :func:`_runner_key`
     (``tokenspeed_kernel_triton._runners``): every tensor passed per run, the K/V TMA
     descriptors derived per run from the run's k and v.
@@ -211,6 +260,7 @@ def _launches(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> Built
         BLOCK_T=cfg.block_t,
         BLOCK_N=cfg.block_n,
         STAGES=cfg.stages,
+        QK_AHEAD=cfg.qk_ahead,
         HAS_SINKS=args.sinks is not None,
         HAS_CAP=args.logit_cap > 0,
         HAS_LSE=args.lse is not None,
@@ -218,6 +268,7 @@ def _launches(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> Built
         Q_SMEM=q_smem,
         S_MMA=s_mma,
         O_MMA=o_mma,
+        Q_ROW=row_stride(args.q),  # HQ * D, or a row-strided q's row stride (strided_q)
         num_warps=cfg.num_warps,
     )
     tensors = (

@@ -55,8 +55,10 @@ from tokenspeed_kernel.ops.attention.args import PrefillArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia.ops.attention._common import (
     Q_DTYPES,
+    TMA_ALIGN,
     VENDORS,
     attention_call_key,
+    check_tma_q,
     fa3_head_constexprs,
     head_tile_descriptor,
     planned_runner,
@@ -92,10 +94,12 @@ __all__ = [
 HEAD_DIMS = (64, 128)
 HALF = 64  # query rows per consumer warpgroup (one m64 wgmma row block)
 BLOCK_M = 2 * HALF  # query tokens per work tile (two consumer warpgroups; Fa3Config.block_m in general)
-FEATURES = ("sinks", "return_lse")
-WINDOW_FEATURES = ("sinks", "sliding_window", "return_lse")
+# strided_q: q's TMA descriptor has q's own row stride (a fused qkv's q read in place); a q
+# whose row stride or base is not a 16-byte multiple asks for unaligned_qkv, which both omit
+FEATURES = ("sinks", "return_lse", "strided_q")
+WINDOW_FEATURES = ("sinks", "sliding_window", "return_lse", "strided_q")
 NO_WINDOW = 2**30  # the kernel's window without one (keys never sit that far back)
-_ALIGN = 16  # TMA: 16-byte aligned bases (q, k, v) and row strides
+_ALIGN = TMA_ALIGN  # TMA: 16-byte aligned bases (q, k, v) and row strides
 
 
 @dataclass(frozen=True, eq=True)
@@ -466,7 +470,8 @@ def gluon_prefill_fa3(args: PrefillArgs) -> None:
     producer, two ping-pong wgmma consumer warpgroups, persistent heaviest-first grid.
 
     q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]`` (bf16/fp16, contiguous, q/k/v
-    16-byte aligned for TMA), D 64 or 128, causal (bottom-right), no window or cap; sinks float32 ``[Hq]``
+    16-byte aligned for TMA; q may be row-strided, ``strided_q``, its row stride a 16-byte
+    multiple), D 64 or 128, causal (bottom-right), no window or cap; sinks float32 ``[Hq]``
     optional; writes ``args.out`` ``[total_q, Hq, D]`` and ``args.lse`` (float32
     ``[total_q, Hq]``) when given. A NaN/inf key or value a query cannot see (causally
     later, another sequence's) never reaches it: scores masked by selection, V cleaned on
@@ -494,7 +499,8 @@ def gluon_prefill_fa3_window(args: PrefillArgs) -> None:
     down to a 64-key tile) to its diagonal, and masks the band's edge tiles only.
 
     q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]`` (bf16/fp16, contiguous, q/k/v 16-byte
-    aligned for TMA), D 64 or 128, causal (bottom-right) with ``window_left >= 0`` (query at
+    aligned for TMA; q may be row-strided, its row stride a 16-byte multiple), D 64 or 128,
+    causal (bottom-right) with ``window_left >= 0`` (query at
     position ``p`` sees keys ``p - window_left .. p``), no cap; sinks float32 ``[Hq]``
     optional; writes ``args.out`` ``[total_q, Hq, D]`` and ``args.lse`` (float32 ``[total_q,
     Hq]``) when given. K/V rows outside a query's window but inside its band tiles are read
@@ -544,6 +550,8 @@ def _launches(args: PrefillArgs, cfg: Fa3Config) -> Built:
     batch = args.cu_seqlens_q.shape[0] - 1
     if total_q == 0 or batch == 0:
         return (), (), ()
+    # q's row stride is fixed by the runner key (its base is checked per run: _check_addresses)
+    check_tma_q("gluon_prefill_fa3_window_sm90" if cfg.window else "gluon_prefill_fa3_sm90", args.q)
     q_smem, kv_smem, _, _ = cfg.layouts
     programs, n_m = grid(args.max_seqlen_q, batch, num_q_heads, sm_count(args.q.device), cfg.block_m)
     tiles = walk(args.cu_seqlens_q, total_q, args.max_seqlen_q, n_m, num_q_heads, cfg.block_m)

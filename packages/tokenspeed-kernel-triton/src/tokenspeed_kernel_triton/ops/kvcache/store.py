@@ -125,7 +125,9 @@ def _store_rows(
     vendor_capabilities=VENDOR_CAPABILITIES,
     dtypes={"kv": Q_DTYPES, "cache": (*Q_DTYPES, torch.float8_e4m3fn)},
     shapes={"page_size": PAGE_SIZES},
-    features=("fp8_kv", "strided_kv"),  # any cache strides (the head dim has stride 1)
+    # any cache strides (the head dim has stride 1); k and v read through their row and head
+    # strides: row-strided k/v (a fused qkv's) too
+    features=("fp8_kv", "strided_kv", "strided_rows"),
     priority=Priority.PORTABLE,
 )
 def triton_store_kvcache(args: StoreArgs) -> None:

@@ -14,15 +14,18 @@ a token count (``MoEPlan``'s ``bind`` hook), from each kernel's :class:`LayerLau
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
 from tokenspeed_kernel.kit import cdiv, next_pow2
-from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
+from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, Weight
+from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel_triton._launcher import Launch
-from tokenspeed_kernel_triton._runners import Built
+from tokenspeed_kernel_triton._runners import Built, bind_runner
 from tokenspeed_kernel_triton.ops.moe._config import Tile
 from tokenspeed_kernel_triton.ops.moe._gemm import combine_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing, align_launch, sort_by_expert
@@ -32,12 +35,16 @@ __all__ = [
     "Layer",
     "LayerLaunches",
     "Runner",
+    "bind_call",
     "bind_moe",
+    "call_inputs",
     "combine",
     "combine_launch",
     "layer_output",
     "moe_launches",
     "run_moe",
+    "runner_key",
+    "with_inputs",
 ]
 
 Runner = Callable[[MoEApplyArgs], None]  # what a bind hook returns (``MoEPlan``)
@@ -238,3 +245,77 @@ def bind_moe(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: LayerLaun
         total(a.topk_ids, a.out)
 
     return run
+
+
+# --- functional calls: one runner per key, every tensor of the call passed per run ----------
+#
+# ``moe_apply`` hands the kernel its weights on every call (``prepared`` None: the public
+# layout, nothing repacked), so a functional runner binds no weight: x, routing, out, the
+# weights' tensors, biases and map all vary per run, and the kernel's scratch buffers
+# (permutation buffers, layer outputs, the GEMV intermediate) are allocated per run as an
+# uncached call allocates them (no workspace shared between calls or streams). A plan's calls
+# with ``prepared`` weights never use it.
+
+# A weight container's tensors, by field (a plain tensor is its own one tensor).
+_WEIGHT_FIELDS: dict[type, tuple[str, ...]] = {MXFP4Weight: ("packed", "scales"), FP8Weight: ("data", "scale")}
+_CALL_FIELDS = ("x", "topk_weights", "topk_ids", "out", "w13_bias", "w2_bias", "expert_map")
+_call_fields = operator.attrgetter(*_CALL_FIELDS)
+
+
+def _weight_tensors(w: Weight) -> tuple:
+    fields = _WEIGHT_FIELDS.get(type(w))
+    return (w,) if fields is None else tuple(getattr(w, name) for name in fields)
+
+
+def _with_weight(w: Weight, tensors: tuple) -> Weight:
+    fields = _WEIGHT_FIELDS.get(type(w))
+    return tensors[0] if fields is None else dataclasses.replace(w, **dict(zip(fields, tensors)))
+
+
+def call_inputs(a: MoEApplyArgs) -> tuple:
+    """Every tensor of a functional call: x, routing, out, biases, map, then the weights'."""
+    return (*_call_fields(a), *_weight_tensors(a.w13), *_weight_tensors(a.w2))
+
+
+def with_inputs(a: MoEApplyArgs, tensors: tuple) -> MoEApplyArgs:
+    """``a`` with :func:`call_inputs`'s tensors replaced by ``tensors`` (same order)."""
+    n, n13 = len(_CALL_FIELDS), len(_weight_tensors(a.w13))
+    w13, w2 = _with_weight(a.w13, tensors[n : n + n13]), _with_weight(a.w2, tensors[n + n13 :])
+    return dataclasses.replace(a, **dict(zip(_CALL_FIELDS, tensors[:n])), w13=w13, w2=w2)
+
+
+def _facts(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else (t.shape, t.stride(), t.dtype)
+
+
+def runner_key(a: MoEApplyArgs) -> tuple:
+    """What a Triton MoE kernel's launch building reads of a functional call besides the
+    tensors' addresses (the key contract of ``tokenspeed_kernel_triton._runners``): x's shape,
+    strides, dtype and device (the tile, the grids), the routing's shapes and strides, out's
+    strides, the activation, each weight's kind and its tensors' shapes, strides and dtypes
+    (format, operand strides, fp8 granularity), and the biases' and map's (presence, strides)."""
+    x = a.x
+    return (
+        x.shape,
+        x.stride(),
+        x.dtype,
+        x.device,
+        a.topk_ids.shape,
+        a.topk_ids.stride(),
+        a.topk_weights.stride(),
+        a.out.stride(),
+        a.activation,
+        type(a.w13),
+        *map(_facts, _weight_tensors(a.w13)),
+        type(a.w2),
+        *map(_facts, _weight_tensors(a.w2)),
+        _facts(a.w13_bias),
+        _facts(a.w2_bias),
+        _facts(a.expert_map),
+    )
+
+
+def bind_call(build: Callable[[MoEApplyArgs], Built], args: MoEApplyArgs) -> Runner:
+    """The functional runner of ``build``'s launches for calls with ``args``' key: every
+    tensor of :func:`call_inputs` passed per run, ``build``'s scratch allocated per run."""
+    return bind_runner(build, args, call_inputs, with_inputs)

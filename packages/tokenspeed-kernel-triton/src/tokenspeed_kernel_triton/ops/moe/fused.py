@@ -17,10 +17,7 @@ even/odd-strided activation tiles instead) and stores the scales N-contiguous.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import operator
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +27,7 @@ from tokenspeed_kernel.ops.moe.args import MoEApplyArgs, Weight
 from tokenspeed_kernel.quant import FP8Weight, MXFP4Weight
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_triton._launcher import Launch, jit_launch
-from tokenspeed_kernel_triton._runners import Built, RunnerCache, bind_runner
+from tokenspeed_kernel_triton._runners import Built, RunnerCache
 from tokenspeed_kernel_triton.ops.moe._common import (
     ACT_DTYPES,
     MAX_EXPERTS,
@@ -41,7 +38,15 @@ from tokenspeed_kernel_triton.ops.moe._common import (
     interpreted,
 )
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile
-from tokenspeed_kernel_triton.ops.moe._driver import Runner, bind_moe, layer_output, moe_launches, run_moe
+from tokenspeed_kernel_triton.ops.moe._driver import (
+    Runner,
+    bind_call,
+    bind_moe,
+    layer_output,
+    moe_launches,
+    run_moe,
+    runner_key,
+)
 from tokenspeed_kernel_triton.ops.moe._gemm import FP8_BLOCK, FP8_ROW, MXFP4, PLAIN, fp8_quant_kernel, moe_gemm_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing
 
@@ -341,70 +346,8 @@ def bind_fused_moe(args: MoEApplyArgs) -> Runner | None:
     return bind_moe(args, ops.w13, ops.w2, _tile(args, ops), _gemm_launches)
 
 
-# --- functional calls: one runner per key, every tensor of the call passed per run ----------
-#
-# ``moe_apply`` hands the kernel its weights on every call (``prepared`` None: the public
-# layout, nothing repacked), so a functional runner binds no weight: x, routing, out, the
-# weights' tensors, biases and map all vary per run, and the permutation buffers and layer
-# outputs are allocated per run as an uncached call allocates them (no workspace shared
-# between calls or streams). A plan's calls (``prepared`` set: repacked weights) never use it.
-
-# A weight container's tensors, by field (a plain tensor is its own one tensor).
-_WEIGHT_FIELDS: dict[type, tuple[str, ...]] = {MXFP4Weight: ("packed", "scales"), FP8Weight: ("data", "scale")}
-_CALL_FIELDS = ("x", "topk_weights", "topk_ids", "out", "w13_bias", "w2_bias", "expert_map")
-_call_fields = operator.attrgetter(*_CALL_FIELDS)
-
-
-def _weight_tensors(w: Weight) -> tuple:
-    fields = _WEIGHT_FIELDS.get(type(w))
-    return (w,) if fields is None else tuple(getattr(w, name) for name in fields)
-
-
-def _with_weight(w: Weight, tensors: tuple) -> Weight:
-    fields = _WEIGHT_FIELDS.get(type(w))
-    return tensors[0] if fields is None else dataclasses.replace(w, **dict(zip(fields, tensors)))
-
-
-def _call_inputs(a: MoEApplyArgs) -> tuple:
-    """Every tensor of a functional call: x, routing, out, biases, map, then the weights'."""
-    return (*_call_fields(a), *_weight_tensors(a.w13), *_weight_tensors(a.w2))
-
-
-def _with_inputs(a: MoEApplyArgs, tensors: tuple) -> MoEApplyArgs:
-    n, n13 = len(_CALL_FIELDS), len(_weight_tensors(a.w13))
-    w13, w2 = _with_weight(a.w13, tensors[n : n + n13]), _with_weight(a.w2, tensors[n + n13 :])
-    return dataclasses.replace(a, **dict(zip(_CALL_FIELDS, tensors[:n])), w13=w13, w2=w2)
-
-
-def _facts(t: torch.Tensor | None) -> tuple | None:
-    return None if t is None else (t.shape, t.stride(), t.dtype)
-
-
-def _runner_key(a: MoEApplyArgs) -> tuple:
-    """What :func:`_build` reads of a functional call besides the tensors' addresses (the key
-    contract of ``tokenspeed_kernel_triton._runners``): x's shape, strides, dtype and device
-    (the tile, the grids), the routing's shapes and strides, out's strides, the activation,
-    each weight's kind and its tensors' shapes, strides and dtypes (format, operand strides,
-    fp8 granularity), and the biases' and map's (presence, strides)."""
-    x = a.x
-    return (
-        x.shape,
-        x.stride(),
-        x.dtype,
-        x.device,
-        a.topk_ids.shape,
-        a.topk_ids.stride(),
-        a.topk_weights.stride(),
-        a.out.stride(),
-        a.activation,
-        type(a.w13),
-        *map(_facts, _weight_tensors(a.w13)),
-        type(a.w2),
-        *map(_facts, _weight_tensors(a.w2)),
-        _facts(a.w13_bias),
-        _facts(a.w2_bias),
-        _facts(a.expert_map),
-    )
+# --- functional calls: one runner per key (``_driver.runner_key``), every tensor of the call
+# passed per run (``_driver.bind_call``); a plan's calls (``prepared`` set) never use it.
 
 
 def _build(args: MoEApplyArgs) -> Built:
@@ -412,12 +355,8 @@ def _build(args: MoEApplyArgs) -> Built:
     return moe_launches(args, ops.w13, ops.w2, _tile(args, ops), _gemm_launches)
 
 
-def _bind_call(args: MoEApplyArgs) -> Callable[[MoEApplyArgs], None]:
-    return bind_runner(_build, args, _call_inputs, _with_inputs)
-
-
-# Functional calls' runners, by _runner_key (repeating across layers and steps).
-_RUNNERS = RunnerCache("triton_fused_moe", _runner_key, _bind_call, fused_moe)
+# Functional calls' runners, by the MoE runner key (repeating across layers and steps).
+_RUNNERS = RunnerCache("triton_fused_moe", runner_key, functools.partial(bind_call, _build), fused_moe)
 
 
 FEATURES = (

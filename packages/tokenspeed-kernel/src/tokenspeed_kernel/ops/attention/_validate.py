@@ -56,6 +56,7 @@ def attention_request(
     kv_prefix: bool | None = None,
     unaligned_qkv: bool = False,
     strided_q: bool = False,
+    q_align: int | None = None,
 ) -> Request:
     """The selector request of an attention call, built from plain shapes (public: ask
     ``select``/``explain`` which kernel would serve a model's calls before making them).
@@ -87,11 +88,15 @@ def attention_request(
         strided_q: q is 3-D rows ``[Hq, D]`` with a row stride of their own (a view of a fused
             qkv projection), not contiguous (:func:`check_q_rows`); only kernels that list
             the feature serve it.
+        q_align: (extend, decode) a row-strided q's byte alignment, a power of two <= 16
+            (``tokenspeed_kernel.ops._checks.kv_align`` of q: its byte offset and row stride);
+            the public call gives it with ``strided_q`` only, as ``kv_align`` with
+            ``strided_kv``. A kernel that reads q by TMA lists ``q_align`` ``(16,)``.
 
     Features: ``non_causal``, ``sliding_window``, ``sinks``, ``logit_cap``, ``return_lse``,
     ``fp8_kv`` (an fp8 cache), ``spec_decode`` (``q_len > 1``), ``strided_kv``, ``unaligned_qkv``, ``strided_q``. Shapes: head
     dims, head counts, ``window_left`` when windowed, and ``page_size`` / ``kv_align`` /
-    ``q_len`` where the operator has them, ``batch_bucket`` / ``max_seqlen_q_bucket`` / ``kv_prefix`` when ``batch`` /
+    ``q_align`` / ``q_len`` where the operator has them, ``batch_bucket`` / ``max_seqlen_q_bucket`` / ``kv_prefix`` when ``batch`` /
     ``max_seqlen_q`` / ``kv_prefix`` is given. It is exactly the request the public call builds for the same arguments.
     """
     flags = (
@@ -112,7 +117,7 @@ def attention_request(
         ("num_kv_heads", heads.num_kv_heads),
         ("num_q_heads", heads.num_q_heads),
     ]
-    optional = (("page_size", page_size), ("kv_align", kv_align), ("q_len", q_len))
+    optional = (("page_size", page_size), ("kv_align", kv_align), ("q_align", q_align), ("q_len", q_len))
     shapes += [(key, value) for key, value in optional if value is not None]
     if window_left >= 0:
         shapes.append(("window_left", window_left))
@@ -190,20 +195,27 @@ def check_ragged(max_seqlen_q: object, max_seqlen_k: object, causal: object) -> 
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
 
 
-def check_q_rows(q: torch.Tensor) -> bool:
-    """Whether a 3-D q ``[rows, Hq, D]`` is row-strided (``strided_q``): each row's ``Hq * D``
-    values contiguous (``q.stride(2) == 1``, ``q.stride(1) == D``) with a row stride of its
-    own, as a view of a fused qkv projection is; False when contiguous. ``ValueError`` for any
-    other layout."""
-    if q.is_contiguous():
+def check_rows(name: str, t: torch.Tensor, heads: str = "Hq", dim_name: str = "D") -> bool:
+    """Whether a 3-D ``t [rows, heads, dim]`` is row-strided: each row's ``heads * dim``
+    values contiguous (``t.stride(2) == 1``, ``t.stride(1) == dim``) with a row stride of its
+    own, as a view of a fused qkv projection is; False when contiguous. ``ValueError`` naming
+    ``name`` (its axes called ``heads`` and ``dim_name``) for any other layout."""
+    if t.is_contiguous():
         return False
-    rows, _, dim = q.shape
-    if q.stride(2) != 1 or q.stride(1) != dim or (rows > 1 and q.stride(0) < q.shape[1] * dim):
+    rows, _, dim = t.shape
+    if t.stride(2) != 1 or t.stride(1) != dim or (rows > 1 and t.stride(0) < t.shape[1] * dim):
+        d = dim_name
         raise ValueError(
-            f"q must be contiguous, or rows [Hq, D] with a row stride of their own (strides (S, D, 1), S >= Hq * D): "
-            f"got strides {q.stride()} for shape {tuple(q.shape)}"
+            f"{name} must be contiguous, or rows [{heads}, {d}] with a row stride of their own "
+            f"(strides (S, {d}, 1), S >= {heads} * {d}): got strides {t.stride()} for shape {tuple(t.shape)}"
         )
     return True
+
+
+def check_q_rows(q: torch.Tensor) -> bool:
+    """Whether a 3-D q ``[rows, Hq, D]`` is row-strided (``strided_q``; :func:`check_rows`):
+    as a fused qkv projection's q; ``ValueError`` for a layout other than these two."""
+    return check_rows("q", q)
 
 
 def check_heads(q_name: str, q: torch.Tensor, k_name: str, k: torch.Tensor, v_name: str, v: torch.Tensor) -> Heads:
@@ -320,6 +332,17 @@ def cache_layout(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[bool, in
     if k_cache.is_contiguous() and v_cache.is_contiguous():
         return False, None
     return True, kv_align(k_cache, v_cache)
+
+
+def q_layout(q: torch.Tensor) -> tuple[bool, int | None]:
+    """A checked 3-D or 4-D q's layout facts for the selector (extend, decode): whether it is
+    row-strided (:func:`check_q_rows`; request feature ``strided_q``) and, for a row-strided q
+    only, its byte alignment (shape key ``q_align``: its byte offset and row stride, as
+    :func:`cache_layout` gives a strided cache's). A contiguous q's alignment follows from its
+    head dims and dtype, which the request already carries, so it has no ``q_align``."""
+    if q.is_contiguous():
+        return False, None
+    return True, kv_align(q)
 
 
 def check_paged_cache_pair(k_cache: object, v_cache: object) -> None:

@@ -41,6 +41,7 @@ from tokenspeed_kernel.ops.attention._validate import (
     debug_check_pages,
     kernel_window,
     kv_scales,
+    q_layout,
 )
 from tokenspeed_kernel.ops.attention.args import DecodeArgs, ExtendArgs, Heads, PrefillArgs
 from tokenspeed_kernel.registry import Request
@@ -99,6 +100,7 @@ def _facts(
     kv_prefix: bool | None = None,
     unaligned_qkv: bool = False,
     strided_q: bool = False,
+    q_align: int | None = None,
 ) -> tuple[Request | None, Callable[..., dict[str, Any]]]:
     """The selector request of an attention call with these checked facts, and what builds its
     capture signature (given the per-call lengths: ``signature(max_seqlen_k=...)``); none while tracing (``compiling``: the custom op
@@ -129,6 +131,7 @@ def _facts(
         kv_prefix=kv_prefix,
         unaligned_qkv=unaligned_qkv,
         strided_q=strided_q,
+        q_align=q_align,
     )
     own = (("total_q", total_q), ("total_k", total_k), ("q_len", q_len), ("page_size", page_size), ("causal", causal))
     signature = functools.partial(
@@ -144,6 +147,15 @@ def _facts(
         return_lse=return_lse,
     )
     return request, signature
+
+
+def _q_facts(compiling: bool, q: torch.Tensor) -> dict[str, Any]:
+    """The request's facts of a checked extend or decode q (:func:`q_layout`): ``strided_q``
+    and, for a row-strided q, ``q_align``; none while tracing (no request is built)."""
+    if compiling:
+        return {}
+    strided, align = q_layout(q)
+    return {"strided_q": strided, "q_align": align}
 
 
 @dataclass(slots=True, eq=False)
@@ -467,7 +479,8 @@ class ExtendCall(Plan):
             page_size=page_size,
             max_seqlen_q=max_seqlen_q,
             total_q=total_q,
-            strided_q=not q.is_contiguous(),
+            # the call key holds q's storage offset and strides, which fix both
+            **_q_facts(compiling, q),
         )
         return cls(
             request,
@@ -690,10 +703,12 @@ class DecodeCall(Plan):
         capturable: bool = False,
         compiling: bool = False,
         strided_q: bool = False,
+        q_align: int | None = None,
     ) -> DecodeCall:
         """The plan of a decode over these checked caches and tables, of a q of ``q_dims``
         (3 or 4) dimensions (``sinks``: whether a sinks tensor is passed; ``capturable``: as
-        the request asks; ``compiling``: while tracing, without request and signature)."""
+        the request asks; ``compiling``: while tracing, without request and signature;
+        ``strided_q``/``q_align``: a row-strided 3-D q's layout, :func:`_q_facts`)."""
         batch = page_table.shape[0]
         request, signature = _facts(
             compiling,
@@ -711,6 +726,7 @@ class DecodeCall(Plan):
             q_len=q_len,
             capturable=capturable,
             strided_q=strided_q,
+            q_align=q_align,
         )
         q4 = (batch, q_len, heads.num_q_heads, heads.head_dim)
         out4 = (batch, q_len, heads.num_q_heads, heads.head_dim_v)
@@ -781,7 +797,7 @@ class DecodeCall(Plan):
             q_len=q_len,
             q_dims=q.dim(),
             compiling=compiling,
-            strided_q=not q.is_contiguous(),
+            **_q_facts(compiling, q),
         )
 
     def run(

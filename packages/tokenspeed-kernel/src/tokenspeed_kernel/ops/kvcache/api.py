@@ -77,6 +77,8 @@ class StoreCall(Plan):
                 page_size=page_size,
                 strided_kv=strided,
                 kv_align=align,
+                # the call key holds k's and v's strides, which fix this
+                strided_rows=not (k.is_contiguous() and v.is_contiguous()),
             )
             signature = functools.partial(
                 dict,
@@ -147,6 +149,9 @@ def store_kvcache(
 
     Args:
         k: ``[num_tokens, Hkv, D]`` bf16/fp16/fp32. v: ``[num_tokens, Hkv, Dv]``, k's dtype.
+            Each contiguous, or row-strided: rows ``[Hkv, D]`` contiguous within themselves
+            with a row stride of their own (a fused qkv projection's k and v; request
+            feature ``strided_rows``, which the kernels that read them so claim).
         k_cache: ``[num_pages, page_size, Hkv, D]``, k's dtype or float8_e4m3fn; any
             page/token/head strides, stride 1 in the head dim: a strided view of an engine's
             cache is written in place.

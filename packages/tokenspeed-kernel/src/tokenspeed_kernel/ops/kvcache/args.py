@@ -14,8 +14,10 @@ class StoreArgs:
     """Write new K/V rows into a paged cache (``kvcache.store``).
 
     Attributes:
-        k: ``[num_tokens, Hkv, D]``, bf16/fp16/fp32.
-        v: ``[num_tokens, Hkv, Dv]``, k's dtype.
+        k: ``[num_tokens, Hkv, D]``, bf16/fp16/fp32; contiguous, or (a call asking for
+            ``strided_rows``) rows ``[Hkv, D]`` with a row stride of their own: address it
+            through ``k.stride(0)`` (a kernel that needs it contiguous omits the feature).
+        v: ``[num_tokens, Hkv, Dv]``, k's dtype; the same layout rules (its own row stride).
         k_cache: ``[num_pages, P, Hkv, D]``, k's dtype or float8_e4m3fn; written in place,
             possibly a strided view (any page/token/head strides, stride 1 in the head dim;
             kernels without the ``strided_kv`` feature get contiguous caches only).

@@ -68,7 +68,14 @@ def make_inputs(case: Case, device: torch.device | str = "cpu", seed: int = 0) -
 
 def _clone(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` at the same address modulo 16 bytes when ``t`` is contiguous (a case's
-    deliberately misaligned q/k/v stay misaligned, so the call builds the same request)."""
+    deliberately misaligned q/k/v stay misaligned, so the call builds the same request). A
+    strided view (a row-strided q, vLLM's interleaved K|V caches) gets a copy of the storage
+    it views, viewed with its offset and strides: the same layout (``Tensor.clone`` would make
+    it contiguous, and the call would ask for another kernel) and what lies between its rows
+    (NaN in the cases)."""
+    if not t.is_contiguous():
+        copy = t.new_empty(0)
+        return copy.set_(t.untyped_storage().clone(), t.storage_offset(), t.shape, t.stride())
     shift = t.data_ptr() % 16
     if not shift or not t.is_contiguous() or shift % t.element_size():
         return t.clone()

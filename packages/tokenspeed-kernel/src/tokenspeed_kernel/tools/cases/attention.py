@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from tokenspeed_kernel.ops._checks import kv_align
-from tokenspeed_kernel.ops.attention._validate import cache_layout
+from tokenspeed_kernel.ops.attention._validate import cache_layout, q_layout
 from tokenspeed_kernel.ops.attention.api import attention_request
 from tokenspeed_kernel.ops.attention.args import DecodeArgs, ExtendArgs, Heads, PrefillArgs
 from tokenspeed_kernel.ops.kvcache.api import store_request
@@ -80,6 +80,9 @@ class AttentionCase:
     # prefill, extend, decode with q_len 1: q a row-strided view ``[rows, Hq, D]`` of a wider
     # ``[rows, (Hq + 2 Hkv) D]`` buffer, as a fused qkv projection's q (request feature ``strided_q``)
     strided_q: bool = False
+    # kvcache.store: k and v row-strided views of one ``[rows, Hkv D + D + Hkv Dv + D]`` buffer
+    # (as a fused qkv projection's k and v), NaN after each (request feature ``strided_rows``)
+    strided_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -98,6 +101,8 @@ class AttentionCase:
             raise ValueError("AttentionCase.misaligned applies to attention.prefill only")
         if self.strided_q and (self.op == "kvcache.store" or (self.op == "attention.decode" and self.seqlens_q[0] > 1)):
             raise ValueError("AttentionCase.strided_q applies to a 3-D q (prefill, extend, decode with q_len 1)")
+        if self.strided_rows and self.op != "kvcache.store":
+            raise ValueError("AttentionCase.strided_rows applies to kvcache.store only")
 
     @property
     def batch(self) -> int:
@@ -139,6 +144,8 @@ class AttentionCase:
             parts.append("misaligned")
         if self.strided_q:
             parts.append("strided_q")
+        if self.strided_rows:
+            parts.append("strided_rows")
         return " ".join(parts)
 
     def _visible_pairs(self) -> int:
@@ -210,6 +217,15 @@ def _qkv_unaligned(case: AttentionCase) -> bool:
     return kv_align(*views) < 16
 
 
+def _q_facts(case: AttentionCase) -> tuple[bool, int | None]:
+    """``(strided_q, q_align)`` of the case's q, from a meta tensor laid out as
+    :func:`make_inputs` lays it out (prefill's q alignment is in ``unaligned_qkv``)."""
+    if not case.strided_q or case.op == "attention.prefill":
+        return case.strided_q, None
+    meta = torch.empty(2, case.num_q_heads, case.head_dim, dtype=case.dtype, device=torch.device("meta"))
+    return q_layout(_q_rows(case, meta))
+
+
 def copy_at(t: torch.Tensor, pad: int) -> torch.Tensor:
     """A contiguous copy of ``t`` that starts ``pad`` elements past the start of a fresh
     storage (which is 16-byte aligned); a meta tensor's copy holds no values."""
@@ -228,6 +244,7 @@ def _laid_out(t: torch.Tensor, misaligned: bool) -> torch.Tensor:
 def request(case: AttentionCase) -> Request:
     """The selector request the public operator builds for this case (no tensors needed)."""
     strided, align = _layout_facts(case)
+    strided_q, q_align = _q_facts(case)
     if case.op == "kvcache.store":
         return store_request(
             kv_dtype=case.dtype,
@@ -238,6 +255,7 @@ def request(case: AttentionCase) -> Request:
             page_size=case.page_size,
             strided_kv=strided,
             kv_align=align,
+            strided_rows=case.strided_rows,
         )
     return attention_request(
         case.op,
@@ -258,7 +276,8 @@ def request(case: AttentionCase) -> Request:
         # make_inputs passes one lengths tensor when the lengths are equal (as engines do)
         kv_prefix=case.seqlens_k != case.seqlens_q if case.op == "attention.prefill" else None,
         unaligned_qkv=_qkv_unaligned(case),
-        strided_q=case.strided_q,
+        strided_q=strided_q,
+        q_align=q_align,
     )
 
 
@@ -331,6 +350,22 @@ def _q_rows(case: AttentionCase, q: torch.Tensor) -> torch.Tensor:
     return buf[:, : heads * dim].view(rows, heads, dim)
 
 
+def _kv_rows(case: AttentionCase, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k`` and ``v`` themselves, or (``case.strided_rows``) their values in one buffer of
+    rows ``[k | D NaN | v | D NaN]`` (a fused projection's k and v, each row-strided; a kernel
+    that reads past a row's k or v stores NaN and fails the comparison)."""
+    if not case.strided_rows:
+        return k, v
+    rows, heads, dim = k.shape
+    dim_v = v.shape[2]
+    width = heads * dim + dim + heads * dim_v + dim
+    buf = torch.full((rows, width), float("nan"), dtype=k.dtype, device=k.device)
+    k_at, v_at = buf[:, : heads * dim], buf[:, heads * dim + dim : heads * (dim + dim_v) + dim]
+    k_at.copy_(k.reshape(rows, -1))
+    v_at.copy_(v.reshape(rows, -1))
+    return k_at.view(rows, heads, dim), v_at.view(rows, heads, dim_v)
+
+
 def make_inputs(case: AttentionCase, device: torch.device | str = "cpu", seed: int = 0) -> dict[str, Any]:
     """Keyword arguments for the public function of ``case.op`` (without ``override``/``out``).
 
@@ -379,6 +414,7 @@ def make_inputs(case: AttentionCase, device: torch.device | str = "cpu", seed: i
             slot_mapping[:: max(2, len(slots) // 2)] = -1  # some padding rows
         k = torch.randn(total_q, case.num_kv_heads, case.head_dim, generator=gen, device=device).to(case.dtype)
         v = torch.randn(total_q, case.num_kv_heads, case.dv, generator=gen, device=device).to(case.dtype)
+        k, v = _kv_rows(case, k, v)
         extra: dict[str, Any] = {key: paged[key] for key in ("k_scale", "v_scale") if key in paged}
         return {
             "k": k,
