@@ -79,14 +79,22 @@ def disassemble(cubin: bytes) -> str:
 SASS_OPCODE = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 
 
-def sass_loops(text: str) -> list[list[str]]:
-    """The instructions (disassembly lines holding an opcode) of each loop of ``text``, from a
-    label to a later branch back to it, in the order of those branches."""
+def sass_loop_spans(text: str) -> list[tuple[int, int, list[str]]]:
+    """Each loop of ``text`` as (line of its label, line of the branch back to it, its
+    instructions: the disassembly lines holding an opcode in between), in the order of those
+    branches."""
     lines = text.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^\s*(\.L_x_\d+):", line))}
     loops = []
     for i, line in enumerate(lines):
         m = re.search(r"BRA `\((\.L_x_\d+)\)", line)
         if m and labels.get(m.group(1), i) < i:
-            loops.append([x for x in lines[labels[m.group(1)] : i + 1] if SASS_OPCODE.search(x)])
+            start = labels[m.group(1)]
+            loops.append((start, i, [x for x in lines[start : i + 1] if SASS_OPCODE.search(x)]))
     return loops
+
+
+def sass_loops(text: str) -> list[list[str]]:
+    """The instructions (disassembly lines holding an opcode) of each loop of ``text``, from a
+    label to a later branch back to it, in the order of those branches."""
+    return [body for _, _, body in sass_loop_spans(text)]

@@ -30,6 +30,7 @@ from tokenspeed_kernel_dev.aot_common import (
     disassemble,
     parse_target,
     ptxas_stats,
+    sass_loop_spans,
     sass_loops,
     target_label,
 )
@@ -224,14 +225,19 @@ def _swap_configs(vendor: str) -> list[tuple[str, object, dict, dict]]:
 
 
 def persistent_signature(gated: bool, tile: Tile, schedule: Schedule, *, big: bool = False) -> tuple[dict, dict]:
-    """The persistent swapped GEMM as the launcher specializes it at GPT-OSS shapes."""
+    """The persistent swapped GEMM as the launcher specializes it at GPT-OSS shapes (layer 2 with
+    ``schedule.w2_tma``: the intermediate's TMA descriptor ``A_desc``, ``[block_m, 128]`` bf16 blocks)."""
+    tma = schedule.w2_tma and not gated
     pointers = _mx_pointers(gated, False, "*i32") | {"TileSpan": "*i32", "WorkCounters": "*i32"}
     consts = {k: v for k, v in _mx_consts(gated, tile, False).items() if k not in ("GROUP_M", "SPLIT")}
     consts |= {"TAIL_M": schedule.tail_m, "DYNAMIC": schedule.dynamic, "K_STAGES": tile.num_stages}
-    consts |= {"BIG_SCALES": big, "INTERPRET": False}
+    consts |= {"BIG_SCALES": big, "INTERPRET": False, "A_TMA": tma} | ({} if tma else {"A_desc": None})
     aligned = {"N", "K", "stride_am", "stride_we", "stride_ws", "stride_se", "stride_ss", "stride_be", "stride_om"}
     options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
-    return _hinted(moe_mx_swap_persistent_kernel, pointers, consts, aligned, options)
+    signature, consts = _hinted(moe_mx_swap_persistent_kernel, pointers, consts, aligned, options)
+    if tma:
+        signature["A_desc"] = f"tensordesc<bf16[{tile.block_m}, 128]>"
+    return signature, consts
 
 
 def persistent_name(gated: bool, tile: Tile, schedule: Schedule, *, big: bool = False) -> str:
@@ -239,7 +245,8 @@ def persistent_name(gated: bool, tile: Tile, schedule: Schedule, *, big: bool = 
     ``moe_mx_swap_persistent[w13-m128n128-tail32-dynamic(-big)]``."""
     order = "dynamic" if schedule.dynamic else "static"
     layer = "w13" if gated else "w2"
-    return f"moe_mx_swap_persistent[{layer}-m{tile.block_m}n{tile.block_n}-tail{schedule.tail_m}-{order}" + (
+    tma = "-tma" if schedule.w2_tma and not gated else ""
+    return f"moe_mx_swap_persistent[{layer}-m{tile.block_m}n{tile.block_n}-tail{schedule.tail_m}-{order}{tma}" + (
         "-big]" if big else "]"
     )
 
@@ -247,7 +254,8 @@ def persistent_name(gated: bool, tile: Tile, schedule: Schedule, *, big: bool = 
 def persistent_variants(vendor: str) -> list[tuple[Tile, Schedule, bool]]:
     """(tile, schedule, big scales) of the persistent compiles: every ``mxfp4_swap`` tile with
     every schedule the table can give it (:func:`._config.schedules_for`); at the prefill tile
-    also its schedule with the other work order (static / dynamic) and the two-multiply decode.
+    also its schedule with the other work order (static / dynamic), the two-multiply decode and
+    the opt-in layer-2 TMA loads (``w2_tma``: layer 1 compiles as without it).
     One compile per kernel specialization (``programs_per_sm`` sizes the grid, no constexpr)."""
     if vendor != "cuda":
         return []
@@ -256,16 +264,22 @@ def persistent_variants(vendor: str) -> list[tuple[Tile, Schedule, bool]]:
     last = tiles[-1]
     default = schedules_for(last)[-1]
     out += [(last, replace(default, dynamic=not default.dynamic), False), (last, default, True)]
-    return list({persistent_name(True, t, s, big=b): (t, s, b) for t, s, b in out}.values())
+    out += [(last, replace(default, w2_tma=True), False)]
+    names = {(persistent_name(True, t, s, big=b), persistent_name(False, t, s, big=b)): (t, s, b) for t, s, b in out}
+    return list(names.values())
 
 
 def _persistent_configs(vendor: str) -> list[tuple[str, object, dict, dict]]:
-    return [
-        (persistent_name(gated, tile, schedule, big=big), moe_mx_swap_persistent_kernel,
-         *persistent_signature(gated, tile, schedule, big=big))
+    """One compile per name (layer 1 of a ``w2_tma`` schedule is the schedule without it)."""
+    configs = {
+        persistent_name(gated, tile, schedule, big=big): (tile, schedule, big, gated)
         for tile, schedule, big in persistent_variants(vendor)
         for gated in (True, False)
-    ]  # fmt: skip
+    }
+    return [
+        (name, moe_mx_swap_persistent_kernel, *persistent_signature(gated, tile, schedule, big=big))
+        for name, (tile, schedule, big, gated) in configs.items()
+    ]
 
 
 def _small_kernels() -> list[tuple[str, object, dict, dict]]:
@@ -463,7 +477,7 @@ class CompileResult:
 
 # Main-loop SASS opcode classes (prefixes; "LDG" = synchronous global loads, not the cp.async
 # LDGSTS / LDGDEPBAR).
-_LOOP_CLASSES = ("LDS.U8", "LDS.128", "LDS", "STS", "BAR", "HGMMA", "HMUL2", "PRMT", "LDGSTS", "LDG")
+_LOOP_CLASSES = ("LDS.U8", "LDS.128", "LDS", "STS", "BAR", "HGMMA", "HMUL2", "PRMT", "LDGSTS", "LDG", "UTMALDG")
 
 
 def main_loop(sass: str) -> dict:
@@ -475,8 +489,12 @@ def main_loop(sass: str) -> dict:
 
 def mma_loops(sass: str) -> list[dict]:
     """:func:`loop_counts` of each innermost loop of ``sass`` that holds an ``HGMMA`` (the K loops
-    of a persistent program, whose longest loop is the one over work items), longest first."""
-    loops = [body for body in sass_loops(sass) if any("HGMMA" in line for line in body)]
+    of a persistent program, whose longest loop is the one over work items), longest first. A
+    branch back into the middle of a loop from code placed after it (an mbarrier wait's retry
+    path: TMA loads) is no loop: a span that starts inside another loop and ends past it is left out."""
+    spans = sass_loop_spans(sass)
+    nested = [body for a, b, body in spans if not any(c < a <= d < b for c, d, _ in spans)]
+    loops = [body for body in nested if any("HGMMA" in line for line in body)]
     inner = [body for body in loops if not any(set(other) < set(body) for other in loops)]
     return [loop_counts(body) for body in sorted(inner, key=len, reverse=True)]
 

@@ -31,6 +31,9 @@ KNOWN_SPILLS = {
     # The persistent swapped GEMM's two-multiply decode (scales above 2**1: never in trained
     # weights; the plan checks) with both tile forms at the prefill tile: 255 registers.
     "moe_mx_swap_persistent[w13-m128n128-tail32-dynamic-big]": 16,
+    # The opt-in layer-2 TMA loads (Schedule.w2_tma) at the prefill tile: outside the K loops
+    # (the work-item loop), 255 registers.
+    "moe_mx_swap_persistent[w2-m128n128-tail32-dynamic-tma]": 32,
 }
 
 
@@ -205,3 +208,20 @@ def test_persistent_gemm_k_loops_are_the_swapped_loop_on_sm90(results):
         if plain is not None:
             full = r["k_loops"][0]["instructions"]
             assert full <= 1.05 * plain["loop"]["instructions"], (name, full, plain["loop"]["instructions"])
+
+
+def test_persistent_layer2_tma_loads_on_sm90(results):
+    """The opt-in ``Schedule.w2_tma`` (layer 2's full token tiles read their activations by TMA):
+    its full-tile K loop issues one TMA load (``UTMALDG``) instead of the activations' per-thread
+    ``cp.async`` copies and is shorter than the pointer loop; the tail tile's loop is unchanged
+    (no TMA); its spills stay outside the K loops (the known count)."""
+    rows = _sm90(results, "moe_mx_swap_persistent[")
+    tma, plain = (
+        rows["moe_mx_swap_persistent[w2-m128n128-tail32-dynamic-tma]"],
+        rows["moe_mx_swap_persistent[w2-m128n128-tail32-dynamic]"],
+    )
+    (full, tail), (plain_full, plain_tail) = tma["k_loops"], plain["k_loops"]
+    assert full["UTMALDG"] == 1 and plain_full["UTMALDG"] == 0 and tail["UTMALDG"] == 0, (full, tail)
+    assert full["LDGSTS"] < plain_full["LDGSTS"] and tail["LDGSTS"] == plain_tail["LDGSTS"], (full, plain_full)
+    assert full["instructions"] < plain_full["instructions"], (full, plain_full)
+    assert full["LDG"] == full["STS"] == 0 and plain["spills"] == 0

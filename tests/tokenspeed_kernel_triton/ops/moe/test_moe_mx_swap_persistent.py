@@ -179,6 +179,8 @@ SCHEDULES = {
     "static-tail-more": Schedule(tail_m=16, dynamic=False, programs=1000),
     "dynamic-tail-fewer": Schedule(tail_m=16, dynamic=True, programs=5),
     "dynamic-more": Schedule(tail_m=0, dynamic=True, programs=1000),
+    "static-fewer-tma": Schedule(tail_m=0, dynamic=False, programs=3, w2_tma=True),
+    "dynamic-tail-fewer-tma": Schedule(tail_m=16, dynamic=True, programs=5, w2_tma=True),
 }
 
 
@@ -236,6 +238,41 @@ def test_ragged_loads_match_float64_and_the_swapped_kernel(name):
         _agree_to_bf16(got, swap)
     else:
         assert torch.equal(got, swap)
+
+
+@interpreter_only
+def test_layer2_tma_loads_give_the_pointer_loads_bits():
+    """``Schedule.w2_tma``: layer 2's full token tiles read the intermediate through a TMA
+    descriptor (its padding slots' rows as they are, K past the end as zeros) and give the
+    pointer loads' output bit for bit, with and without tails; layer 1 is unchanged."""
+    inputs = _ragged_inputs(seed=11)
+    plan = fused_mx_swap.prepare_moe_mx_swap(w13=inputs["w13"], w2=inputs["w2"])
+    for schedule in (Schedule(tail_m=16, programs=5), Schedule(tail_m=0, dynamic=False, programs=1000)):
+        pointers = _run(persistent.fused_moe_mx_swap_persistent, inputs, plan, tile=TILE, schedule=schedule)
+        tma = dataclasses.replace(schedule, w2_tma=True)
+        got = _run(persistent.fused_moe_mx_swap_persistent, inputs, plan, tile=TILE, schedule=tma)
+        assert torch.equal(got, pointers), schedule
+
+
+def test_layer2_tma_launch_carries_a_descriptor_for_layer_2_only(monkeypatch):
+    """The launch builder: layer 2 gets ``A_TMA`` and a ``[block_m, 128]`` descriptor of the
+    intermediate (keyword arguments), layer 1 and the default schedule neither."""
+    launches = []
+    monkeypatch.setattr(persistent, "Launch", lambda fn, grid, args, kwargs: launches.append(kwargs))
+    inputs = _ragged_inputs(seed=1)
+    plan = fused_mx_swap.prepare_moe_mx_swap(w13=inputs["w13"], w2=inputs["w2"])
+    routing = Routing(*[None] * 3, 11, 204, None, None)
+    h = torch.zeros((11 * TILE.block_m, 96), dtype=torch.bfloat16)
+    for gated, a, op in ((True, inputs["x"], plan.w13), (False, h, plan.w2)):
+        for w2_tma in (False, True):
+            persistent._persistent_launch(
+                a, op, None, routing, inputs["topk_weights"], h, n=96, k=a.shape[1], top_k=2, tile=TILE, gated=gated,
+                activation="swiglu_oai", splits=1, k_split=a.shape[1], schedule=Schedule(w2_tma=w2_tma),
+            )  # fmt: skip
+    assert ["A_TMA" in kwargs for kwargs in launches] == [False, False, False, True]
+    descriptor = launches[-1]["A_desc"]
+    assert launches[-1]["A_TMA"] is True and descriptor.base is h
+    assert (list(descriptor.shape), list(descriptor.block_shape)) == ([11 * TILE.block_m, 96], [TILE.block_m, 128])
 
 
 @interpreter_only
@@ -317,7 +354,14 @@ def test_bind_leaves_to_fn():
 
 
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-GPU_SCHEDULES = (None, Schedule(tail_m=0, dynamic=False), Schedule(tail_m=16, dynamic=True), Schedule(programs=7))
+GPU_SCHEDULES = (
+    None,
+    Schedule(tail_m=0, dynamic=False),
+    Schedule(tail_m=16, dynamic=True),
+    Schedule(programs=7),
+    Schedule(tail_m=0, dynamic=False, w2_tma=True),  # opt-in: layer 2 by TMA
+    Schedule(tail_m=16, dynamic=True, w2_tma=True),
+)
 
 
 @pytest.mark.skipif(not SM90, reason="GPU numerics: needs an sm_90 device (inline PTX bf16x2 multiplies, wgmma)")
@@ -376,6 +420,20 @@ def test_the_device_sweep_checks_then_times_under_the_interpreter(tmp_path):
     """ci/device/mxp_sweep.py --device cpu on a small layer (what the lead's GPU call runs at the
     GPT-OSS sizes): each variant checked against float64 and the swapped kernel, then timed; a
     variant the tile cannot take is ``n/a``; the table and the JSON rows."""
+    done, report = _sweep(tmp_path, "--tokens", "5", "--variants", "swap,persistent,p-static,p-dynamic,p-tail16")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (result,) = report["results"]
+    rows = result["rows"]
+    assert rows["swap"]["status"] == rows["persistent"]["status"] == rows["p-dynamic"]["status"] == "PASS"
+    assert rows["persistent"]["vs_swap"] == rows["p-dynamic"]["vs_swap"] == "bitwise"
+    assert all(rows[name]["ms"] > 0 for name in ("swap", "persistent", "p-dynamic"))
+    assert rows["p-static"] == {"status": "same", "reason": "runs what persistent runs"}  # static at this T
+    assert rows["p-tail16"]["status"] == "n/a" and "tail_m" in rows["p-tail16"]["reason"]  # 16-row tile at T = 5
+    assert "best" in done.stdout and "x shipped" in done.stdout
+
+
+def _sweep(tmp_path, *options: str, timeout: int = 300):
+    """ci/device/mxp_sweep.py run on the CPU with ``options``: (its process, its JSON or None)."""
     import json
     import os
     import subprocess
@@ -384,20 +442,39 @@ def test_the_device_sweep_checks_then_times_under_the_interpreter(tmp_path):
 
     script = Path(__file__).resolve().parents[4] / "ci" / "device" / "mxp_sweep.py"
     out = tmp_path / "mxp.json"
-    variants = "swap,persistent,p-static,p-dynamic,p-tail16"
     done = subprocess.run(
-        [sys.executable, str(script), "--device", "cpu", "--tokens", "5", "--variants", variants, "--json", str(out)],
+        [sys.executable, str(script), "--device", "cpu", *options, "--json", str(out)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         env={**os.environ, "TRITON_INTERPRET": "1"},
     )
+    return done, json.loads(out.read_text()) if out.exists() else None
+
+
+def test_the_device_sweep_lists_the_levers_group(tmp_path):
+    """``--group levers --list``: the shipped rows and the levers, each at its token counts."""
+    done, _ = _sweep(tmp_path, "--group", "levers", "--list", timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines()}
+    assert list(rows)[:2] == ["swap", "persistent"] and all(r[1] in ("base", "levers") for r in rows.values())
+    assert {"t64-w2n128", "t1024-8w", "p-w2tma", "p-ybf16"} <= set(rows) and "p-static" not in rows
+    assert rows["p-w2tma"][2] == "4096" and rows["t1024-ybf16"][2] == "512,1024"
+
+
+@interpreter_only
+def test_the_device_sweep_runs_the_levers_under_the_interpreter(tmp_path):
+    """ci/device/mxp_sweep.py's levers on a small layer: layer 2's own tile and K splits and the
+    persistent kernel's layer-2 TMA loads give the swapped kernel's bits, layer-2 rows in bf16
+    pass float64 without them; ``--breakdown`` times the shipped rows' layers."""
+    variants = "swap,persistent,t64-w2n128,t64-w2split2,t1024-ybf16,p-w2tma"
+    done, report = _sweep(tmp_path, "--tokens", "5", "--variants", variants, "--breakdown")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    (result,) = json.loads(out.read_text())["results"]
+    (result,) = report["results"]
     rows = result["rows"]
-    assert rows["swap"]["status"] == rows["persistent"]["status"] == rows["p-dynamic"]["status"] == "PASS"
-    assert rows["persistent"]["vs_swap"] == rows["p-dynamic"]["vs_swap"] == "bitwise"
-    assert all(rows[name]["ms"] > 0 for name in ("swap", "persistent", "p-dynamic"))
-    assert rows["p-static"] == {"status": "same", "reason": "runs what persistent runs"}  # static at this T
-    assert rows["p-tail16"]["status"] == "n/a" and "tail_m" in rows["p-tail16"]["reason"]  # 16-row tile at T = 5
-    assert "best persistent" in done.stdout and "x swap" in done.stdout
+    assert all(rows[name]["status"] == "PASS" and rows[name]["ms"] > 0 for name in variants.split(","))
+    assert all(rows[name]["vs_swap"] == "bitwise" for name in ("persistent", "t64-w2n128", "t64-w2split2", "p-w2tma"))
+    assert rows["t1024-ybf16"]["vs_swap"] != "bitwise" and rows["t1024-ybf16"]["choice"] == "w2 y=bf16"
+    for name in ("swap", "persistent"):
+        assert set(rows[name]["layers_ms"]) == {"w13", "w2", "rest"} and rows[name]["layers_ms"]["w13"] > 0
+    assert "best" in done.stdout and "layers T=5 swap" in done.stdout

@@ -182,12 +182,17 @@ class Schedule:
             more real rows than that.
         dynamic: items taken from a counter as programs free up, else a fixed stride.
         programs: the grid exactly, ignoring ``programs_per_sm`` (tests), or None.
+        w2_tma: layer 2's full token tiles read their activations (contiguous rows of the
+            intermediate) by TMA through a descriptor instead of per-thread ``cp.async`` (tails
+            keep those). Opt-in, never chosen by :func:`pick_schedule`: an untimed lever
+            (``ci/device/mxp_sweep.py``, variant ``p-w2tma``).
     """
 
     programs_per_sm: int = 1
     tail_m: int = 0
     dynamic: bool = True
     programs: int | None = None
+    w2_tma: bool = False
 
 
 # The persistent swapped GEMM's schedules, by rows per expert like the "mx_swap" tiles; the first

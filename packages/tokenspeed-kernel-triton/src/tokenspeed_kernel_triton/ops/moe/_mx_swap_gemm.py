@@ -140,14 +140,17 @@ def swap_tile(
     stride_we, stride_ws, stride_se, stride_ss, stride_be, stride_om, stride_os,
     GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, BIG_SCALES: tl.constexpr, INTERPRET: tl.constexpr,
-    K_STAGES: tl.constexpr,
+    K_STAGES: tl.constexpr, a_row0=0, A_TMA: tl.constexpr = False,
 ):  # fmt: skip
     """One ``[BLOCK_M, BLOCK_N]`` output tile of ``expert`` (rows: ``slots``, ``pairs``,
     ``m_ok``, ``a_rows`` of :func:`._gemm.slot_rows`; columns ``offs_n`` / ``n_ok``) over the
     K steps ``[s_lo, s_hi)``, stored: raw gate | up partials at ``split`` (GATED with SPLIT),
     else through :func:`._gemm.epilogue` (bias only in split 0). ``K_STAGES``: the K loop's
-    ``tl.range`` pipeline depth (None: the launch's ``num_stages``). Arguments as
-    :func:`moe_mx_swap_gemm_kernel`'s."""
+    ``tl.range`` pipeline depth (None: the launch's ``num_stages``). ``A_TMA`` (layer 2 only,
+    opt-in): ``A`` is a TMA descriptor of the intermediate with ``[BLOCK_M, 128]`` blocks and the
+    tile's activations are its rows ``[a_row0, a_row0 + BLOCK_M)`` (contiguous slots; padding
+    slots' rows are read as they are and their output rows are not stored; K past the end reads
+    zeros). Arguments as :func:`moe_mx_swap_gemm_kernel`'s."""
     rows = offs_n.to(tl.int64)
     word = tl.arange(0, 4)[:, None] * 4 + tl.arange(0, 4)[None, :]  # [q, i] → 4 q + i
     w_ptr = W + expert * stride_we + (rows * 16)[:, None, None] + word[None, :, :]
@@ -157,8 +160,11 @@ def swap_tile(
     if GATED:
         acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for step in tl.range(s_lo, s_hi, num_stages=K_STAGES):
-        offs_k = step * 128 + tl.arange(0, 128)
-        a = tl.load(A + a_rows[:, None] + offs_k[None, :], mask=m_ok[:, None] & (offs_k[None, :] < K), other=0.0)
+        if A_TMA:
+            a = A.load([a_row0, step * 128])
+        else:
+            offs_k = step * 128 + tl.arange(0, 128)
+            a = tl.load(A + a_rows[:, None] + offs_k[None, :], mask=m_ok[:, None] & (offs_k[None, :] < K), other=0.0)
         if INTERPRET:
             a = a.to(tl.float32)
         a_t = tl.trans(a)

@@ -35,7 +35,17 @@ tiles) about half the experts end in a tile of a few rows, which the fixed tile 
 
 The K loop of both row counts is ``tl.range(0, steps, num_stages=K_STAGES)`` (software
 pipelining of every load of the step: activations, words, scale words). No split-K: the
-persistent grid is for the token counts where the plain grid already fills the GPU.
+persistent grid is for the token counts where the plain grid already fills the GPU. On sm_90a
+(Triton 3.6) the loop keeps up to 8 wgmma groups in flight across steps (``wgmma.wait_group``
+after each, ``0`` only after the loop) and Triton's other loop options change nothing or spill
+(``warp_specialize``, ``disallow_acc_multi_buffer``, ``flatten``: the same SASS;
+``loop_unroll_factor=2``: spills at the 128 x 128 tile; ci/device/README.md, item s).
+
+**Layer-2 TMA loads** (``A_TMA``, :attr:`._config.Schedule.w2_tma`, opt-in and untimed): layer 2's
+activations of a full token tile are ``BLOCK_M`` consecutive rows of the intermediate, so they
+can come by one TMA load per step (``A_desc``, a host descriptor with ``[BLOCK_M, 128]`` blocks)
+instead of per-thread ``cp.async`` copies; a padding slot's row is read as it is (its output row
+is never stored), K past the end reads zeros. Tails keep the pointer loads.
 """
 
 from __future__ import annotations
@@ -55,15 +65,16 @@ def _rows_tile(
     num_pairs, N, K, stride_am, stride_we, stride_ws, stride_se, stride_ss, stride_be, stride_om,
     TOP_K: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, K_STAGES: tl.constexpr, BIG_SCALES: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    INTERPRET: tl.constexpr, A_TMA: tl.constexpr,
 ):  # fmt: skip
-    """The ``[ROWS, BLOCK_N]`` tile of slots ``[first_slot, first_slot + ROWS)``, all K steps."""
+    """The ``[ROWS, BLOCK_N]`` tile of slots ``[first_slot, first_slot + ROWS)``, all K steps
+    (``A_TMA``: ``A`` is the intermediate's TMA descriptor, :func:`._mx_swap_gemm.swap_tile`)."""
     slots, pairs, m_ok, a_rows = slot_rows(SortedIds, first_slot, num_pairs, stride_am, TOP_K, GATED, ROWS)
     swap_tile(
         A, W, S, Bias, Out, TopkWeights, expert, slots, pairs, m_ok, a_rows, offs_n, n_ok,
         N, K, 0, tl.cdiv(K, 128), 0,
         stride_we, stride_ws, stride_se, stride_ss, stride_be, stride_om, 0,
-        GATED, ACTIVATION, HAS_BIAS, ROWS, BLOCK_N, False, BIG_SCALES, INTERPRET, K_STAGES,
+        GATED, ACTIVATION, HAS_BIAS, ROWS, BLOCK_N, False, BIG_SCALES, INTERPRET, K_STAGES, first_slot, A_TMA,
     )  # fmt: skip
 
 
@@ -83,15 +94,17 @@ def _coordinates(TileExpert, TileSpan, item, total, num_n, tiles_bound):
 
 @triton.jit
 def _work_item(
-    item, expert, first, tiles, count, num_n, A, W, S, Bias, Out, SortedIds, TopkWeights,
+    item, expert, first, tiles, count, num_n, A, A_full, W, S, Bias, Out, SortedIds, TopkWeights,
     num_pairs, N, K, stride_am, stride_we, stride_ws, stride_se, stride_ss, stride_be, stride_om,
     TOP_K: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL_M: tl.constexpr, K_STAGES: tl.constexpr,
-    BIG_SCALES: tl.constexpr, INTERPRET: tl.constexpr,
+    BIG_SCALES: tl.constexpr, INTERPRET: tl.constexpr, A_TMA: tl.constexpr,
 ):  # fmt: skip
     """Work item ``item`` of ``expert`` (tiles ``[first, first + tiles)``, ``count`` pairs): its
     token tile ``first + j`` and weight tile ``n`` (module docstring), computed as a ``TAIL_M``-row
-    tile when the token tile holds no more real rows than that."""
+    tile when the token tile holds no more real rows than that. ``A_full``: what a full tile reads
+    its activations from (``A``, or with ``A_TMA`` the intermediate's TMA descriptor; tails read
+    ``A``)."""
     local = item - first * num_n
     j = local % tiles
     offs_n = (local // tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -101,13 +114,13 @@ def _work_item(
         _rows_tile(
             A, W, S, Bias, Out, SortedIds, TopkWeights, expert, first_slot, offs_n, n_ok,
             num_pairs, N, K, stride_am, stride_we, stride_ws, stride_se, stride_ss, stride_be, stride_om,
-            TOP_K, GATED, ACTIVATION, HAS_BIAS, TAIL_M, BLOCK_N, K_STAGES, BIG_SCALES, INTERPRET,
+            TOP_K, GATED, ACTIVATION, HAS_BIAS, TAIL_M, BLOCK_N, K_STAGES, BIG_SCALES, INTERPRET, False,
         )  # fmt: skip
     else:
         _rows_tile(
-            A, W, S, Bias, Out, SortedIds, TopkWeights, expert, first_slot, offs_n, n_ok,
+            A_full, W, S, Bias, Out, SortedIds, TopkWeights, expert, first_slot, offs_n, n_ok,
             num_pairs, N, K, stride_am, stride_we, stride_ws, stride_se, stride_ss, stride_be, stride_om,
-            TOP_K, GATED, ACTIVATION, HAS_BIAS, BLOCK_M, BLOCK_N, K_STAGES, BIG_SCALES, INTERPRET,
+            TOP_K, GATED, ACTIVATION, HAS_BIAS, BLOCK_M, BLOCK_N, K_STAGES, BIG_SCALES, INTERPRET, A_TMA,
         )  # fmt: skip
 
 
@@ -127,7 +140,8 @@ def moe_mx_swap_persistent_kernel(
     stride_am, stride_we, stride_ws, stride_se, stride_ss, stride_be, stride_om,
     TOP_K: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL_M: tl.constexpr, DYNAMIC: tl.constexpr,
-    K_STAGES: tl.constexpr, BIG_SCALES: tl.constexpr, INTERPRET: tl.constexpr,
+    K_STAGES: tl.constexpr, BIG_SCALES: tl.constexpr, INTERPRET: tl.constexpr, A_TMA: tl.constexpr = False,
+    A_desc=None,
 ):  # fmt: skip
     """Every work item of one layer (module docstring) over a grid of ``P`` programs (axis 0).
 
@@ -137,7 +151,9 @@ def moe_mx_swap_persistent_kernel(
     WorkCounters int32 ``[2]`` (:class:`._routing.Routing`; layer 1 counts in
     ``WorkCounters[0]``, layer 2 in ``WorkCounters[1]``). ``TAIL_M``: 0, or a power of two in
     ``[16, BLOCK_M)``. Each program knows its next item (and has loaded its coordinates) one
-    item ahead, so the counter's atomic and the work list's loads wait behind a whole item."""
+    item ahead, so the counter's atomic and the work list's loads wait behind a whole item.
+    ``A_TMA`` (layer 2 only, opt-in): full token tiles read their activations through ``A_desc``,
+    a TMA descriptor of the intermediate with ``[BLOCK_M, 128]`` blocks (tails read ``A``)."""
     num_n = tl.cdiv(N, BLOCK_N)
     total = tl.load(NumTiles) * num_n
     programs = tl.num_programs(0)
@@ -145,6 +161,10 @@ def moe_mx_swap_persistent_kernel(
         counter = WorkCounters
     else:
         counter = WorkCounters + 1
+    if A_TMA:
+        a_full = A_desc
+    else:
+        a_full = A
     item = tl.program_id(0)
     expert, first, tiles, count = _coordinates(TileExpert, TileSpan, item, total, num_n, tiles_bound)
     upcoming = _next_item(counter, item, programs, DYNAMIC)
@@ -154,9 +174,9 @@ def moe_mx_swap_persistent_kernel(
             TileExpert, TileSpan, upcoming, total, num_n, tiles_bound
         )
         _work_item(
-            item, expert, first, tiles, count, num_n, A, W, S, Bias, Out, SortedIds, TopkWeights,
+            item, expert, first, tiles, count, num_n, A, a_full, W, S, Bias, Out, SortedIds, TopkWeights,
             num_pairs, N, K, stride_am, stride_we, stride_ws, stride_se, stride_ss, stride_be, stride_om,
-            TOP_K, GATED, ACTIVATION, HAS_BIAS, BLOCK_M, BLOCK_N, TAIL_M, K_STAGES, BIG_SCALES, INTERPRET,
+            TOP_K, GATED, ACTIVATION, HAS_BIAS, BLOCK_M, BLOCK_N, TAIL_M, K_STAGES, BIG_SCALES, INTERPRET, A_TMA,
         )  # fmt: skip
         item = upcoming
         expert, first, tiles, count = next_expert, next_first, next_tiles, next_count

@@ -29,6 +29,10 @@ their last tile (1.48x the useful work at T = 4096 with 128-row tiles).
   swapped kernel does; :func:`fused_moe_mx_swap_persistent` itself repacks per call.
 - **Bound runs**: :func:`bind_fused_moe_mx_swap_persistent`, the swapped kernel's rules
   (:func:`.fused_mx_swap.bindable_swap`).
+- **Opt-in** ``Schedule.w2_tma``: layer 2's full token tiles read the intermediate by TMA
+  (:mod:`._mx_swap_persistent`); never chosen by the table, a lever ``ci/device/mxp_sweep.py``
+  times (``--group levers``). The intermediate's rows are ``N`` bf16 values, a multiple of 32
+  (MXFP4's K groups): always 16-byte aligned, as TMA needs.
 """
 
 from __future__ import annotations
@@ -36,12 +40,14 @@ from __future__ import annotations
 import functools
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tokenspeed_kernel.kit import cdiv, sm_count
 from tokenspeed_kernel.ops.moe.args import MoEApplyArgs
 from tokenspeed_kernel.registry import Priority, register_kernel
 from tokenspeed_kernel_triton._launcher import Launch
 from tokenspeed_kernel_triton.ops.moe._config import Schedule, Tile, pick_schedule, pick_tile
+from tokenspeed_kernel_triton.ops.moe._mx_swap_gemm import STEP_K
 from tokenspeed_kernel_triton.ops.moe._mx_swap_persistent import moe_mx_swap_persistent_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing
 from tokenspeed_kernel_triton.ops.moe.fused_mx import (
@@ -116,9 +122,14 @@ def _persistent_launch(
     schedule: Schedule,
 ) -> Launch:
     """The :class:`.fused_mx.GemmLaunch` of :func:`._mx_swap_persistent.moe_mx_swap_persistent_kernel`
-    (``splits`` must be 1; argument positions: ``a`` 0, ``weights`` 8)."""
+    (``splits`` must be 1; argument positions: ``a`` 0, ``weights`` 8). With ``schedule.w2_tma``,
+    layer 2 also gets a TMA descriptor of ``a`` (the intermediate, ``[block_m, 128]`` blocks: a
+    keyword argument, so the launch takes Triton's own path)."""
     if splits != 1:
         raise ValueError(f"{NAME} does not split K: splits must be 1, got {splits}")
+    tma = {}
+    if schedule.w2_tma and not gated:
+        tma = dict(A_TMA=True, A_desc=TensorDescriptor(a, [a.shape[0], k], [a.stride(0), 1], [tile.block_m, STEP_K]))
     return Launch(
         moe_mx_swap_persistent_kernel,
         (persistent_grid(routing, n, tile, schedule, a.device),),
@@ -137,6 +148,7 @@ def _persistent_launch(
             TAIL_M=schedule.tail_m,
             DYNAMIC=schedule.dynamic,
             K_STAGES=tile.num_stages,
+            **tma,
         ),
     )
 
