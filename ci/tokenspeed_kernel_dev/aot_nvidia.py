@@ -276,7 +276,8 @@ def compile_prefill(
     name = f"gluon_prefill-{str(dtype)[6:]}-d{head_dim}-g{group}-{cfg.tag}{flags}"
     name += _q_tag(q_row)
     src = GluonASTSource(prefill_window_kernel, signature, constexprs, _attrs(signature))
-    return name, triton_compile(src, target=SM90, options={"num_warps": cfg.num_warps})
+    options = {"num_warps": cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})}
+    return name, triton_compile(src, target=SM90, options=options)
 
 
 def fa3_signature(dtype: torch.dtype, head_dim: int, q_smem, kv_desc: str) -> dict[str, str]:

@@ -72,7 +72,7 @@ def test_gluon_prefill_d64_default_fits_four_programs_per_sm(prefill_rows):
 
 def test_gluon_prefill_window_variants_compile_without_spills(prefill_rows):
     # The opt-in variants the device sweep times (gluon_prefill.window_variants): each builds
-    # for sm_90 without spilling; issuing the next tile's Q·K^T ahead doubles the QK^T wgmma
+    # for sm_90 without spilling (a cap of 80 registers included); issuing the next tile's Q·K^T ahead doubles the QK^T wgmma
     # count in the code (the peeled last tile) and keeps a second score tile in registers.
     from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill import prefill_config, window_variants
 

@@ -113,7 +113,7 @@ def test_gluon_prefill_window_reads_a_row_strided_q_in_place(lens, hq, hkv, d, w
 _VARIANT_CASES = [CASES[0], CASES[7]]  # ragged with sinks; G = 6 padded to 8, window 100
 
 
-@pytest.mark.parametrize("variant", range(6))
+@pytest.mark.parametrize("variant", range(7))
 @pytest.mark.parametrize("lens,hq,hkv,d,window,sinks,cap,dtype", _VARIANT_CASES)
 def test_gluon_prefill_window_variants_numerics(variant, lens, hq, hkv, d, window, sinks, cap, dtype):
     """Each opt-in configuration (``gluon_prefill.window_variants``) against float64 on the

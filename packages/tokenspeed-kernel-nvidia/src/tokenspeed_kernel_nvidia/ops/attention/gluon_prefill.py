@@ -60,6 +60,8 @@ class GluonPrefillConfig:
     (opt-in variant): the next key tile's ``Q·Kᵀ`` is issued before this tile's softmax, so the
     tensor cores work through it while the warps compute the softmax (FlashAttention-3's
     intra-warpgroup overlap; one more ``[block_m, block_n]`` fp32 tile in registers).
+    ``maxnreg`` (opt-in variant): a cap on registers per thread at compile time (more programs
+    per SM when registers are the limit), None for the compiler's choice.
     """
 
     head_dim: int
@@ -69,6 +71,7 @@ class GluonPrefillConfig:
     num_warps: int = 4
     block_m: int = BLOCK_M
     qk_ahead: bool = False
+    maxnreg: int | None = None
 
     @property
     def block_t(self) -> int:
@@ -77,7 +80,7 @@ class GluonPrefillConfig:
     @property
     def tag(self) -> str:
         """A short name of the configuration (sweep rows)."""
-        extra = "-ahead" if self.qk_ahead else ""
+        extra = ("-ahead" if self.qk_ahead else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
         return f"m{self.block_m}-n{self.block_n}-s{self.stages}-w{self.num_warps}{extra}"
 
     def shared_bytes(self, elem_bytes: int = 2) -> int:
@@ -130,7 +133,8 @@ def window_variants(head_dim: int, group: int) -> list[GluonPrefillConfig]:
     a 2-deep ring at D = 64 (more programs resident per SM, and an 8-token band of 135 keys read
     in 160 rather than 192); 256-row tiles, the next tile's ``Q·Kᵀ`` issued ahead of the
     softmax at 128 rows and 128-key tiles lost. These are the configuration it replaced and the
-    chosen one's neighbourhood."""
+    chosen one's neighbourhood, and the chosen one under register caps (90 registers: five
+    programs of 128 threads per SM; 80 allow six without spills, 72 spills)."""
     base = prefill_config(head_dim, group)
     old = _two_warpgroups_d64(base.group_pad) if head_dim <= 64 else replace(base, stages=3)
     small = GluonPrefillConfig(
@@ -143,6 +147,7 @@ def window_variants(head_dim: int, group: int) -> list[GluonPrefillConfig]:
         replace(small, qk_ahead=True),
         replace(small, block_n=16, stages=4),
         replace(old, block_n=32, stages=4),
+        replace(small, maxnreg=80),
     ]
 
 
@@ -270,6 +275,7 @@ def _launches(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> Built
         O_MMA=o_mma,
         Q_ROW=row_stride(args.q),  # HQ * D, or a row-strided q's row stride (strided_q)
         num_warps=cfg.num_warps,
+        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )
     tensors = (
         args.q,
