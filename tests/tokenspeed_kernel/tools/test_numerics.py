@@ -1,5 +1,6 @@
 """The check tool: PASS on correct kernels, FAIL on a wrong one, SKIP with the reason."""
 
+import dataclasses
 import io
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 
 from tokenspeed_kernel import registry
 from tokenspeed_kernel.registry import Priority
+from tokenspeed_kernel.tools import cases
 from tokenspeed_kernel.tools.numerics import check
 from tokenspeed_kernel.tools.tolerances import Tolerance, compare
 
@@ -164,3 +166,15 @@ def test_derived_cases_reach_a_kernel_that_serves_self_attention_only(temp_kerne
     )(reference)
     report = check("attention.prefill", kernel="t_self_only", device="cpu", quiet=True)
     assert report.rows and all(r.status == "PASS" for r in report.rows), [(r.status, r.reason) for r in report.rows]
+
+
+def test_plan_paths_follow_the_hooks_and_leave_a_strided_q_out_of_the_decode_plan():
+    """``cases.plan_paths``: a ``step_runner`` claims the step plan, a decode kernel's ``bind``
+    the decode plan, except for a row-strided q (``DecodePlan.run`` takes a contiguous q)."""
+    gluon_like = registry.get_kernel("torch_decode")
+    hooked = dataclasses.replace(gluon_like, bind=lambda args: None, step_runner=lambda args: None)
+    plain = cases.AttentionCase("attention.decode", (1, 1), (40, 7), 8, 2, 64)
+    strided = dataclasses.replace(plain, strided_q=True)
+    assert cases.plan_paths(plain, hooked) == ("step", "decode")
+    assert cases.plan_paths(strided, hooked) == ("step",)
+    assert cases.plan_paths(plain, gluon_like) == ()

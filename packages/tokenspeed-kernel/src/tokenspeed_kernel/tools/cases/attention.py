@@ -490,11 +490,13 @@ _STEP_PLANS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 def plan_paths(case: AttentionCase, spec: KernelSpec) -> tuple[str, ...]:
     """The plans whose path ``spec``'s hooks claim serves ``case`` as the call does: ``"step"``
     (the operator's step plan) for a ``step_runner`` hook, ``"decode"`` (``mha_decode_plan``)
-    for a decode kernel's ``bind`` or ``prepare_layout`` hook; none for the KV store."""
+    for a decode kernel's ``bind`` or ``prepare_layout`` hook (not for a row-strided q:
+    ``DecodePlan.run`` takes a contiguous q); none for the KV store."""
     if case.op == "kvcache.store":
         return ()
     step = ("step",) if spec.step_runner is not None else ()
-    decode = case.op == "attention.decode" and (spec.bind is not None or spec.prepare_layout is not None)
+    hooked = spec.bind is not None or spec.prepare_layout is not None
+    decode = case.op == "attention.decode" and hooked and not case.strided_q
     return (*step, *(("decode",) if decode else ()))
 
 
