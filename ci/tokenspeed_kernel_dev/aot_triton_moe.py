@@ -255,7 +255,7 @@ def persistent_variants(vendor: str) -> list[tuple[Tile, Schedule, bool]]:
     """(tile, schedule, big scales) of the persistent compiles: every ``mxfp4_swap`` tile with
     every schedule the table can give it (:func:`._config.schedules_for`); at the prefill tile
     also its schedule with the other work order (static / dynamic), the two-multiply decode and
-    the opt-in layer-2 TMA loads (``w2_tma``: layer 1 compiles as without it).
+    layer 2 with the other ``w2_tma`` (TMA loads; layer 1 compiles as without it).
     One compile per kernel specialization (``programs_per_sm`` sizes the grid, no constexpr)."""
     if vendor != "cuda":
         return []
@@ -264,7 +264,7 @@ def persistent_variants(vendor: str) -> list[tuple[Tile, Schedule, bool]]:
     last = tiles[-1]
     default = schedules_for(last)[-1]
     out += [(last, replace(default, dynamic=not default.dynamic), False), (last, default, True)]
-    out += [(last, replace(default, w2_tma=True), False)]
+    out += [(last, replace(default, w2_tma=not default.w2_tma), False)]  # layer 2 the other way too
     names = {(persistent_name(True, t, s, big=b), persistent_name(False, t, s, big=b)): (t, s, b) for t, s, b in out}
     return list(names.values())
 

@@ -44,7 +44,7 @@ def test_what_is_registered_does_not_depend_on_triton_interpret(tmp_path):
     assert listed[None] == listed["0"] == listed["1"]
     triton = {s["name"]: s for op in listed[None].values() for s in op["kernels"] if s["backend"] == "triton"}
     gpu_only = {"triton_fused_moe_mx", "triton_fused_moe_mx_swap", "triton_fused_moe_mx_swap_persistent"}
-    assert len(triton) == 12 and gpu_only < set(triton)  # tl.dot_scaled / inline PTX
+    assert len(triton) == 13 and gpu_only < set(triton)  # tl.dot_scaled / inline PTX
     for name, spec in triton.items():
         if name in gpu_only:
             assert "cpu" not in spec["vendors"] and spec["vendor_capabilities"] == {}, name

@@ -28,6 +28,7 @@ TRITON_MOE = (
     "triton_fused_moe_mx",
     "triton_fused_moe_mx_swap",
     "triton_fused_moe_mx_swap_persistent",
+    "triton_moe_gemv",
     "triton_moe_gemv_mx",
 )
 # Relative Frobenius error bounds: the intermediate activation is rounded to x's dtype.
@@ -99,8 +100,8 @@ def test_fused_moe_matches_naive(case):
     expected = naive_moe(**inputs)
     poisoned = torch.full((case.num_tokens, case.hidden), float("nan"), dtype=case.dtype, device=DEVICE)
     out = cases.call(case, inputs, out=poisoned)
-    # MXFP4 weights at T <= 8 go to the GEMV (test_moe_gemv_mx.py); on a GPU, larger T to the
-    # tl.dot_scaled kernel (test_moe_mx.py)
+    # MXFP4 weights at T <= 8 go to the GEMV (test_moe_gemv_mx.py), other weights at T <= 2 to
+    # theirs (test_moe_gemv.py); on a GPU, larger T to the tl.dot_scaled kernel (test_moe_mx.py)
     assert last_kernel() in TRITON_MOE, f"selector picked {last_kernel()}"
     assert out.dtype == case.dtype
     _check(out, expected, case.dtype)

@@ -359,7 +359,7 @@ GPU_SCHEDULES = (
     Schedule(tail_m=0, dynamic=False),
     Schedule(tail_m=16, dynamic=True),
     Schedule(programs=7),
-    Schedule(tail_m=0, dynamic=False, w2_tma=True),  # opt-in: layer 2 by TMA
+    Schedule(tail_m=0, dynamic=False, w2_tma=True),  # layer 2 by TMA
     Schedule(tail_m=16, dynamic=True, w2_tma=True),
 )
 

@@ -184,8 +184,8 @@ class Schedule:
         programs: the grid exactly, ignoring ``programs_per_sm`` (tests), or None.
         w2_tma: layer 2's full token tiles read their activations (contiguous rows of the
             intermediate) by TMA through a descriptor instead of per-thread ``cp.async`` (tails
-            keep those). Opt-in, never chosen by :func:`pick_schedule`: an untimed lever
-            (``ci/device/mxp_sweep.py``, variant ``p-w2tma``).
+            keep those). :func:`pick_schedule` chooses it above 48 rows per expert (measured at
+            T = 4096, ``ci/device/mxp_sweep.py`` variant ``p-w2tma``).
     """
 
     programs_per_sm: int = 1
@@ -207,7 +207,9 @@ class Schedule:
 _SCHEDULES: tuple[tuple[float, Schedule], ...] = (
     (4, Schedule(programs_per_sm=3, tail_m=0, dynamic=False)),
     (48, Schedule(programs_per_sm=2, tail_m=0, dynamic=False)),
-    (float("inf"), Schedule(programs_per_sm=1, tail_m=32, dynamic=True)),
+    # layer 2 by TMA from 48 rows per expert: H200, 2026-11-28 (mxp_sweep.py --group levers,
+    # variant p-w2tma): T = 4096 2244.6 vs 2309.5 us, bitwise the pointer loads' output
+    (float("inf"), Schedule(programs_per_sm=1, tail_m=32, dynamic=True, w2_tma=True)),
 )
 
 

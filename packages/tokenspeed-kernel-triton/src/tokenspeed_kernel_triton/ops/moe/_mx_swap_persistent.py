@@ -41,7 +41,7 @@ after each, ``0`` only after the loop) and Triton's other loop options change no
 (``warp_specialize``, ``disallow_acc_multi_buffer``, ``flatten``: the same SASS;
 ``loop_unroll_factor=2``: spills at the 128 x 128 tile; ci/device/README.md, item s).
 
-**Layer-2 TMA loads** (``A_TMA``, :attr:`._config.Schedule.w2_tma`, opt-in and untimed): layer 2's
+**Layer-2 TMA loads** (``A_TMA``, :attr:`._config.Schedule.w2_tma`, chosen above 48 rows per expert): layer 2's
 activations of a full token tile are ``BLOCK_M`` consecutive rows of the intermediate, so they
 can come by one TMA load per step (``A_desc``, a host descriptor with ``[BLOCK_M, 128]`` blocks)
 instead of per-thread ``cp.async`` copies; a padding slot's row is read as it is (its output row

@@ -29,9 +29,10 @@ their last tile (1.48x the useful work at T = 4096 with 128-row tiles).
   swapped kernel does; :func:`fused_moe_mx_swap_persistent` itself repacks per call.
 - **Bound runs**: :func:`bind_fused_moe_mx_swap_persistent`, the swapped kernel's rules
   (:func:`.fused_mx_swap.bindable_swap`).
-- **Opt-in** ``Schedule.w2_tma``: layer 2's full token tiles read the intermediate by TMA
-  (:mod:`._mx_swap_persistent`); never chosen by the table, a lever ``ci/device/mxp_sweep.py``
-  times (``--group levers``). The intermediate's rows are ``N`` bf16 values, a multiple of 32
+- ``Schedule.w2_tma``: layer 2's full token tiles read the intermediate by TMA
+  (:mod:`._mx_swap_persistent`); the table's schedule above 48 rows per expert since the
+  ``ci/device/mxp_sweep.py --group levers`` run of 2026-11-28 (H200, T = 4096: 2244.6 vs
+  2309.5 µs, bitwise the pointer loads' output). The intermediate's rows are ``N`` bf16 values, a multiple of 32
   (MXFP4's K groups): always 16-byte aligned, as TMA needs.
 """
 

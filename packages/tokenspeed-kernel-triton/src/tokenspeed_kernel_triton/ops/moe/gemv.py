@@ -586,6 +586,10 @@ PLAIN_REGISTRATION = {
     "dtypes": {"x": ACT_DTYPES, "weight": ACT_DTYPES},
     "features": PLAIN_FEATURES,
     "priority": Priority.OPT_IN + 10,
+    # First at 1 and 2 tokens, just above triton_fused_moe (PORTABLE): H200, 2026-11-28 (bench
+    # --preset moe-decode-bf16, GPT-OSS layer): 59.3 vs 63.6 us at T=1, 111.9 vs 112.2 at T=2 in
+    # two launches instead of four; 0.99x / 0.97x at T=4 / 8, so opt-in there.
+    "rank_when": ({"num_tokens_bucket": (1, 2)}, Priority.PORTABLE + 20),
     "predicate": plain_gemv_predicate,
 }
 
