@@ -51,6 +51,24 @@ def _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bar, v_bar, row, col):
 
 
 @gluon.jit
+def _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, slot, nxt, num_tiles, row0, col):
+    """Start key tile ``nxt``'s copies into ring ``slot`` (tile ``i`` of the band starts at row
+    ``row0 + i * BLOCK_N``), unless the band has no such tile."""
+    if nxt < num_tiles:
+        block_n: gl.constexpr = k_desc.block_type.shape[0]
+        _issue_kv(
+            k_desc,
+            v_desc,
+            k_smem.index(slot),
+            v_smem.index(slot),
+            k_bars.index(slot),
+            v_bars.index(slot),
+            row0 + nxt * block_n,
+            col,
+        )
+
+
+@gluon.jit
 def softmax_epilogue(m_i, l_i, sink, HAS_SINKS: gl.constexpr):
     """Close an online softmax (running max ``m_i`` and sum ``l_i`` of ``exp2(s - m)``, base 2,
     fp32 per row): the sink logit ``sink`` (base-2 units, a row tensor or scalar; ignored
@@ -259,18 +277,7 @@ def prefill_window_kernel(
                 acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
                 acc, s, _, _ = warpgroup_mma_wait(0, deps=[acc_tok, n_tok, v_smem.index(slot), k_smem.index(nslot)])
                 gl.thread_barrier()  # every warp is done with this slot: refill it
-                nxt = i + STAGES
-                if nxt < num_tiles:
-                    _issue_kv(
-                        k_desc,
-                        v_desc,
-                        k_smem.index(slot),
-                        v_smem.index(slot),
-                        k_bars.index(slot),
-                        v_bars.index(slot),
-                        k_begin + lo + nxt * BLOCK_N,
-                        col,
-                    )
+                _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, slot, i + STAGES, num_tiles, k_begin + lo, col)
             last = num_tiles - 1
             slot = last % STAGES
             p, m_i, l_i, acc, edge = _tile_softmax(
@@ -301,18 +308,7 @@ def prefill_window_kernel(
 
             # Every warp is done with this slot: refill it with the tile STAGES ahead.
             gl.thread_barrier()
-            nxt = i + STAGES
-            if nxt < num_tiles:
-                _issue_kv(
-                    k_desc,
-                    v_desc,
-                    k_smem.index(slot),
-                    v_smem.index(slot),
-                    k_bars.index(slot),
-                    v_bars.index(slot),
-                    k_begin + lo + nxt * BLOCK_N,
-                    col,
-                )
+            _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, slot, i + STAGES, num_tiles, k_begin + lo, col)
 
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(st))
