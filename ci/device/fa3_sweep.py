@@ -167,13 +167,6 @@ def sweep_case(
     out = torch.empty_like(q)
     runs = []
     configs, peers = (WINDOW_CONFIGS, WINDOW_PEERS) if window >= 0 else (CONFIGS, PEERS)
-    shipped = configs[d][0]
-    picked = {
-        "quick": [shipped],
-        "clean-ab": [shipped, ({**shipped[0], "clean_v": False}, False)],
-        "variants": [c for c in configs[d] if c[1]],
-        "all": configs[d],
-    }[mode]
     args = PrefillArgs(q, k, v, cu, cu, seq, seq, True, scale, window, sinks, 0.0, out, None)
     if classic:
         from tokenspeed_kernel_nvidia.ops.attention import gluon_prefill as gp
@@ -182,10 +175,17 @@ def sweep_case(
         variants = [] if mode == "quick" else gp.window_variants(d, HQ // HKV)
         for cfg in (base, *variants):
             runs.append((f"window {cfg.tag}", functools.partial(gp.launch, args, cfg)))
-        picked = []
-    for kw, _variant in picked:
-        cfg = fa3.fa3_variant(d, **kw, **({"window": True} if window >= 0 else {}))
-        runs.append((f"fa3 {cfg.tag}", functools.partial(fa3.launch, args, cfg)))
+    else:
+        shipped = configs[d][0]
+        picked = {
+            "quick": [shipped],
+            "clean-ab": [shipped, ({**shipped[0], "clean_v": False}, False)],
+            "variants": [c for c in configs[d] if c[1]],
+            "all": configs[d],
+        }[mode]
+        for kw, _variant in picked:
+            cfg = fa3.fa3_variant(d, **kw, **({"window": True} if window >= 0 else {}))
+            runs.append((f"fa3 {cfg.tag}", functools.partial(fa3.launch, args, cfg)))
     for peer in peers:
         call = functools.partial(
             mha_prefill, q, k, v, cu, cu, seq, seq, window_left=window, sinks=sinks, out=out, override=peer

@@ -114,10 +114,16 @@ def prefill_config(head_dim: int, group: int) -> GluonPrefillConfig:
         # sinks 100.1 vs 120.1 us (S = 8192) and 191 vs 232 us (4 x 4096) for the 128 x 64
         # tiles on two warpgroups it replaced (H200, 2026-11-28, docs/history.md, "fourth
         # session"; fa3_sweep.py --window 127 --classic)
-        return GluonPrefillConfig(head_dim=head_dim, group_pad=group_pad, block_n=32, stages=2, num_warps=4, block_m=64)
+        return _one_warpgroup(head_dim, group_pad)
     if head_dim <= 64:  # a group of 16: 128 rows keep 8 tokens per program
         return _two_warpgroups_d64(group_pad)
     return GluonPrefillConfig(head_dim=head_dim, group_pad=group_pad, block_n=64, stages=2, num_warps=8)
+
+
+def _one_warpgroup(head_dim: int, group_pad: int) -> GluonPrefillConfig:
+    # 64-row tiles on one warpgroup, 32-key tiles, a 2-deep ring: D = 64's configuration
+    # since 2026-11-28 (groups up to 8), and the base of window_variants' neighbourhood
+    return GluonPrefillConfig(head_dim=head_dim, group_pad=group_pad, block_n=32, stages=2, num_warps=4, block_m=64)
 
 
 def _two_warpgroups_d64(group_pad: int) -> GluonPrefillConfig:
@@ -137,9 +143,7 @@ def window_variants(head_dim: int, group: int) -> list[GluonPrefillConfig]:
     programs of 128 threads per SM; 80 allow six without spills, 72 spills)."""
     base = prefill_config(head_dim, group)
     old = _two_warpgroups_d64(base.group_pad) if head_dim <= 64 else replace(base, stages=3)
-    small = GluonPrefillConfig(
-        head_dim=head_dim, group_pad=base.group_pad, block_n=32, stages=2, num_warps=4, block_m=64
-    )
+    small = _one_warpgroup(head_dim, base.group_pad)
     return [
         old,
         replace(small, stages=3),

@@ -331,7 +331,8 @@ class ExtendPlan(_RaggedPlan):
         """``mha_extend_with_kvcache`` of one layer with the plan's tables, options and kernel.
 
         Args:
-            q: ``[total_q, Hq, D]``, contiguous, the dtype and device of the plan's first call.
+            q: ``[total_q, Hq, D]`` laid out as the plan's first call's q (contiguous, or rows
+                with a stride of their own: ``strided_q``), its dtype and device.
             k_cache, v_cache: ``[num_pages, P, Hkv, D]`` / ``[..., Dv]``, any page/token/head
                 strides (stride 1 in the head dim), laid out as the plan's first call's.
             sinks: float32 ``[Hq]`` when the plan was made with sinks, else None.
@@ -413,8 +414,8 @@ class DecodeStepPlan(_StepPlan):
         """``mha_decode_with_kvcache`` of one layer with the plan's tables, options and kernel.
 
         Args:
-            q: ``[batch, Hq, D]`` or ``[batch, q_len, Hq, D]`` as the plan's first call's q,
-                contiguous. k_cache, v_cache: ``[num_pages, P, Hkv, D]`` / ``[..., Dv]``, laid
+            q: ``[batch, Hq, D]`` or ``[batch, q_len, Hq, D]`` laid out as the plan's first
+                call's q (contiguous, or a 3-D q's rows with a stride of their own). k_cache, v_cache: ``[num_pages, P, Hkv, D]`` / ``[..., Dv]``, laid
                 out as the plan's first call's. sinks, k_scale, v_scale, out: as in
                 :meth:`ExtendPlan.run` (out shaped like q with ``Dv`` last).
 
