@@ -246,3 +246,49 @@ def test_a_q_row_stride_tma_cannot_read_is_refused_before_any_launch(monkeypatch
         with pytest.raises(ValueError, match=r"reads q by TMA: its row stride \(516 elements\) must be a multiple"):
             run(args)
     assert rec.launches == []
+
+
+# --- the step plans' runners (``step_runner``): the base addresses checked per run ----------
+
+_TMA_OPERANDS = {
+    "gluon_prefill_fa3_sm90": ("q", "k", "v"),
+    "gluon_prefill_fa3_window_sm90": ("q", "k", "v"),
+    "gluon_extend_fa3_sm90": ("q", "k_cache", "v_cache"),
+}
+
+
+def _off_by_one_element(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values, shape and strides at a base 2 bytes past a 16-byte boundary."""
+    storage = torch.zeros(t.untyped_storage().nbytes() // t.element_size() + 1, dtype=t.dtype)
+    moved = storage.as_strided(t.shape, t.stride(), t.storage_offset() + 1)
+    moved.copy_(t)
+    return moved
+
+
+@pytest.mark.parametrize("name", list(_TMA_OPERANDS))
+def test_a_step_runner_checks_each_runs_tma_bases_before_any_launch(monkeypatch, name):
+    """The runner a step plan keeps (the kernel's ``step_runner`` of its first run) launches a
+    later layer of the plan's layout as a fresh bind does, and refuses a layer whose q, k or v
+    has the plan's layout but a base off the 16-byte grid TMA needs: ValueError naming it,
+    before any launch."""
+    from tokenspeed_kernel import registry
+
+    k = KERNELS[name]
+    rec = Recorder().install(monkeypatch)
+    _sm_count(monkeypatch)
+    step_runner = registry.get_kernel(name).step_runner
+    runner = step_runner(k.make(0))
+    for layer in range(2):
+        args = k.make(layer + 1)
+        start = len(rec.launches)
+        runner(args)
+        k.fresh(args)
+        assert_same_launches(rec.since(start)[:1], rec.since(start)[1:], _tensors(args))
+    for operand in _TMA_OPERANDS[name]:
+        args = k.make(3)
+        moved = _off_by_one_element(getattr(args, operand))
+        assert moved.shape == getattr(args, operand).shape and moved.stride() == getattr(args, operand).stride()
+        start = len(rec.launches)
+        with pytest.raises(ValueError, match=f"needs {operand}[ ']"):
+            runner(dataclasses.replace(args, **{operand: moved}))
+        assert rec.since(start) == [], f"{operand}: nothing launched"

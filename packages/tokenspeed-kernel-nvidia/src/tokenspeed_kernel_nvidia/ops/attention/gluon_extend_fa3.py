@@ -147,7 +147,8 @@ def _check_call(args: ExtendArgs) -> None:
 
 
 def _check_addresses(args: ExtendArgs) -> None:
-    """What differs between calls of one key (the tensors' addresses), checked per run."""
+    """What differs between calls of one key (the tensors' addresses; the caches' strides too,
+    which a functional call's key does not fix), checked per call."""
     if args.q.data_ptr() % _ALIGN:
         raise ValueError(f"gluon_extend_fa3_sm90 needs q {_ALIGN}-byte aligned (TMA)")
     for name in ("k_cache", "v_cache"):
@@ -383,8 +384,15 @@ _RUNNERS = RunnerCache(
 )
 
 
+def _check_bases(args: ExtendArgs) -> None:
+    """A plan's run: the TMA operands' base addresses, at once (their strides are the plan's
+    layout, checked with its first run's); one off names itself (:func:`_check_addresses`)."""
+    if (args.q.data_ptr() | args.k_cache.data_ptr() | args.v_cache.data_ptr()) % _ALIGN:
+        _check_addresses(args)
+
+
 def _planned(args: ExtendArgs) -> Callable[[ExtendArgs], None]:
     """The ``step_runner`` hook (the core's ``ExtendPlan``): the runner of the plan's key (its runs
-    skip the key and the checks the layout fixes; the addresses are checked per run)."""
+    skip the key and the checks the layout fixes; the base addresses are checked per run)."""
     _check_call(args)
-    return planned_runner(_check_addresses, _RUNNERS.runner(args))
+    return planned_runner(_check_bases, _RUNNERS.runner(args))
