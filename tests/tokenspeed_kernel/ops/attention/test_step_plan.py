@@ -249,3 +249,51 @@ def test_a_decode_step_plan_refuses_another_batch_and_asks_the_step_runner_once(
         plan.run(q[:2], layers[0]["k_cache"], layers[0]["v_cache"], sinks=layers[0]["sinks"])
     with pytest.raises(ValueError, match="make a plan"):  # no sinks: another selection
         plan.run(q, layers[0]["k_cache"], layers[0]["v_cache"])
+
+
+def test_a_plan_made_with_an_unkeyed_argument_checks_every_run_in_full():
+    """Sinks given as a ``torch.nn.Parameter`` (a tensor subclass no call key stands for): the
+    plan has no layout to compare, so every run is the functional call, checked in full (a
+    float64 q raises as the call does; before, such a plan let it through unchecked), and a
+    good run gives the call's result."""
+    inputs = _layers(1)[0]
+    sinks = torch.nn.Parameter(inputs["sinks"].clone(), requires_grad=False)
+    plan = _plan(inputs, sinks=sinks)
+    q, k_cache, v_cache = (inputs[name] for name in PER_LAYER[:3])
+    with pytest.raises(TypeError, match="q must have dtype"):
+        plan.run(q.double(), k_cache, v_cache, sinks=sinks)
+    with pytest.raises(ValueError, match="make a plan"):
+        plan.run(torch.cat([q, q[:1]]), k_cache, v_cache, sinks=sinks)
+    assert torch.equal(plan.run(q, k_cache, v_cache, sinks=sinks), mha_extend_with_kvcache(**inputs))
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["dtype", "shape", "stride", "offset", "device_type", "sinks_none", "scale_type", "scale_value", "subclass"],
+)
+def test_the_quick_layout_check_reads_what_the_call_key_reads(change):
+    """``_same_layout`` (the quick runs' check) agrees with comparing ``arg_key``s: equal for
+    the plan's own layer at another address, unequal for each thing the key reads."""
+    from tokenspeed_kernel.ops.attention.step_plan import _layout, _same_layout
+
+    q = torch.randn(6, 4, 8)
+    k = torch.randn(3, 4, 2, 8)
+    layer = (q, k, k.clone(), torch.randn(4), 0.5, None)
+    layout = _layout(layer)
+    moved = (q.clone(), k.clone(), k.clone(), torch.randn(4), 0.5, None)
+    assert _same_layout(moved, layout) and _layout(moved) == layout
+    storage = torch.randn(2 * q.numel())
+    other = {
+        "dtype": (q.double(), *layer[1:]),
+        "shape": (q[:5], *layer[1:]),
+        "stride": (q.transpose(0, 1).contiguous().transpose(0, 1), *layer[1:]),
+        "offset": (storage[1 : 1 + q.numel()].view(q.shape), *layer[1:]),
+        "device_type": (q.to("meta"), *layer[1:]),
+        "sinks_none": (*layer[:3], None, *layer[4:]),
+        "scale_type": (*layer[:4], 1, None),
+        "scale_value": (*layer[:4], 0.25, None),
+        "subclass": (torch.nn.Parameter(q.clone(), requires_grad=False), *layer[1:]),
+    }[change]
+    assert not _same_layout(other, layout)
+    key = _layout(other)
+    assert key is None or key != layout, "the call key tells it too"

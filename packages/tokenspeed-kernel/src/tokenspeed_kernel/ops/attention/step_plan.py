@@ -21,7 +21,9 @@ plan-cache lookup and the selection again. A step plan pays them once per step:
   layout is checked in full like a functional call (raising what is wrong, naming the
   argument) and served by the plan's kernel when it asks for the same selection, else refused
   with a ``ValueError``. Under ``torch.compile``, ``TOKENSPEED_KERNEL_DEBUG`` or a capture file
-  a run is the functional call.
+  a run is the functional call; so is every run of a plan whose first call had a per-layer
+  argument no call key stands for (a tensor subclass: ``torch.nn.Parameter`` sinks; before
+  2026-11-28 such a plan skipped the layout check on runs of that kind).
 
 The tables are kept by the plan and read by every run: an engine may rewrite their contents in
 place between runs, within the plan's bounds and row counts. No kernel of these operators
@@ -30,7 +32,7 @@ plans on the host per batch layout, so a step plan has no ``update``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
@@ -50,13 +52,30 @@ from tokenspeed_kernel.selector import select
 __all__ = ["DecodeStepPlan", "ExtendPlan", "PrefillPlan", "mha_decode_step_plan", "mha_extend_plan", "mha_prefill_plan"]
 
 
-def _layout(layer: tuple) -> Hashable | None:
+def _layout(layer: tuple) -> tuple | None:
     """What the checks and the selection read of a run's per-layer arguments (their
     :func:`~tokenspeed_kernel.ops._checks.arg_key`), or None for an argument no key stands for."""
     try:
         return tuple(map(arg_key, layer))
     except Uncacheable:
         return None
+
+
+def _same_layout(layer: tuple, layout: tuple | None) -> bool:
+    """Whether ``layer``'s layout is ``layout`` (``_layout`` of the plan's first call): each
+    tensor's key read inline (no ``arg_key`` call per argument), each other argument's as
+    ``arg_key`` reads a scalar's (a weight container never matches: the checked run serves it).
+    False when ``layout`` is None: a plan whose first call had an argument no key stands for
+    (a tensor subclass: ``torch.nn.Parameter`` sinks) checks every run in full."""
+    if layout is None:
+        return False
+    for x, want in zip(layer, layout):
+        if type(x) is torch.Tensor:
+            if (x.shape, x.dtype, x.device, x.stride(), x.storage_offset()) != want:
+                return False
+        elif (type(x), x) != want:
+            return False
+    return True
 
 
 def _out_layout(out: torch.Tensor) -> tuple:
@@ -110,10 +129,11 @@ class _StepPlan:
     device: torch.device
     # The functional call's plan (outputs' shapes, the kernel's window and cap), the first
     # call's arguments with the per-layer ones and out left out (None) and the plan's kernel
-    # as the override, the per-layer layout every quick run must have, and out's.
+    # as the override, the per-layer layout every quick run must have (None: no quick run),
+    # and out's.
     _call: PrefillCall | ExtendCall | DecodeCall = field(repr=False)
     _base: tuple = field(repr=False)
-    _layout: Hashable = field(repr=False)
+    _layout: tuple | None = field(repr=False)
     _out: tuple = field(repr=False)
     # What serves the quick runs: [the kernel's step runner], empty until the first run
     # outside capture asks for it (``spec.fn`` serves until then, and for a kernel without one).
@@ -151,7 +171,7 @@ class _StepPlan:
     def _run(self, layer: tuple, out: torch.Tensor | None) -> Any:
         """One layer's run (``layer``: its per-layer arguments in ``LAYER``'s order)."""
         if (
-            _layout(layer) != self._layout
+            not _same_layout(layer, self._layout)
             or (out is not None and (type(out) is not torch.Tensor or _out_layout(out) != self._out))
             or torch.compiler.is_compiling()
             or config.debug()
