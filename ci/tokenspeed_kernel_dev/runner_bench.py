@@ -16,12 +16,14 @@ runs), it times:
   On the CPU a bound launch takes ``jit_launch`` with its full arguments (stubbed here); on a
   GPU it is a direct launch, whose cost this figure leaves out, as ``uncached`` leaves out
   ``jit_launch``'s keying of the full arguments (what the GPU measurement adds back);
-- ``+desc``: ``cached`` plus the descriptor step of each direct launch (``BoundLaunch``'s
-  ``_descriptor_parts``, the real code): a memo look-up and, on a miss, the descriptor built,
+- ``+desc``: ``cached`` plus the descriptor step of each direct launch (``BoundLaunch``'s,
+  the real code: a derived slot's look-up of its tensor's address, ``_encode_derived``; a
+  pending descriptor's ``_descriptor_parts``, a memo look-up): on a miss the descriptor built,
   checked and encoded by Triton's own ``make_tensordesc_arg`` with the driver's C encoder
   (``fill_tma_descriptor``, ``cuTensorMapEncodeTiled``) stubbed; the same tensors every call,
-  so the memo hits. ``--descriptor-memo 0`` empties the memo (every launch builds and
-  encodes: the work before the memo, plus the key).
+  so the look-ups hit. ``--descriptor-memo 0`` empties the memo (a pending descriptor's
+  launch builds and encodes: the work before the memo, plus the key). The whole direct launch
+  (its tensor checks included) of the step plans' runs: ``plan_bench``.
 
     TRITON_INTERPRET=1 PYTHONPATH=ci:packages/tokenspeed-kernel/src:packages/tokenspeed-kernel-triton/src:packages/tokenspeed-kernel-nvidia/src \\
         python3 -m tokenspeed_kernel_dev.runner_bench [--number 2000] [--descriptor-memo 0]
@@ -78,18 +80,29 @@ def _stub_launches(descriptor_memo: int) -> None:
     class _Bound:
         descriptors = False  # the +desc column: run each varying descriptor's step
 
-        def __init__(self, fn, grid, args, kwargs, varying) -> None:
+        def __init__(self, fn, grid, args, kwargs, varying, derived=()) -> None:
             self.varying = varying
+            self.derived = derived or (None,) * len(varying)
             self.slots: list | None = None
+            self.encoded: list = [{} for _ in varying]  # a derived slot's encodings by address
 
         def __call__(self, *values: Any) -> None:
             if not _Bound.descriptors:
                 return
             if self.slots is None:  # the first launch (through jit_launch on a GPU)
-                self.slots = [_descriptor_slot(value) for value in values]
+                self.slots = [_descriptor_slot(d.build(v) if d else v) for v, d in zip(values, self.derived)]
                 return
-            for value, slot in zip(values, self.slots):
-                if slot is not None and _launcher._descriptor_parts(value, slot[0], slot[1], -1) is None:
+            for value, slot, derived, cache in zip(values, self.slots, self.derived, self.encoded):
+                if slot is None:
+                    continue
+                if derived is None:
+                    parts = _launcher._descriptor_parts(value, slot[0], slot[1], -1)
+                else:  # a direct launch's derived slot (its tensor checks left out): its encoding, or made
+                    address = value.data_ptr()
+                    parts = cache.get(address) or _launcher._encode_derived(
+                        value, address, slot[0], slot[1], derived, cache, -1
+                    )
+                if parts is None:
                     raise RuntimeError("the descriptor step took the full path")
 
     fill = SimpleNamespace(fill_tma_descriptor=lambda *args: object())

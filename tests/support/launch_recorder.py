@@ -23,11 +23,14 @@ def isolate_runners(monkeypatch: pytest.MonkeyPatch) -> None:
 
 class Recorder:
     """Install with :meth:`install` (which also isolates the runner caches); ``launches`` lists every launch, ``bound`` counts the
-    ``BoundLaunch`` objects made (one per launch of each runner bound)."""
+    ``BoundLaunch`` objects made (one per launch of each runner bound), ``values`` lists what
+    each bound launch was handed (its varying values: a derived slot's tensor, not its
+    descriptor)."""
 
     def __init__(self) -> None:
         self.launches: list = []
         self.bound = 0
+        self.values: list = []  # per bound launch's launch: the varying values as handed to it
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> Recorder:
         from tokenspeed_kernel_triton import _launcher, _runners
@@ -40,17 +43,23 @@ class Recorder:
     def jit_launch(self, fn, grid, *args, **kwargs):
         self.launches.append((fn.__name__, tuple(grid), args, kwargs))
 
-    def bound_launch(self, fn, grid, args, kwargs, varying):
+    def bound_launch(self, fn, grid, args, kwargs, varying, derived=()):
         from tokenspeed_kernel_triton._launcher import PendingDescriptor
 
         self.bound += 1
         recorder = self
+        derived = derived or (None,) * len(varying)
 
         def launch(*values):
+            recorder.values.append(values)
             full = list(args)
-            for position, value in zip(varying, values, strict=True):
-                # A pending descriptor is built, as a launch that is not direct builds it.
-                full[position] = value.build() if type(value) is PendingDescriptor else value
+            for position, value, slot in zip(varying, values, derived, strict=True):
+                # A pending descriptor is built, as a launch that is not direct builds it; a
+                # derived slot's descriptor is built over the tensor passed there.
+                if slot is not None:
+                    full[position] = slot.build(value)
+                else:
+                    full[position] = value.build() if type(value) is PendingDescriptor else value
             recorder.launches.append((fn.__name__, tuple(grid), tuple(full), kwargs))
 
         return launch

@@ -1,8 +1,9 @@
 """The launch cache's descriptor memo (``tokenspeed_kernel_triton._launcher``) on CPU: a bound
 launch's encoding of a runner's pending descriptor (``_runners.derive_descriptor``), keyed on
 what the descriptor depends on, with a fake encoder that counts its calls and returns what it
-was asked to encode (a stale encoding would show). End to end on a fake GPU:
-test_launcher.py (``test_a_runners_pending_descriptors_*``).
+was asked to encode (a stale encoding would show). A runner's descriptor over one input is
+its launch's derived slot instead (end to end on a fake GPU: test_launcher.py,
+``test_a_runners_derived_descriptor*`` and ``test_a_derived_slot_*``).
 """
 
 from __future__ import annotations
@@ -186,13 +187,23 @@ def test_the_memo_is_a_bounded_lru(monkeypatch):
     assert _launcher.descriptor_memo_stats()["entries"] == 3
 
 
-def test_a_derived_descriptor_is_passed_pending_unless_another_derived_reads_it():
-    x = _x()
+def test_a_derived_descriptor_is_passed_pending_unless_its_launch_derives_it():
+    """Over one input, a derived descriptor is its launches' derived slot (nothing computed per
+    run); over two inputs it is passed pending, its memo key's head the bound arguments (the
+    layout by identity); read by another derived value it is built per run."""
+    x, y = _x(), _x()
+
+    def two(a, b, rows, layout):
+        return _rows(a, rows, layout)
+
     desc = _runners.derive_descriptor(_rows, x, 32, _LAYOUT)
-    rows = _runners.derive(lambda d: d.base, desc.value)
     pipe = _runners.pipeline([], (x,), derived=(desc,))
+    assert pipe._derived == (), "a derived slot: its launch derives it"
+    pair = _runners.derive_descriptor(two, x, y, 32, _LAYOUT)
+    pipe = _runners.pipeline([], (x, y), derived=(pair,))
     ((_fn, bound, positions, _slots, head),) = pipe._derived
-    assert bound == (None, 32, _LAYOUT) and positions == (0,)
-    assert head == (_rows, (type(None), None), (int, 32), (type(_LAYOUT), id(_LAYOUT))), "the layout by identity"
+    assert bound == (None, None, 32, _LAYOUT) and positions == (0, 1)
+    assert head == (two, *[(type(None), None)] * 2, (int, 32), (type(_LAYOUT), id(_LAYOUT))), "the layout by identity"
+    rows = _runners.derive(lambda d: d.base, desc.value)
     pipe = _runners.pipeline([], (x,), derived=(desc, rows))
     assert pipe._derived[0][4] is None, "built per run: another derived value reads it"

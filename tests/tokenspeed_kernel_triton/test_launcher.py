@@ -720,11 +720,12 @@ def _rows_desc(x, rows, layout):
     return TensorDescriptor(x, list(x.shape), list(x.stride()), [rows, 64], layout)
 
 
-def test_a_runners_pending_descriptors_hit_the_memo_and_launch_tritons_encoding(desc_toy):
+def test_a_runners_derived_descriptors_reuse_their_slots_encoding_and_launch_tritons(desc_toy):
     """A runner's pipeline with D derived from an input per run (two "layers" a and b, run
-    alternately): the first direct launch of each layer's tensor builds and encodes it, later
-    ones take the memo's encoding (nothing encoded), and every launch hands the C launch what
-    Triton's own path hands it for the descriptor built afresh."""
+    alternately): the input reaches the bound launch, whose derived slot builds and encodes
+    D at the first direct launch of each layer's tensor and later takes the slot's encoding
+    of that address (nothing encoded, the descriptor memo untouched); every launch hands the C
+    launch what Triton's own path hands it for the descriptor built afresh."""
     from tokenspeed_kernel_triton import _runners
 
     fn, drv, _compiled, encoded = desc_toy
@@ -743,12 +744,76 @@ def test_a_runners_pending_descriptors_hit_the_memo_and_launch_tritons_encoding(
         got = drv.launches[-1]["args"]
         want = _triton_args(fn, drv, x, _rows_desc(layers[layer], 32, _LAYOUT), e)
         assert _same_args(got[1:-1], want[1:-1]), "Triton's own encoding of the descriptor built afresh"
-    assert _launcher.descriptor_memo_stats() == {"hits": 3, "misses": 2, "entries": 2, "limit": 256}
+    assert _launcher.derived_descriptor_stats() == {"encodes": 2, "kept": 2}
+    assert _launcher.descriptor_memo_stats() == {"hits": 0, "misses": 0, "entries": 0, "limit": 256}
 
 
-def test_a_runners_pending_descriptor_unlike_the_first_takes_the_full_path(desc_toy):
+def _derived_pipe(desc_toy, base):
+    """``desc_toy``'s kernel bound by a runner pipeline with D derived from input 1 (bound
+    over ``base``: rows of 64), and the inputs ``x``, ``e``."""
+    from tokenspeed_kernel_triton import _runners
+
+    fn = desc_toy[0]
+    x, e = torch.randn(8).to(torch.bfloat16), _desc(128)
+    d = _runners.derive_descriptor(_rows_desc, base, 32, _LAYOUT)
+    return (
+        _runners.pipeline([Launch(fn, (2,), (x, d.value, e, 9), {"FLAG": True})], (x, base), keep=(e,), derived=(d,)),
+        x,
+        e,
+    )
+
+
+@pytest.mark.parametrize("change", ["rows", "row stride", "columns"])
+def test_a_derived_slot_never_reuses_an_encoding_of_another_layout_at_its_address(desc_toy, change):
+    """A tensor at an address the slot encoded, but of another shape or strides than the
+    slot's first launch (what a runner key must never let through): the launch takes Triton's
+    path with the descriptor built afresh over it, never the slot's encoding; the slot's own
+    layout at that address is served from its encoding again."""
+    fn, drv, _compiled, encoded = desc_toy
+    storage = torch.randn(128 * 128).to(torch.bfloat16)
+    base = storage[: 64 * 64].view(64, 64)
+    pipe, x, e = _derived_pipe(desc_toy, base)
+    pipe((x, base))
+    pipe((x, base))  # direct: encoded and kept
+    direct, kept = _launcher.launcher_stats(fn)["direct"], _launcher.derived_descriptor_stats()["kept"]
+    other = {
+        "rows": storage[: 32 * 64].view(32, 64),
+        "row stride": storage.view(128, 128)[:64, :64],
+        "columns": storage[: 64 * 128].view(64, 128),
+    }[change]
+    assert other.data_ptr() == base.data_ptr() and (other.shape, other.stride()) != (base.shape, base.stride())
+    before = len(drv.launches)
+    pipe((x, other))
+    assert _launcher.launcher_stats(fn)["direct"] == direct, "not a direct launch"
+    assert len(drv.launches) == before + 1
+    want = _triton_args(fn, drv, x, _rows_desc(other, 32, _LAYOUT), e)
+    assert _same_args(drv.launches[-1]["args"][1:-1], want[1:-1]), "the descriptor over this layout"
+    fills = len(encoded)
+    pipe((x, base))
+    assert _launcher.launcher_stats(fn)["direct"] == direct + 1 and len(encoded) == fills, "the slot's encoding"
+    assert _launcher.derived_descriptor_stats()["kept"] == kept
+
+
+def test_a_full_derived_slot_is_emptied_and_encodes_again(desc_toy, monkeypatch):
+    """At :data:`DERIVED_SLOT_LIMIT` encodings a slot is emptied: a third address (limit 2)
+    encodes and is kept, the first encodes again; every launch is Triton's encoding of its
+    own tensor."""
+    fn, drv, _compiled, encoded = desc_toy
+    monkeypatch.setattr(_launcher, "DERIVED_SLOT_LIMIT", 2)
+    layers = [torch.randn(64, 64).to(torch.bfloat16) for _ in range(3)]
+    pipe, x, e = _derived_pipe(desc_toy, layers[0])
+    pipe((x, layers[0]))  # through jit_launch
+    for i, (layer, fills) in enumerate([(0, 1), (1, 1), (0, 0), (2, 1), (0, 1), (2, 0)]):
+        before = len(encoded)
+        pipe((x, layers[layer]))
+        assert len(encoded) - before == fills, f"run {i}"
+        want = _triton_args(fn, drv, x, _rows_desc(layers[layer], 32, _LAYOUT), e)
+        assert _same_args(drv.launches[-1]["args"][1:-1], want[1:-1])
+
+
+def test_a_runners_derived_descriptor_unlike_the_first_takes_the_full_path(desc_toy):
     """The same memory as another dtype (another key of Triton's): built and launched through
-    Triton's path, never served from the first's entry; the first again is a hit."""
+    Triton's path, never served from the slot's encoding; the first again is served by it."""
     from tokenspeed_kernel_triton import _runners
 
     fn, _drv, compiled, _encoded = desc_toy
@@ -763,7 +828,7 @@ def test_a_runners_pending_descriptor_unlike_the_first_takes_the_full_path(desc_
     assert _launcher.launcher_stats(fn)["direct"] == 1 and len(compiled) == 2
     pipe((x, base))
     assert _launcher.launcher_stats(fn)["direct"] == 2
-    assert _launcher.descriptor_memo_stats()["hits"] == 1
+    assert _launcher.derived_descriptor_stats() == {"encodes": 1, "kept": 1}
 
 
 def test_a_changed_global_takes_tritons_path_which_raises(toy):

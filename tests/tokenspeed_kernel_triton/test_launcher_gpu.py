@@ -273,9 +273,10 @@ def test_functional_runners_match_the_uncached_call_for_every_layer(name):
     assert not torch.equal(outs[0], outs[1]) and not torch.equal(outs[1], outs[2]), "layers must differ"
 
 
-# The Gluon TMA kernels whose runners pass their descriptors pending (``derive_descriptor``):
-# a direct launch reuses an encoding from the descriptor memo, keyed on the tensor's address,
-# shape, strides, dtype and device (tokenspeed_kernel_triton._launcher).
+# The Gluon TMA kernels whose runners derive their descriptors (``derive_descriptor``) in
+# their launches' derived slots: a direct launch reuses its slot's encoding of the tensor's
+# address, the tensor's shape, strides, dtype and device checked against the slot's first
+# launch (tokenspeed_kernel_triton._launcher).
 TMA_RUNNERS = ("gluon_prefill_window_sm90", "gluon_prefill_fa3_sm90", "gluon_extend_fa3_sm90")
 
 
@@ -332,9 +333,9 @@ def _tma_out(q, call, cached):
 @pytest.mark.parametrize("name", TMA_RUNNERS)
 def test_tma_runners_reuse_encoded_descriptors_bitwise(name):
     """Two layers' tensors (held: their addresses repeat) run alternately through one runner:
-    after each layer's first direct launch, its descriptors come from the descriptor memo
-    (hits, no new encodings) and every output equals the uncached call's bitwise; a third
-    layer at new addresses too. A stale encoding would repeat another layer's output."""
+    after each layer's first direct launch, its descriptors come from their slots' encodings
+    (no new encodings) and every output equals the uncached call's bitwise; a third layer at
+    new addresses too. A stale encoding would repeat another layer's output."""
     from tokenspeed_kernel_triton import _launcher
 
     if not SM90:
@@ -342,14 +343,15 @@ def test_tma_runners_reuse_encoded_descriptors_bitwise(name):
     layers = [_tma_layer(name, layer) for layer in range(2)]
     plain = [_tma_out(q, call, cached=False) for q, call in layers]
     assert not torch.equal(plain[0], plain[1]), "layers must differ"
+    start = _launcher.derived_descriptor_stats()
     for q, call in layers * 2:  # binds, then each layer's first direct launch encodes
         _tma_out(q, call, cached=True)
-    before = _launcher.descriptor_memo_stats()
+    before = _launcher.derived_descriptor_stats()
+    assert before["kept"] - start["kept"] >= 2 * 2, "each layer's descriptors (two or three) encoded and kept"
     for i, (q, call) in enumerate(layers * 2):
         _same([_tma_out(q, call, cached=True)], [plain[i % 2]])
-    after = _launcher.descriptor_memo_stats()
-    assert after["misses"] == before["misses"], "every descriptor of a repeated layer comes from the memo"
-    assert after["hits"] >= before["hits"] + 2 * 4, after
+    after = _launcher.derived_descriptor_stats()
+    assert after == before, "every descriptor of a repeated layer: its slot's encoding"
     spacer = torch.empty(1 << 20, device="cuda")  # the third layer lands elsewhere
     q, call = _tma_layer(name, 2)
     _same([_tma_out(q, call, cached=True)], [_tma_out(q, call, cached=False)])
@@ -357,15 +359,15 @@ def test_tma_runners_reuse_encoded_descriptors_bitwise(name):
 
 
 def test_graph_capture_of_memoized_descriptors_replays_bitwise():
-    """A TMA runner's launch captured in a CUDA graph with its descriptors from the memo (the
-    tensor maps are kernel parameters, copied into the graph at capture) replays the
-    uncached call's bits."""
+    """A TMA runner's launch captured in a CUDA graph with its descriptors from their slots'
+    encodings (the tensor maps are kernel parameters, copied into the graph at capture)
+    replays the uncached call's bits."""
     name = "gluon_prefill_fa3_sm90"
     if not SM90:
         pytest.skip(f"{name} runs on sm_90 only")
     q, call = _tma_layer(name, 0)
     plain = _tma_out(q, call, cached=False)
-    for _ in range(3):  # bound, encoded, served from the memo
+    for _ in range(3):  # bound, encoded, served from the slots
         _tma_out(q, call, cached=True)
     out = torch.full_like(q, float("nan"))
     stream = torch.cuda.Stream()

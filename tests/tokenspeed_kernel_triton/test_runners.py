@@ -155,8 +155,10 @@ def test_a_derived_tma_descriptor_follows_each_runs_tensor(monkeypatch):
 
 def test_the_generated_run_launches_what_the_generic_one_does(monkeypatch):
     """A pipeline without scratch whose derived values are descriptors over one input each
-    runs a generated function (inputs unpacked, the memo keys built inline); it hands every
-    launch what the generic loop hands it, descriptors built from the run's tensors."""
+    runs a generated function (inputs unpacked); it hands every launch what the generic loop
+    hands it: at a descriptor's position the run's tensor itself, the launch deriving the
+    descriptor (a derived slot: built from the run's tensor, with the bound block shape and
+    layout)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -181,15 +183,12 @@ def test_the_generated_run_launches_what_the_generic_one_does(monkeypatch):
         first, second = rec.launches[-2:]
         assert first[2][0].base is x[0] and first[2][2].base is x[1] and first[2][1] is x[2] and first[2][3] is kept
         assert first[2][0].block_shape == [16, 64] and first[2][4] == 9 and second[2] == (x[2],)
-    # Both hand the launch the same pending descriptors: one memo key per tensor, built alike.
-    keys: list = []
-    build = _launcher.PendingDescriptor.build
-    monkeypatch.setattr(_launcher.PendingDescriptor, "build", lambda self: keys.append(self.key) or build(self))
+    # Both hand the bound launch the run's tensors at the descriptors' positions, nothing built.
     x = inputs()
     pipe.__call__(x)
-    generic = list(keys)
     pipe.run(x)
-    assert len(generic) == 2 and keys[2:] == generic
+    handed = rec.values[-4], rec.values[-2]
+    assert all(v[0] is x[0] and v[1] is x[2] and v[2] is x[1] for v in handed)
     with pytest.raises(TypeError, match="expected 3 inputs"):
         pipe.run(bind[:2])
     buf = torch.empty(4)

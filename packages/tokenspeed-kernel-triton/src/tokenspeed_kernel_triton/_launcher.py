@@ -40,7 +40,7 @@ first launch (the generated key raises; the call falls back), and unhashable arg
 The stream is read at every launch (Triton's current stream: torch's current CUDA stream),
 so launches go to the caller's stream and are captured by CUDA graphs like any other.
 
-``BoundLaunch(fn, grid, args, kwargs, varying)`` goes one step further for a plan, whose
+``BoundLaunch(fn, grid, args, kwargs, varying, derived)`` goes one step further for a plan, whose
 launches repeat with the same arguments except a few tensors (q, out, lse) or TMA
 descriptors over them: the key is worked out once, at its first launch, and each later
 launch only checks what the key read of those (a tensor's dtype and 16-byte alignment; a
@@ -51,9 +51,26 @@ slots (:func:`_direct_source`: no loop over slots, the constants in a closure; l
 structure share the compiled factory): ~15 % less host time per direct launch than the loop
 it replaced (CPU, three descriptors and five tensors).
 
+A varying position may be a *derived slot* (:class:`DerivedSlot`, what a runner's pipeline
+binds for a descriptor it derives from one of its inputs, ``_runners.derive_descriptor``): the
+run hands the launch the tensor, and the launch derives the descriptor ``fn(*args)`` over it.
+A direct launch checks the tensor's type, dtype, device, shape and strides against the slot's
+first launch's, then takes the slot's own encoding of that address (a dict per slot, at most
+:data:`DERIVED_SLOT_LIMIT` addresses, emptied when full); at an address it has not encoded it
+builds the descriptor, checks and encodes it (:func:`_descriptor_parts`) and keeps the
+encoding when it is the tensor map of the tensor's own memory (:func:`_encode_derived`).
+Since ``fn`` reads nothing of the tensor but its address, shape, strides, dtype and device,
+and the slot's shape, strides, dtype and device are checked at every launch, a kept encoding is
+the tensor map an encoding would make now (an allocator that reuses an address with the same
+layout gets the same map); a tensor of another layout at a kept address takes
+:func:`jit_launch` with its descriptor built. Per run: the tensor's five reads, its address and
+one dict look-up, against ~1.2 µs (CPU) for a pending descriptor's key, memo look-up and
+checks below.
+
 A varying descriptor may also be a :class:`PendingDescriptor` (``fn(*args)`` not built yet,
 with a ``key`` of everything the result depends on: what a runner's per-run derived
-descriptors pass, ``_runners.derive_descriptor``). A direct launch looks its encoding up in
+descriptors pass when a derived slot cannot serve them, a descriptor over several tensors or
+over a scratch buffer, ``_runners.derive_descriptor``). A direct launch looks its encoding up in
 the *descriptor memo*: a per-process LRU (:data:`DESCRIPTOR_MEMO_LIMIT` entries) from (key,
 the launcher's TMA metadata) to the encoded launch arguments (the CUDA tensor map, shape and
 strides) and what the launch checks of a descriptor (type, base dtype, block shape, layout).
@@ -86,11 +103,14 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 __all__ = [
+    "DERIVED_SLOT_LIMIT",
     "DESCRIPTOR_MEMO_LIMIT",
     "BoundLaunch",
+    "DerivedSlot",
     "Launch",
     "PendingDescriptor",
     "clear",
+    "derived_descriptor_stats",
     "descriptor_memo_stats",
     "jit_launch",
     "launcher_stats",
@@ -503,6 +523,7 @@ def clear() -> None:
     """Forget every remembered launch and descriptor encoding (Triton's own caches are untouched)."""
     _KERNELS.clear()
     _MEMO.clear()
+    _DERIVED_STATS.update(encodes=0, kept=0)
 
 
 class PendingDescriptor(NamedTuple):
@@ -522,6 +543,66 @@ class PendingDescriptor(NamedTuple):
     def build(self) -> Any:
         """The descriptor: ``fn(*args)``."""
         return self.fn(*self.args)
+
+
+class DerivedSlot(NamedTuple):
+    """A varying position of a :class:`BoundLaunch` whose launch argument is a Gluon
+    ``TensorDescriptor`` derived from the tensor passed there: ``fn(*args)`` with that tensor
+    at ``args[at]`` (None there). ``fn`` depends on the tensor only through its address,
+    shape, strides, dtype and device, never its contents, and on the other arguments only
+    through their values (``_runners.derive_descriptor``'s contract), so a direct launch
+    reuses the slot's encoding for a tensor of the slot's layout at an address it encoded
+    before (:func:`_encode_derived`)."""
+
+    fn: Callable[..., Any]
+    args: tuple
+    at: int
+
+    def build(self, t: Any) -> Any:
+        """The descriptor over ``t``: ``fn(*args)`` with ``t`` at ``at``."""
+        call = list(self.args)
+        call[self.at] = t
+        return self.fn(*call)
+
+
+DERIVED_SLOT_LIMIT = 256  # encodings per derived slot (a model's layers' K/V caches fit); a full slot is emptied
+_DERIVED_STATS = {"encodes": 0, "kept": 0}
+
+
+def _encode_derived(
+    t: Any, address: int, dtype: torch.dtype, desc: tuple, slot: DerivedSlot, cache: dict, dev: int
+) -> Sequence[Any] | None:
+    """The launch arguments of a derived slot's descriptor over ``t`` (at ``address``; the
+    direct launch checked its type, dtype, device, shape and strides against the slot's
+    first launch) when ``cache`` holds none for that address: built (``slot.build``),
+    checked and encoded by :func:`_descriptor_parts` (the slot's base dtype ``dtype`` and
+    descriptor check ``desc``) and kept in ``cache`` by address when the encoding is the
+    tensor map of ``t``'s own memory: encoded here (not handed whole to the launcher), no
+    tensor among it, the descriptor's base at ``address`` and ``t`` not empty (an empty
+    tensor's descriptor is over a stand-in the builder allocated). A full ``cache`` is
+    emptied first. None: the launch takes :func:`jit_launch`."""
+    descriptor = slot.build(t)
+    parts = _descriptor_parts(descriptor, dtype, desc, dev)
+    _DERIVED_STATS["encodes"] += 1
+    if (
+        parts is not None
+        and desc[3] is not None
+        and t.numel()
+        and descriptor.base.data_ptr() == address
+        and not any(isinstance(part, _TENSOR) for part in parts)
+    ):
+        if len(cache) >= DERIVED_SLOT_LIMIT:
+            cache.clear()
+        cache[address] = parts
+        _DERIVED_STATS["kept"] += 1
+    return parts
+
+
+def derived_descriptor_stats() -> dict[str, int]:
+    """The derived slots' descriptors built and encoded by a direct launch (``encodes``: a
+    slot's first launch at an address, or one whose encoding cannot be kept) and the
+    encodings kept (``kept``); a launch that finds its slot's encoding counts in neither."""
+    return dict(_DERIVED_STATS)
 
 
 class _Encoded(NamedTuple):
@@ -673,7 +754,9 @@ class Launch(NamedTuple):
 class BoundLaunch:
     """``fn[grid](*args, **kwargs)`` bound once; ``launch(*values)`` launches it with
     ``values`` at the argument positions ``varying`` (tensors or Gluon ``TensorDescriptor``
-    objects; placeholders there in ``args`` are replaced at every launch).
+    objects; placeholders there in ``args`` are replaced at every launch). ``derived``: per
+    varying position None, or the :class:`DerivedSlot` whose descriptor the launch derives
+    from the tensor passed there (empty: none).
 
     The first launch goes through :func:`jit_launch` (compiling if needed) and remembers the
     compiled kernel and the launch arguments with every tensor as its device address: the
@@ -691,7 +774,10 @@ class BoundLaunch:
     padding) and spliced into the pre-encoded arguments, the bound descriptors encoded once
     (:func:`_expand_descriptors`). A varying :class:`PendingDescriptor` whose key the
     descriptor memo holds takes the memo's encoding after the same checks on the entry, built
-    and encoded nothing (:func:`_descriptor_parts`); elsewhere it is built. Otherwise
+    and encoded nothing (:func:`_descriptor_parts`); elsewhere it is built. A derived slot's
+    tensor is checked as a varying tensor is and for the first launch's shape and strides, and
+    takes the slot's encoding of its address, or is built and encoded (:func:`_encode_derived`;
+    see the module docstring). Otherwise
     it takes :func:`jit_launch` with the full arguments (correct, only slower), and a bound
     tensor that moved (``set_``) is remembered anew. The bound arguments are held by
     reference: their values (a plan's caches and tables, scalars) should not change; their
@@ -702,27 +788,46 @@ class BoundLaunch:
         "_args",
         "_bound",
         "_checks",
+        "_derived",
         "_dev",
         "_direct",
+        "_encoded",
         "_fast",
         "_fn",
         "_go",
         "_grid",
         "_hash",
         "_kwargs",
+        "_layouts",
         "_slots",
         "_state",
         "_varying",
     )
 
-    def __init__(self, fn, grid: tuple[int, ...], args: tuple, kwargs: dict, varying: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        fn,
+        grid: tuple[int, ...],
+        args: tuple,
+        kwargs: dict,
+        varying: tuple[int, ...],
+        derived: Sequence[DerivedSlot | None] = (),
+    ) -> None:
         if type(grid) is not tuple or not 1 <= len(grid) <= 3:
             raise TypeError(f"grid must be a tuple of 1-3 ints, got {grid!r}")
+        if derived and len(derived) != len(varying):
+            raise TypeError(f"derived: one entry per varying position ({len(varying)}), got {len(derived)}")
         self._fn = fn
         self._grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
         self._args = list(args)
         self._kwargs = dict(kwargs)
         self._varying = tuple(varying)
+        # Per varying position: None, or the DerivedSlot whose descriptor the launch derives
+        # from the tensor passed there; after the first launch, that tensor's (dtype, shape,
+        # strides) and the slot's encodings by address (:func:`_encode_derived`).
+        self._derived: tuple = tuple(derived) if any(d is not None for d in derived) else ()
+        self._layouts: tuple = ()
+        self._encoded: tuple = ()
         # After the first launch: (run is the raw C launcher, run, function, packed, coop, pdl).
         self._direct = None
         self._go: Callable[..., bool | None] | None = None  # the generated direct launch (_compile)
@@ -748,12 +853,16 @@ class BoundLaunch:
         args = self._args.copy()
         for position, value in zip(self._varying, values):
             args[position] = value.build() if type(value) is PendingDescriptor else value
+        for position, slot, value in zip(self._varying, self._derived, values):
+            if slot is not None:
+                args[position] = slot.build(value)
         jit_launch(self._fn, self._grid, *args, **self._kwargs)
         if self._direct is None:
-            self._remember(args)
+            self._remember(args, values)
 
-    def _remember(self, args: list) -> None:
-        """After the first launch: the entry :func:`jit_launch` cached for these arguments."""
+    def _remember(self, args: list, values: Sequence[Any]) -> None:
+        """After the first launch: the entry :func:`jit_launch` cached for these arguments
+        (``values``: the varying ones as passed; a derived slot's tensor)."""
         fn = self._fn
         state = _KERNELS.get(id(fn))
         if state is None or state.plain or not _enabled:
@@ -806,10 +915,17 @@ class BoundLaunch:
         else:
             for p in slots:
                 fast[p] = None  # no varying descriptor is held
+        layouts = []
+        for slot, value in zip(self._derived, values):
+            if slot is not None and (type(value) is not _TENSOR or _device_of(value) != dev):
+                return  # a derived slot's value must be a tensor on this device: never direct
+            layouts.append(None if slot is None else (value.dtype, value.shape, value.stride()))
         self._checks = tuple(
             (dtype, aligned, None if how is None else (*desc, how[0], how[1], _meta_token(how[0], how[1]), how[2]))
             for (dtype, aligned, desc), how in zip((checks[p] for p in self._varying), encode)
         )
+        self._layouts = tuple(layouts)
+        self._encoded = tuple(None if slot is None else {} for slot in self._derived)
         self._fast, self._slots = fast, slots
         self._bound = tuple(bound)
         self._dev, self._hash, self._state = dev, state.hash, state
@@ -822,11 +938,17 @@ class BoundLaunch:
         read (as the class docstring lists), launches and returns True; False to take
         :func:`jit_launch`, None when a bound tensor moved (remembered anew)."""
         raw, run, function, packed, coop, pdl = self._direct
-        source, constants = _direct_source(raw, self._fast, self._slots, self._checks, len(self._bound))
+        derived = tuple(
+            None if slot is None else (slot, *layout, cache)
+            for slot, layout, cache in zip(self._derived, self._layouts, self._encoded)
+        )
+        source, constants = _direct_source(
+            raw, self._fast, self._slots, self._checks, len(self._bound), tuple(d is not None for d in derived)
+        )
         make = _generated_factory(source, f"<direct launch of {self._fn.__name__}>", globals())
         return make(
             self._fn, self._state, self._dev, self._hash, run, function, packed, coop, pdl, self._grid,
-            tuple(self._fast[i] for i in constants), tuple(self._checks), self._bound,
+            tuple(self._fast[i] for i in constants), tuple(self._checks), self._bound, derived,
         )  # fmt: skip
 
 
@@ -846,11 +968,16 @@ def _generated_factory(source: str, filename: str, scope: dict[str, Any]) -> Cal
     return make
 
 
-def _direct_source(raw: bool, fast: list, slots: tuple[int, ...], checks: tuple, bound: int) -> tuple[str, list[int]]:
+def _direct_source(
+    raw: bool, fast: list, slots: tuple[int, ...], checks: tuple, bound: int, derived: tuple[bool, ...] = ()
+) -> tuple[str, list[int]]:
     """The source of a factory ``make(...)`` of a :class:`BoundLaunch`'s direct launch, and the
     positions in ``fast`` of the constants it takes (in order): per varying value ``v{i}``, a
     tensor is checked for type, dtype, device and (where the key reads it) alignment and
-    passed as its address, a descriptor goes through :func:`_descriptor_parts`; each bound
+    passed as its address, a descriptor goes through :func:`_descriptor_parts`, a derived
+    slot's tensor (``derived[i]``) is checked for type, dtype, device, shape and strides (the
+    first launch's) and its descriptor's encoding taken from the slot's by its address, else
+    made (:func:`_encode_derived`); each bound
     tensor's address is compared with the remembered one. The module's globals (the switch,
     the driver, the hooks, ``_device_of``) are read at every launch, as before."""
     n = len(slots)
@@ -868,6 +995,18 @@ def _direct_source(raw: bool, fast: list, slots: tuple[int, ...], checks: tuple,
     ]
     lines += [f"    if BT{j}.data_ptr() != BP{j}:\n        return None" for j in range(bound)]
     for i, (position, (_, aligned, desc)) in enumerate(zip(slots, checks)):
+        if derived and derived[i]:
+            lines.append(
+                f"    if (type(v{i}) is not _TENSOR or v{i}.dtype is not TD{i} or _device_of(v{i}) != dev\n"
+                f"            or v{i}.shape != SH{i} or v{i}.stride() != ST{i}):\n        return False"
+            )
+            lines.append(f"    a{i} = v{i}.data_ptr()\n    e{i} = C{i}.get(a{i})\n    if e{i} is None:")
+            lines.append(f"        e{i} = _encode_derived(v{i}, a{i}, DT{i}, DESC{i}, DS{i}, C{i}, dev)")
+            lines.append(f"        if e{i} is None:\n            return False")
+            exprs[position] = f"*e{i}"
+            for covered in range(position + 1, position + desc[-1]):
+                exprs[covered] = None
+            continue
         if desc is None:
             lines.append(f"    if type(v{i}) is not _TENSOR or v{i}.dtype is not DT{i} or _device_of(v{i}) != dev:")
             lines.append("        return False")
@@ -892,9 +1031,10 @@ def _direct_source(raw: bool, fast: list, slots: tuple[int, ...], checks: tuple,
     unpack = [f"    K{i} = K[{k}]" for k, i in enumerate(constants)]
     unpack += [f"    DT{i}, _, DESC{i} = CHECKS[{i}]" for i in range(n)]
     unpack += [f"    BT{j}, BP{j} = BOUND[{j}]" for j in range(bound)]
+    unpack += [f"    DS{i}, TD{i}, SH{i}, ST{i}, C{i} = DERIVED[{i}]" for i in range(n) if derived and derived[i]]
     body = "\n".join("    " + line for line in "\n".join(lines).split("\n"))
     factory = (
-        "def make(FN, STATE, DEV, HASH, RUN, FUNCTION, PACKED, COOP, PDL, GRID, K, CHECKS, BOUND):\n"
+        "def make(FN, STATE, DEV, HASH, RUN, FUNCTION, PACKED, COOP, PDL, GRID, K, CHECKS, BOUND, DERIVED=()):\n"
         "    G0, G1, G2 = GRID\n" + "\n".join(unpack) + ("\n" if unpack else "") + body + "\n    return direct\n"
     )
     return factory, constants

@@ -45,15 +45,18 @@ the same code that launches an uncached call) given where each tensor argument c
   rest bound), computed anew at every run as the uncached call computes them: a Gluon TMA
   ``TensorDescriptor`` over an input (a varying descriptor of ``BoundLaunch``), a view of one.
   A descriptor made by :func:`derive_descriptor` (``fn`` reads its tensors' address, shape,
-  strides, dtype and device, never their contents) is not built per run: the run passes a
+  strides, dtype and device, never their contents) is not built per run: over one input, the
+  run hands the launch that input and the launch derives the descriptor (a derived slot,
+  ``_launcher.DerivedSlot``: a direct launch checks the tensor's layout against its first
+  launch's and takes its own encoding of that address when it made one, building and encoding
+  it otherwise); over anything else (several tensors, a scratch buffer) the run passes a
   ``PendingDescriptor`` keyed on those and on the bound arguments, and a direct launch takes
   its encoded tensor map from the launch cache's descriptor memo when that key was encoded
   before (``_launcher``'s module docstring), building and encoding it otherwise.
 
-A pipeline with no scratch buffer whose derived values are each a descriptor over one input
-(the Gluon TMA kernels' runners) runs as one generated function (``Pipeline.run``: inputs
-unpacked, memo keys built inline, each launch called with its values), the same launches as the
-generic loop's.
+A pipeline with no scratch buffer and no value derived per run (a derived slot is none: the
+Gluon TMA kernels' runners) runs as one generated function (``Pipeline.run``: inputs unpacked,
+each launch called with its values), the same launches as the generic loop's.
 
 Any other tensor or descriptor in a launch is an error at bind time (a view of an input, a
 tensor computed from one, not declared derived: it would go stale). A runner maps each launch position to an input
@@ -79,7 +82,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import torch
 
 from tokenspeed_kernel_triton import _launcher
-from tokenspeed_kernel_triton._launcher import BoundLaunch, Launch, PendingDescriptor
+from tokenspeed_kernel_triton._launcher import BoundLaunch, DerivedSlot, Launch, PendingDescriptor
 
 __all__ = [
     "Built",
@@ -139,9 +142,11 @@ def derive_descriptor(fn: Callable[..., Any], *args: Any) -> Derived:
     """:func:`derive` for a Gluon TMA ``TensorDescriptor`` whose encoding a runner may reuse:
     ``fn(*args)`` must depend on its tensor arguments only through their address, shape,
     strides, dtype and device (never their contents), and on the others through their value
-    (ints, floats, bools, strings, None) or their identity (a cached layout). A run passes
-    its launch a ``PendingDescriptor`` of the run's tensors (:func:`_descriptor_key`), built
-    only when the launch cache's descriptor memo lacks its encoding."""
+    (ints, floats, bools, strings, None) or their identity (a cached layout). Over one input,
+    a run hands its launch that input and the launch derives the descriptor (a derived slot,
+    built only at an address, or of a layout, its slot has not encoded); otherwise a run
+    passes a ``PendingDescriptor`` of the run's tensors (:func:`_descriptor_key`), built only
+    when the launch cache's descriptor memo lacks its encoding."""
     return Derived(fn(*args), fn, args, descriptor=True)
 
 
@@ -180,9 +185,9 @@ class Pipeline:
         # of a derived descriptor passed pending, else None)
         self._derived = derived
         # ``run(inputs)``: the same as calling the pipeline; generated for its launches when it
-        # has no scratch buffer and each derived value is a descriptor over one input, passed
-        # pending (the Gluon TMA kernels' runners: :func:`_generated_run`); ``slots``: per step,
-        # the value slots of its varying arguments
+        # has no scratch buffer and no value derived per run (the Gluon TMA kernels' runners,
+        # whose launches derive their descriptors: :func:`_generated_run`); ``slots``: per
+        # step, the value slots of its varying arguments
         self.run = _generated_run(self, slots) if slots else self.__call__
 
     def __call__(self, inputs: Sequence[Any]) -> None:
@@ -235,6 +240,11 @@ def pipeline(
         specs.append((tuple(t.shape), t.dtype, t.device))
     computed: list[tuple] = []
     first_derived = len(inputs) + len(specs)
+    # A descriptor derived from one input (id of its value -> the input's slot, the slot's
+    # recipe): the launch takes the input there and derives the descriptor itself, unless
+    # another derived value reads it (then it is computed per run, as any derived value).
+    over_input: dict[int, tuple[int, DerivedSlot]] = {}
+    read = {id(a) for d in derived for a in d.args if _is_tensor_like(a)}
     for d in derived:
         bound, positions, slots = list(d.args), [], []
         for position, value in enumerate(bound):
@@ -251,6 +261,15 @@ def pipeline(
             positions.append(position)
             slots.append(where)
             bound[position] = None  # the run's own tensor takes its place
+        if (
+            d.descriptor
+            and len(slots) == 1
+            and slots[0] < len(inputs)
+            and isinstance(d.args[positions[0]], torch.Tensor)
+            and id(d.value) not in read
+        ):
+            over_input[id(d.value)] = (slots[0], DerivedSlot(d.fn, tuple(bound), positions[0]))
+            continue
         slot[id(d.value)] = first_derived + len(computed)
         keyed = d.descriptor and all(isinstance(d.args[p], torch.Tensor) for p in positions)
         head = _descriptor_head(d.fn, bound) if keyed else None
@@ -260,23 +279,31 @@ def pipeline(
     for launch in launches:
         if any(_is_tensor_like(v) for v in launch.kwargs.values()):
             raise TypeError(f"{launch.fn.__name__}: tensors passed by keyword cannot be bound")
-        args, positions, slots = list(launch.args), [], []
+        args, positions, slots, recipes = list(launch.args), [], [], []
         for position, value in enumerate(args):
             if isinstance(value, tuple) and any(_is_tensor_like(v) for v in value):
                 raise TypeError(f"{launch.fn.__name__}: argument {position} is a tuple holding tensors")
             if not _is_tensor_like(value):
                 continue
+            if id(value) in over_input:  # the input's slot; the launch derives the descriptor
+                where, recipe = over_input[id(value)]
+                positions.append(position)
+                slots.append(where)
+                recipes.append(recipe)
+                args[position] = None
+                continue
             where = slot.get(id(value))
             if where is not None:
                 positions.append(position)
                 slots.append(where)
+                recipes.append(None)
                 args[position] = None  # no input or scratch buffer of the bind call is held
             elif id(value) not in kept:
                 raise TypeError(
                     f"{launch.fn.__name__}: argument {position} is a tensor that is neither an input, a scratch "
                     "buffer nor kept (a view of an input, or one computed from it, would go stale)"
                 )
-        bound = BoundLaunch(launch.fn, launch.grid, tuple(args), launch.kwargs, tuple(positions))
+        bound = BoundLaunch(launch.fn, launch.grid, tuple(args), launch.kwargs, tuple(positions), tuple(recipes))
         steps.append((bound, _picker(slots)))
         step_slots.append(tuple(slots))
     return Pipeline(tuple(steps), tuple(specs), len(inputs), tuple(computed), tuple(step_slots))
@@ -284,37 +311,28 @@ def pipeline(
 
 def _generated_run(pipe: Pipeline, slots: tuple) -> Callable[[Sequence[Any]], None]:
     """``pipe``'s run as one generated function (the generic loop unrolled: inputs unpacked,
-    each pending descriptor's memo key built inline as :func:`_descriptor_key` builds it, each
-    launch called with its values), or ``pipe.__call__`` where the pipeline has scratch
-    buffers or a derived value that is not a descriptor over exactly one input."""
-    width, derived = pipe._width, pipe._derived
-    if pipe._scratch or not all(
-        head is not None and len(where) == 1 and where[0] < width for *_, where, head in derived
-    ):
+    each launch called with its values), or ``pipe.__call__`` where the pipeline has scratch
+    buffers or values it derives per run (a derived slot's descriptor is none: its launch
+    derives it)."""
+    width = pipe._width
+    if pipe._scratch or pipe._derived:
         return pipe.__call__
-    names = [f"v{i}" for i in range(width)] + [f"d{j}" for j in range(len(derived))]
+    names = [f"v{i}" for i in range(width)]
     lines = [
         "def run(inputs):",
         f"    if len(inputs) != {width}:",
         f"        raise TypeError(f'expected {width} inputs, got {{len(inputs)}}')",
-        f"    {', '.join(names[:width])}{',' if width == 1 else ''} = inputs" if width else "",
+        f"    {', '.join(names)}{',' if width == 1 else ''} = inputs" if width else "",
     ]
-    for j, (_, _, positions, where, _) in enumerate(derived):
-        t = names[where[0]]
-        lines.append(f"    c = list(BOUND{j})\n    c[{positions[0]}] = {t}")
-        lines.append(
-            f"    d{j} = PD((HEAD{j}, {t}.data_ptr(), {t}.shape, {t}.stride(), {t}.dtype, {t}.device), FN{j}, c)"
-        )
     for i, step in enumerate(slots):
         lines.append(f"    L{i}({', '.join(names[s] for s in step)})")
-    unpack = [f"    FN{j}, BOUND{j}, _, _, HEAD{j} = DERIVED[{j}]" for j in range(len(derived))]
-    unpack += [f"    L{i} = STEPS[{i}][0]" for i in range(len(slots))]
+    unpack = [f"    L{i} = STEPS[{i}][0]" for i in range(len(slots))]
     source = (
-        "def make(STEPS, DERIVED, PD):\n" + "\n".join(unpack) + "\n"
+        "def make(STEPS):\n" + "\n".join(unpack) + "\n"
         + "\n".join("    " + line for line in "\n".join(x for x in lines if x).split("\n"))
         + "\n    return run\n"
     )  # fmt: skip
-    return _launcher._generated_factory(source, "<runner pipeline>", {})(pipe._steps, derived, PendingDescriptor)
+    return _launcher._generated_factory(source, "<runner pipeline>", {})(pipe._steps)
 
 
 # What a kernel's launch builder returns for a call: its launches, the scratch buffers they use
