@@ -745,7 +745,35 @@ def test_a_runners_derived_descriptors_reuse_their_slots_encoding_and_launch_tri
         want = _triton_args(fn, drv, x, _rows_desc(layers[layer], 32, _LAYOUT), e)
         assert _same_args(got[1:-1], want[1:-1]), "Triton's own encoding of the descriptor built afresh"
     assert _launcher.derived_descriptor_stats() == {"encodes": 2, "kept": 2}
-    assert _launcher.descriptor_memo_stats() == {"hits": 0, "misses": 0, "entries": 0, "limit": 256}
+    # the two encodings also put in the descriptor memo (never looked up again: the slot has them)
+    assert _launcher.descriptor_memo_stats() == {"hits": 0, "misses": 2, "entries": 2, "limit": 256}
+
+
+def test_another_runners_slot_takes_the_memos_encoding_of_an_address(desc_toy):
+    """Two runners of one derived descriptor (another batch's, say) over the same tensor: the
+    second's first direct launch at that address takes the encoding the first made, from the
+    descriptor memo (nothing encoded), and launches Triton's encoding of it; with the memo
+    off it encodes its own."""
+    fn, drv, _compiled, encoded = desc_toy
+    base = torch.randn(64, 64).to(torch.bfloat16)
+    first, x, e = _derived_pipe(desc_toy, base)
+    first((x, base))
+    first((x, base))  # encoded: kept by its slot and put in the memo
+    second, _, e = _derived_pipe(desc_toy, base)  # its own bound E
+    second((x, base))  # its first launch, through jit_launch (Triton's wrapper encodes)
+    before, stats = len(encoded), _launcher.derived_descriptor_stats()
+    second((x, base))
+    assert len(encoded) == before, "the memo's encoding"
+    after = _launcher.derived_descriptor_stats()
+    assert after == {"encodes": stats["encodes"], "kept": stats["kept"] + 1}
+    want = _triton_args(fn, drv, x, _rows_desc(base, 32, _LAYOUT), e)
+    assert _same_args(drv.launches[-1]["args"][1:-1], want[1:-1])
+    _launcher._MEMO.clear()
+    third, _, _ = _derived_pipe(desc_toy, base)
+    third((x, base))
+    before = len(encoded)
+    third((x, base))
+    assert len(encoded) == before + 1, "no memo entry: encoded"
 
 
 def _derived_pipe(desc_toy, base):
@@ -796,10 +824,11 @@ def test_a_derived_slot_never_reuses_an_encoding_of_another_layout_at_its_addres
 
 def test_a_full_derived_slot_is_emptied_and_encodes_again(desc_toy, monkeypatch):
     """At :data:`DERIVED_SLOT_LIMIT` encodings a slot is emptied: a third address (limit 2)
-    encodes and is kept, the first encodes again; every launch is Triton's encoding of its
-    own tensor."""
+    encodes and is kept, the first encodes again (the descriptor memo off; on, it would serve
+    it); every launch is Triton's encoding of its own tensor."""
     fn, drv, _compiled, encoded = desc_toy
     monkeypatch.setattr(_launcher, "DERIVED_SLOT_LIMIT", 2)
+    monkeypatch.setattr(_launcher._MEMO, "limit", 0)
     layers = [torch.randn(64, 64).to(torch.bfloat16) for _ in range(3)]
     pipe, x, e = _derived_pipe(desc_toy, layers[0])
     pipe((x, layers[0]))  # through jit_launch

@@ -57,8 +57,11 @@ run hands the launch the tensor, and the launch derives the descriptor ``fn(*arg
 A direct launch checks the tensor's type, dtype, device, shape and strides against the slot's
 first launch's, then takes the slot's own encoding of that address (a dict per slot, at most
 :data:`DERIVED_SLOT_LIMIT` addresses, emptied when full); at an address it has not encoded it
-builds the descriptor, checks and encodes it (:func:`_descriptor_parts`) and keeps the
-encoding when it is the tensor map of the tensor's own memory (:func:`_encode_derived`).
+takes the descriptor memo's encoding (below; keyed as a pending descriptor's, so the slots of
+other runners of one descriptor, another batch's over the same caches, share it), else builds
+the descriptor, checks and encodes it (:func:`_descriptor_parts`), and keeps the encoding
+(also in the memo) when it is the tensor map of the tensor's own memory
+(:func:`_encode_derived`).
 Since ``fn`` reads nothing of the tensor but its address, shape, strides, dtype and device,
 and the slot's shape, strides, dtype and device are checked at every launch, a kept encoding is
 the tensor map an encoding would make now (an allocator that reuses an address with the same
@@ -545,66 +548,6 @@ class PendingDescriptor(NamedTuple):
         return self.fn(*self.args)
 
 
-class DerivedSlot(NamedTuple):
-    """A varying position of a :class:`BoundLaunch` whose launch argument is a Gluon
-    ``TensorDescriptor`` derived from the tensor passed there: ``fn(*args)`` with that tensor
-    at ``args[at]`` (None there). ``fn`` depends on the tensor only through its address,
-    shape, strides, dtype and device, never its contents, and on the other arguments only
-    through their values (``_runners.derive_descriptor``'s contract), so a direct launch
-    reuses the slot's encoding for a tensor of the slot's layout at an address it encoded
-    before (:func:`_encode_derived`)."""
-
-    fn: Callable[..., Any]
-    args: tuple
-    at: int
-
-    def build(self, t: Any) -> Any:
-        """The descriptor over ``t``: ``fn(*args)`` with ``t`` at ``at``."""
-        call = list(self.args)
-        call[self.at] = t
-        return self.fn(*call)
-
-
-DERIVED_SLOT_LIMIT = 256  # encodings per derived slot (a model's layers' K/V caches fit); a full slot is emptied
-_DERIVED_STATS = {"encodes": 0, "kept": 0}
-
-
-def _encode_derived(
-    t: Any, address: int, dtype: torch.dtype, desc: tuple, slot: DerivedSlot, cache: dict, dev: int
-) -> Sequence[Any] | None:
-    """The launch arguments of a derived slot's descriptor over ``t`` (at ``address``; the
-    direct launch checked its type, dtype, device, shape and strides against the slot's
-    first launch) when ``cache`` holds none for that address: built (``slot.build``),
-    checked and encoded by :func:`_descriptor_parts` (the slot's base dtype ``dtype`` and
-    descriptor check ``desc``) and kept in ``cache`` by address when the encoding is the
-    tensor map of ``t``'s own memory: encoded here (not handed whole to the launcher), no
-    tensor among it, the descriptor's base at ``address`` and ``t`` not empty (an empty
-    tensor's descriptor is over a stand-in the builder allocated). A full ``cache`` is
-    emptied first. None: the launch takes :func:`jit_launch`."""
-    descriptor = slot.build(t)
-    parts = _descriptor_parts(descriptor, dtype, desc, dev)
-    _DERIVED_STATS["encodes"] += 1
-    if (
-        parts is not None
-        and desc[3] is not None
-        and t.numel()
-        and descriptor.base.data_ptr() == address
-        and not any(isinstance(part, _TENSOR) for part in parts)
-    ):
-        if len(cache) >= DERIVED_SLOT_LIMIT:
-            cache.clear()
-        cache[address] = parts
-        _DERIVED_STATS["kept"] += 1
-    return parts
-
-
-def derived_descriptor_stats() -> dict[str, int]:
-    """The derived slots' descriptors built and encoded by a direct launch (``encodes``: a
-    slot's first launch at an address, or one whose encoding cannot be kept) and the
-    encodings kept (``kept``); a launch that finds its slot's encoding counts in neither."""
-    return dict(_DERIVED_STATS)
-
-
 class _Encoded(NamedTuple):
     """A memo entry: a descriptor's launch arguments as the launcher's wrapper would encode
     them (``parts``: the CUDA tensor map, then the shape and strides), what a launch checks of
@@ -690,6 +633,19 @@ def descriptor_memo_stats() -> dict[str, int]:
     return {"hits": _MEMO.hits, "misses": _MEMO.misses, "entries": len(_MEMO.entries), "limit": _MEMO.limit}
 
 
+def _fits(hit: _Encoded, dtype: torch.dtype, desc: tuple) -> bool:
+    """Whether a memo entry passes a bound launch's checks of its descriptor slot ``desc``
+    (type, base dtype ``dtype``, layout, block shape, the encoding's width)."""
+    kind, block_shape, layout, _, _, _, width = desc
+    return (
+        hit.kind is kind
+        and hit.dtype is dtype
+        and hit.layout is layout
+        and hit.block_shape == block_shape
+        and len(hit.parts) == width
+    )
+
+
 def _descriptor_parts(t: Any, dtype: torch.dtype, desc: tuple, dev: int) -> Sequence[Any] | None:
     """The launch arguments of ``t``, a varying descriptor or :class:`PendingDescriptor`, at a
     bound launch's slot ``desc`` (its first launch's descriptor type, block shape and layout,
@@ -707,15 +663,7 @@ def _descriptor_parts(t: Any, dtype: torch.dtype, desc: tuple, dev: int) -> Sequ
         if token is not None:
             hit = _MEMO.get((t.key, token))
             if hit is not None:
-                if (
-                    hit.kind is kind
-                    and hit.dtype is dtype
-                    and hit.layout is layout
-                    and hit.block_shape == block_shape
-                    and len(hit.parts) == width
-                ):
-                    return hit.parts
-                return None
+                return hit.parts if _fits(hit, dtype, desc) else None
         pending, t = t, t.build()
     if type(t) is not kind or t.layout is not layout or t.block_shape != block_shape:
         return None
@@ -732,6 +680,93 @@ def _descriptor_parts(t: Any, dtype: torch.dtype, desc: tuple, dev: int) -> Sequ
     if pending is not None and token is not None:
         _MEMO.put((pending.key, token), pending, t, parts)
     return parts
+
+
+class DerivedSlot(NamedTuple):
+    """A varying position of a :class:`BoundLaunch` whose launch argument is a Gluon
+    ``TensorDescriptor`` derived from the tensor passed there: ``fn(*args)`` with that tensor
+    at ``args[at]`` (None there). ``fn`` depends on the tensor only through its address,
+    shape, strides, dtype and device, never its contents, and on the other arguments only
+    through their values (``_runners.derive_descriptor``'s contract), so a direct launch
+    reuses the slot's encoding for a tensor of the slot's layout at an address it encoded
+    before (:func:`_encode_derived`)."""
+
+    fn: Callable[..., Any]
+    args: tuple
+    at: int
+    # The bound part of the descriptor memo's key (``_runners._descriptor_head``), or None:
+    # a slot's first launch at an address looks there before building (another runner of
+    # the descriptor, e.g. another batch's over the same cache, may have encoded it).
+    head: Hashable | None = None
+
+    def build(self, t: Any) -> Any:
+        """The descriptor over ``t``: ``fn(*args)`` with ``t`` at ``at``."""
+        return self.fn(*self.call(t))
+
+    def call(self, t: Any) -> list:
+        """``fn``'s arguments with ``t`` at ``at``."""
+        call = list(self.args)
+        call[self.at] = t
+        return call
+
+
+DERIVED_SLOT_LIMIT = 256  # encodings per derived slot (a model's layers' K/V caches fit); a full slot is emptied
+_DERIVED_STATS = {"encodes": 0, "kept": 0}
+
+
+def _encode_derived(
+    t: Any, address: int, dtype: torch.dtype, desc: tuple, slot: DerivedSlot, cache: dict, dev: int
+) -> Sequence[Any] | None:
+    """The launch arguments of a derived slot's descriptor over ``t`` (at ``address``; the
+    direct launch checked its type, dtype, device, shape and strides against the slot's
+    first launch) when ``cache`` holds none for that address: the descriptor memo's encoding
+    of it when it has one (keyed as a pending descriptor's: the slot's ``head``, the tensor's
+    address, shape, strides, dtype and device, the TMA metadata; checked like a pending one's
+    hit), else built (``slot.build``), checked and encoded by :func:`_descriptor_parts` (the
+    slot's base dtype ``dtype`` and descriptor check ``desc``). Kept in ``cache`` by address
+    (and put in the memo) when the encoding is the tensor map of ``t``'s own memory: encoded
+    here (not handed whole to the launcher), no tensor among it, the descriptor's base at
+    ``address`` and ``t`` not empty (an empty tensor's descriptor is over a stand-in the
+    builder allocated); a memo entry is one by the memo's own rule. A full ``cache`` is
+    emptied first. None: the launch takes :func:`jit_launch`."""
+    token = desc[5]
+    key = None
+    if slot.head is not None and token is not None:
+        key = (slot.head, address, t.shape, t.stride(), t.dtype, t.device)
+        hit = _MEMO.get((key, token))
+        if hit is not None and _fits(hit, dtype, desc):
+            _keep(cache, address, hit.parts)
+            return hit.parts
+    descriptor = slot.build(t)
+    parts = _descriptor_parts(descriptor, dtype, desc, dev)
+    _DERIVED_STATS["encodes"] += 1
+    if (
+        parts is not None
+        and desc[3] is not None
+        and t.numel()
+        and descriptor.base.data_ptr() == address
+        and not any(isinstance(part, _TENSOR) for part in parts)
+    ):
+        _keep(cache, address, parts)
+        if key is not None:
+            _MEMO.put((key, token), PendingDescriptor(key, slot.fn, slot.call(t)), descriptor, parts)
+    return parts
+
+
+def _keep(cache: dict, address: int, parts: Sequence[Any]) -> None:
+    """``parts`` as a derived slot's encoding of ``address`` (a full slot emptied first)."""
+    if len(cache) >= DERIVED_SLOT_LIMIT:
+        cache.clear()
+    cache[address] = parts
+    _DERIVED_STATS["kept"] += 1
+
+
+def derived_descriptor_stats() -> dict[str, int]:
+    """The derived slots' descriptors built and encoded by a direct launch (``encodes``: a
+    slot's first launch at an address the memo has no encoding of, or one whose encoding
+    cannot be kept) and the encodings a slot kept (``kept``: encoded, or the memo's); a launch
+    that finds its slot's encoding counts in neither."""
+    return dict(_DERIVED_STATS)
 
 
 class Launch(NamedTuple):

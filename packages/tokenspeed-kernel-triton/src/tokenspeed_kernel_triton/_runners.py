@@ -268,7 +268,8 @@ def pipeline(
             and isinstance(d.args[positions[0]], torch.Tensor)
             and id(d.value) not in read
         ):
-            over_input[id(d.value)] = (slots[0], DerivedSlot(d.fn, tuple(bound), positions[0]))
+            recipe = DerivedSlot(d.fn, tuple(bound), positions[0], _descriptor_head(d.fn, bound))
+            over_input[id(d.value)] = (slots[0], recipe)
             continue
         slot[id(d.value)] = first_derived + len(computed)
         keyed = d.descriptor and all(isinstance(d.args[p], torch.Tensor) for p in positions)
