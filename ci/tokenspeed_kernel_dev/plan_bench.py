@@ -64,7 +64,8 @@ class _FakeDriver:
 
 def _fake_compile(drv: _FakeDriver, fn: Any) -> None:
     """``fn``'s compile (Triton's ``_do_compile``) returns a stand-in compiled kernel: its
-    raw launcher Triton's descriptor wrapper around a C launch that counts."""
+    raw launcher Triton's descriptor wrapper around a C launch that counts. ``fn``'s hash and
+    the globals it reads are Triton's own (a direct launch checks those globals)."""
     from triton.backends.nvidia.driver import CudaLauncher, wrap_handle_tensordesc
     from triton.compiler.compiler import CompiledKernel
 
@@ -84,9 +85,9 @@ def _fake_compile(drv: _FakeDriver, fn: Any) -> None:
         launcher.launch = wrap_handle_tensordesc(c_launch, signature, [dict(_TMA_META) for _ in range(count)])
         kernel._run = launcher
         fn.device_caches[device][0][key] = kernel
-        fn.hash = fn.hash or "source-hash"
         return kernel
 
+    fn.cache_key  # noqa: B018  # its source hash and the globals it reads (checked per launch), as a compile sets
     fn._do_compile = do_compile
 
 

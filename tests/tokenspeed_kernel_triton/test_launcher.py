@@ -448,6 +448,42 @@ def test_bound_launch_respects_hooks_hash_device_and_the_switch(toy):
     assert drv.launches[-1]["function"] == 1000 and len(drv.launches) == 6
 
 
+def test_bound_launch_checks_the_kernels_globals_and_every_hook_inline(toy):
+    """The direct launch's inline checks (what ``_nothing_else_changed`` checks): a global the
+    kernel read, rebound to another object of the same value, stays direct (the new object
+    remembered); another value takes Triton's path, which raises; an exit hook or a pre-run
+    hook on the kernel takes the normal path too."""
+    fn, _drv, _compiled = toy
+    x, y = _tensors()
+    scope = {"G": (1, 2), "H": 3}
+    fn.used_global_vals = {("G", id(scope)): ((1, 2), scope), ("H", id(scope)): (3, scope)}
+    launch = _bound(fn, x, y)
+    launch(x)
+    launch(x)
+    assert _through_jit_launch(fn) == 1, "direct with its globals unchanged"
+    scope["G"] = (1, 2)  # another object, the same value
+    launch(x)
+    launch(x)
+    assert _through_jit_launch(fn) == 1 and _launcher.launcher_stats(fn)["direct"] == 3
+    hook = lambda *a, **kw: None  # noqa: E731
+    _launcher._EXIT_HOOK.add(hook)
+    try:
+        launch(x)
+    finally:
+        _launcher._EXIT_HOOK.remove(hook)
+    fn.pre_run_hooks.append(hook)
+    try:
+        launch(x)
+    finally:
+        fn.pre_run_hooks.remove(hook)
+    assert _through_jit_launch(fn) == 3
+    launch(x)
+    assert _through_jit_launch(fn) == 3, "direct again"
+    scope["H"] = 4
+    with pytest.raises(RuntimeError, match="Global variable H has changed"):
+        launch(x)
+
+
 def test_bound_launch_never_direct_for_a_varying_non_tensor(toy):
     fn, drv, _compiled = toy
     x, y = _tensors()

@@ -977,13 +977,18 @@ class BoundLaunch:
             None if slot is None else (slot, *layout, cache)
             for slot, layout, cache in zip(self._derived, self._layouts, self._encoded)
         )
+        used = self._fn.used_global_vals
+        if used:
+            _globals_unchanged(self._fn, self._state)  # the objects found equal, read inline
+        scopes = tuple((scope, name) for (name, _), (_, scope) in used.items())
         source, constants = _direct_source(
-            raw, self._fast, self._slots, self._checks, len(self._bound), tuple(d is not None for d in derived)
-        )
+            raw, self._fast, self._slots, self._checks, len(self._bound), tuple(d is not None for d in derived),
+            len(scopes),
+        )  # fmt: skip
         make = _generated_factory(source, f"<direct launch of {self._fn.__name__}>", globals())
         return make(
             self._fn, self._state, self._dev, self._hash, run, function, packed, coop, pdl, self._grid,
-            tuple(self._fast[i] for i in constants), tuple(self._checks), self._bound, derived,
+            tuple(self._fast[i] for i in constants), tuple(self._checks), self._bound, derived, (used, scopes),
         )  # fmt: skip
 
 
@@ -1004,7 +1009,13 @@ def _generated_factory(source: str, filename: str, scope: dict[str, Any]) -> Cal
 
 
 def _direct_source(
-    raw: bool, fast: list, slots: tuple[int, ...], checks: tuple, bound: int, derived: tuple[bool, ...] = ()
+    raw: bool,
+    fast: list,
+    slots: tuple[int, ...],
+    checks: tuple,
+    bound: int,
+    derived: tuple[bool, ...] = (),
+    used_globals: int = 0,
 ) -> tuple[str, list[int]]:
     """The source of a factory ``make(...)`` of a :class:`BoundLaunch`'s direct launch, and the
     positions in ``fast`` of the constants it takes (in order): per varying value ``v{i}``, a
@@ -1014,7 +1025,10 @@ def _direct_source(
     first launch's) and its descriptor's encoding taken from the slot's by its address, else
     made (:func:`_encode_derived`); each bound
     tensor's address is compared with the remembered one. The module's globals (the switch,
-    the driver, the hooks, ``_device_of``) are read at every launch, as before."""
+    the driver, the hooks, ``_device_of``) are read at every launch, as before. What
+    :func:`_nothing_else_changed` checks is inline: the hooks, and each of the kernel's
+    ``used_globals`` globals by identity with the object last found equal (any doubt:
+    :func:`_globals_unchanged`, which compares by value)."""
     n = len(slots)
     exprs: list[str | None] = [f"K{i}" for i in range(len(fast))]
     lines = [
@@ -1025,9 +1039,25 @@ def _direct_source(
         "    if drv is not _DEVICE[0]:",
         "        _refresh_device_functions(drv)",
         "    dev = _DEVICE[1]()",
-        "    if dev != DEV or FN.hash is not HASH or not _nothing_else_changed(FN, STATE):",
+        "    if dev != DEV or FN.hash is not HASH:",
+        "        return False",
+        "    if (FN.pre_run_hooks or _RUNTIME.launch_enter_hook is not _ENTER_HOOK",
+        "            or _RUNTIME.launch_exit_hook is not _EXIT_HOOK or _ENTER_HOOK.calls or _EXIT_HOOK.calls):",
         "        return False",
     ]
+    if used_globals:
+        same = " or ".join(f"GS{j}.get(GN{j}, _globals_unchanged) is not gs[{j}]" for j in range(used_globals))
+        lines += [
+            "    gs = STATE.globals_seen",
+            f"    if FN.used_global_vals is not UGV or len(gs) != {used_globals} or {same}:",
+            "        if not _globals_unchanged(FN, STATE):",
+            "            return False",
+        ]
+    else:
+        lines += [
+            "    if FN.used_global_vals is not UGV and not _globals_unchanged(FN, STATE):",
+            "        return False",
+        ]
     lines += [f"    if BT{j}.data_ptr() != BP{j}:\n        return None" for j in range(bound)]
     for i, (position, (_, aligned, desc)) in enumerate(zip(slots, checks)):
         if derived and derived[i]:
@@ -1067,10 +1097,15 @@ def _direct_source(
     unpack += [f"    DT{i}, _, DESC{i} = CHECKS[{i}]" for i in range(n)]
     unpack += [f"    BT{j}, BP{j} = BOUND[{j}]" for j in range(bound)]
     unpack += [f"    DS{i}, TD{i}, SH{i}, ST{i}, C{i} = DERIVED[{i}]" for i in range(n) if derived and derived[i]]
+    unpack += [f"    GS{j}, GN{j} = GLOBS[{j}]" for j in range(used_globals)]
     body = "\n".join("    " + line for line in "\n".join(lines).split("\n"))
     factory = (
-        "def make(FN, STATE, DEV, HASH, RUN, FUNCTION, PACKED, COOP, PDL, GRID, K, CHECKS, BOUND, DERIVED=()):\n"
-        "    G0, G1, G2 = GRID\n" + "\n".join(unpack) + ("\n" if unpack else "") + body + "\n    return direct\n"
+        "def make(FN, STATE, DEV, HASH, RUN, FUNCTION, PACKED, COOP, PDL, GRID, K, CHECKS, BOUND, DERIVED, GLOBALS):\n"
+        "    G0, G1, G2 = GRID\n    UGV, GLOBS = GLOBALS\n"
+        + "\n".join(unpack)
+        + ("\n" if unpack else "")
+        + body
+        + "\n    return direct\n"
     )
     return factory, constants
 
