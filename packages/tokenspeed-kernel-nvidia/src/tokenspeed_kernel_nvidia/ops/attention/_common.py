@@ -16,6 +16,8 @@ from typing import TypeVar
 
 import torch
 
+from tokenspeed_kernel_nvidia._workspace import workspace
+
 VENDORS = ("cuda",)
 Q_DTYPES = (torch.bfloat16, torch.float16)
 KV_DTYPES = (*Q_DTYPES, torch.float8_e4m3fn)
@@ -113,10 +115,19 @@ def attention_call_key(args, k: torch.Tensor, v: torch.Tensor) -> tuple:
     )
 
 
+def never_read(device: torch.device) -> torch.Tensor:
+    """A 16-byte int32 buffer per device standing for a pointer argument a kernel never
+    dereferences (an absent lse or sinks, an unlisted walk's tile list: their flags are off).
+    A launch builder returns it among its kept objects, so a runner binds it once (checked
+    per launch by address only) instead of taking a call tensor there per run."""
+    return workspace(device, "never_read", (4,), torch.int32)
+
+
 def written_and_sinks(args) -> tuple:
     """``(out, lse, sinks)`` launch tensors of a Gluon attention call: an absent lse or sinks
-    takes ``cu_seqlens_q``'s place (a pointer the kernel never reads when its flag is off)."""
-    dummy = args.cu_seqlens_q
+    takes :func:`never_read`'s place (a pointer the kernel never reads when its flag is off;
+    before 2026-11-28 ``cu_seqlens_q``'s, a tensor a runner passed per run)."""
+    dummy = never_read(args.q.device)
     return (args.out, dummy if args.lse is None else args.lse, dummy if args.sinks is None else args.sinks)
 
 

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from tokenspeed_kernel.kit import next_pow2
+from tokenspeed_kernel_nvidia.ops.attention._common import never_read
 from tokenspeed_kernel_triton._launcher import Launch
 
 __all__ = ["CHUNK", "Walk", "launch_args", "list_length", "lists_tiles", "reference", "tile_list_kernel", "walk"]
@@ -106,11 +107,12 @@ def walk(cu_seqlens_q: torch.Tensor, total_q: int, max_seqlen_q: int, n_m: int, 
          block_m: int) -> Walk:  # fmt: skip
     """The walk of a launch over ``n_m * batch * num_q_heads`` tiles of ``block_m`` queries
     (``batch = cu_seqlens_q.shape[0] - 1``): listed where :func:`lists_tiles` says so, the
-    pre-pass first, its buffer a fresh scratch; else over every tile, ``cu_seqlens_q``
-    standing in for the list."""
+    pre-pass first, its buffer a fresh scratch; else over every tile, the device's
+    :func:`~tokenspeed_kernel_nvidia.ops.attention._common.never_read` buffer standing in for
+    the list (the launch builder keeps it)."""
     batch = cu_seqlens_q.shape[0] - 1
     if not lists_tiles(total_q, max_seqlen_q, batch, n_m, block_m):
-        return Walk([], (), cu_seqlens_q, False)
+        return Walk([], (), never_read(cu_seqlens_q.device), False)
     tiles = torch.empty(list_length(n_m, batch, num_q_heads), dtype=torch.int32, device=cu_seqlens_q.device)
     args, constexprs = launch_args(cu_seqlens_q, tiles, n_m, batch, num_q_heads, block_m)
     return Walk([Launch(tile_list_kernel, (1,), args, constexprs)], (tiles,), tiles, True)

@@ -45,6 +45,7 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     attention_call_key,
     check_tma_q,
     head_tile_descriptor,
+    never_read,
     planned_runner,
     written_and_sinks,
 )
@@ -350,7 +351,7 @@ def _launches(args: ExtendArgs, plan: ExtendPlan | None = None) -> Built:
             maxnreg=plan.cfg.maxnreg,
         ),
     )
-    return [*tiles.before, launch], tiles.scratch, (), descriptors
+    return [*tiles.before, launch], tiles.scratch, (never_read(args.q.device),), descriptors
 
 
 def _runner_key(args: ExtendArgs) -> tuple:

@@ -24,6 +24,7 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     VENDORS,
     attention_call_key,
     head_tile_descriptor,
+    never_read,
     row_stride,
     written_and_sinks,
 )
@@ -296,7 +297,7 @@ def _launches(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> Built
         (*tensors, *scalars),
         constexprs,
     )
-    return [launch], (), (), (k_desc, v_desc)
+    return [launch], (), (never_read(args.q.device),), (k_desc, v_desc)
 
 
 def _runner_key(args: PrefillArgs) -> tuple:

@@ -61,6 +61,7 @@ from tokenspeed_kernel_nvidia.ops.attention._common import (
     check_tma_q,
     fa3_head_constexprs,
     head_tile_descriptor,
+    never_read,
     planned_runner,
     written_and_sinks,
 )
@@ -585,7 +586,7 @@ def _launches(args: PrefillArgs, cfg: Fa3Config) -> Built:
             maxnreg=cfg.maxnreg,
         ),
     )
-    return [*tiles.before, launch], tiles.scratch, (), descriptors
+    return [*tiles.before, launch], tiles.scratch, (never_read(args.q.device),), descriptors
 
 
 def _runner_key(args: PrefillArgs) -> tuple:
