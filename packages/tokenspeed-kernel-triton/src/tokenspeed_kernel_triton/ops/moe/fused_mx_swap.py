@@ -36,6 +36,10 @@ bf16x2 pattern (:mod:`._mx_swap_gemm`), with the 4 scales of a step in one pipel
   tile, 169.5 µs with today's), at T = 1 slower (48.8 vs 38.3 µs).
   Registered for sm_90 only, so never selected for CPU tensors (the interpreter); the tests
   run its kernel there directly (float32 decode path).
+- **Tiles**: ``_config``'s ``mx_swap`` rows, layer 2's own where its row has one
+  (``_config._W2_TILES``: 16 x 128 up to 4 rows per expert, layer 1 16 x 64; H200, T = 64:
+  514.4 vs 528.8 µs with the shared tile, bitwise the same), same token rows in both layers.
+  ``tile`` / ``w2_tile`` override them (:func:`fused_moe_mx_swap`).
 - **Bound runs** (``bind`` hook :func:`bind_fused_moe_mx_swap`): :func:`.fused_mx.bind_layers`
   with this kernel's GEMM launch, on the plan's :class:`PreparedSwap` weights only, up to
   :data:`.fused.BIND_MAX_TOKENS` tokens and without ``activation_quant`` (else None: the
