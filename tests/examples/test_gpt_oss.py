@@ -380,13 +380,13 @@ def test_example_and_benchmark_use_only_public_pieces():
 def test_host_cost_times_every_piece_of_the_step_and_restores_the_model():
     """``examples.gpt_oss.host_cost`` on the tiny model: each piece is called as often per step
     as the model calls it (2 layers: 2 decode runs, 2 MoE applies, 4 rope, 5 norms with the
-    final one), the pieces and the rest add up to the step's wall time, and the model's module
-    and plans are restored afterwards."""
+    final one), the pieces and the rest add up to the step's wall time, the model's module
+    and plans are restored afterwards, and the op count covers every piece."""
     import examples.gpt_oss.model as model_module
     from examples.gpt_oss import host_cost
 
     before = (model_module.rms_norm, model_module.store_kvcache, model_module.F)
-    cost, plain_ms = host_cost.measure("cpu", ctx=40, steps=3, layers=2, tiny=True)
+    cost, plain_ms = host_cost.measure("cpu", ctx=40, steps=3, layers=2, tiny=True, count_steps=2)
     assert (model_module.rms_norm, model_module.store_kvcache, model_module.F) == before
     calls = {name: p.calls // cost.steps for name, p in cost.pieces.items()}
     assert calls == {
@@ -403,3 +403,8 @@ def test_host_cost_times_every_piece_of_the_step_and_restores_the_model():
     assert abs(sum(us for _, us, _, _ in rows) - cost.wall_s / cost.steps * 1e6) < 1e-3
     assert rows[-1][1] >= 0 and plain_ms > 0
     assert "our public calls" in cost.table()
+    # --count-ops: every piece and the rest counted, whole operators per step (each step the same)
+    ops = cost.ops_per_step()
+    assert set(ops) == set(cost.pieces) | {rows[-1][0]}
+    assert all(n == int(n) for n in ops.values()) and ops["F.embedding (torch)"] == 1 and ops["F.linear (torch)"] == 6
+    assert min(ops[name] for name in cost.pieces) > 0 and "aten ops per step" in cost.table()
