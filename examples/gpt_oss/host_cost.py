@@ -4,10 +4,11 @@ Issue 19 asks for the example's eager decode step at B=1 within 1.5x its CUDA-gr
 At B=1 the GPU finishes long before the host has issued the step, so the eager step's wall
 time is the host's: this tool times, per step, every public call of the step (``store_kvcache``,
 ``DecodePlan.run``, ``moe_topk``, ``MoEPlan.apply``) and every piece of the model's own glue
-(RMSNorm, rotary embedding, the projections, embedding, the LM head; plain PyTorch in
-:mod:`examples.gpt_oss.model`), each wrapped in a host clock around the call (no device
+(RMSNorm, the rotary tables and rotation, the projections, the token embedding; plain PyTorch
+in :mod:`examples.gpt_oss.model`), each wrapped in a host clock around the call (no device
 synchronization inside the loop; one at the end). The rest of the step (the model's Python,
-the decode runner's table fill, the greedy feedback) is the remainder.
+the residual adds, the LM head, the decode runner's table fill, the greedy feedback) is the
+remainder.
 
     python3 -m examples.gpt_oss.host_cost [--batch 1] [--ctx 8192] [--steps 200] [--count-ops] [--json FILE]
 
@@ -42,6 +43,7 @@ import examples.gpt_oss.model as model_module
 # (module attribute of examples.gpt_oss.model, piece, ours?).
 _MODULE_CALLS = (
     ("rms_norm", "rms_norm (torch)", False),
+    ("rope_tables", "rope_tables (torch)", False),
     ("apply_rope", "apply_rope (torch)", False),
     ("store_kvcache", "store_kvcache", True),
     ("moe_topk", "moe_topk", True),

@@ -379,8 +379,8 @@ def test_example_and_benchmark_use_only_public_pieces():
 
 def test_host_cost_times_every_piece_of_the_step_and_restores_the_model():
     """``examples.gpt_oss.host_cost`` on the tiny model: each piece is called as often per step
-    as the model calls it (2 layers: 2 decode runs, 2 MoE applies, 4 rope, 5 norms with the
-    final one), the pieces and the rest add up to the step's wall time, the model's module
+    as the model calls it (2 layers: 2 decode runs, 2 MoE applies, one rotary table per step and
+    one rotation of q and k per layer, 5 norms with the final one), the pieces and the rest add up to the step's wall time, the model's module
     and plans are restored afterwards, and the op count covers every piece."""
     import examples.gpt_oss.model as model_module
     from examples.gpt_oss import host_cost
@@ -391,7 +391,8 @@ def test_host_cost_times_every_piece_of_the_step_and_restores_the_model():
     calls = {name: p.calls // cost.steps for name, p in cost.pieces.items()}
     assert calls == {
         "rms_norm (torch)": 5,
-        "apply_rope (torch)": 4,
+        "rope_tables (torch)": 1,
+        "apply_rope (torch)": 2,
         "store_kvcache": 2,
         "moe_topk": 2,
         "F.linear (torch)": 6,
