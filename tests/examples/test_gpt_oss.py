@@ -255,6 +255,30 @@ def test_generate_agrees_across_paths(seqs):
     assert torch.equal(lib.tokens, lib_chunked.tokens)
 
 
+@pytest.mark.parametrize("kind", ["reference", "selector"])
+def test_eager_decode_step_plans_read_the_row_strided_q(kind, seqs):
+    """A decode forward without ``plan_decode`` runs ``mha_decode_step_plan`` on q as a view of
+    the fused qkv rows (B = 3: row-strided); it matches the planned decode (``DecodePlan.run``
+    on a contiguous q) and the float64 forward at every sequence's last position."""
+    cfg, w = setup(torch.float32)
+    model = make_model(kind, cfg, w)
+    engine = Engine(model, make_kv(cfg))
+    rids = engine.add_requests([len(s) - 1 for s in seqs], 1)
+    engine.prefill(rids, [s[:-1] for s in seqs])
+    tokens = torch.stack([s[-1] for s in seqs])
+    logits = []
+    for planned in (False, True):
+        batch = engine.kv.decode_batch(rids)
+        engine.kv.fill_decode(batch, advance=not planned)  # the second pass rewrites the same slots
+        if planned:
+            model.plan_decode(batch, engine.kv)
+        logits.append(model.logits(model.forward(tokens, batch, engine.kv)))
+        assert bool(batch.step_plans) != planned
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+    ref = [r[-1:] for r in reference64(torch.float32, seqs)]
+    check([row[None] for row in logits[0]], ref, TOL[torch.float32], f"{kind} eager decode step plans")
+
+
 def test_kvcache_allocation_free_reuse():
     cfg = GptOssConfig.tiny()
     kv = make_kv(cfg, num_pages=6, max_batch=3, max_pages_per_seq=4)
