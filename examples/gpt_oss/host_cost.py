@@ -183,11 +183,13 @@ def timed_pieces(model: Any, batch: Any, pieces: dict[str, Piece], stack: list[P
     def piece(name: str, ours: bool) -> Piece:
         return pieces.setdefault(name, Piece(ours=ours))
 
-    saved_module = {name: getattr(model_module, name) for name, _, _ in _MODULE_CALLS}
+    # a name the model module lacks is left out (an older model.py: this tool times it too)
+    saved_module = {name: getattr(model_module, name) for name, _, _ in _MODULE_CALLS if hasattr(model_module, name)}
     saved_f, saved_plans, saved_moe = model_module.F, batch.decode_plans, model.plans
     try:
         for name, label, ours in _MODULE_CALLS:
-            setattr(model_module, name, _timed(piece(label, ours), saved_module[name], stack))
+            if name in saved_module:
+                setattr(model_module, name, _timed(piece(label, ours), saved_module[name], stack))
         model_module.F = _Timed(F, {n: piece(label, False) for n, label in _F_CALLS}, stack)
         batch.decode_plans = [_Timed(p, {"run": piece("DecodePlan.run", True)}, stack) for p in saved_plans]
         model.plans = [_Timed(p, {"apply": piece("MoEPlan.apply", True)}, stack) for p in saved_moe]
