@@ -39,7 +39,7 @@ from tokenspeed_kernel import (
     store_kvcache,
 )
 
-__all__ = ["GptOssModel", "Overrides", "apply_rope", "rms_norm", "rope_inv_freq", "rope_tables"]
+__all__ = ["GptOssModel", "Overrides", "apply_rope", "rms_norm", "rope_inv_freq", "rope_tables", "rotated_qkv"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,19 @@ def apply_rope(
     t, heads, d = x.shape
     swapped = x.view(t, heads, 2, d // 2).flip(2).view(t, heads, d)
     return torch.addcmul(x * cos, swapped, sin, out=torch.empty_like(x) if out is None else out)
+
+
+def rotated_qkv(
+    qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, rope: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q, k, v)`` of a fused projection ``qkv [T, (Hq + 2·Hkv)·D]`` (columns: q heads, k
+    heads, v heads; ``D`` from ``rope``'s tables), q and k rotated together in place
+    (:func:`apply_rope` over the first ``(Hq + Hkv)·D`` columns): views ``[T, Hq, D]``,
+    ``[T, Hkv, D]``, ``[T, Hkv, D]`` whose rows keep qkv's stride (contiguous when ``T == 1``)."""
+    t, d = qkv.shape[0], rope[0].shape[-1]
+    qk = qkv[:, : (num_q_heads + num_kv_heads) * d].view(t, num_q_heads + num_kv_heads, d)
+    apply_rope(qk, *rope, out=qk)
+    return qk[:, :num_q_heads], qk[:, num_q_heads:], qkv[:, (num_q_heads + num_kv_heads) * d :].view(t, num_kv_heads, d)
 
 
 class GptOssModel:
@@ -177,10 +190,7 @@ class GptOssModel:
     ) -> torch.Tensor:
         cfg, ov = self.cfg, self.overrides
         t, d, hq, hkv = x.shape[0], cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads
-        qkv = F.linear(x, layer.wqkv, layer.bqkv)
-        qk = qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d)
-        apply_rope(qk, *rope, out=qk)  # q and k in one pass, in place: rows with qkv's stride
-        q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, (hq + hkv) * d :].view(t, hkv, d)
+        q, k, v = rotated_qkv(F.linear(x, layer.wqkv, layer.bqkv), hq, hkv, rope)  # rows with qkv's stride
         if batch.mode == "prefill":  # mha_prefill reads contiguous K/V
             k, v = k.contiguous(), v.contiguous()
         k_cache, v_cache = kv.k[i], kv.v[i]

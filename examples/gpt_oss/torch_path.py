@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from examples.gpt_oss.config import GptOssConfig
 from examples.gpt_oss.kvcache import ForwardBatch, PagedKVCache
-from examples.gpt_oss.model import apply_rope, rms_norm, rope_inv_freq, rope_tables
+from examples.gpt_oss.model import rms_norm, rope_inv_freq, rope_tables, rotated_qkv
 from examples.gpt_oss.weights import ModelWeights
 from tokenspeed_kernel.quant import MXFP4Weight, dequantize_mxfp4
 
@@ -84,10 +84,7 @@ class TorchGptOss:
     ) -> torch.Tensor:
         cfg, layer = self.cfg, self.w.layers[i]
         t, d, hq, hkv = x.shape[0], cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads
-        qkv = F.linear(x, layer.wqkv, layer.bqkv)
-        qk = qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d)
-        apply_rope(qk, *rope, out=qk)  # the library path's glue: q and k in one pass, in place
-        q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, (hq + hkv) * d :].view(t, hkv, d)
+        q, k, v = rotated_qkv(F.linear(x, layer.wqkv, layer.bqkv), hq, hkv, rope)  # the library path's glue
         flat = (-1, hkv, d)
         kv.k[i].view(flat).index_copy_(0, batch.slot_mapping, k)
         kv.v[i].view(flat).index_copy_(0, batch.slot_mapping, v)
