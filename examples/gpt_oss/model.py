@@ -9,9 +9,10 @@ layer made once at load (the selected kernel may repack the MXFP4 weights there)
 every step. Embedding, RMSNorm, RoPE, projections and the LM head are plain torch, written
 for few launches: ``F.rms_norm``; the rotary tables once per forward pass (three ops), then
 per layer q and k rotated together, in place in the fused qkv (three ops); q, k and v stay
-views of the qkv rows (the APIs read row-strided q and K/V; a copy only where a call wants a
-contiguous tensor). Nothing here names a vendor: kernels are chosen by the selector unless
-the caller passes :class:`Overrides` (kernel names per operator).
+views of the qkv rows (the APIs read row-strided q and K/V, the decode plans made with the
+rows' stride; a copy only where a call wants a contiguous tensor). Nothing here names a
+vendor: kernels are chosen by the selector unless the caller passes :class:`Overrides`
+(kernel names per operator).
 """
 
 from __future__ import annotations
@@ -170,6 +171,7 @@ class GptOssModel:
                 sinks=layer.sinks,
                 override=ov.decode,
                 capturable=capturable,
+                q_row_stride=(cfg.num_q_heads + 2 * cfg.num_kv_heads) * cfg.head_dim,  # q: a view of qkv's rows
             )
             plans.append(plan)
         batch.decode_plans = plans
@@ -197,7 +199,7 @@ class GptOssModel:
         store_kvcache(k, v, k_cache, v_cache, batch.slot_mapping, override=ov.store)  # row-strided K/V too
         common = dict(window_left=cfg.window_left(i), sinks=layer.sinks)
         if batch.decode_plans is not None:
-            out = batch.decode_plans[i].run(q.contiguous())  # DecodePlan reads a contiguous q (a view at B=1)
+            out = batch.decode_plans[i].run(q)  # planned with qkv's row stride: read in place
         else:  # the step plans read q row-strided, laid out as their first call's
             # one plan per pass and layer kind (the window): the first layer of the kind makes it
             plan = batch.step_plans.get(cfg.window_left(i))
