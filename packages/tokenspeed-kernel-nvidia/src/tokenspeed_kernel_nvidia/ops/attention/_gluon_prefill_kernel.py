@@ -136,6 +136,29 @@ def _clean_v(v_buf, edge, IO: gl.constexpr):
         gl.thread_barrier()
 
 
+@gluon.jit
+def _tile_pv(
+    s, m_i, l_i, acc, i, lo, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap, qk_scale, v_smem, v_bars,
+    HAS_CAP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IO: gl.constexpr, O_MMA: gl.constexpr,
+):  # fmt: skip
+    """Key tile ``i``'s work after its scores ``s``, written once for every loop: the
+    online-softmax step (:func:`_tile_softmax`; the band's tiles start at key position ``lo``),
+    the wait for its V tile in ring slot ``i % STAGES``, the cleaning of a boundary tile's V
+    (:func:`_clean_v`) and the asynchronous ``O += P·V`` (P from registers in the wgmma
+    A-operand layout). Returns ``(acc_tok, m_i, l_i)``: the product in flight (the caller
+    waits on it with its own dependencies) and the new statistics."""
+    slot = i % STAGES
+    p, m_i, l_i, acc, edge = _tile_softmax(
+        s, m_i, l_i, acc, lo + i * BLOCK_N, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap, qk_scale,
+        HAS_CAP, BLOCK_N, O_MMA,
+    )  # fmt: skip
+    mbarrier.wait(v_bars.index(slot), (i // STAGES) & 1)
+    _clean_v(v_smem.index(slot), edge, IO)
+    p_op = gl.convert_layout(p.to(v_smem.dtype), gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2))
+    acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
+    return acc_tok, m_i, l_i
+
+
 # window_left is never specialized: the JIT would turn window_left=1 into a constexpr (and
 # compile one kernel per such value); the mask needs it as a runtime i32.
 @gluon.jit(do_not_specialize=["window_left"])
@@ -251,7 +274,6 @@ def prefill_window_kernel(
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, S_MMA))
     acc = gl.zeros([BLOCK_M, D], gl.float32, layout=O_MMA)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_MMA)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
     qk_scale = sm_scale * LOG2E
 
     if QK_AHEAD:
@@ -263,32 +285,22 @@ def prefill_window_kernel(
             s, _, _ = warpgroup_mma_wait(0, deps=[s_tok, q_smem, k_smem.index(0)])
             for i in range(num_tiles - 1):
                 slot = i % STAGES
-                phase = (i // STAGES) & 1
                 nslot = (i + 1) % STAGES
                 mbarrier.wait(k_bars.index(nslot), ((i + 1) // STAGES) & 1)
                 n_tok = warpgroup_mma(q_smem, k_smem.index(nslot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                p, m_i, l_i, acc, edge = _tile_softmax(
-                    s, m_i, l_i, acc, lo + i * BLOCK_N, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap,
-                    qk_scale, HAS_CAP, BLOCK_N, O_MMA,
+                acc_tok, m_i, l_i = _tile_pv(
+                    s, m_i, l_i, acc, i, lo, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap,
+                    qk_scale, v_smem, v_bars, HAS_CAP, BLOCK_N, STAGES, IO, O_MMA,
                 )  # fmt: skip
-                mbarrier.wait(v_bars.index(slot), phase)
-                _clean_v(v_smem.index(slot), edge, IO)
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
-                acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
                 acc, s, _, _ = warpgroup_mma_wait(0, deps=[acc_tok, n_tok, v_smem.index(slot), k_smem.index(nslot)])
                 gl.thread_barrier()  # every warp is done with this slot: refill it
                 _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, slot, i + STAGES, num_tiles, k_begin + lo, col)
             last = num_tiles - 1
-            slot = last % STAGES
-            p, m_i, l_i, acc, edge = _tile_softmax(
-                s, m_i, l_i, acc, lo + last * BLOCK_N, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap,
-                qk_scale, HAS_CAP, BLOCK_N, O_MMA,
+            acc_tok, m_i, l_i = _tile_pv(
+                s, m_i, l_i, acc, last, lo, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap,
+                qk_scale, v_smem, v_bars, HAS_CAP, BLOCK_N, STAGES, IO, O_MMA,
             )  # fmt: skip
-            mbarrier.wait(v_bars.index(slot), (last // STAGES) & 1)
-            _clean_v(v_smem.index(slot), edge, IO)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
-            acc, _ = warpgroup_mma_wait(0, deps=[acc_tok, v_smem.index(slot)])
+            acc, _ = warpgroup_mma_wait(0, deps=[acc_tok, v_smem.index(last % STAGES)])
     else:
         for i in range(num_tiles):
             slot = i % STAGES
@@ -296,14 +308,10 @@ def prefill_window_kernel(
             mbarrier.wait(k_bars.index(slot), phase)
             s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s, _, _ = warpgroup_mma_wait(0, deps=[s_tok, q_smem, k_smem.index(slot)])
-            p, m_i, l_i, acc, edge = _tile_softmax(
-                s, m_i, l_i, acc, lo + i * BLOCK_N, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap,
-                qk_scale, HAS_CAP, BLOCK_N, O_MMA,
+            acc_tok, m_i, l_i = _tile_pv(
+                s, m_i, l_i, acc, i, lo, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap,
+                qk_scale, v_smem, v_bars, HAS_CAP, BLOCK_N, STAGES, IO, O_MMA,
             )  # fmt: skip
-            mbarrier.wait(v_bars.index(slot), phase)
-            _clean_v(v_smem.index(slot), edge, IO)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
             acc, _ = warpgroup_mma_wait(0, deps=[acc_tok, v_smem.index(slot)])
 
             # Every warp is done with this slot: refill it with the tile STAGES ahead.
