@@ -1,8 +1,9 @@
 """Ahead-of-time compilation of the Gluon kernels for sm_90 on a machine without a GPU.
 
-``PYTHONPATH=ci python -m tokenspeed_kernel_dev.aot_nvidia [decode] [prefill] [prefill_fa3] [moe] [moe_mma]``
+``PYTHONPATH=ci python -m tokenspeed_kernel_dev.aot_nvidia [decode] [prefill] [prefill_fa3] [moe] [moe_mma] [moe_grouped]``
 compiles the configurations the Gluon launchers can choose (decode, the window prefill, the
-FA3-style dense prefill, the two layers of the MXFP4 MoE decode on FMAs and on mma.sync; all
+FA3-style dense prefill, the two layers of the MXFP4 MoE decode on FMAs and on mma.sync, the
+warp-specialized layer-2 grouped GEMM prototype; all
 when no kind is named) for
 ``GPUTarget("cuda", 90, 32)`` and prints one JSON line each: whether it built, the counts of
 the instructions the design relies on in the PTX (``cp.async`` gathers, ``mma.sync`` and
@@ -46,9 +47,11 @@ from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import (
 )
 from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_decode as gmoe
 from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_mma as gmma
+from tokenspeed_kernel_nvidia.ops.moe import gluon_mx_grouped as gmx
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_decode_kernel import w2_kernel, w13_kernel
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_kernel import w2_mma_kernel, w13_mma_kernel
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w2_mma_tma_kernel, w13_mma_tma_kernel
+from tokenspeed_kernel_nvidia.ops.moe._gluon_mx_grouped_kernel import mx_grouped_w2_kernel
 
 _TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 SM90 = GPUTarget("cuda", 90, 32)
@@ -568,6 +571,42 @@ def moe_mma_grid():
     return rows
 
 
+def compile_moe_grouped(big_scales: bool = False, cfg: gmx.GroupedW2Config | None = None):
+    """Compile the warp-specialized layer-2 grouped GEMM prototype (``gluon_mx_grouped``, not
+    registered) for sm_90 with the launcher's descriptors and options; returns (name, compiled)."""
+    cfg = cfg or gmx.GroupedW2Config()
+    x_l, w_l, s_l = gmx.shared_layouts()
+    signature = {
+        "x_desc": f"tensordesc<bf16[128, 128],{x_l!r}>",
+        "w_desc": f"tensordesc<i32[128, 16],{w_l!r}>",
+        "s_desc": f"tensordesc<i32[1, 128],{s_l!r}>",
+        "out_ptr": "*fp32",
+        "ids_ptr": "*i32",
+        "tile_expert_ptr": "*i32",
+        "num_tiles_ptr": "*i32",
+        "num_pairs": "i32",
+        "N": "i32",
+        "steps": "i32",
+    }
+    constexprs = cfg.constexprs(big_scales)
+    for key in constexprs:
+        signature[key] = "constexpr"
+    name = f"gluon_mx_grouped_w2-{cfg.tag}{'-big' if big_scales else ''}"
+    src = GluonASTSource(mx_grouped_w2_kernel, signature, constexprs, _attrs(signature))
+    return name, triton_compile(src, target=SM90, options={"num_warps": 4, "maxnreg": cfg.maxnreg})
+
+
+def moe_grouped_grid():
+    """The prototype's default build, the two-multiply decode (scales above 2), no ping-pong,
+    and a 5-deep ring."""
+    return [
+        (False,),
+        (True,),
+        (False, gmx.GroupedW2Config(pingpong=False)),
+        (False, gmx.GroupedW2Config(stages=5)),
+    ]
+
+
 def moe_grid():
     """Both layers at GPT-OSS-120B shapes (E 128, top-4, H = I = 2880) for every token bucket
     (routing fused and precomputed, expert map, no bias, the other activations, fp16), and a
@@ -698,6 +737,7 @@ _BUILDERS = {
     "prefill_fa3": (compile_prefill_fa3, prefill_fa3_grid),
     "moe": (compile_moe, moe_grid),
     "moe_mma": (compile_moe_mma, moe_mma_grid),
+    "moe_grouped": (compile_moe_grouped, moe_grouped_grid),
 }
 
 

@@ -333,3 +333,20 @@ def test_gluon_moe_mma_compiles_for_sm90_with_tensor_cores():
         elif ("mma_w13" in row["kernel"] and "t" not in tag) or ("mma_w2" in row["kernel"] and "T" not in tag):
             assert row["tma"] == 0, row
         assert 0 < row["registers"] <= 255, row
+
+
+def test_gluon_mx_grouped_w2_prototype_is_warp_specialized_with_wgmma():
+    """The layer-2 grouped GEMM prototype (``gluon_mx_grouped``, not registered): one TMA
+    producer warp (three copies per step) and two consumer warpgroups under setmaxnreg, each
+    issuing one m64 wgmma step (8 k16 instructions) with one step left in flight; the decoded
+    weight reaches wgmma's register A without a shared-memory layout conversion (the only
+    shared loads are the words, the scale words and the barriers'); registers and spills
+    are printed for the report (spills are 0 today)."""
+    rows = {r["kernel"]: r for r in _compile("moe_grouped")}
+    for name, r in rows.items():
+        print(name, "registers", r["registers"], "spills", r["spills"], "sass regs", r["sass"].get("REGS"))
+        assert r["wgmma"] == 16 and r["wgmma_wait1"] >= 2, r
+        assert r["tma"] >= 3, r
+        assert {24, 240} <= set(r["setmaxnreg"]), r
+        assert r["sass"]["STS"] <= 2 and r["sass"]["LDS"] <= 9, r
+    assert rows["gluon_mx_grouped_w2-s4p-r240.24.168"]["shared_bytes"] <= 170 * 1024
