@@ -32,7 +32,10 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from tokenspeed_kernel_dev.aot_common import SASS_OPCODE, disassemble, ptxas_stats, sass_loops
 from tokenspeed_kernel_nvidia.ops.attention._gluon_decode_kernel import decode_kernel
 from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_fa3_kernel import prefill_fa3_kernel
-from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import prefill_window_kernel
+from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import (
+    prefill_window_kernel,
+    prefill_window_persistent_kernel,
+)
 from tokenspeed_kernel_nvidia.ops.attention.gluon_decode import decode_config
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill import GluonPrefillConfig, prefill_config, window_variants
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import (
@@ -253,6 +256,7 @@ def compile_prefill(
         "sm_scale": "fp32",
         "logit_cap": "fp32",
         "window_left": "i32",
+        **({"q_tiles": "i32", "num_items": "i32"} if cfg.persistent else {}),
     }
     constexprs = {
         "HQ": 8 * group,
@@ -273,13 +277,17 @@ def compile_prefill(
         "O_MMA": o_mma,
         "Q_ROW": q_row or 8 * group * head_dim,
     }
+    kernel = prefill_window_kernel
+    if cfg.persistent:  # the persistent build: no Q·Kᵀ-ahead loop
+        kernel = prefill_window_persistent_kernel
+        del constexprs["QK_AHEAD"]
     for name in constexprs:
         signature[name] = "constexpr"
     flags = "".join(f"-{f}" for f, on in (("sinks", sinks), ("cap", cap), ("lse", lse)) if on)
     name = f"gluon_prefill-{str(dtype)[6:]}-d{head_dim}-g{group}-{cfg.tag}{flags}"
     name += _q_tag(q_row)
-    src = GluonASTSource(prefill_window_kernel, signature, constexprs, _attrs(signature))
-    options = {"num_warps": cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})}
+    src = GluonASTSource(kernel, signature, constexprs, _attrs(signature))
+    options = {"num_warps": cfg.num_warps, **({"maxnreg": cfg.register_cap} if cfg.register_cap else {})}
     return name, triton_compile(src, target=SM90, options=options)
 
 
@@ -644,7 +652,8 @@ def decode_grid():
 
 def prefill_grid():
     """Every launcher configuration (D 64/128, G 8/4/16/1 and a padded 6, fp16) and each
-    feature branch (sinks, cap, lse), plus the 8-warp D=64 alternative the device script times."""
+    feature branch (sinks, cap, lse), plus the alternatives the device script times
+    (``window_variants``), the persistent build on the feature branches and a row-strided q."""
     return [
         (torch.bfloat16, 64, 8, True, False, False, None),
         (torch.bfloat16, 64, 8, False, False, False, None),
@@ -655,6 +664,14 @@ def prefill_grid():
         (torch.bfloat16, 128, 8, True, False, True, None),
         (torch.bfloat16, 128, 4, True, True, True, None),
         *((torch.bfloat16, 64, 8, True, False, False, cfg) for cfg in window_variants(64, 8)),
+        # the persistent build (window_variants' second and third) on the other feature branches: no
+        # sinks, cap + LSE with G 4, G 1, a padded G 6, a row-strided q, D 128 (one program per SM)
+        (torch.bfloat16, 64, 8, False, False, False, replace(prefill_config(64, 8), persistent=6)),
+        (torch.bfloat16, 64, 4, True, True, True, replace(prefill_config(64, 4), persistent=6)),
+        (torch.bfloat16, 64, 1, False, False, False, replace(prefill_config(64, 1), persistent=5)),
+        (torch.bfloat16, 64, 6, True, False, False, replace(prefill_config(64, 6), persistent=6)),
+        (torch.bfloat16, 64, 8, True, False, False, replace(prefill_config(64, 8), persistent=6), (64 + 16) * 64),
+        (torch.bfloat16, 128, 8, True, False, True, replace(prefill_config(128, 8), persistent=1)),
         # a row-strided q (a fused qkv's q: rows of (Hq + 2 Hkv) D values; strided_q), against
         # the first row and the D 128 one
         (torch.bfloat16, 64, 8, True, False, False, None, (64 + 16) * 64),
