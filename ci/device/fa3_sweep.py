@@ -24,9 +24,10 @@ pairs a window shows, ``4 * B * Hq * D * sum_i (min(i, W) + 1)``. Issue 20's goa
 ``gluon_prefill_window_sm90`` ~120 us).
 
 ``--window W --classic`` times ``gluon_prefill_window_sm90`` (the shipped window kernel, GQA
-group packed into 128-row tiles) instead: its shipped configuration, then the opt-in variants of
-``gluon_prefill.window_variants`` (256-row tiles, the next tile's Q·Kᵀ ahead of the softmax,
-ring depth, key tile, warps) through its uncached launcher, then the same peers.
+group packed into the tile's rows) instead: its shipped configuration, then the opt-in variants of
+``gluon_prefill.window_variants`` (the persistent build at 5 and 6 programs per SM, the tiles it
+replaced, ring depth, key tile, the next tile's Q·Kᵀ ahead of the softmax, a register cap)
+through its uncached launcher, then the same peers.
 
 ``--clean-ab``: the shipped configuration, then the same without the V cleaning
 (``Fa3Config.clean_v=False``, tag ``-nocl``: byte-identical to the kernel before the fix, which

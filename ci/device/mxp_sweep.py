@@ -21,7 +21,8 @@ persistent kernel's work counters zeroed first, a 2-int memset), the rest (permu
 the full call minus both.
 
 A variant replaces, while its plan is made, checked and timed, what the kernel reads when it
-binds (``tiles_sweep._replaced``): the swapped kernel's ``pick_tile``, the persistent kernel's
+binds (``tiles_sweep._replaced``): the swapped kernel's ``pick_tile`` (both layers: the
+replacement answers ``layer=2`` too, so the table's layer-2 tile is not used), the persistent kernel's
 ``pick_tile`` / ``pick_schedule`` (a :class:`Schedule`'s fields, ``w2_tma`` included), and for
 layer 2 alone (``Variant.w2``) ``fused_mx.split_launches`` (layer 2's tile, same token rows, or
 its K splits) and ``fused_mx.layer_output`` (layer 2's per-pair rows in bf16 instead of float32:
@@ -131,12 +132,15 @@ VARIANTS = (
     # H100 -> H200 step gave 3 % (545 -> 530 us) for 43 % more bandwidth, so the loop is issue-bound
     # (~3.4 SASS instructions per weight value in layer 1, 4.2 in layer 2: sm_90a compiles,
     # ptxas -v, no spills in any row below): fewer stages (same occupancy, smaller pipeline), more
-    # stages (3 CTAs), two warpgroups sharing the token tile, layer 2 on 128 weight rows (3.3
-    # instructions per value at the same 16 warps per SM), layer 2 split in two along K.
+    # stages (3 CTAs), two warpgroups sharing the token tile, layer 2 split in two along K. Layer 2
+    # on 128 weight rows (3.3 instructions per value at the same 16 warps per SM) won on the H200
+    # (2026-11-28, variant t64-w2n128: 514.4 vs 528.8 us, bitwise) and is shipped since
+    # (_config._W2_TILES): the "swap" row runs it at T = 64, and t64-w2n64 times the old shared
+    # 16 x 64 tile in layer 2. A tile= variant replaces pick_tile for both layers.
     Variant("t64-s3", SWAP, tile=(16, 64, 128, 1, 4, 3), tokens=(64,), group="levers"),
     Variant("t64-s6", SWAP, tile=(16, 64, 128, 1, 4, 6), tokens=(64,), group="levers"),
     Variant("t64-8w", SWAP, tile=(16, 128, 128, 1, 8, 4), tokens=(64,), group="levers"),
-    Variant("t64-w2n128", SWAP, w2=(("tile", (16, 128, 128, 1, 4, 4)),), tokens=(64,), group="levers"),
+    Variant("t64-w2n64", SWAP, w2=(("tile", (16, 64, 128, 1, 4, 4)),), tokens=(64,), group="levers"),
     Variant("t64-w2split2", SWAP, w2=(("splits", 2),), tokens=(64,), group="levers"),
     # T = 1024 (~32 rows per expert, 32 x 128 tiles, 2 CTAs of 4 warps per SM in layer 1: 8 warps
     # to hide the decode's latencies): 8 warps per CTA (16 per SM, 3.45 instead of 2.95 instructions

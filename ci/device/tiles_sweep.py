@@ -7,7 +7,8 @@ opt-in ``triton_fused_moe_mx_swap`` with MXFP4 weights and their K splits). For 
 (a ``gpt-oss-120b`` preset case and a kernel, :data:`POINTS`) the shipped choice is row 0;
 every other variant replaces the choice while it runs (the module-level function the kernel
 reads its tile from: ``_launch._tile``, ``fused.pick_tile``, ``fused_mx.pick_tile``,
-``fused_mx_swap.pick_tile``, and ``fused_mx.split_k`` for both MXFP4 kernels). Each is then
+``fused_mx_swap.pick_tile``: both layers, the table's layer-2 tiles included, and
+``fused_mx.split_k`` for both MXFP4 kernels). Each is then
 checked against the float64 reference exactly as ``tokenspeed-kernel check`` does
 (``tools.numerics.check_case``) and, only if it passes, timed exactly as ``bench`` does
 (``tools.timing.time_fn``: CUDA-graph replay, L2 flushed, median; the MoE through its plan).
@@ -165,8 +166,8 @@ def _variant(point: Point, case, tile: tuple[int, ...] | None, splits: int | Non
             stack.enter_context(_replaced(_SPLITS_HOOK[point.kernel], splits, seen_splits))
         (check,) = check_case(case, [point.kernel], dev, seed=0)
         row.update(status=check.status, rel_l2=check.rel_l2, reason=check.reason)
-        if seen_tiles:
-            row["ran_tile"] = str(seen_tiles[-1])
+        if seen_tiles:  # the swapped kernel asks for each layer's tile (its table may give layer 2 its own)
+            row["ran_tile"] = " | ".join(dict.fromkeys(map(str, seen_tiles)))
         if seen_splits:
             row["ran_splits"] = seen_splits[-1]
         if not check.passed:

@@ -13,6 +13,13 @@
 #        .whl-ogs carried for the matmul_ogs rows) until the call's 10 minutes are nearly up (~6-8 min)
 #   nvidia: gluon_prefill_window_sm90: GPU numerics tests, `check` on the awkward preset, `bench
 #        attention.prefill` next to triton_prefill (~3 min)
+#   winp: gluon_prefill_window_sm90's opt-in window variants and its persistent build (issue 20's 2x flex; branch
+#        winp): the variants' and the persistent build's GPU tests (each vs float64; the persistent build also vs
+#        the tiled build's bits) (<= 180 s), then ci/device/fa3_sweep.py --window 127 --classic --head-dim 64 (the
+#        shipped tiles, then window_variants(), the persistent build at 5 and 6 programs per SM first, then
+#        triton_prefill and FA4, at S = 8192 and B = 4 x 4096) (<= 270 s), then `bench attention.prefill --kernel
+#        gluon_prefill_window_sm90 --preset gpt-oss-120b` (flex_attention's rows in the same call) on what is left
+#        of 570 s: ~8-9.5 min, alone in a call
 #   fa3g: gluon_prefill_fa3_sm90 (issue 20, FA3-style dense causal prefill, opt-in): GPU numerics tests, `check`
 #        on the awkward preset, `bench attention.prefill` next to triton_prefill and fa4_prefill_sm90 (FA4 rows
 #        need .whl-cute/bundle carried), then ci/device/fa3_sweep.py (configs at S=8192 / B=4x4096, D 64 and 128)
@@ -65,6 +72,11 @@
 #   stridedgc: `check` of each of the five (derived cases: feature-strided_q, and q_align=16 for the extend)
 #           (<= 80 s each), then of triton_store_kvcache (feature-strided_rows) (<= 60 s); run it in its own
 #           call after stridedg on a fresh machine
+#   planq: a DecodePlan for a row-strided q (mha_decode_plan(..., q_row_stride=...); ci/device/README.md item u): the
+#           strided-q plan rows of test_gluon_decode_gpu.py (the contiguous plan's bits, float64, graph replay) and
+#           its bound-plan test (<= 200 s), `check attention.decode --kernel gluon_decode_sm90` (its feature-strided_q
+#           case now also through the decode plan, <= 80 s), then vllm_compare.py (carry .whl-vllm: the full-graph
+#           decode of a fused qkv's q, "backend (plan, fused-qkv q) vs public", <= 240 s)
 #   gemv16: triton_moe_gemv (bf16-weight MoE for T <= 8, two GEMV launches, opt-in, never run on a GPU yet; item r):
 #           its GPU tests and the GEMV MXFP4 ones (shared kernels), test_no_host_sync.py, the launch-cache tests of the
 #           MoE kernels (<= 240 s and 120 s), `check moe.apply --kernel triton_moe_gemv` (derived cases, <= 120 s),
@@ -80,8 +92,8 @@
 #         (optional) bash ci/device/flashinfer_bundle.sh
 #         (optional) bash ci/device/triton_kernels_bundle.sh   # .whl-ogs: matmul_ogs rows in `bench moe.apply`
 # Device: carry [".whl"] (and ".whl-nvidia", ".whl-ogs", ".whl-cute/bundle"), command: bash ci/device/verify_pending.sh
-# STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, fa3nan, fiext, flashinfer, e2e,
-# stepplan, stridedq, stridedg, stridedgc, gemv16
+# STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, winp, fa3g, fa3v, fa3w, fa3x, fa3nan, fiext, flashinfer, e2e,
+# stepplan, stridedq, stridedg, stridedgc, planq, gemv16
 # (default: decode); INSTALL=0 skips installing .whl and unpacking FA4's bundle (done once for every lane of the call). A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap`, `mxp` and `fa3g` alone.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -164,6 +176,20 @@ nvidia() {
 echo "== gluon_prefill_window_sm90: GPU tests, check vs float64, bench next to triton_prefill"
 kernel_step tests/tokenspeed_kernel_nvidia/test_gluon_prefill_gpu.py "" attention.prefill gluon_prefill_window_sm90 \
   triton_prefill
+}
+
+winp() {
+echo "== gluon_prefill_window_sm90: the window variants' and the persistent build's GPU tests, sweep, bench vs flex"
+# A hung mbarrier (a ring-phase bug in the persistent walk) must not cost the call: each part on its own clock.
+timeout 180 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel_nvidia/test_gluon_prefill_gpu.py \
+  -k "variants or persistent" 2>&1 | tail -15 || status=1
+timeout 270 python3 -W ignore ci/device/fa3_sweep.py --window 127 --classic --head-dim 64 --budget-s 240 \
+  --json "$OUT/window_variants.json" 2>&1 | tail -30 || status=1
+# the bench gets what is left of 570 s ($SECONDS counts from this script's start; at least 60 s)
+local left=$(( ${WINP_END_S:-570} - SECONDS ))
+(( left < 60 )) && left=60
+timeout "$left" python3 -W ignore -m tokenspeed_kernel bench attention.prefill --kernel gluon_prefill_window_sm90 \
+  --preset gpt-oss-120b --device cuda --json "$OUT/window_bench.json" 2>&1 | tail -30 || status=1
 }
 
 fa3g() {
@@ -270,18 +296,23 @@ timeout 200 python3 -W ignore -m tokenspeed_kernel bench attention.decode --kern
   --device cuda --json "$OUT/decode_bench_all.json" 2>&1 | tail -70 || status=1
 }
 
-stepplan() {
-echo "== step plans on the GPU: their GPU tests, vLLM's backend (decode step plans), the example at B=1"
-timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel/ops/attention/test_step_plan_gpu.py \
-  2>&1 | tail -12 || status=1
+# vllm_compare.py with vLLM from .whl-vllm (installed on first use), or a line saying why not; $1: the step's name
+vllm_compare() {
 if [ -f .whl-vllm/vllm-py.tar.xz ]; then
   python3 -m pip install -q --no-deps --no-index .whl-vllm/wheels/*.whl
   mkdir -p /tmp/vllm-py && tar -xJf .whl-vllm/vllm-py.tar.xz -C /tmp/vllm-py
   OUT="$OUT" PYTHONPATH=/tmp/vllm-py${PYTHONPATH:+:$PYTHONPATH} timeout 240 python3 ci/device/vllm_compare.py \
     2>&1 | tail -40 || status=1
 else
-  echo "stepplan: no .whl-vllm carried: vllm_compare.py not run"
+  echo "$1: no .whl-vllm carried: vllm_compare.py not run"
 fi
+}
+
+stepplan() {
+echo "== step plans on the GPU: their GPU tests, vLLM's backend (decode step plans), the example at B=1"
+timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel/ops/attention/test_step_plan_gpu.py \
+  2>&1 | tail -12 || status=1
+vllm_compare stepplan
 timeout 150 python3 -m examples.gpt_oss.bench --rows selector,torch --batches 1 --contexts 8192 2>&1 | tail -25 || status=1
 }
 
@@ -312,6 +343,15 @@ done
 # store_kvcache's row-strided k/v (feature-strided_rows) on the Triton store
 timeout 60 python3 -W ignore -m tokenspeed_kernel check kvcache.store --kernel triton_store_kvcache --device cuda \
   --json "$OUT/check_strided_store.json" 2>&1 | tail -12 || status=1
+}
+
+planq() {
+echo "== a DecodePlan for a row-strided q: GPU test rows, check of gluon_decode_sm90, vllm_compare.py"
+timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -k "strided_q_plan or plan_runs_bound" \
+  tests/tokenspeed_kernel_nvidia/test_gluon_decode_gpu.py 2>&1 | tail -12 || status=1
+timeout 80 python3 -W ignore -m tokenspeed_kernel check attention.decode --kernel gluon_decode_sm90 --device cuda \
+  --json "$OUT/check_planq.json" 2>&1 | tail -22 || status=1
+vllm_compare planq
 }
 
 gemv16() {
@@ -368,8 +408,8 @@ fi
 
 for step in $steps; do
   case $step in
-    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | fa3g | fa3v | fa3w | fa3x | fa3nan | fiext | flashinfer | e2e | stepplan | stridedq | stridedg | stridedgc | gemv16) "$step" ;;
-    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, fa3g, fa3v, fa3w, fa3x, fa3nan, fiext, flashinfer, e2e, stepplan, stridedq, stridedg, stridedgc, gemv16)"
+    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | winp | fa3g | fa3v | fa3w | fa3x | fa3nan | fiext | flashinfer | e2e | stepplan | stridedq | stridedg | stridedgc | planq | gemv16) "$step" ;;
+    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, winp, fa3g, fa3v, fa3w, fa3x, fa3nan, fiext, flashinfer, e2e, stepplan, stridedq, stridedg, stridedgc, planq, gemv16)"
        status=2 ;;
   esac
 done

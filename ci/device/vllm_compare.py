@@ -277,6 +277,15 @@ def _step(requests, num_blocks: int, device: torch.device, gen: torch.Generator)
     return common, rand(tokens, HQ, D), rand(tokens, HKV, D), rand(tokens, HKV, D)
 
 
+def _fused_q(q: torch.Tensor) -> torch.Tensor:
+    """``q [tokens, HQ, D]``'s values as vLLM's qkv split hands q over: the first ``HQ * D``
+    columns of rows ``(HQ + 2 HKV) * D`` wide (NaN in the k and v columns), a row-strided view."""
+    tokens = q.shape[0]
+    qkv = torch.full((tokens, (HQ + 2 * HKV) * D), float("nan"), dtype=q.dtype, device=q.device)
+    qkv[:, : HQ * D] = q.flatten(1)
+    return qkv[:, : HQ * D].view(tokens, HQ, D)
+
+
 def _reference(common, q, kv_cache, window: int | None, sinks: torch.Tensor) -> torch.Tensor:
     """float64 attention of every query over its sequence as the cache holds it."""
     k_cache = kv_cache.transpose(1, 2)[..., :D]
@@ -497,6 +506,15 @@ def _case(kit: _Kit, case: str, requests, num_decodes: int, num_blocks: int, gen
     # keys differently, so bf16 rounding, not bit equality.
     _close("backend (plan) vs public", out, out_b.double(), tol, report, case)
     row["ours_graph_ms"] = _graph_time(lambda: ours_g.impl.forward(ours_g, q, k, v, kv_cache, md_g, output=out), iters)
+    # A fused qkv's q (row-strided, as vLLM's models hand it over): the plan made with its row
+    # stride reads it in place, no copy in the graph.
+    qf = _fused_q(q)
+    out.fill_(float("nan"))
+    ours_g.impl.forward(ours_g, qf, k, v, kv_cache, md_g, output=out)
+    _close("backend (plan, fused-qkv q) vs public", out, out_b.double(), tol, report, case)
+    row["ours_graph_fused_q_ms"] = _graph_time(
+        lambda: ours_g.impl.forward(ours_g, qf, k, v, kv_cache, md_g, output=out), iters
+    )
     plan = mha_decode_plan(
         kv_cache.transpose(1, 2)[..., :D],
         kv_cache.transpose(1, 2)[..., D:],

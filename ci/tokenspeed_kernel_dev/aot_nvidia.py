@@ -1,8 +1,9 @@
 """Ahead-of-time compilation of the Gluon kernels for sm_90 on a machine without a GPU.
 
-``PYTHONPATH=ci python -m tokenspeed_kernel_dev.aot_nvidia [decode] [prefill] [prefill_fa3] [moe] [moe_mma]``
+``PYTHONPATH=ci python -m tokenspeed_kernel_dev.aot_nvidia [decode] [prefill] [prefill_fa3] [moe] [moe_mma] [moe_grouped]``
 compiles the configurations the Gluon launchers can choose (decode, the window prefill, the
-FA3-style dense prefill, the two layers of the MXFP4 MoE decode on FMAs and on mma.sync; all
+FA3-style dense prefill, the two layers of the MXFP4 MoE decode on FMAs and on mma.sync, the
+warp-specialized layer-2 grouped GEMM prototype; all
 when no kind is named) for
 ``GPUTarget("cuda", 90, 32)`` and prints one JSON line each: whether it built, the counts of
 the instructions the design relies on in the PTX (``cp.async`` gathers, ``mma.sync`` and
@@ -31,7 +32,10 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from tokenspeed_kernel_dev.aot_common import SASS_OPCODE, disassemble, ptxas_stats, sass_loops
 from tokenspeed_kernel_nvidia.ops.attention._gluon_decode_kernel import decode_kernel
 from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_fa3_kernel import prefill_fa3_kernel
-from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import prefill_window_kernel
+from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import (
+    prefill_window_kernel,
+    prefill_window_persistent_kernel,
+)
 from tokenspeed_kernel_nvidia.ops.attention.gluon_decode import decode_config
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill import GluonPrefillConfig, prefill_config, window_variants
 from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import (
@@ -43,9 +47,11 @@ from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill_fa3 import (
 )
 from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_decode as gmoe
 from tokenspeed_kernel_nvidia.ops.moe import gluon_moe_mma as gmma
+from tokenspeed_kernel_nvidia.ops.moe import gluon_mx_grouped as gmx
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_decode_kernel import w2_kernel, w13_kernel
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_kernel import w2_mma_kernel, w13_mma_kernel
 from tokenspeed_kernel_nvidia.ops.moe._gluon_moe_mma_tma_kernel import w2_mma_tma_kernel, w13_mma_tma_kernel
+from tokenspeed_kernel_nvidia.ops.moe._gluon_mx_grouped_kernel import mx_grouped_w2_kernel
 
 _TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 SM90 = GPUTarget("cuda", 90, 32)
@@ -250,6 +256,7 @@ def compile_prefill(
         "sm_scale": "fp32",
         "logit_cap": "fp32",
         "window_left": "i32",
+        **({"q_tiles": "i32", "num_items": "i32"} if cfg.persistent else {}),
     }
     constexprs = {
         "HQ": 8 * group,
@@ -270,13 +277,17 @@ def compile_prefill(
         "O_MMA": o_mma,
         "Q_ROW": q_row or 8 * group * head_dim,
     }
+    kernel = prefill_window_kernel
+    if cfg.persistent:  # the persistent build: no Q·Kᵀ-ahead loop
+        kernel = prefill_window_persistent_kernel
+        del constexprs["QK_AHEAD"]
     for name in constexprs:
         signature[name] = "constexpr"
     flags = "".join(f"-{f}" for f, on in (("sinks", sinks), ("cap", cap), ("lse", lse)) if on)
     name = f"gluon_prefill-{str(dtype)[6:]}-d{head_dim}-g{group}-{cfg.tag}{flags}"
     name += _q_tag(q_row)
-    src = GluonASTSource(prefill_window_kernel, signature, constexprs, _attrs(signature))
-    options = {"num_warps": cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})}
+    src = GluonASTSource(kernel, signature, constexprs, _attrs(signature))
+    options = {"num_warps": cfg.num_warps, **({"maxnreg": cfg.register_cap} if cfg.register_cap else {})}
     return name, triton_compile(src, target=SM90, options=options)
 
 
@@ -560,6 +571,42 @@ def moe_mma_grid():
     return rows
 
 
+def compile_moe_grouped(big_scales: bool = False, cfg: gmx.GroupedW2Config | None = None):
+    """Compile the warp-specialized layer-2 grouped GEMM prototype (``gluon_mx_grouped``, not
+    registered) for sm_90 with the launcher's descriptors and options; returns (name, compiled)."""
+    cfg = cfg or gmx.GroupedW2Config()
+    x_l, w_l, s_l = gmx.shared_layouts()
+    signature = {
+        "x_desc": f"tensordesc<bf16[128, 128],{x_l!r}>",
+        "w_desc": f"tensordesc<i32[128, 16],{w_l!r}>",
+        "s_desc": f"tensordesc<i32[1, 128],{s_l!r}>",
+        "out_ptr": "*fp32",
+        "ids_ptr": "*i32",
+        "tile_expert_ptr": "*i32",
+        "num_tiles_ptr": "*i32",
+        "num_pairs": "i32",
+        "N": "i32",
+        "steps": "i32",
+    }
+    constexprs = cfg.constexprs(big_scales)
+    for key in constexprs:
+        signature[key] = "constexpr"
+    name = f"gluon_mx_grouped_w2-{cfg.tag}{'-big' if big_scales else ''}"
+    src = GluonASTSource(mx_grouped_w2_kernel, signature, constexprs, _attrs(signature))
+    return name, triton_compile(src, target=SM90, options={"num_warps": 4, "maxnreg": cfg.maxnreg})
+
+
+def moe_grouped_grid():
+    """The prototype's default build, the two-multiply decode (scales above 2), no ping-pong,
+    and a 5-deep ring."""
+    return [
+        (False,),
+        (True,),
+        (False, gmx.GroupedW2Config(pingpong=False)),
+        (False, gmx.GroupedW2Config(stages=5)),
+    ]
+
+
 def moe_grid():
     """Both layers at GPT-OSS-120B shapes (E 128, top-4, H = I = 2880) for every token bucket
     (routing fused and precomputed, expert map, no bias, the other activations, fp16), and a
@@ -605,7 +652,8 @@ def decode_grid():
 
 def prefill_grid():
     """Every launcher configuration (D 64/128, G 8/4/16/1 and a padded 6, fp16) and each
-    feature branch (sinks, cap, lse), plus the 8-warp D=64 alternative the device script times."""
+    feature branch (sinks, cap, lse), plus the alternatives the device script times
+    (``window_variants``), the persistent build on the feature branches and a row-strided q."""
     return [
         (torch.bfloat16, 64, 8, True, False, False, None),
         (torch.bfloat16, 64, 8, False, False, False, None),
@@ -616,6 +664,14 @@ def prefill_grid():
         (torch.bfloat16, 128, 8, True, False, True, None),
         (torch.bfloat16, 128, 4, True, True, True, None),
         *((torch.bfloat16, 64, 8, True, False, False, cfg) for cfg in window_variants(64, 8)),
+        # the persistent build (window_variants' second and third) on the other feature branches: no
+        # sinks, cap + LSE with G 4, G 1, a padded G 6, a row-strided q, D 128 (one program per SM)
+        (torch.bfloat16, 64, 8, False, False, False, replace(prefill_config(64, 8), persistent=6)),
+        (torch.bfloat16, 64, 4, True, True, True, replace(prefill_config(64, 4), persistent=6)),
+        (torch.bfloat16, 64, 1, False, False, False, replace(prefill_config(64, 1), persistent=5)),
+        (torch.bfloat16, 64, 6, True, False, False, replace(prefill_config(64, 6), persistent=6)),
+        (torch.bfloat16, 64, 8, True, False, False, replace(prefill_config(64, 8), persistent=6), (64 + 16) * 64),
+        (torch.bfloat16, 128, 8, True, False, True, replace(prefill_config(128, 8), persistent=1)),
         # a row-strided q (a fused qkv's q: rows of (Hq + 2 Hkv) D values; strided_q), against
         # the first row and the D 128 one
         (torch.bfloat16, 64, 8, True, False, False, None, (64 + 16) * 64),
@@ -681,6 +737,7 @@ _BUILDERS = {
     "prefill_fa3": (compile_prefill_fa3, prefill_fa3_grid),
     "moe": (compile_moe, moe_grid),
     "moe_mma": (compile_moe_mma, moe_mma_grid),
+    "moe_grouped": (compile_moe_grouped, moe_grouped_grid),
 }
 
 

@@ -252,14 +252,15 @@ def persistent_name(gated: bool, tile: Tile, schedule: Schedule, *, big: bool = 
 
 
 def persistent_variants(vendor: str) -> list[tuple[Tile, Schedule, bool]]:
-    """(tile, schedule, big scales) of the persistent compiles: every ``mxfp4_swap`` tile with
-    every schedule the table can give it (:func:`._config.schedules_for`); at the prefill tile
+    """(tile, schedule, big scales) of the persistent compiles: every ``mxfp4_swap`` tile (the
+    rows' own: the persistent kernel runs both layers on them) with every schedule the table can
+    give it (:func:`._config.schedules_for`); at the prefill tile
     also its schedule with the other work order (static / dynamic), the two-multiply decode and
     layer 2 with the other ``w2_tma`` (TMA loads; layer 1 compiles as without it).
     One compile per kernel specialization (``programs_per_sm`` sizes the grid, no constexpr)."""
     if vendor != "cuda":
         return []
-    tiles = list(dict.fromkeys(tiles_for(vendor, "mxfp4_swap")))
+    tiles = list(dict.fromkeys(tiles_for(vendor, "mxfp4_swap", w2=False)))
     out = [(tile, schedule, False) for tile in tiles for schedule in schedules_for(tile)]
     last = tiles[-1]
     default = schedules_for(last)[-1]

@@ -295,10 +295,9 @@ class PagedKVCache:
         ``slot_mapping`` is that position's slot, read through the page table."""
         if advance:
             batch.cache_seqlens.add_(1)
-        pos = batch.cache_seqlens.to(torch.int64) - 1
-        batch.positions.copy_(pos)
-        page = batch.page_table.gather(1, (pos // self.page_size).unsqueeze(1)).squeeze(1)
-        batch.slot_mapping.copy_(page.to(torch.int64) * self.page_size + pos % self.page_size)
+        pos = torch.sub(batch.cache_seqlens, 1, out=batch.positions)  # five ops, each writing once
+        page = batch.page_table.gather(1, (pos // self.page_size)[:, None])[:, 0]
+        torch.add(pos % self.page_size, page, alpha=self.page_size, out=batch.slot_mapping)
 
     def check_decode_room(self, rids: list[int], steps: int = 1) -> None:
         """Host check before advancing ``rids`` by ``steps`` tokens (``RuntimeError`` if a

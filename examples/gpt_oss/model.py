@@ -6,9 +6,13 @@ layer with its own tensors; window and sinks per layer), or for a serving decode
 one ``mha_decode_plan`` per layer (:meth:`GptOssModel.plan_decode`: selected once, planned
 for the batch tables, ``plan.run(q)`` per step); MoE: ``moe_topk`` and a ``moe_plan`` per
 layer made once at load (the selected kernel may repack the MXFP4 weights there), applied
-every step. Embedding, RMSNorm, RoPE, projections and the LM head
-are plain torch. Nothing here names a vendor: kernels are chosen by the selector unless
-the caller passes :class:`Overrides` (kernel names per operator).
+every step. Embedding, RMSNorm, RoPE, projections and the LM head are plain torch, written
+for few launches: ``F.rms_norm``; the rotary tables once per forward pass (three ops), then
+per layer q and k rotated together, in place in the fused qkv (three ops); q, k and v stay
+views of the qkv rows (the APIs read row-strided q and K/V, the decode plans made with the
+rows' stride; a copy only where a call wants a contiguous tensor). Nothing here names a
+vendor: kernels are chosen by the selector unless the caller passes :class:`Overrides`
+(kernel names per operator).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from tokenspeed_kernel import (
     store_kvcache,
 )
 
-__all__ = ["GptOssModel", "Overrides", "apply_rope", "rms_norm"]
+__all__ = ["GptOssModel", "Overrides", "apply_rope", "rms_norm", "rope_inv_freq", "rope_tables", "rotated_qkv"]
 
 
 @dataclass(frozen=True)
@@ -53,21 +57,54 @@ class Overrides:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of ``x [T, H]`` computed in float32, returned in x's dtype."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf * weight.float()).to(x.dtype)
+    """RMSNorm of ``x [T, H]`` with ``weight [H]`` (x's dtype), computed in float32 and rounded
+    once to x's dtype: ``F.rms_norm``, one fused kernel on CUDA (weight and x of one dtype),
+    torch's float32 composite elsewhere."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (rotate-half / NeoX layout) of ``x [T, heads, D]`` at int64
-    ``positions [T]``; computed in float32, returned in x's dtype."""
-    half = x.shape[-1] // 2
-    inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
-    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+def rope_inv_freq(head_dim: int, theta: float, device: torch.device | str) -> torch.Tensor:
+    """float32 ``[D]``: the rotary frequencies ``f_i = theta^(-i / (D/2))``, ``i < D/2``, as
+    ``[-f, f]`` (the first half negated: :func:`rope_tables` then yields the sign-folded sine).
+    Made once per model."""
+    half = head_dim // 2
+    freq = theta ** (-torch.arange(half, device=device, dtype=torch.float32) / half)
+    return torch.cat([-freq, freq])
+
+
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)``, float32 ``[T, 1, D]``, of int64 ``positions [T]`` for :func:`apply_rope`,
+    from :func:`rope_inv_freq`'s ``inv_freq``: angle ``p · f_i`` (rounded to float32), ``cos`` of it
+    in both halves, ``sin`` negated in the first half. Made once per forward pass, shared by
+    every layer and by q and k (three aten ops)."""
+    angles = positions[:, None, None] * inv_freq  # int64 x float32 -> float32 [T, 1, D]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Rotary embedding (rotate-half / NeoX layout: pairs ``(i, i + D/2)``) of ``x [T, heads, D]``
+    (rows of any stride, each row's ``heads · D`` values contiguous, as a fused qkv's columns)
+    with :func:`rope_tables`' ``cos``/``sin``: ``x · cos + swap_halves(x) · sin`` in float32,
+    rounded once to x's dtype, written to ``out`` (x's shape and dtype, any strides; may be
+    ``x`` itself: rotated in place) or a new tensor, which is returned. Three aten ops."""
+    t, heads, d = x.shape
+    swapped = x.view(t, heads, 2, d // 2).flip(2).view(t, heads, d)
+    return torch.addcmul(x * cos, swapped, sin, out=torch.empty_like(x) if out is None else out)
+
+
+def rotated_qkv(
+    qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, rope: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q, k, v)`` of a fused projection ``qkv [T, (Hq + 2·Hkv)·D]`` (columns: q heads, k
+    heads, v heads; ``D`` from ``rope``'s tables), q and k rotated together in place
+    (:func:`apply_rope` over the first ``(Hq + Hkv)·D`` columns): views ``[T, Hq, D]``,
+    ``[T, Hkv, D]``, ``[T, Hkv, D]`` whose rows keep qkv's stride (contiguous when ``T == 1``)."""
+    t, d = qkv.shape[0], rope[0].shape[-1]
+    qk = qkv[:, : (num_q_heads + num_kv_heads) * d].view(t, num_q_heads + num_kv_heads, d)
+    apply_rope(qk, *rope, out=qk)
+    return qk[:, :num_q_heads], qk[:, num_q_heads:], qkv[:, (num_q_heads + num_kv_heads) * d :].view(t, num_kv_heads, d)
 
 
 class GptOssModel:
@@ -83,6 +120,7 @@ class GptOssModel:
         self.cfg = cfg
         self.w = weights
         self.overrides = overrides or Overrides()
+        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, weights.embed.device)
         self.plans: list[MoEPlan] = [
             moe_plan(
                 layer.w13,
@@ -104,9 +142,10 @@ class GptOssModel:
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, kv: PagedKVCache) -> torch.Tensor:
         """Hidden states ``[T, H]`` (before the final norm) of the ``T`` new tokens
         ``input_ids`` (int64 ``[T]``, ordered as ``batch``); writes their K/V to ``kv``."""
+        rope = rope_tables(batch.positions, self.inv_freq)
         h = F.embedding(input_ids, self.w.embed)
         for i, layer in enumerate(self.w.layers):
-            h = h + self._attention(i, layer, rms_norm(h, layer.attn_norm, self.cfg.rms_eps), batch, kv)
+            h = h + self._attention(i, layer, rms_norm(h, layer.attn_norm, self.cfg.rms_eps), batch, kv, rope)
             h = h + self._moe(i, layer, rms_norm(h, layer.mlp_norm, self.cfg.rms_eps))
         return h
 
@@ -132,6 +171,7 @@ class GptOssModel:
                 sinks=layer.sinks,
                 override=ov.decode,
                 capturable=capturable,
+                q_row_stride=(cfg.num_q_heads + 2 * cfg.num_kv_heads) * cfg.head_dim,  # q: a view of qkv's rows
             )
             plans.append(plan)
         batch.decode_plans = plans
@@ -142,21 +182,25 @@ class GptOssModel:
         return (rms_norm(hidden, self.w.final_norm, self.cfg.rms_eps) @ self.w.lm_head.T).float()
 
     def _attention(
-        self, i: int, layer: LayerWeights, x: torch.Tensor, batch: ForwardBatch, kv: PagedKVCache
+        self,
+        i: int,
+        layer: LayerWeights,
+        x: torch.Tensor,
+        batch: ForwardBatch,
+        kv: PagedKVCache,
+        rope: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         cfg, ov = self.cfg, self.overrides
         t, d, hq, hkv = x.shape[0], cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads
-        qkv = F.linear(x, layer.wqkv, layer.bqkv)
-        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-        q = apply_rope(q.view(t, hq, d), batch.positions, cfg.rope_theta)
-        k = apply_rope(k.view(t, hkv, d), batch.positions, cfg.rope_theta)
-        v = v.contiguous().view(t, hkv, d)
+        q, k, v = rotated_qkv(F.linear(x, layer.wqkv, layer.bqkv), hq, hkv, rope)  # rows with qkv's stride
+        if batch.mode == "prefill":  # mha_prefill reads contiguous K/V
+            k, v = k.contiguous(), v.contiguous()
         k_cache, v_cache = kv.k[i], kv.v[i]
-        store_kvcache(k, v, k_cache, v_cache, batch.slot_mapping, override=ov.store)
+        store_kvcache(k, v, k_cache, v_cache, batch.slot_mapping, override=ov.store)  # row-strided K/V too
         common = dict(window_left=cfg.window_left(i), sinks=layer.sinks)
         if batch.decode_plans is not None:
-            out = batch.decode_plans[i].run(q)
-        else:
+            out = batch.decode_plans[i].run(q)  # planned with qkv's row stride: read in place
+        else:  # the step plans read q row-strided, laid out as their first call's
             # one plan per pass and layer kind (the window): the first layer of the kind makes it
             plan = batch.step_plans.get(cfg.window_left(i))
             keys = (k, v) if batch.mode == "prefill" else (k_cache, v_cache)

@@ -122,7 +122,7 @@ class DecodeRunner:
         if self.logits is None:
             self.logits = torch.empty_like(logits)
         self.logits.copy_(logits)
-        self.tokens.copy_(logits.argmax(dim=-1))
+        torch.argmax(logits, dim=-1, out=self.tokens)
 
     def _capture(self) -> None:
         """Warm up on a side stream (allocations, JIT compiles, plans), restoring the state

@@ -1,6 +1,10 @@
 """The same decoder as a user without this library would write it, in plain PyTorch.
 
-- K/V are written to the same paged cache with ``index_copy_`` on the slot mapping.
+- The glue (embedding, RMSNorm, rotary embedding, projections) is the library path's own
+  (:mod:`examples.gpt_oss.model`: ``F.rms_norm``, the rotary tables once per forward pass,
+  q and k rotated together in place), so the comparison is of attention and MoE only.
+- K/V are written to the same paged cache with ``index_copy_`` on the slot mapping (from the
+  fused qkv's row-strided views).
 - Attention is ``scaled_dot_product_attention`` over K/V gathered from the pages through
   the page table (prefill: over the prompt's own K/V). GQA is folded into the query rows
   (the ``G`` query heads of a KV head become ``G·Lq`` rows), the causal/window structure is
@@ -25,7 +29,7 @@ import torch.nn.functional as F
 
 from examples.gpt_oss.config import GptOssConfig
 from examples.gpt_oss.kvcache import ForwardBatch, PagedKVCache
-from examples.gpt_oss.model import apply_rope, rms_norm
+from examples.gpt_oss.model import rms_norm, rope_inv_freq, rope_tables, rotated_qkv
 from examples.gpt_oss.weights import ModelWeights
 from tokenspeed_kernel.quant import MXFP4Weight, dequantize_mxfp4
 
@@ -49,6 +53,7 @@ class TorchGptOss:
     def __init__(self, cfg: GptOssConfig, weights: ModelWeights) -> None:
         self.cfg = cfg
         self.w = weights
+        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, weights.embed.device)
         self.w13 = [dequantize_experts(layer.w13, cfg.dtype) for layer in weights.layers]
         self.w2 = [dequantize_experts(layer.w2, cfg.dtype) for layer in weights.layers]
         self.grouped = hasattr(torch, "_grouped_mm") and (self.device.type == "cpu" or cfg.dtype == torch.bfloat16)
@@ -59,10 +64,11 @@ class TorchGptOss:
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, kv: PagedKVCache) -> torch.Tensor:
         """Hidden states ``[T, H]`` of the new tokens; writes their K/V to ``kv``."""
+        rope = rope_tables(batch.positions, self.inv_freq)
         h = F.embedding(input_ids, self.w.embed)
         for i, layer in enumerate(self.w.layers):
             x = rms_norm(h, layer.attn_norm, self.cfg.rms_eps)
-            h = h + self._attention(i, x, batch, kv)
+            h = h + self._attention(i, x, batch, kv, rope)
             x = rms_norm(h, layer.mlp_norm, self.cfg.rms_eps)
             h = h + self._moe(i, x)
         return h
@@ -73,13 +79,12 @@ class TorchGptOss:
 
     # ------------------------------------------------------------------ attention
 
-    def _attention(self, i: int, x: torch.Tensor, batch: ForwardBatch, kv: PagedKVCache) -> torch.Tensor:
+    def _attention(
+        self, i: int, x: torch.Tensor, batch: ForwardBatch, kv: PagedKVCache, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
         cfg, layer = self.cfg, self.w.layers[i]
         t, d, hq, hkv = x.shape[0], cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads
-        q, k, v = F.linear(x, layer.wqkv, layer.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
-        q = apply_rope(q.view(t, hq, d), batch.positions, cfg.rope_theta)
-        k = apply_rope(k.view(t, hkv, d), batch.positions, cfg.rope_theta)
-        v = v.reshape(t, hkv, d)
+        q, k, v = rotated_qkv(F.linear(x, layer.wqkv, layer.bqkv), hq, hkv, rope)  # the library path's glue
         flat = (-1, hkv, d)
         kv.k[i].view(flat).index_copy_(0, batch.slot_mapping, k)
         kv.v[i].view(flat).index_copy_(0, batch.slot_mapping, v)

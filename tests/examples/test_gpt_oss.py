@@ -255,6 +255,30 @@ def test_generate_agrees_across_paths(seqs):
     assert torch.equal(lib.tokens, lib_chunked.tokens)
 
 
+@pytest.mark.parametrize("kind", ["reference", "selector"])
+def test_eager_decode_step_plans_read_the_row_strided_q(kind, seqs):
+    """A decode forward without ``plan_decode`` runs ``mha_decode_step_plan`` on q as a view of
+    the fused qkv rows (B = 3: row-strided); it matches the planned decode (``DecodePlan.run``
+    on a contiguous q) and the float64 forward at every sequence's last position."""
+    cfg, w = setup(torch.float32)
+    model = make_model(kind, cfg, w)
+    engine = Engine(model, make_kv(cfg))
+    rids = engine.add_requests([len(s) - 1 for s in seqs], 1)
+    engine.prefill(rids, [s[:-1] for s in seqs])
+    tokens = torch.stack([s[-1] for s in seqs])
+    logits = []
+    for planned in (False, True):
+        batch = engine.kv.decode_batch(rids)
+        engine.kv.fill_decode(batch, advance=not planned)  # the second pass rewrites the same slots
+        if planned:
+            model.plan_decode(batch, engine.kv)
+        logits.append(model.logits(model.forward(tokens, batch, engine.kv)))
+        assert bool(batch.step_plans) != planned
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+    ref = [r[-1:] for r in reference64(torch.float32, seqs)]
+    check([row[None] for row in logits[0]], ref, TOL[torch.float32], f"{kind} eager decode step plans")
+
+
 def test_kvcache_allocation_free_reuse():
     cfg = GptOssConfig.tiny()
     kv = make_kv(cfg, num_pages=6, max_batch=3, max_pages_per_seq=4)
@@ -379,19 +403,20 @@ def test_example_and_benchmark_use_only_public_pieces():
 
 def test_host_cost_times_every_piece_of_the_step_and_restores_the_model():
     """``examples.gpt_oss.host_cost`` on the tiny model: each piece is called as often per step
-    as the model calls it (2 layers: 2 decode runs, 2 MoE applies, 4 rope, 5 norms with the
-    final one), the pieces and the rest add up to the step's wall time, and the model's module
-    and plans are restored afterwards."""
+    as the model calls it (2 layers: 2 decode runs, 2 MoE applies, one rotary table per step and
+    one rotation of q and k per layer, 5 norms with the final one), the pieces and the rest add up to the step's wall time, the model's module
+    and plans are restored afterwards, and the op count covers every piece."""
     import examples.gpt_oss.model as model_module
     from examples.gpt_oss import host_cost
 
     before = (model_module.rms_norm, model_module.store_kvcache, model_module.F)
-    cost, plain_ms = host_cost.measure("cpu", ctx=40, steps=3, layers=2, tiny=True)
+    cost, plain_ms = host_cost.measure("cpu", ctx=40, steps=3, layers=2, tiny=True, count_steps=2)
     assert (model_module.rms_norm, model_module.store_kvcache, model_module.F) == before
     calls = {name: p.calls // cost.steps for name, p in cost.pieces.items()}
     assert calls == {
         "rms_norm (torch)": 5,
-        "apply_rope (torch)": 4,
+        "rope_tables (torch)": 1,
+        "apply_rope (torch)": 2,
         "store_kvcache": 2,
         "moe_topk": 2,
         "F.linear (torch)": 6,
@@ -403,3 +428,8 @@ def test_host_cost_times_every_piece_of_the_step_and_restores_the_model():
     assert abs(sum(us for _, us, _, _ in rows) - cost.wall_s / cost.steps * 1e6) < 1e-3
     assert rows[-1][1] >= 0 and plain_ms > 0
     assert "our public calls" in cost.table()
+    # --count-ops: every piece and the rest counted, whole operators per step (each step the same)
+    ops = cost.ops_per_step()
+    assert set(ops) == set(cost.pieces) | {rows[-1][0]}
+    assert all(n == int(n) for n in ops.values()) and ops["F.embedding (torch)"] == 1 and ops["F.linear (torch)"] == 6
+    assert min(ops[name] for name in cost.pieces) > 0 and "aten ops per step" in cost.table()

@@ -46,6 +46,7 @@ def test_gluon_decode_compiles_for_sm90(decode_rows):
 
 
 _MIN_WGMMA = {"-n16-": 5, "-n32-": 6}  # wgmma instructions in the code of a window variant's key tile
+_PERSISTENT = re.compile(r"-p(\d+)(?=-|$)")  # the persistent build's tag: programs per SM
 
 
 def test_gluon_prefill_compiles_for_sm90_with_tma_and_wgmma(prefill_rows):
@@ -57,7 +58,8 @@ def test_gluon_prefill_compiles_for_sm90_with_tma_and_wgmma(prefill_rows):
         want = next((n for key, n in _MIN_WGMMA.items() if key in row["kernel"]), 8)
         assert row["wgmma"] >= want, row
         assert row["tma"] >= 4, row
-        assert row["cp_async"] == 0 and row["mma"] == 0, row
+        # cp.async only in the persistent build (its Q tiles; checked below)
+        assert (row["cp_async"] > 0) == bool(_PERSISTENT.search(row["kernel"])) and row["mma"] == 0, row
         assert 0 < row["registers"] <= 255, row
 
 
@@ -86,6 +88,41 @@ def test_gluon_prefill_window_variants_compile_without_spills(prefill_rows):
     assert ahead["wgmma"] == 2 * plain["wgmma"] and ahead["registers"] > plain["registers"]
 
 
+def test_gluon_prefill_persistent_build_fits_its_programs_and_keeps_the_tile_math(prefill_rows):
+    """The persistent build (``-p<N>``: N programs per SM walking work items; the two variants
+    of ``window_variants`` and the feature branches): no spills (every row), registers and
+    shared memory that let all N programs of 128 or 256 threads be resident at once (its
+    programs never wait for a free slot), Q copied by ``cp.async`` in 16-byte vectors
+    (``LDGSTS.128``, two sites: the first item's and the next item's), and in its key-tile loop
+    the floating-point and tensor-core instructions of the tiled build of the same tiles (the
+    same softmax and products per tile: only the integer work of the item walk is new)."""
+    from tokenspeed_kernel_nvidia.ops.attention.gluon_prefill import SMEM_PER_SM, window_variants
+
+    by_name = {r["kernel"]: r for r in prefill_rows}
+    persistent = [r for r in prefill_rows if _PERSISTENT.search(r["kernel"])]
+    assert len(persistent) >= 8
+    for cfg in window_variants(64, 8):
+        if cfg.persistent:
+            assert f"gluon_prefill-bfloat16-d64-g8-{cfg.tag}-sinks" in by_name, cfg
+    for row in persistent:
+        programs = int(_PERSISTENT.search(row["kernel"]).group(1))
+        threads = 256 if "-w8" in row["kernel"] else 128
+        allocated = -(-row["registers"] // 8) * 8  # registers are allocated 8 per thread at a time
+        assert programs * threads * allocated <= 65536, row
+        assert programs * (row["shared_bytes"] + 1024) <= SMEM_PER_SM, row
+        assert row["cp_async"] > 0 and row["sass"]["LDG.128"] == row["cp_async"], row  # LDGSTS.128, no q LDG
+        twin = by_name[_PERSISTENT.sub("", row["kernel"])]
+        for key in ("wgmma", "tma"):
+            assert row[key] == twin[key], (key, row, twin)
+        for key in ("KV_HGMMA", "KV_MUFU.EX2", "KV_FFMA", "KV_FADD", "KV_FMUL", "KV_FMNMX"):
+            assert row["sass"][key] == twin["sass"][key], (key, row, twin)
+    # the GPT-OSS variants: five programs under 96 registers, six under 80, both in 33 KiB
+    p5 = by_name["gluon_prefill-bfloat16-d64-g8-m64-n32-s2-w4-p5-sinks"]
+    p6 = by_name["gluon_prefill-bfloat16-d64-g8-m64-n32-s2-w4-p6-sinks"]
+    assert p5["registers"] <= 96 and p6["registers"] <= 80, (p5, p6)
+    assert p5["shared_bytes"] <= 33 * 1024 and p6["shared_bytes"] <= 33 * 1024, (p5, p6)
+
+
 def test_a_row_strided_q_builds_the_same_pipeline(decode_rows, prefill_rows):
     """The builds for a row-strided q (``-qs<row stride>``: a fused qkv's q, rows of (Hq + 2
     Hkv) D elements; the kernels' ``Q_ROW``) compile without spills (every row above) and keep
@@ -97,7 +134,7 @@ def test_a_row_strided_q_builds_the_same_pipeline(decode_rows, prefill_rows):
     rows = decode_rows + prefill_rows
     by_name = {r["kernel"]: r for r in rows}
     strided = [r for r in rows if "-qs" in r["kernel"]]
-    assert len(strided) == 4
+    assert len(strided) == 5
     for row in strided:
         twin = by_name[re.sub(r"-qs\d+$", "", row["kernel"])]
         for key in ("cp_async", "mma", "wgmma", "tma", "ld_v4", "shared_bytes", "atom_acq_rel_gpu"):
@@ -296,3 +333,20 @@ def test_gluon_moe_mma_compiles_for_sm90_with_tensor_cores():
         elif ("mma_w13" in row["kernel"] and "t" not in tag) or ("mma_w2" in row["kernel"] and "T" not in tag):
             assert row["tma"] == 0, row
         assert 0 < row["registers"] <= 255, row
+
+
+def test_gluon_mx_grouped_w2_prototype_is_warp_specialized_with_wgmma():
+    """The layer-2 grouped GEMM prototype (``gluon_mx_grouped``, not registered): one TMA
+    producer warp (three copies per step) and two consumer warpgroups under setmaxnreg, each
+    issuing one m64 wgmma step (8 k16 instructions) with one step left in flight; the decoded
+    weight reaches wgmma's register A without a shared-memory layout conversion (the only
+    shared loads are the words, the scale words and the barriers'); registers and spills
+    are printed for the report (spills are 0 today)."""
+    rows = {r["kernel"]: r for r in _compile("moe_grouped")}
+    for name, r in rows.items():
+        print(name, "registers", r["registers"], "spills", r["spills"], "sass regs", r["sass"].get("REGS"))
+        assert r["wgmma"] == 16 and r["wgmma_wait1"] >= 2, r
+        assert r["tma"] >= 3, r
+        assert {24, 240} <= set(r["setmaxnreg"]), r
+        assert r["sass"]["STS"] <= 2 and r["sass"]["LDS"] <= 9, r
+    assert rows["gluon_mx_grouped_w2-s4p-r240.24.168"]["shared_bytes"] <= 170 * 1024

@@ -245,3 +245,54 @@ def test_strided_q_gives_the_contiguous_bits(forced, name, fused, offset):
     assert not out.isnan().any() and _rel(out.cpu(), ref) < (2e-2 if dtype == torch.bfloat16 else 5e-3)
     if lse:
         assert torch.allclose(lse_s.cpu().double().view_as(ref_lse), ref_lse, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "one-element-in"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "combine"])
+@pytest.mark.parametrize(
+    "name", ["gqa8-ragged-sinks-lse", "window127-sinks", "gqa4-d128-fp16-lse", "b64-two-stage-ring"]
+)
+def test_strided_q_plan_gives_the_contiguous_plans_bits(forced, name, fused, offset):
+    """A ``DecodePlan`` made with ``q_row_stride`` (a fused qkv's q: rows of (Hq + 2 Hkv) D
+    elements, NaN past each row's q; also one element into its buffer) runs its q in place
+    through the runner bound for that row stride: the contiguous q's plan's bits, output and
+    LSE, the float64 reference, then under CUDA-graph capture and replay (new values in the
+    captured strided buffer each replay) too."""
+    from tokenspeed_kernel import mha_decode_plan
+
+    forced(fused, 5)
+    lens, hq, hkv, d, _, window, _, lse, dtype = CASES[name]
+    (q, k, v, table, seqlens, sk), (ref, ref_lse) = _case(name)
+    make = functools.partial(
+        mha_decode_plan, k, v, table, seqlens, max(lens), num_q_heads=hq, q_dtype=dtype, window_left=window,
+        sinks=sk, return_lse=True, override=KERNEL, capturable=True,
+    )  # fmt: skip
+    row = (hq + 2 * hkv) * d
+    plain, plan = make(), make(q_row_stride=row)
+    assert plan.q_row_stride == row and "strided_q" in plan.request.features
+    flat, flat_lse = plain.run(q)
+    strided = row_strided(q, 2 * hkv * d, offset)
+    assert strided.stride() == (row, d, 1) and torch.equal(strided, q)
+    out = torch.full_like(q, float("nan"))
+    for _ in range(2):  # the checked path (out given), then the quick one
+        _, lse_s = plan.run(strided, out=out)
+        assert torch.equal(out, flat) and torch.equal(lse_s, flat_lse)
+        out, lse_s = plan.run(strided)
+        assert torch.equal(out, flat) and torch.equal(lse_s, flat_lse)
+    assert _rel(out.cpu(), ref) < (2e-2 if dtype == torch.bfloat16 else 5e-3)
+    if lse:
+        assert torch.allclose(lse_s.cpu().double().view_as(ref_lse), ref_lse, atol=1e-3, rtol=1e-3)
+    with pytest.raises(ValueError, match=r"q must be \[batch, Hq, D\] with strides"):
+        plan.run(q)
+    graph_out = torch.full_like(q, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(strided, out=graph_out)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    for _ in range(2):
+        fresh = torch.randn(q.shape, generator=gen, device="cuda").to(dtype)
+        strided.copy_(fresh)  # the captured buffer's q columns; the NaN past them stays
+        graph_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(graph_out, plain.run(fresh)[0])

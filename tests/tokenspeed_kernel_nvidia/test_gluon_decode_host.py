@@ -212,8 +212,9 @@ def test_a_row_strided_q_is_read_in_place_through_its_row_stride(monkeypatch, ma
 
 
 def test_a_plans_placeholder_q_binds_the_contiguous_build(monkeypatch):
-    """``bind_decode`` binds with broadcast placeholders for q (stride 0): the contiguous build
-    (``Q_ROW`` = Hq D), which every plan run's q (contiguous, as ``DecodePlan.run`` checks) takes."""
+    """``bind_decode`` binds a contiguous q's plan with broadcast placeholders for q (stride 0):
+    the contiguous build (``Q_ROW`` = Hq D), which every run's q of such a plan (contiguous, as
+    ``DecodePlan.run`` checks) takes."""
     import dataclasses
 
     import torch
@@ -225,3 +226,39 @@ def test_a_plans_placeholder_q_binds_the_contiguous_build(monkeypatch):
     layout = dataclasses.replace(plan, q=torch.empty(1, dtype=plan.q.dtype).expand(plan.q.shape))
     launches, *_ = mod._launches(layout)
     assert launches[0].kwargs["Q_ROW"] == 512
+
+
+@pytest.mark.parametrize("max_seqlen_k", [200, 8192])  # fused merge / a separate merge kernel
+def test_a_row_strided_plans_placeholder_binds_the_strided_build(monkeypatch, max_seqlen_k):
+    """``bind_decode`` with the placeholder ``mha_decode_plan(..., q_row_stride=768)`` binds
+    with (``_validate.row_placeholder``, viewed 4-D as a run's q is): the strided build
+    (``Q_ROW`` = 768), and each run of a fused qkv's q launches what a fresh bind of that run's
+    tensors launches."""
+    import dataclasses
+
+    import torch
+    from support.launch_recorder import Recorder, assert_same_launches
+
+    from tokenspeed_kernel.ops.attention._validate import placeholder, row_placeholder
+    from tokenspeed_kernel_nvidia.ops.attention import gluon_decode as mod
+
+    rec = Recorder().install(monkeypatch)
+    monkeypatch.setattr(mod, "sm_count", lambda device: 132)
+    plan = _decode_args(0, max_seqlen_k, lse=True)
+    q_like = row_placeholder((2, 8, 64), 768, plan.q.dtype, plan.q.device).view(plan.q.shape)
+    assert q_like.stride() == _strided_q(plan).q.stride()
+    out_like, lse_like = (placeholder(t.shape, t.dtype, t.device) for t in (plan.out, plan.lse))
+    layout = dataclasses.replace(plan, q=q_like, out=out_like, lse=lse_like)
+    assert mod._launches(layout)[0][0].kwargs["Q_ROW"] == 768
+    run = mod.bind_decode(layout)
+    for layer in range(2):
+        step = _strided_q(_decode_args(layer, max_seqlen_k, lse=True))
+        args = dataclasses.replace(plan, q=step.q, out=torch.empty_like(plan.out), lse=torch.empty_like(plan.lse))
+        start = len(rec.launches)
+        run(args)
+        cached = rec.since(start)
+        mod._fresh(args)
+        assert cached[0][3]["Q_ROW"] == 768
+        assert_same_launches(cached, rec.since(start + len(cached)), [args.q, args.out, args.lse, plan.k_cache,
+                                                                      plan.v_cache, plan.page_table, plan.cache_seqlens,
+                                                                      plan.sinks])  # fmt: skip

@@ -4,11 +4,13 @@ Runs only on an sm_90 GPU (skips with the reason otherwise): ragged batches with
 1, 37, 129, 300, 1025, windows 127/64/1, GQA groups 8 and 4, sinks on and off, D 64 and 128,
 fp16, logit cap and LSE, a row-strided q (a fused qkv's q, NaN past each row's q, read in
 place); outputs poisoned with NaN so an unwritten row fails. The opt-in configurations the
-device sweep times (``window_variants``) run through the uncached launcher. The float64
+device sweep times (``window_variants``) run through the uncached launcher, and the persistent
+build gives the tiled build's bits (one and six programs per SM, many items each). The float64
 reference is a dense masked softmax written here (no code shared with the kernel); it is
 itself checked against ``support.naive_attention`` on small shapes, on any machine.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -17,6 +19,9 @@ from support.dense_attention import dense_reference
 from support.gpu import sm90_skip_reason
 from support.naive_attention import naive_prefill
 from support.strided_q import row_strided
+
+from tokenspeed_kernel.ops.attention.args import PrefillArgs
+from tokenspeed_kernel_nvidia.ops.attention import gluon_prefill as gp
 
 KERNEL = "gluon_prefill_window_sm90"
 
@@ -113,15 +118,12 @@ def test_gluon_prefill_window_reads_a_row_strided_q_in_place(lens, hq, hkv, d, w
 _VARIANT_CASES = [CASES[0], CASES[7]]  # ragged with sinks; G = 6 padded to 8, window 100
 
 
-@pytest.mark.parametrize("variant", range(7))
+@pytest.mark.parametrize("variant", range(len(gp.window_variants(64, 8))))
 @pytest.mark.parametrize("lens,hq,hkv,d,window,sinks,cap,dtype", _VARIANT_CASES)
 def test_gluon_prefill_window_variants_numerics(variant, lens, hq, hkv, d, window, sinks, cap, dtype):
     """Each opt-in configuration (``gluon_prefill.window_variants``) against float64 on the
     ragged case with sinks and the padded group (G = 6) at window 100."""
     _skip()
-    from tokenspeed_kernel.ops.attention.args import PrefillArgs
-    from tokenspeed_kernel_nvidia.ops.attention import gluon_prefill as gp
-
     cfg = gp.window_variants(d, hq // hkv)[variant]
     q, k, v, cu = _inputs(lens, hq, hkv, d, dtype, "cuda", seed=sum(lens) + window + d + variant)
     sk = torch.randn(hq, device="cuda") * 2 if sinks else None
@@ -130,4 +132,47 @@ def test_gluon_prefill_window_variants_numerics(variant, lens, hq, hkv, d, windo
     args = PrefillArgs(q, k, v, cu, cu, max(lens), max(lens), True, 1 / math.sqrt(d), window, sk, cap, out, lse)
     gp.launch(args, cfg)
     torch.cuda.synchronize()
+    _check_float64(q, k, v, cu, d, window, sk, cap, out, lse)
+
+
+def _persistent_cases():
+    """(case, programs per SM, row-strided q) of every case: one program per SM (many items per
+    program, the ring running across them) and six (the variant's) where six fit, and the
+    GPT-OSS-like case with a fused qkv's q."""
+    out = []
+    for i, case in enumerate(CASES):
+        d, group = case[3], case[1] // case[2]
+        for per_sm in (1, 6):
+            try:
+                dataclasses.replace(gp.prefill_config(d, group), persistent=per_sm)
+            except ValueError:  # D 128's tiles: six do not fit an SM
+                continue
+            out.append(pytest.param(case, per_sm, False, id=f"case{i}-p{per_sm}"))
+    return [*out, pytest.param(CASES[0], 6, True, id="case0-p6-strided_q")]
+
+
+@pytest.mark.parametrize("case,per_sm,strided", _persistent_cases())
+def test_gluon_prefill_window_persistent_build_gives_the_tiled_build_s_bits(case, per_sm, strided):
+    """``GluonPrefillConfig.persistent`` (programs walking (head, query tile) items, the next
+    item's Q and first K/V tiles loaded while the current one finishes) against the tiled
+    build of the same tiles on every case (ragged with sinks, windows 127/64/1, GQA 8/4 and a
+    padded 6, fp16, D 128, a logit cap; LSE): the same output and LSE bits, and the float64
+    reference."""
+    _skip()
+    lens, hq, hkv, d, window, sinks, cap, dtype = case
+    q, k, v, cu = _inputs(lens, hq, hkv, d, dtype, "cuda", seed=sum(lens) + window + d + per_sm)
+    if strided:
+        q = row_strided(q, 2 * hkv * d)
+    sk = torch.randn(hq, device="cuda") * 2 if sinks else None
+    tiled_cfg = gp.prefill_config(d, hq // hkv)
+    results = []
+    for cfg in (tiled_cfg, dataclasses.replace(tiled_cfg, persistent=per_sm)):
+        out = torch.full(q.shape, float("nan"), dtype=dtype, device="cuda")
+        lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+        args = PrefillArgs(q, k, v, cu, cu, max(lens), max(lens), True, 1 / math.sqrt(d), window, sk, cap, out, lse)
+        gp.launch(args, cfg)
+        torch.cuda.synchronize()
+        results.append((out, lse))
+    (tiled, tiled_lse), (out, lse) = results
+    assert torch.equal(out, tiled) and torch.equal(lse, tiled_lse)
     _check_float64(q, k, v, cu, d, window, sk, cap, out, lse)

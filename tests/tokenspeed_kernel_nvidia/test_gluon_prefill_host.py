@@ -3,6 +3,7 @@
 table, call-time checks, and a float64 emulation of the kernel's algorithm (same tiles, same
 online softmax, sink folded in the epilogue) against the independent naive attention."""
 
+import dataclasses
 import math
 
 import pytest
@@ -206,3 +207,107 @@ def test_emulated_algorithm_matches_naive_attention(lens, window, group, sinks, 
     ro, rl = naive_prefill(q, k, v, cu_t, cu_t, softmax_scale=scale, window_left=window, sinks=sk, logit_cap=cap)
     torch.testing.assert_close(out, ro, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(lse, rl, rtol=1e-9, atol=1e-9)
+
+
+# ---------------------------------------------------------------- the persistent build
+def test_persistent_configurations_fit_their_programs_or_are_refused():
+    small = gp.prefill_config(64, 8)
+    p5, p6 = (v for v in gp.window_variants(64, 8) if v.persistent)
+    assert (p5.persistent, p6.persistent) == (5, 6) and (p5.tag, p6.tag) == ("m64-n32-s2-w4-p5", "m64-n32-s2-w4-p6")
+    # registers capped so that all programs share an SM (allocated 8 per thread at a time)
+    assert (p5.register_cap, p6.register_cap) == (96, 80)
+    assert small.register_cap is None and dataclasses.replace(p6, maxnreg=72).register_cap == 72
+    assert dataclasses.replace(gp.prefill_config(128, 8), persistent=1).register_cap is None  # 256 threads: 256 > 255
+    assert p6.shared_bytes() == 2 * (2 * 64 * 64 + 2 * 2 * 32 * 64)  # two Q tiles and the ring: 32 KiB
+    with pytest.raises(ValueError, match="qk_ahead"):
+        dataclasses.replace(small, persistent=5, qk_ahead=True)
+    with pytest.raises(ValueError, match="do not fit an SM"):
+        dataclasses.replace(gp.prefill_config(128, 8), persistent=3)
+    with pytest.raises(ValueError, match="persistent"):
+        dataclasses.replace(small, persistent=-1)
+
+
+def test_persistent_grid():
+    assert gp.persistent_grid((1024, 8, 1), 5, 132) == (660, 8192)  # GPT-OSS S = 8192: 12.4 items each
+    assert gp.persistent_grid((2, 2, 1), 6, 132) == (4, 4)  # never more programs than items
+    assert gp.persistent_grid((512, 8, 4), 6, 132) == (792, 16384)
+
+
+def _persistent_walk(lens_q, lens_k, hkv, block_t, block_n, window, programs, stages):
+    """A plain-Python mirror of ``prefill_window_persistent_kernel``'s walk: per program, the
+    producer cursor of ``_produce`` (the first ``stages`` tiles, then one per consumed tile,
+    moving past items without tiles) and the consumer's items in order, checking that each
+    tile the consumer waits for in ring slot ``g % stages`` at phase ``(g // stages) & 1`` is
+    the one the producer put there (its fill count's parity), and that nothing is in flight
+    at the end. Returns ``{(b, kv_head, tile): [(start, masked), ...]}`` of the live items."""
+    batch = len(lens_q)
+    q_tiles = gp.grid(max(lens_q), hkv, batch, block_t)[0]
+    items = q_tiles * hkv * batch
+
+    def band(item):  # _item_band: (live, key tiles, the item's key)
+        if item >= items:
+            return False, [], None
+        tile, kv_head, b = item % q_tiles, item // q_tiles % hkv, item // q_tiles // hkv
+        live = tile * block_t < lens_q[b]
+        return live, gp.band_tiles(lens_q[b], lens_k[b], tile, block_t, block_n, window), (b, kv_head, tile)
+
+    seen = {}
+    for pid in range(programs):
+        ring = [None] * stages  # (item, tile index, fills of the slot so far)
+        fills = [0] * stages
+        cursor = {"item": pid - programs, "tile": 0, "tiles": []}
+
+        def produce(slot, cursor=cursor, ring=ring, fills=fills):
+            while cursor["tile"] >= len(cursor["tiles"]) and cursor["item"] < items:
+                cursor["item"] += programs
+                live, tiles, _ = band(cursor["item"])
+                cursor["tiles"], cursor["tile"] = tiles if live else [], 0
+            if cursor["tile"] < len(cursor["tiles"]):
+                assert ring[slot] is None, "a slot refilled before its tile was consumed"
+                ring[slot] = (cursor["item"], cursor["tile"], fills[slot])
+                fills[slot] += 1
+                cursor["tile"] += 1
+
+        for st in range(stages):
+            produce(st)
+        g = 0
+        for item in range(pid, items, programs):
+            live, tiles, key = band(item)
+            if not live:
+                continue
+            assert key not in seen
+            seen[key] = tiles
+            for j in range(len(tiles)):
+                slot = g % stages
+                assert ring[slot] is not None and ring[slot][:2] == (item, j), (pid, item, j, ring)
+                assert ring[slot][2] & 1 == (g // stages) & 1, "the phase the consumer waits on"
+                ring[slot] = None
+                produce(slot)
+                g += 1
+        assert ring == [None] * stages, "a tile left in flight"
+    return seen
+
+
+@pytest.mark.parametrize(
+    "lens_q,lens_k",
+    [
+        ([1, 37, 129, 300, 1025], [1, 37, 129, 300, 1025]),  # ragged: most items of short sequences dead
+        ([300, 1, 77], [300, 1, 77]),
+        ([20, 9, 40], [2, 9, 200]),  # live items without a key tile (len_k < len_q) and a long prefix
+        ([8192], [8192]),
+    ],
+)
+@pytest.mark.parametrize("programs", [1, 3, 7, 660])
+@pytest.mark.parametrize("stages", [2, 3])
+def test_persistent_walk_visits_every_live_item_once_with_its_band(lens_q, lens_k, programs, stages):
+    hkv, block_t, block_n, window = 2, 8, 32, 127
+    seen = _persistent_walk(lens_q, lens_k, hkv, block_t, block_n, window, programs, stages)
+    want = {
+        (b, h, t): gp.band_tiles(lens_q[b], lens_k[b], t, block_t, block_n, window)
+        for b in range(len(lens_q))
+        for h in range(hkv)
+        for t in range(-(-lens_q[b] // block_t))
+    }
+    assert seen == want
+    if lens_k[0] < lens_q[0]:
+        assert any(not tiles for tiles in seen.values()), "a live item without key tiles is walked too"

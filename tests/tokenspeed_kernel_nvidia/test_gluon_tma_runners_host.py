@@ -88,7 +88,7 @@ def _tensors(args) -> list:
 
 
 def _sm_count(monkeypatch) -> None:
-    for module in (gluon_prefill_fa3, gluon_extend_fa3):
+    for module in (gluon_prefill, gluon_prefill_fa3, gluon_extend_fa3):
         monkeypatch.setattr(module, "sm_count", lambda device: 132)
 
 
@@ -292,3 +292,43 @@ def test_a_step_runner_checks_each_runs_tma_bases_before_any_launch(monkeypatch,
         with pytest.raises(ValueError, match=f"needs {operand}[ ']"):
             runner(dataclasses.replace(args, **{operand: moved}))
         assert rec.since(start) == [], f"{operand}: nothing launched"
+
+
+# --- the window prefill's persistent build (GluonPrefillConfig.persistent, opt-in) -------------
+
+
+def _same_values(a: tuple, b: tuple) -> bool:
+    """Launch arguments alike: the same tensors, descriptors over the same bases, equal scalars."""
+
+    def facts(x):
+        if hasattr(x, "block_shape"):  # a descriptor: its base's address, shape and box
+            return "desc", x.base.data_ptr(), list(x.shape), list(x.block_shape)
+        return ("tensor", id(x)) if isinstance(x, torch.Tensor) else ("value", x)
+
+    return [facts(x) for x in a] == [facts(y) for y in b]
+
+
+@pytest.mark.parametrize("max_q", [None, 200])
+def test_the_persistent_window_build_walks_the_tiled_grid_s_items(monkeypatch, max_q):
+    """The persistent build through the uncached launcher: one program per resident slot (6 x
+    132 SMs at most, never more than the items), the tiled build's tensors, descriptors and
+    scalars followed by the query-tile count and the item count (the tiled grid's programs),
+    its constexprs but ``QK_AHEAD`` and the register cap that fits six programs (80). A q whose
+    rows ``cp.async`` cannot copy (an odd row stride) gets the tiled build instead."""
+    rec = Recorder().install(monkeypatch)
+    _sm_count(monkeypatch)
+    args = _window_args(0, lse=True, max_q=max_q)
+    cfg = gluon_prefill.prefill_config(64, 4)
+    persistent = dataclasses.replace(cfg, persistent=6)
+    gluon_prefill.launch(args, cfg)
+    gluon_prefill.launch(args, persistent)
+    (tiled_fn, tiled_grid, tiled_args, tiled_kw), (fn, grid, values, kw) = rec.launches
+    assert (tiled_fn, fn) == ("prefill_window_kernel", "prefill_window_persistent_kernel")
+    items = tiled_grid[0] * tiled_grid[1] * tiled_grid[2]
+    assert grid == (min(items, 6 * 132),) and values[-2:] == (tiled_grid[0], items)
+    assert _same_values(values[:-2], tiled_args)
+    assert kw == {**{k: v for k, v in tiled_kw.items() if k != "QK_AHEAD"}, "maxnreg": 80}
+    gluon_prefill.launch(_strided_q(args, 4), persistent)  # rows of 516 elements: 4-byte copies
+    assert rec.launches[-1][0] == "prefill_window_persistent_kernel" and rec.launches[-1][3]["Q_ROW"] == 516
+    gluon_prefill.launch(_strided_q(args, 1), persistent)  # rows of 513 elements
+    assert rec.launches[-1][0] == "prefill_window_kernel" and rec.launches[-1][3]["Q_ROW"] == 513

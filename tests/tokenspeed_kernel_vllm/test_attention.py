@@ -69,6 +69,21 @@ def _layer(vllm_config, *, window: int | None, sinks: bool, logit_cap: float | N
     return layer
 
 
+def _step(requests, *, num_blocks: int, seed: int, pad_reqs: int = 0):
+    """vLLM's metadata and this layer geometry's tensors for ``requests`` (bf16)."""
+    return make_step(
+        requests,
+        num_heads=NUM_HEADS,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=HEAD_SIZE,
+        block_size=BLOCK,
+        num_blocks=num_blocks,
+        dtype=torch.bfloat16,
+        seed=seed,
+        pad_reqs=pad_reqs,
+    )
+
+
 def _builder(vllm_config, layer):
     spec = layer.get_kv_cache_spec(vllm_config)
     builder_cls = layer.attn_backend.get_builder_cls()
@@ -127,16 +142,7 @@ def test_mixed_batch_matches_float64(vllm_config, layout, window, sinks, logit_c
     layer = _layer(vllm_config, window=window, sinks=sinks, logit_cap=logit_cap)
     spec, builder = _builder(vllm_config, layer)
     kv_cache = kv_cache_view(spec, 24, layout, torch.bfloat16)
-    step = make_step(
-        MIXED,
-        num_heads=NUM_HEADS,
-        num_kv_heads=NUM_KV_HEADS,
-        head_size=HEAD_SIZE,
-        block_size=BLOCK,
-        num_blocks=24,
-        dtype=torch.bfloat16,
-        seed=1,
-    )
+    step = _step(MIXED, num_blocks=24, seed=1)
     write_prefixes(step, kv_cache, HEAD_SIZE)
     metadata, output = _run(layer, builder, step, kv_cache)
     assert last_kernel() == "triton_extend"  # strided vLLM caches served in place, not by the reference
@@ -154,10 +160,7 @@ def test_one_steps_layers_share_the_step_plans_per_kind(vllm_config):
     kinds = (8, None, 8, None)
     layers = [_layer(vllm_config, window=window, sinks=True, logit_cap=None) for window in kinds]
     spec, builder = _builder(vllm_config, layers[0])
-    step = make_step(
-        MIXED, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, block_size=BLOCK,
-        num_blocks=24, dtype=torch.bfloat16, seed=2,
-    )  # fmt: skip
+    step = _step(MIXED, num_blocks=24, seed=2)
     metadata = builder.build(0, step.common)
     for i, (layer, window) in enumerate(zip(layers, kinds)):
         layer.sinks.data.copy_(torch.linspace(-1.0 - i, 2.0 + i, NUM_HEADS))
@@ -186,16 +189,7 @@ def test_speculative_decodes_q_len_3(tiny_model_dir):
     spec, builder = _builder(config, layer)
     assert builder.reorder_batch_threshold == 3
     kv_cache = kv_cache_view(spec, 16, "LBNHC", torch.bfloat16)
-    step = make_step(
-        [(9, 3), (30, 3), (0, 7)],
-        num_heads=NUM_HEADS,
-        num_kv_heads=NUM_KV_HEADS,
-        head_size=HEAD_SIZE,
-        block_size=BLOCK,
-        num_blocks=16,
-        dtype=torch.bfloat16,
-        seed=2,
-    )
+    step = _step([(9, 3), (30, 3), (0, 7)], num_blocks=16, seed=2)
     write_prefixes(step, kv_cache, HEAD_SIZE)
     metadata, output = _run(layer, builder, step, kv_cache)
     assert (metadata.num_decodes, metadata.decode_q_len, metadata.num_prefills) == (2, 3, 1)
@@ -215,16 +209,7 @@ def test_full_cudagraph_decode_runs_through_plans(tiny_model_dir):
     assert builder.decode_plans is not None and builder.plan_capturable
     kv_cache = kv_cache_view(spec, 16, "LBNHC", torch.bfloat16)
     requests = [(14, 1), (3, 1), (33, 1)]  # the next token of each stays on an allocated page
-    step = make_step(
-        requests,
-        num_heads=NUM_HEADS,
-        num_kv_heads=NUM_KV_HEADS,
-        head_size=HEAD_SIZE,
-        block_size=BLOCK,
-        num_blocks=16,
-        dtype=torch.bfloat16,
-        seed=3,
-    )
+    step = _step(requests, num_blocks=16, seed=3)
     write_prefixes(step, kv_cache, HEAD_SIZE)
     metadata, output = _run(layer, builder, step, kv_cache)
     assert metadata.decode_plans is not None and len(metadata.decode_plans) == 1
@@ -234,16 +219,7 @@ def test_full_cudagraph_decode_runs_through_plans(tiny_model_dir):
     # Next step: each sequence grew by the token just decoded; vLLM rewrites the same
     # persistent tensors in place.
     k_cache, v_cache = cache_kv(kv_cache, HEAD_SIZE)
-    nxt = make_step(
-        [(c + 1, 1) for c, _ in requests],
-        num_heads=NUM_HEADS,
-        num_kv_heads=NUM_KV_HEADS,
-        head_size=HEAD_SIZE,
-        block_size=BLOCK,
-        num_blocks=16,
-        dtype=torch.bfloat16,
-        seed=4,
-    )
+    nxt = _step([(c + 1, 1) for c, _ in requests], num_blocks=16, seed=4)
     for b, (ctx, _) in enumerate(requests):
         pos = torch.arange(ctx + 1)
         blocks = step.block_table[b, pos // BLOCK].long()
@@ -260,6 +236,57 @@ def test_full_cudagraph_decode_runs_through_plans(tiny_model_dir):
     _check(nxt, output2, kv_cache, layer, window=None, sinks=True, logit_cap=None)
 
 
+@pytest.mark.parametrize("strided_kernel", [True, False], ids=["in-place", "fallback-copy"])
+def test_full_cudagraph_decode_reads_a_fused_qkv_q_in_place(tiny_model_dir, monkeypatch, strided_kernel):
+    """The full-graph decode of a fused qkv's q (rows of (Hq + 2 Hkv) D elements, NaN past
+    each row's q): the layer's DecodePlan is made with q's row stride and runs q as vLLM hands
+    it over, no copy; where no capturable kernel reads a row-strided q (here: mha_decode_plan
+    refusing q_row_stride, as for an override naming such a kernel), the plan is a contiguous
+    q's and q is copied. Both match float64."""
+    from support.strided_q import row_strided
+    from tokenspeed_kernel_vllm.attention import impl
+    from vllm.config import CUDAGraphMode
+
+    from tokenspeed_kernel import KernelOverrideError
+
+    copied = []
+    monkeypatch.setattr(impl, "_contiguous", lambda t: copied.append(t.stride()) or t.contiguous())
+    if not strided_kernel:
+        real_plan = impl.mha_decode_plan
+
+        def no_strided_kernel(*args, q_row_stride=None, **kwargs):
+            if q_row_stride is not None:
+                raise KernelOverrideError("the override names a kernel that does not read a row-strided q (test)")
+            return real_plan(*args, **kwargs)
+
+        monkeypatch.setattr(impl, "mha_decode_plan", no_strided_kernel)
+    config = make_vllm_config(tiny_model_dir)
+    config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+    layer = _layer(config, window=8, sinks=True, logit_cap=None)
+    spec, builder = _builder(config, layer)
+    kv_cache = kv_cache_view(spec, 16, "LBNHC", torch.bfloat16)
+    step = _step([(14, 1), (3, 1), (33, 1), (20, 1)], num_blocks=16, seed=8)
+    write_prefixes(step, kv_cache, HEAD_SIZE)
+    row = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE
+    q = row_strided(step.q, 2 * NUM_KV_HEADS * HEAD_SIZE)
+    assert q.stride() == (row, HEAD_SIZE, 1) and torch.equal(q, step.q)
+    metadata = builder.build(0, step.common)
+    layer.impl.do_kv_cache_update(layer, step.k_new, step.v_new, kv_cache, step.common.slot_mapping)
+    for _ in range(2):  # the plan's first run, then a run of the plan kept for the batch shape
+        output = torch.full((q.shape[0], NUM_HEADS, HEAD_SIZE), float("nan"), dtype=torch.bfloat16)
+        layer.impl.forward(layer, q, step.k_new, step.v_new, kv_cache, metadata, output=output)
+        _check(step, output, kv_cache, layer, window=8, sinks=True, logit_cap=None)
+    assert metadata.decode_plans is not None and len(metadata.decode_plans) == 1
+    (plan,) = metadata.decode_plans._plans[metadata.decode_plan_key].values()
+    assert last_kernel() == plan.kernel == "triton_decode"
+    if strided_kernel:
+        assert plan.q_row_stride == row and "strided_q" in plan.request.features
+        assert copied == []  # q reached the plan's run as vLLM handed it over
+    else:
+        assert plan.q_row_stride is None and "strided_q" not in plan.request.features
+        assert copied == [(row, HEAD_SIZE, 1)] * 2  # one copy per forward
+
+
 def test_fp8_kv_cache_with_scales(tiny_model_dir):
     """--kv-cache-dtype fp8: vLLM's uint8 cache viewed as float8_e4m3fn, the layer's
     per-tensor k/v scales passed through to store and attention."""
@@ -273,16 +300,7 @@ def test_fp8_kv_cache_with_scales(tiny_model_dir):
     assert spec.dtype == torch.uint8
     kv_cache = kv_cache_view(spec, 16, "LBNHC", torch.uint8)
     fp8_view = kv_cache.view(torch.float8_e4m3fn)
-    step = make_step(
-        [(12, 1), (0, 9), (18, 4)],
-        num_heads=NUM_HEADS,
-        num_kv_heads=NUM_KV_HEADS,
-        head_size=HEAD_SIZE,
-        block_size=BLOCK,
-        num_blocks=16,
-        dtype=torch.bfloat16,
-        seed=5,
-    )
+    step = _step([(12, 1), (0, 9), (18, 4)], num_blocks=16, seed=5)
     k_cache, v_cache = cache_kv(fp8_view, HEAD_SIZE)
     for b, (ctx, _) in enumerate(step.requests):  # prefixes stored as value / scale
         for pos in range(ctx):
@@ -333,16 +351,7 @@ def test_through_vllm_attention_forward(vllm_config, fused, monkeypatch):
     layer = _layer(vllm_config, window=8, sinks=True, logit_cap=None)
     spec, builder = _builder(vllm_config, layer)
     kv_cache = kv_cache_view(spec, 24, "LBNHC", torch.bfloat16)
-    step = make_step(
-        MIXED,
-        num_heads=NUM_HEADS,
-        num_kv_heads=NUM_KV_HEADS,
-        head_size=HEAD_SIZE,
-        block_size=BLOCK,
-        num_blocks=24,
-        dtype=torch.bfloat16,
-        seed=1,
-    )
+    step = _step(MIXED, num_blocks=24, seed=1)
     write_prefixes(step, kv_cache, HEAD_SIZE)
     layer.kv_cache = kv_cache
     metadata = builder.build(0, step.common)
@@ -374,17 +383,7 @@ def test_padded_full_graph_decode_batch(tiny_model_dir):
     spec, builder = _builder(config, layer)
     kv_cache = kv_cache_view(spec, 16, "LBNHC", torch.bfloat16)
     real = [(9, 1), (20, 1), (2, 1)]
-    step = make_step(
-        real,
-        num_heads=NUM_HEADS,
-        num_kv_heads=NUM_KV_HEADS,
-        head_size=HEAD_SIZE,
-        block_size=BLOCK,
-        num_blocks=16,
-        dtype=torch.bfloat16,
-        seed=6,
-        pad_reqs=1,
-    )
+    step = _step(real, num_blocks=16, seed=6, pad_reqs=1)
     write_prefixes(step, kv_cache, HEAD_SIZE)
     null_page = kv_cache[0].clone()
     padded = 4  # capture size: 3 requests + 1 padding request, one token each

@@ -95,6 +95,23 @@ def test_a_plan_hook_is_checked_through_its_plan(temp_kernels, op, hook, path):
     assert wrong.status == "FAIL" and wrong.reason.startswith(f"through its {path} plan"), wrong
 
 
+def test_a_decode_bind_hook_is_checked_with_a_row_strided_q_through_the_decode_plan(temp_kernels):
+    """A decode kernel that lists ``strided_q`` with a ``bind`` hook: its derived strided-q
+    case runs through ``mha_decode_plan(..., q_row_stride=...)`` too, so a runner bound wrong
+    for that layout fails the row, naming the decode plan; a right one passes."""
+    reference = registry.get_kernel("torch_decode")
+    features = ("sinks", "strided_q")
+    for name, runner in (("t_rows_right", reference.fn), ("t_rows_wrong", lambda args: args.out.zero_())):
+        registry.register_kernel(
+            "attention.decode", name=name, solution="test", features=features, bind=lambda args, run=runner: run
+        )(reference.fn)
+    for name, passed in (("t_rows_right", True), ("t_rows_wrong", False)):
+        report = check("attention.decode", kernel=name, device="cpu", quiet=True)
+        rows = [r for r in report.rows if "strided_q" in r.case]
+        assert rows and all(r.passed == passed for r in rows), rows
+        assert passed or all(r.reason.startswith("through its decode plan") for r in rows), rows
+
+
 def test_check_rejects_kernel_of_another_operator():
     with pytest.raises(ValueError, match="registered for attention.decode, not moe.apply"):
         check("moe.apply", kernel="torch_decode", device="cpu", quiet=True)
@@ -168,13 +185,13 @@ def test_derived_cases_reach_a_kernel_that_serves_self_attention_only(temp_kerne
     assert report.rows and all(r.status == "PASS" for r in report.rows), [(r.status, r.reason) for r in report.rows]
 
 
-def test_plan_paths_follow_the_hooks_and_leave_a_strided_q_out_of_the_decode_plan():
+def test_plan_paths_follow_the_hooks_and_take_a_strided_q_through_the_decode_plan():
     """``cases.plan_paths``: a ``step_runner`` claims the step plan, a decode kernel's ``bind``
-    the decode plan, except for a row-strided q (``DecodePlan.run`` takes a contiguous q)."""
+    the decode plan, a row-strided q's too (the plan made with its ``q_row_stride``)."""
     gluon_like = registry.get_kernel("torch_decode")
     hooked = dataclasses.replace(gluon_like, bind=lambda args: None, step_runner=lambda args: None)
     plain = cases.AttentionCase("attention.decode", (1, 1), (40, 7), 8, 2, 64)
     strided = dataclasses.replace(plain, strided_q=True)
     assert cases.plan_paths(plain, hooked) == ("step", "decode")
-    assert cases.plan_paths(strided, hooked) == ("step",)
+    assert cases.plan_paths(strided, hooked) == ("step", "decode")
     assert cases.plan_paths(plain, gluon_like) == ()

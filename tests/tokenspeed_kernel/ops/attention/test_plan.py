@@ -2,6 +2,8 @@
 public request builders and ``last_kernel``: select once, call the layout hook with the
 plan's tensors, reject or refuse non-capturable kernels with a reason in words."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -197,6 +199,104 @@ def test_plan_validates(inputs):
         _plan(inputs, capturable=1)
     with pytest.raises(TypeError, match="page_table must have dtype in {int32}"):
         _plan(inputs | {"page_table": inputs["page_table"].long()})
+
+
+# ----------------------------------------------------------------------------- row-strided q
+
+STRIDED = dataclasses.replace(CASE, strided_q=True)  # q: the first Hq * D columns of [3, (4 + 2 * 2) * 16], NaN after
+ROW = (4 + 2 * 2) * 16
+
+
+def test_row_strided_plan_runs_a_fused_qkv_q_in_place_as_the_call_does():
+    """``q_row_stride``: the plan selects with the functional call's request for such a q
+    (``strided_q``, ``q_align``), its hooks see the runs' strides, and runs read q in place
+    (the NaN after each row never reaches the output) to the call's bits and float64's."""
+    from support.naive_attention import naive_for_case
+
+    inputs = cases.make_inputs(STRIDED)
+    q = inputs["q"]
+    assert q.stride() == (ROW, 16, 1)
+    plan = _plan(inputs, q_row_stride=ROW)
+    assert plan.q_row_stride == ROW and plan.kernel == "torch_decode"
+    want = mha_decode_with_kvcache(**inputs)
+    assert plan.request == _dispatch.last_request()  # what the call selected with
+    assert "strided_q" in plan.request.features and plan.request.shape("q_align") == 16
+    assert plan._layout_args.q.shape == (3, 1, 4, 16) and plan._layout_args.q.stride()[0] == ROW
+    for _ in range(2):  # the quick path; then into out (the checked path)
+        got = plan.run(q)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    out = torch.full_like(want, float("nan"))
+    assert plan.run(q, out=out) is out
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    expected, _ = naive_for_case(STRIDED, inputs)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_row_strided_plan_refuses_other_layouts_and_bad_strides():
+    inputs = cases.make_inputs(STRIDED)
+    q = inputs["q"]
+    plan = _plan(inputs, q_row_stride=ROW)
+    expected = r"q must be \[batch, Hq, D\] with strides \(128, 16, 1\) for this plan \(made with q_row_stride=128\)"
+    with pytest.raises(ValueError, match=expected + r", got strides \(64, 16, 1\)"):
+        plan.run(q.contiguous())
+    with pytest.raises(ValueError, match=expected + r", got strides \(128, 64, 16, 1\)"):
+        plan.run(q.unsqueeze(1))
+    wider = torch.zeros(3, ROW + 16)[:, :64].view(3, 4, 16)
+    with pytest.raises(ValueError, match=expected + r", got strides \(144, 16, 1\)"):
+        plan.run(wider)
+    # A contiguous plan names the plan a row-strided q needs.
+    with pytest.raises(ValueError, match=r"q must be contiguous for this plan .*q_row_stride=q.stride\(0\)"):
+        _plan(inputs).run(q)
+    with pytest.raises(ValueError, match="q_row_stride must be >= 64, got 63"):
+        _plan(inputs, q_row_stride=63)
+    with pytest.raises(TypeError, match="q_row_stride must be an int, got float"):
+        _plan(inputs, q_row_stride=128.0)
+    with pytest.raises(ValueError, match=r"q_row_stride applies to a 3-D q \[batch, Hq, D\] \(q_len 1\), got q_len 2"):
+        _plan(inputs, q_row_stride=ROW, q_len=2)
+    # Hq * D is a contiguous q's row: the plan is a contiguous one.
+    dense = _plan(inputs, q_row_stride=64)
+    assert dense.q_row_stride is None and "strided_q" not in dense.request.features
+    torch.testing.assert_close(dense.run(q.contiguous()), plan.run(q), rtol=0, atol=0)
+
+
+def test_row_strided_plan_never_selects_a_kernel_without_strided_q(temp_kernels):
+    inputs = cases.make_inputs(STRIDED)
+    temp_kernels(
+        "attention.decode", name="fake_dense_decode", vendors=("cpu",), features=FEATURES, priority=Priority.PLUGIN
+    )
+    assert _plan(inputs).kernel == "fake_dense_decode"
+    assert _plan(inputs, q_row_stride=ROW).kernel == "torch_decode"
+    with pytest.raises(KernelOverrideError, match="strided_q"):
+        _plan(inputs, q_row_stride=ROW, override="fake_dense_decode")
+
+
+def test_row_strided_plan_checks_the_address_for_a_kernel_that_lists_q_align(temp_kernels):
+    """A kernel that reads q by 16-byte copies (``q_align`` ``(16,)``): the plan assumed a
+    16-byte aligned base; a run's q that is not is refused on both run paths."""
+    hook, calls = _recording_hook()
+    fn = temp_kernels(
+        "attention.decode",
+        name="fake_tma_decode",
+        vendors=("cpu",),
+        features=(*FEATURES, "strided_q"),
+        shapes={"q_align": (16,)},
+        priority=Priority.PLUGIN,
+        prepare_layout=hook,
+    )
+    inputs = cases.make_inputs(STRIDED)
+    plan = _plan(inputs, q_row_stride=ROW)
+    assert plan.kernel == "fake_tma_decode"
+    # The hook's placeholder q has the runs' layout: the 4-D view a run's q is passed as.
+    assert calls[0].q.stride() == inputs["q"].view(3, 1, 4, 16).stride() == (ROW, 64, 16, 1)
+    plan.run(inputs["q"])
+    assert fn.calls[-1].q.data_ptr() == inputs["q"].data_ptr()  # in place, no copy
+    shifted = torch.zeros(3 * ROW + 4)[4:].view(3, ROW)[:, :64].view(3, 4, 16)  # 16 bytes + 16: aligned
+    plan.run(shifted)
+    odd = torch.zeros(3 * ROW + 1)[1:].view(3, ROW)[:, :64].view(3, 4, 16)  # 4 bytes past a boundary
+    for out in (None, torch.empty(3, 4, 16)):
+        with pytest.raises(ValueError, match=r"q's address must be a multiple of 16 bytes for this plan's kernel"):
+            plan.run(odd, out=out)
+    assert len(fn.calls) == 2
 
 
 # ----------------------------------------------------------------------------- graph safety

@@ -80,3 +80,34 @@ def test_rescale_when_the_max_grows_in_later_tiles(op):
         out.double().cpu(), expected_out, atol=3e-3 * (float(expected_out.abs().max()) + 1), rtol=3e-3
     )
     torch.testing.assert_close(lse.double().cpu(), expected_lse, atol=2e-3, rtol=2e-3)
+
+
+def test_decode_plan_runs_a_row_strided_q_in_place():
+    """``mha_decode_plan(..., q_row_stride=...)`` with ``triton_decode``: a fused qkv's q (NaN
+    past each row's q) run in place gives the functional call's bits and float64's values."""
+    import dataclasses
+
+    from tokenspeed_kernel import mha_decode_plan, mha_decode_with_kvcache
+
+    case = cases.AttentionCase(
+        "attention.decode", (1,) * 3, (37, 5, 70), 8, 2, 64, page_size=16, dtype=torch.bfloat16, sinks=True,
+        window_left=40, name="strided_plan",
+    )  # fmt: skip
+    case = dataclasses.replace(case, strided_q=True)
+    inputs = cases.make_inputs(case, DEVICE, seed=2)
+    q = inputs["q"]
+    assert q.stride(0) == (8 + 2 * 2) * 64
+    plan = mha_decode_plan(
+        inputs["k_cache"], inputs["v_cache"], inputs["page_table"], inputs["cache_seqlens"], inputs["max_seqlen_k"],
+        num_q_heads=8, q_dtype=q.dtype, window_left=40, sinks=inputs["sinks"], q_row_stride=q.stride(0),
+    )  # fmt: skip
+    assert plan.kernel == "triton_decode" and "strided_q" in plan.request.features
+    want = mha_decode_with_kvcache(**inputs)
+    out = torch.full_like(want, float("nan"))
+    plan.run(q, out=out)
+    assert last_kernel() == "triton_decode"
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(plan.run(q), want, rtol=0, atol=0)
+    expected, _ = naive_for_case(case, inputs)
+    scale = float(expected.abs().max()) + 1.0
+    torch.testing.assert_close(out.double().cpu(), expected, atol=TOL[case.dtype] * scale, rtol=TOL[case.dtype])

@@ -20,6 +20,7 @@ import dataclasses
 import pytest
 import torch
 from support.gpu_moe import awkward_gpu_inputs
+from support.launch_recorder import Recorder
 from support.moe_checks import (
     GPU_CASES,
     awkward_apply_cases,
@@ -39,7 +40,7 @@ from tokenspeed_kernel.platform import platform_from_arch
 from tokenspeed_kernel.quant import MXFP4Weight, dequantize_mxfp4, quantize_mxfp4
 from tokenspeed_kernel.registry import Priority, get_kernel
 from tokenspeed_kernel.tools import cases
-from tokenspeed_kernel_triton.ops.moe import fused, fused_mx, fused_mx_swap
+from tokenspeed_kernel_triton.ops.moe import _config, fused, fused_mx, fused_mx_swap
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile, tiles_for
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -212,6 +213,32 @@ def test_tile_table_steps_by_128_and_fits_wgmma():
     assert pick_tile(4, 128, "cpu", "mxfp4_swap") == tiles[0]
 
 
+def test_layer2_tiles_name_a_row_and_keep_its_token_rows():
+    """Every layer-2 override names a row of the table and keeps its ``block_m`` (the
+    permutation's token tiles serve both layers) and its step; at GPT-OSS's T = 64 (2 rows per
+    expert) layer 2 runs 128 weight rows (the H200 sweep), from 16 rows per expert both layers
+    share the row's tile; ``tiles_for`` lists each override after its row (the AOT compiles)."""
+    rows = {(v, w, bound): tile for v, w, bound, tile in _config._TABLE}
+    assert _config._W2_TILES
+    for key, w2 in _config._W2_TILES.items():
+        assert key in rows and w2.block_m == rows[key].block_m and w2.block_k == rows[key].block_k, (key, w2)
+        assert key[1] == "mx_swap", f"{key}: only the swapped kernel reads layer 2's tile"
+    t64 = pick_tile(4 * 64, 128, "cuda", "mxfp4_swap")
+    assert (t64, pick_tile(4 * 64, 128, "cuda", "mxfp4_swap", layer=2)) == (
+        Tile(16, 64, 128, 1, 4, 4),
+        Tile(16, 128, 128, 1, 4, 4),
+    )
+    for tokens in (512, 4096):
+        assert pick_tile(4 * tokens, 128, "cuda", "mxfp4_swap", layer=2) == pick_tile(
+            4 * tokens, 128, "cuda", "mxfp4_swap"
+        )
+    assert pick_tile(4, 128, "cuda", "mxfp4_dot", layer=2) == pick_tile(4, 128, "cuda", "mxfp4_dot")  # no override
+    assert tiles_for("cuda", "mxfp4_swap")[:2] == (t64, Tile(16, 128, 128, 1, 4, 4))
+    assert Tile(16, 128, 128, 1, 4, 4) not in tiles_for("cuda", "mxfp4_swap", w2=False)
+    with pytest.raises(ValueError, match="layer must be one of"):
+        pick_tile(4, 128, "cuda", "mxfp4_swap", layer=3)
+
+
 # ---------------------------------------------------------------- CPU numerics (the interpreter)
 
 
@@ -291,6 +318,68 @@ def test_bound_runs_match_the_functional_path_under_the_interpreter(name):
         DEVICE,
         tile=SMALL,
     )
+
+
+def _gemm_tiles(launches: list) -> list[tuple[int, int, int]]:
+    """(BLOCK_M, BLOCK_N, programs along the grid's first axis) of each recorded swapped-GEMM
+    launch, in order."""
+    return [
+        (kw["BLOCK_M"], kw["BLOCK_N"], grid[0]) for name, grid, _, kw in launches if name == "moe_mx_swap_gemm_kernel"
+    ]
+
+
+@interpreter_only
+def test_layer2_gets_its_own_tile_at_decode_rows_under_the_interpreter(monkeypatch):
+    """At <= 4 rows per expert (T = 9, top-2 of 8 experts: 2.25) the table gives layer 2 its own
+    tile (16 x 128) while layer 1 keeps 16 x 64, on the functional path and in a bound runner
+    (recorded launches: layer 2's grid has cdiv(H, 128) weight tiles per token tile); at 17
+    tokens (4.25 rows) both layers share the row's tile. Outputs: bitwise the shared 16 x 64
+    tile's (each element the same K loop over the same products) and within the float64
+    reference's tolerance, bound or not."""
+    case = dataclasses.replace(
+        awkward_apply_cases()["gpt_oss_like"], num_tokens=9, hidden=160, intermediate=64, expert_map=False, name="w2"
+    )
+    inputs = cases.make_inputs(case, DEVICE, seed=11)
+    assert inputs["w13"].shape[0] == 8
+    plan = fused_mx_swap.prepare_moe_mx_swap(w13=inputs["w13"], w2=inputs["w2"])
+    shipped, shared = _run(inputs, plan), _run(inputs, plan, tile=Tile(16, 64, 128, 1, 4, 4))
+    check_rel_err(shipped, naive_moe(**inputs), TOL)
+    assert torch.equal(shipped, shared), "layer 2's own tile changes no bit"
+    args = MoEApplyArgs(**inputs, out=torch.full_like(inputs["x"], float("nan")), prepared=plan)
+    runner = fused_mx_swap.bind_fused_moe_mx_swap(args)
+    runner(args)
+    assert torch.equal(args.out, shipped), "the bound runner runs the same launches"
+
+    recorder = Recorder().install(monkeypatch)
+    fused_mx_swap.fused_moe_mx_swap(args)
+    functional = _gemm_tiles(recorder.since(0))
+    start = len(recorder.launches)
+    fused_mx_swap.bind_fused_moe_mx_swap(args)(args)
+    bound = _gemm_tiles(recorder.since(start))
+    (m1, n1, programs1), (m2, n2, programs2) = functional
+    assert (m1, n1, m2, n2) == (16, 64, 16, 128) and bound == functional
+    # layer 1: N = 64 (the intermediate), one weight tile per token tile; layer 2: cdiv(160, 128)
+    assert programs2 == 2 * programs1, (programs1, programs2)
+    start = len(recorder.launches)
+    more = cases.make_inputs(dataclasses.replace(case, num_tokens=17), DEVICE, seed=12)
+    fused_mx_swap.fused_moe_mx_swap(MoEApplyArgs(**more, out=torch.empty_like(more["x"]), prepared=plan))
+    assert [t[:2] for t in _gemm_tiles(recorder.since(start))] == [(32, 128), (32, 128)]
+
+
+def test_layer2_tile_must_keep_the_token_rows():
+    """``w2_tile`` with another ``block_m``, or another step, is refused before any launch, on
+    both paths; a given ``tile`` without ``w2_tile`` serves both layers."""
+    inputs = cases.make_inputs(awkward_apply_cases()["gpt_oss_like"], "cpu", seed=0)
+    plan = fused_mx_swap.prepare_moe_mx_swap(w13=inputs["w13"], w2=inputs["w2"])
+    args = MoEApplyArgs(**inputs, out=torch.empty_like(inputs["x"]), prepared=plan)
+    for run in (fused_mx_swap.fused_moe_mx_swap, fused_mx_swap.bind_fused_moe_mx_swap):
+        with pytest.raises(ValueError, match="w2_tile.block_m must be"):
+            run(args, tile=Tile(32, 128, 128, 8, 4, 4), w2_tile=Tile(16, 128, 128, 1, 4, 4))
+        with pytest.raises(ValueError, match="tile.block_k must be 128"):
+            run(args, w2_tile=Tile(32, 128, 64, 8, 4, 4))
+        with pytest.raises(TypeError, match="w2_tile must be a Tile"):
+            run(args, w2_tile=(32, 128, 128, 8, 4, 4))
+    assert fused_mx_swap._swap_tiles(args, Tile(32, 64, 128, 8, 4, 4), None) == (Tile(32, 64, 128, 8, 4, 4),) * 2
 
 
 @pytest.mark.parametrize("kernel", ["swap", "dot_scaled"])

@@ -458,7 +458,7 @@ def test_the_device_sweep_lists_the_levers_group(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     rows = {line.split()[0]: line.split() for line in done.stdout.splitlines()}
     assert list(rows)[:2] == ["swap", "persistent"] and all(r[1] in ("base", "levers") for r in rows.values())
-    assert {"t64-w2n128", "t1024-8w", "p-w2tma", "p-ybf16"} <= set(rows) and "p-static" not in rows
+    assert {"t64-w2n64", "t1024-8w", "p-w2tma", "p-ybf16"} <= set(rows) and "p-static" not in rows
     assert rows["p-w2tma"][2] == "4096" and rows["t1024-ybf16"][2] == "512,1024"
 
 
@@ -467,13 +467,13 @@ def test_the_device_sweep_runs_the_levers_under_the_interpreter(tmp_path):
     """ci/device/mxp_sweep.py's levers on a small layer: layer 2's own tile and K splits and the
     persistent kernel's layer-2 TMA loads give the swapped kernel's bits, layer-2 rows in bf16
     pass float64 without them; ``--breakdown`` times the shipped rows' layers."""
-    variants = "swap,persistent,t64-w2n128,t64-w2split2,t1024-ybf16,p-w2tma"
+    variants = "swap,persistent,t64-w2n64,t64-w2split2,t1024-ybf16,p-w2tma"
     done, report = _sweep(tmp_path, "--tokens", "5", "--variants", variants, "--breakdown")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (result,) = report["results"]
     rows = result["rows"]
     assert all(rows[name]["status"] == "PASS" and rows[name]["ms"] > 0 for name in variants.split(","))
-    assert all(rows[name]["vs_swap"] == "bitwise" for name in ("persistent", "t64-w2n128", "t64-w2split2", "p-w2tma"))
+    assert all(rows[name]["vs_swap"] == "bitwise" for name in ("persistent", "t64-w2n64", "t64-w2split2", "p-w2tma"))
     assert rows["t1024-ybf16"]["vs_swap"] != "bitwise" and rows["t1024-ybf16"]["choice"] == "w2 y=bf16"
     for name in ("swap", "persistent"):
         assert set(rows[name]["layers_ms"]) == {"w13", "w2", "rest"} and rows[name]["layers_ms"]["w13"] > 0

@@ -16,14 +16,18 @@ and ``[..., D:]``, shaped ``[num_pages, page_size, Hkv, D]`` with a contiguous l
 copy of the cache is ever made. q, which vLLM hands over as a row-strided view of the fused
 qkv projection (rows ``[Hq, D]``, a row stride of ``(Hq + 2 Hkv) D``), is passed as it is to
 the extend and to a decode of one query per sequence (request feature ``strided_q``: the
-kernels read it through its row stride); a speculative decode's 4-D q and the q of a full
-CUDA-graph decode (``DecodePlan.run``) must be contiguous and are copied. The k and v rows,
+kernels read it through its row stride), the full CUDA-graph decode's included: its
+``DecodePlan`` is made with q's row stride (``mha_decode_plan(..., q_row_stride=...)``, read
+off the q the layer's first warm-up run hands over). A speculative decode's 4-D q is copied
+contiguous, and so is a graph decode's q where no capturable kernel serves a row-strided q
+(the plan is then made for a contiguous q). The k and v rows,
 row-strided views of the same projection, go to ``store_kvcache`` as they are too (request
 feature ``strided_rows``).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -32,6 +36,8 @@ from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionTy
 
 from tokenspeed_kernel import (
     DecodePlan,
+    KernelOverrideError,
+    NoKernelFoundError,
     mha_decode_plan,
     mha_decode_step_plan,
     mha_extend_plan,
@@ -43,6 +49,19 @@ from tokenspeed_kernel_vllm.attention.metadata import TokenspeedAttentionMetadat
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
+
+
+def _row_stride(q: torch.Tensor) -> int | None:
+    """The row stride of a row-strided 3-D ``q [tokens, Hq, D]`` (rows contiguous within
+    themselves, strides ``(S, D, 1)`` with ``S > Hq * D``: vLLM's view of the fused qkv
+    projection's q), which a decode plan can be made for; None for any other q (contiguous, or
+    a layout no plan takes: copied)."""
+    if q.dim() != 3 or q.is_contiguous():
+        return None
+    _, heads, dim = q.shape
+    if q.stride(2) != 1 or q.stride(1) != dim or q.stride(0) < heads * dim:
+        return None
+    return q.stride(0)
 
 
 class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
@@ -273,13 +292,19 @@ class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
     ) -> None:
         batch, q_len = md.num_decodes, md.decode_q_len
         planned = md.decode_plans is not None and md.decode_plan_key is not None
-        if q_len > 1 or planned:  # a 4-D q, and DecodePlan.run's, must be contiguous
+        plan = None
+        if planned:  # q as it comes where the plan was made for its row stride, else a copy
+            row_stride = _row_stride(q) if q_len == 1 else None
+            plan = self._plan(md, q.dtype, row_stride, k_cache, v_cache, k_scale, v_scale, sinks)
+            if plan.q_row_stride is None:
+                q = _contiguous(q)
+        elif q_len > 1:  # a 4-D q must be contiguous
             q = _contiguous(q)
         if q_len > 1:
             q = q.view(batch, q_len, self.num_heads, q.shape[-1])
             out = out.view(batch, q_len, self.num_heads, out.shape[-1])
-        if planned:
-            self._plan(md, q.dtype, k_cache, v_cache, k_scale, v_scale, sinks).run(q, out=out)
+        if plan is not None:
+            plan.run(q, out=out)
             return
         self._step_run(md, "decode", q, out, k_cache, v_cache, k_scale, v_scale, sinks)
 
@@ -300,16 +325,20 @@ class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
         self,
         md: TokenspeedAttentionMetadata,
         q_dtype: torch.dtype,
+        q_row_stride: int | None,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         k_scale: torch.Tensor | None,
         v_scale: torch.Tensor | None,
         sinks: torch.Tensor | None,
     ) -> DecodePlan:
-        """This layer's plan for the batch shape: made on first sight (vLLM's warm-up runs
-        precede capture) and re-planned by the builder every step after."""
+        """This layer's plan for the batch shape and q's layout (``q_row_stride``: a
+        row-strided q's, or None for a contiguous one): made on first sight (vLLM's warm-up
+        runs precede capture) and re-planned by the builder every step after. A row-strided
+        q's plan falls back to a contiguous q's (its runs then copy q) where no capturable
+        kernel reads a row-strided q (or the override names one that does not)."""
         assert md.decode_plans is not None and md.decode_plan_key is not None
-        owner = (id(self), k_cache.data_ptr())
+        owner = (id(self), k_cache.data_ptr(), q_row_stride)
         plan = md.decode_plans.get(md.decode_plan_key, owner)
         if plan is None:
             if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
@@ -317,7 +346,8 @@ class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
                     "TOKENSPEED: a decode batch shape reached CUDA-graph capture without a warm-up run; "
                     "its decode plan must be made outside capture (keep cudagraph_num_of_warmups >= 1)"
                 )
-            plan = mha_decode_plan(
+            make = functools.partial(
+                mha_decode_plan,
                 k_cache,
                 v_cache,
                 md.decode_page_table,
@@ -329,5 +359,11 @@ class TokenspeedAttentionImpl(AttentionImpl[TokenspeedAttentionMetadata]):
                 **self._options(sinks, k_scale, v_scale),
                 capturable=md.plan_capturable,
             )
+            try:
+                plan = make(q_row_stride=q_row_stride)
+            except (NoKernelFoundError, KernelOverrideError):
+                if q_row_stride is None:
+                    raise
+                plan = make()
             md.decode_plans.add(md.decode_plan_key, owner, plan)
         return plan

@@ -24,7 +24,7 @@ per-layer tensors' layout checked, then the launch).
 
 CUDA graphs: when vLLM captures full decode graphs (``cudagraph_mode`` FULL_DECODE_ONLY or
 FULL_AND_PIECEWISE) a pure-decode batch runs through ``mha_decode_plan`` plans, one per
-(layer, batch shape), kept on the persistent ``block_table``/``seq_lens`` buffers vLLM
+(layer, batch shape, q layout: a fused qkv's q is planned with its row stride), kept on the persistent ``block_table``/``seq_lens`` buffers vLLM
 rewrites in place every step. :meth:`TokenspeedAttentionMetadataBuilder.build` runs
 ``plan.update()`` (outside capture) before the step's forward replays the graph.
 """

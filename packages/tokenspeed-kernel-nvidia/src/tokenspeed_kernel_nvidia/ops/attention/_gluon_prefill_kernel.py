@@ -23,12 +23,18 @@ memory, and both products run on ``wgmma``: ``S = Q·Kᵀ`` (A and B from shared
 ``[128, D] x [D, BLOCK_N]``) and ``O += P·V`` (P from registers in the wgmma A-operand
 layout, V from shared memory). Online softmax in base 2 with fp32 statistics; the sink joins
 the denominator once in the epilogue.
+
+The persistent build (:func:`prefill_window_persistent_kernel`, opt-in) runs the same tiles
+with the same per-tile helpers on a grid of resident programs, each walking the tiled grid's
+programs as work items with its K/V ring running across them and the next item's Q tile
+double-buffered.
 """
 
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -136,6 +142,127 @@ def _clean_v(v_buf, edge, IO: gl.constexpr):
         gl.thread_barrier()
 
 
+@gluon.jit
+def _tile_pv(
+    s, m_i, l_i, acc, start, slot, phase, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap, qk_scale,
+    v_smem, v_bars, HAS_CAP: gl.constexpr, BLOCK_N: gl.constexpr, IO: gl.constexpr, O_MMA: gl.constexpr,
+):  # fmt: skip
+    """A key tile's work after its scores ``s``, written once for every loop: the online-softmax
+    step (:func:`_tile_softmax`, the tile at key position ``start``), the wait for its V tile
+    in ring ``slot`` (barrier ``phase``), the cleaning of a boundary tile's V
+    (:func:`_clean_v`) and the asynchronous ``O += P·V`` (P from registers in the wgmma
+    A-operand layout). Returns ``(acc_tok, m_i, l_i)``: the product in flight (the caller
+    waits on it with its own dependencies) and the new statistics."""
+    p, m_i, l_i, acc, edge = _tile_softmax(
+        s, m_i, l_i, acc, start, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap, qk_scale,
+        HAS_CAP, BLOCK_N, O_MMA,
+    )  # fmt: skip
+    mbarrier.wait(v_bars.index(slot), phase)
+    _clean_v(v_smem.index(slot), edge, IO)
+    p_op = gl.convert_layout(p.to(v_smem.dtype), gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2))
+    acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
+    return acc_tok, m_i, l_i
+
+
+@gluon.jit
+def _band(len_q, len_k, t0, window_left, BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The band of query tokens ``t0 .. t0 + BLOCK_T`` of a sequence (``t0 < len_q``): the
+    positions ``p0 .. p1`` of its first and last real query (bottom-right aligned), the first
+    key ``lo`` any of them sees and the count of ``BLOCK_N``-key tiles from ``lo`` to the last
+    key ``p1`` sees."""
+    p0 = len_k - len_q + t0
+    p1 = p0 + gl.minimum(BLOCK_T, len_q - t0) - 1
+    lo = gl.maximum(p0 - window_left, 0)
+    hi = gl.minimum(p1 + 1, len_k)
+    num_tiles = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
+    return p0, p1, lo, num_tiles
+
+
+@gluon.jit
+def _q_rows(
+    q_begin, t0, len_q, kv_head, HQ: gl.constexpr, G: gl.constexpr, G_PAD: gl.constexpr, D: gl.constexpr,
+    BLOCK_M: gl.constexpr, IO: gl.constexpr, Q_ROW: gl.constexpr,
+):  # fmt: skip
+    """The ``[BLOCK_M, D]`` rows (token ``t0 + r // G_PAD``, query head ``kv_head * G + r %
+    G_PAD``) of a tile in the ``IO`` layout: ``(io_ok, io_off, io_offs, io_mask, q_offs)`` =
+    which rows are real (a token of the sequence, a head of the group), each row's element
+    offset in o (q's rows are o's when ``Q_ROW == HQ * D``), the ``[BLOCK_M, D]`` offsets in o
+    and their mask, and the offsets in q (through its row stride ``Q_ROW``)."""
+    io_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, IO))
+    io_cols = gl.arange(0, D, layout=gl.SliceLayout(0, IO))
+    io_tok = t0 + io_rows // G_PAD
+    io_g = io_rows % G_PAD
+    io_ok = (io_tok < len_q) & (io_g < G)
+    io_off = ((q_begin + io_tok).to(gl.int64) * HQ + kv_head * G + io_g) * D
+    io_offs = gl.expand_dims(io_off, 1) + gl.expand_dims(io_cols, 0)
+    io_mask = gl.expand_dims(io_ok, 1) & gl.expand_dims(io_cols < D, 0)
+    if Q_ROW == HQ * D:
+        q_offs = io_offs  # q's rows are out's
+    else:  # a row-strided q: token t's row starts t * Q_ROW elements in
+        q_off = (q_begin + io_tok).to(gl.int64) * Q_ROW + (kv_head * G + io_g) * D
+        q_offs = gl.expand_dims(q_off, 1) + gl.expand_dims(io_cols, 0)
+    return io_ok, io_off, io_offs, io_mask, q_offs
+
+
+@gluon.jit
+def _finish(
+    acc, m_i, l_i, s_rows, kv_head, sinks_ptr, o_ptr, lse_ptr, io_ok, io_off, io_offs, io_mask, stage,
+    G: gl.constexpr, G_PAD: gl.constexpr, D: gl.constexpr, HAS_SINKS: gl.constexpr, HAS_LSE: gl.constexpr,
+    IO: gl.constexpr, O_MMA: gl.constexpr, STAGED: gl.constexpr,
+):  # fmt: skip
+    """A tile's epilogue: the sink joins the denominator (:func:`softmax_epilogue`), the
+    accumulator becomes the output, stored to the real rows of o (``io_offs`` / ``io_mask``
+    of :func:`_q_rows`) with the natural-log LSE when ``HAS_LSE``. The output changes layout
+    (wgmma accumulator -> ``IO``'s 16-byte rows) through shared memory: the compiler's scratch,
+    or with ``STAGED`` the ``[BLOCK_M, D]`` buffer ``stage`` (the tile's own Q buffer, done
+    with; the persistent build, whose ring and Q buffers stay allocated, needs no scratch)."""
+    sink = 0.0
+    if HAS_SINKS:
+        head = kv_head * G + gl.minimum(s_rows % G_PAD, G - 1)
+        sink = gl.load(sinks_ptr + head) * LOG2E
+    m_use, l_fin, has, inv = softmax_epilogue(m_i, l_i, sink, HAS_SINKS)
+    out = acc * gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, O_MMA)), 1)
+    if STAGED:
+        gl.thread_barrier()  # every warp's Q·Kᵀ is done with the buffer
+        stage.store(out.to(o_ptr.dtype.element_ty))
+        gl.thread_barrier()
+        out = stage.load(IO)
+    else:
+        out = gl.convert_layout(out.to(o_ptr.dtype.element_ty), IO)
+    gl.store(o_ptr + io_offs, out, mask=io_mask)
+    if HAS_LSE:
+        lse = gl.where(has, (m_use + gl.log2(gl.where(has, l_fin, 1.0))) * LN2, float("-inf"))
+        lse = gl.convert_layout(lse, gl.SliceLayout(1, IO))
+        gl.store(lse_ptr + io_off // D, lse, mask=io_ok)
+
+
+@gluon.jit
+def _kv_ring(k_desc, STAGES: gl.constexpr):
+    """The K/V ring: ``STAGES`` K and V buffers of one TMA box (``[BLOCK_N, D]``, the
+    descriptor's NVMMA layout) and one initialized ``mbarrier`` per buffer and operand."""
+    dtype: gl.constexpr = k_desc.dtype
+    box: gl.constexpr = k_desc.block_type.shape
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, box[0], box[1]], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, box[0], box[1]], k_desc.layout)
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for st in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(st), count=1)
+        mbarrier.init(v_bars.index(st), count=1)
+    fence_async_shared()  # barrier inits visible to the TMA unit
+    return k_smem, v_smem, k_bars, v_bars
+
+
+@gluon.jit
+def _scores(q_smem, k_smem, k_bars, slot, phase, s_zero):
+    """``S = Q·Kᵀ`` of the K tile in ring ``slot`` (barrier ``phase``), waited: fp32 in
+    ``s_zero``'s layout."""
+    mbarrier.wait(k_bars.index(slot), phase)
+    s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s, _, _ = warpgroup_mma_wait(0, deps=[s_tok, q_smem, k_smem.index(slot)])
+    return s
+
+
 # window_left is never specialized: the JIT would turn window_left=1 into a constexpr (and
 # compile one kernel per such value); the mask needs it as a runtime i32.
 @gluon.jit(do_not_specialize=["window_left"])
@@ -194,22 +321,10 @@ def prefill_window_kernel(
     len_k = gl.load(cu_k_ptr + b + 1) - k_begin
 
     # Positions of the tile's first and last real query, and the band of keys they see.
-    p0 = len_k - len_q + t0
-    p1 = p0 + gl.minimum(BLOCK_T, len_q - t0) - 1
-    lo = gl.maximum(p0 - window_left, 0)
-    hi = gl.minimum(p1 + 1, len_k)
-    num_tiles = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
+    p0, p1, lo, num_tiles = _band(len_q, len_k, t0, window_left, BLOCK_T, BLOCK_N)
 
     # ---- K/V ring and its barriers; the prologue starts up to STAGES tile copies first.
-    kv_layout: gl.constexpr = k_desc.layout
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_layout)
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for st in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(st), count=1)
-        mbarrier.init(v_bars.index(st), count=1)
-    fence_async_shared()  # barrier inits visible to the TMA unit
+    k_smem, v_smem, k_bars, v_bars = _kv_ring(k_desc, STAGES)
     col = kv_head * D
     for st in gl.static_range(STAGES):
         if st < num_tiles:
@@ -226,19 +341,7 @@ def prefill_window_kernel(
 
     # ---- Q: [BLOCK_M, D] rows (token, head) -> NVMMA shared, once, while the first K/V
     # tiles are in flight.
-    io_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, IO))
-    io_cols = gl.arange(0, D, layout=gl.SliceLayout(0, IO))
-    io_tok = t0 + io_rows // G_PAD
-    io_g = io_rows % G_PAD
-    io_ok = (io_tok < len_q) & (io_g < G)
-    io_off = ((q_begin + io_tok).to(gl.int64) * HQ + kv_head * G + io_g) * D
-    io_offs = gl.expand_dims(io_off, 1) + gl.expand_dims(io_cols, 0)
-    io_mask = gl.expand_dims(io_ok, 1) & gl.expand_dims(io_cols < D, 0)
-    if Q_ROW == HQ * D:
-        q_offs = io_offs  # q's rows are out's
-    else:  # a row-strided q: token t's row starts t * Q_ROW elements in
-        q_off = (q_begin + io_tok).to(gl.int64) * Q_ROW + (kv_head * G + io_g) * D
-        q_offs = gl.expand_dims(q_off, 1) + gl.expand_dims(io_cols, 0)
+    io_ok, io_off, io_offs, io_mask, q_offs = _q_rows(q_begin, t0, len_q, kv_head, HQ, G, G_PAD, D, BLOCK_M, IO, Q_ROW)
     q = gl.load(q_ptr + q_offs, mask=io_mask, other=0.0)
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], Q_SMEM, q)
     fence_async_shared()  # the Q tile visible to wgmma (async proxy)
@@ -251,59 +354,41 @@ def prefill_window_kernel(
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, S_MMA))
     acc = gl.zeros([BLOCK_M, D], gl.float32, layout=O_MMA)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_MMA)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
     qk_scale = sm_scale * LOG2E
 
     if QK_AHEAD:
         # Tile 0's scores first; then each step issues the next tile's Q·Kᵀ before this
         # tile's softmax, and one wait resolves both it and this tile's P·V.
         if num_tiles > 0:
-            mbarrier.wait(k_bars.index(0), 0)
-            s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s, _, _ = warpgroup_mma_wait(0, deps=[s_tok, q_smem, k_smem.index(0)])
+            s = _scores(q_smem, k_smem, k_bars, 0, 0, s_zero)
             for i in range(num_tiles - 1):
                 slot = i % STAGES
-                phase = (i // STAGES) & 1
                 nslot = (i + 1) % STAGES
                 mbarrier.wait(k_bars.index(nslot), ((i + 1) // STAGES) & 1)
                 n_tok = warpgroup_mma(q_smem, k_smem.index(nslot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                p, m_i, l_i, acc, edge = _tile_softmax(
-                    s, m_i, l_i, acc, lo + i * BLOCK_N, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap,
-                    qk_scale, HAS_CAP, BLOCK_N, O_MMA,
+                acc_tok, m_i, l_i = _tile_pv(
+                    s, m_i, l_i, acc, lo + i * BLOCK_N, slot, (i // STAGES) & 1, p0, p1, window_left, row_pos, s_cols,
+                    sm_scale, logit_cap, qk_scale, v_smem, v_bars, HAS_CAP, BLOCK_N, IO, O_MMA,
                 )  # fmt: skip
-                mbarrier.wait(v_bars.index(slot), phase)
-                _clean_v(v_smem.index(slot), edge, IO)
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
-                acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
                 acc, s, _, _ = warpgroup_mma_wait(0, deps=[acc_tok, n_tok, v_smem.index(slot), k_smem.index(nslot)])
                 gl.thread_barrier()  # every warp is done with this slot: refill it
                 _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, slot, i + STAGES, num_tiles, k_begin + lo, col)
             last = num_tiles - 1
             slot = last % STAGES
-            p, m_i, l_i, acc, edge = _tile_softmax(
-                s, m_i, l_i, acc, lo + last * BLOCK_N, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap,
-                qk_scale, HAS_CAP, BLOCK_N, O_MMA,
+            acc_tok, m_i, l_i = _tile_pv(
+                s, m_i, l_i, acc, lo + last * BLOCK_N, slot, (last // STAGES) & 1, p0, p1, window_left, row_pos,
+                s_cols, sm_scale, logit_cap, qk_scale, v_smem, v_bars, HAS_CAP, BLOCK_N, IO, O_MMA,
             )  # fmt: skip
-            mbarrier.wait(v_bars.index(slot), (last // STAGES) & 1)
-            _clean_v(v_smem.index(slot), edge, IO)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
             acc, _ = warpgroup_mma_wait(0, deps=[acc_tok, v_smem.index(slot)])
     else:
         for i in range(num_tiles):
             slot = i % STAGES
             phase = (i // STAGES) & 1
-            mbarrier.wait(k_bars.index(slot), phase)
-            s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s, _, _ = warpgroup_mma_wait(0, deps=[s_tok, q_smem, k_smem.index(slot)])
-            p, m_i, l_i, acc, edge = _tile_softmax(
-                s, m_i, l_i, acc, lo + i * BLOCK_N, p0, p1, window_left, row_pos, s_cols, sm_scale, logit_cap,
-                qk_scale, HAS_CAP, BLOCK_N, O_MMA,
+            s = _scores(q_smem, k_smem, k_bars, slot, phase, s_zero)
+            acc_tok, m_i, l_i = _tile_pv(
+                s, m_i, l_i, acc, lo + i * BLOCK_N, slot, phase, p0, p1, window_left, row_pos, s_cols, sm_scale,
+                logit_cap, qk_scale, v_smem, v_bars, HAS_CAP, BLOCK_N, IO, O_MMA,
             )  # fmt: skip
-            mbarrier.wait(v_bars.index(slot), phase)
-            _clean_v(v_smem.index(slot), edge, IO)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
             acc, _ = warpgroup_mma_wait(0, deps=[acc_tok, v_smem.index(slot)])
 
             # Every warp is done with this slot: refill it with the tile STAGES ahead.
@@ -315,15 +400,215 @@ def prefill_window_kernel(
         mbarrier.invalidate(v_bars.index(st))
 
     # ---- Epilogue: the sink joins the denominator; natural-log LSE; store the group's rows.
-    sink = 0.0
-    if HAS_SINKS:
-        head = kv_head * G + gl.minimum(s_rows % G_PAD, G - 1)
-        sink = gl.load(sinks_ptr + head) * LOG2E
-    m_use, l_fin, has, inv = softmax_epilogue(m_i, l_i, sink, HAS_SINKS)
-    out = acc * gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, O_MMA)), 1)
-    out = gl.convert_layout(out.to(dtype), IO)
-    gl.store(o_ptr + io_offs, out, mask=io_mask)
-    if HAS_LSE:
-        lse = gl.where(has, (m_use + gl.log2(gl.where(has, l_fin, 1.0))) * LN2, float("-inf"))
-        lse = gl.convert_layout(lse, gl.SliceLayout(1, IO))
-        gl.store(lse_ptr + io_off // D, lse, mask=io_ok)
+    _finish(
+        acc, m_i, l_i, s_rows, kv_head, sinks_ptr, o_ptr, lse_ptr, io_ok, io_off, io_offs, io_mask, q_smem,
+        G, G_PAD, D, HAS_SINKS, HAS_LSE, IO, O_MMA, False,
+    )  # fmt: skip
+
+
+# ---- The persistent build: one program per resident slot walks work items.
+
+
+@gluon.jit
+def _item_band(
+    item, num_items, q_tiles, cu_q_ptr, cu_k_ptr, window_left,
+    HKV: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr,
+):  # fmt: skip
+    """Work item ``item`` of the persistent build, in the order of the tiled build's grid
+    (query tile fastest, then KV head, then sequence: neighbouring items share most of their
+    key band). Returns ``(live, kv_head, q_begin, len_q, t0, k_begin, p0, p1, lo, n)``:
+    whether the item holds a query token (an item past ``num_items`` or past its sequence's
+    length does not), its KV head, its sequence's first query row and length, its first
+    token, the sequence's first key row, the band (:func:`_band`) and its key tile count
+    (0 for an item that is not live)."""
+    it = gl.minimum(item, num_items - 1)  # an item past the end reads the last one's tables
+    tile = it % q_tiles
+    rest = it // q_tiles
+    kv_head = rest % HKV
+    b = rest // HKV
+    q_begin = gl.load(cu_q_ptr + b)
+    len_q = gl.load(cu_q_ptr + b + 1) - q_begin
+    k_begin = gl.load(cu_k_ptr + b)
+    len_k = gl.load(cu_k_ptr + b + 1) - k_begin
+    t0 = tile * BLOCK_T
+    live = (item < num_items) & (t0 < len_q)
+    p0, p1, lo, num_tiles = _band(len_q, len_k, t0, window_left, BLOCK_T, BLOCK_N)
+    n = gl.where(live, num_tiles, 0)
+    return live, kv_head, q_begin, len_q, t0, k_begin, p0, p1, lo, n
+
+
+@gluon.jit
+def _produce(
+    k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, slot, item, tile, n, row0, col, step, num_items, q_tiles,
+    cu_q_ptr, cu_k_ptr, window_left, HKV: gl.constexpr, BLOCK_T: gl.constexpr, D: gl.constexpr,
+):  # fmt: skip
+    """The producer of the persistent ring: start the copies of the next key tile of the
+    program's stream (every key tile of its items, in order) into ring ``slot``. The cursor
+    ``(item, tile, n, row0, col)``: the item being produced, its next tile, its tile count,
+    its band's first key row and its K/V column; past its last tile the cursor moves on by
+    ``step`` items to the next item with a tile (the next item's tiles start while the
+    program still works on this one). Returns the advanced cursor; nothing is issued once the
+    program's items are exhausted."""
+    block_n: gl.constexpr = k_desc.block_type.shape[0]
+    while (tile >= n) & (item < num_items):
+        item += step
+        _live, kv_head, _qb, _lq, _t0, k_begin, _p0, _p1, lo, n = _item_band(
+            item, num_items, q_tiles, cu_q_ptr, cu_k_ptr, window_left, HKV, BLOCK_T, block_n
+        )
+        tile = 0
+        row0 = k_begin + lo
+        col = kv_head * D
+    if tile < n:
+        _issue_kv(
+            k_desc,
+            v_desc,
+            k_smem.index(slot),
+            v_smem.index(slot),
+            k_bars.index(slot),
+            v_bars.index(slot),
+            row0 + tile * block_n,
+            col,
+        )
+        tile += 1
+    return item, tile, n, row0, col
+
+
+@gluon.jit
+def _prefetch_q(
+    q_ptr, q_dst, item, num_items, q_tiles, cu_q_ptr, cu_k_ptr, window_left, HQ: gl.constexpr, HKV: gl.constexpr,
+    G: gl.constexpr, G_PAD: gl.constexpr, D: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr,
+    IO: gl.constexpr, Q_ROW: gl.constexpr,
+):  # fmt: skip
+    """Start the copy of work item ``item``'s Q tile ``[BLOCK_T * G_PAD, D]`` into ``q_dst``
+    (``cp.async``, 16-byte vectors; rows that are no query of the item are zero-filled, all of
+    them for an item that is not live) and commit it as one async group."""
+    live, kv_head, q_begin, len_q, t0, _kb, _p0, _p1, _lo, _n = _item_band(
+        item, num_items, q_tiles, cu_q_ptr, cu_k_ptr, window_left, HKV, BLOCK_T, BLOCK_N
+    )
+    _ok, _off, _offs, io_mask, q_offs = _q_rows(
+        q_begin, t0, len_q, kv_head, HQ, G, G_PAD, D, BLOCK_T * G_PAD, IO, Q_ROW
+    )
+    async_copy.async_copy_global_to_shared(q_dst, q_ptr + q_offs, mask=io_mask & live)
+    async_copy.commit_group()
+
+
+@gluon.jit(do_not_specialize=["window_left", "q_tiles", "num_items"])
+def prefill_window_persistent_kernel(
+    q_ptr,
+    o_ptr,
+    lse_ptr,
+    sinks_ptr,
+    k_desc,
+    v_desc,
+    cu_q_ptr,
+    cu_k_ptr,
+    sm_scale,
+    logit_cap,
+    window_left,
+    q_tiles,
+    num_items,
+    HQ: gl.constexpr,
+    HKV: gl.constexpr,
+    G: gl.constexpr,
+    G_PAD: gl.constexpr,
+    D: gl.constexpr,
+    BLOCK_T: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    HAS_SINKS: gl.constexpr,
+    HAS_CAP: gl.constexpr,
+    HAS_LSE: gl.constexpr,
+    IO: gl.constexpr,
+    Q_SMEM: gl.constexpr,
+    S_MMA: gl.constexpr,
+    O_MMA: gl.constexpr,
+    Q_ROW: gl.constexpr,
+):
+    """:func:`prefill_window_kernel`'s attention (the same tensors, band, masks, softmax and
+    epilogue per ``BLOCK_T`` tokens x one GQA group) on a persistent grid ``(programs,)``:
+    program ``p`` works items ``p, p + programs, ...`` of the ``num_items = q_tiles * HKV *
+    batch`` items (:func:`_item_band`; ``q_tiles`` = query tiles of the longest sequence).
+
+    The K/V ring runs across items: the producer (:func:`_produce`) keeps ``STAGES`` key
+    tiles of the program's stream in flight, so the first tiles of item ``i + 1`` load while
+    item ``i`` finishes; the ring's barrier phases follow the stream's tile count ``g``. Q is
+    double-buffered: item ``i + 1``'s Q tile is copied (``cp.async``) while item ``i`` runs.
+    """
+    BLOCK_M: gl.constexpr = BLOCK_T * G_PAD
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    pid = gl.program_id(0)
+    step = gl.num_programs(0)
+
+    k_smem, v_smem, k_bars, v_bars = _kv_ring(k_desc, STAGES)
+    q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, D], Q_SMEM)
+
+    # ---- The producer's cursor before the program's first item; the first STAGES tiles.
+    p_item = pid - step
+    p_tile = 0
+    p_n = 0
+    p_row0 = 0
+    p_col = 0
+    for st in gl.static_range(STAGES):
+        p_item, p_tile, p_n, p_row0, p_col = _produce(
+            k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, st, p_item, p_tile, p_n, p_row0, p_col, step,
+            num_items, q_tiles, cu_q_ptr, cu_k_ptr, window_left, HKV, BLOCK_T, D,
+        )  # fmt: skip
+    _prefetch_q(
+        q_ptr, q_smem.index(0), pid, num_items, q_tiles, cu_q_ptr, cu_k_ptr, window_left,
+        HQ, HKV, G, G_PAD, D, BLOCK_T, BLOCK_N, IO, Q_ROW,
+    )  # fmt: skip
+
+    s_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_MMA))
+    s_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_MMA))
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_MMA)
+    qk_scale = sm_scale * LOG2E
+    g = 0  # key tiles of the stream consumed so far
+    buf = 0  # this item's Q buffer
+    for item in range(pid, num_items, step):
+        live, kv_head, q_begin, len_q, t0, _kb, p0, p1, lo, n = _item_band(
+            item, num_items, q_tiles, cu_q_ptr, cu_k_ptr, window_left, HKV, BLOCK_T, BLOCK_N
+        )
+        # Every warp is done with the other Q buffer (the last item's): item + step's Q goes
+        # there; then this item's Q (committed one group earlier) has landed.
+        gl.thread_barrier()
+        _prefetch_q(
+            q_ptr, q_smem.index(1 - buf), item + step, num_items, q_tiles, cu_q_ptr, cu_k_ptr, window_left,
+            HQ, HKV, G, G_PAD, D, BLOCK_T, BLOCK_N, IO, Q_ROW,
+        )  # fmt: skip
+        async_copy.wait_group(1)
+        fence_async_shared()  # the cp.async writes (generic proxy) visible to wgmma
+        gl.thread_barrier()
+        if live:
+            q_cur = q_smem.index(buf)
+            row_pos = p0 + s_rows // G_PAD
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_MMA))
+            l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, S_MMA))
+            acc = gl.zeros([BLOCK_M, D], gl.float32, layout=O_MMA)
+            for j in range(n):
+                slot = g % STAGES
+                s = _scores(q_cur, k_smem, k_bars, slot, (g // STAGES) & 1, s_zero)
+                acc_tok, m_i, l_i = _tile_pv(
+                    s, m_i, l_i, acc, lo + j * BLOCK_N, slot, (g // STAGES) & 1, p0, p1, window_left, row_pos,
+                    s_cols, sm_scale, logit_cap, qk_scale, v_smem, v_bars, HAS_CAP, BLOCK_N, IO, O_MMA,
+                )  # fmt: skip
+                acc, _ = warpgroup_mma_wait(0, deps=[acc_tok, v_smem.index(slot)])
+                # Every warp is done with this slot: refill it with the stream's tile STAGES on.
+                gl.thread_barrier()
+                p_item, p_tile, p_n, p_row0, p_col = _produce(
+                    k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, slot, p_item, p_tile, p_n, p_row0, p_col,
+                    step, num_items, q_tiles, cu_q_ptr, cu_k_ptr, window_left, HKV, BLOCK_T, D,
+                )  # fmt: skip
+                g += 1
+            io_ok, io_off, io_offs, io_mask, _q_offs = _q_rows(
+                q_begin, t0, len_q, kv_head, HQ, G, G_PAD, D, BLOCK_M, IO, Q_ROW
+            )
+            _finish(
+                acc, m_i, l_i, s_rows, kv_head, sinks_ptr, o_ptr, lse_ptr, io_ok, io_off, io_offs, io_mask, q_cur,
+                G, G_PAD, D, HAS_SINKS, HAS_LSE, IO, O_MMA, True,
+            )  # fmt: skip
+        buf = 1 - buf
+
+    async_copy.wait_group(0)  # the last (empty) prefetch
+    for st in gl.static_range(STAGES):
+        mbarrier.invalidate(k_bars.index(st))
+        mbarrier.invalidate(v_bars.index(st))

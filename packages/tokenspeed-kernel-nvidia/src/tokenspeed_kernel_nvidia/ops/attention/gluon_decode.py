@@ -179,8 +179,9 @@ def _launches(args: DecodeArgs) -> Built:
         FUSED=fused,
         HAS_SINKS=args.sinks is not None,
         HAS_LSE=args.lse is not None,
-        # q's row stride (a row-strided q, strided_q), HQ * D for a contiguous q and for a
-        # plan's placeholder (a plan's runs take contiguous q)
+        # q's row stride (a row-strided q, strided_q), HQ * D for a contiguous q; a plan's
+        # placeholder q carries its runs' row stride (mha_decode_plan's q_row_stride), or
+        # none (a broadcast view: HQ * D) where its runs' q is contiguous
         Q_ROW=row_stride(args.q),
         num_warps=cfg.num_warps,
     )
@@ -219,7 +220,8 @@ _CALL_INPUTS = by_fields("q", "k_cache", "v_cache", "page_table", "cache_seqlens
 def bind_decode(args: DecodeArgs) -> Callable[[DecodeArgs], None]:
     """The ``bind`` hook (``DecodePlan``): the launches of the plan's calls bound once; a run
     launches them with its q, out and lse (the plan's caches, tables and sinks bound).
-    ``args`` holds the plan's placeholders for q/out/lse."""
+    ``args`` holds the plan's placeholders for q/out/lse; q's has the runs' strides (a plan
+    made with ``q_row_stride``: the strided build, ``Q_ROW`` its row stride)."""
     keep = (args.k_cache, args.v_cache, args.page_table, args.cache_seqlens, args.sinks)
     return bind_runner(_launches, args, *_PLAN_INPUTS, keep=keep)
 
@@ -287,7 +289,7 @@ def gluon_decode(args: DecodeArgs) -> None:
     """Gluon Hopper decode: cp.async multi-stage gather of paged K/V, GQA group on
     mma.sync, split-KV with a combine that adds the sink. A 3-D q may be row-strided (a
     fused qkv's q, ``strided_q``): it is read in place through its row stride. A plan binds it
-    once (:func:`bind_decode`); a functional call runs the runner bound for its
+    once (:func:`bind_decode`; a row-strided q's plan, ``q_row_stride``, for its row stride); a functional call runs the runner bound for its
     :func:`_runner_key` (``tokenspeed_kernel_triton._runners``), every tensor passed per run,
     and a step plan that runner directly (``step_runner``: the key looked up once per step)."""
     _RUNNERS(args)

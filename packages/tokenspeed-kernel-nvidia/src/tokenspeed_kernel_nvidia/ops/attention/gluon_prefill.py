@@ -16,7 +16,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from tokenspeed_kernel.kit import cdiv, equal_head_dims, next_pow2
+from tokenspeed_kernel.kit import cdiv, equal_head_dims, next_pow2, sm_count
 from tokenspeed_kernel.ops.attention.args import PrefillArgs
 from tokenspeed_kernel.registry import Priority, Request, register_kernel
 from tokenspeed_kernel_nvidia.ops.attention._common import (
@@ -38,6 +38,7 @@ __all__ = [
     "gluon_prefill_window",
     "grid",
     "launch",
+    "persistent_grid",
     "prefill_config",
     "window_variants",
 ]
@@ -49,6 +50,11 @@ MAX_GROUP = 16  # keeps BLOCK_T >= 8 tokens per program
 # request carries no window size (only the ``sliding_window`` feature), so this is checked
 # at call time and documented; the kernel itself is correct for any window.
 MAX_WINDOW = 1024
+# Hopper's per-SM budget the persistent build's programs must share: registers, shared memory
+# (sm_90: 228 KiB per SM, 1 KiB of it reserved per resident program).
+REGS_PER_SM = 65536
+SMEM_PER_SM = 228 * 1024
+_SMEM_RESERVED = 1024
 
 
 @dataclass(frozen=True, eq=True)
@@ -62,7 +68,13 @@ class GluonPrefillConfig:
     tensor cores work through it while the warps compute the softmax (FlashAttention-3's
     intra-warpgroup overlap; one more ``[block_m, block_n]`` fp32 tile in registers).
     ``maxnreg`` (opt-in variant): a cap on registers per thread at compile time (more programs
-    per SM when registers are the limit), None for the compiler's choice.
+    per SM when registers are the limit), None for the compiler's choice. ``persistent``
+    (opt-in variant): 0 for the tiled grid (one program per query tile and KV head), else the
+    persistent build with this many programs per SM (``prefill_window_persistent_kernel``:
+    each walks work items and loads the next item's Q and first K/V tiles while it finishes
+    the current one; not with ``qk_ahead``). Its programs must all be resident at once, so
+    the registers are capped to fit them (:attr:`register_cap`, unless ``maxnreg`` says) and
+    their shared memory must fit an SM.
     """
 
     head_dim: int
@@ -73,6 +85,29 @@ class GluonPrefillConfig:
     block_m: int = BLOCK_M
     qk_ahead: bool = False
     maxnreg: int | None = None
+    persistent: int = 0
+
+    def __post_init__(self) -> None:
+        if self.persistent < 0:
+            raise ValueError(f"persistent must be >= 0 programs per SM, got {self.persistent}")
+        if self.persistent and self.qk_ahead:
+            raise ValueError("persistent and qk_ahead: the persistent build has no Q·Kᵀ-ahead loop")
+        if self.persistent * (self.shared_bytes() + _SMEM_RESERVED) > SMEM_PER_SM:
+            raise ValueError(
+                f"persistent={self.persistent} programs of {self.shared_bytes()} bytes of shared memory "
+                f"do not fit an SM ({SMEM_PER_SM} bytes)"
+            )
+
+    @property
+    def register_cap(self) -> int | None:
+        """The ``maxnreg`` the build compiles with: ``maxnreg`` when given; for the persistent
+        build, the most registers per thread (a multiple of 8, the allocation unit) that let
+        ``persistent`` programs share an SM's register file; else None (the compiler's choice,
+        also when the file would allow the most a thread can have, 255)."""
+        if self.maxnreg or not self.persistent:
+            return self.maxnreg
+        cap = REGS_PER_SM // (self.persistent * self.num_warps * 32) // 8 * 8
+        return cap if cap < 255 else None
 
     @property
     def block_t(self) -> int:
@@ -82,11 +117,14 @@ class GluonPrefillConfig:
     def tag(self) -> str:
         """A short name of the configuration (sweep rows)."""
         extra = ("-ahead" if self.qk_ahead else "") + (f"-r{self.maxnreg}" if self.maxnreg else "")
+        extra += f"-p{self.persistent}" if self.persistent else ""
         return f"m{self.block_m}-n{self.block_n}-s{self.stages}-w{self.num_warps}{extra}"
 
     def shared_bytes(self, elem_bytes: int = 2) -> int:
-        """Explicit shared memory: Q tile + K/V ring (+ barriers); scratch comes on top."""
-        return elem_bytes * (self.block_m * self.head_dim + 2 * self.stages * self.block_n * self.head_dim)
+        """Explicit shared memory: Q tile (two in the persistent build) + K/V ring (+ barriers);
+        scratch comes on top."""
+        q_tiles = 2 if self.persistent else 1
+        return elem_bytes * (q_tiles * self.block_m * self.head_dim + 2 * self.stages * self.block_n * self.head_dim)
 
     @functools.cached_property
     def layouts(self):
@@ -140,13 +178,18 @@ def window_variants(head_dim: int, group: int) -> list[GluonPrefillConfig]:
     a 2-deep ring at D = 64 (more programs resident per SM, and an 8-token band of 135 keys read
     in 160 rather than 192); 256-row tiles, the next tile's ``Q·Kᵀ`` issued ahead of the
     softmax at 128 rows and 128-key tiles lost. These are the configuration it replaced and the
-    chosen one's neighbourhood, and the chosen one under register caps (90 registers: five
-    programs of 128 threads per SM; 80 allow six without spills, 72 spills)."""
+    chosen one's neighbourhood, the chosen one under register caps (90 registers: five
+    programs of 128 threads per SM; 80 allow six without spills, 72 spills), and, second and
+    third (timed first), the chosen one's tiles on the persistent build with five and six
+    programs per SM (registers capped at 96 / 80; its two Q buffers and ring take 32 KiB: six
+    fit)."""
     base = prefill_config(head_dim, group)
     old = _two_warpgroups_d64(base.group_pad) if head_dim <= 64 else replace(base, stages=3)
     small = _one_warpgroup(head_dim, base.group_pad)
     return [
         old,
+        replace(small, persistent=5),
+        replace(small, persistent=6),
         replace(small, stages=3),
         replace(small, stages=4),
         replace(small, qk_ahead=True),
@@ -159,6 +202,16 @@ def window_variants(head_dim: int, group: int) -> list[GluonPrefillConfig]:
 def grid(max_seqlen_q: int, num_kv_heads: int, batch: int, block_t: int) -> tuple[int, int, int]:
     """``(q_tiles, Hkv, batch)``: programs past a sequence's length exit at once."""
     return (max(cdiv(max_seqlen_q, block_t), 1), num_kv_heads, batch)
+
+
+def persistent_grid(tiled: tuple[int, int, int], programs_per_sm: int, num_sms: int) -> tuple[int, int]:
+    """The persistent build's ``(programs, items)``: the items are the tiled grid's programs
+    (``tiled`` = :func:`grid`; query tile fastest, then KV head, then sequence), the programs as
+    many as fit the SMs (``programs_per_sm`` each), never more than the items. Program ``p``
+    works items ``p, p + programs, ...``: at any time the resident programs hold neighbouring
+    query tiles of a head, whose key bands overlap (shared K/V rows in L2)."""
+    items = tiled[0] * tiled[1] * tiled[2]
+    return max(min(items, programs_per_sm * num_sms), 1), items
 
 
 def band_tiles(len_q: int, len_k: int, tile: int, block_t: int, block_n: int, window_left: int):
@@ -249,7 +302,10 @@ def launch(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> None:
 def _launches(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> Built:
     """The launch of ``args`` (none for an empty batch), no scratch, nothing kept, and the
     K/V descriptors derived from k and v."""
-    from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import prefill_window_kernel
+    from tokenspeed_kernel_nvidia.ops.attention._gluon_prefill_kernel import (
+        prefill_window_kernel,
+        prefill_window_persistent_kernel,
+    )
 
     total_q, num_q_heads, head_dim = args.q.shape
     num_kv_heads = args.k.shape[1]
@@ -258,6 +314,8 @@ def _launches(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> Built
         return (), (), ()
     group = num_q_heads // num_kv_heads
     cfg = cfg or prefill_config(head_dim, group)
+    if cfg.persistent and not _q_copyable(args.q):  # the tiled build: same tiles, same numbers
+        cfg = replace(cfg, persistent=0)
     io, q_smem, kv_smem, s_mma, o_mma = cfg.layouts
     k_desc = derive_descriptor(head_tile_descriptor, args.k, cfg.block_n, kv_smem)
     v_desc = derive_descriptor(head_tile_descriptor, args.v, cfg.block_n, kv_smem)
@@ -280,7 +338,7 @@ def _launches(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> Built
         O_MMA=o_mma,
         Q_ROW=row_stride(args.q),  # HQ * D, or a row-strided q's row stride (strided_q)
         num_warps=cfg.num_warps,
-        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
+        **({"maxnreg": cfg.register_cap} if cfg.register_cap else {}),
     )
     tensors = (
         args.q,
@@ -291,22 +349,34 @@ def _launches(args: PrefillArgs, cfg: GluonPrefillConfig | None = None) -> Built
         args.cu_seqlens_k,
     )
     scalars = (float(args.softmax_scale), float(args.logit_cap) or 1.0, int(args.window_left))
-    launch = Launch(
-        prefill_window_kernel,
-        grid(args.max_seqlen_q, num_kv_heads, batch, cfg.block_t),
-        (*tensors, *scalars),
-        constexprs,
-    )
+    tiled = grid(args.max_seqlen_q, num_kv_heads, batch, cfg.block_t)
+    if cfg.persistent:  # (programs,) walking the tiled grid's items; no Q·Kᵀ-ahead loop
+        programs, items = persistent_grid(tiled, cfg.persistent, sm_count(args.q.device))
+        del constexprs["QK_AHEAD"]
+        launch = Launch(
+            prefill_window_persistent_kernel, (programs,), (*tensors, *scalars, tiled[0], items), constexprs
+        )
+    else:
+        launch = Launch(prefill_window_kernel, tiled, (*tensors, *scalars), constexprs)
     return [launch], (), (never_read(args.q.device),), (k_desc, v_desc)
+
+
+def _q_copyable(q) -> bool:
+    """Whether the persistent build's ``cp.async`` can copy q's rows (4 bytes at least: a
+    16-byte aligned base, the JIT's alignment hint, and an even row stride); else the
+    launcher runs the tiled build, whose plain loads take any q."""
+    return q.data_ptr() % 16 == 0 and row_stride(q) % 2 == 0
 
 
 def _runner_key(args: PrefillArgs) -> tuple:
     """:func:`~tokenspeed_kernel_nvidia.ops.attention._common.attention_call_key` and the grid
-    (the query-tile count follows ``max_seqlen_q``; calls with the same count share a runner)."""
+    (the query-tile count follows ``max_seqlen_q``; calls with the same count share a runner);
+    for a persistent configuration also whether q takes its build (:func:`_q_copyable`)."""
     head_dim, num_kv_heads = args.q.shape[2], args.k.shape[1]
     cfg = prefill_config(head_dim, args.q.shape[1] // num_kv_heads)
     batch = args.cu_seqlens_q.shape[0] - 1
-    return attention_call_key(args, args.k, args.v), grid(args.max_seqlen_q, num_kv_heads, batch, cfg.block_t)
+    key = attention_call_key(args, args.k, args.v), grid(args.max_seqlen_q, num_kv_heads, batch, cfg.block_t)
+    return (*key, _q_copyable(args.q)) if cfg.persistent else key
 
 
 # What varies per run: every tensor of a functional call.

@@ -18,8 +18,11 @@ in the decode regime its K loop may be split (:func:`split_k`) so that a few exp
 weights are streamed by enough programs to fill the GPU. The swapped MXFP4 kernel
 (:mod:`.fused_mx_swap`, ``"mxfp4_swap"``, NVIDIA only) has rows of its own too: there
 ``block_n`` counts weight rows (the MMA's M) and ``block_m`` token rows (its N), and
-``block_k`` is always its step of 128. Its persistent form (:mod:`.fused_mx_swap_persistent`)
-takes the same tiles and a :class:`Schedule` of its own (:func:`pick_schedule`).
+``block_k`` is always its step of 128. A row may give layer 2 (w2) a tile of its own
+(:data:`_W2_TILES`, ``pick_tile(..., layer=2)``), with layer 1's ``block_m``: both layers walk
+the one permutation's token tiles; only the swapped kernel reads it. Its persistent form
+(:mod:`.fused_mx_swap_persistent`) takes the layer-1 tiles for both layers and a
+:class:`Schedule` of its own (:func:`pick_schedule`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 __all__ = [
+    "LAYERS",
     "MAX_SPLITS",
     "MIN_SPLIT_STEPS",
     "SMEM_BUDGET",
@@ -45,7 +49,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Tile:
-    """One GEMM tile configuration (the same for both layers)."""
+    """One GEMM tile configuration (both layers', unless :data:`_W2_TILES` gives layer 2 its own)."""
 
     block_m: int
     block_n: int
@@ -96,6 +100,17 @@ _TABLE: tuple[tuple[str, str, float, Tile], ...] = (
     ("cuda", "mx_swap", float("inf"), Tile(128, 128, 128, 8, 8, 3)),
 )
 
+# Layer 2's own tile, by its row's (vendor, weights, bound) in _TABLE; a row not here runs both
+# layers on its tile. Same block_m as the row (the permutation's token tiles serve both layers).
+# Only the swapped kernel (fused_mx_swap) reads layer 2's tile, so only "mx_swap" rows may have
+# one (test_moe_mx_swap.py checks); its persistent form runs both layers on the row's tile.
+_W2_TILES: dict[tuple[str, str, float], Tile] = {
+    # H200, 2026-11-28 (ci/device/mxp_sweep.py --group levers, variant t64-w2n128,
+    # docs/results/2026-11-28-h200-mxlever.json): T = 64 of GPT-OSS-120B (2 rows per expert)
+    # 514.4 vs 528.8 us with layer 2 on 128 weight rows instead of 64, bitwise the same output.
+    ("cuda", "mx_swap", 4): Tile(16, 128, 128, 1, 4, 4),
+}
+
 # Shared memory a tile may stage (bytes): the table's rows are sized for 16-bit activations;
 # float32 x doubles the staged bytes, so a row is shrunk (fewer stages, then a shorter K
 # step) until it fits. H100: 227 KiB per block, some kept for the epilogue; gfx942: 64 KiB.
@@ -137,22 +152,36 @@ def _keys(vendor: str, weight_format: str) -> tuple[str, str]:
     return ("rocm" if vendor == "rocm" else "cuda", _KINDS.get(weight_format, "dense"))
 
 
-def pick_tile(num_pairs: int, num_experts: int, vendor: str, weight_format: str = "plain", elem_bytes: int = 2) -> Tile:
+LAYERS = (1, 2)  # pick_tile(layer=...): w13 (and the permutation's token tiles), w2
+
+
+def pick_tile(
+    num_pairs: int, num_experts: int, vendor: str, weight_format: str = "plain", elem_bytes: int = 2, layer: int = 1
+) -> Tile:
     """The tile for ``num_pairs = T * top_k`` rows over ``num_experts`` local experts on
     ``vendor`` (``"cpu"``, i.e. the interpreter, uses the NVIDIA table) for weights of
     ``weight_format`` (``"mxfp4"``, ``"mxfp4_dot"`` for the dot_scaled kernel, ``"mxfp4_swap"``
     for the swapped kernel (NVIDIA rows only), or anything else) and activations of
-    ``elem_bytes`` bytes (:func:`fit_shared`, except for ``"mxfp4_swap"``)."""
+    ``elem_bytes`` bytes (:func:`fit_shared`, except for ``"mxfp4_swap"``). ``layer`` 2: the
+    row's layer-2 tile where :data:`_W2_TILES` has one (same ``block_m``), else the row's."""
+    if layer not in LAYERS:
+        raise ValueError(f"layer must be one of {LAYERS}, got {layer!r}")
     table, kind = _keys(vendor, weight_format)
     rows = num_pairs / max(num_experts, 1)
-    tile = next(tile for v, w, bound, tile in _TABLE if (v, w) == (table, kind) and rows <= bound)
+    key, tile = next(((v, w, bound), tile) for v, w, bound, tile in _TABLE if (v, w) == (table, kind) and rows <= bound)
+    tile = _W2_TILES.get(key, tile) if layer == 2 else tile
     return tile if kind in _OWN_STAGING else fit_shared(tile, elem_bytes, table)
 
 
-def tiles_for(vendor: str, weight_format: str = "plain") -> tuple[Tile, ...]:
-    """Every tile ``vendor`` can choose for ``weight_format`` (the ahead-of-time compile sweep)."""
+def tiles_for(vendor: str, weight_format: str = "plain", *, w2: bool = True) -> tuple[Tile, ...]:
+    """Every tile ``vendor`` can choose for ``weight_format`` (the ahead-of-time compile sweep),
+    each row's layer-2 tile (:data:`_W2_TILES`) after its own unless ``w2`` is False (kernels
+    that run both layers on the row's tile: the persistent swapped GEMM)."""
     table, kind = _keys(vendor, weight_format)
-    return tuple(tile for v, w, _, tile in _TABLE if (v, w) == (table, kind))
+    rows = [
+        (tile, _W2_TILES.get((v, w, bound)) if w2 else None) for v, w, bound, tile in _TABLE if (v, w) == (table, kind)
+    ]
+    return tuple(t for pair in rows for t in pair if t is not None)
 
 
 def split_k(programs: int, k_steps: int, num_sms: int) -> int:

@@ -40,6 +40,7 @@ __all__ = [
     "call_inputs",
     "combine",
     "combine_launch",
+    "layer2_tile",
     "layer_output",
     "moe_launches",
     "run_moe",
@@ -121,12 +122,34 @@ def combine(y: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor | 
     combine_launch(y, topk_ids, expert_map, out)()
 
 
-def run_moe(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: Layer, combine_mode: str = "reduce") -> None:
+def layer2_tile(tile: Tile, w2_tile: Tile | None) -> Tile:
+    """Layer 2's tile: ``w2_tile``, else ``tile`` (both layers'). ``ValueError`` when ``w2_tile``
+    has other token rows (``block_m``) than ``tile``: both layers walk the permutation's tiles."""
+    if w2_tile is None:
+        return tile
+    if not isinstance(w2_tile, Tile):
+        raise TypeError(f"w2_tile must be a Tile or None, got {type(w2_tile).__name__}")
+    if w2_tile.block_m != tile.block_m:
+        raise ValueError(f"w2_tile.block_m must be layer 1's block_m = {tile.block_m}, got {w2_tile}")
+    return w2_tile
+
+
+def run_moe(
+    args: MoEApplyArgs,
+    w13: Any,
+    w2: Any,
+    tile: Tile,
+    layer: Layer,
+    combine_mode: str = "reduce",
+    w2_tile: Tile | None = None,
+) -> None:
     """The whole ``moe.apply`` (writes ``args.out``): permutation for ``tile.block_m``-row
-    tiles, ``layer`` on ``w13`` then ``w2`` (operands as ``layer`` reads them), combine
-    (``combine_mode`` in :data:`COMBINES`; ``"atomic"`` needs a layer with ``combine_into``)."""
+    tiles, ``layer`` on ``w13`` with ``tile`` then on ``w2`` with ``w2_tile`` (None: ``tile``;
+    :func:`layer2_tile`) (operands as ``layer`` reads them), combine (``combine_mode`` in
+    :data:`COMBINES`; ``"atomic"`` needs a layer with ``combine_into``)."""
     if combine_mode not in COMBINES:
         raise ValueError(f"combine_mode must be one of {COMBINES}, got {combine_mode!r}")
+    second = layer2_tile(tile, w2_tile)
     x, ids = args.x, args.topk_ids
     hidden = x.shape[1]
     top_k = ids.shape[1]
@@ -145,37 +168,13 @@ def run_moe(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: Layer, com
         gated=True,
         activation=args.activation,
     )
+    w2_layer = dict(n=hidden, k=inter, top_k=top_k, tile=second, gated=False, activation=args.activation)
     if combine_mode == "atomic":
         acc = torch.zeros((x.shape[0], hidden), dtype=torch.float32, device=x.device)  # a memset in the stream
-        layer(
-            h,
-            w2,
-            args.w2_bias,
-            routing,
-            args.topk_weights,
-            n=hidden,
-            k=inter,
-            top_k=top_k,
-            tile=tile,
-            gated=False,
-            activation=args.activation,
-            combine_into=acc,
-        )
+        layer(h, w2, args.w2_bias, routing, args.topk_weights, **w2_layer, combine_into=acc)
         args.out.copy_(acc)
         return
-    y = layer(
-        h,
-        w2,
-        args.w2_bias,
-        routing,
-        args.topk_weights,
-        n=hidden,
-        k=inter,
-        top_k=top_k,
-        tile=tile,
-        gated=False,
-        activation=args.activation,
-    )
+    y = layer(h, w2, args.w2_bias, routing, args.topk_weights, **w2_layer)
     combine(y, ids, args.expert_map, args.out)
 
 
@@ -201,35 +200,44 @@ class LayerLaunches(Protocol):
     ) -> tuple[torch.Tensor, tuple[Launch, ...]]: ...
 
 
-def _pipeline(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: LayerLaunches):
+def _pipeline(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: LayerLaunches, w2_tile: Tile | None):
     """:func:`run_moe`'s (``combine="reduce"``) buffers and launches as data: (routing, the
     permutation's launch, the intermediate, layer 1's launches, the w2 rows, layer 2's
     launches, the combine's launch)."""
     top_k = args.topk_ids.shape[1]
     hidden, inter = args.x.shape[1], args.w2.shape[-1]
+    w2_tile = layer2_tile(tile, w2_tile)
     routing, align = align_launch(args.topk_ids, args.expert_map, args.w13.shape[0], tile.block_m)
-    common = dict(top_k=top_k, tile=tile, activation=args.activation)
-    h, first = layer(args.x, w13, args.w13_bias, routing, args.topk_weights, n=inter, k=hidden, gated=True, **common)
-    y, second = layer(h, w2, args.w2_bias, routing, args.topk_weights, n=hidden, k=inter, gated=False, **common)
+    common = dict(top_k=top_k, activation=args.activation)
+    h, first = layer(
+        args.x, w13, args.w13_bias, routing, args.topk_weights, n=inter, k=hidden, tile=tile, gated=True, **common
+    )
+    y, second = layer(
+        h, w2, args.w2_bias, routing, args.topk_weights, n=hidden, k=inter, tile=w2_tile, gated=False, **common
+    )
     total = combine_launch(y, args.topk_ids, args.expert_map, args.out)
     return routing, align, h, first, y, second, total
 
 
-def moe_launches(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: LayerLaunches) -> Built:
-    """:func:`run_moe` (``combine="reduce"``) for ``args`` as a runner cache's build
-    (``tokenspeed_kernel_triton._runners``): its launches in order, the permutation buffers
-    and layer outputs as scratch (allocated afresh per call), nothing kept."""
-    routing, align, h, first, y, second, total = _pipeline(args, w13, w2, tile, layer)
+def moe_launches(
+    args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: LayerLaunches, w2_tile: Tile | None = None
+) -> Built:
+    """:func:`run_moe` (``combine="reduce"``, ``w2_tile`` as there) for ``args`` as a runner
+    cache's build (``tokenspeed_kernel_triton._runners``): its launches in order, the
+    permutation buffers and layer outputs as scratch (allocated afresh per call), nothing kept."""
+    routing, align, h, first, y, second, total = _pipeline(args, w13, w2, tile, layer, w2_tile)
     buffers = (routing.sorted_ids, routing.tile_expert, routing.num_tiles, routing.tile_span, routing.work_counters)
     return [align, *first, *second, total], (*buffers, h, y), ()
 
 
-def bind_moe(args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: LayerLaunches) -> Runner:
-    """:func:`run_moe` (``combine="reduce"``) bound once for ``args``' token count: the
-    permutation, both layers' launches from ``layer`` and the combine, with the permutation
-    buffers and the layers' outputs as the runner's workspaces. A call of the runner launches
-    with its x, topk_weights, topk_ids and out (same shapes, dtypes and device)."""
-    _, align, _, first, _, second, combined = _pipeline(args, w13, w2, tile, layer)
+def bind_moe(
+    args: MoEApplyArgs, w13: Any, w2: Any, tile: Tile, layer: LayerLaunches, w2_tile: Tile | None = None
+) -> Runner:
+    """:func:`run_moe` (``combine="reduce"``, ``w2_tile`` as there) bound once for ``args``'
+    token count: the permutation, both layers' launches from ``layer`` and the combine, with
+    the permutation buffers and the layers' outputs as the runner's workspaces. A call of the
+    runner launches with its x, topk_weights, topk_ids and out (same shapes, dtypes and device)."""
+    _, align, _, first, _, second, combined = _pipeline(args, w13, w2, tile, layer, w2_tile)
     sort, w13_gemm, w2_gemm = align.bound(0), first[0].bound(0, 8), second[0].bound(8)
     after13, after2 = tuple(x.bound() for x in first[1:]), tuple(x.bound() for x in second[1:])  # split-K finish
     total = combined.bound(1, 3)
@@ -293,7 +301,13 @@ def runner_key(a: MoEApplyArgs) -> tuple:
     tensors' addresses (the key contract of ``tokenspeed_kernel_triton._runners``): x's shape,
     strides, dtype and device (the tile, the grids), the routing's shapes and strides, out's
     strides, the activation, each weight's kind and its tensors' shapes, strides and dtypes
-    (format, operand strides, fp8 granularity), and the biases' and map's (presence, strides)."""
+    (format, operand strides, fp8 granularity), and the biases' and map's (presence, strides).
+    Both layers' tiles (``_config.pick_tile`` with ``layer`` 1 and 2: layer 2 may have its own)
+    are functions of keyed facts only (the pair count ``topk_ids.numel()``, w13's expert count,
+    the device's vendor, the weights' format and x's element size), so a runner never serves
+    another call's tiles; code that swaps the table or ``pick_tile`` at run time calls
+    ``_runners.clear_runners`` (module docstring there). A plan's bound runners (``MoEPlan``)
+    are per token count of one plan: the same facts."""
     x = a.x
     return (
         x.shape,

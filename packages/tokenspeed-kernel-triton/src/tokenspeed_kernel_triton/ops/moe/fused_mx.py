@@ -363,17 +363,29 @@ def fused_moe_mx(args: MoEApplyArgs, tile: Tile | None = None, splits: int | Non
     run_layers(args, _mx_operands(args), tile or _mx_tile(args), _mx_gemm, splits)
 
 
-def run_layers(args: MoEApplyArgs, ops: Any, tile: Tile, layer: Layer, splits: int | None) -> None:
+def run_layers(
+    args: MoEApplyArgs, ops: Any, tile: Tile, layer: Layer, splits: int | None, w2_tile: Tile | None = None
+) -> None:
     """:func:`._driver.run_moe` on the operands ``ops.w13`` / ``ops.w2`` with ``layer``, its K
-    splits forced to ``splits`` unless None (the rule)."""
-    run_moe(args, ops.w13, ops.w2, tile, layer if splits is None else functools.partial(layer, splits=splits))
+    splits forced to ``splits`` unless None (the rule); layer 2 on ``w2_tile`` (None: ``tile``,
+    :func:`._driver.layer2_tile`)."""
+    layer = layer if splits is None else functools.partial(layer, splits=splits)
+    run_moe(args, ops.w13, ops.w2, tile, layer, w2_tile=w2_tile)
 
 
-def bind_layers(args: MoEApplyArgs, ops: Any, tile: Tile, gemm: GemmLaunch, splits: int | None = None) -> Runner:
+def bind_layers(
+    args: MoEApplyArgs,
+    ops: Any,
+    tile: Tile,
+    gemm: GemmLaunch,
+    splits: int | None = None,
+    w2_tile: Tile | None = None,
+) -> Runner:
     """The runner of :func:`run_layers` with ``split_layer(gemm=gemm)`` for ``args``' token
     count (``MoEPlan``'s ``bind``): :func:`._driver.bind_moe` over :func:`split_launches`, K
-    splits decided here, once (split partials among the workspaces)."""
-    return bind_moe(args, ops.w13, ops.w2, tile, functools.partial(split_launches, gemm, splits=splits))
+    splits decided here, once (split partials among the workspaces); layer 2 on ``w2_tile``
+    (None: ``tile``)."""
+    return bind_moe(args, ops.w13, ops.w2, tile, functools.partial(split_launches, gemm, splits=splits), w2_tile)
 
 
 def bind_fused_moe_mx(args: MoEApplyArgs, tile: Tile | None = None, splits: int | None = None) -> Runner | None:

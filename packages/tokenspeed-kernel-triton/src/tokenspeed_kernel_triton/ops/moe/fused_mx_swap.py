@@ -36,6 +36,10 @@ bf16x2 pattern (:mod:`._mx_swap_gemm`), with the 4 scales of a step in one pipel
   tile, 169.5 µs with today's), at T = 1 slower (48.8 vs 38.3 µs).
   Registered for sm_90 only, so never selected for CPU tensors (the interpreter); the tests
   run its kernel there directly (float32 decode path).
+- **Tiles**: ``_config``'s ``mx_swap`` rows, layer 2's own where its row has one
+  (``_config._W2_TILES``: 16 x 128 up to 4 rows per expert, layer 1 16 x 64; H200, T = 64:
+  514.4 vs 528.8 µs with the shared tile, bitwise the same), same token rows in both layers.
+  ``tile`` / ``w2_tile`` override them (:func:`fused_moe_mx_swap`).
 - **Bound runs** (``bind`` hook :func:`bind_fused_moe_mx_swap`): :func:`.fused_mx.bind_layers`
   with this kernel's GEMM launch, on the plan's :class:`PreparedSwap` weights only, up to
   :data:`.fused.BIND_MAX_TOKENS` tokens and without ``activation_quant`` (else None: the
@@ -61,6 +65,7 @@ from tokenspeed_kernel.registry import Priority, register_kernel
 from tokenspeed_kernel_triton._launcher import Launch
 from tokenspeed_kernel_triton.ops.moe._common import interpreted
 from tokenspeed_kernel_triton.ops.moe._config import Tile, pick_tile
+from tokenspeed_kernel_triton.ops.moe._driver import layer2_tile
 from tokenspeed_kernel_triton.ops.moe._mx_swap_gemm import STEP_K, WORDS_PER_ROW, moe_mx_swap_gemm_kernel
 from tokenspeed_kernel_triton.ops.moe._routing import Routing
 from tokenspeed_kernel_triton.ops.moe.fused import BIND_MAX_TOKENS
@@ -94,6 +99,7 @@ __all__ = [
     "triton_fused_moe_mx_swap",
 ]
 
+NAME = "triton_fused_moe_mx_swap"
 BIG_SCALE = 128  # E8M0 scales above this (2**1) need the two-multiply decode
 # Destination bit in the int32 word of each bit of a slot's byte (bits 0-3: the low nibble's
 # magnitude (0-2) and sign (3), bits 4-7: the high nibble's), per slot t = 0..3 (see
@@ -274,18 +280,29 @@ def _swap_launch(
 _swap_gemm = functools.partial(split_layer, gemm=_swap_launch)  # one layer (a _driver.Layer)
 
 
-def checked_swap_tile(args: MoEApplyArgs, tile: Tile | None, pick: Callable[..., Tile], kernel: str) -> Tile:
-    """``tile``, else ``pick``'s (:func:`._config.pick_tile`) from the ``mxfp4_swap`` table; its
-    ``block_k`` must be the swapped GEMM's step (``kernel`` names the caller in the error)."""
-    tile = tile or pick(args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), "mxfp4_swap")
+def checked_swap_tile(
+    args: MoEApplyArgs, tile: Tile | None, pick: Callable[..., Tile], kernel: str, layer: int = 1
+) -> Tile:
+    """``tile``, else ``pick``'s (:func:`._config.pick_tile`) layer-``layer`` tile from the
+    ``mxfp4_swap`` table; its ``block_k`` must be the swapped GEMM's step (``kernel`` names the
+    caller in the error)."""
+    if tile is not None and not isinstance(tile, Tile):
+        raise TypeError(f"{kernel}: tile must be a Tile or None, got {type(tile).__name__}")
+    tile = tile or pick(args.topk_ids.numel(), args.w13.shape[0], vendor_of(args.x.device), "mxfp4_swap", layer=layer)
     if tile.block_k != STEP_K:
         raise ValueError(f"{kernel} steps K by {STEP_K}: tile.block_k must be {STEP_K}, got {tile}")
     return tile
 
 
-def _swap_tile(args: MoEApplyArgs, tile: Tile | None) -> Tile:
-    """:func:`checked_swap_tile` with this module's ``pick_tile`` (the tile sweep replaces it)."""
-    return checked_swap_tile(args, tile, pick_tile, "triton_fused_moe_mx_swap")
+def _swap_tiles(args: MoEApplyArgs, tile: Tile | None, w2_tile: Tile | None) -> tuple[Tile, Tile]:
+    """Both layers' tiles (:func:`checked_swap_tile` with this module's ``pick_tile``: the tile
+    sweeps replace it): ``tile`` else the table's; layer 2 ``w2_tile``, else ``tile`` when given
+    (both layers), else the table's layer-2 tile (its row's :data:`._config._W2_TILES` entry).
+    ``ValueError`` before any launch when layer 2's ``block_m`` differs from layer 1's."""
+    first = checked_swap_tile(args, tile, pick_tile, NAME)
+    given = w2_tile if w2_tile is not None else tile
+    second = checked_swap_tile(args, None if given is None else layer2_tile(first, given), pick_tile, NAME, layer=2)
+    return first, layer2_tile(first, second)
 
 
 def bindable_swap(args: MoEApplyArgs) -> PreparedSwap | None:
@@ -301,24 +318,30 @@ def bindable_swap(args: MoEApplyArgs) -> PreparedSwap | None:
     return prepared
 
 
-def fused_moe_mx_swap(args: MoEApplyArgs, tile: Tile | None = None, splits: int | None = None) -> None:
+def fused_moe_mx_swap(
+    args: MoEApplyArgs, tile: Tile | None = None, splits: int | None = None, w2_tile: Tile | None = None
+) -> None:
     """Run the MoE for ``args`` (writes ``args.out``); ``tile`` overrides the ``mxfp4_swap``
-    table (its ``block_k`` must be 128), ``splits`` the split-K rule (both layers)."""
-    tile = _swap_tile(args, tile)
+    table for both layers and ``w2_tile`` for layer 2 (same ``block_m`` as layer 1's; every
+    ``block_k`` must be 128; :func:`_swap_tiles`), ``splits`` the split-K rule (both layers)."""
+    first, second = _swap_tiles(args, tile, w2_tile)
     prepared = args.prepared if isinstance(args.prepared, PreparedSwap) else None
     ops = prepared or PreparedSwap(swap_operand(args.w13), swap_operand(args.w2))
-    run_layers(args, ops, tile, _swap_gemm, splits)
+    run_layers(args, ops, first, _swap_gemm, splits, second)
 
 
-def bind_fused_moe_mx_swap(args: MoEApplyArgs, tile: Tile | None = None, splits: int | None = None) -> Runner | None:
+def bind_fused_moe_mx_swap(
+    args: MoEApplyArgs, tile: Tile | None = None, splits: int | None = None, w2_tile: Tile | None = None
+) -> Runner | None:
     """The ``bind`` hook (``MoEPlan``): :func:`.fused_mx.bind_layers` of :func:`fused_moe_mx_swap`
-    on the plan's :class:`PreparedSwap` weights (``tile`` and ``splits`` as there). None (``fn``
-    serves) without them (``fn`` then runs ``triton_fused_moe_mx``'s layers), above
+    on the plan's :class:`PreparedSwap` weights (``tile``, ``splits`` and ``w2_tile`` as there).
+    None (``fn`` serves) without them (``fn`` then runs ``triton_fused_moe_mx``'s layers), above
     :data:`.fused.BIND_MAX_TOKENS` tokens and with ``activation_quant``."""
     prepared = bindable_swap(args)
     if prepared is None:
         return None
-    return bind_layers(args, prepared, _swap_tile(args, tile), _swap_launch, splits)
+    first, second = _swap_tiles(args, tile, w2_tile)
+    return bind_layers(args, prepared, first, _swap_launch, splits, second)
 
 
 swap_predicate = mxfp4_predicate("MXFP4 weights only (in-register E2M1 decode)")
@@ -342,7 +365,7 @@ SWAP_REGISTRATION = {
 }
 
 
-@register_kernel("moe.apply", name="triton_fused_moe_mx_swap", **SWAP_REGISTRATION)
+@register_kernel("moe.apply", name=NAME, **SWAP_REGISTRATION)
 def triton_fused_moe_mx_swap(args: MoEApplyArgs) -> None:
     """Grouped-GEMM MoE, MXFP4 weight decoded in registers as the wgmma A operand (sm_90),
     from the plan's repacked weights; without them, ``triton_fused_moe_mx``'s layers."""

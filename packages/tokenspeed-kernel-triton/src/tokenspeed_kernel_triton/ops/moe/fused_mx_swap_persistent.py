@@ -158,7 +158,10 @@ def _plan(
     args: MoEApplyArgs, tile: Tile | None, schedule: Schedule | None, splits: int | None
 ) -> tuple[Tile, Schedule]:
     """``tile`` and ``schedule``, else this module's ``pick_tile`` / ``pick_schedule`` (the
-    device sweep replaces them), checked; ``splits`` must be None or 1 (no split-K)."""
+    device sweep replaces them), checked; ``splits`` must be None or 1 (no split-K). One tile for
+    both layers: the table's layer-1 tile, not its layer-2 override (``_config._W2_TILES``, the
+    swapped kernel's): ``schedule.programs_per_sm`` is sized for the occupancy of that one tile
+    (the work list itself would take another ``block_n`` for layer 2; untimed)."""
     if splits not in (None, 1):
         raise ValueError(f"{NAME} does not split K: splits must be None or 1, got {splits}")
     tile = checked_swap_tile(args, tile, pick_tile, NAME)

@@ -607,6 +607,28 @@ def placeholder(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     return torch.empty((1,) * len(shape), dtype=dtype, device=device).expand(shape)
 
 
+# Per device, the bytes the row-strided placeholders of :func:`row_placeholder` are views of
+# (grown to the largest asked for: the plans of one model share one buffer, never read or written).
+_ROW_BUFFERS: dict[torch.device, torch.Tensor] = {}
+
+
+def row_placeholder(
+    shape: tuple[int, int, int], row_stride: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """A placeholder ``[rows, Hq, D]`` of ``dtype`` on ``device`` with strides ``(row_stride, D,
+    1)`` and storage offset 0: a row-strided q's layout (``strided_q``) for a plan's hooks, which
+    read its shape, strides, dtype and device, never its memory. A view of a buffer per device
+    shared by every such placeholder (16-byte aligned, as the allocator returns it)."""
+    rows, heads, dim = shape
+    size = torch.empty((), dtype=dtype).element_size()
+    nbytes = ((max(rows, 1) - 1) * row_stride + heads * dim) * size
+    buffer = _ROW_BUFFERS.get(device)
+    if buffer is None or buffer.numel() < nbytes:
+        buffer = torch.empty(1 << max(nbytes - 1, 1).bit_length(), dtype=torch.uint8, device=device)
+        _ROW_BUFFERS[device] = buffer
+    return buffer.view(dtype).as_strided(shape, (row_stride, dim, 1), 0)
+
+
 def check_decode_plan(
     k_cache: object,
     v_cache: object,
@@ -626,10 +648,15 @@ def check_decode_plan(
     return_lse: object,
     override: object,
     capturable: object,
-) -> tuple[torch.dtype, Heads, int, float]:
+    q_row_stride: object,
+) -> tuple[torch.dtype, Heads, int, float, int | None]:
     """Every check of ``mha_decode_plan``, in order: :func:`check_decode` against a placeholder
-    q of the described shape (the tables' values under ``TOKENSPEED_KERNEL_DEBUG``). Returns
-    q's dtype (``q_dtype``, default the cache's), heads, page size and the resolved scale."""
+    q of the described shape (the tables' values under ``TOKENSPEED_KERNEL_DEBUG``), then
+    ``q_row_stride`` (None, or an int >= ``Hq * D`` with ``q_len == 1``). Returns q's dtype
+    (``q_dtype``, default the cache's), heads, page size, the resolved scale and the row
+    stride of a row-strided q (``strided_q``): ``q_row_stride``, or None where the runs' q is
+    contiguous (no stride given, ``Hq * D``, or at most one row, where torch calls any stride
+    contiguous)."""
     check_paged_cache_pair(k_cache, v_cache)
     assert isinstance(k_cache, torch.Tensor)
     page_table = check_tensor("page_table", page_table, ndim=2, dtypes=(torch.int32,))
@@ -677,7 +704,13 @@ def check_decode_plan(
     if config.debug():
         assert isinstance(cache_seqlens, torch.Tensor) and isinstance(max_seqlen_k, int)
         debug_check_pages(page_table, cache_seqlens, [q_len] * batch, page_size, k_cache.shape[0], max_seqlen_k)
-    return q_dtype, heads, page_size, scale
+    if q_row_stride is None:
+        return q_dtype, heads, page_size, scale, None
+    dense = heads.num_q_heads * heads.head_dim
+    q_row_stride = check_int("q_row_stride", q_row_stride, min_value=dense)
+    if q_len != 1:
+        raise ValueError(f"q_row_stride applies to a 3-D q [batch, Hq, D] (q_len 1), got q_len {q_len}")
+    return q_dtype, heads, page_size, scale, q_row_stride if q_row_stride > dense and batch > 1 else None
 
 
 def _fail(message: str) -> None:

@@ -23,10 +23,19 @@ The ``prepare_layout`` hook (``@register_kernel("attention.decode", prepare_layo
 
 receives the typed arguments a run would receive: ``page_table``, ``cache_seqlens``,
 ``max_seqlen_k``, the caches, scales, sinks and scalar options are the plan's own, while
-``q``, ``out`` and ``lse`` are placeholders with the run's shape, dtype and device whose
-memory must be neither read nor written (broadcast views of one element). The hook may read
+``q``, ``out`` and ``lse`` are placeholders with the run's shape, dtype, device and (q) strides
+whose memory must be neither read nor written (broadcast views of one element; for a plan
+made with ``q_row_stride``, q is ``[batch, 1, Hq, D]`` with the runs' row stride, a view of a
+shared buffer: ``_validate.row_placeholder``). The hook may read
 the tables on the host and keep state keyed by them; it must not compute the attention. It
 is never called while a stream is capturing.
+
+A row-strided q (``[batch, Hq, D]`` rows with a row stride of their own, as a fused qkv
+projection's q): ``mha_decode_plan(..., q_row_stride=S)`` selects with the request the
+functional call builds for such a q (``strided_q``, and ``q_align`` from ``S`` with q's base
+taken as 16-byte aligned), so a kernel that does not list ``strided_q`` is never chosen; every
+run's q must then have exactly strides ``(S, D, 1)`` (and, for a kernel that lists ``q_align``,
+an address aligned as assumed: checked per run).
 
 The ``bind`` hook (``@register_kernel("attention.decode", bind=...)``)::
 
@@ -50,7 +59,14 @@ import torch
 from tokenspeed_kernel import config
 from tokenspeed_kernel.ops._checks import check_tensor
 from tokenspeed_kernel.ops._dispatch import capture_signature, check_capturable, is_capturing, record
-from tokenspeed_kernel.ops.attention._validate import check_decode_plan, check_out, kv_scales, placeholder
+from tokenspeed_kernel.ops.attention._validate import (
+    check_decode_plan,
+    check_out,
+    kv_scales,
+    placeholder,
+    q_layout,
+    row_placeholder,
+)
 from tokenspeed_kernel.ops.attention.api import DecodeCall
 from tokenspeed_kernel.ops.attention.args import DecodeArgs, Heads
 from tokenspeed_kernel.platform import platform_for
@@ -83,6 +99,10 @@ class DecodePlan:
         k_scale, v_scale: float32 ``[1]`` (fp8 cache) or None.
         capturable: whether the kernel was selected for CUDA-graph capture.
         device: the caches' device (q must be there too).
+        q_row_stride: the row stride (elements) every run's 3-D q ``[batch, Hq, D]`` has,
+            strides ``(q_row_stride, D, 1)`` (request feature ``strided_q``); None where the
+            runs' q is contiguous (also for ``q_row_stride == Hq * D`` and a batch of at most
+            one row, which torch calls contiguous at any row stride).
     """
 
     kernel: str
@@ -107,6 +127,7 @@ class DecodePlan:
     v_scale: torch.Tensor | None
     capturable: bool
     device: torch.device
+    q_row_stride: int | None
     _layout_args: DecodeArgs = field(repr=False)
     # The plan of a run with a 4-D q, and with a 3-D q (None unless q_len == 1): the same
     # DecodeCall the functional call runs, selected once, whose launch serves every run.
@@ -114,10 +135,14 @@ class DecodePlan:
     _call3: DecodeCall | None = field(repr=False)
     # What serves each run: the kernel's bound runner (its ``bind`` hook), else its ``fn``.
     _run: Callable[[DecodeArgs], None] = field(repr=False)
-    # For :meth:`_quick_run`: (q's 3-D shape or None, q's 4-D shape, the device's index as
-    # ``Tensor.get_device`` gives it); None where a run must take the checked path (a kernel
-    # that is not graph-safe: the capture state is read at every run; an empty batch).
-    _quick: tuple[tuple[int, ...] | None, tuple[int, ...], int] | None = field(default=None, repr=False)
+    # A row-strided plan's q: its strides (3-D) and the byte multiple its address must be
+    # (the plan's q_align where the kernel lists q_align, else 1: nothing checked).
+    _q_strides: tuple[int, int, int] | None = field(default=None, repr=False)
+    _q_align: int = field(default=1, repr=False)
+    # For :meth:`_quick_run`: (q's 3-D shape or None, q's 4-D shape or None, the device's
+    # index as ``Tensor.get_device`` gives it); None where a run must take the checked path (a
+    # kernel that is not graph-safe: the capture state is read at every run; an empty batch).
+    _quick: tuple[tuple[int, ...] | None, tuple[int, ...] | None, int] | None = field(default=None, repr=False)
 
     @property
     def has_layout_hook(self) -> bool:
@@ -145,14 +170,17 @@ class DecodePlan:
 
         Args:
             q: ``[batch, Hq, D]`` (when ``q_len == 1``) or ``[batch, q_len, Hq, D]``, in
-                ``q_dtype``, contiguous, on the plan's device.
+                ``q_dtype``, contiguous, on the plan's device; for a plan made with
+                ``q_row_stride=S``: ``[batch, Hq, D]`` with strides ``(S, D, 1)`` exactly.
             out: optional output shaped like q with ``Dv`` last, in q's dtype.
 
         Returns:
             ``out`` (shaped like q with ``Dv`` last, q's dtype), or ``(out, lse)`` with lse
             float32 ``[batch * q_len, Hq]`` when the plan was made with ``return_lse``.
 
-        Raises ``RuntimeError`` while the stream is capturing if the kernel is not graph-safe.
+        Raises ``ValueError`` naming q for another shape, dtype, device or layout (the
+        expected strides), ``RuntimeError`` while the stream is capturing if the kernel is not
+        graph-safe.
         """
         if out is None and type(q) is torch.Tensor and q.dtype is self.q_dtype and self._quick is not None:
             run = self._quick_run(q)
@@ -179,17 +207,18 @@ class DecodePlan:
 
     def _quick_run(self, q: torch.Tensor) -> Any:
         """The common step, checked with fewer calls: q of the plan's dtype, one of its two
-        shapes, contiguous and on its device, no ``out``, no compile/debug/capture-file mode,
-        a graph-safe kernel. None when anything differs: :meth:`_checked_run` then checks it
-        all and raises what is wrong."""
+        shapes, its layout (contiguous, or the plan's row strides and alignment) and on its
+        device, no ``out``, no compile/debug/capture-file mode, a graph-safe kernel. None when
+        anything differs: :meth:`_checked_run` then checks it all and raises what is wrong."""
         assert self._quick is not None  # run() calls this only with one
         shape3, shape4, index = self._quick
-        shape = q.shape
+        shape, strides = q.shape, self._q_strides
         if (
             (shape != shape4 and shape != shape3)
             or q.get_device() != index
             or (index < 0 and not q.is_cpu)
-            or not q.is_contiguous()
+            or (not q.is_contiguous() if strides is None else q.stride() != strides)
+            or (self._q_align > 1 and q.data_ptr() % self._q_align)
         ):
             return None
         if torch.compiler.is_compiling() or config.debug() or config.capture_path() is not None:
@@ -197,9 +226,32 @@ class DecodePlan:
         record(self.spec, self.request)
         return self._launch(self._call4 if len(shape) == 4 else self._call3, q, None)  # type: ignore[arg-type]
 
+    def _check_q_layout(self, q: torch.Tensor) -> None:
+        """q contiguous, or (a row-strided plan) 3-D with exactly the plan's strides at an
+        address the kernel can read (the byte multiple the plan assumed, where the kernel
+        lists ``q_align``). ``ValueError`` naming q and what is expected."""
+        strides = self._q_strides
+        if strides is None:
+            if not q.is_contiguous():
+                raise ValueError(
+                    f"q must be contiguous for this plan (got strides {q.stride()} for shape {list(q.shape)}); "
+                    "a row-strided q [batch, Hq, D] runs through a plan made with q_row_stride=q.stride(0)"
+                )
+            return
+        if q.dim() != 3 or q.stride() != strides:
+            raise ValueError(
+                f"q must be [batch, Hq, D] with strides {strides} for this plan (made with q_row_stride="
+                f"{self.q_row_stride}), got strides {q.stride()} for shape {list(q.shape)}"
+            )
+        if q.data_ptr() % self._q_align:
+            raise ValueError(
+                f"q's address must be a multiple of {self._q_align} bytes for this plan's kernel {self.kernel} "
+                f"(mha_decode_plan takes a row-strided q's base as 16-byte aligned), got address {q.data_ptr():#x}"
+            )
+
     def _checked_run(self, q: torch.Tensor, out: torch.Tensor | None) -> Any:
         heads = self.heads
-        check_tensor("q", q, ndim=(3, 4), dtypes=(self.q_dtype,))
+        check_tensor("q", q, ndim=(3, 4), dtypes=(self.q_dtype,), contiguous=False)
         q4 = q if q.dim() == 4 else q.unsqueeze(1)
         want = (self.batch, self.q_len, heads.num_q_heads, heads.head_dim)
         if tuple(q4.shape) != want:
@@ -207,6 +259,7 @@ class DecodePlan:
             raise ValueError(f"q must have shape {list(want)}{also} for this plan, got {list(q.shape)}")
         if q.device != self.device:
             raise ValueError(f"q is on {q.device} but the plan's caches are on {self.device}")
+        self._check_q_layout(q)
         call = self._call4 if q.dim() == 4 else self._call3
         assert call is not None  # a 3-D q has q_len == 1, where the plan has its call
         out = check_out(out, call.out_shape, q)
@@ -258,6 +311,7 @@ def mha_decode_plan(
     return_lse: bool = False,
     override: str | None = None,
     capturable: bool = False,
+    q_row_stride: int | None = None,
 ) -> DecodePlan:
     """Validate a decode's fixed inputs, select its kernel once and plan for the tables' layout.
 
@@ -280,11 +334,18 @@ def mha_decode_plan(
         capturable: select only kernels that can be captured in a CUDA graph (others are
             rejected with "synchronizes with the host; cannot be captured in a CUDA graph";
             an override naming one raises ``KernelOverrideError``).
+        q_row_stride: the runs' q is a row-strided ``[batch, Hq, D]`` (``q_len`` 1) with
+            strides ``(q_row_stride, D, 1)``, in elements, ``>= Hq * D`` (a fused qkv
+            projection's q: ``(Hq + 2 Hkv) * D``), read in place. The kernel is selected for
+            such a q as the functional call selects it (``strided_q``; ``q_align`` from the
+            row stride's bytes, q's base taken as 16-byte aligned); a kernel that lists
+            ``q_align`` gets each run's address checked. None (default): a contiguous q.
+            ``ValueError`` for a stride below ``Hq * D`` or with ``q_len > 1``.
 
     Returns:
         A :class:`DecodePlan`; ``plan.run(q)`` is the per-step call.
     """
-    q_dtype, heads, page_size, scale = check_decode_plan(
+    q_dtype, heads, page_size, scale, row_stride = check_decode_plan(
         k_cache,
         v_cache,
         page_table,
@@ -302,8 +363,14 @@ def mha_decode_plan(
         return_lse=return_lse,
         override=override,
         capturable=capturable,
+        q_row_stride=q_row_stride,
     )
     batch, device, fp8 = page_table.shape[0], k_cache.device, k_cache.dtype == torch.float8_e4m3fn
+    shape4 = (batch, q_len, heads.num_q_heads, heads.head_dim)
+    q_like, strided_q, q_align = placeholder(shape4, q_dtype, device), False, None
+    if row_stride is not None:  # the runs' layout: what the functional call's request and the hooks see of such a q
+        q3 = row_placeholder((batch, *shape4[2:]), row_stride, q_dtype, device)
+        (strided_q, q_align), q_like = q_layout(q3), q3.view(shape4)
 
     def call(q_dims: int) -> DecodeCall:
         return DecodeCall.make(
@@ -322,6 +389,8 @@ def mha_decode_plan(
             q_len=q_len,
             q_dims=q_dims,
             capturable=capturable,
+            strided_q=strided_q,
+            q_align=q_align,
         )
 
     call4 = call(4)
@@ -329,9 +398,8 @@ def mha_decode_plan(
     assert request is not None
     spec = select(request, platform_for(device), override)
     ks, vs = kv_scales(fp8, k_scale, v_scale, k_cache)
-    shape4 = (batch, q_len, heads.num_q_heads, heads.head_dim)
     layout_args = DecodeArgs(
-        placeholder(shape4, q_dtype, device),
+        q_like,
         k_cache,
         v_cache,
         page_table,
@@ -369,15 +437,19 @@ def mha_decode_plan(
         v_scale=vs,
         capturable=capturable,
         device=device,
+        q_row_stride=row_stride,
         _layout_args=layout_args,
         _call4=call4,
         _call3=call(3) if q_len == 1 else None,
         _run=spec.fn,
+        _q_strides=None if row_stride is None else (row_stride, heads.head_dim, 1),
+        _q_align=q_align if q_align is not None and "q_align" in dict(spec.shapes) else 1,
     )
     plan.update()
     quick = None
     if spec.graph_safe and batch:
         index = -1 if device.type == "cpu" else (device.index if device.index is not None else 0)
-        quick = ((batch, heads.num_q_heads, heads.head_dim) if q_len == 1 else None, shape4, index)
+        shape3 = (batch, heads.num_q_heads, heads.head_dim) if q_len == 1 else None
+        quick = (shape3, shape4 if row_stride is None else None, index)
     run = spec.bind(layout_args) if spec.bind is not None else spec.fn
     return replace(plan, _run=run, _quick=quick)

@@ -490,13 +490,13 @@ _STEP_PLANS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 def plan_paths(case: AttentionCase, spec: KernelSpec) -> tuple[str, ...]:
     """The plans whose path ``spec``'s hooks claim serves ``case`` as the call does: ``"step"``
     (the operator's step plan) for a ``step_runner`` hook, ``"decode"`` (``mha_decode_plan``)
-    for a decode kernel's ``bind`` or ``prepare_layout`` hook (not for a row-strided q:
-    ``DecodePlan.run`` takes a contiguous q); none for the KV store."""
+    for a decode kernel's ``bind`` or ``prepare_layout`` hook (a row-strided q included: the
+    plan is made with its ``q_row_stride``); none for the KV store."""
     if case.op == "kvcache.store":
         return ()
     step = ("step",) if spec.step_runner is not None else ()
     hooked = spec.bind is not None or spec.prepare_layout is not None
-    decode = case.op == "attention.decode" and hooked and not case.strided_q
+    decode = case.op == "attention.decode" and hooked
     return (*step, *(("decode",) if decode else ()))
 
 
@@ -506,7 +506,8 @@ def plan_call(
     """``case`` through plan ``path`` (one of :func:`plan_paths`) with kernel ``override``, run
     twice into ``out`` (the first run asks for the kernel's hook's runner, the second is served
     by it): ``"step"`` through the operator's step plan made from the call's own arguments,
-    ``"decode"`` through ``mha_decode_plan`` (``plan.run(q)``). Returns the second run's result."""
+    ``"decode"`` through ``mha_decode_plan`` (``plan.run(q)``; a row-strided q's plan made with
+    its ``q_row_stride``). Returns the second run's result."""
     import tokenspeed_kernel
 
     if path == "decode":
@@ -522,6 +523,7 @@ def plan_call(
             **{k: inputs[k] for k in ("window_left", "sinks", "logit_cap", "return_lse")},
             **{k: inputs[k] for k in ("k_scale", "v_scale") if k in inputs},
             override=override,
+            q_row_stride=inputs["q"].stride(0) if case.strided_q else None,
         )
         plan.run(inputs["q"], out=out)
         return plan.run(inputs["q"], out=out)
