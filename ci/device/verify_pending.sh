@@ -83,6 +83,12 @@
 #           `bench moe.apply --kernel triton_moe_gemv,triton_fused_moe --preset moe-decode-bf16` (<= 150 s),
 #           `overhead --device cuda --op moe.apply` (row "MoEPlan.apply (triton_moe_gemv)", <= 90 s), then
 #           moe_decode_sweep.py --sections gemv16 on what is left of 580 s: ~8-9.5 min, alone in a call
+#   xplan: the step plans' host cost (issue 19; branch xplan: the launch cache's derived slots, inline hook and
+#           globals checks, the Gluon TMA kernels' never-read placeholder, the plans' quick layout check): the step
+#           plans' GPU tests, the launch cache's (every runner kernel bitwise vs Triton's path, the TMA runners'
+#           slot encodings over alternating layers, graph capture) (<= 270 s), the three Gluon TMA kernels' numerics
+#           rows vs float64 (<= 240 s), then `check` of gluon_extend_fa3_sm90 through its plan too (<= 60 s): ~7-9 min
+#           on a fresh machine, alone in a call; the host-cost A/B is overhead_ab.sh, in a call of its own
 #   decode: gluon_decode_sm90 GPU tests, `check --preset awkward`, decode_splits_sweep.py --quick, then
 #           `bench attention.decode --kernel all --preset gpt-oss-120b` (does the selector pick the fastest?) (~5 min)
 # Each step has its own time budget and never stops the next one; results land in $OUT.
@@ -93,7 +99,7 @@
 #         (optional) bash ci/device/triton_kernels_bundle.sh   # .whl-ogs: matmul_ogs rows in `bench moe.apply`
 # Device: carry [".whl"] (and ".whl-nvidia", ".whl-ogs", ".whl-cute/bundle"), command: bash ci/device/verify_pending.sh
 # STEP... with STEP in moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, winp, fa3g, fa3v, fa3w, fa3x, fa3nan, fiext, flashinfer, e2e,
-# stepplan, stridedq, stridedg, stridedgc, planq, gemv16
+# stepplan, stridedq, stridedg, stridedgc, planq, gemv16, xplan
 # (default: decode); INSTALL=0 skips installing .whl and unpacking FA4's bundle (done once for every lane of the call). A call may run 10 minutes at most: `moe nvidia` fits one call, `e2e` with either; `mxswap`, `mxp` and `fa3g` alone.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -316,6 +322,17 @@ vllm_compare stepplan
 timeout 150 python3 -m examples.gpt_oss.bench --rows selector,torch --batches 1 --contexts 8192 2>&1 | tail -25 || status=1
 }
 
+xplan() {
+echo "== the step plans' host cost (branch xplan): the changed launch path on the GPU"
+timeout 270 python3 -m pytest -q -rs -p no:cacheprovider tests/tokenspeed_kernel/ops/attention/test_step_plan_gpu.py \
+  tests/tokenspeed_kernel_triton/test_launcher_gpu.py 2>&1 | tail -16 || status=1
+timeout 240 python3 -m pytest -q -rs -p no:cacheprovider -k "(numerics or matches_float64 or row_strided) and not variants" \
+  tests/tokenspeed_kernel_nvidia/test_gluon_extend_fa3_gpu.py tests/tokenspeed_kernel_nvidia/test_gluon_prefill_fa3_gpu.py \
+  tests/tokenspeed_kernel_nvidia/test_gluon_prefill_gpu.py 2>&1 | tail -16 || status=1
+timeout 60 python3 -W ignore -m tokenspeed_kernel check attention.extend --kernel gluon_extend_fa3_sm90 --device cuda \
+  2>&1 | tail -12 || status=1
+}
+
 stridedq() {
 echo "== row-strided q: check of the Triton attention kernels (derived feature-strided_q cases)"
 for op in prefill extend decode; do
@@ -408,8 +425,8 @@ fi
 
 for step in $steps; do
   case $step in
-    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | winp | fa3g | fa3v | fa3w | fa3x | fa3nan | fiext | flashinfer | e2e | stepplan | stridedq | stridedg | stridedgc | planq | gemv16) "$step" ;;
-    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, winp, fa3g, fa3v, fa3w, fa3x, fa3nan, fiext, flashinfer, e2e, stepplan, stridedq, stridedg, stridedgc, planq, gemv16)"
+    moe | mxswap | mxp | gluonmoe | gluonmma | decode | prefill | nvidia | winp | fa3g | fa3v | fa3w | fa3x | fa3nan | fiext | flashinfer | e2e | stepplan | stridedq | stridedg | stridedgc | planq | gemv16 | xplan) "$step" ;;
+    *) echo "unknown step $step (expected moe, mxswap, mxp, gluonmoe, gluonmma, decode, prefill, nvidia, winp, fa3g, fa3v, fa3w, fa3x, fa3nan, fiext, flashinfer, e2e, stepplan, stridedq, stridedg, stridedgc, planq, gemv16, xplan)"
        status=2 ;;
   esac
 done
