@@ -654,6 +654,7 @@ def prefill_grid():
     """Every launcher configuration (D 64/128, G 8/4/16/1 and a padded 6, fp16) and each
     feature branch (sinks, cap, lse), plus the alternatives the device script times
     (``window_variants``), the persistent build on the feature branches and a row-strided q."""
+    p6 = replace(prefill_config(64, 8), persistent=6)  # under the shipped 80-register cap
     return [
         (torch.bfloat16, 64, 8, True, False, False, None),
         (torch.bfloat16, 64, 8, False, False, False, None),
@@ -665,12 +666,14 @@ def prefill_grid():
         (torch.bfloat16, 128, 4, True, True, True, None),
         *((torch.bfloat16, 64, 8, True, False, False, cfg) for cfg in window_variants(64, 8)),
         # the persistent build (window_variants' second and third) on the other feature branches: no
-        # sinks, cap + LSE with G 4, G 1, a padded G 6, a row-strided q, D 128 (one program per SM)
-        (torch.bfloat16, 64, 8, False, False, False, replace(prefill_config(64, 8), persistent=6)),
+        # sinks, cap + LSE with G 4, G 1, a padded G 6, G 8 with sinks (these under the shipped
+        # 80-register cap) and its row-strided q, D 128 (one program per SM)
+        (torch.bfloat16, 64, 8, False, False, False, p6),
         (torch.bfloat16, 64, 4, True, True, True, replace(prefill_config(64, 4), persistent=6)),
         (torch.bfloat16, 64, 1, False, False, False, replace(prefill_config(64, 1), persistent=5)),
         (torch.bfloat16, 64, 6, True, False, False, replace(prefill_config(64, 6), persistent=6)),
-        (torch.bfloat16, 64, 8, True, False, False, replace(prefill_config(64, 8), persistent=6), (64 + 16) * 64),
+        (torch.bfloat16, 64, 8, True, False, False, p6),
+        (torch.bfloat16, 64, 8, True, False, False, p6, (64 + 16) * 64),
         (torch.bfloat16, 128, 8, True, False, True, replace(prefill_config(128, 8), persistent=1)),
         # a row-strided q (a fused qkv's q: rows of (Hq + 2 Hkv) D values; strided_q), against
         # the first row and the D 128 one

@@ -211,7 +211,11 @@ def test_emulated_algorithm_matches_naive_attention(lens, window, group, sinks, 
 
 # ---------------------------------------------------------------- the persistent build
 def test_persistent_configurations_fit_their_programs_or_are_refused():
-    small = gp.prefill_config(64, 8)
+    small = gp.window_variants(64, 8)[-1]  # the shipped tiles without the shipped 80-register cap
+    assert (
+        small == dataclasses.replace(gp.prefill_config(64, 8), maxnreg=None)
+        and gp.prefill_config(64, 8).register_cap == 80
+    )
     p5, p6 = (v for v in gp.window_variants(64, 8) if v.persistent)
     assert (p5.persistent, p6.persistent) == (5, 6) and (p5.tag, p6.tag) == ("m64-n32-s2-w4-p5", "m64-n32-s2-w4-p6")
     # registers capped so that all programs share an SM (allocated 8 per thread at a time)

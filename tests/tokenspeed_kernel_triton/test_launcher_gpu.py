@@ -336,10 +336,15 @@ def test_tma_runners_reuse_encoded_descriptors_bitwise(name):
     after each layer's first direct launch, its descriptors come from their slots' encodings
     (no new encodings) and every output equals the uncached call's bitwise; a third layer at
     new addresses too. A stale encoding would repeat another layer's output."""
-    from tokenspeed_kernel_triton import _launcher
+    from tokenspeed_kernel_triton import _launcher, _runners
 
     if not SM90:
         pytest.skip(f"{name} runs on sm_90 only")
+    registry.get_kernel(name)  # loads the backends: a kernel module registers its cache on import
+    # a fresh runner, so its slots are new: an earlier test's slots may hold encodings at the
+    # addresses the caching allocator hands these layers again (right for the same layout, but
+    # then nothing here would be encoded or kept)
+    next(c for c in _runners._CACHES if c.name == name).clear()
     layers = [_tma_layer(name, layer) for layer in range(2)]
     plain = [_tma_out(q, call, cached=False) for q, call in layers]
     assert not torch.equal(plain[0], plain[1]), "layers must differ"

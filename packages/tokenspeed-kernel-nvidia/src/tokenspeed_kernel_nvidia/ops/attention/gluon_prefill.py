@@ -148,12 +148,13 @@ def prefill_config(head_dim: int, group: int) -> GluonPrefillConfig:
     """The launch configuration for a head dim and GQA group size (metadata as data)."""
     group_pad = next_pow2(group)
     if head_dim <= 64 and group_pad <= 8:
-        # 64 rows (8+ tokens x the group) on one warpgroup, 32-key tiles, a 2-deep ring: 90
-        # registers and 24 KiB, so five programs share an SM; at GPT-OSS's window 127 with
-        # sinks 100.1 vs 120.1 us (S = 8192) and 191 vs 232 us (4 x 4096) for the 128 x 64
-        # tiles on two warpgroups it replaced (H200, 2026-11-28, docs/history.md, "fourth
-        # session"; fa3_sweep.py --window 127 --classic)
-        return _one_warpgroup(head_dim, group_pad)
+        # 64 rows (8+ tokens x the group) on one warpgroup, 32-key tiles, a 2-deep ring: 24 KiB;
+        # at GPT-OSS's window 127 with sinks 100.1 vs 120.1 us (S = 8192) and 191 vs 232 us
+        # (4 x 4096) for the 128 x 64 tiles on two warpgroups it replaced (H200, 2026-11-28,
+        # docs/history.md, "fourth session"; fa3_sweep.py --window 127 --classic). Registers
+        # capped at 80 (the compiler's choice is 90: five programs per SM; 80 fit six, no
+        # spills): 96.1 vs 99.3 us and 183.2 vs 190.8 us (H200, fifth session, same sweep)
+        return replace(_one_warpgroup(head_dim, group_pad), maxnreg=80)
     if head_dim <= 64:  # a group of 16: 128 rows keep 8 tokens per program
         return _two_warpgroups_d64(group_pad)
     return GluonPrefillConfig(head_dim=head_dim, group_pad=group_pad, block_n=64, stages=2, num_warps=8)
@@ -177,12 +178,13 @@ def window_variants(head_dim: int, group: int) -> list[GluonPrefillConfig]:
     2026-11-28 (H200, docs/history.md) chose 64-row tiles on one warpgroup with 32-key tiles and
     a 2-deep ring at D = 64 (more programs resident per SM, and an 8-token band of 135 keys read
     in 160 rather than 192); 256-row tiles, the next tile's ``Q·Kᵀ`` issued ahead of the
-    softmax at 128 rows and 128-key tiles lost. These are the configuration it replaced and the
-    chosen one's neighbourhood, the chosen one under register caps (90 registers: five
-    programs of 128 threads per SM; 80 allow six without spills, 72 spills), and, second and
-    third (timed first), the chosen one's tiles on the persistent build with five and six
-    programs per SM (registers capped at 96 / 80; its two Q buffers and ring take 32 KiB: six
-    fit)."""
+    softmax at 128 rows and 128-key tiles lost; the chosen tiles are capped at 80 registers
+    since the fifth session (six programs of 128 threads per SM instead of five; 72 spills).
+    These are the configuration it replaced, the chosen tiles without the cap (the compiler's
+    90 registers) and their neighbourhood, and, second and third (timed first), the chosen
+    tiles on the persistent build with five and six programs per SM (registers capped at 96 /
+    80; its two Q buffers and ring take 32 KiB: six fit; 0.90x / 0.91x the tiled build in the
+    fifth session's sweep)."""
     base = prefill_config(head_dim, group)
     old = _two_warpgroups_d64(base.group_pad) if head_dim <= 64 else replace(base, stages=3)
     small = _one_warpgroup(head_dim, base.group_pad)
@@ -195,7 +197,7 @@ def window_variants(head_dim: int, group: int) -> list[GluonPrefillConfig]:
         replace(small, qk_ahead=True),
         replace(small, block_n=16, stages=4),
         replace(old, block_n=32, stages=4),
-        replace(small, maxnreg=80),
+        small,
     ]
 
 
