@@ -227,6 +227,17 @@ def test_graph_capture_replays_cached_launches():
     _same([out], q_out)
 
 
+def _cleared_runner_cache(name):
+    """Kernel ``name``'s runner cache (``tokenspeed_kernel_triton._runners``), emptied: its next
+    call binds a fresh runner."""
+    from tokenspeed_kernel_triton import _runners
+
+    registry.get_kernel(name)  # loads the backends: a kernel module registers its cache on import
+    cache = next(c for c in _runners._CACHES if c.name == name)
+    cache.clear()
+    return cache
+
+
 # The kernels whose functional calls run a runner cached per call key (tokenspeed_kernel_triton._runners).
 # The Gluon TMA kernels' descriptors are derived per run from the layer's tensors (BoundLaunch
 # encodes each run's tensor maps).
@@ -250,14 +261,10 @@ def test_functional_runners_match_the_uncached_call_for_every_layer(name):
     routing for the MoE): served by one runner, bound once, with every tensor of the call
     passed per run, bitwise equal to the uncached call (launch cache off: bound afresh,
     Triton's own path). A runner that launched a stale tensor would repeat layer 0's output."""
-    from tokenspeed_kernel_triton import _runners
-
     run, needs_sm90 = CASES[name]
     if needs_sm90 and not SM90:
         pytest.skip(f"{name} runs on sm_90 only")
-    registry.get_kernel(name)  # loads the backends: a kernel module registers its cache on import
-    cache = next(c for c in _runners._CACHES if c.name == name)
-    cache.clear()
+    cache = _cleared_runner_cache(name)
     binds = cache.binds
     outs = []
     try:
@@ -336,15 +343,14 @@ def test_tma_runners_reuse_encoded_descriptors_bitwise(name):
     after each layer's first direct launch, its descriptors come from their slots' encodings
     (no new encodings) and every output equals the uncached call's bitwise; a third layer at
     new addresses too. A stale encoding would repeat another layer's output."""
-    from tokenspeed_kernel_triton import _launcher, _runners
+    from tokenspeed_kernel_triton import _launcher
 
     if not SM90:
         pytest.skip(f"{name} runs on sm_90 only")
-    registry.get_kernel(name)  # loads the backends: a kernel module registers its cache on import
     # a fresh runner, so its slots are new: an earlier test's slots may hold encodings at the
     # addresses the caching allocator hands these layers again (right for the same layout, but
     # then nothing here would be encoded or kept)
-    next(c for c in _runners._CACHES if c.name == name).clear()
+    _cleared_runner_cache(name)
     layers = [_tma_layer(name, layer) for layer in range(2)]
     plain = [_tma_out(q, call, cached=False) for q, call in layers]
     assert not torch.equal(plain[0], plain[1]), "layers must differ"
